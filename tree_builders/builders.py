@@ -1,0 +1,103 @@
+"""Simple shape builders: chain, k-ary (SpecInfer), independent chains, path lists (Medusa),
+and greedy best-first growth under a positional acceptance vector."""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Sequence
+
+from .shape import Acceptance, Path, TreeShape, acceptance_rows
+
+#: refuse to materialise k-ary trees larger than this (a typo in the widths can explode)
+MAX_KARY_SIZE = 1_000_000
+
+
+def chain(gamma: int) -> TreeShape:
+    """A chain of ``gamma`` drafted tokens (classic speculative decoding): size ``gamma + 1``."""
+    if int(gamma) != gamma or gamma < 0:
+        raise ValueError(f"gamma must be a non-negative int, got {gamma!r}")
+    return TreeShape((0,) * i for i in range(1, int(gamma) + 1))
+
+
+def kary(widths: Sequence[int]) -> TreeShape:
+    """SpecInfer's expansion config: every node at level ``i`` (root = level 0) has ``widths[i]``
+    children, e.g. ``kary((1, 1, 3, 1, 1, 1, 1, 1))``. Size ``1 + w0 + w0*w1 + ...``."""
+    ws = [int(w) for w in widths]
+    if any(w < 0 for w in ws) or any(w != x for w, x in zip(ws, widths)):
+        raise ValueError(f"widths must be non-negative ints, got {tuple(widths)!r}")
+    size, level = 1, 1
+    for w in ws:
+        level *= w
+        size += level
+    if size > MAX_KARY_SIZE:
+        raise ValueError(f"kary({tuple(ws)}) would have {size} nodes (> {MAX_KARY_SIZE})")
+    paths: list[Path] = []
+    frontier: list[Path] = [()]
+    for w in ws:
+        frontier = [p + (k,) for p in frontier for k in range(w)]
+        paths.extend(frontier)
+    return TreeShape(paths)
+
+
+def independent_chains(k: int, depth: int) -> TreeShape:
+    """``k`` root children, each the head of a chain of ``depth`` tokens: size ``1 + k*depth``
+    (e.g. ``k`` independent samples of a chain drafter merged at the root)."""
+    if int(k) != k or k < 0 or int(depth) != depth or depth < 0:
+        raise ValueError(f"k and depth must be non-negative ints, got k={k!r}, depth={depth!r}")
+    if depth == 0:
+        return TreeShape()
+    return TreeShape((i,) + (0,) * j for i in range(int(k)) for j in range(int(depth)))
+
+
+def from_paths(paths: Iterable[Sequence[int]]) -> TreeShape:
+    """A shape from a Medusa-style path list (tuples or lists); the root ``()`` is optional.
+    Raises ``ValueError`` on a set that is not ancestor-closed or has non-contiguous ranks."""
+    return TreeShape.from_paths(paths)
+
+
+def greedy_best_first(
+    acceptance: Acceptance,
+    budget: int,
+    max_depth: int | None = None,
+    max_width: int | None = None,
+) -> TreeShape:
+    """Grow from the root, adding the candidate of highest path value until ``budget`` nodes.
+
+    A candidate is the next-rank child of an existing node (respecting the limits); its value is
+    the parent's path value times ``a[depth][rank]``. Zero-valued candidates are never added, so
+    the shape may be smaller than ``budget``. Optimal when every row is non-increasing and rows
+    do not grow with depth (then the top-``budget`` nodes by value form a valid tree); not in
+    general, unlike :func:`tree_builders.sequoia`.
+    """
+    if int(budget) != budget or budget < 1:
+        raise ValueError(f"budget must be >= 1 (it counts the root), got {budget!r}")
+    rows = acceptance_rows(acceptance)
+    R, K = rows.shape
+    W = K if max_width is None else min(K, int(max_width))
+    D = max_depth
+
+    def acc(depth: int, rank: int) -> float:  # parent at ``depth``, child of ``rank``
+        return float(rows[min(depth, R - 1), rank]) if rank < W else 0.0
+
+    paths: list[Path] = []
+    value: dict[Path, float] = {(): 1.0}
+    heap: list[tuple[float, int, Path]] = []  # (-value, tiebreak, candidate path)
+    tick = 0
+
+    def push(parent: Path, rank: int) -> None:
+        nonlocal tick
+        if rank >= W or (D is not None and len(parent) >= D):
+            return
+        v = value[parent] * acc(len(parent), rank)
+        if v > 0.0:
+            heapq.heappush(heap, (-v, tick, parent + (rank,)))
+            tick += 1
+
+    push((), 0)
+    while heap and len(paths) + 1 < budget:
+        negv, _, p = heapq.heappop(heap)
+        paths.append(p)
+        value[p] = -negv
+        push(p, 0)  # its first child
+        push(p[:-1], p[-1] + 1)  # its next sibling
+    return TreeShape(paths)

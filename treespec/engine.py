@@ -1,0 +1,227 @@
+"""The speculative loop: draft, merge into a trie, one target forward, verify, commit."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+from . import checks
+from .drafting import Drafter
+from .kv import TreeCache, causal_allowed, forward_masked
+from .sampling import SamplingParams
+from .tree import FlatTree, TokenTree, flatten
+from .verify import verify_proposals
+
+
+@dataclass
+class DrafterStats:
+    name: str
+    proposed: int = 0  # proposals that made it into the verified tree
+    accepted: int = 0  # committed drafted tokens this drafter had proposed
+
+
+@dataclass
+class Stats:
+    """Figures of one ``generate`` call. Seconds are wall clock (synchronised on CUDA)."""
+
+    steps: int = 0  # target forwards over a token tree (the prefill is not counted)
+    new_tokens: int = 0
+    accepted_hist: list[int] = field(default_factory=list)  # [k] = steps that accepted k drafted tokens
+    tree_sizes: list[int] = field(default_factory=list)  # tokens verified per step, root included
+    prefill_seconds: float = 0.0
+    drafting_seconds: float = 0.0  # drafters' propose(), draft model forwards included
+    verifying_seconds: float = 0.0  # target forwards over the trees
+    overhead_seconds: float = 0.0  # trie, flattening, mask, acceptance walk, cache commit
+    drafters: list[DrafterStats] = field(default_factory=list)
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens committed per step (bonus/correction token included)."""
+        return self.new_tokens / self.steps if self.steps else 0.0
+
+    @property
+    def seconds(self) -> float:
+        return self.prefill_seconds + self.drafting_seconds + self.verifying_seconds + self.overhead_seconds
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.seconds if self.seconds else 0.0
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d.update(tau=self.tau, seconds=self.seconds, tokens_per_second=self.tokens_per_second)
+        return d
+
+
+@dataclass
+class GenerateOutput:
+    sequences: torch.Tensor  # [1, L + n]: prompt then the generated tokens
+    new_tokens: list[int]
+    stats: Stats
+
+
+class _Clock:
+    """Wall-clock sections; synchronises CUDA so GPU work is charged to the right section."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.t = time.perf_counter()
+
+    def lap(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()
+        now = time.perf_counter()
+        dt, self.t = now - self.t, now
+        return dt
+
+
+def _walk_greedy(tree: TokenTree, flat: FlatTree, logits: torch.Tensor) -> tuple[list[int], int]:
+    """Follow the child equal to the target's argmax; the extra token is the argmax where it stops."""
+    best = logits.argmax(-1).tolist()
+    path, node = [0], 0
+    while (child := tree.children[node].get(best[flat.index[node]])) is not None:
+        node = child
+        path.append(node)
+    return path, best[flat.index[node]]
+
+
+def _walk_sampled(tree: TokenTree, flat: FlatTree, logits: torch.Tensor, params: SamplingParams,
+                  gen: torch.Generator) -> tuple[list[int], int]:
+    """Multi-draft iterative speculative sampling down the tree (NOTES.md, one rule for every tree)."""
+    vocab, device = logits.shape[-1], logits.device
+    path, node = [0], 0
+    while True:
+        r = params.probs(logits[flat.index[node]])
+        props = tree.proposals[node]
+        if props:
+            tokens = torch.tensor([p.token for p in props], device=device)
+            q = torch.stack([p.q(vocab, device) for p in props])
+            u = torch.rand(len(props), generator=gen, device=device)
+            k, r = verify_proposals(r, tokens, q, u)
+            if (k := int(k)) >= 0:
+                node = props[k].child
+                path.append(node)
+                continue
+        return path, int(torch.multinomial(r, 1, generator=gen))
+
+
+def generate(
+    target: torch.nn.Module,
+    input_ids: torch.Tensor | Sequence[int],
+    drafters: Sequence[Drafter] = (),
+    max_new_tokens: int = 64,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    eos_token_id: int | Sequence[int] | None = None,
+    seed: int | None = None,
+    budget: int | None = None,
+    on_tokens: Callable[[list[int]], None] | None = None,
+) -> GenerateOutput:
+    """Generate from ``target`` with tree speculative decoding; the output is exact.
+
+    Greedy (``temperature=0``) output is token-identical to the target's own greedy decoding;
+    sampled output is distributed as the target's (after temperature, top-k, top-p).
+
+    Args:
+        target: a HuggingFace causal LM (Llama, Qwen2/2.5/3, Mistral without a window).
+        input_ids: one prompt, ``[1, L]`` tensor or a list of ints.
+        drafters: proposal sources, merged into one token trie in this order.
+        max_new_tokens: tokens to generate (fewer only when ``eos_token_id`` is emitted).
+        temperature, top_k, top_p: the target distribution to sample from (HF conventions).
+        eos_token_id: stop after emitting it (an int or several); None never stops early.
+        seed: same seed and inputs give the same output; None draws a random seed.
+        budget: cap on tokens per verification pass, root included; proposals beyond it are
+            dropped in proposal order. None means no cap.
+        on_tokens: called with each step's committed tokens (for streaming).
+    """
+    params = SamplingParams(temperature, top_k, top_p)
+    checks.check_model(target)
+    checks.check_budget(budget)
+    prompt = checks.as_prompt(input_ids)
+    checks.check_lengths(len(prompt), max_new_tokens, getattr(target.config, "max_position_embeddings", None))
+    vocab = checks.vocab_size(target)
+    for d in drafters:
+        checks.check_vocab(vocab, d.vocab_size, d.describe())
+        if getattr(d, "model", None) is not None:
+            checks.check_model(d.model, role="draft")
+    eos = set() if eos_token_id is None else {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id)
+    device = next(target.parameters()).device
+    seed = int.from_bytes(os.urandom(7), "little") if seed is None else int(seed)
+    gen = torch.Generator(device).manual_seed(seed)
+    for i, d in enumerate(drafters):
+        d.reset(prompt, sampling=params.for_draft(), seed=(seed * 1_000_003 + i + 1) % 2**63)
+
+    stats = Stats(drafters=[DrafterStats(d.describe()) for d in drafters])
+    clock = _Clock(device)
+    committed = list(prompt)
+    new: list[int] = []
+    cache = TreeCache()
+    with torch.inference_mode():
+        if len(prompt) > 1:
+            ids = torch.tensor(prompt[:-1], device=device)
+            forward_masked(target, cache, ids, torch.arange(len(ids), device=device),
+                           causal_allowed(0, len(ids), device), logits_to_keep=1)
+        stats.prefill_seconds = clock.lap()
+        while len(new) < max_new_tokens:
+            drafts = [d.propose(committed) for d in drafters]
+            stats.drafting_seconds += clock.lap()
+
+            tree = TokenTree.rooted_at(committed[-1])
+            tree.merge(drafts, budget)
+            flat = flatten(tree)
+            past = cache.length
+            allowed = torch.ones(len(flat), past + len(flat), dtype=torch.bool)
+            allowed[:, past:] = torch.from_numpy(flat.ancestors)
+            ids = torch.from_numpy(flat.tokens).to(device)
+            pos = torch.from_numpy(past + flat.depth).to(device)
+            stats.overhead_seconds += clock.lap()
+
+            logits = forward_masked(target, cache, ids, pos, allowed)
+            stats.verifying_seconds += clock.lap()
+
+            if params.greedy:
+                path, extra = _walk_greedy(tree, flat, logits)
+            else:
+                path, extra = _walk_sampled(tree, flat, logits, params, gen)
+            cache.keep(past, past + flat.index[path])
+            step_tokens = [tree.tokens[v] for v in path[1:]] + [extra]
+            step_tokens = step_tokens[: max_new_tokens - len(new)]
+            for i, t in enumerate(step_tokens):
+                if t in eos:
+                    step_tokens = step_tokens[: i + 1]
+                    break
+            committed += step_tokens
+            new += step_tokens
+            _record(stats, tree, path)
+            stats.overhead_seconds += clock.lap()
+            if on_tokens is not None:
+                on_tokens(step_tokens)
+            if step_tokens[-1] in eos:
+                break
+    stats.new_tokens = len(new)
+    out_device = input_ids.device if isinstance(input_ids, torch.Tensor) else torch.device("cpu")
+    sequences = torch.tensor([committed], dtype=torch.long, device=out_device)
+    return GenerateOutput(sequences, new, stats)
+
+
+def _record(stats: Stats, tree: TokenTree, path: list[int]) -> None:
+    stats.steps += 1
+    accepted = len(path) - 1
+    if len(stats.accepted_hist) <= accepted:
+        stats.accepted_hist.extend([0] * (accepted + 1 - len(stats.accepted_hist)))
+    stats.accepted_hist[accepted] += 1
+    stats.tree_sizes.append(tree.size)
+    for props in tree.proposals:
+        for p in props:
+            stats.drafters[p.drafter].proposed += 1
+    for v in path[1:]:
+        mask = tree.proposed_by[v]
+        for i, ds in enumerate(stats.drafters):
+            if mask >> i & 1:
+                ds.accepted += 1

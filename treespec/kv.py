@@ -1,0 +1,122 @@
+"""KV cache for tree verification, driven through the stock HuggingFace forward.
+
+``TreeCache`` is a ``transformers`` ``Cache`` whose layers preallocate their key/value buffers
+(gpt-fast style): appending writes into the buffer, and committing the accepted path is a gather
+of a few rows plus a new length. ``forward_masked`` runs an unmodified model over new tokens with
+an explicit 4D additive mask and explicit position ids (NOTES.md, "Tree attention").
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import Cache, DynamicLayer
+
+
+class TreeKVLayer(DynamicLayer):
+    """One layer's K/V in a growable preallocated buffer; rows ``[0, length)`` are valid."""
+
+    def __init__(self, capacity: int = 256) -> None:
+        super().__init__()
+        self.capacity = capacity
+        self.length = 0
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.dtype, self.device = key_states.dtype, key_states.device
+        b, h, _, d = key_states.shape
+        self._k = key_states.new_empty(b, h, self.capacity, d)
+        self._v = value_states.new_empty(b, h, self.capacity, value_states.shape[-1])
+        self.is_initialized = True
+
+    def _reserve(self, needed: int) -> None:
+        if needed <= self._k.shape[-2]:
+            return
+        size = max(needed, 2 * self._k.shape[-2])
+        grow = lambda t: torch.cat([t, t.new_empty(*t.shape[:-2], size - t.shape[-2], t.shape[-1])], dim=-2)
+        self._k, self._v = grow(self._k), grow(self._v)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        n = key_states.shape[-2]
+        self._reserve(self.length + n)
+        self._k[..., self.length : self.length + n, :] = key_states
+        self._v[..., self.length : self.length + n, :] = value_states
+        self.length += n
+        self.keys, self.values = self._k[..., : self.length, :], self._v[..., : self.length, :]
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def keep(self, prefix: int, rows: torch.Tensor) -> None:
+        """Keep rows ``[0, prefix)`` followed by ``rows`` (absolute, increasing, >= prefix)."""
+        if not self.is_initialized:
+            return
+        m = rows.numel()
+        if m:
+            self._k[..., prefix : prefix + m, :] = self._k[..., rows, :]
+            self._v[..., prefix : prefix + m, :] = self._v[..., rows, :]
+        self.length = prefix + m
+        self.keys, self.values = self._k[..., : self.length, :], self._v[..., : self.length, :]
+
+    def crop(self, tokens_to_remove: int) -> None:
+        self.keep(max(self.length - abs(tokens_to_remove), 0), torch.empty(0, dtype=torch.long))
+
+    def reset(self) -> None:
+        self.length = 0
+        self.is_initialized = False
+        self.keys = self.values = None
+
+
+class TreeCache(Cache):
+    """A KV cache whose committed rows stay contiguous; see ``keep``."""
+
+    def __init__(self) -> None:
+        super().__init__(layer_class_to_replicate=TreeKVLayer)
+
+    @property
+    def length(self) -> int:
+        return self.layers[0].length if self.layers else 0
+
+    def keep(self, prefix: int, rows: torch.Tensor | list[int]) -> None:
+        """Keep the first ``prefix`` rows and then ``rows`` (absolute indices, increasing), contiguously."""
+        rows_t = torch.as_tensor(rows, dtype=torch.long)
+        for layer in self.layers:
+            layer.keep(prefix, rows_t.to(layer.device) if layer.is_initialized else rows_t)
+
+
+def forward_masked(
+    model: torch.nn.Module,
+    cache: TreeCache,
+    input_ids: torch.Tensor,
+    position_ids: torch.Tensor,
+    allowed: torch.Tensor,
+    logits_to_keep: int = 0,
+) -> torch.Tensor:
+    """One forward of ``model`` over ``n`` new tokens appended to ``cache``.
+
+    ``allowed[i, j]`` (bool, ``[n, cache.length + n]``) says whether new token ``i`` attends to key
+    ``j``. It is passed as an additive float mask (0 or the dtype's minimum), the encoding that is
+    correct under both ``sdpa`` and ``eager``. Returns logits ``[n, V]`` (or the last
+    ``logits_to_keep`` rows).
+    """
+    device = input_ids.device
+    dtype = model.dtype
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=device)
+    mask.masked_fill_(~allowed.to(device), torch.finfo(dtype).min)
+    out = model(
+        input_ids=input_ids[None],
+        attention_mask=mask[None, None],
+        position_ids=position_ids[None],
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=logits_to_keep,
+    )
+    return out.logits[0]
+
+
+def causal_allowed(past: int, n: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Mask for ``n`` new tokens in sequence after ``past`` cached ones: ordinary causal attention."""
+    allowed = torch.ones(n, past + n, dtype=torch.bool, device=device)
+    allowed[:, past:] = torch.ones(n, n, dtype=torch.bool, device=device).tril()
+    return allowed

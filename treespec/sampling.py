@@ -1,0 +1,71 @@
+"""Standardised sampling: logits -> one probability distribution (Leviathan et al. 2023, sec. 2.2).
+
+Temperature, top-k and top-p are applied in HuggingFace's order (temperature first, then top-k,
+then top-p) and identically to target and draft logits, so that speculative sampling preserves
+the distribution the user asked for. Probabilities are float32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How logits become a distribution. ``temperature == 0`` means greedy decoding."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
+            raise ValueError(
+                f"temperature must be >= 0 (0 means greedy), got {self.temperature!r}; "
+                "pass temperature=0.0 for greedy decoding or a positive value to sample."
+            )
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"top_k must be an int >= 0 (0 disables it), got {self.top_k!r}.")
+        if not (0.0 < self.top_p <= 1.0):
+            raise ValueError(
+                f"top_p must be in (0, 1], got {self.top_p!r}; use top_p=1.0 to disable nucleus sampling."
+            )
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def for_draft(self) -> "SamplingParams":
+        """Parameters drafters sample with. Under greedy decoding drafts sample at temperature 1."""
+        return SamplingParams(1.0, self.top_k, self.top_p) if self.greedy else self
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """Distribution over the last dimension of ``logits`` (any leading shape)."""
+        return standardize(logits, self.temperature, self.top_k, self.top_p)
+
+
+def standardize(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """Turn logits ``[..., V]`` into float32 probabilities with temperature, top-k and top-p.
+
+    Temperature 0 returns the one-hot distribution of the argmax. Top-p keeps the smallest set of
+    most likely tokens whose mass reaches ``top_p`` (at least one token).
+    """
+    logits = logits.float()
+    if temperature == 0:
+        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+    logits = logits / temperature
+    if top_k and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if top_p < 1.0:
+        sorted_p, order = torch.sort(probs, dim=-1, descending=True)
+        mass_before = torch.cumsum(sorted_p, dim=-1) - sorted_p
+        drop_sorted = mass_before >= top_p  # the mass of more likely tokens already reaches top_p
+        drop_sorted[..., 0] = False
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        probs = probs.masked_fill(drop, 0.0)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs

@@ -1,0 +1,134 @@
+"""The token tree: a prefix trie of proposals, and its flattening for one verification pass.
+
+Node 0 is the root (the last committed token). A node owns the *proposals* of its children in
+proposal order; two proposals of the same token share one child node and both stay in the list,
+because verification must apply both residual updates (NOTES.md, "merged duplicates").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from .drafting import POINT_MASS, ROOT, DraftProposals
+from .verify import draw_without_replacement_q
+
+
+@dataclass
+class Proposal:
+    """One proposed child: its token, the node it leads to, and the distribution it was drawn from."""
+
+    token: int
+    child: int
+    drafter: int
+    dists: torch.Tensor | None = None  # the drafter's [rows, V] tensor, None for a point mass
+    row: int = POINT_MASS
+    exclude: tuple[int, ...] = ()
+
+    def q(self, vocab_size: int, device: torch.device) -> torch.Tensor:
+        """The proposal distribution ``q_i`` as a dense float32 vector on ``device``."""
+        if self.row == POINT_MASS:
+            q = torch.zeros(vocab_size, device=device)
+            q[self.token] = 1.0
+            return q
+        return draw_without_replacement_q(self.dists[self.row].to(device, torch.float32), self.exclude)
+
+
+@dataclass
+class TokenTree:
+    """Prefix trie rooted at the last committed token."""
+
+    tokens: list[int]
+    parent: list[int] = field(default_factory=lambda: [-1])
+    depth: list[int] = field(default_factory=lambda: [0])
+    children: list[dict[int, int]] = field(default_factory=lambda: [{}])
+    proposals: list[list[Proposal]] = field(default_factory=lambda: [[]])
+    proposed_by: list[int] = field(default_factory=lambda: [0])  # bitmask of drafters per node
+
+    @classmethod
+    def rooted_at(cls, token: int) -> "TokenTree":
+        return cls(tokens=[int(token)])
+
+    @property
+    def size(self) -> int:
+        """Number of nodes, root included (the tokens of one verification pass)."""
+        return len(self.tokens)
+
+    def add(self, parent: int, proposal: Proposal) -> int:
+        """Attach ``proposal`` under ``parent``; returns the (possibly shared) child node."""
+        child = self.children[parent].get(proposal.token)
+        if child is None:
+            child = self.size
+            self.tokens.append(proposal.token)
+            self.parent.append(parent)
+            self.depth.append(self.depth[parent] + 1)
+            self.children.append({})
+            self.proposals.append([])
+            self.proposed_by.append(0)
+            self.children[parent][proposal.token] = child
+        proposal.child = child
+        self.proposals[parent].append(proposal)
+        self.proposed_by[child] |= 1 << proposal.drafter
+        return child
+
+    def merge(self, drafts: Sequence[DraftProposals], budget: int | None = None) -> None:
+        """Merge drafters' proposals in drafter order, then each drafter's proposal order.
+
+        With a ``budget``, a proposal is kept iff the tree has room for one more node when its
+        turn comes (and its parent was kept). The decision never looks at the proposal's own
+        token, so the kept proposals are still draws from their ``q`` and the output stays exact.
+        """
+        for d, draft in enumerate(drafts):
+            node_of: list[int | None] = []
+            for j, (token, par) in enumerate(zip(draft.tokens, draft.parents)):
+                parent = 0 if par == ROOT else node_of[par]
+                if parent is None or (budget is not None and self.size >= budget):
+                    node_of.append(None)
+                    continue
+                row = draft.dist_row(j)
+                node_of.append(
+                    self.add(parent, Proposal(int(token), -1, d, draft.dists if row != POINT_MASS else None,
+                                              row, draft.excluded(j)))
+                )
+
+
+@dataclass
+class FlatTree:
+    """A token tree laid out for one forward pass, in DFS order (every parent before its children)."""
+
+    order: np.ndarray  # flat index -> tree node
+    index: np.ndarray  # tree node -> flat index
+    tokens: np.ndarray  # [n] in flat order
+    depth: np.ndarray  # [n] in flat order
+    ancestors: np.ndarray  # [n, n] bool: row i may attend to column j (j is i or an ancestor of i)
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+
+def flatten(tree: TokenTree) -> FlatTree:
+    """DFS order (children in first-proposal order) and the ancestor-only attention mask."""
+    n = tree.size
+    order = np.empty(n, dtype=np.int64)
+    stack, k = [0], 0
+    while stack:
+        node = stack.pop()
+        order[k] = node
+        k += 1
+        stack.extend(reversed(tree.children[node].values()))
+    index = np.empty(n, dtype=np.int64)
+    index[order] = np.arange(n)
+    parent = np.asarray(tree.parent, dtype=np.int64)[order]
+    flat_parent = np.where(parent < 0, 0, index[np.maximum(parent, 0)])
+    depth = np.asarray(tree.depth, dtype=np.int64)[order]
+    # Pointer jumping: after step s, `cur` is each node's ancestor s levels up (the root stays put).
+    ancestors = np.zeros((n, n), dtype=bool)
+    rows, cur = np.arange(n), np.arange(n)
+    for _ in range(int(depth.max()) + 1):
+        ancestors[rows, cur] = True
+        cur = flat_parent[cur]
+    tokens = np.asarray(tree.tokens, dtype=np.int64)[order]
+    return FlatTree(order, index, tokens, depth, ancestors)

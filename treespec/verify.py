@@ -1,0 +1,67 @@
+"""Acceptance math on tensors: multi-draft iterative speculative sampling at one tree node.
+
+One rule covers every tree (NOTES.md, "Exact verification"): at a node with target distribution
+``r``, try the proposals ``x_i ~ q_i`` in proposal order;
+
+1. accept ``x_i`` with probability ``min(1, r(x_i) / q_i(x_i))``;
+2. on rejection ``r <- normalize(max(r - q_i, 0))`` and try the next proposal;
+3. when none is left, the correction token is drawn from the final ``r``.
+
+A point mass ``q_i = onehot(x_i)`` reduces step 1 to "accept with probability r(x_i)" and step 2 to
+"zero r(x_i) and renormalise". Everything here is batched over leading dimensions so that tests can
+run many trials at once; the engine calls it with no batch dimension.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def verify_proposals(
+    r: torch.Tensor, tokens: torch.Tensor, q: torch.Tensor, uniforms: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run the acceptance rule over ``K`` proposals at one node.
+
+    Args:
+        r: target distribution ``[..., V]``.
+        tokens: proposed tokens ``[..., K]`` (long), in proposal order.
+        q: the distribution each proposal was drawn from, ``[..., K, V]``.
+        uniforms: fresh U(0, 1) draws ``[..., K]``, one per proposal.
+
+    Returns:
+        ``(accepted, residual)``: the index of the accepted proposal (``-1`` if all were
+        rejected) and the distribution left after the rejections made before stopping; when
+        ``accepted == -1`` the correction token must be drawn from ``residual``.
+    """
+    r = r.float()
+    accepted = torch.full(r.shape[:-1], -1, dtype=torch.long, device=r.device)
+    for i in range(tokens.shape[-1]):
+        x = tokens[..., i : i + 1]
+        qi = q[..., i, :].float()
+        r_x = r.gather(-1, x).squeeze(-1)
+        q_x = qi.gather(-1, x).squeeze(-1)
+        active = accepted < 0
+        # u < min(1, r/q)  <=>  u * q < r  (q(x) > 0 for a genuine draw)
+        take = active & (uniforms[..., i] * q_x < r_x)
+        accepted = torch.where(take, i, accepted)
+        reject = active & ~take
+        res = (r - qi).clamp_min_(0.0)
+        mass = res.sum(-1, keepdim=True)
+        # mass == 0 only when r == q exactly, where rejection has probability 0; keep r then.
+        res = torch.where(mass > 0, res / mass.clamp_min(1e-30), r)
+        r = torch.where(reject.unsqueeze(-1), res, r)
+    return accepted, r
+
+
+def point_masses(tokens: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """One-hot distributions ``[..., K, V]`` for deterministic proposals ``[..., K]``."""
+    return torch.nn.functional.one_hot(tokens, vocab_size).float()
+
+
+def draw_without_replacement_q(q: torch.Tensor, exclude: tuple[int, ...]) -> torch.Tensor:
+    """``q`` with earlier draws ``exclude`` removed and renormalised (Sequoia's sampling w/o replacement)."""
+    if not exclude:
+        return q
+    q = q.clone()
+    q[list(exclude)] = 0.0
+    return q / q.sum()
