@@ -3,6 +3,7 @@
 from .drafting import DraftProposals, Drafter
 from .engine import GenerateOutput, Stats, generate
 from .model_drafter import ModelDrafter
+from .ngram import NGramDrafter
 from .sampling import SamplingParams, standardize
 
 __all__ = [
@@ -10,15 +11,10 @@ __all__ = [
     "Drafter",
     "GenerateOutput",
     "ModelDrafter",
+    "NGramDrafter",
     "SamplingParams",
     "Stats",
     "generate",
     "standardize",
 ]
 
-try:  # the n-gram drafter lives in its own module
-    from .ngram import NGramDrafter  # noqa: F401
-
-    __all__.append("NGramDrafter")
-except ImportError:  # pragma: no cover
-    pass
