@@ -15,6 +15,7 @@ from tiny import perturbed_copy, tiny_model
 
 N, K, PROMPT = 3000, 3, [1, 2, 3]
 BUSHY = [(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]
+REPEAT = [1, 2, 3, 1, 2, 3, 1, 2]
 CHAINS = [(0,), (1,), (2,), (0, 0), (1, 0), (2, 0)]  # 3 independent chains of length 2
 
 
@@ -25,10 +26,10 @@ def pair():
     return target, perturbed_copy(target, 0.6, seed=2)
 
 
-def sample_joint(target, make_drafters, tag, **kwargs) -> Counter:
+def sample_joint(target, make_drafters, tag, prompt=PROMPT, **kwargs) -> Counter:
     counts = Counter()
     for i in range(N):
-        out = treespec.generate(target, PROMPT, drafters=make_drafters(), max_new_tokens=K,
+        out = treespec.generate(target, prompt, drafters=make_drafters(), max_new_tokens=K,
                                 seed=spread_seed(tag, i), **kwargs)
         counts[tuple(out.new_tokens)] += 1
     return counts
@@ -41,6 +42,13 @@ CASES = {
     "chains-topp0.9": (lambda d: [treespec.ModelDrafter(d, CHAINS, "sample")], dict(temperature=1.0, top_p=0.9)),
     "duplicates-topk3": (lambda d: [treespec.ModelDrafter(d, CHAINS, "sample"), treespec.ModelDrafter(d, BUSHY, "topk")],
                          dict(temperature=0.7, top_k=3)),
+    # on a repetitive prompt the n-gram guesses overlap the model's samples
+    "model+ngram": (lambda d: [treespec.ModelDrafter(d, BUSHY, "sample"), treespec.NGramDrafter(width=2)],
+                    dict(temperature=1.0, prompt=REPEAT)),
+    # budget 5: the n-gram's 2 guesses, then the model's draws until the tree holds 5 nodes; draws that
+    # merge into existing nodes take no room, so where the cut falls depends on earlier tokens
+    "budget-cut": (lambda d: [treespec.NGramDrafter(max_tokens=2), treespec.ModelDrafter(d, BUSHY, "sample_without_replacement")],
+                   dict(temperature=1.0, prompt=REPEAT, budget=5)),
 }
 
 
@@ -49,7 +57,8 @@ def test_joint_distribution_matches_target(pair, case):
     target, draft = pair
     make, kwargs = CASES[case]
     counts = sample_joint(target, lambda: make(draft), case, **kwargs)
-    exact = exact_joint(target, PROMPT, K, kwargs["temperature"], kwargs.get("top_k", 0), kwargs.get("top_p", 1.0))
+    exact = exact_joint(target, kwargs.get("prompt", PROMPT), K, kwargs["temperature"], kwargs.get("top_k", 0),
+                        kwargs.get("top_p", 1.0))
     assert g_test(counts, exact) > ALPHA
 
 

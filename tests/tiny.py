@@ -52,3 +52,24 @@ def greedy_reference(model: torch.nn.Module, prompt: list[int], n: int, eos: int
     model.generation_config.pad_token_id = eos if eos is not None else 0
     out = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=n)
     return out[0, len(prompt):].tolist()
+
+
+def cycle_model(cycle: list[int], vocab: int = 64) -> torch.nn.Module:
+    """A Llama whose greedy continuation follows ``cycle`` (t -> the token after t in it).
+
+    Attention and MLP outputs are zeroed, so the last hidden state is the normalised embedding of
+    the current token; the LM head maps it to its successor. Tokens off the cycle map to 0.
+    """
+    model = tiny_model("llama", vocab=vocab, hidden=vocab, seed=0)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        model.model.embed_tokens.weight.copy_(torch.eye(vocab))
+        head = torch.zeros(vocab, vocab)
+        head[0, :] = 0.5
+        for a, b in zip(cycle, cycle[1:] + cycle[:1]):
+            head[:, a] = 0.0
+            head[b, a] = 1.0
+        model.lm_head.weight.copy_(head)
+    return model

@@ -108,14 +108,17 @@ class ModelDrafter(Drafter):
         self._last = None
 
     def _sync_cache(self, context: Sequence[int]) -> None:
-        """Keep the rows of last step's tree that lie on the committed path; drop the rest."""
+        """Keep the rows of last step's tree that lie on the committed path; drop the rest.
+
+        The new root (``context[-1]``) is always fed again: its logits are this step's first need.
+        """
         if self._last is None:
             return
         tokens, rows, valid = self._last
         plan = self.plan
         keep: list[int] = []
         node = 0
-        for tok in context[self._seen :]:
+        for tok in context[self._seen : -1]:
             kids = np.flatnonzero((plan.parent == node) & valid & (tokens == tok))
             if kids.size == 0 or rows[kids[0]] < 0:
                 break

@@ -229,6 +229,7 @@ def build_cache(spec: PackagedModel, cache_dir: str | os.PathLike | None = None)
     root.mkdir(parents=True, exist_ok=True)
     _remove_stale_temps(root, spec.name)
     tmp = Path(tempfile.mkdtemp(prefix=f".{spec.name}.tmp-{os.getpid()}.", dir=root))
+    tmp.chmod(0o755)  # mkdtemp makes it private; the finished cache is an ordinary readable dir
     t0 = time.perf_counter()
     try:
         _log(f"first load of {spec.name}: assembling {spec.parts} chunks into {tmp}")

