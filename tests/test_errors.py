@@ -73,3 +73,10 @@ def test_sliding_window_refused():
     model.config.use_sliding_window = True
     with pytest.raises(ValueError, match="sliding-window"):
         treespec.generate(model, [1, 2], max_new_tokens=2)
+
+
+def test_dynamic_arguments(target):
+    with pytest.raises(ValueError, match="nodes must be an int >= 1"):
+        treespec.ModelDrafter(target, mode="dynamic", nodes=0)
+    with pytest.raises(ValueError, match="not a shape"):
+        treespec.ModelDrafter(target, [(0,)], mode="dynamic")

@@ -42,6 +42,8 @@ CASES = {
     "chains-topp0.9": (lambda d: [treespec.ModelDrafter(d, CHAINS, "sample")], dict(temperature=1.0, top_p=0.9)),
     "duplicates-topk3": (lambda d: [treespec.ModelDrafter(d, CHAINS, "sample"), treespec.ModelDrafter(d, BUSHY, "topk")],
                          dict(temperature=0.7, top_k=3)),
+    "dynamic-T1": (lambda d: [treespec.ModelDrafter(d, mode="dynamic", depth=3, topk=3, nodes=6)],
+                   dict(temperature=1.0)),
     # on a repetitive prompt the n-gram guesses overlap the model's samples
     "model+ngram": (lambda d: [treespec.ModelDrafter(d, BUSHY, "sample"), treespec.NGramDrafter(width=2)],
                     dict(temperature=1.0, prompt=REPEAT)),

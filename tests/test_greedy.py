@@ -31,6 +31,26 @@ def test_greedy_equals_target(pair, shape, mode):
         assert out.stats.new_tokens == 40 and out.stats.steps == sum(out.stats.accepted_hist)
 
 
+@pytest.mark.parametrize("depth,topk,nodes", [(1, 4, 4), (4, 3, 10), (6, 8, 40)])
+def test_greedy_equals_target_dynamic(pair, depth, topk, nodes):
+    target, draft = pair
+    for prompt in ([1, 5, 7, 9, 3], [4]):
+        drafter = treespec.ModelDrafter(draft, mode="dynamic", depth=depth, topk=topk, nodes=nodes)
+        out = treespec.generate(target, prompt, drafters=[drafter], max_new_tokens=40)
+        assert out.new_tokens == greedy_reference(target, prompt, 40)
+        assert max(out.stats.tree_sizes) <= nodes + 1
+    assert min(out.stats.tree_sizes) == min(nodes, topk + (depth - 1) * topk * topk) + 1
+
+
+def test_dynamic_tree_beats_its_own_chain(pair):
+    """EAGLE-2's point: the confident part of a wide candidate set is accepted more often."""
+    target, draft = pair
+    dyn = treespec.generate(target, [1, 5, 7], drafters=[treespec.ModelDrafter(draft, mode="dynamic", depth=5,
+                                                                               topk=4, nodes=12)], max_new_tokens=60)
+    chain = treespec.generate(target, [1, 5, 7], drafters=[treespec.ModelDrafter(draft, CHAIN)], max_new_tokens=60)
+    assert dyn.stats.tau > chain.stats.tau
+
+
 def test_greedy_drafts_are_accepted(pair):
     """Sanity of the fixture: the perturbed draft is good enough that trees pay off."""
     target, draft = pair

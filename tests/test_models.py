@@ -163,6 +163,11 @@ def test_unknown_id_offline_says_so(tmp_path, monkeypatch):
     assert models.DEFAULT_TARGET in str(info.value)
 
 
+def test_missing_local_path_says_so(tmp_path):
+    with pytest.raises(OSError, match="no such directory"):
+        models.load(str(tmp_path / "nope"))
+
+
 # --- built-in (packaged GGUF) models, on a tiny stand-in -------------------------------------
 
 
@@ -197,7 +202,7 @@ def test_cache_dir_from_env(fake_packaged, tmp_path, monkeypatch):
 
 
 def test_interrupted_build_leaves_no_cache(fake_packaged, tmp_path, monkeypatch):
-    spec, model, _ = fake_packaged
+    spec, _, _ = fake_packaged
     root = tmp_path / "cache"
 
     def crash(*args, **kwargs):
@@ -218,7 +223,7 @@ def test_stale_cache_is_rebuilt(fake_packaged, tmp_path):
     assert torch.equal(logits(loaded), logits(model))
 
 
-def test_missing_package_names_install_command(fake_packaged, tmp_path, monkeypatch):
+def test_missing_package_names_install_command(fake_packaged, tmp_path):
     spec, _, chunks = fake_packaged
     del chunks["tiny-part2"]
     with pytest.raises(models.MissingModelPackageError) as info:

@@ -1,4 +1,4 @@
-"""A small HF model that expands a static tree shape, one draft forward per depth."""
+"""A small HF model as a drafter: static tree shapes (three modes) or EAGLE-2 dynamic trees."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from .drafting import ROOT, DraftProposals, Drafter
 from .kv import TreeCache, causal_allowed, forward_masked
 from .sampling import SamplingParams
 
-MODES = ("topk", "sample", "sample_without_replacement")
+MODES = ("topk", "sample", "sample_without_replacement", "dynamic")
 
 Path = tuple[int, ...]
 
@@ -69,24 +69,38 @@ def plan_shape(shape: Iterable[Sequence[int]] | object) -> ShapePlan:
 
 
 class ModelDrafter(Drafter):
-    """Expands ``shape`` with a draft model: level ``d`` costs one draft forward.
+    """A draft model that proposes a token tree, one draft forward per depth.
 
-    Modes: ``topk`` (children of a node are its ``b`` most likely tokens; point-mass proposals),
-    ``sample`` (``b`` i.i.d. draws from the draft distribution ``q``) and
-    ``sample_without_replacement`` (Sequoia: draws from ``q`` with earlier draws removed).
-    ``k`` independent chains of length ``d`` (SpecInfer's baseline) are the shape
-    ``tree_builders.independent_chains(k, d)`` in ``sample`` mode.
+    Static shapes (``shape`` = child-rank paths or a ``TreeShape``) in three modes: ``topk`` (the
+    ``b`` children of a node are its ``b`` most likely tokens; point-mass proposals), ``sample``
+    (``b`` i.i.d. draws from the draft distribution ``q``) and ``sample_without_replacement``
+    (Sequoia: draws from ``q`` with earlier draws removed). ``k`` independent chains of length ``d``
+    (SpecInfer's baseline) are the shape ``tree_builders.independent_chains(k, d)`` in ``sample`` mode.
 
-    The draft keeps its own KV cache across steps: rows for the accepted part of its last tree are
-    kept, committed tokens it never saw are fed at the start of the next step.
+    ``mode="dynamic"`` builds an EAGLE-2 style tree instead: ``depth`` times, expand the ``topk``
+    frontier nodes of highest cumulative draft confidence by their ``topk`` most likely tokens, then
+    keep the ``nodes`` candidates of highest confidence. Its proposals are point masses, so the
+    selection keeps the output exact.
+
+    The draft keeps its own KV cache across steps: the rows of its last tree that lie on the
+    committed path are kept, committed tokens it never saw are fed at the start of the next step.
     """
 
-    def __init__(self, model: torch.nn.Module, shape=((0,),), mode: str = "topk") -> None:
+    def __init__(self, model: torch.nn.Module, shape=None, mode: str = "topk", *,
+                 depth: int = 6, topk: int = 8, nodes: int = 32) -> None:
         if mode not in MODES:
             raise ValueError(f"unknown ModelDrafter mode {mode!r}; choose one of {', '.join(MODES)}")
         self.model = model
         self.mode = mode
-        self.plan = plan_shape(shape)
+        if mode == "dynamic":
+            if shape is not None:
+                raise ValueError("mode='dynamic' grows its own tree: give depth=, topk= and nodes=, not a shape")
+            for name, value in (("depth", depth), ("topk", topk), ("nodes", nodes)):
+                if not isinstance(value, int) or value < 1:
+                    raise ValueError(f"dynamic ModelDrafter: {name} must be an int >= 1, got {value!r}")
+            self.depth, self.topk, self.nodes = depth, topk, nodes
+        else:
+            self.plan = plan_shape(((0,),) if shape is None else shape)
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.device = next(model.parameters()).device
         self.sampling = SamplingParams(1.0)
@@ -94,10 +108,12 @@ class ModelDrafter(Drafter):
         self.cache = TreeCache()
         self._base = 0  # committed tokens whose K/V rows precede this step's rows
         self._seen = 0  # length of the context at the last step
-        self._last: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # tokens, rows, valid
+        self._last: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # parent, tokens, rows
 
     def describe(self) -> str:
         name = getattr(self.model.config, "_name_or_path", "") or self.model.config.model_type
+        if self.mode == "dynamic":
+            return f"model({name}, dynamic, depth={self.depth}, topk={self.topk}, nodes={self.nodes})"
         return f"model({name}, {self.mode}, size={len(self.plan.paths) + 1}, depth={self.plan.max_depth})"
 
     def reset(self, prompt: Sequence[int], *, sampling: SamplingParams, seed: int) -> None:
@@ -107,77 +123,82 @@ class ModelDrafter(Drafter):
         self._base = self._seen = 0
         self._last = None
 
-    def _sync_cache(self, context: Sequence[int]) -> None:
-        """Keep the rows of last step's tree that lie on the committed path; drop the rest.
-
-        The new root (``context[-1]``) is always fed again: its logits are this step's first need.
-        """
-        if self._last is None:
-            return
-        tokens, rows, valid = self._last
-        plan = self.plan
-        keep: list[int] = []
-        node = 0
-        for tok in context[self._seen : -1]:
-            kids = np.flatnonzero((plan.parent == node) & valid & (tokens == tok))
-            if kids.size == 0 or rows[kids[0]] < 0:
-                break
-            node = int(kids[0])
-            keep.append(int(rows[node]))
-        self.cache.keep(self._seen, keep)
-        self._base = self._seen + len(keep)
-        self._last = None
-
     @torch.inference_mode()
     def propose(self, context: Sequence[int]) -> DraftProposals:
-        plan, dev = self.plan, self.device
-        self._sync_cache(context)
+        q_root = self._start_step(context)
+        return self._propose_dynamic(context, q_root) if self.mode == "dynamic" else self._propose_static(context, q_root)
+
+    # -- cache bookkeeping shared by both kinds of tree -------------------------------------------
+
+    def _start_step(self, context: Sequence[int]) -> torch.Tensor:
+        """Keep last step's rows on the committed path, feed the tokens not yet cached; root's ``q``."""
+        if self._last is not None:
+            parent, tokens, rows = self._last
+            keep: list[int] = []
+            node = 0
+            # the new root (context[-1]) is always fed again: its logits are this step's first need
+            for tok in context[self._seen : -1]:
+                kids = np.flatnonzero((parent == node) & (tokens == tok) & (rows >= 0))
+                if kids.size == 0:
+                    break
+                node = int(kids[0])
+                keep.append(int(rows[node]))
+            self.cache.keep(self._seen, keep)
+            self._base = self._seen + len(keep)
+            self._last = None
+        dev = self.device
         pending = torch.as_tensor(list(context[self._base :]), dtype=torch.long, device=dev)
         past = self.cache.length
         logits = forward_masked(self.model, self.cache, pending, torch.arange(past, past + len(pending), device=dev),
                                 causal_allowed(past, len(pending), dev), logits_to_keep=1)
         self._seen = len(context)
+        return self.sampling.probs(logits[-1:])
 
+    def _forward_level(self, ctx_len: int, fwd: np.ndarray, tokens: np.ndarray, depth: np.ndarray,
+                       rows: np.ndarray, ancestors: np.ndarray) -> torch.Tensor:
+        """One draft forward over tree nodes ``fwd`` whose ancestors are cached; sets their rows.
+
+        Each node attends to the committed context, its cached tree ancestors and itself.
+        """
+        base = self.cache.length
+        cached = np.flatnonzero(rows >= ctx_len)  # tree nodes (below the root) already in the cache
+        allowed = torch.zeros(len(fwd), base + len(fwd), dtype=torch.bool)
+        allowed[:, :ctx_len] = True
+        allowed[:, torch.as_tensor(rows[cached])] = torch.as_tensor(ancestors[np.ix_(fwd, cached)])
+        allowed[:, base:] = torch.eye(len(fwd), dtype=torch.bool)
+        ids = torch.as_tensor(np.maximum(tokens[fwd], 0), device=self.device)
+        pos = torch.as_tensor(ctx_len - 1 + depth[fwd], device=self.device)
+        out = forward_masked(self.model, self.cache, ids, pos, allowed)
+        rows[fwd] = base + np.arange(len(fwd))
+        return self.sampling.probs(out)
+
+    # -- static shapes ---------------------------------------------------------------------------
+
+    def _propose_static(self, context: Sequence[int], q_root: torch.Tensor) -> DraftProposals:
+        plan, ctx_len = self.plan, len(context)
         n = len(plan.depth)
         tokens = np.full(n, -1, dtype=np.int64)
         tokens[0] = context[-1]
-        valid = np.ones(n, dtype=bool)
         rows = np.full(n, -1, dtype=np.int64)  # cache row of each forwarded node
-        rows[0] = len(context) - 1
+        rows[0] = ctx_len - 1
         q_row = np.full(n, -1, dtype=np.int64)  # row of `dists` holding the node's draft distribution
-        dists = [self.sampling.probs(logits[-1:])]
         q_row[0] = 0
-        n_rows = 1
+        dists = [q_root]
         for d in range(1, plan.max_depth + 1):
             parents = plan.level(d - 1)
             parents = parents[plan.n_children[parents] > 0]
-            q = torch.cat(dists)[q_row[parents]] if d > 1 else dists[0]
+            q = dists[0] if d == 1 else torch.cat(dists)[q_row[parents]]
             kids = plan.level(d)
             drawn = self._draw(q, int(plan.n_children[parents].max())).cpu().numpy()
             slot = np.searchsorted(parents, plan.parent[kids])
-            tokens[kids] = drawn[slot, plan.rank[kids]]
-            valid[kids] = valid[plan.parent[kids]] & (tokens[kids] >= 0)
-            if d == plan.max_depth:
-                break
+            tokens[kids] = np.where(tokens[plan.parent[kids]] >= 0, drawn[slot, plan.rank[kids]], -1)
             fwd = kids[plan.n_children[kids] > 0]
-            if fwd.size == 0:
+            if d == plan.max_depth or fwd.size == 0:
                 break
-            base_len = self.cache.length
-            past_tree = np.flatnonzero(rows >= len(context))  # tree nodes already in the cache
-            allowed = torch.zeros(len(fwd), base_len + len(fwd), dtype=torch.bool)
-            allowed[:, : len(context)] = True
-            sub = plan.ancestors[np.ix_(fwd, past_tree)]
-            allowed[:, torch.as_tensor(rows[past_tree])] = torch.as_tensor(sub)
-            allowed[:, base_len:] = torch.eye(len(fwd), dtype=torch.bool)
-            ids = torch.as_tensor(np.maximum(tokens[fwd], 0), device=dev)
-            pos = torch.as_tensor(len(context) - 1 + plan.depth[fwd], device=dev)
-            out = forward_masked(self.model, self.cache, ids, pos, allowed)
-            rows[fwd] = base_len + np.arange(len(fwd))
-            dists.append(self.sampling.probs(out))
-            q_row[fwd] = n_rows + np.arange(len(fwd))
-            n_rows += len(fwd)
-        self._last = (tokens, rows, valid)
-        return self._proposals(tokens, valid, q_row, torch.cat(dists))
+            q_row[fwd] = sum(len(t) for t in dists) + np.arange(len(fwd))
+            dists.append(self._forward_level(ctx_len, fwd, tokens, plan.depth, rows, plan.ancestors))
+        self._last = (plan.parent, tokens, rows)
+        return self._static_proposals(tokens, q_row, torch.cat(dists))
 
     def _draw(self, q: torch.Tensor, b: int) -> torch.Tensor:
         """``b`` children per row of ``q`` ([P, V]); -1 marks a draw that ``q`` cannot support."""
@@ -191,9 +212,9 @@ class ModelDrafter(Drafter):
         top = torch.topk(keys, b, dim=-1)
         return torch.where(torch.isfinite(top.values), top.indices, -1)
 
-    def _proposals(self, tokens, valid, q_row, dists) -> DraftProposals:
+    def _static_proposals(self, tokens: np.ndarray, q_row: np.ndarray, dists: torch.Tensor) -> DraftProposals:
         plan = self.plan
-        kept = np.flatnonzero(valid[1:]) + 1
+        kept = np.flatnonzero(tokens[1:] >= 0) + 1  # a draw q could not support drops its subtree
         index = {int(node): j for j, node in enumerate(kept)}
         parents = [ROOT if plan.parent[v] == 0 else index[int(plan.parent[v])] for v in kept]
         toks = [int(tokens[v]) for v in kept]
@@ -207,3 +228,40 @@ class ModelDrafter(Drafter):
                 if r:  # earlier siblings are the previous r nodes in BFS order
                     exclude[j] = tuple(int(t) for t in tokens[v - r : v])
         return DraftProposals(toks, parents, dists, rows, exclude)
+
+    # -- dynamic trees (EAGLE-2) -----------------------------------------------------------------
+
+    def _propose_dynamic(self, context: Sequence[int], q_root: torch.Tensor) -> DraftProposals:
+        k, ctx_len = self.topk, len(context)
+        cap = 1 + k + (self.depth - 1) * k * k
+        parent = np.full(cap, -1, dtype=np.int64)
+        tokens = np.full(cap, -1, dtype=np.int64)
+        depth = np.zeros(cap, dtype=np.int64)
+        rows = np.full(cap, -1, dtype=np.int64)
+        score = np.zeros(cap)  # log of the cumulative draft confidence along the path
+        ancestors = np.zeros((cap, cap), dtype=bool)
+        tokens[0], rows[0], ancestors[0, 0] = context[-1], ctx_len - 1, True
+        n, frontier, q = 1, np.array([0]), q_root
+        for d in range(1, self.depth + 1):
+            top = torch.topk(q, min(k, q.shape[-1]), dim=-1)
+            width = top.indices.shape[-1]
+            new = np.arange(n, n + len(frontier) * width)
+            parent[new] = np.repeat(frontier, width)
+            tokens[new] = top.indices.cpu().numpy().ravel()
+            depth[new] = d
+            score[new] = score[parent[new]] + top.values.clamp_min(1e-30).log().double().cpu().numpy().ravel()
+            ancestors[new] = ancestors[parent[new]]
+            ancestors[new, new] = True
+            n += len(new)
+            if d == self.depth:
+                break
+            frontier = new[np.argsort(-score[new], kind="stable")[:k]]
+            q = self._forward_level(ctx_len, frontier, tokens, depth, rows, ancestors)
+        self._last = (parent[:n], tokens[:n], rows[:n])
+        # Rerank: the `nodes` most confident candidates. Confidence never grows along a path and ties
+        # go to the shallower node, so the kept set is ancestor-closed.
+        cand = np.arange(1, n)
+        best = np.sort(cand[np.lexsort((depth[cand], -score[cand]))][: self.nodes])
+        index = {int(v): j for j, v in enumerate(best)}
+        parents = [ROOT if parent[v] == 0 else index[int(parent[v])] for v in best]
+        return DraftProposals([int(tokens[v]) for v in best], parents)

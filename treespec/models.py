@@ -244,16 +244,14 @@ def build_cache(spec: PackagedModel, cache_dir: str | os.PathLike | None = None)
         gc.collect()
         shutil.rmtree(gguf_dir)  # the packages rebuild it in a second; the cache is what is kept
         (tmp / _MARKER).write_text(json.dumps(_marker(spec), indent=1))
-        if final.exists():  # a stale cache (other format/version): move it aside, then delete it
-            old = root / f".{spec.name}.old-{os.getpid()}"
-            os.replace(final, old)
-            shutil.rmtree(old, ignore_errors=True)
-        try:
-            os.replace(tmp, final)
-        except OSError:  # another process finished first
-            if not _cache_is_valid(final, spec):
-                raise
+        if _cache_is_valid(final, spec):  # another process finished first: keep its cache
             shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            if final.exists():  # a stale cache (other format/version): move it aside, then delete it
+                old = root / f".{spec.name}.old-{os.getpid()}"
+                os.replace(final, old)
+                shutil.rmtree(old, ignore_errors=True)
+            os.replace(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -289,6 +287,9 @@ def _load_other(name: str, dtype: torch.dtype, trust_remote_code: bool,
             raise OSError(f"{path} has no *.safetensors weights; treespec only loads safetensors (it never "
                           "unpickles .bin/.pt files). Convert the checkpoint to safetensors first.")
         return _from_pretrained(path, dtype, **kwargs)
+    if name.startswith(("/", "./", "../", "~")) or os.path.exists(name):
+        raise OSError(f"{name!r} is not a model directory (no such directory). Built-in offline models: "
+                      f"{', '.join(REGISTRY)}.")
     try:
         return _from_pretrained(name, dtype, local_files_only=True, **kwargs)
     except (OSError, ValueError) as local_error:
@@ -303,7 +304,8 @@ def _load_other(name: str, dtype: torch.dtype, trust_remote_code: bool,
         raise OSError(
             f"model {name!r} is neither a local directory nor in the local Hugging Face cache, and could not be "
             f"fetched from the hub (this machine may be offline, or it has no safetensors weights). Pass a local "
-            f"directory, or use a built-in offline model: {', '.join(REGISTRY)}.\n(cause: {error})") from error
+            f"directory, or use a built-in offline model: {', '.join(REGISTRY)}. Set HF_HUB_OFFLINE=1 to skip the "
+            f"hub (and its retries) on a machine without network.\n(cause: {error})") from error
 
 
 def load(name_or_path: str | os.PathLike = DEFAULT_TARGET, device: str | torch.device = "cpu",

@@ -1,0 +1,306 @@
+"""Positional acceptance vectors, measured on the target's own continuations (NOTES.md).
+
+For each calibration prompt the target first writes its own continuation (greedy, or sampled at
+the requested temperature). The draft and the target then each run ONE teacher-forced forward over
+prompt + continuation, which gives the draft distribution ``q`` and the target distribution ``r``
+at every continuation position. At each position the draft proposes ``width`` children the way a
+``ModelDrafter`` would (``topk``: its ``width`` most likely tokens as point masses; ``sample``:
+``width`` i.i.d. draws from ``q``; ``sample_without_replacement``: Gumbel-top-k), and the exact
+acceptance rule (``verify_proposals`` with fresh uniforms; under greedy decoding: the child equal
+to ``argmax r``) says which rank, if any, is accepted.
+
+* ``vector[k]``: fraction of positions where the child of rank ``k`` (0-based) was accepted.
+* ``matrix[d][k]``: the same, conditional on reaching depth ``d + 1`` of a step. Every position
+  ``i`` is taken as a step root: depth 1 is position ``i``; if a child is accepted there, depth 2
+  is position ``i + 1``, and so on. Row 0 equals ``vector``.
+* ``beta``: mean over positions of ``sum_x min(r(x), q(x))`` (``1 - TV``) with both distributions
+  standardised by the same ``SamplingParams``; under greedy decoding it is the fraction of
+  positions where the draft's argmax equals the target's.
+
+Approximation: the context at depth ``d + 1`` is the target's own continuation. Under greedy
+decoding that is exactly the context a real step sees (the accepted child is the target's argmax).
+When sampling, the token a real step accepts is distributed as ``r`` overall but, given that a
+proposal was accepted, it leans towards the draft's likely tokens; deeper rows (and the
+independence across depths that a vector assumes) are then approximations.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import importlib.metadata
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from .engine import generate
+from .model_drafter import MODES
+from .sampling import SamplingParams
+from .verify import point_masses, verify_proposals
+
+#: floats per chunk of ``[positions, width, V]`` proposal distributions (bounds memory: 32 MiB)
+_CHUNK_FLOATS = 1 << 23
+
+
+@dataclass
+class Acceptance:
+    """A measured positional acceptance vector, its per-depth matrix and how it was measured.
+
+    ``counts[d, k]``: step roots that reached depth ``d + 1`` and accepted rank ``k`` there;
+    ``totals[d]``: step roots that reached depth ``d + 1`` (the sample size of row ``d``).
+    ``matrix[d] = counts[d] / totals[d]``; a row with no sample repeats the row above it.
+    """
+
+    vector: np.ndarray  # [width]
+    matrix: np.ndarray  # [max_depth, width]
+    counts: np.ndarray  # [max_depth, width] int
+    totals: np.ndarray  # [max_depth] int
+    beta: float
+    positions: int
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_counts(cls, counts: np.ndarray, totals: np.ndarray, beta: float,
+                    meta: dict[str, Any] | None = None) -> "Acceptance":
+        """Build from raw counts (rows with ``totals == 0`` repeat the previous row)."""
+        counts = np.asarray(counts, dtype=np.int64)
+        totals = np.asarray(totals, dtype=np.int64)
+        matrix = np.zeros(counts.shape, dtype=np.float64)
+        for d in range(counts.shape[0]):
+            if totals[d] > 0:
+                matrix[d] = counts[d] / totals[d]
+            elif d > 0:
+                matrix[d] = matrix[d - 1]
+        return cls(vector=matrix[0].copy(), matrix=matrix, counts=counts, totals=totals, beta=float(beta),
+                   positions=int(totals[0]), meta=dict(meta or {}))
+
+    @property
+    def width(self) -> int:
+        return int(self.vector.shape[0])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "vector": self.vector.tolist(),
+            "matrix": self.matrix.tolist(),
+            "counts": self.counts.tolist(),
+            "totals": self.totals.tolist(),
+            "beta": self.beta,
+            "positions": self.positions,
+            "meta": self.meta,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Acceptance":
+        return cls(vector=np.asarray(d["vector"], dtype=np.float64), matrix=np.asarray(d["matrix"], dtype=np.float64),
+                   counts=np.asarray(d["counts"], dtype=np.int64), totals=np.asarray(d["totals"], dtype=np.int64),
+                   beta=float(d["beta"]), positions=int(d["positions"]), meta=dict(d.get("meta", {})))
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write as JSON."""
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(self.to_dict(), f, indent=1)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "Acceptance":
+        """Read a file written by :meth:`save`."""
+        with open(path, encoding="utf-8") as f:
+            return cls.from_dict(json.load(f))
+
+    def __repr__(self) -> str:
+        head = ", ".join(f"{x:.3f}" for x in self.vector[:4])
+        return (f"Acceptance(vector=[{head}{', ...' if self.width > 4 else ''}] (sum {self.vector.sum():.3f}), "
+                f"beta={self.beta:.3f}, positions={self.positions}, depth rows={self.matrix.shape[0]})")
+
+
+def encode_prompts(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
+    """Token-id lists for ``measure`` from strings (plain tokenisation, no chat template)."""
+    return [list(tokenizer(t).input_ids) for t in texts]
+
+
+def version() -> str:
+    try:
+        return importlib.metadata.version("treespec")
+    except importlib.metadata.PackageNotFoundError:  # pragma: no cover - source checkout
+        return "unknown"
+
+
+def model_name(model: torch.nn.Module) -> str:
+    config = model.config
+    return getattr(config, "_name_or_path", "") or config.model_type
+
+
+def _seed(seed: int, tag: str, i: int) -> int:
+    """Seeds spread over the range by hashing (consecutive Generator seeds can correlate; NOTES.md)."""
+    return int.from_bytes(hashlib.blake2b(f"{seed}/{tag}/{i}".encode(), digest_size=7).digest(), "little")
+
+
+def _draw(q: torch.Tensor, width: int, mode: str, gen: torch.Generator) -> torch.Tensor:
+    """``width`` children per row of ``q`` (``[n, V]``) as ``ModelDrafter`` draws them; -1 = none."""
+    n, vocab = q.shape
+    w = min(width, vocab)
+    if mode == "topk":
+        out = torch.topk(q, w, dim=-1).indices
+    elif mode == "sample":
+        out = torch.multinomial(q, width, replacement=True, generator=gen)
+    else:  # Gumbel-top-k: the order of the top keys is that of sequential draws without replacement
+        u = torch.rand(q.shape, generator=gen, device=q.device).clamp_(1e-20, 1.0)
+        top = torch.topk(q.log() - (-u.log()).log(), w, dim=-1)
+        out = torch.where(torch.isfinite(top.values), top.indices, -1)
+    if out.shape[1] < width:
+        out = torch.cat([out, out.new_full((n, width - out.shape[1]), -1)], dim=1)
+    return out
+
+
+def _proposal_q(q: torch.Tensor, tokens: torch.Tensor, mode: str) -> torch.Tensor:
+    """The distribution each proposal was drawn from, ``[n, w, V]`` (NOTES.md, exact verification)."""
+    safe = tokens.clamp_min(0)
+    if mode == "topk":
+        return point_masses(safe, q.shape[-1])
+    if mode == "sample":
+        return q[:, None, :].expand(-1, tokens.shape[1], -1)
+    hot = point_masses(safe, q.shape[-1]) * (tokens >= 0)[..., None]
+    earlier = hot.cumsum(1) - hot  # tokens drawn before each proposal
+    qi = q[:, None, :] * (1.0 - earlier)
+    return qi / qi.sum(-1, keepdim=True).clamp_min(1e-30)
+
+
+def accepted_ranks(r: torch.Tensor, q: torch.Tensor, width: int, mode: str, greedy: bool,
+                   gen: torch.Generator) -> torch.Tensor:
+    """Rank of the accepted proposal at each of ``n`` positions (-1: none), ``[n]`` long.
+
+    ``r``: target distributions ``[n, V]``; ``q``: draft distributions the proposals come from.
+    """
+    tokens = _draw(q, width, mode, gen)
+    if greedy:
+        hit = tokens == r.argmax(-1, keepdim=True)
+        return torch.where(hit.any(-1), hit.float().argmax(-1), -1)
+    out = torch.empty(r.shape[0], dtype=torch.long, device=r.device)
+    chunk = max(1, _CHUNK_FLOATS // (width * r.shape[-1]))
+    for s in range(0, r.shape[0], chunk):
+        tok = tokens[s : s + chunk]
+        u = torch.rand(tok.shape, generator=gen, device=r.device)
+        u = torch.where(tok >= 0, u, torch.inf)  # a missing draw is never accepted
+        k, _ = verify_proposals(r[s : s + chunk], tok.clamp_min(0), _proposal_q(q[s : s + chunk], tok, mode), u)
+        out[s : s + chunk] = k
+    return out
+
+
+def depth_counts(ranks: np.ndarray, width: int, max_depth: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per-depth counts of one continuation's ranks (every position a step root; see module doc)."""
+    n = len(ranks)
+    counts = np.zeros((max_depth, width), dtype=np.int64)
+    totals = np.zeros(max_depth, dtype=np.int64)
+    alive = np.ones(n, dtype=bool)  # alive[i]: the step rooted at i reached depth d + 1
+    for d in range(max_depth):
+        m = n - d
+        if m <= 0:
+            break
+        reached = alive[:m]
+        here = ranks[d : d + m]
+        totals[d] = int(reached.sum())
+        got = here[reached]
+        counts[d] = np.bincount(got[got >= 0], minlength=width)[:width]
+        alive = reached & (here >= 0)
+    return counts, totals
+
+
+@torch.inference_mode()
+def _continuation_logits(model: torch.nn.Module, ids: list[int], n: int, device: torch.device) -> torch.Tensor:
+    """Logits of the last ``n`` positions of one teacher-forced forward over ``ids[:-1]`` (float32)."""
+    x = torch.tensor([ids[:-1]], device=device)
+    return model(input_ids=x, use_cache=False, logits_to_keep=n).logits[0].float()
+
+
+def measure(
+    target: torch.nn.Module,
+    draft: torch.nn.Module,
+    prompts: Sequence[Sequence[int]],
+    width: int = 8,
+    mode: str = "topk",
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    max_new_tokens: int = 64,
+    max_depth: int = 8,
+    seed: int = 0,
+    progress: bool = True,
+    *,
+    eos_token_id: int | Sequence[int] | None = None,
+    prompts_label: str | None = None,
+) -> Acceptance:
+    """Measure the positional acceptance vector of ``draft`` against ``target`` (see module doc).
+
+    Args:
+        target, draft: HuggingFace causal LMs sharing one vocabulary.
+        prompts: token-id lists (see :func:`encode_prompts` for strings); use prompts disjoint from
+            the ones you evaluate on.
+        width: proposals per position (the vector's length).
+        mode: how the draft proposes, as in ``ModelDrafter``: ``topk``, ``sample`` or
+            ``sample_without_replacement``.
+        temperature, top_k, top_p: the target distribution (0 = greedy). Draft distributions use
+            ``SamplingParams.for_draft()``, like the engine.
+        max_new_tokens: length of each target continuation (shorter if ``eos_token_id`` appears).
+        max_depth: rows of the per-depth matrix.
+        seed: continuations, draws and uniforms are reproducible from it.
+        progress: show a tqdm bar over prompts.
+        eos_token_id: stop continuations at this token (as ``generate``).
+        prompts_label: free text recorded in ``meta`` (e.g. ``"humaneval[0:100]"``).
+    """
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
+    if int(width) != width or width < 1 or int(max_depth) != max_depth or max_depth < 1:
+        raise ValueError(f"width and max_depth must be ints >= 1, got width={width!r}, max_depth={max_depth!r}")
+    if any(isinstance(p, str) for p in prompts):
+        raise TypeError("prompts must be token-id lists; turn strings into ids with encode_prompts(tokenizer, texts)")
+    params = SamplingParams(temperature, top_k, top_p)
+    draft_params = params.for_draft()
+    device = next(target.parameters()).device
+    draft_device = next(draft.parameters()).device
+    counts = np.zeros((max_depth, width), dtype=np.int64)
+    totals = np.zeros(max_depth, dtype=np.int64)
+    beta_sum, n_tokens = 0.0, 0
+    from tqdm.auto import tqdm
+
+    for j, prompt in enumerate(tqdm(prompts, desc="acceptance", unit="prompt", disable=not progress)):
+        prompt = [int(t) for t in prompt]
+        cont = generate(target, prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+                        top_p=top_p, eos_token_id=eos_token_id, seed=_seed(seed, "continuation", j)).new_tokens
+        n = len(cont)
+        if n == 0:
+            continue
+        ids = prompt + cont
+        t_logits = _continuation_logits(target, ids, n, device)
+        d_logits = _continuation_logits(draft, ids, n, draft_device).to(device)
+        r = params.probs(t_logits)
+        beta_sum += float(torch.minimum(r, params.probs(d_logits)).sum(-1).sum())
+        gen = torch.Generator(device).manual_seed(_seed(seed, "verify", j))
+        ranks = accepted_ranks(r, draft_params.probs(d_logits), width, mode, params.greedy, gen)
+        c, t = depth_counts(ranks.cpu().numpy(), width, max_depth)
+        counts += c
+        totals += t
+        n_tokens += n
+    if n_tokens == 0:
+        raise ValueError("no continuation tokens were generated: give at least one prompt (and max_new_tokens >= 1)")
+    meta = {
+        "target": model_name(target),
+        "draft": model_name(draft),
+        "mode": mode,
+        "width": int(width),
+        "max_depth": int(max_depth),
+        "temperature": float(temperature),
+        "top_k": int(top_k),
+        "top_p": float(top_p),
+        "draft_temperature": float(draft_params.temperature),
+        "prompts": len(prompts),
+        "prompts_label": prompts_label,
+        "max_new_tokens": int(max_new_tokens),
+        "seed": int(seed),
+        "context": "target's own continuation (teacher forced)",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "treespec": version(),
+    }
+    return Acceptance.from_counts(counts, totals, beta_sum / n_tokens, meta)
