@@ -1,11 +1,15 @@
 """Token-tree shapes and the builders that choose them (pure numpy/networkx; no torch)."""
 
+from .budgeted import STATIC_BUILDERS, balanced, for_budget
 from .builders import chain, from_paths, greedy_best_first, independent_chains, kary
 from .sequoia import SequoiaDP, sequoia, sequoia_values
 from .shape import Acceptance, Path, TreeShape, acceptance_rows
 
 __all__ = [
     "Acceptance",
+    "STATIC_BUILDERS",
+    "balanced",
+    "for_budget",
     "Path",
     "SequoiaDP",
     "TreeShape",

@@ -1,0 +1,192 @@
+"""The sweep harness (treespec.experiments) on in-process tiny models: records, resume, report, CLI."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from treespec import experiments as E
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "experiments" / "configs" / "tiny.toml"
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text(encoding="utf-8").splitlines()
+
+
+def _comparable(path: Path) -> list[dict]:
+    return sorted((E.comparable(r) for r in E.read_records(path)), key=lambda r: r["key"])
+
+
+@pytest.fixture(scope="module")
+def full(tmp_path_factory) -> Path:
+    """The tiny 2x2 sweep (sequoia/chain x budgets 4/8, plus 3 baselines), run once without interruption."""
+    out = tmp_path_factory.mktemp("full")
+    return E.sweep(TINY, out, progress=False)
+
+
+def test_sweep_writes_the_expected_records(full: Path) -> None:
+    records = E.read_records(full)
+    assert [r["status"] for r in records] == ["ok"] * 7
+    bases = {r["params"]["method"]: r for r in records if r["kind"] == "baseline"}
+    assert set(bases) == {"target", "assisted", "prompt_lookup"}
+    tres = [r for r in records if r["kind"] == "treespec"]
+    assert sorted((r["params"]["builder"], r["params"]["budget"]) for r in tres) == [
+        ("chain", 4), ("chain", 8), ("sequoia", 4), ("sequoia", 8)]
+    for r in records:
+        assert r["result"]["tokens_per_prompt"] == [12, 12] and r["result"]["complete"]
+        assert r["timing"]["wall_seconds"] > 0 and r["timing"]["tokens_per_second"] > 0
+    for r in tres:
+        res, p = r["result"], r["params"]
+        assert res["tau"] >= 1 and res["steps"] == sum(res["accepted_hist"])
+        assert res["tree"]["size"] <= p["budget"] and res["mean_tree_size"] <= p["budget"]
+        assert res["predicted_tau"] >= 1
+        assert set(r["speedup"]) == {"target", "assisted", "prompt_lookup"}
+        assert all(isinstance(v, float) and v > 0 for v in r["speedup"].values())
+        assert r["checks"]["greedy_same_as_target"] == "2/2"  # greedy treespec == HF greedy, token for token
+        assert res["output_digests"] == bases["target"]["result"]["output_digests"]
+        assert {"drafting_seconds", "verifying_seconds", "overhead_seconds"} <= set(r["timing"])
+        assert (full.parent / res["acceptance"]["file"]).exists()
+    chain8 = next(r for r in tres if r["params"]["builder"] == "chain" and r["params"]["budget"] == 8)
+    assert chain8["result"]["tree"]["widths"] == [1] * 7
+
+
+def test_rerun_adds_nothing(full: Path, tmp_path: Path) -> None:
+    shutil.copytree(full.parent, tmp_path / "again")
+    before = (tmp_path / "again" / "results.jsonl").read_bytes()
+    seen: list[dict] = []
+    E.sweep(TINY, tmp_path / "again", progress=False, on_point=seen.append, make_report=False)
+    assert seen == []
+    assert (tmp_path / "again" / "results.jsonl").read_bytes() == before
+
+
+def test_interrupted_run_resumes_to_the_same_records(full: Path, tmp_path: Path) -> None:
+    done: list[dict] = []
+
+    def stop_after_three(record: dict) -> None:
+        done.append(record)
+        if len(done) == 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        E.sweep(TINY, tmp_path, progress=False, on_point=stop_after_three)
+    results = tmp_path / "results.jsonl"
+    assert len(_lines(results)) == 3
+    with open(results, "a", encoding="utf-8") as f:  # a crash in the middle of writing a record
+        f.write('{"key": "torn", "status": "o')
+    E.sweep(TINY, tmp_path, progress=False)
+    assert len(_lines(results)) == 7
+    assert _comparable(results) == _comparable(full)
+
+
+def test_report_writes_plots_and_table(full: Path, tmp_path: Path) -> None:
+    readme = E.report(full, tmp_path)
+    for name in ("tau_vs_budget.png", "speedup_vs_budget.png", "predicted_vs_measured_tau.png", "acceptance.png"):
+        assert (tmp_path / name).stat().st_size > 1000, name
+    trees = sorted(p.name for p in (tmp_path / "trees").glob("*.png"))
+    assert len(trees) == 4 and any(t.startswith("sequoia-B8") for t in trees)
+    text = readme.read_text(encoding="utf-8")
+    assert "## Baselines" in text and "## Treespec points" in text
+    assert text.count("| humaneval | 0 | 1 | 0 | model |") == 4
+    assert "![tau (tokens per step)](tau_vs_budget.png)" in text
+
+
+def test_ngram_both_and_the_other_builders(tmp_path: Path) -> None:
+    cfg = E.load_config(TINY)
+    cfg["grid"].update(drafters=["ngram", "both"], builders=["kary", "chains", "dynamic"], budgets=[6],
+                       temperatures=[1.0])
+    cfg["data"].update(eval="100:101", max_new_tokens=8)
+    cfg["baselines"]["methods"] = ["target"]
+    results = E.sweep(cfg, tmp_path, progress=False, make_report=False)
+    records = E.read_records(results)
+    assert [r["status"] for r in records] == ["ok"] * 5, [r.get("error") for r in records]
+    tres = {(r["params"]["drafters"], r["params"]["builder"]): r for r in records if r["kind"] == "treespec"}
+    assert set(tres) == {("ngram", "ngram"), ("both", "kary"), ("both", "chains"), ("both", "dynamic")}
+    for (drafters, builder), r in tres.items():
+        assert r["result"]["tokens_per_prompt"] == [8]
+        assert r["result"]["mean_tree_size"] <= 6
+        assert len(r["result"]["drafters"]) == (1 if drafters == "ngram" else 2)
+        assert r["speedup"]["target"] > 0 and "greedy_same_as_target" not in r["checks"]
+    assert tres[("both", "kary")]["result"]["tree"]["widths"] == [2, 2]  # nodes per level of kary((2, 1))
+    assert tres[("both", "chains")]["result"]["tree"]["widths"] == [4]
+    assert tres[("both", "kary")]["params"]["mode"] == "sample_without_replacement"
+    assert tres[("both", "dynamic")]["params"]["mode"] == "dynamic"
+    assert not list(tmp_path.glob("acceptance-*.json"))  # nothing here needs an acceptance vector
+
+
+def test_shape_rules() -> None:
+    assert [E.kary_widths(b, 2) for b in (2, 4, 6, 8, 16, 32)] == [
+        (1,), (2,), (2, 1), (2, 2), (2, 2, 2), (2, 2, 2, 2)]
+    assert E.kary_widths(32, 2, max_depth=2) == (2, 2)
+    assert E.static_shape("chain", 8, 3, {}).widths == (1, 1, 1)
+    assert E.static_shape("chains", 9, None, {"chains": 4}).widths == (4, 4)
+    assert E.static_shape("chains", 3, None, {"chains": 4}).widths == (2,)
+    seq = E.static_shape("sequoia", 16, 4, {}, [0.6, 0.2, 0.1])
+    assert seq.size <= 16 and seq.depth <= 4
+    with pytest.raises(ValueError):
+        E.static_shape("sequoia", 16, None, {})
+
+
+def test_config_is_validated() -> None:
+    with pytest.raises(ValueError, match="overlap"):
+        E.load_config({"data": {"calib": "0:10", "eval": "5:20"}})
+    with pytest.raises(ValueError, match="unknown config key"):
+        E.load_config({"grid": {"budget": [4]}})
+    with pytest.raises(ValueError, match="budgets"):
+        E.load_config({"grid": {"budgets": [1]}})
+    cfg = E.load_config({"data": {"datasets": ["humaneval"], "humaneval": {"calib": "0:50", "eval": "50:60"}}})
+    assert E.split_ranges(cfg, "humaneval") == ((0, 50), (50, 60))
+
+
+def test_speedup_is_refused_when_token_counts_differ() -> None:
+    cfg = E.load_config(TINY)
+    cfg["baselines"]["methods"] = ["target"]
+    state = E.Sweep(cfg, Path("."), progress=False, measure=None)
+    point = next(pt for pt in E.enumerate_points(cfg) if pt.kind == "treespec")
+    base = next(pt for pt in E.enumerate_points(cfg) if pt.kind == "baseline")
+    state.records[base.key] = {"status": "ok", "result": {"complete": False, "tokens_per_prompt": [12, 7],
+                                                          "output_digests": ["a", "b"]},
+                               "timing": {"wall_seconds": 1.0}}
+    record = {"result": {"complete": True, "tokens_per_prompt": [12, 12], "output_digests": ["a", "b"]},
+              "timing": {"wall_seconds": 0.5}}
+    state.compare(point.params, record)
+    assert record["speedup"] == {"target": None}
+    assert "token counts differ" in record["speedup_refused"]["target"]
+
+
+def test_cli(full: Path, capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        E.main(["--help"])
+    assert exit_info.value.code == 0
+    assert "--config" in capsys.readouterr().out
+    assert E.main(["--config", str(TINY), "--out", str(full.parent), "--dry-run"]) == 0
+    assert "7 points (3 baselines, 4 treespec), 7 finished" in capsys.readouterr().out
+    assert E.main(["--report", str(full)]) == 0
+    assert capsys.readouterr().out.strip().endswith("README.md")
+
+
+def test_tiny_model_specs() -> None:
+    target = E.tiny_model("tiny:qwen2:seed=3:vocab=80:hidden=16:layers=1")
+    assert target.config.vocab_size == 80 and target.config.model_type == "qwen2"
+    same = E.tiny_model("tiny:qwen2:seed=3:vocab=80:hidden=16:layers=1")
+    noisy = E.tiny_model("tiny:qwen2:seed=3:vocab=80:hidden=16:layers=1:noise=0.5")
+    w = target.lm_head.weight
+    assert (same.lm_head.weight == w).all() and not (noisy.lm_head.weight == w).all()
+    with pytest.raises(ValueError, match="unknown tiny model option"):
+        E.tiny_model("tiny:llama:sed=0")
+
+
+@pytest.mark.skipif(not any(d.metadata["Name"] == "gensim" for d in importlib.metadata.distributions()),
+                    reason="the lee-news prompts ship in the gensim package")
+def test_lee_news_prompts_are_disjoint_text() -> None:
+    prompts = E.dataset_prompts("lee-news")
+    assert len(prompts) == len(set(prompts)) == 290 and all(len(p.split()) >= 30 for p in prompts)
+    cfg = E.load_config({"data": {"datasets": ["lee-news"], "calib": "0:100", "eval": "100:300"}})
+    calib, evals = E.calib_eval_prompts(cfg, "lee-news")
+    assert len(calib) == 100 and len(evals) == 190 and not set(calib) & set(evals)
+    assert json.dumps(prompts[0]).startswith('"Hundreds of people')
