@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+import tree_builders
+
 from treespec import experiments as E
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -120,9 +122,9 @@ def test_ngram_both_and_the_other_builders(tmp_path: Path) -> None:
 
 
 def test_shape_rules() -> None:
-    assert [E.kary_widths(b, 2) for b in (2, 4, 6, 8, 16, 32)] == [
+    assert [tree_builders.kary_widths(b, 2) for b in (2, 4, 6, 8, 16, 32)] == [
         (1,), (2,), (2, 1), (2, 2), (2, 2, 2), (2, 2, 2, 2)]
-    assert E.kary_widths(32, 2, max_depth=2) == (2, 2)
+    assert tree_builders.kary_widths(32, 2, max_depth=2) == (2, 2)
     assert E.static_shape("chain", 8, 3, {}).widths == (1, 1, 1)
     assert E.static_shape("chains", 9, None, {"chains": 4}).widths == (4, 4)
     assert E.static_shape("chains", 3, None, {"chains": 4}).widths == (2,)

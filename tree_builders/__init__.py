@@ -1,6 +1,6 @@
 """Token-tree shapes and the builders that choose them (pure numpy/networkx; no torch)."""
 
-from .budgeted import STATIC_BUILDERS, balanced, for_budget
+from .budgeted import STATIC_BUILDERS, for_budget, kary_widths
 from .builders import chain, from_paths, greedy_best_first, independent_chains, kary
 from .sequoia import SequoiaDP, sequoia, sequoia_values
 from .shape import Acceptance, Path, TreeShape, acceptance_rows
@@ -8,7 +8,6 @@ from .shape import Acceptance, Path, TreeShape, acceptance_rows
 __all__ = [
     "Acceptance",
     "STATIC_BUILDERS",
-    "balanced",
     "for_budget",
     "Path",
     "SequoiaDP",
@@ -19,6 +18,7 @@ __all__ = [
     "greedy_best_first",
     "independent_chains",
     "kary",
+    "kary_widths",
     "sequoia",
     "sequoia_values",
 ]

@@ -78,6 +78,24 @@ class Acceptance:
         return cls(vector=matrix[0].copy(), matrix=matrix, counts=counts, totals=totals, beta=float(beta),
                    positions=int(totals[0]), meta=dict(meta or {}))
 
+    @classmethod
+    def merge(cls, parts: Sequence["Acceptance"]) -> "Acceptance":
+        """Pool measurements of the same setting (e.g. one per prompt): counts add up, ``beta`` is
+        weighted by positions and ``meta`` is the first part's with the prompt count summed."""
+        if not parts:
+            raise ValueError("merge needs at least one Acceptance")
+        shape = parts[0].counts.shape
+        if any(p.counts.shape != shape for p in parts):
+            raise ValueError(f"cannot merge acceptances of different width/depth: {[p.counts.shape for p in parts]}")
+        counts = sum(p.counts for p in parts)
+        totals = sum(p.totals for p in parts)
+        positions = sum(p.positions for p in parts)
+        beta = sum(p.beta * p.positions for p in parts) / max(positions, 1)
+        meta = dict(parts[0].meta)
+        if all("prompts" in p.meta for p in parts):
+            meta["prompts"] = sum(int(p.meta["prompts"]) for p in parts)
+        return cls.from_counts(counts, totals, beta, meta)
+
     @property
     def width(self) -> int:
         return int(self.vector.shape[0])

@@ -135,12 +135,14 @@ def load_pair(args: argparse.Namespace, want_draft: bool = True):
     return target, tok, drafts
 
 
-def default_acceptance(path: Path | None) -> list[float]:
+def default_acceptance(path: Path | None, temperature: float) -> list[float]:
+    """The vector in ``path``, else the one shipped for the built-in pair (greedy or T=1)."""
     import json
     from importlib import resources
 
     if path is None:
-        text = resources.files("treespec").joinpath("data/acceptance-qwen2.5-coder.json").read_text()
+        name = f"data/acceptance-qwen2.5-coder-t{0 if temperature == 0 else 1}.json"
+        text = resources.files("treespec").joinpath(name).read_text()
     else:
         text = path.read_text()
     return json.loads(text)["vector"]
@@ -228,7 +230,7 @@ def cmd_generate(args: argparse.Namespace, rest: list[str]) -> int:
 
     text = args.prompt if args.prompt is not None else args.prompt_file.read_text()
     target, tok, drafts = load_pair(args, want_draft=not (args.ngram and not args.draft))
-    acceptance = default_acceptance(args.acceptance) if args.tree == "sequoia" else None
+    acceptance = default_acceptance(args.acceptance, args.temperature) if args.tree == "sequoia" else None
     drafters = make_drafters(drafts, tree=args.tree, budget=args.budget, depth=args.depth,
                              temperature=args.temperature, mode=args.draft_mode, ngram=args.ngram,
                              acceptance=acceptance)

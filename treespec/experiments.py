@@ -16,11 +16,13 @@ runs with ``eos_token_id=None`` and HF with ``min_new_tokens=max_new_tokens`` an
 greedy outputs). Each model's own ``generation_config`` is replaced by a neutral one, so no
 repetition penalty, top-k or other default of a checkpoint leaks into a baseline. The counts are
 checked; a speedup is recorded only when every prompt of both methods has the full count.
-Each point starts with an untimed warm-up (``run.warmup_tokens`` tokens on the first evaluation
-prompt); every timed call is wrapped in ``torch.cuda.synchronize()`` on CUDA. Speedup over a
-baseline is its total wall time divided by the point's, for the same prompts, token counts,
-temperature, top-p and seed. Greedy points also record how many prompts produced exactly the
-target baseline's tokens (an exactness check; in bf16/fp16 near-ties can legitimately differ).
+Each point starts with an untimed warm-up (``run.warmup_tokens`` tokens after the last 32 tokens of
+the first evaluation prompt); every timed call is wrapped in ``torch.cuda.synchronize()`` on CUDA.
+Speedup over a baseline is its total wall time divided by the point's, for the same prompts, token
+counts, temperature, top-p and seed. Records keep the machine's load average: on a shared CPU,
+other processes skew every timing (and so every speedup). Greedy points also record how many
+prompts produced exactly the target baseline's tokens (an exactness check; in bf16/fp16 near-ties
+can legitimately differ).
 
 How a builder becomes a tree at budget ``B`` (tokens per verification pass, root included) and
 depth limit ``D`` (``"none"`` = no limit):
@@ -98,7 +100,7 @@ from .model_drafter import ModelDrafter
 from .ngram import NGramDrafter
 
 BUILDERS = ("sequoia", "kary", "chains", "chain", "dynamic")
-STATIC_BUILDERS = ("sequoia", "kary", "chains", "chain")
+STATIC_BUILDERS = tree_builders.STATIC_BUILDERS
 DRAFTER_SETS = ("model", "ngram", "both")
 BASELINES = ("target", "assisted", "prompt_lookup")
 MODEL_MODES = ("auto", "topk", "sample", "sample_without_replacement")
@@ -162,12 +164,20 @@ def load_config(config: str | os.PathLike | dict[str, Any]) -> dict[str, Any]:
         try:
             import tomllib
         except ModuleNotFoundError:  # Python 3.10
-            import tomli as tomllib  # type: ignore[no-redef]
+            try:
+                import tomli as tomllib  # type: ignore[no-redef]
+            except ModuleNotFoundError as error:
+                raise ImportError("reading TOML configs on Python 3.10 needs the tomli package: pip install tomli") \
+                    from error
         with open(config, "rb") as f:
             raw = tomllib.load(f)
         raw.setdefault("name", Path(config).stem)
     data = raw.get("data", {})
-    splits = {k: data.pop(k) for k in list(data) if isinstance(data[k], dict)}
+    splits = dict(data.pop("splits", {}))  # a config already loaded once
+    splits.update({k: data.pop(k) for k in list(data) if isinstance(data[k], dict)})
+    for name, table in splits.items():
+        _check(name in DATASETS and set(table) <= {"calib", "eval"},
+               f"[data.{name}] must name a dataset ({', '.join(DATASETS)}) and hold only calib/eval")
     cfg = _merge(DEFAULTS, raw)
     cfg["data"]["splits"] = splits
     g = cfg["grid"]
@@ -493,38 +503,11 @@ def _treespec_params(cfg: dict[str, Any], common: dict[str, Any], draft: str, dr
 # Shapes
 
 
-def kary_widths(budget: int, width: int, max_depth: int | None = None) -> tuple[int, ...]:
-    """Per-level widths of the k-ary tree that fits ``budget`` (see the module doc)."""
-    widths: list[int] = []
-    size, level = 1, 1
-    while max_depth is None or len(widths) < max_depth:
-        w = min(width, (budget - size) // level)
-        if w <= 0:
-            break
-        widths.append(w)
-        level *= w
-        size += level
-        if w < width:
-            break
-    return tuple(widths)
-
-
 def static_shape(builder: str, budget: int, max_depth: int | None, params: dict[str, Any],
                  acceptance: Any = None) -> TreeShape:
-    """The tree shape of a static builder at ``budget`` (``acceptance``: vector or matrix, sequoia only)."""
-    cap = budget - 1 if max_depth is None else min(budget - 1, max_depth)
-    if builder == "chain":
-        return tree_builders.chain(cap)
-    if builder == "chains":
-        k = min(int(params["chains"]), budget - 1)
-        return tree_builders.independent_chains(k, min((budget - 1) // k, cap))
-    if builder == "kary":
-        return tree_builders.kary(kary_widths(budget, int(params["kary_width"]), max_depth))
-    if builder == "sequoia":
-        if acceptance is None:
-            raise ValueError("the sequoia builder needs an acceptance vector")
-        return tree_builders.sequoia(acceptance, budget, max_depth=max_depth)
-    raise ValueError(f"{builder!r} is not a static builder; choose one of {', '.join(STATIC_BUILDERS)}")
+    """The tree shape of a static builder at ``budget`` (``tree_builders.for_budget``, with the point's options)."""
+    return tree_builders.for_budget(builder, budget, acceptance, max_depth,
+                                    kary_width=int(params.get("kary_width", 2)), chains=params.get("chains"))
 
 
 def _shape_record(shape: TreeShape) -> dict[str, Any]:
@@ -598,6 +581,17 @@ class Sweep:
         self.models = _Models(cfg["run"]["device"], cfg["run"]["dtype"])
         self.records: dict[str, dict[str, Any]] = {}
         self.prompts: dict[tuple[str, str, str], list[list[int]]] = {}
+        self.checked_pairs: set[tuple[str, str]] = set()
+
+    def draft_model(self, target: str, draft: str) -> torch.nn.Module:
+        """The draft, after checking once that it shares the target's tokenizer (real models)."""
+        model, tokenizer = self.models.get(draft)
+        if (target, draft) not in self.checked_pairs:
+            target_tok = self.models.get(target)[1]
+            if not isinstance(tokenizer, ByteTokenizer) and not isinstance(target_tok, ByteTokenizer):
+                _models.check_tokenizers(target_tok, tokenizer)
+            self.checked_pairs.add((target, draft))
+        return model
 
     # -- inputs ---------------------------------------------------------------------------------
     def token_prompts(self, spec: str, dataset: str, which: str) -> list[list[int]]:
@@ -620,7 +614,7 @@ class Sweep:
             if measure is None:
                 from .acceptance import measure
             target, _ = self.models.get(params["target"])
-            draft, _ = self.models.get(params["draft"])
+            draft = self.draft_model(params["target"], params["draft"])
             calib = self.token_prompts(params["target"], params["dataset"], "calib")
             acc = measure(target, draft, calib, width=params["width"], mode=params["mode"],
                           temperature=params["temperature"], top_p=params["top_p"],
@@ -638,7 +632,7 @@ class Sweep:
         target, tokenizer = self.models.get(p["target"])
         prompts = self.token_prompts(p["target"], p["dataset"], "eval")
         if p["kind"] == "baseline":
-            draft = self.models.get(p["draft"])[0] if p["method"] == "assisted" else None
+            draft = self.draft_model(p["target"], p["draft"]) if p["method"] == "assisted" else None
             return self._run_baseline(p, target, draft, prompts, _pad_id(tokenizer))
         return self._run_treespec(p, target, prompts)
 
@@ -653,7 +647,7 @@ class Sweep:
             drafters.append(NGramDrafter(max_order=int(n["max_order"]), max_tokens=depth, width=int(n["width"]),
                                          window=int(n["window"]), mode=n["mode"], max_nodes=budget - 1))
         if p["drafters"] in ("model", "both"):
-            draft, _ = self.models.get(p["draft"])
+            draft = self.draft_model(p["target"], p["draft"])
             if p["builder"] == "dynamic":
                 depth = min(p["dynamic_depth"], budget - 1, max_depth or budget)
                 drafters.append(ModelDrafter(draft, mode="dynamic", depth=depth, topk=p["dynamic_topk"],
@@ -687,7 +681,7 @@ class Sweep:
 
         warm = int(self.cfg["run"]["warmup_tokens"])
         if warm > 0:
-            call(prompts[0], min(warm, n), _prompt_seed(p["seed"], -1))
+            call(prompts[0][-32:], min(warm, n), _prompt_seed(p["seed"], -1))
         counts, digests, walls, tree_sizes = [], [], [], []
         hist: list[int] = []
         parts = dict(prefill_seconds=0.0, drafting_seconds=0.0, verifying_seconds=0.0, overhead_seconds=0.0)
@@ -732,8 +726,8 @@ class Sweep:
         sampled = p["temperature"] > 0
 
         def call(ids: list[int], tokens: int, seed: int) -> list[int]:
-            kw: dict[str, Any] = dict(max_new_tokens=tokens, min_new_tokens=tokens, eos_token_id=[], pad_token_id=pad_id,
-                                      do_sample=sampled)
+            kw: dict[str, Any] = dict(max_new_tokens=tokens, min_new_tokens=tokens, eos_token_id=[],
+                                      pad_token_id=pad_id, do_sample=sampled)
             if sampled:
                 kw.update(temperature=p["temperature"], top_p=p["top_p"], top_k=0)
             if p["method"] == "prompt_lookup":
@@ -752,7 +746,7 @@ class Sweep:
 
         warm = int(self.cfg["run"]["warmup_tokens"])
         if warm > 0:
-            call(prompts[0], min(warm, n), _prompt_seed(p["seed"], -1))
+            call(prompts[0][-32:], min(warm, n), _prompt_seed(p["seed"], -1))
         counts, digests, walls = [], [], []
         for i, ids in enumerate(prompts):
             _sync(device)
@@ -789,7 +783,8 @@ class Sweep:
         mine = record["result"]
         for method, base in self.baselines_for(p).items():
             theirs = base["result"]
-            if not (mine["complete"] and theirs["complete"]) or mine["tokens_per_prompt"] != theirs["tokens_per_prompt"]:
+            same_counts = mine["tokens_per_prompt"] == theirs["tokens_per_prompt"]
+            if not (mine["complete"] and theirs["complete"] and same_counts):
                 speedup[method] = None
                 refused[method] = (f"token counts differ: treespec {mine['tokens_per_prompt']} vs {method} "
                                    f"{theirs['tokens_per_prompt']} (expected {p['max_new_tokens']} each)")
@@ -852,7 +847,8 @@ def _meta(cfg: dict[str, Any]) -> dict[str, Any]:
     name = torch.cuda.get_device_name(device) if str(device).startswith("cuda") else platform.processor() or "cpu"
     return {"config": cfg["name"], "finished_at": datetime.datetime.now(datetime.timezone.utc).isoformat(
         timespec="seconds"), "host": platform.node(), "device_name": name, "torch": torch.__version__,
-        "threads": torch.get_num_threads()}
+        "threads": torch.get_num_threads(), "cpus": os.cpu_count(),
+        "loadavg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}  # others' load skews timings
 
 
 def comparable(record: dict[str, Any]) -> dict[str, Any]:
@@ -1017,8 +1013,10 @@ def report(results_jsonl: str | os.PathLike, out_dir: str | os.PathLike | None =
     path = Path(results_jsonl)
     out = Path(out_dir) if out_dir is not None else path.parent
     out.mkdir(parents=True, exist_ok=True)
-    records = [r for r in read_records(path) if r.get("status") == "ok"]
-    errors = [r for r in read_records(path) if r.get("status") == "error"]
+    everything = read_records(path)
+    records = [r for r in everything if r.get("status") == "ok"]
+    finished = {r["key"] for r in records}
+    errors = [r for r in everything if r.get("status") == "error" and r["key"] not in finished]
     tres = [r for r in records if r["kind"] == "treespec"]
     bases = [r for r in records if r["kind"] == "baseline"]
     multi_target = len({r["params"]["target"] for r in records}) > 1
@@ -1139,6 +1137,17 @@ def report(results_jsonl: str | os.PathLike, out_dir: str | os.PathLike | None =
     return readme
 
 
+def _load_note(records: list[dict[str, Any]]) -> str:
+    """The range of 1-minute load averages seen when points finished (timings are only as good as that)."""
+    metas = [r["meta"] for r in records if (r.get("meta") or {}).get("loadavg")]
+    if not metas:
+        return ""
+    loads = [m["loadavg"][0] for m in metas]
+    return (f" 1-minute load average when points finished: {min(loads):.1f} to {max(loads):.1f} on "
+            f"{metas[0].get('cpus', '?')} cores, the sweep's own {metas[0].get('threads', '?')} threads included "
+            "(CPU timings are only trustworthy when nothing else runs).")
+
+
 def _markdown(path: Path, records: list, tres: list, bases: list, errors: list, images: list, trees: list,
               multi_depth: bool) -> str:
     configs = sorted({r.get("meta", {}).get("config", "?") for r in records})
@@ -1146,7 +1155,8 @@ def _markdown(path: Path, records: list, tres: list, bases: list, errors: list, 
                       for r in records})
     lines = [f"# treespec sweep: {', '.join(configs) or path.parent.name}", "",
              f"Results: `{path.name}` ({len(records)} finished points"
-             + (f", {len(errors)} errors" if errors else "") + f"). Device: {'; '.join(devices) or '-'}.", "",
+             + (f", {len(errors)} errors" if errors else "") + f"). Device: {'; '.join(devices) or '-'}."
+             + _load_note(records), "",
              "tau = tokens committed per target forward (bonus token included); speedup = baseline wall time / "
              "treespec wall time on the same prompts, same token counts (every method generates exactly "
              "max_new_tokens per prompt), same temperature, top-p and seed.", ""]
@@ -1159,8 +1169,9 @@ def _markdown(path: Path, records: list, tres: list, bases: list, errors: list, 
         for r in sorted(bases, key=lambda r: (str(_panel(r["params"])), r["params"]["seed"], r["params"]["method"])):
             p, res, t = r["params"], r["result"], r["timing"]
             lines.append(f"| {p['target']} | {p['dataset']} | {p['temperature']:g} | {p['top_p']:g} | {p['seed']} | "
-                         f"{p['method']} | {res['prompts']} | {res['new_tokens']}{'' if res['complete'] else ' (short!)'}"
-                         f" | {t['tokens_per_second']:.2f} | {t['wall_seconds']:.3g} | {_fmt(_baseline_speedup(r, bases))} |")
+                         f"{p['method']} | {res['prompts']} | {res['new_tokens']}"
+                         f"{'' if res['complete'] else ' (short!)'} | {t['tokens_per_second']:.2f} | "
+                         f"{t['wall_seconds']:.3g} | {_fmt(_baseline_speedup(r, bases))} |")
         lines.append("")
     if tres:
         lines += ["## Treespec points", "",
@@ -1168,9 +1179,11 @@ def _markdown(path: Path, records: list, tres: list, bases: list, errors: list, 
                   "tok/s | vs target | vs assisted | vs prompt lookup | drafting s | verifying s | overhead s | "
                   "greedy = target |",
                   "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-        key = lambda r: (str(_panel(r["params"])), r["params"]["seed"], r["params"]["drafters"], r["params"]["builder"],  # noqa: E731
-                         str(r["params"]["max_depth"]), r["params"]["budget"])
-        for r in sorted(tres, key=key):
+        def order(r: dict[str, Any]) -> tuple:
+            p = r["params"]
+            return (str(_panel(p)), p["seed"], p["drafters"], p["builder"], str(p["max_depth"]), p["budget"])
+
+        for r in sorted(tres, key=order):
             p, res, t, s = r["params"], r["result"], r["timing"], r.get("speedup", {})
             lines.append(
                 f"| {p['dataset']} | {p['temperature']:g} | {p['top_p']:g} | {p['seed']} | {p['drafters']} | "
@@ -1208,7 +1221,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "run, and write results.jsonl, plots and README.md. Re-running skips finished points.")
     ap.add_argument("--config", type=Path, help="TOML config, e.g. experiments/configs/cpu-qwen-coder.toml")
     ap.add_argument("--out", type=Path, default=None, help="output directory (default experiments/results/<name>)")
-    ap.add_argument("--device", default=None, help="torch device for both models, e.g. cpu or cuda (overrides run.device)")
+    ap.add_argument("--device", default=None,
+                    help="torch device for both models, e.g. cpu or cuda (overrides run.device)")
     ap.add_argument("--dtype", choices=tuple(DTYPES), default=None, help="model dtype (overrides run.dtype)")
     ap.add_argument("--report", type=Path, default=None, metavar="RESULTS_JSONL",
                     help="only write plots and README.md for an existing results.jsonl")
