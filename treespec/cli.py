@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 from typing import Sequence
 
@@ -202,29 +201,6 @@ def eos_ids(model, tok) -> list[int]:
     return eos or ([tok.eos_token_id] if tok.eos_token_id is not None else [])
 
 
-def hf_generate(model, ids: list[int], max_new_tokens: int, temperature: float, top_p: float, top_k: int,
-                eos: list[int] | None, seed: int | None) -> tuple[list[int], float]:
-    """The target alone through HF ``generate``; returns new tokens and seconds."""
-    device = next(model.parameters()).device
-    if seed is not None:
-        torch.manual_seed(seed)
-    kwargs = dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=top_k) if temperature > 0 else \
-        dict(do_sample=False, temperature=None, top_p=None, top_k=None)
-    _sync(device)
-    t0 = time.perf_counter()
-    with torch.inference_mode():
-        out = model.generate(torch.tensor([ids], device=device), attention_mask=torch.ones(1, len(ids), device=device,
-                             dtype=torch.long), max_new_tokens=max_new_tokens, eos_token_id=eos,
-                             pad_token_id=(eos or [0])[0], **kwargs)
-    _sync(device)
-    return out[0, len(ids):].tolist(), time.perf_counter() - t0
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
 def cmd_generate(args: argparse.Namespace, rest: list[str]) -> int:
     import treespec
 
@@ -250,8 +226,10 @@ def cmd_generate(args: argparse.Namespace, rest: list[str]) -> int:
         print(f"drafter {d.name}: {d.accepted} of {d.proposed} proposals committed")
     print("accepted drafted tokens per step:\n" + histogram(s.accepted_hist))
     if args.compare:
-        ref, secs = hf_generate(target, ids, args.max_new_tokens, args.temperature, args.top_p, args.top_k,
-                                eos, args.seed)
+        from .baselines import hf_generate
+
+        ref, secs = hf_generate(target, ids, args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                                top_k=args.top_k, eos_token_id=eos, pad_token_id=(eos or [0])[0], seed=args.seed)
         print(f"target alone (HF generate): {len(ref)} tokens in {secs:.2f} s = {len(ref) / secs:.2f} tok/s")
         print(f"speedup: {s.tokens_per_second / (len(ref) / secs):.2f}x")
         if args.temperature == 0:

@@ -7,7 +7,6 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Sequence
 
-import numpy as np
 import torch
 
 from . import checks

@@ -95,6 +95,7 @@ import tree_builders
 from tree_builders import TreeShape
 
 from . import models as _models
+from .baselines import hf_generate, sync
 from .engine import generate
 from .model_drafter import ModelDrafter
 from .ngram import NGramDrafter
@@ -519,11 +520,6 @@ def _shape_record(shape: TreeShape) -> dict[str, Any]:
 # Running
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _prompt_seed(seed: int, i: int) -> int:
     """Per-prompt seeds spread by hashing (NOTES.md: consecutive generator seeds can correlate)."""
     return int.from_bytes(hashlib.blake2b(f"sweep/{seed}/{i}".encode(), digest_size=7).digest(), "little")
@@ -688,10 +684,10 @@ class Sweep:
         steps = 0
         per_drafter: list[dict[str, Any]] = []
         for i, ids in enumerate(prompts):
-            _sync(device)
+            sync(device)
             t0 = time.perf_counter()
             out = call(ids, n, _prompt_seed(p["seed"], i))
-            _sync(device)
+            sync(device)
             walls.append(time.perf_counter() - t0)
             s = out.stats
             counts.append(len(out.new_tokens))
@@ -719,40 +715,28 @@ class Sweep:
 
     def _run_baseline(self, p: dict[str, Any], target: torch.nn.Module, draft: torch.nn.Module | None,
                       prompts: list[list[int]], pad_id: int) -> dict[str, Any]:
-        from transformers import GenerationConfig
-
         device = next(target.parameters()).device
         n = p["max_new_tokens"]
-        sampled = p["temperature"] > 0
 
         def call(ids: list[int], tokens: int, seed: int) -> list[int]:
-            kw: dict[str, Any] = dict(max_new_tokens=tokens, min_new_tokens=tokens, eos_token_id=[],
-                                      pad_token_id=pad_id, do_sample=sampled)
-            if sampled:
-                kw.update(temperature=p["temperature"], top_p=p["top_p"], top_k=0)
-            if p["method"] == "prompt_lookup":
-                kw.update(prompt_lookup_num_tokens=p["prompt_lookup_num_tokens"],
-                          max_matching_ngram_size=p["max_matching_ngram_size"])
-            extra: dict[str, Any] = {}
-            if draft is not None:
-                draft.generation_config = GenerationConfig(**p["assisted"])  # fresh: HF mutates it
-                extra["assistant_model"] = draft
-            torch.manual_seed(seed)
-            x = torch.tensor([ids], device=device)
-            with torch.inference_mode(), _quiet_transformers():
-                out = target.generate(x, attention_mask=torch.ones_like(x), generation_config=GenerationConfig(**kw),
-                                      **extra)
-            return out[0, len(ids):].tolist()
+            lookup = p["method"] == "prompt_lookup"
+            with _quiet_transformers():
+                new, _ = hf_generate(target, ids, tokens, temperature=p["temperature"], top_p=p["top_p"],
+                                     pad_token_id=pad_id, seed=seed, assistant_model=draft,
+                                     assistant_config=p.get("assisted"),
+                                     prompt_lookup_num_tokens=p["prompt_lookup_num_tokens"] if lookup else None,
+                                     max_matching_ngram_size=p["max_matching_ngram_size"] if lookup else None)
+            return new
 
         warm = int(self.cfg["run"]["warmup_tokens"])
         if warm > 0:
             call(prompts[0][-32:], min(warm, n), _prompt_seed(p["seed"], -1))
         counts, digests, walls = [], [], []
         for i, ids in enumerate(prompts):
-            _sync(device)
+            sync(device)
             t0 = time.perf_counter()
             new = call(ids, n, _prompt_seed(p["seed"], i))
-            _sync(device)
+            sync(device)
             walls.append(time.perf_counter() - t0)
             counts.append(len(new))
             digests.append(_digest(new))
@@ -1123,7 +1107,7 @@ def report(results_jsonl: str | os.PathLike, out_dir: str | os.PathLike | None =
         a = r["result"].get("acceptance")
         tag = f"-{a['file'][len('acceptance-'):-len('.json')]}" if (a and p["builder"] == "sequoia") else ""
         name = f"trees/{p['builder']}-B{p['budget']}-d{depth}{tag}.png"
-        if name in dict(trees):
+        if any(name == seen for _, seen in trees):
             continue
         (out / "trees").mkdir(exist_ok=True)
         shape = TreeShape(tuple(x) for x in tree["paths"])

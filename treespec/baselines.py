@@ -1,0 +1,54 @@
+"""The target alone and HuggingFace's own speculative methods, for side-by-side comparisons."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Sequence
+
+import torch
+
+
+def sync(device: torch.device) -> None:
+    """Wait for queued GPU work, so that wall-clock sections measure what they claim."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def hf_generate(model: torch.nn.Module, ids: Sequence[int], max_new_tokens: int, *, temperature: float = 0.0,
+                top_p: float = 1.0, top_k: int = 0, eos_token_id: int | Sequence[int] | None = None,
+                pad_token_id: int = 0, seed: int | None = None, assistant_model: torch.nn.Module | None = None,
+                assistant_config: dict[str, Any] | None = None, prompt_lookup_num_tokens: int | None = None,
+                max_matching_ngram_size: int | None = None) -> tuple[list[int], float]:
+    """HF ``generate`` with an explicit, neutral ``GenerationConfig``; returns (new tokens, seconds).
+
+    Nothing is inherited from the checkpoint's own generation settings (a repetition penalty there
+    would change the "target alone" output). ``eos_token_id=None`` never stops early and forces
+    exactly ``max_new_tokens`` (``eos_token_id=[]`` to HF: passing None lets HF fill in the model's).
+    """
+    from transformers import GenerationConfig
+
+    device = next(model.parameters()).device
+    eos = [] if eos_token_id is None else [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
+    kw: dict[str, Any] = dict(max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=pad_token_id,
+                              do_sample=temperature > 0)
+    if eos_token_id is None:
+        kw["min_new_tokens"] = max_new_tokens
+    if temperature > 0:
+        kw.update(temperature=temperature, top_p=top_p, top_k=top_k)
+    if prompt_lookup_num_tokens:
+        kw["prompt_lookup_num_tokens"] = prompt_lookup_num_tokens
+        if max_matching_ngram_size:
+            kw["max_matching_ngram_size"] = max_matching_ngram_size
+    extra: dict[str, Any] = {}
+    if assistant_model is not None:
+        assistant_model.generation_config = GenerationConfig(**(assistant_config or {}))  # fresh: HF mutates it
+        extra["assistant_model"] = assistant_model
+    if seed is not None:
+        torch.manual_seed(seed)
+    x = torch.tensor([list(ids)], device=device)
+    sync(device)
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        out = model.generate(x, attention_mask=torch.ones_like(x), generation_config=GenerationConfig(**kw), **extra)
+    sync(device)
+    return out[0, len(ids):].tolist(), time.perf_counter() - t0
