@@ -27,7 +27,7 @@ def test_argument_errors(argv, fragment, capsys):
     assert fragment in parse_error(argv, capsys)
 
 
-@pytest.mark.parametrize("command", ["generate", "demo"])
+@pytest.mark.parametrize("command", ["generate", "demo", "accept", "profile", "sweep"])
 def test_help(command, capsys):
     with pytest.raises(SystemExit) as exc:
         main([command, "--help"])

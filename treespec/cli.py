@@ -102,21 +102,38 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_options(d)
     d.set_defaults(func=cmd_demo)
 
-    for name, module, text in (("accept", "acceptance", "measure a draft's positional acceptance vector"),
-                               ("profile", "profile", "measure forward latencies and pick a tree for this machine"),
-                               ("sweep", "experiments", "run a tree-budget sweep from a TOML config")):
-        s = sub.add_parser(name, help=text, add_help=False)
-        s.set_defaults(func=_delegate(module), module=module)
+    a = sub.add_parser("accept", help="measure a draft's positional acceptance vector",
+                       description="Measure the positional acceptance vector (and per-depth matrix, beta) of "
+                                   "a draft against the target on the target's own continuations of HumanEval "
+                                   "calibration prompts; writes JSON usable by --acceptance.")
+    add_model_options(a)
+    a.add_argument("--calib", default="0:20", metavar="A:B", help="HumanEval prompts A..B-1 (default 0:20; keep "
+                   "them disjoint from the prompts you evaluate on, e.g. 100-163)")
+    a.add_argument("--width", type=_positive_int, default=8, help="proposals per position (vector length)")
+    a.add_argument("--mode", choices=("topk", "sample", "sample_without_replacement"), default=None,
+                   help="how the draft proposes (default: topk when greedy, else sample_without_replacement)")
+    a.add_argument("--temperature", type=_temperature, default=0.0, metavar="T")
+    a.add_argument("--top-p", type=_top_p, default=1.0, metavar="P")
+    a.add_argument("--max-new-tokens", type=_positive_int, default=48, metavar="N")
+    a.add_argument("--max-depth", type=_positive_int, default=8, metavar="D", help="rows of the per-depth matrix")
+    a.add_argument("--out", type=Path, default=Path("acceptance.json"))
+    a.set_defaults(func=cmd_accept)
+
+    pr = sub.add_parser("profile", help="measure latencies and pick a tree for this machine",
+                        description="Measure the target's tree-forward latency per tree size and the draft's cost "
+                                    "per level, then pick the (budget, depth) maximising the predicted speedup "
+                                    "G(n, d) / (t(n)/t(1) + d c) (Sequoia).")
+    add_model_options(pr)
+    pr.add_argument("--sizes", type=_positive_int, nargs="+", default=[1, 2, 4, 8, 16, 32], metavar="N")
+    pr.add_argument("--acceptance", type=Path, default=None, metavar="JSON",
+                    help="acceptance vector (default: the one shipped for the built-in pair)")
+    pr.add_argument("--max-depth", type=_positive_int, default=8, metavar="D")
+    pr.add_argument("--out", type=Path, default=Path("profile.json"))
+    pr.set_defaults(func=cmd_profile)
+
+    sub.add_parser("sweep", help="run a tree-budget sweep from a TOML config (see `treespec sweep --help`)",
+                   add_help=False)
     return parser
-
-
-def _delegate(module: str):
-    def run(args: argparse.Namespace, rest: list[str]) -> int:
-        import importlib
-
-        return importlib.import_module(f"treespec.{module}").main(rest) or 0
-
-    return run
 
 
 def load_pair(args: argparse.Namespace, want_draft: bool = True):
@@ -201,7 +218,7 @@ def eos_ids(model, tok) -> list[int]:
     return eos or ([tok.eos_token_id] if tok.eos_token_id is not None else [])
 
 
-def cmd_generate(args: argparse.Namespace, rest: list[str]) -> int:
+def cmd_generate(args: argparse.Namespace) -> int:
     import treespec
 
     text = args.prompt if args.prompt is not None else args.prompt_file.read_text()
@@ -239,20 +256,54 @@ def cmd_generate(args: argparse.Namespace, rest: list[str]) -> int:
     return 0
 
 
-def cmd_demo(args: argparse.Namespace, rest: list[str]) -> int:
+def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
     return run_demo(args)
 
 
+def cmd_accept(args: argparse.Namespace) -> int:
+    from .acceptance import encode_prompts, measure
+    from .models import humaneval_prompts
+
+    start, stop = (int(x) for x in args.calib.split(":"))
+    target, tok, drafts = load_pair(args)
+    mode = args.mode or ("topk" if args.temperature == 0 else "sample_without_replacement")
+    acc = measure(target, drafts[0], encode_prompts(tok, humaneval_prompts(start, stop)), width=args.width,
+                  mode=mode, temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
+                  max_depth=args.max_depth, prompts_label=f"humaneval[{start}:{stop}]")
+    acc.save(args.out)
+    print(acc)
+    print(f"written to {args.out}")
+    return 0
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    from .profile import profile
+
+    target, _, drafts = load_pair(args)
+    prof = profile(target, drafts[0], sizes=args.sizes)
+    choice = prof.choose(default_acceptance(args.acceptance, 0.0), budgets=list(range(2, max(args.sizes) + 1)),
+                         max_depth=args.max_depth)
+    t1 = prof.target_latency[1]
+    print("tree size | target forward s | relative to 1 token")
+    for n, t in sorted(prof.target_latency.items()):
+        print(f"{n:>9} | {t:>16.3f} | {t / t1:.2f}")
+    print(f"draft forward per level: {prof.draft_level_seconds:.3f} s (c = {choice.c:.2f})")
+    print(f"best: {choice}\n{choice.shape}")
+    prof.save(args.out)
+    print(f"written to {args.out}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
-    if argv and argv[0] in ("accept", "profile", "sweep"):
-        return _delegate({"accept": "acceptance", "profile": "profile", "sweep": "experiments"}[argv[0]])(
-            argparse.Namespace(), argv[1:])
-    args = parser.parse_args(argv)
-    return args.func(args, [])
+    if argv and argv[0] == "sweep":
+        from .experiments import main as sweep_main
+
+        return sweep_main(argv[1:]) or 0
+    args = build_parser().parse_args(argv)
+    return args.func(args)
 
 
 if __name__ == "__main__":
