@@ -162,7 +162,7 @@ def parse_range(text: str) -> tuple[int, int]:
     return a, b
 
 
-def best_kary(vector: Sequence[float], budget: int, max_width: int, max_depth: int) -> TreeShape | None:
+def best_kary(vector: Sequence[float], budget: int, max_width: int, max_depth: int | None = None) -> TreeShape | None:
     """The SpecInfer expansion config (one width per level) with the most expected tokens under
     ``vector`` and at most ``budget`` nodes; at least one level is wider than 1 (else it is a chain)."""
     best: tuple[float, int, TreeShape] | None = None
@@ -175,7 +175,7 @@ def best_kary(vector: Sequence[float], budget: int, max_width: int, max_depth: i
             key = (shape.expected_tokens(vector), -size)
             if best is None or key > best[:2]:
                 best = (key[0], key[1], shape)
-        if len(widths) < max_depth:
+        if max_depth is None or len(widths) < max_depth:
             level = int(np.prod(widths)) if widths else 1
             stack += [widths + (w,) for w in range(1, max_width + 1) if size + level * w <= budget]
     return None if best is None else best[2]
@@ -187,9 +187,10 @@ def best_chains(vector: Sequence[float], budget: int) -> TreeShape | None:
     return max(options, key=lambda s: (s.expected_tokens(vector), -s.size), default=None)
 
 
-def builder_shapes(vector: Sequence[float], budget: int, width: int, max_depth: int,
+def builder_shapes(vector: Sequence[float], budget: int, width: int, max_depth: int | None = None,
                    builders: Sequence[str] = BUILDERS) -> dict[str, TreeShape]:
-    """Each builder's tree with at most ``budget`` nodes (a builder with no such tree is left out)."""
+    """Each builder's tree with at most ``budget`` nodes (a builder with no such tree is left out).
+    ``max_depth`` limits ``sequoia`` and ``kary`` (None: no limit, like the chain's)."""
     make = {
         "sequoia": lambda: sequoia(vector, budget, max_depth=max_depth, max_width=width),
         "kary": lambda: best_kary(vector, budget, width, max_depth),
@@ -265,7 +266,7 @@ def calibrate(target: Any, draft: Any, prompts: Sequence[Sequence[int]], first: 
         if idx not in done:
             t0 = time.perf_counter()
             done[idx] = measure(target, draft, [p], width=config["width"], mode=mode, temperature=temperature,
-                                max_new_tokens=config["calib_tokens"], max_depth=config["max_depth"], seed=idx,
+                                max_new_tokens=config["calib_tokens"], max_depth=config["matrix_depth"], seed=idx,
                                 progress=False, eos_token_id=config["eos"], prompts_label=f"{config['prompts']}[{idx}]")
             _append(path, {"config": config, "temperature": temperature, "prompt": idx,
                            "acceptance": done[idx].to_dict()})
@@ -280,7 +281,8 @@ def calibrate(target: Any, draft: Any, prompts: Sequence[Sequence[int]], first: 
 
 def run_real(target: Any, draft: Any, prompts: Sequence[Sequence[int]], *, calib: tuple[int, int],
              eval_range: tuple[int, int], budgets: Sequence[int] = (8, 16), temperatures: Sequence[float] = (0.0, 1.0),
-             builders: Sequence[str] = BUILDERS, width: int = 8, max_depth: int = 8, calib_tokens: int = 64,
+             builders: Sequence[str] = BUILDERS, width: int = 8, max_depth: int | None = None,
+             matrix_depth: int = 15, calib_tokens: int = 64,
              eval_tokens: int = 64, sample_mode: str = "sample_without_replacement", eos: Any = None,
              out_dir: Path = RESULTS, prefix: str = "builders_real", prompts_name: str = "humaneval",
              baseline: bool = True, progress: bool = True) -> list[dict]:
@@ -296,9 +298,10 @@ def run_real(target: Any, draft: Any, prompts: Sequence[Sequence[int]], *, calib
     rows_path, calib_path = out_dir / f"{prefix}.jsonl", out_dir / f"{prefix}_calib.jsonl"
     config = {"target": model_name(target), "draft": model_name(draft), "prompts": prompts_name,
               "calib": list(calib), "eval": list(eval_range), "width": width, "max_depth": max_depth,
+              "matrix_depth": matrix_depth,
               "calib_tokens": calib_tokens, "eval_tokens": eval_tokens, "sample_mode": sample_mode,
               "eos": eos if eos is None or isinstance(eos, int) else list(eos)}
-    calib_cfg = {k: config[k] for k in ("target", "draft", "prompts", "width", "max_depth", "calib_tokens", "eos")}
+    calib_cfg = {k: config[k] for k in ("target", "draft", "prompts", "width", "matrix_depth", "calib_tokens", "eos")}
     done = {tuple(r["key"]): r for r in _read_jsonl(rows_path) if r.get("config") == config}
     evals = prompts[eval_range[0] : eval_range[1]]
     rows: list[dict] = []
@@ -317,19 +320,28 @@ def run_real(target: Any, draft: Any, prompts: Sequence[Sequence[int]], *, calib
         for budget in budgets:
             plan += [(name, budget, shape) for name, shape in
                      builder_shapes(acc.vector, budget, width, max_depth, builders).items()]
+        measured: dict[tuple, dict] = {}  # paths -> row: a builder whose tree another one already ran reuses it
         for name, budget, shape in plan:
             key = (temperature, name, budget)
-            if key in done:
+            sh = shape if shape is not None else TreeShape()
+            if key in done and done[key].get("paths") == [list(p) for p in sh.paths]:
                 rows.append(done[key])
+                measured.setdefault(sh.paths, done[key])
                 continue
             t0 = time.perf_counter()
-            res = evaluate(target, draft, shape, evals, mode, temperature, eval_tokens, eos,
-                           tag=f"eval/{temperature:g}/{name}/{budget}")
-            sh = shape if shape is not None else TreeShape()
+            twin = measured.get(sh.paths)
+            if twin is not None:
+                res = {k: twin[k] for k in ("tau", "se", "steps", "new_tokens", "seconds", "drafting_seconds",
+                                            "verifying_seconds", "tokens_per_second")}
+                res["same_tree_as"] = f"{twin['builder']} {twin['budget']}"
+            else:
+                res = evaluate(target, draft, shape, evals, mode, temperature, eval_tokens, eos,
+                               tag=f"eval/{temperature:g}/{name}/{budget}")
             row = {"key": list(key), "config": config, "temperature": temperature, "mode": mode if shape else "-",
                    "builder": name, "budget": budget, "size": sh.size, "depth": sh.depth, "widths": list(sh.widths),
-                   "predicted_tau": sh.expected_tokens(acc.vector), "predicted_tau_matrix": sh.expected_tokens(acc.matrix),
-                   **res, "wall_seconds": time.perf_counter() - t0}
+                   "paths": [list(p) for p in sh.paths], "predicted_tau": sh.expected_tokens(acc.vector),
+                   "predicted_tau_matrix": sh.expected_tokens(acc.matrix), **res, "wall_seconds": time.perf_counter() - t0}
+            measured.setdefault(sh.paths, row)
             _append(rows_path, row)
             rows.append(row)
             if progress:
@@ -351,7 +363,8 @@ def real_report(rows: Sequence[dict], config: dict, accs: dict[str, dict]) -> st
         f"Target `{config['target']}`, draft `{config['draft']}`; calibration prompts {config['prompts']}"
         f"[{config['calib'][0]}:{config['calib'][1]}] ({config['calib_tokens']} target tokens each), evaluation "
         f"prompts {config['prompts']}[{config['eval'][0]}:{config['eval'][1]}] ({config['eval_tokens']} new tokens "
-        f"each). Width {config['width']}, depth limit {config['max_depth']}.",
+        f"each). Width {config['width']} (children per node at most), tree depth limit {config['max_depth']} "
+        f"(sequoia and kary; None = none), per-depth matrix rows {config['matrix_depth']}.",
         "",
         f"Machine: {machine_info()}",
         "",
@@ -359,7 +372,8 @@ def real_report(rows: Sequence[dict], config: dict, accs: dict[str, dict]) -> st
         "per-depth matrix); measured tau: committed tokens per step from the engine's per-step accepted "
         "counts, +- one standard error clustered by prompt; z = (measured - predicted) / SE (the "
         "calibration's own error is not included). Speedup: tokens/s over the target alone at the same "
-        "temperature (wall clock, this machine).",
+        "temperature (wall clock, this machine). A builder whose tree equals an earlier row's is not run "
+        "again: its row repeats that measurement.",
         "",
     ]
     for t, a in accs.items():
@@ -367,14 +381,16 @@ def real_report(rows: Sequence[dict], config: dict, accs: dict[str, dict]) -> st
         lines.append(f"- T={t} ({a['meta'].get('mode')}): a = [{vec}], beta {a['beta']:.3f}, "
                      f"{a['positions']} positions, rows' sample sizes {a['totals']}")
     lines += ["", "| T | mode | builder | budget | size | depth | predicted tau | predicted (matrix) | measured tau "
-              "| z | tok/s | speedup |", "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+              "| z | tok/s | speedup | same tree as |", "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     base = {r["temperature"]: r["tokens_per_second"] for r in rows if r["builder"] == "target"}
     for r in rows:
-        z = (r["tau"] - r["predicted_tau"]) / r["se"] if r["se"] and np.isfinite(r["se"]) and r["se"] > 0 else float("nan")
-        sp = r["tokens_per_second"] / base[r["temperature"]] if base.get(r["temperature"]) else float("nan")
+        se = r["se"]
+        ok = se is not None and np.isfinite(se) and se > 0
+        z = f"{(r['tau'] - r['predicted_tau']) / se:+.1f}" if ok else "-"
+        sp = f"{r['tokens_per_second'] / base[r['temperature']]:.2f}" if base.get(r["temperature"]) else "-"
         lines.append(f"| {r['temperature']:g} | {r['mode']} | {r['builder']} | {r['budget']} | {r['size']} | {r['depth']} "
-                     f"| {r['predicted_tau']:.3f} | {r['predicted_tau_matrix']:.3f} | {r['tau']:.3f} +- {r['se']:.3f} "
-                     f"| {z:+.1f} | {r['tokens_per_second']:.2f} | {sp:.2f} |")
+                     f"| {r['predicted_tau']:.3f} | {r['predicted_tau_matrix']:.3f} | {r['tau']:.3f} +- {se:.3f} "
+                     f"| {z} | {r['tokens_per_second']:.2f} | {sp} | {r.get('same_tree_as', '')} |")
     return "\n".join(lines) + "\n"
 
 
@@ -419,7 +435,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     real.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     real.add_argument("--builders", nargs="+", choices=BUILDERS, default=list(BUILDERS))
     real.add_argument("--width", type=int, default=8, help="proposals per position (acceptance vector length)")
-    real.add_argument("--tree-depth", type=int, default=8, help="depth limit of the trees and matrix rows")
+    real.add_argument("--tree-depth", type=int, default=None, help="depth limit of sequoia and kary (default none)")
+    real.add_argument("--matrix-depth", type=int, default=15, help="rows of the measured per-depth matrix")
     real.add_argument("--calib-tokens", type=int, default=64, help="target tokens per calibration prompt")
     real.add_argument("--eval-tokens", type=int, default=64, help="new tokens per evaluation prompt")
     real.add_argument("--sample-mode", default="sample_without_replacement",
@@ -427,10 +444,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     real.add_argument("--no-baseline", action="store_true", help="skip the target-alone rows")
     real.add_argument("--out-dir", type=Path, default=RESULTS)
     real.add_argument("--prefix", default=None, help="file name prefix (default builders_real / builders_tiny)")
+    real.add_argument("--threads", type=int, default=None, help="torch threads (default: 1 with --tiny, else torch's)")
     args = ap.parse_args(argv)
     if args.real or args.tiny:
         if args.real and args.tiny:
             ap.error("choose one of --real and --tiny")
+        import torch
+
+        if args.threads or args.tiny:
+            torch.set_num_threads(args.threads or 1)
         stop = max(args.calib[1], args.eval[1])
         if args.tiny:
             target, draft, prompts = tiny_pair()
@@ -444,7 +466,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             ap.error("--calib and --eval must not overlap (predictions come from disjoint prompts)")
         rows = run_real(target, draft, prompts, calib=args.calib, eval_range=args.eval, budgets=args.eval_budgets,
                         temperatures=args.temperatures, builders=args.builders, width=args.width,
-                        max_depth=args.tree_depth, calib_tokens=args.calib_tokens, eval_tokens=args.eval_tokens,
+                        max_depth=args.tree_depth, matrix_depth=args.matrix_depth, calib_tokens=args.calib_tokens,
+                        eval_tokens=args.eval_tokens,
                         sample_mode=args.sample_mode, eos=eos, out_dir=args.out_dir,
                         prefix=args.prefix or ("builders_tiny" if args.tiny else "builders_real"),
                         prompts_name=name, baseline=not args.no_baseline)
