@@ -111,7 +111,9 @@ def test_ngram_both_and_the_other_builders(tmp_path: Path) -> None:
     assert set(tres) == {("ngram", "ngram"), ("both", "kary"), ("both", "chains"), ("both", "dynamic")}
     for (drafters, builder), r in tres.items():
         assert r["result"]["tokens_per_prompt"] == [8]
-        assert r["result"]["mean_tree_size"] <= 6
+        # the model's tree keeps budget 6; in "both" the n-gram's guesses come on top of it
+        assert r["result"]["mean_tree_size"] <= r["result"]["cap"]
+        assert (r["result"]["cap"] == 6) if drafters == "ngram" else (r["result"]["cap"] > 6)
         assert len(r["result"]["drafters"]) == (1 if drafters == "ngram" else 2)
         assert r["speedup"]["target"] > 0 and "greedy_same_as_target" not in r["checks"]
     assert tres[("both", "kary")]["result"]["tree"]["widths"] == [2, 2]  # nodes per level of kary((2, 1))

@@ -39,10 +39,10 @@ depth limit ``D`` (``"none"`` = no limit):
 
 Static shapes draw children with ``grid.model_mode``; ``"auto"`` means ``topk`` at temperature 0
 and ``sample_without_replacement`` (Sequoia) otherwise. The n-gram drafter (``ngram`` table) runs
-with ``max_tokens = min(ngram.max_tokens, B - 1, D)`` and ``max_nodes = B - 1``; in ``both`` it is
-merged *before* the model drafter, and the engine's budget cap drops the model's last proposals
-(in its proposal order, which keeps the output exact) when the n-gram's new nodes would overflow
-``B``. For ``drafters = "ngram"`` the builder axis does not apply (builder ``"ngram"``).
+with ``max_tokens = min(ngram.max_tokens, B - 1, D)`` and ``max_nodes = B - 1``. In ``both`` the
+model's tree keeps its budget ``B`` and the n-gram's guesses come on top, merged *after* it: the
+step's cap is ``B + max_tokens`` (guesses that agree with the model's tree add no node). For
+``drafters = "ngram"`` the builder axis does not apply (builder ``"ngram"``).
 
 Acceptance vectors (``treespec.acceptance.measure``) are measured once per (pair, dataset, mode,
 temperature, top-p) on the calibration prompts, cached as ``acceptance-<hash>.json`` in the output
@@ -637,11 +637,6 @@ class Sweep:
         info: dict[str, Any] = {}
         drafters: list[Any] = []
         budget, max_depth = p["budget"], p["max_depth"]
-        if p["drafters"] in ("ngram", "both"):
-            n = p["ngram"]
-            depth = min(int(n["max_tokens"]), budget - 1, max_depth or budget)
-            drafters.append(NGramDrafter(max_order=int(n["max_order"]), max_tokens=depth, width=int(n["width"]),
-                                         window=int(n["window"]), mode=n["mode"], max_nodes=budget - 1))
         if p["drafters"] in ("model", "both"):
             draft = self.draft_model(p["target"], p["draft"])
             if p["builder"] == "dynamic":
@@ -664,6 +659,14 @@ class Sweep:
                 if acc is not None and p["drafters"] == "model":
                     info["predicted_tau"] = shape.expected_tokens(acc)
                 drafters.append(ModelDrafter(draft, shape, mode=p["mode"]))
+        info["cap"] = budget
+        if p["drafters"] in ("ngram", "both"):
+            n = p["ngram"]
+            depth = min(int(n["max_tokens"]), budget - 1, max_depth or budget)
+            drafters.append(NGramDrafter(max_order=int(n["max_order"]), max_tokens=depth, width=int(n["width"]),
+                                         window=int(n["window"]), mode=n["mode"], max_nodes=budget - 1))
+            if p["drafters"] == "both":
+                info["cap"] = budget + depth
         return drafters, info
 
     def _run_treespec(self, p: dict[str, Any], target: torch.nn.Module, prompts: list[list[int]]) -> dict[str, Any]:
@@ -673,7 +676,7 @@ class Sweep:
 
         def call(ids: list[int], tokens: int, seed: int):
             return generate(target, ids, drafters, max_new_tokens=tokens, temperature=p["temperature"],
-                            top_p=p["top_p"], eos_token_id=None, seed=seed, budget=p["budget"])
+                            top_p=p["top_p"], eos_token_id=None, seed=seed, budget=info["cap"])
 
         warm = int(self.cfg["run"]["warmup_tokens"])
         if warm > 0:
