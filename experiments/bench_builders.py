@@ -26,6 +26,10 @@ budget), ``independent_chains`` (the best k >= 2 chains of equal length within t
 draft proposes top-k children; above 0 it samples (``--sample-mode``). Rows are appended to a JSONL
 file as they finish (calibration per prompt too), so a rerun with the same settings resumes; the
 Markdown table and a JSON summary are rewritten at the end.
+
+The defaults (``--calib 0:20 --eval 100:104``) take about 45 minutes on a 2-core CPU; the full study
+above about 9 hours there (calibration ~28 s per prompt and temperature, evaluation ~25 s per
+prompt and tree for 64 tokens).
 """
 
 from __future__ import annotations
@@ -417,6 +421,37 @@ def real_pair(stop: int) -> tuple[Any, Any, list[list[int]], Any]:
     return target, draft, encode_prompts(tok, humaneval_prompts(0, stop)), eos
 
 
+def sweep_tau_table(results: Path) -> str:
+    """Measured vs predicted tau per (temperature, budget, builder) from a ``treespec sweep`` JSONL.
+
+    Predictions use the acceptance vector the sweep measured on its calibration prompts; the
+    measurements come from its evaluation prompts (disjoint). Speedup is over the target alone
+    (HF generate) measured in the same run.
+    """
+    from treespec.experiments import read_records
+
+    recs = [r for r in read_records(results) if r.get("status") == "ok" and r["params"]["kind"] == "treespec"
+            and r["params"]["drafters"] == "model" and r["result"].get("predicted_tau") is not None]
+    if not recs:
+        raise SystemExit(f"no treespec records with a predicted tau in {results}")
+    p0 = recs[0]["params"]
+    calib = next(r["params"]["acceptance"]["calib"] for r in recs if r["params"].get("acceptance"))
+    lines = [f"# Measured vs predicted tau at equal budgets (from `{results}`)", "",
+             f"Target {p0['target']}, draft {p0['draft']}; calibration prompts {p0['dataset']}"
+             f"[{calib[0]}:{calib[1]}] (acceptance vectors), evaluation prompts "
+             f"[{p0['eval'][0]}:{p0['eval'][1]}], {p0['max_new_tokens']} tokens each.", "",
+             "| T | budget | builder | tree size | depth | predicted tau | measured tau | measured / predicted |"
+             " tok/s | vs target alone |",
+             "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in sorted(recs, key=lambda r: (r["params"]["temperature"], r["params"]["budget"], r["params"]["builder"])):
+        p, res = r["params"], r["result"]
+        lines.append(f"| {p['temperature']:g} | {p['budget']} | {p['builder']} | {res['tree']['size']} | "
+                     f"{res['tree']['depth']} | {res['predicted_tau']:.2f} | {res['tau']:.2f} | "
+                     f"{res['tau'] / res['predicted_tau']:.2f} | {r['timing']['tokens_per_second']:.2f} | "
+                     f"{(r.get('speedup') or {}).get('target', float('nan')):.2f} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--budgets", type=int, nargs="+", default=[16, 32, 64, 128, 256, 512, 768])
@@ -428,8 +463,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     real = ap.add_argument_group("measured versus predicted tau (--real or --tiny)")
     real.add_argument("--real", action="store_true", help="the Qwen2.5-Coder pair on HumanEval (wrap in flock)")
     real.add_argument("--tiny", action="store_true", help="the same on in-process tiny models (random prompts)")
-    real.add_argument("--calib", type=parse_range, default=(0, 10), help="calibration prompts START:STOP")
-    real.add_argument("--eval", type=parse_range, default=(100, 104), help="evaluation prompts START:STOP")
+    real.add_argument("--calib", type=parse_range, default=(0, 20),
+                      help="calibration prompts START:STOP (default 0:20; the full study uses 0:100)")
+    real.add_argument("--eval", type=parse_range, default=(100, 104),
+                      help="evaluation prompts START:STOP (default 100:104; the full study uses 100:164)")
     real.add_argument("--eval-budgets", type=int, nargs="+", default=[8, 16])
     real.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     real.add_argument("--builders", nargs="+", choices=BUILDERS, default=list(BUILDERS))
@@ -444,7 +481,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     real.add_argument("--out-dir", type=Path, default=RESULTS)
     real.add_argument("--prefix", default=None, help="file name prefix (default builders_real / builders_tiny)")
     real.add_argument("--threads", type=int, default=None, help="torch threads (default: 1 with --tiny, else torch's)")
+    real.add_argument("--from-sweep", type=Path, default=None, metavar="JSONL",
+                      help="tabulate measured vs predicted tau of the static builders from a sweep's results")
     args = ap.parse_args(argv)
+    if args.from_sweep is not None:
+        report = sweep_tau_table(args.from_sweep)
+        print(report)
+        if args.out is not None:
+            args.out.write_text(report)
+        return 0
     if args.real or args.tiny:
         if args.real and args.tiny:
             ap.error("choose one of --real and --tiny")

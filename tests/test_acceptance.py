@@ -122,13 +122,15 @@ def test_merge_of_per_prompt_measurements_equals_one_measurement(target, prompts
     assert parts.beta == pytest.approx(whole.beta) and parts.meta["prompts"] == 3
 
 
-def test_same_seed_same_measurement_and_strings_are_refused(target, prompts):
+def test_same_seed_same_measurement_and_bad_inputs_are_refused(target, prompts):
     draft = perturbed_copy(target, 0.5)
     runs = [measure(target, draft, prompts[:2], mode="sample", temperature=1.0, max_new_tokens=16, seed=5,
                     progress=False) for _ in range(2)]
     assert np.array_equal(runs[0].counts, runs[1].counts)
     with pytest.raises(TypeError, match="encode_prompts"):
         measure(target, draft, ["def f():"], progress=False)
+    with pytest.raises(ValueError, match="vocabulary"):
+        measure(target, tiny_model("llama", vocab=64), prompts[:1], progress=False)
 
     class Tok:
         def __call__(self, text):

@@ -36,7 +36,9 @@ from typing import Any, Sequence
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
+from . import checks
 from .engine import generate
 from .model_drafter import MODES
 from .sampling import SamplingParams
@@ -276,13 +278,12 @@ def measure(
         raise TypeError("prompts must be token-id lists; turn strings into ids with encode_prompts(tokenizer, texts)")
     params = SamplingParams(temperature, top_k, top_p)
     draft_params = params.for_draft()
+    checks.check_vocab(checks.vocab_size(target), checks.vocab_size(draft), f"model({model_name(draft)})")
     device = next(target.parameters()).device
     draft_device = next(draft.parameters()).device
     counts = np.zeros((max_depth, width), dtype=np.int64)
     totals = np.zeros(max_depth, dtype=np.int64)
     beta_sum, n_tokens = 0.0, 0
-    from tqdm.auto import tqdm
-
     for j, prompt in enumerate(tqdm(prompts, desc="acceptance", unit="prompt", disable=not progress)):
         prompt = [int(t) for t in prompt]
         cont = generate(target, prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,

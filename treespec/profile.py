@@ -117,7 +117,8 @@ class Choice:
     """The tree ``choose_tree`` picked and the table it picked it from.
 
     ``taus[i, j]`` and ``speedups[i, j]`` are for depth limit ``depths[i]`` and budget
-    ``budgets[j]``; depth 0 is plain decoding (tau 1, speedup ``1 / (t(n)/t(1))``).
+    ``budgets[j]``; depth 0 is plain decoding (tau 1, speedup ``1 / (t(n)/t(1))``). When the choice
+    is depth 0 (``shape`` is the root alone), speculation does not pay here: generate with no drafter.
     """
 
     budget: int
