@@ -1,5 +1,6 @@
 """treespec: exact tree-based speculative decoding for HuggingFace causal language models."""
 
+from . import acceptance, analysis, profile
 from .drafting import DraftProposals, Drafter
 from .engine import GenerateOutput, Stats, generate
 from .model_drafter import ModelDrafter
