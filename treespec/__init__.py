@@ -8,6 +8,9 @@ from .ngram import NGramDrafter
 from .sampling import SamplingParams, standardize
 
 __all__ = [
+    "acceptance",
+    "analysis",
+    "profile",
     "DraftProposals",
     "Drafter",
     "GenerateOutput",

@@ -41,7 +41,7 @@ from tqdm.auto import tqdm
 from . import checks
 from .engine import generate
 from .model_drafter import MODES
-from .sampling import SamplingParams
+from .sampling import SamplingParams, draw_children
 from .verify import point_masses, verify_proposals
 
 #: floats per chunk of ``[positions, width, V]`` proposal distributions (bounds memory: 32 MiB)
@@ -158,23 +158,6 @@ def _seed(seed: int, tag: str, i: int) -> int:
     return int.from_bytes(hashlib.blake2b(f"{seed}/{tag}/{i}".encode(), digest_size=7).digest(), "little")
 
 
-def _draw(q: torch.Tensor, width: int, mode: str, gen: torch.Generator) -> torch.Tensor:
-    """``width`` children per row of ``q`` (``[n, V]``) as ``ModelDrafter`` draws them; -1 = none."""
-    n, vocab = q.shape
-    w = min(width, vocab)
-    if mode == "topk":
-        out = torch.topk(q, w, dim=-1).indices
-    elif mode == "sample":
-        out = torch.multinomial(q, width, replacement=True, generator=gen)
-    else:  # Gumbel-top-k: the order of the top keys is that of sequential draws without replacement
-        u = torch.rand(q.shape, generator=gen, device=q.device).clamp_(1e-20, 1.0)
-        top = torch.topk(q.log() - (-u.log()).log(), w, dim=-1)
-        out = torch.where(torch.isfinite(top.values), top.indices, -1)
-    if out.shape[1] < width:
-        out = torch.cat([out, out.new_full((n, width - out.shape[1]), -1)], dim=1)
-    return out
-
-
 def _proposal_q(q: torch.Tensor, tokens: torch.Tensor, mode: str) -> torch.Tensor:
     """The distribution each proposal was drawn from, ``[n, w, V]`` (NOTES.md, exact verification)."""
     safe = tokens.clamp_min(0)
@@ -194,7 +177,7 @@ def accepted_ranks(r: torch.Tensor, q: torch.Tensor, width: int, mode: str, gree
 
     ``r``: target distributions ``[n, V]``; ``q``: draft distributions the proposals come from.
     """
-    tokens = _draw(q, width, mode, gen)
+    tokens = draw_children(q, width, mode, gen)
     if greedy:
         hit = tokens == r.argmax(-1, keepdim=True)
         return torch.where(hit.any(-1), hit.float().argmax(-1), -1)

@@ -10,7 +10,7 @@ import torch
 
 from .drafting import ROOT, DraftProposals, Drafter
 from .kv import TreeCache, causal_allowed, forward_masked
-from .sampling import SamplingParams
+from .sampling import SamplingParams, draw_children
 
 MODES = ("topk", "sample", "sample_without_replacement", "dynamic")
 
@@ -189,7 +189,7 @@ class ModelDrafter(Drafter):
             parents = parents[plan.n_children[parents] > 0]
             q = dists[0] if d == 1 else torch.cat(dists)[q_row[parents]]
             kids = plan.level(d)
-            drawn = self._draw(q, int(plan.n_children[parents].max())).cpu().numpy()
+            drawn = draw_children(q, int(plan.n_children[parents].max()), self.mode, self.generator).cpu().numpy()
             slot = np.searchsorted(parents, plan.parent[kids])
             tokens[kids] = np.where(tokens[plan.parent[kids]] >= 0, drawn[slot, plan.rank[kids]], -1)
             fwd = kids[plan.n_children[kids] > 0]
@@ -199,18 +199,6 @@ class ModelDrafter(Drafter):
             dists.append(self._forward_level(ctx_len, fwd, tokens, plan.depth, rows, plan.ancestors))
         self._last = (plan.parent, tokens, rows)
         return self._static_proposals(tokens, q_row, torch.cat(dists))
-
-    def _draw(self, q: torch.Tensor, b: int) -> torch.Tensor:
-        """``b`` children per row of ``q`` ([P, V]); -1 marks a draw that ``q`` cannot support."""
-        if self.mode == "topk":
-            return torch.topk(q, b, dim=-1).indices
-        if self.mode == "sample":
-            return torch.multinomial(q, b, replacement=True, generator=self.generator)
-        # Gumbel-top-k: the order of the top keys is the order of sequential draws without replacement.
-        u = torch.rand(q.shape, generator=self.generator, device=q.device).clamp_(1e-20, 1.0)
-        keys = q.log() - (-u.log()).log()
-        top = torch.topk(keys, b, dim=-1)
-        return torch.where(torch.isfinite(top.values), top.indices, -1)
 
     def _static_proposals(self, tokens: np.ndarray, q_row: np.ndarray, dists: torch.Tensor) -> DraftProposals:
         plan = self.plan

@@ -69,3 +69,24 @@ def standardize(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p:
         probs = probs.masked_fill(drop, 0.0)
         probs = probs / probs.sum(-1, keepdim=True)
     return probs
+
+
+def draw_children(q: torch.Tensor, b: int, mode: str, generator: torch.Generator) -> torch.Tensor:
+    """``b`` children per row of ``q`` (``[P, V]``) the way drafters propose them; -1 = no draw.
+
+    ``topk``: the ``b`` most likely tokens; ``sample``: ``b`` i.i.d. draws; ``sample_without_replacement``:
+    Gumbel-top-k, whose key order is the order of sequential draws without replacement (a draw that
+    ``q`` cannot support, once its support is exhausted, is -1).
+    """
+    w = min(b, q.shape[-1])
+    if mode == "topk":
+        out = torch.topk(q, w, dim=-1).indices
+    elif mode == "sample":
+        out = torch.multinomial(q, b, replacement=True, generator=generator)
+    else:
+        u = torch.rand(q.shape, generator=generator, device=q.device).clamp_(1e-20, 1.0)
+        top = torch.topk(q.log() - (-u.log()).log(), w, dim=-1)
+        out = torch.where(torch.isfinite(top.values), top.indices, -1)
+    if out.shape[-1] < b:
+        out = torch.cat([out, out.new_full((*out.shape[:-1], b - out.shape[-1]), -1)], dim=-1)
+    return out
