@@ -35,7 +35,6 @@ prompt and tree for 64 tokens).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import platform
@@ -204,10 +203,6 @@ def builder_shapes(vector: Sequence[float], budget: int, width: int, max_depth: 
     return {k: v for k, v in out.items() if v is not None}
 
 
-def _seed(tag: str, i: int) -> int:
-    return int.from_bytes(hashlib.blake2b(f"{tag}/{i}".encode(), digest_size=7).digest(), "little")
-
-
 def _read_jsonl(path: Path) -> list[dict]:
     if not path.exists():
         return []
@@ -233,12 +228,13 @@ def evaluate(target: Any, draft: Any, shape: TreeShape | None, prompts: Sequence
     """Run ``generate`` on every prompt; tau from the per-step accepted counts (the last step's cut
     at ``max_new_tokens`` is not counted) with its standard error clustered by prompt."""
     import treespec
+    from treespec.sampling import spread_seed
 
     tokens, steps, agg = [], [], {"new_tokens": 0, "seconds": 0.0, "drafting_seconds": 0.0, "verifying_seconds": 0.0}
     for i, p in enumerate(prompts):
         drafters = [] if shape is None else [treespec.ModelDrafter(draft, shape, mode)]
         out = treespec.generate(target, list(p), drafters=drafters, max_new_tokens=max_new_tokens,
-                                temperature=temperature, eos_token_id=eos, seed=_seed(tag, i))
+                                temperature=temperature, eos_token_id=eos, seed=spread_seed(tag, i))
         hist = np.array(out.stats.accepted_hist, dtype=np.float64)
         tokens.append(float((np.arange(1, len(hist) + 1) * hist).sum()))
         steps.append(float(hist.sum()))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 from collections import Counter
 
 import numpy as np
@@ -12,11 +11,6 @@ from scipy import stats
 from treespec.sampling import standardize
 
 ALPHA = 1e-3  # per-test false alarm rate
-
-
-def spread_seed(tag: str, i: int) -> int:
-    """Seeds spread over the whole range (consecutive Generator seeds gave a false failure; NOTES.md)."""
-    return int.from_bytes(hashlib.blake2b(f"{tag}/{i}".encode(), digest_size=7).digest(), "little")
 
 
 def g_test(observed: Counter, expected_p: dict, min_expected: float = 5.0) -> float:

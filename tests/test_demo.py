@@ -2,7 +2,6 @@
 
 import argparse
 
-import pytest
 
 from tiny import perturbed_copy, tiny_model
 from treespec import demo

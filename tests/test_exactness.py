@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import treespec
-from stats import ALPHA, exact_joint, g_test, spread_seed
+from stats import ALPHA, exact_joint, g_test
+from treespec.sampling import spread_seed
 from tiny import perturbed_copy, tiny_model
 
 N, K, PROMPT = 3000, 3, [1, 2, 3]

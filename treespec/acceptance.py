@@ -27,7 +27,6 @@ independence across depths that a vector assumes) are then approximations.
 from __future__ import annotations
 
 import datetime
-import hashlib
 import importlib.metadata
 import json
 import os
@@ -41,7 +40,7 @@ from tqdm.auto import tqdm
 from . import checks
 from .engine import generate
 from .model_drafter import MODES
-from .sampling import SamplingParams, draw_children
+from .sampling import SamplingParams, draw_children, spread_seed
 from .verify import point_masses, verify_proposals
 
 #: floats per chunk of ``[positions, width, V]`` proposal distributions (bounds memory: 32 MiB)
@@ -151,11 +150,6 @@ def version() -> str:
 def model_name(model: torch.nn.Module) -> str:
     config = model.config
     return getattr(config, "_name_or_path", "") or config.model_type
-
-
-def _seed(seed: int, tag: str, i: int) -> int:
-    """Seeds spread over the range by hashing (consecutive Generator seeds can correlate; NOTES.md)."""
-    return int.from_bytes(hashlib.blake2b(f"{seed}/{tag}/{i}".encode(), digest_size=7).digest(), "little")
 
 
 def _proposal_q(q: torch.Tensor, tokens: torch.Tensor, mode: str) -> torch.Tensor:
@@ -270,7 +264,7 @@ def measure(
     for j, prompt in enumerate(tqdm(prompts, desc="acceptance", unit="prompt", disable=not progress)):
         prompt = [int(t) for t in prompt]
         cont = generate(target, prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
-                        top_p=top_p, eos_token_id=eos_token_id, seed=_seed(seed, "continuation", j)).new_tokens
+                        top_p=top_p, eos_token_id=eos_token_id, seed=spread_seed(seed, "continuation", j)).new_tokens
         n = len(cont)
         if n == 0:
             continue
@@ -279,7 +273,7 @@ def measure(
         d_logits = _continuation_logits(draft, ids, n, draft_device).to(device)
         r = params.probs(t_logits)
         beta_sum += float(torch.minimum(r, params.probs(d_logits)).sum(-1).sum())
-        gen = torch.Generator(device).manual_seed(_seed(seed, "verify", j))
+        gen = torch.Generator(device).manual_seed(spread_seed(seed, "verify", j))
         ranks = accepted_ranks(r, draft_params.probs(d_logits), width, mode, params.greedy, gen)
         c, t = depth_counts(ranks.cpu().numpy(), width, max_depth)
         counts += c

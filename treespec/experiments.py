@@ -99,6 +99,7 @@ from .baselines import hf_generate, sync
 from .engine import generate
 from .model_drafter import ModelDrafter
 from .ngram import NGramDrafter
+from .sampling import spread_seed
 
 BUILDERS = ("sequoia", "kary", "chains", "chain", "dynamic")
 STATIC_BUILDERS = tree_builders.STATIC_BUILDERS
@@ -520,11 +521,6 @@ def _shape_record(shape: TreeShape) -> dict[str, Any]:
 # Running
 
 
-def _prompt_seed(seed: int, i: int) -> int:
-    """Per-prompt seeds spread by hashing (NOTES.md: consecutive generator seeds can correlate)."""
-    return int.from_bytes(hashlib.blake2b(f"sweep/{seed}/{i}".encode(), digest_size=7).digest(), "little")
-
-
 def _add_hist(a: list[int], b: list[int]) -> list[int]:
     """Elementwise sum of two histograms of different lengths."""
     return [(a[i] if i < len(a) else 0) + (b[i] if i < len(b) else 0) for i in range(max(len(a), len(b)))]
@@ -678,20 +674,13 @@ class Sweep:
             return generate(target, ids, drafters, max_new_tokens=tokens, temperature=p["temperature"],
                             top_p=p["top_p"], eos_token_id=None, seed=seed, budget=info["cap"])
 
-        warm = int(self.cfg["run"]["warmup_tokens"])
-        if warm > 0:
-            call(prompts[0][-32:], min(warm, n), _prompt_seed(p["seed"], -1))
-        counts, digests, walls, tree_sizes = [], [], [], []
+        outs, walls = self._timed(call, prompts, n, p["seed"], device)
+        counts, digests, tree_sizes = [], [], []
         hist: list[int] = []
         parts = dict(prefill_seconds=0.0, drafting_seconds=0.0, verifying_seconds=0.0, overhead_seconds=0.0)
         steps = 0
         per_drafter: list[dict[str, Any]] = []
-        for i, ids in enumerate(prompts):
-            sync(device)
-            t0 = time.perf_counter()
-            out = call(ids, n, _prompt_seed(p["seed"], i))
-            sync(device)
-            walls.append(time.perf_counter() - t0)
+        for out in outs:
             s = out.stats
             counts.append(len(out.new_tokens))
             digests.append(_digest(out.new_tokens))
@@ -716,6 +705,21 @@ class Sweep:
                   "tokens_per_second": total / wall if wall else 0.0, **parts}
         return {"result": result, "timing": timing}
 
+    def _timed(self, call: Callable[[list[int], int, int], Any], prompts: list[list[int]], n: int, seed: int,
+               device: torch.device) -> tuple[list[Any], list[float]]:
+        """One warm-up call, then ``call(ids, n, seed_i)`` per prompt, each timed with GPU synchronisation."""
+        warm = int(self.cfg["run"]["warmup_tokens"])
+        if warm > 0:
+            call(prompts[0][-32:], min(warm, n), spread_seed("sweep", seed, -1))
+        outs, walls = [], []
+        for i, ids in enumerate(prompts):
+            sync(device)
+            t0 = time.perf_counter()
+            outs.append(call(ids, n, spread_seed("sweep", seed, i)))
+            sync(device)
+            walls.append(time.perf_counter() - t0)
+        return outs, walls
+
     def _run_baseline(self, p: dict[str, Any], target: torch.nn.Module, draft: torch.nn.Module | None,
                       prompts: list[list[int]], pad_id: int) -> dict[str, Any]:
         device = next(target.parameters()).device
@@ -731,18 +735,9 @@ class Sweep:
                                      max_matching_ngram_size=p["max_matching_ngram_size"] if lookup else None)
             return new
 
-        warm = int(self.cfg["run"]["warmup_tokens"])
-        if warm > 0:
-            call(prompts[0][-32:], min(warm, n), _prompt_seed(p["seed"], -1))
-        counts, digests, walls = [], [], []
-        for i, ids in enumerate(prompts):
-            sync(device)
-            t0 = time.perf_counter()
-            new = call(ids, n, _prompt_seed(p["seed"], i))
-            sync(device)
-            walls.append(time.perf_counter() - t0)
-            counts.append(len(new))
-            digests.append(_digest(new))
+        outs, walls = self._timed(call, prompts, n, p["seed"], device)
+        counts = [len(new) for new in outs]
+        digests = [_digest(new) for new in outs]
         total, wall = sum(counts), sum(walls)
         result = {"prompts": len(prompts), "prompt_tokens": [len(x) for x in prompts], "tokens_per_prompt": counts,
                   "new_tokens": total, "complete": all(c == n for c in counts), "output_digests": digests}
