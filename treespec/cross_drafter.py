@@ -18,8 +18,10 @@ target. Each step :class:`CrossTokenizerDrafter`
    not proposed: the target cannot represent it consistently after what it committed.
 
 The resulting target-token paths are merged into one trie of point-mass proposals (the greedy
-chain first). Alignment needs both tokenizers to decode what they encode unchanged; a draft
-tokenizer that cannot (unknown characters, a normalizer) is refused with a clear error.
+chain first). Alignment needs the draft tokenizer to decode what it encodes unchanged; one that
+cannot (unknown characters, a normalizer) raises :class:`AlignmentError` with the fix, at ``reset``
+for the prompt's text or at the step whose committed text it cannot carry. Where the *target*
+tokenizer would re-split committed text, that step simply proposes nothing.
 
 Tokenizers are HuggingFace tokenizers (``PreTrainedTokenizerBase``; encoded without special
 tokens added, decoded without skipping or cleaning anything) or any object with
@@ -136,10 +138,8 @@ class CrossTokenizerDrafter(Drafter):
         self._ids: list[int] = []  # draft ids whose K/V are cache rows [0, len)
         self._chains: list[tuple[list[int], list[int]]] = []  # last step's chains: (draft tokens, cache rows)
         self.fed_tokens = 0  # draft context tokens fed so far (not counting drafted tree tokens)
-        if prompt:
-            text = self.target.decode(prompt)
-            self._check_round_trip(self.target, text, "target")
-            self._check_round_trip(self.draft, text, "draft")
+        if prompt:  # fail early, before any target work, if the draft cannot carry the prompt's text
+            self._check_round_trip(self.draft, self.target.decode(prompt), "draft")
 
     # -- alignment -------------------------------------------------------------------------------
 
