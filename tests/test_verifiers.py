@@ -106,11 +106,12 @@ def drafted(world: World, shape: list[tuple[int, ...]], mode: str, q_mode: str |
         if q_mode == "topk":
             yield prob, DraftProposals(toks, pars)
             continue
-        rows = sorted({ctxs[p] for p in paths}, key=lambda c: (len(c), c))
-        dists = torch.stack([world.Q[c] for c in rows])
+        # one row per parent node, as ModelDrafter does: siblings merged in the trie carry equal rows
+        rows = [par for par in parents if all(q in tokens for q in [par[:k] for k in range(1, len(par) + 1)])]
+        dists = torch.stack([world.Q[ctxs[par + (0,)]] for par in rows])
         exclude = [tuple(tokens[p[:-1] + (r,)] for r in range(p[-1])) if q_mode == "without_replacement" else ()
                    for p in paths]
-        yield prob, DraftProposals(toks, pars, dists, [rows.index(ctxs[p]) for p in paths], exclude)
+        yield prob, DraftProposals(toks, pars, dists, [rows.index(p[:-1]) for p in paths], exclude)
 
 
 def deduplicated(outcomes):

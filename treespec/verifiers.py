@@ -36,7 +36,7 @@ from typing import Callable, Protocol
 import torch
 
 from .drafting import POINT_MASS
-from .tree import TokenTree
+from .tree import Proposal, TokenTree
 
 Target = Callable[[int], torch.Tensor]  # tree node -> target distribution at that node, float64 [V]
 DTYPE = torch.float64
@@ -329,8 +329,7 @@ def classify(tree: TokenTree, truncated: bool = False) -> Construction:
         if all(p.row == POINT_MASS for p in props):
             kinds &= {"point_mass"}
             continue
-        p0 = props[0]
-        if any(p.row != p0.row or p.dists is not p0.dists or p.drafter != p0.drafter for p in props):
+        if not all(_same_q(props[0], p) for p in props[1:]):
             kinds = set()
             continue
         tokens = [p.token for p in props]
@@ -345,6 +344,17 @@ def classify(tree: TokenTree, truncated: bool = False) -> Construction:
     else:  # empty (mixed), or all three (a tree without proposals: nothing to verify)
         draws = "mixed" if not kinds else "point_mass"
     return Construction(draws, len(drafters), chain, merged, truncated)
+
+
+def _same_q(a: Proposal, b: Proposal, atol: float = 1e-6) -> bool:
+    """Both sampled by one drafter from one distribution. A drafter computes the ``q`` of a context
+    once per tree node, so siblings merged into one node carry equal rows computed at different
+    batch positions; they count as one ``q`` when they agree to ``atol`` (float rounding)."""
+    if a.row == POINT_MASS or b.row == POINT_MASS or a.drafter != b.drafter:
+        return False
+    if a.dists is b.dists and a.row == b.row:
+        return True
+    return bool((a.dists[a.row] - b.dists[b.row].to(a.dists.device)).abs().max() <= atol)
 
 
 def _rrs_exact(c: Construction) -> bool:
