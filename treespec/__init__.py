@@ -1,6 +1,6 @@
 """treespec: exact tree-based speculative decoding for HuggingFace causal language models."""
 
-from . import acceptance, analysis, profile
+from . import acceptance, analysis, profile, verifiers
 from .drafting import DraftProposals, Drafter
 from .engine import GenerateOutput, Stats, generate
 from .model_drafter import ModelDrafter
@@ -11,6 +11,7 @@ __all__ = [
     "acceptance",
     "analysis",
     "profile",
+    "verifiers",
     "DraftProposals",
     "Drafter",
     "GenerateOutput",

@@ -174,6 +174,9 @@ def generate(
 
             tree = TokenTree.rooted_at(committed[-1])
             tree.merge(drafts, budget)
+            if not params.greedy:  # refuse, before the forward, a tree the verifier is not exact for
+                kept = sum(len(props) for props in tree.proposals)
+                verifiers.check_tree(verifier, tree, truncated=kept < sum(len(d) for d in drafts))
             flat = flatten(tree)
             past = cache.length
             allowed = torch.ones(len(flat), past + len(flat), dtype=torch.bool)
@@ -188,8 +191,6 @@ def generate(
             if params.greedy:
                 path, extra = _walk_greedy(tree, flat, logits)
             else:
-                kept = sum(len(props) for props in tree.proposals)
-                verifiers.check_exact(verifier, verifiers.classify(tree, kept < sum(len(d) for d in drafts)))
                 path, extra = _walk_sampled(tree, flat, logits, params, verifier, coins)
             cache.keep(past, past + flat.index[path])
             step_tokens = [tree.tokens[v] for v in path[1:]] + [extra]

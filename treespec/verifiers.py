@@ -357,7 +357,7 @@ def _same_q(a: Proposal, b: Proposal, atol: float = 1e-6) -> bool:
     return bool((a.dists[a.row] - b.dists[b.row].to(a.dists.device)).abs().max() <= atol)
 
 
-def _rrs_exact(c: Construction) -> bool:
+def _every_construction(c: Construction) -> bool:
     return True  # every proposal carries the q it was drawn from (docs/design.md, "Exactness rule")
 
 
@@ -373,15 +373,17 @@ def _spectr_exact(c: Construction) -> bool:
 
 @dataclass(frozen=True)
 class VerifierSpec:
+    """A verification rule, the constructions it is exact for, and a one-line summary of them."""
+
     verify: Verifier
     exact_for: Callable[[Construction], bool]
     summary: str
 
 
 VERIFIERS: dict[str, VerifierSpec] = {
-    "rrs": VerifierSpec(rrs, _rrs_exact, "every construction"),
+    "rrs": VerifierSpec(rrs, _every_construction, "every construction"),
     "block": VerifierSpec(block, _block_exact, "chains (one proposal per node)"),
-    "traversal": VerifierSpec(traversal, _rrs_exact, "every construction (each proposal against its own q)"),
+    "traversal": VerifierSpec(traversal, _every_construction, "every construction (each proposal against its own q)"),
     "spectr": VerifierSpec(spectr, _spectr_exact,
                            "one drafter's i.i.d. draws with duplicates kept, not cut by the budget"),
 }
@@ -396,6 +398,12 @@ def get(name: str) -> VerifierSpec:
     if name not in VERIFIERS:
         raise ValueError(f"unknown verifier {name!r}; choose one of {', '.join(VERIFIERS)}")
     return VERIFIERS[name]
+
+
+def check_tree(name: str, tree: TokenTree, truncated: bool) -> None:
+    """Raise :class:`NotExactError` when verifier ``name`` is not exact for ``tree``'s construction."""
+    if get(name).exact_for is not _every_construction:
+        check_exact(name, classify(tree, truncated))
 
 
 def check_exact(name: str, construction: Construction) -> None:
