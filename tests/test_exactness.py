@@ -68,12 +68,16 @@ def test_joint_distribution_matches_target(pair, case):
 def test_the_test_detects_a_biased_verifier(pair, monkeypatch):
     """Negative control: accepting every first proposal (output = draft's law) must fail the G-test."""
     target, draft = pair
-    from treespec import engine
+    from treespec import verifiers
 
-    def always_accept(r, tokens, q, u):
-        return torch.zeros((), dtype=torch.long), r
+    def always_accept(tree, target_at, coins):
+        path, node = [0], 0
+        while tree.proposals[node]:
+            node = tree.proposals[node][0].child
+            path.append(node)
+        return path, coins.draw(target_at(node))
 
-    monkeypatch.setattr(engine, "verify_proposals", always_accept)
+    monkeypatch.setitem(verifiers.VERIFIERS, "rrs", verifiers.VerifierSpec(always_accept, lambda c: True, "biased"))
     counts = sample_joint(target, lambda: [treespec.ModelDrafter(draft, CHAINS, "sample")], "biased",
                           temperature=1.0)
     assert g_test(counts, exact_joint(target, PROMPT, K, 1.0)) < ALPHA

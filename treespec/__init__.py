@@ -1,6 +1,6 @@
 """treespec: exact tree-based speculative decoding for HuggingFace causal language models."""
 
-from . import acceptance, analysis, profile
+from . import acceptance, analysis, profile, verifiers
 from .cross_drafter import CrossTokenizerDrafter
 from .drafting import DraftProposals, Drafter
 from .engine import GenerateOutput, Stats, generate
@@ -12,6 +12,7 @@ __all__ = [
     "acceptance",
     "analysis",
     "profile",
+    "verifiers",
     "CrossTokenizerDrafter",
     "DraftProposals",
     "Drafter",

@@ -14,7 +14,7 @@ from .drafting import Drafter
 from .kv import TreeCache, causal_allowed, forward_masked
 from .sampling import SamplingParams
 from .tree import FlatTree, TokenTree, flatten
-from .verify import verify_proposals
+from . import verifiers
 
 
 @dataclass
@@ -37,6 +37,7 @@ class Stats:
     verifying_seconds: float = 0.0  # target forwards over the trees
     overhead_seconds: float = 0.0  # trie, flattening, mask, acceptance walk, cache commit
     drafters: list[DrafterStats] = field(default_factory=list)
+    verifier: str = "rrs"  # the verification rule (treespec.verifiers)
 
     @property
     def tau(self) -> float:
@@ -90,23 +91,16 @@ def _walk_greedy(tree: TokenTree, flat: FlatTree, logits: torch.Tensor) -> tuple
 
 
 def _walk_sampled(tree: TokenTree, flat: FlatTree, logits: torch.Tensor, params: SamplingParams,
-                  gen: torch.Generator) -> tuple[list[int], int]:
-    """Multi-draft iterative speculative sampling down the tree (NOTES.md, one rule for every tree)."""
-    vocab, device = logits.shape[-1], logits.device
-    path, node = [0], 0
-    while True:
-        r = params.probs(logits[flat.index[node]])
-        props = tree.proposals[node]
-        if props:
-            tokens = torch.tensor([p.token for p in props], device=device)
-            q = torch.stack([p.q(vocab, device) for p in props])
-            u = torch.rand(len(props), generator=gen, device=device)
-            k, r = verify_proposals(r, tokens, q, u)
-            if (k := int(k)) >= 0:
-                node = props[k].child
-                path.append(node)
-                continue
-        return path, int(torch.multinomial(r, 1, generator=gen))
+                  verifier: str, coins: verifiers.Coins) -> tuple[list[int], int]:
+    """Run the chosen exact verifier (``treespec.verifiers``) on the tree's target distributions."""
+    probs: dict[int, torch.Tensor] = {}
+
+    def target(node: int) -> torch.Tensor:
+        if node not in probs:
+            probs[node] = params.probs(logits[flat.index[node]]).to(verifiers.DTYPE)
+        return probs[node]
+
+    return verifiers.get(verifier).verify(tree, target, coins)
 
 
 def generate(
@@ -121,6 +115,7 @@ def generate(
     seed: int | None = None,
     budget: int | None = None,
     on_tokens: Callable[[list[int]], None] | None = None,
+    verifier: str = "rrs",
 ) -> GenerateOutput:
     """Generate from ``target`` with tree speculative decoding; the output is exact.
 
@@ -138,8 +133,13 @@ def generate(
         budget: cap on tokens per verification pass, root included; proposals beyond it are
             dropped in proposal order. None means no cap.
         on_tokens: called with each step's committed tokens (for streaming).
+        verifier: the exact verification rule for sampled steps: ``"rrs"`` (token-level, every
+            tree), ``"block"`` (chains) or ``"traversal"`` (trees drafted in the ways it is exact
+            for); see ``docs/verifiers.md``. A tree the verifier is not exact for raises
+            ``treespec.verifiers.NotExactError``. Greedy decoding ignores it (argmax walk).
     """
     params = SamplingParams(temperature, top_k, top_p)
+    verifiers.get(verifier)  # an unknown name fails before any work
     checks.check_model(target)
     checks.check_budget(budget)
     prompt = checks.as_prompt(input_ids)
@@ -156,7 +156,8 @@ def generate(
     for i, d in enumerate(drafters):
         d.reset(prompt, sampling=params.for_draft(), seed=(seed * 1_000_003 + i + 1) % 2**63)
 
-    stats = Stats(drafters=[DrafterStats(d.describe()) for d in drafters])
+    stats = Stats(drafters=[DrafterStats(d.describe()) for d in drafters], verifier=verifier)
+    coins = verifiers.TorchCoins(gen)
     clock = _Clock(device)
     committed = list(prompt)
     new: list[int] = []
@@ -173,6 +174,9 @@ def generate(
 
             tree = TokenTree.rooted_at(committed[-1])
             tree.merge(drafts, budget)
+            if not params.greedy:  # refuse, before the forward, a tree the verifier is not exact for
+                kept = sum(len(props) for props in tree.proposals)
+                verifiers.check_tree(verifier, tree, truncated=kept < sum(len(d) for d in drafts))
             flat = flatten(tree)
             past = cache.length
             allowed = torch.ones(len(flat), past + len(flat), dtype=torch.bool)
@@ -187,7 +191,7 @@ def generate(
             if params.greedy:
                 path, extra = _walk_greedy(tree, flat, logits)
             else:
-                path, extra = _walk_sampled(tree, flat, logits, params, gen)
+                path, extra = _walk_sampled(tree, flat, logits, params, verifier, coins)
             cache.keep(past, past + flat.index[path])
             step_tokens = [tree.tokens[v] for v in path[1:]] + [extra]
             step_tokens = step_tokens[: max_new_tokens - len(new)]

@@ -28,13 +28,13 @@ class Proposal:
     row: int = POINT_MASS
     exclude: tuple[int, ...] = ()
 
-    def q(self, vocab_size: int, device: torch.device) -> torch.Tensor:
-        """The proposal distribution ``q_i`` as a dense float32 vector on ``device``."""
+    def q(self, vocab_size: int, device: torch.device, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The proposal distribution ``q_i`` as a dense vector on ``device`` (float32 unless ``dtype``)."""
         if self.row == POINT_MASS:
-            q = torch.zeros(vocab_size, device=device)
+            q = torch.zeros(vocab_size, device=device, dtype=dtype)
             q[self.token] = 1.0
             return q
-        return draw_without_replacement_q(self.dists[self.row].to(device, torch.float32), self.exclude)
+        return draw_without_replacement_q(self.dists[self.row].to(device, dtype), self.exclude)
 
 
 @dataclass

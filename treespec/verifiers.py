@@ -1,0 +1,418 @@
+"""Exact verification rules for a token tree, pluggable: ``rrs``, ``block``, ``traversal``, ``spectr``.
+
+A verifier sees one step's token tree (its nodes, and at every node the proposals of its children in
+proposal order, each with the distribution ``q`` it was drawn from), the target distribution at
+every node (lazily, through ``target(node)``) and a source of randomness (:class:`Coins`). It returns
+the accepted path (tree nodes, root first) and the extra token drawn where the path stops. Every
+rule here is exact (the committed tokens are distributed as the target's) *for the tree
+constructions it declares* (:data:`VERIFIERS`); ``generate`` refuses the others with a clear error.
+See ``docs/verifiers.md`` for the table and ``docs/design.md`` ("Exactness rule") for the base rule.
+
+Rules:
+
+* ``rrs``: token-level recursive rejection sampling, top-down, child by child (SpecInfer /
+  Sequoia; Leviathan et al. 2023, Algorithm 1, applied to each proposal in turn). Exact for every
+  construction whose proposals carry their genuine ``q`` (point masses included).
+* ``block``: block verification of a single chain (Sun et al., "Block Verification Accelerates
+  Speculative Decoding", ICLR 2025, Algorithm 2). Optimal for one path.
+* ``traversal``: traversal verification of a tree, leaf to root in post-order (Weng et al.,
+  "Traversal Verification for Speculative Tree Decoding", NeurIPS 2025, Algorithm 1); equals
+  ``block`` on a chain. Each proposal is weighed against its own ``q``, which makes it exact for
+  every construction ``rrs`` is exact for.
+* ``spectr``: SpecTr's K-SEQ at every node (Sun et al., "SpecTr: Fast Speculative Decoding via
+  Optimal Transport", NeurIPS 2023), for i.i.d. draws with duplicates kept.
+
+Numerics: the path weights are kept as float64 logarithms (a product of ratios along a deep path
+underflows in float32), ``1 - w`` is computed as ``-expm1(log w)`` (exact near ``w = 1``) and every
+distribution is handled in float64.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+import torch
+
+from .drafting import POINT_MASS
+from .tree import Proposal, TokenTree
+
+Target = Callable[[int], torch.Tensor]  # tree node -> target distribution at that node, float64 [V]
+DTYPE = torch.float64
+
+
+class Coins(Protocol):
+    """The verifier's randomness: every random decision goes through these two calls."""
+
+    def accept(self, prob: float) -> bool:
+        """True with probability ``prob`` (a fresh uniform each call)."""
+
+    def draw(self, dist: torch.Tensor) -> int:
+        """A token drawn from ``dist`` (a probability vector)."""
+
+
+class TorchCoins:
+    """:class:`Coins` from a seeded ``torch.Generator``: fresh float64 uniforms every call."""
+
+    def __init__(self, generator: torch.Generator) -> None:
+        self.generator = generator
+
+    def accept(self, prob: float) -> bool:
+        if prob >= 1.0:
+            return True
+        if prob <= 0.0:
+            return False
+        u = torch.rand((), generator=self.generator, device=self.generator.device, dtype=DTYPE)
+        return bool(u < prob)
+
+    def draw(self, dist: torch.Tensor) -> int:
+        return int(torch.multinomial(dist, 1, generator=self.generator))
+
+
+Verifier = Callable[[TokenTree, Target, Coins], tuple[list[int], int]]
+
+
+def _residual(r: torch.Tensor, q: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """``normalize(max(r - q, 0))`` and the mass before normalising; ``r`` itself when that mass is 0."""
+    res = (r - q).clamp_min_(0.0)
+    mass = float(res.sum())
+    # mass 0 only where rejection had probability 0 (r <= q everywhere); keep r then.
+    return (res / mass, mass) if mass > 0 else (r, 0.0)
+
+
+# -- rrs ----------------------------------------------------------------------------------------
+
+
+def rrs(tree: TokenTree, target: Target, coins: Coins) -> tuple[list[int], int]:
+    """Token-level recursive rejection sampling down the tree.
+
+    At a node with target ``r``, proposal ``x_i ~ q_i`` is accepted with probability
+    ``min(1, r(x_i) / q_i(x_i))`` (Leviathan et al. 2023, Algorithm 1); on rejection
+    ``r <- normalize(max(r - q_i, 0))`` and the next proposal is tried; when none is left, the extra
+    token is drawn from ``r``. Every proposal keeps its own residual update, merged duplicates
+    included. Exact whenever each ``x_i`` is a draw from ``q_i`` given everything before it.
+    """
+    vocab, device = target(0).shape[-1], target(0).device
+    path, node = [0], 0
+    while True:
+        r = target(node)
+        for p in tree.proposals[node]:
+            q = p.q(vocab, device, DTYPE)
+            if coins.accept(math.exp(_log_weight(0.0, float(r[p.token]), float(q[p.token])))):
+                node = p.child
+                path.append(node)
+                break
+            r, _ = _residual(r, q)
+        else:
+            return path, coins.draw(r)
+
+
+# -- block --------------------------------------------------------------------------------------
+
+
+def block(tree: TokenTree, target: Target, coins: Coins) -> tuple[list[int], int]:
+    """Block verification of a chain (Sun et al., ICLR 2025, Algorithm 2).
+
+    With the chain ``x_1..x_g`` (``x_i ~ q_i``), targets ``P_0..P_g`` at its nodes, weights
+    ``p_0 = 1``, ``p_i = min(1, p_{i-1} P_{i-1}(x_i) / q_i(x_i))`` and residual masses
+    ``R_i = sum_x max(p_i P_i(x) - q_{i+1}(x), 0)``, position ``i`` is kept with probability
+    ``h_i = R_i / (R_i + 1 - p_i)`` (``h_g = p_g``); scanning from the deepest position, the first
+    kept ``i`` is the accepted length ``tau``. The extra token is drawn from ``P_g`` if ``tau = g``,
+    else from ``normalize(max(p_tau P_tau - q_{tau+1}, 0))``.
+    """
+    vocab, device = target(0).shape[-1], target(0).device
+    nodes, qs = [0], []
+    while props := tree.proposals[nodes[-1]]:
+        if len(props) > 1:
+            raise ValueError(f"block verification needs a chain; node {nodes[-1]} has {len(props)} proposals")
+        qs.append(props[0].q(vocab, device, DTYPE))
+        nodes.append(props[0].child)
+    g = len(qs)
+    P = torch.stack([target(v) for v in nodes])  # [g + 1, V]
+    if g == 0:
+        return nodes, coins.draw(P[0])
+    x = torch.tensor([tree.tokens[v] for v in nodes[1:]], device=device)
+    Q = torch.stack(qs)  # [g, V]: q_i is row i - 1
+    steps = torch.arange(g, device=device)
+    # log p_i, i = 1..g: a running sum of log ratios, capped at 0 (Algorithm 2, line "p_i = min{...}")
+    log_ratio = P[steps, x].log() - Q[steps, x].clamp_min(1e-300).log()  # -inf where P(x) = 0
+    log_p = torch.zeros(g + 1, dtype=DTYPE, device=device)
+    for i in range(g):
+        log_p[i + 1] = torch.clamp(log_p[i] + log_ratio[i], max=0.0)
+    res = (log_p[:g, None].exp() * P[:g] - Q).clamp_min_(0.0)  # [g, V], positions 0..g-1
+    mass = res.sum(-1)
+    one_minus_p = -torch.expm1(log_p[:g])  # 1 - p_i computed separately
+    denom = mass + one_minus_p
+    h = torch.where(denom > 0, mass / denom.clamp_min(1e-300), torch.ones_like(mass))
+    for tau in range(g, 0, -1):
+        keep = float(log_p[g].exp()) if tau == g else float(h[tau])
+        if coins.accept(keep):
+            break
+    else:
+        tau = 0
+    if tau == g:
+        return nodes, coins.draw(P[g])
+    dist = res[tau] / mass[tau] if mass[tau] > 0 else P[tau]
+    return nodes[: tau + 1], coins.draw(dist)
+
+
+# -- traversal ----------------------------------------------------------------------------------
+
+
+def _weight_after_rejection(mass: float, one_minus_w: float) -> float:
+    """A node's new weight once one child (with its subtree) was rejected: ``R / (R + 1 - w)``.
+
+    ``R = sum_x max(w P(x) - q(x), 0)`` is the residual mass of the rejected child's ``q``. This
+    keeps the node's total acceptance probability equal to ``w`` (Weng et al., Algorithm 1, the
+    update of ``p`` at the parent; on a chain it is ``h_i`` of block verification).
+    """
+    denom = mass + one_minus_w
+    # denom 0: w = 1 and R = 0, i.e. P <= q everywhere, where rejection had probability 0; keep w.
+    return mass / denom if denom > 0 else 1.0
+
+
+def traversal(tree: TokenTree, target: Target, coins: Coins) -> tuple[list[int], int]:
+    """Traversal verification (Weng et al., NeurIPS 2025, Algorithm 1), leaf to root in post-order.
+
+    Every node carries a weight ``w`` (the root 1). A child ``x`` proposed from ``q`` under a node
+    of weight ``w`` and current target ``P`` gets ``min(1, w P(x) / q(x))`` (the sequence-level
+    ratio, computed as a capped running sum of log ratios). The first leaf in post-order is accepted
+    with probability its weight: the whole root-to-leaf path is committed and the extra token drawn
+    from the leaf's (current) target. A rejected child is deleted and its parent updated:
+    ``P <- normalize(max(w P - q, 0))`` and ``w <- R / (R + 1 - w)`` with ``R`` the mass of
+    ``max(w P - q, 0)`` (:func:`_weight_after_rejection`); the parent's next proposal is weighed
+    against the updated ``P`` and ``w``; a node whose proposals are all rejected becomes a leaf. The
+    root's weight stays 1, so it is always accepted. On a chain this is :func:`block`.
+
+    Our version verifies every *proposal* against the distribution it was drawn from, exactly like
+    :func:`rrs`: a point mass for a deterministic candidate, ``q`` for an i.i.d. draw, ``q`` minus
+    the earlier draws for sampling without replacement, and a merged duplicate keeps its own update
+    (its child, already explored and rejected, has weight 0 the second time). Why this is exact
+    whenever every proposal is a draw from its ``q``: by induction over subtrees, a node reached with
+    weight ``w`` is accepted with probability exactly ``w``, and then its continuation follows the
+    target; so a rejected child carries no information about later proposals, and the update above
+    is the one that keeps the parent's acceptance at ``w`` with continuation law ``P``. The rule is
+    *biased* when a proposal is weighed against a distribution it was not drawn from: top-k children
+    weighed against the draft ``q`` (the paper's setting), i.i.d. siblings updated as if drawn without
+    replacement, siblings re-sorted after sampling (tests/test_verifiers.py shows the first two).
+    """
+    vocab, device = target(0).shape[-1], target(0).device
+
+    def visit(node: int, log_w: float) -> tuple[list[int], int] | None:
+        P = target(node)
+        for prop in tree.proposals[node]:
+            child, q = prop.child, prop.q(vocab, device, DTYPE)
+            log_wc = _log_weight(log_w, float(P[prop.token]), float(q[prop.token]))
+            if log_wc > -math.inf and (found := visit(child, log_wc)) is not None:
+                return [node] + found[0], found[1]
+            w = math.exp(log_w)
+            res = (w * P - q).clamp_min_(0.0)
+            mass = float(res.sum())
+            if mass > 0:
+                P = res / mass
+            w_new = _weight_after_rejection(mass, -math.expm1(log_w))
+            log_w = math.log(w_new) if w_new > 0 else -math.inf
+        if node == 0 or coins.accept(math.exp(log_w)):  # the root's weight stays 1
+            return [node], coins.draw(P)
+        return None
+
+    return visit(0, 0.0)
+
+
+def _log_weight(log_w: float, p_x: float, q_x: float) -> float:
+    """``log min(1, w p(x) / q(x))``; ``q(x) == 0`` (never for a genuine draw) counts as ratio 1."""
+    if p_x <= 0 or log_w == -math.inf:
+        return -math.inf
+    return 0.0 if q_x <= 0 else min(0.0, log_w + math.log(p_x) - math.log(q_x))
+
+
+# -- spectr (K-SEQ) -----------------------------------------------------------------------------
+
+
+def kseq_rho(r: torch.Tensor, q: torch.Tensor, k: int, iters: int = 40) -> tuple[float, float]:
+    """SpecTr's division factor for ``k`` i.i.d. draws from ``q`` against target ``r``.
+
+    With ``beta(rho) = sum_x min(q(x), r(x) / rho)`` (one draw's acceptance probability) and
+    ``c(rho) = (1 - (1 - beta)^k) / beta`` (the expected number of tries, each accepting ``x`` with
+    mass ``min(q(x), r(x) / rho)``), the output never exceeds ``r`` iff ``c(rho) <= rho`` (Sun et al.,
+    NeurIPS 2023, K-SEQ, Algorithm 3 and its choice of ``rho``). ``c(1) >= 1`` and ``c(k) <= k``: a
+    bisection keeps a feasible upper end and returns ``(rho, c(rho))`` near the smallest feasible
+    ``rho`` (the largest acceptance).
+    """
+
+    def c_of(rho: float) -> float:
+        beta = float(torch.minimum(q, r / rho).sum())
+        if beta <= 0:
+            return float(k)
+        # (1 - (1 - beta)^k) / beta with the power in log space
+        return -math.expm1(k * math.log1p(-min(beta, 1.0))) / beta if beta < 1 else 1.0
+
+    lo, hi = 1.0, float(k)
+    if c_of(lo) <= lo:
+        return lo, c_of(lo)
+    for _ in range(iters):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (lo, mid) if c_of(mid) <= mid else (mid, hi)
+    return hi, c_of(hi)
+
+
+def spectr(tree: TokenTree, target: Target, coins: Coins) -> tuple[list[int], int]:
+    """SpecTr's K-SEQ at every node, top-down (Sun et al., "SpecTr", NeurIPS 2023, Algorithm 3).
+
+    The ``k`` proposals at a node are i.i.d. draws ``x_1..x_k`` from one ``q`` (duplicates kept).
+    With ``rho`` from :func:`kseq_rho`, draw ``i`` is accepted with probability
+    ``min(1, r(x_i) / (rho q(x_i)))`` in order; if none is, the extra token is drawn from
+    ``normalize(max(r - c min(q, r / rho), 0))`` with ``c = (1 - (1 - beta)^k) / beta``. For ``k = 1``
+    it is the standard rule. Exact only for i.i.d. draws with every duplicate kept as a proposal.
+    """
+    vocab, device = target(0).shape[-1], target(0).device
+    path, node = [0], 0
+    while True:
+        r = target(node)
+        props = tree.proposals[node]
+        if props:
+            q = props[0].q(vocab, device, DTYPE)
+            rho, c = kseq_rho(r, q, len(props))
+            for p in props:
+                if coins.accept(math.exp(_log_weight(-math.log(rho), float(r[p.token]), float(q[p.token])))):
+                    node = p.child
+                    path.append(node)
+                    break
+            else:
+                r, _ = _residual(r, c * torch.minimum(q, r / rho))
+                return path, coins.draw(r)
+            continue
+        return path, coins.draw(r)
+
+
+# -- what each verifier is exact for ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Construction:
+    """How one step's tree was drafted, read off the proposals in the trie.
+
+    ``draws``: ``point_mass`` (every proposal deterministic: top-k, n-gram, dynamic trees),
+    ``without_replacement`` (at every node, draws from one ``q`` with the earlier siblings removed),
+    ``iid`` (at every node, i.i.d. draws from one ``q``; duplicates merged in the trie), ``sampled``
+    (every node has one sampled proposal, so both of the previous readings hold) or ``mixed``.
+    """
+
+    draws: str
+    drafters: int  # drafters with proposals in the tree
+    chain: bool  # every node has at most one proposal
+    merged: bool  # some node's child has several proposals
+    truncated: bool  # the budget dropped proposals
+
+    def describe(self) -> str:
+        draws = {"point_mass": "point-mass proposals", "without_replacement": "draws without replacement",
+                 "iid": "i.i.d. draws", "sampled": "one sampled proposal per node",
+                 "mixed": "a mix of proposal kinds or of draft distributions"}[self.draws]
+        bits = [draws, f"{self.drafters} drafter{'s' * (self.drafters != 1)}"]
+        bits += ["a chain"] if self.chain else []
+        bits += ["merged duplicates"] if self.merged else []
+        bits += ["cut by the budget"] if self.truncated else []
+        return ", ".join(bits)
+
+
+def classify(tree: TokenTree, truncated: bool = False) -> Construction:
+    """The :class:`Construction` of ``tree`` (``truncated``: the budget dropped proposals)."""
+    kinds = {"point_mass", "without_replacement", "iid"}
+    chain, merged, drafters = True, False, set()
+    for props in tree.proposals:
+        if not props:
+            continue
+        chain &= len(props) == 1
+        merged |= len({p.child for p in props}) < len(props)
+        drafters |= {p.drafter for p in props}
+        if all(p.row == POINT_MASS for p in props):
+            kinds &= {"point_mass"}
+            continue
+        if not all(_same_q(props[0], p) for p in props[1:]):
+            kinds = set()
+            continue
+        tokens = [p.token for p in props]
+        node_kinds = {"iid"} if all(not p.exclude for p in props) else set()
+        if all(sorted(p.exclude) == sorted(tokens[:j]) for j, p in enumerate(props)):
+            node_kinds.add("without_replacement")
+        kinds &= node_kinds
+    if kinds == {"without_replacement", "iid"}:
+        draws = "sampled"
+    elif len(kinds) == 1:
+        draws = next(iter(kinds))
+    else:  # empty (mixed), or all three (a tree without proposals: nothing to verify)
+        draws = "mixed" if not kinds else "point_mass"
+    return Construction(draws, len(drafters), chain, merged, truncated)
+
+
+def _same_q(a: Proposal, b: Proposal, atol: float = 1e-6) -> bool:
+    """Both sampled by one drafter from one distribution. A drafter computes the ``q`` of a context
+    once per tree node, so siblings merged into one node carry equal rows computed at different
+    batch positions; they count as one ``q`` when they agree to ``atol`` (float rounding)."""
+    if a.row == POINT_MASS or b.row == POINT_MASS or a.drafter != b.drafter:
+        return False
+    if a.dists is b.dists and a.row == b.row:
+        return True
+    return bool((a.dists[a.row] - b.dists[b.row].to(a.dists.device)).abs().max() <= atol)
+
+
+def _every_construction(c: Construction) -> bool:
+    return True  # every proposal carries the q it was drawn from (docs/design.md, "Exactness rule")
+
+
+def _block_exact(c: Construction) -> bool:
+    return c.chain
+
+
+def _spectr_exact(c: Construction) -> bool:
+    # K-SEQ needs, at every node, a fixed number of i.i.d. draws from one q; a budget cut that
+    # depends on merged duplicates makes that number depend on the draws' values.
+    return c.drafters <= 1 and c.draws in ("iid", "sampled") and not c.truncated
+
+
+@dataclass(frozen=True)
+class VerifierSpec:
+    """A verification rule, the constructions it is exact for, and a one-line summary of them."""
+
+    verify: Verifier
+    exact_for: Callable[[Construction], bool]
+    summary: str
+
+
+VERIFIERS: dict[str, VerifierSpec] = {
+    "rrs": VerifierSpec(rrs, _every_construction, "every construction"),
+    "block": VerifierSpec(block, _block_exact, "chains (one proposal per node)"),
+    "traversal": VerifierSpec(traversal, _every_construction, "every construction (each proposal against its own q)"),
+    "spectr": VerifierSpec(spectr, _spectr_exact,
+                           "one drafter's i.i.d. draws with duplicates kept, not cut by the budget"),
+}
+
+
+class NotExactError(ValueError):
+    """The chosen verifier is not proven exact for the tree construction it was given."""
+
+
+def get(name: str) -> VerifierSpec:
+    """The verifier called ``name``; a clear error for an unknown name."""
+    if name not in VERIFIERS:
+        raise ValueError(f"unknown verifier {name!r}; choose one of {', '.join(VERIFIERS)}")
+    return VERIFIERS[name]
+
+
+def check_tree(name: str, tree: TokenTree, truncated: bool) -> None:
+    """Raise :class:`NotExactError` when verifier ``name`` is not exact for ``tree``'s construction."""
+    if get(name).exact_for is not _every_construction:
+        check_exact(name, classify(tree, truncated))
+
+
+def check_exact(name: str, construction: Construction) -> None:
+    """Raise :class:`NotExactError` when verifier ``name`` is not exact for ``construction``."""
+    if get(name).exact_for(construction):
+        return
+    ok = [n for n, spec in VERIFIERS.items() if spec.exact_for(construction)]
+    raise NotExactError(
+        f"verifier {name!r} is not exact for this tree ({construction.describe()}); it is exact for "
+        f"{VERIFIERS[name].summary}. Verifiers exact for this tree: {', '.join(ok)}. Pick one of them, "
+        "or change the drafters (mode, mix) or the budget."
+    )
