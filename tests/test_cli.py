@@ -38,7 +38,7 @@ def test_help(command, capsys):
 @pytest.mark.slow
 def test_real_pair_greedy_equals_target_alone(capsys):
     """`treespec generate --compare` on HumanEval/100 with the default pair: identical greedy output."""
-    from treespec.models import humaneval_prompts
+    from treespec.datasets import humaneval_prompts
 
     prompt = humaneval_prompts(100, 101)[0]
     code = main(["generate", "--prompt", prompt, "--tree", "chain", "--budget", "5", "--max-new-tokens", "24",

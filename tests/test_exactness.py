@@ -12,7 +12,7 @@ import torch
 import treespec
 from stats import ALPHA, exact_joint, g_test
 from treespec.sampling import spread_seed
-from tiny import perturbed_copy, tiny_model
+from treespec.testing import perturbed_copy, tiny_model
 
 N, K, PROMPT = 3000, 3, [1, 2, 3]
 BUSHY = [(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from tiny import tiny_model
+from treespec.testing import tiny_model
 from tree_builders import sequoia
-from treespec.acceptance import Acceptance
+from treespec.acceptance import MeasuredAcceptance
 from treespec.profile import Profile, choose_tree, draft_level_cost, measure_latency, profile, random_tree
 
 VECTOR = [0.6, 0.15, 0.07, 0.04, 0.025, 0.015, 0.01, 0.008]
@@ -95,7 +95,7 @@ def test_expensive_drafts_choose_shallower_trees():
 
 def test_acceptance_objects_and_errors():
     counts = np.array([[60, 15, 7], [70, 10, 5]])
-    acc = Acceptance.from_counts(counts, np.array([100, 100]), beta=0.6)
+    acc = MeasuredAcceptance.from_counts(counts, np.array([100, 100]), beta=0.6)
     by_vector = choose_tree(acc, GPU, 0.001)
     assert by_vector.tau == pytest.approx(by_vector.shape.expected_tokens(acc.vector))
     by_matrix = choose_tree(acc, GPU, 0.001, per_depth=True)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from tiny import tiny_model
+from treespec.testing import tiny_model
 from treespec.drafting import DraftProposals
 from treespec.kv import TreeCache, causal_allowed, forward_masked
 from treespec.tree import TokenTree, flatten

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 from pathlib import Path
 from typing import Sequence
 
 import torch
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-TREES = ("sequoia", "chain", "kary", "chains", "dynamic")
+from .recipes import DTYPES, TREES, NGramSettings, Recipe, build_drafters, default_acceptance, draft_mode, eos_ids, \
+    load_pair
 
 
 def _positive_int(text: str) -> int:
@@ -54,15 +56,19 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
                    help="model dtype (default: float32 on CPU, bfloat16 on CUDA)")
 
 
-def dtype_for(args: argparse.Namespace) -> torch.dtype:
-    if args.dtype:
-        return DTYPES[args.dtype]
-    return torch.bfloat16 if str(args.device).startswith("cuda") else torch.float32
+def load_models(args: argparse.Namespace, want_draft: bool = True):
+    """Target, its tokenizer and the draft models the options ask for (default draft unless none is wanted)."""
+    from .models import DEFAULT_DRAFT
+
+    names = args.draft if args.draft else ([DEFAULT_DRAFT] if want_draft else [])
+    return load_pair(args.target, names, device=args.device, target_dtype=args.dtype, draft_dtype=args.dtype)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="treespec", description="Exact tree-based speculative decoding for HuggingFace causal LMs.")
+    parser.add_argument("--debug", action="store_true",
+                        help="show the full traceback of an error (also: environment TREESPEC_DEBUG=1)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     g = sub.add_parser("generate", help="generate from a prompt with tree speculative decoding",
@@ -136,53 +142,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def load_pair(args: argparse.Namespace, want_draft: bool = True):
-    """Target, its tokenizer, and the draft models asked for (tokenizers checked against the target)."""
-    from .models import DEFAULT_DRAFT, check_tokenizers, load
-
-    dtype = dtype_for(args)
-    target, tok = load(args.target, device=args.device, dtype=dtype)
-    drafts = []
-    names = args.draft if args.draft else ([DEFAULT_DRAFT] if want_draft else [])
-    for name in names:
-        model, draft_tok = load(name, device=args.device, dtype=dtype)
-        check_tokenizers(tok, draft_tok)
-        drafts.append(model)
-    return target, tok, drafts
-
-
-def default_acceptance(path: Path | None, temperature: float) -> list[float]:
-    """The vector in ``path``, else the one shipped for the built-in pair (greedy or T=1)."""
-    import json
-    from importlib import resources
-
-    if path is None:
-        name = f"data/acceptance-qwen2.5-coder-t{0 if temperature == 0 else 1}.json"
-        text = resources.files("treespec").joinpath(name).read_text()
-    else:
-        text = path.read_text()
-    return json.loads(text)["vector"]
-
-
-def make_drafters(drafts, *, tree: str, budget: int, depth: int | None, temperature: float,
-                  mode: str | None, ngram: bool, acceptance) -> list:
-    """Drafters for a CLI run: each draft model expands the chosen tree; the n-gram drafter last."""
-    from tree_builders import for_budget
-
-    from . import ModelDrafter, NGramDrafter
-
-    drafters = []
-    for model in drafts:
-        if tree == "dynamic":
-            drafters.append(ModelDrafter(model, mode="dynamic", depth=depth or 6, topk=8, nodes=budget - 1))
-            continue
-        shape = for_budget(tree, budget, acceptance if tree == "sequoia" else None, max_depth=depth)
-        m = "sample" if tree == "chains" and temperature > 0 else mode
-        m = m or ("topk" if temperature == 0 else "sample_without_replacement")
-        drafters.append(ModelDrafter(model, shape, m))
-    if ngram:
-        drafters.append(NGramDrafter())
-    return drafters
+def recipe_from_args(args: argparse.Namespace, with_model: bool = True) -> Recipe:
+    """The recipe ``treespec generate`` runs for its options."""
+    sequoia = args.tree == "sequoia" and with_model
+    return Recipe(tree=args.tree, budget=args.budget, depth=args.depth, temperature=args.temperature,
+                  draft_mode=args.draft_mode, ngram=NGramSettings() if args.ngram else None,
+                  acceptance=default_acceptance(args.acceptance, args.temperature) if sequoia else None,
+                  target_dtype=args.dtype, draft_dtype=args.dtype)
 
 
 def encode(tok, text: str, chat: bool) -> list[int]:
@@ -212,21 +178,14 @@ def histogram(hist: list[int], width: int = 40) -> str:
                      for k, n in enumerate(hist))
 
 
-def eos_ids(model, tok) -> list[int]:
-    eos = model.generation_config.eos_token_id
-    eos = [eos] if isinstance(eos, int) else list(eos or [])
-    return eos or ([tok.eos_token_id] if tok.eos_token_id is not None else [])
-
-
 def cmd_generate(args: argparse.Namespace) -> int:
     import treespec
 
     text = args.prompt if args.prompt is not None else args.prompt_file.read_text()
-    target, tok, drafts = load_pair(args, want_draft=not (args.ngram and not args.draft))
-    acceptance = default_acceptance(args.acceptance, args.temperature) if args.tree == "sequoia" else None
-    drafters = make_drafters(drafts, tree=args.tree, budget=args.budget, depth=args.depth,
-                             temperature=args.temperature, mode=args.draft_mode, ngram=args.ngram,
-                             acceptance=acceptance)
+    want_draft = not (args.ngram and not args.draft)
+    recipe = recipe_from_args(args, with_model=want_draft)  # validates before the models load
+    target, tok, drafts = load_models(args, want_draft)
+    drafters = build_drafters(recipe, drafts, max_new_tokens=args.max_new_tokens)
     ids = encode(tok, text, args.chat)
     eos = eos_ids(target, tok)
     stream = Streamer(tok)
@@ -264,11 +223,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_accept(args: argparse.Namespace) -> int:
     from .acceptance import encode_prompts, measure
-    from .models import humaneval_prompts
+    from .datasets import humaneval_prompts
 
-    start, stop = (int(x) for x in args.calib.split(":"))
-    target, tok, drafts = load_pair(args)
-    mode = args.mode or ("topk" if args.temperature == 0 else "sample_without_replacement")
+    start, stop = _calib_range(args.calib)
+    target, tok, drafts = load_models(args)
+    mode = draft_mode("sequoia", args.temperature, args.mode)
     acc = measure(target, drafts[0], encode_prompts(tok, humaneval_prompts(start, stop)), width=args.width,
                   mode=mode, temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
                   max_depth=args.max_depth, prompts_label=f"humaneval[{start}:{stop}]")
@@ -281,9 +240,10 @@ def cmd_accept(args: argparse.Namespace) -> int:
 def cmd_profile(args: argparse.Namespace) -> int:
     from .profile import profile
 
-    target, _, drafts = load_pair(args)
+    vector = default_acceptance(args.acceptance, 0.0)
+    target, _, drafts = load_models(args)
     prof = profile(target, drafts[0], sizes=args.sizes)
-    choice = prof.choose(default_acceptance(args.acceptance, 0.0), budgets=list(range(2, max(args.sizes) + 1)),
+    choice = prof.choose(vector, budgets=list(range(2, max(args.sizes) + 1)),
                          max_depth=args.max_depth)
     t1 = prof.target_latency[1]
     print("tree size | target forward s | relative to 1 token")
@@ -296,14 +256,41 @@ def cmd_profile(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "sweep":
-        from .experiments import main as sweep_main
+def _calib_range(text: str) -> tuple[int, int]:
+    try:
+        start, stop = (int(x) for x in text.split(":"))
+    except ValueError:
+        raise ValueError(f"--calib must look like START:STOP (e.g. 0:20), got {text!r}") from None
+    if not 0 <= start < stop:
+        raise ValueError(f"--calib must have 0 <= START < STOP, got {text!r}")
+    return start, stop
 
-        return sweep_main(argv[1:]) or 0
-    args = build_parser().parse_args(argv)
-    return args.func(args)
+
+#: errors a user can cause (bad option values, missing files, malformed JSON, no CUDA): no traceback
+USER_ERRORS = (ValueError, TypeError, KeyError, FileNotFoundError, IsADirectoryError, json.JSONDecodeError)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``treespec`` command; user errors print ``treespec: error: ...`` and return 2.
+
+    ``--debug`` or ``TREESPEC_DEBUG=1`` re-raises them with their traceback.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = os.environ.get("TREESPEC_DEBUG", "") not in ("", "0") or "--debug" in argv
+    argv = [a for a in argv if a != "--debug"]
+    try:
+        if argv and argv[0] == "sweep":
+            from .sweep.cli import main as sweep_main
+
+            return sweep_main(argv[1:]) or 0
+        args = build_parser().parse_args(argv)
+        return args.func(args)
+    except USER_ERRORS as error:
+        if debug:
+            raise
+        message = error.args[0] if isinstance(error, KeyError) and error.args else error
+        print(f"treespec: error: {message}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
