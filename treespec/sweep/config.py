@@ -37,7 +37,7 @@ def _merge(defaults: dict[str, Any], given: dict[str, Any], where: str = "") -> 
     out = copy.deepcopy(defaults)
     for k, v in given.items():
         if k not in defaults:
-            raise ValueError(f"unknown config key {where}{k!r}; known: {', '.join(sorted(defaults))}")
+            raise ValueError(f"unknown config key {where + k!r}; known: {', '.join(sorted(defaults))}")
         if isinstance(defaults[k], dict) and k != "assisted":  # baselines.assisted: free GenerationConfig kwargs
             if not isinstance(v, dict):
                 raise ValueError(f"config key {where}{k!r} must be a table")
