@@ -1,7 +1,7 @@
 """Sampling exactness end to end: the joint law of the first 3 tokens equals the target's.
 
 Tiny models with a 6-token vocabulary, so the exact joint distribution (216 cells) is computed by
-enumeration; G-test at alpha = 1e-3 with seeds spread by hashing (NOTES.md).
+enumeration; G-test at alpha = 1e-3 with seeds spread by hashing (docs/design.md).
 """
 
 from collections import Counter

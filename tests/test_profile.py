@@ -12,7 +12,7 @@ from treespec.acceptance import MeasuredAcceptance
 from treespec.profile import Profile, choose_tree, draft_level_cost, measure_latency, profile, random_tree
 
 VECTOR = [0.6, 0.15, 0.07, 0.04, 0.025, 0.015, 0.01, 0.008]
-CPU = {1: 0.32, 8: 0.67, 32: 1.12, 64: 1.64, 128: 2.74}  # NOTES.md: the 1.5B target on this kind of CPU
+CPU = {1: 0.32, 8: 0.67, 32: 1.12, 64: 1.64, 128: 2.74}  # the 1.5B target measured on this kind of CPU
 GPU = {1: 0.020, 16: 0.020, 32: 0.021, 64: 0.023, 128: 0.035}  # flat, then the GEMMs start to fill
 
 
