@@ -78,7 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--prompt", metavar="TEXT", help="the prompt text")
     src.add_argument("--prompt-file", type=Path, metavar="F", help="read the prompt from a file")
     add_model_options(g)
-    g.add_argument("--ngram", action="store_true", help="add the n-gram drafter over the running context")
+    g.add_argument("--ngram", action="store_true",
+                   help="add the n-gram drafter over the running context; beside a draft model it reserves up to "
+                        "4 of the budget's nodes, the tree gets the rest")
     g.add_argument("--tree", choices=TREES, default="sequoia", help="tree builder (default: sequoia)")
     g.add_argument("--budget", type=_budget, default=16, metavar="B",
                    help="tokens per verification pass, root included (default: 16)")
