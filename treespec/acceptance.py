@@ -47,8 +47,23 @@ from .verify import point_masses, verify_proposals
 _CHUNK_FLOATS = 1 << 23
 
 
+class JSONFile:
+    """``save``/``load`` for a class with ``to_dict`` and a ``from_dict`` classmethod."""
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write as JSON."""
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(self.to_dict(), f, indent=1)  # type: ignore[attr-defined]
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> Any:
+        """Read a file written by :meth:`save`."""
+        with open(path, encoding="utf-8") as f:
+            return cls.from_dict(json.load(f))  # type: ignore[attr-defined]
+
+
 @dataclass
-class MeasuredAcceptance:
+class MeasuredAcceptance(JSONFile):
     """A measured positional acceptance vector, its per-depth matrix and how it was measured.
 
     ``counts[d, k]``: step roots that reached depth ``d + 1`` and accepted rank ``k`` there;
@@ -117,17 +132,6 @@ class MeasuredAcceptance:
         return cls(vector=np.asarray(d["vector"], dtype=np.float64), matrix=np.asarray(d["matrix"], dtype=np.float64),
                    counts=np.asarray(d["counts"], dtype=np.int64), totals=np.asarray(d["totals"], dtype=np.int64),
                    beta=float(d["beta"]), positions=int(d["positions"]), meta=dict(d.get("meta", {})))
-
-    def save(self, path: str | os.PathLike) -> None:
-        """Write as JSON."""
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(self.to_dict(), f, indent=1)
-
-    @classmethod
-    def load(cls, path: str | os.PathLike) -> "MeasuredAcceptance":
-        """Read a file written by :meth:`save`."""
-        with open(path, encoding="utf-8") as f:
-            return cls.from_dict(json.load(f))
 
     def __repr__(self) -> str:
         head = ", ".join(f"{x:.3f}" for x in self.vector[:4])

@@ -11,37 +11,26 @@ from typing import Sequence
 
 import torch
 
-from .recipes import DTYPES, TREES, NGramSettings, Recipe, build_drafters, default_acceptance, draft_mode, eos_ids, \
-    load_pair
+from .recipes import (DTYPES, STATIC_MODES, TREES, NGramSettings, Recipe, build_drafters, default_acceptance,
+                      draft_mode, eos_ids, load_pair)
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text}")
-    return value
+def _checked(convert, ok, message: str):
+    """An argparse type: ``convert(text)``, refused with ``message`` (formatted with the text) unless ``ok``."""
+    def parse(text: str):
+        value = convert(text)
+        if not ok(value):
+            raise argparse.ArgumentTypeError(message.format(text))
+        return value
+
+    parse.__name__ = convert.__name__  # argparse names the type in its "invalid value" message
+    return parse
 
 
-def _budget(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(
-            f"budget must be >= 1 (tokens per verification pass, root included), got {text}")
-    return value
-
-
-def _temperature(text: str) -> float:
-    value = float(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"temperature must be >= 0 (0 is greedy), got {text}")
-    return value
-
-
-def _top_p(text: str) -> float:
-    value = float(text)
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"top-p must be in (0, 1], got {text}")
-    return value
+_positive_int = _checked(int, lambda v: v >= 1, "must be an integer >= 1, got {}")
+_budget = _checked(int, lambda v: v >= 1, "budget must be >= 1 (tokens per verification pass, root included), got {}")
+_temperature = _checked(float, lambda v: v >= 0, "temperature must be >= 0 (0 is greedy), got {}")
+_top_p = _checked(float, lambda v: 0 < v <= 1, "top-p must be in (0, 1], got {}")
 
 
 def add_model_options(p: argparse.ArgumentParser) -> None:
@@ -56,12 +45,26 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
                    help="model dtype (default: float32 on CPU, bfloat16 on CUDA)")
 
 
+def add_sampling_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--temperature", type=_temperature, default=0.0, metavar="T", help="0 = greedy (default)")
+    p.add_argument("--top-p", type=_top_p, default=1.0, metavar="P")
+
+
 def load_models(args: argparse.Namespace, want_draft: bool = True):
     """Target, its tokenizer and the draft models the options ask for (default draft unless none is wanted)."""
     from .models import DEFAULT_DRAFT
 
     names = args.draft if args.draft else ([DEFAULT_DRAFT] if want_draft else [])
     return load_pair(args.target, names, device=args.device, target_dtype=args.dtype, draft_dtype=args.dtype)
+
+
+def _model_command(sub, name: str, func, out: str, out_help: str, **kwargs) -> argparse.ArgumentParser:
+    """A subcommand with the model options, ``--out`` and its function."""
+    p = sub.add_parser(name, **kwargs)
+    add_model_options(p)
+    p.add_argument("--out", type=Path, default=Path(out), help=f"{out_help} (default: {out})")
+    p.set_defaults(func=func)
+    return p
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -88,11 +91,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--acceptance", type=Path, default=None, metavar="JSON",
                    help="acceptance vector for --tree sequoia (from `treespec accept`; default: the "
                         "vector shipped for the built-in pair)")
-    g.add_argument("--draft-mode", choices=("topk", "sample", "sample_without_replacement"), default=None,
-                   help="how model drafters pick children (default: topk when greedy, "
-                        "sample_without_replacement when sampling; chains always sample)")
-    g.add_argument("--temperature", type=_temperature, default=0.0, metavar="T", help="0 = greedy (default)")
-    g.add_argument("--top-p", type=_top_p, default=1.0, metavar="P")
+    g.add_argument("--draft-mode", choices=STATIC_MODES, default=None,
+                   help="how model drafters pick children (default: topk when greedy; when sampling "
+                        "sample_without_replacement, or sample for --tree chains)")
+    add_sampling_options(g)
     g.add_argument("--top-k", type=int, default=0, metavar="K")
     g.add_argument("--max-new-tokens", type=_positive_int, default=128, metavar="N")
     g.add_argument("--seed", type=int, default=None, metavar="S")
@@ -101,43 +103,36 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also run the target alone (HF generate) and compare speed and output")
     g.set_defaults(func=cmd_generate)
 
-    d = sub.add_parser("demo", help="the main job: the default pair on HumanEval, treespec vs the target alone",
+    d = _model_command(sub, "demo", cmd_demo, "treespec-demo", "where the report and tree PNG go",
+                       help="the main job: the default pair on HumanEval, treespec vs the target alone",
                        description="Load the default model pair, size a tree for this machine, run a few "
                                    "HumanEval prompts with the target alone and with treespec, and report.")
     d.add_argument("--prompts", type=_positive_int, default=3, metavar="N", help="HumanEval prompts (default 3)")
     d.add_argument("--max-new-tokens", type=_positive_int, default=64, metavar="N")
-    d.add_argument("--out", type=Path, default=Path("treespec-demo"), help="where the report and tree PNG go")
-    add_model_options(d)
-    d.set_defaults(func=cmd_demo)
 
-    a = sub.add_parser("accept", help="measure a draft's positional acceptance vector",
+    a = _model_command(sub, "accept", cmd_accept, "acceptance.json", "the JSON file written",
+                       help="measure a draft's positional acceptance vector",
                        description="Measure the positional acceptance vector (and per-depth matrix, beta) of "
                                    "a draft against the target on the target's own continuations of HumanEval "
                                    "calibration prompts; writes JSON usable by --acceptance.")
-    add_model_options(a)
     a.add_argument("--calib", default="0:20", metavar="A:B", help="HumanEval prompts A..B-1 (default 0:20; keep "
                    "them disjoint from the prompts you evaluate on, e.g. 100-163)")
     a.add_argument("--width", type=_positive_int, default=8, help="proposals per position (vector length)")
-    a.add_argument("--mode", choices=("topk", "sample", "sample_without_replacement"), default=None,
+    a.add_argument("--mode", choices=STATIC_MODES, default=None,
                    help="how the draft proposes (default: topk when greedy, else sample_without_replacement)")
-    a.add_argument("--temperature", type=_temperature, default=0.0, metavar="T")
-    a.add_argument("--top-p", type=_top_p, default=1.0, metavar="P")
+    add_sampling_options(a)
     a.add_argument("--max-new-tokens", type=_positive_int, default=48, metavar="N")
     a.add_argument("--max-depth", type=_positive_int, default=8, metavar="D", help="rows of the per-depth matrix")
-    a.add_argument("--out", type=Path, default=Path("acceptance.json"))
-    a.set_defaults(func=cmd_accept)
 
-    pr = sub.add_parser("profile", help="measure latencies and pick a tree for this machine",
+    pr = _model_command(sub, "profile", cmd_profile, "profile.json", "the JSON file written",
+                        help="measure latencies and pick a tree for this machine",
                         description="Measure the target's tree-forward latency per tree size and the draft's cost "
                                     "per level, then pick the (budget, depth) maximising the predicted speedup "
                                     "G(n, d) / (t(n)/t(1) + d c) (Sequoia).")
-    add_model_options(pr)
     pr.add_argument("--sizes", type=_positive_int, nargs="+", default=[1, 2, 4, 8, 16, 32], metavar="N")
     pr.add_argument("--acceptance", type=Path, default=None, metavar="JSON",
                     help="acceptance vector (default: the one shipped for the built-in pair)")
     pr.add_argument("--max-depth", type=_positive_int, default=8, metavar="D")
-    pr.add_argument("--out", type=Path, default=Path("profile.json"))
-    pr.set_defaults(func=cmd_profile)
 
     sub.add_parser("sweep", help="run a tree-budget sweep from a TOML config (see `treespec sweep --help`)",
                    add_help=False)
