@@ -34,8 +34,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
 
-    target = tiny_model(vocab=args.vocab, hidden=args.hidden, layers=args.layers, seed=0).to(args.device)
-    draft = tiny_model(vocab=args.vocab, hidden=args.hidden, layers=1, seed=1).to(args.device)
+    target = tiny_model(vocab=args.vocab, hidden=args.hidden, layers=args.layers, seed=0,
+                        max_positions=4096).to(args.device)
+    draft = tiny_model(vocab=args.vocab, hidden=args.hidden, layers=1, seed=1, max_positions=4096).to(args.device)
     prompt = list(range(1, 33))
     lines = [
         f"# Engine overhead per step (tiny Llama: vocab {args.vocab}, hidden {args.hidden}, {args.layers} layers)",

@@ -26,12 +26,13 @@ def _classes(family: str) -> tuple[Any, Any]:
 
 
 def tiny_model(family: str = "llama", *, vocab: int = 64, seed: int = 0, attn: str = "sdpa", hidden: int = 32,
-               layers: int = 2, scale: float = 1.0) -> torch.nn.Module:
-    """A random model whose logits are scaled by ``scale`` (larger = peakier distributions)."""
+               layers: int = 2, scale: float = 1.0, max_positions: int = 512) -> torch.nn.Module:
+    """A random model whose logits are scaled by ``scale`` (larger = peakier distributions) and whose
+    context holds ``max_positions`` tokens."""
     config_cls, model_cls = _classes(family)
     config = config_cls(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                        max_position_embeddings=4096, tie_word_embeddings=False, attn_implementation=attn)
+                        max_position_embeddings=max_positions, tie_word_embeddings=False, attn_implementation=attn)
     torch.manual_seed(seed)
     model = model_cls(config).eval().float()
     if scale != 1.0:
@@ -125,7 +126,7 @@ def tiny_from_spec(spec: str) -> torch.nn.Module:
             raise ValueError(f"unknown tiny model option {k!r} in {spec!r}; known: {', '.join(opts)}")
         opts[k] = float(v)
     model = tiny_model(parts[1], vocab=int(opts["vocab"]), seed=int(opts["seed"]), hidden=int(opts["hidden"]),
-                       layers=int(opts["layers"]), scale=opts["scale"])
+                       layers=int(opts["layers"]), scale=opts["scale"], max_positions=4096)
     if opts["noise"] > 0:
         model = perturbed_copy(model, opts["noise"], int(opts["noise_seed"]))
     model.config._name_or_path = spec
