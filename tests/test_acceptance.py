@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 import treespec
-from treespec.testing import opposite_copy, perturbed_copy, tiny_model
 from tree_builders import sequoia
 from treespec.acceptance import MeasuredAcceptance, depth_counts, encode_prompts, measure
+from treespec.testing import opposite_copy, perturbed_copy, tiny_model
 
 MODES = ["topk", "sample", "sample_without_replacement"]
 
@@ -31,14 +30,6 @@ MODES = ["topk", "sample", "sample_without_replacement"]
 #: The standard errors are clustered by prompt: positions (and steps) within one continuation are
 #: correlated, and in greedy mode the naive per-step error was about half the clustered one.
 TOLERANCE = 0.03
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models: threads only add overhead (and 2 cores are shared)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

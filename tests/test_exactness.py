@@ -22,7 +22,6 @@ CHAINS = [(0,), (1,), (2,), (0, 0), (1, 0), (2, 0)]  # 3 independent chains of l
 
 @pytest.fixture(scope="module")
 def pair():
-    torch.set_num_threads(1)
     target = tiny_model("llama", vocab=6, hidden=16, layers=1, scale=3, seed=5)
     return target, perturbed_copy(target, 0.6, seed=2)
 
