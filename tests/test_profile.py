@@ -16,14 +16,6 @@ CPU = {1: 0.32, 8: 0.67, 32: 1.12, 64: 1.64, 128: 2.74}  # the 1.5B target measu
 GPU = {1: 0.020, 16: 0.020, 32: 0.021, 64: 0.023, 128: 0.035}  # flat, then the GEMMs start to fill
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def model():
     torch.manual_seed(0)
