@@ -12,25 +12,15 @@ from __future__ import annotations
 
 import argparse
 import platform
-import sys
 from pathlib import Path
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import treespec  # noqa: E402
-from tree_builders import sequoia  # noqa: E402
+import treespec
+from treespec.recipes import Recipe, build_drafters
+from treespec.testing import tiny_model
 
 ACCEPTANCE = [0.55, 0.15, 0.07, 0.04, 0.02, 0.01]
-
-
-def tiny(vocab: int, hidden: int, layers: int, seed: int, device: str) -> torch.nn.Module:
-    config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
-                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=4096, attn_implementation="sdpa")
-    torch.manual_seed(seed)
-    return LlamaForCausalLM(config).eval().to(device)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -44,8 +34,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
 
-    target = tiny(args.vocab, args.hidden, args.layers, 0, args.device)
-    draft = tiny(args.vocab, args.hidden, 1, 1, args.device)
+    target = tiny_model(vocab=args.vocab, hidden=args.hidden, layers=args.layers, seed=0,
+                        max_positions=4096).to(args.device)
+    draft = tiny_model(vocab=args.vocab, hidden=args.hidden, layers=1, seed=1, max_positions=4096).to(args.device)
     prompt = list(range(1, 33))
     lines = [
         f"# Engine overhead per step (tiny Llama: vocab {args.vocab}, hidden {args.hidden}, {args.layers} layers)",
@@ -58,11 +49,12 @@ def main(argv: list[str] | None = None) -> None:
     ]
     for temperature in (0.0, 1.0):
         for budget in args.budgets:
-            shape = sequoia(ACCEPTANCE, budget, max_depth=8)
-            drafter = treespec.ModelDrafter(draft, shape, "topk" if temperature == 0 else "sample_without_replacement")
-            treespec.generate(target, prompt, drafters=[drafter], max_new_tokens=8, temperature=temperature, seed=0)
-            s = treespec.generate(target, prompt, drafters=[drafter], max_new_tokens=args.new_tokens,
-                                  temperature=temperature, seed=1).stats
+            recipe = Recipe(tree="sequoia", budget=budget, depth=8, temperature=temperature, acceptance=ACCEPTANCE)
+            drafters = build_drafters(recipe, [draft], max_new_tokens=args.new_tokens)
+            treespec.generate(target, prompt, drafters=drafters, max_new_tokens=8, temperature=temperature, seed=0,
+                              budget=budget)
+            s = treespec.generate(target, prompt, drafters=drafters, max_new_tokens=args.new_tokens,
+                                  temperature=temperature, seed=1, budget=budget).stats
             per = lambda x: 1000 * x / s.steps
             lines.append(f"| {temperature} | {budget} | {s.steps} | {per(s.overhead_seconds):.2f} | "
                          f"{per(s.verifying_seconds):.2f} | {per(s.drafting_seconds):.2f} | "

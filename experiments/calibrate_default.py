@@ -13,7 +13,9 @@ import argparse
 from pathlib import Path
 
 from treespec.acceptance import encode_prompts, measure
-from treespec.models import DEFAULT_DRAFT, DEFAULT_TARGET, humaneval_prompts, load
+from treespec.datasets import humaneval_prompts
+from treespec.models import DEFAULT_DRAFT, DEFAULT_TARGET, load
+from treespec.recipes import draft_mode
 
 DATA = Path(__file__).resolve().parents[1] / "treespec" / "data"
 
@@ -31,7 +33,7 @@ def main(argv: list[str] | None = None) -> None:
     prompts = encode_prompts(tok, humaneval_prompts(0, args.prompts))
     for t in args.temperatures:
         acc = measure(target, draft, prompts, width=args.width,
-                      mode="topk" if t == 0 else "sample_without_replacement", temperature=t,
+                      mode=draft_mode("sequoia", t), temperature=t,
                       max_new_tokens=args.max_new_tokens, prompts_label=f"humaneval[0:{args.prompts}]")
         path = DATA / f"acceptance-qwen2.5-coder-t{t:g}.json"
         acc.save(path)

@@ -3,34 +3,20 @@
     python experiments/example_api.py
 """
 
-import copy
-
-import torch
-from transformers import LlamaConfig, LlamaForCausalLM
-
 import treespec
-from tree_builders import sequoia
-
-
-def tiny(seed: int) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
-    return LlamaForCausalLM(config).eval()
+from treespec.recipes import NGramSettings, Recipe, build_drafters, shape_for
+from treespec.testing import perturbed_copy, tiny_model
 
 
 def main() -> None:
-    target = tiny(0)
-    draft = copy.deepcopy(target)  # a stand-in for a small model of the same family
-    with torch.no_grad():
-        for p in draft.parameters():
-            p.add_(0.2 * p.std().nan_to_num(0.0) * torch.randn_like(p))
-    shape = sequoia([0.62, 0.12, 0.05, 0.03], budget=8)
-    print(shape)
+    target = tiny_model(vocab=128, hidden=64)
+    draft = perturbed_copy(target, 0.2)  # a stand-in for a small model of the same family
+    # budget 12: the n-gram drafter reserves 4 nodes, the Sequoia tree is sized for the other 8
+    recipe = Recipe(tree="sequoia", budget=12, acceptance=[0.62, 0.12, 0.05, 0.03], ngram=NGramSettings())
+    print(shape_for(recipe))
     prompt = [1, 17, 42, 5, 17, 42, 5, 17]
-    out = treespec.generate(target, prompt,
-                            drafters=[treespec.ModelDrafter(draft, shape, mode="topk"), treespec.NGramDrafter()],
-                            max_new_tokens=48, temperature=0.0, budget=12)
+    out = treespec.generate(target, prompt, drafters=build_drafters(recipe, [draft], max_new_tokens=48),
+                            max_new_tokens=48, temperature=recipe.temperature, budget=recipe.budget)
     plain = treespec.generate(target, prompt, max_new_tokens=48)
     print("new tokens:", out.new_tokens)
     print(f"tau {out.stats.tau:.2f}, accepted per step {out.stats.accepted_hist}, "

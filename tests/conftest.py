@@ -1,8 +1,18 @@
-"""Shared test setup: slow real-model checks run only when asked (TREESPEC_SLOW=1 or -m slow)."""
+"""Shared test setup: one torch thread; slow real-model checks run only when asked (TREESPEC_SLOW=1 or -m slow)."""
 
 import os
 
 import pytest
+import torch
+
+
+@pytest.fixture(scope="session", autouse=True)
+def one_thread():
+    """Tiny models: threads only add overhead (and the machine's cores are shared); the same for every file."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 import treespec
-from tiny import opposite_copy, perturbed_copy, tiny_model
 from tree_builders import sequoia
-from treespec.acceptance import Acceptance, depth_counts, encode_prompts, measure
+from treespec.acceptance import MeasuredAcceptance, depth_counts, encode_prompts, measure
+from treespec.testing import opposite_copy, perturbed_copy, tiny_model
 
 MODES = ["topk", "sample", "sample_without_replacement"]
 
@@ -31,14 +30,6 @@ MODES = ["topk", "sample", "sample_without_replacement"]
 #: The standard errors are clustered by prompt: positions (and steps) within one continuation are
 #: correlated, and in greedy mode the naive per-step error was about half the clustered one.
 TOLERANCE = 0.03
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models: threads only add overhead (and 2 cores are shared)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
@@ -94,12 +85,12 @@ def test_depth_rows_follow_the_steps():
     # depth 3: roots 0, 3, 4 -> ranks -1, 2, -1; depth 4: root 3 -> rank -1 (the last position)
     assert totals.tolist() == [7, 5, 3, 1]
     assert counts.tolist() == [[3, 1, 1], [1, 1, 1], [0, 0, 1], [0, 0, 0]]
-    a = Acceptance.from_counts(counts, totals, beta=0.5)
+    a = MeasuredAcceptance.from_counts(counts, totals, beta=0.5)
     assert np.allclose(a.matrix[1], [0.2, 0.2, 0.2]) and np.allclose(a.vector, [3 / 7, 1 / 7, 1 / 7])
 
 
 def test_rows_without_samples_repeat_the_row_above():
-    a = Acceptance.from_counts(np.array([[2, 1], [1, 0], [0, 0]]), np.array([4, 3, 0]), beta=0.5)
+    a = MeasuredAcceptance.from_counts(np.array([[2, 1], [1, 0], [0, 0]]), np.array([4, 3, 0]), beta=0.5)
     assert np.allclose(a.matrix[2], a.matrix[1]) and np.allclose(a.matrix[1], [1 / 3, 0])
 
 
@@ -107,7 +98,7 @@ def test_json_round_trip(target, prompts, tmp_path):
     a = measure(target, perturbed_copy(target, 0.5), prompts[:2], mode="sample", temperature=0.8, max_new_tokens=16,
                 progress=False, prompts_label="random[0:2]")
     a.save(tmp_path / "acc.json")
-    b = Acceptance.load(tmp_path / "acc.json")
+    b = MeasuredAcceptance.load(tmp_path / "acc.json")
     for name in ("vector", "matrix", "counts", "totals"):
         assert np.array_equal(getattr(a, name), getattr(b, name))
     assert (b.beta, b.positions, b.meta) == (a.beta, a.positions, a.meta)
@@ -117,7 +108,8 @@ def test_json_round_trip(target, prompts, tmp_path):
 def test_merge_of_per_prompt_measurements_equals_one_measurement(target, prompts):
     draft = perturbed_copy(target, 0.5)
     whole = measure(target, draft, prompts[:3], max_new_tokens=16, progress=False)
-    parts = Acceptance.merge([measure(target, draft, [p], max_new_tokens=16, progress=False) for p in prompts[:3]])
+    parts = MeasuredAcceptance.merge([measure(target, draft, [p], max_new_tokens=16, progress=False)
+                                      for p in prompts[:3]])
     assert np.array_equal(whole.counts, parts.counts) and np.array_equal(whole.totals, parts.totals)
     assert parts.beta == pytest.approx(whole.beta) and parts.meta["prompts"] == 3
 
@@ -142,15 +134,15 @@ def test_same_seed_same_measurement_and_bad_inputs_are_refused(target, prompts):
 # ------------------------------------------------------------------ predicted versus measured tau
 
 
-def calibrate(target, draft, prompts, **kwargs) -> list[Acceptance]:
+def calibrate(target, draft, prompts, **kwargs) -> list[MeasuredAcceptance]:
     """One measurement per prompt: pooled for the vector, left out one at a time for its error."""
     return [measure(target, draft, [p], progress=False, seed=i, **kwargs) for i, p in enumerate(prompts)]
 
 
-def predicted(shape, parts: list[Acceptance]) -> tuple[float, float]:
+def predicted(shape, parts: list[MeasuredAcceptance]) -> tuple[float, float]:
     """Expected tokens of ``shape`` under the pooled vector, and its jackknife standard error
     over calibration prompts (positions within a prompt are correlated, prompts are not)."""
-    value = lambda ps: shape.expected_tokens(Acceptance.merge(ps).vector)
+    value = lambda ps: shape.expected_tokens(MeasuredAcceptance.merge(ps).vector)
     n = len(parts)
     loo = np.array([value(parts[:i] + parts[i + 1 :]) for i in range(n)])
     return value(parts), float(np.sqrt((n - 1) / n * ((loo - loo.mean()) ** 2).sum()))
@@ -201,7 +193,7 @@ def calibrated(target, prompts):
 def test_measured_tau_matches_prediction_on_disjoint_prompts(target, prompts, calibrated, case):
     _, temperature, mode = CASES[case]
     draft, parts = calibrated(case)
-    pooled = Acceptance.merge(parts)
+    pooled = MeasuredAcceptance.merge(parts)
     assert 0.2 < pooled.vector[0] < 0.8  # moderate acceptance: the tree matters
     shape = sequoia(pooled.vector, 16, max_depth=8)
     pred, se_pred = predicted(shape, parts)
@@ -214,7 +206,7 @@ def test_the_tau_check_detects_a_wrong_vector(target, prompts, calibrated):
     """Negative control: the vector of a worse draft (noise 0.5 instead of 0.2) must fail the check."""
     draft, _ = calibrated("greedy-topk")
     worse = calibrate(target, perturbed_copy(target, 0.5), prompts[:60], mode="topk", temperature=0.0)
-    shape = sequoia(Acceptance.merge(worse).vector, 16, max_depth=8)
+    shape = sequoia(MeasuredAcceptance.merge(worse).vector, 16, max_depth=8)
     pred, se_pred = predicted(shape, worse)
     tau, se_tau, _ = measured(target, draft, shape, prompts[60:], "topk", 0.0)
     assert abs(tau - pred) > 4 * float(np.hypot(se_tau, se_pred)) + TOLERANCE * pred

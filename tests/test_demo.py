@@ -2,25 +2,14 @@
 
 import argparse
 
-
-from tiny import perturbed_copy, tiny_model
 from treespec import demo
-
-
-class ByteTok:
-    """Bytes of the text folded into a tiny vocabulary."""
-
-    def __init__(self, vocab: int) -> None:
-        self.vocab = vocab
-
-    def __call__(self, text: str) -> dict:
-        return {"input_ids": [b % self.vocab for b in text.encode()][-48:]}
+from treespec.testing import ByteTokenizer, perturbed_copy, tiny_model
 
 
 def test_demo_runs_and_reports(tmp_path, monkeypatch, capsys):
     target = tiny_model("llama", vocab=128, hidden=64, scale=6)
     draft = perturbed_copy(target, 0.2)
-    monkeypatch.setattr(demo, "load_pair", lambda args: (target, ByteTok(128), [draft]))
+    monkeypatch.setattr(demo, "load_models", lambda args: (target, ByteTokenizer(128, max_tokens=48), [draft]))
     args = argparse.Namespace(out=tmp_path, prompts=2, max_new_tokens=16, device="cpu")
     assert demo.run_demo(args) == 0
     out = capsys.readouterr().out

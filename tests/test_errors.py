@@ -5,7 +5,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 import treespec
-from tiny import tiny_model
+from treespec.testing import tiny_model
 
 
 @pytest.fixture(scope="module")

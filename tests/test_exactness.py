@@ -1,7 +1,7 @@
 """Sampling exactness end to end: the joint law of the first 3 tokens equals the target's.
 
 Tiny models with a 6-token vocabulary, so the exact joint distribution (216 cells) is computed by
-enumeration; G-test at alpha = 1e-3 with seeds spread by hashing (NOTES.md).
+enumeration; G-test at alpha = 1e-3 with seeds spread by hashing (docs/design.md).
 """
 
 from collections import Counter
@@ -12,7 +12,7 @@ import torch
 import treespec
 from stats import ALPHA, exact_joint, g_test
 from treespec.sampling import spread_seed
-from tiny import perturbed_copy, tiny_model
+from treespec.testing import perturbed_copy, tiny_model
 
 N, K, PROMPT = 3000, 3, [1, 2, 3]
 BUSHY = [(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]
@@ -22,7 +22,6 @@ CHAINS = [(0,), (1,), (2,), (0, 0), (1, 0), (2, 0)]  # 3 independent chains of l
 
 @pytest.fixture(scope="module")
 def pair():
-    torch.set_num_threads(1)
     target = tiny_model("llama", vocab=6, hidden=16, layers=1, scale=3, seed=5)
     return target, perturbed_copy(target, 0.6, seed=2)
 

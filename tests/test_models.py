@@ -17,7 +17,7 @@ from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import Whitespace
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-from treespec import models
+from treespec import datasets, models
 
 # A byte-level vocabulary transformers' GGUF tokenizer converter accepts: 94 printable ASCII
 # characters, one merge ("a b" -> "ab") and two control tokens.
@@ -284,10 +284,10 @@ def test_check_tokenizers_refuses_other_tokens():
 
 
 def test_humaneval_prompts():
-    prompts = models.humaneval_prompts()
+    prompts = datasets.humaneval_prompts()
     assert len(prompts) == 164
     assert "def has_close_elements" in prompts[0]
-    assert models.humaneval_prompts(1, 3) == prompts[1:3]
+    assert datasets.humaneval_prompts(1, 3) == prompts[1:3]
 
 
 # --- the real default pair (slow; needs the `models` extra) ----------------------------------
@@ -300,7 +300,7 @@ def test_real_defaults_share_a_tokenizer():
     models.check_tokenizers(target_tok, draft_tok)
     assert len(target_tok) == len(draft_tok) == 151_936
     assert target.config.vocab_size == draft.config.vocab_size == 151_936
-    ids = target_tok(models.humaneval_prompts(0, 1)[0], return_tensors="pt").input_ids
+    ids = target_tok(datasets.humaneval_prompts(0, 1)[0], return_tensors="pt").input_ids
     with torch.no_grad():
         t_next, d_next = target(ids).logits[0, -1].argmax(), draft(ids).logits[0, -1].argmax()
     assert int(t_next) == int(d_next)  # both open the body the same way (measured: "    for i in ...")

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from tiny import tiny_model
+from treespec.testing import tiny_model
 from treespec.drafting import DraftProposals
 from treespec.kv import TreeCache, causal_allowed, forward_masked
 from treespec.tree import TokenTree, flatten
@@ -49,6 +49,17 @@ def test_flatten_is_dfs_with_ancestor_mask():
     assert list(flat.depth) == [tree.depth[v] for v in flat.order]
 
 
+def tree_forward(model, prompt: list[int], flat) -> tuple[TreeCache, int, torch.Tensor]:
+    """Prefill all but the prompt's last token, then one masked forward over the flattened tree."""
+    cache = TreeCache()
+    past = len(prompt) - 1
+    forward_masked(model, cache, torch.tensor(prompt[:-1]), torch.arange(past), causal_allowed(0, past))
+    allowed = torch.ones(len(flat), past + len(flat), dtype=torch.bool)
+    allowed[:, past:] = torch.from_numpy(flat.ancestors)
+    logits = forward_masked(model, cache, torch.from_numpy(flat.tokens), torch.from_numpy(past + flat.depth), allowed)
+    return cache, past, logits
+
+
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 def test_tree_logits_equal_path_logits(family, attn):
@@ -58,12 +69,7 @@ def test_tree_logits_equal_path_logits(family, attn):
     tree = random_tree(rng, prompt[-1], 30, 6)
     flat = flatten(tree)
     with torch.no_grad():
-        cache = TreeCache()
-        past = len(prompt) - 1
-        forward_masked(model, cache, torch.tensor(prompt[:-1]), torch.arange(past), causal_allowed(0, past))
-        allowed = torch.ones(len(flat), past + len(flat), dtype=torch.bool)
-        allowed[:, past:] = torch.from_numpy(flat.ancestors)
-        logits = forward_masked(model, cache, torch.from_numpy(flat.tokens), torch.from_numpy(past + flat.depth), allowed)
+        cache, past, logits = tree_forward(model, prompt, flat)
         for node in range(tree.size):
             ids = torch.tensor([prompt + path_to(tree, node)])
             ref = model(ids).logits[0, -1]
@@ -84,12 +90,7 @@ def test_commit_keeps_exactly_the_path(family):
         v = tree.parent[v]
     path_nodes = path_nodes[::-1]
     with torch.no_grad():
-        cache = TreeCache()
-        past = len(prompt) - 1
-        forward_masked(model, cache, torch.tensor(prompt[:-1]), torch.arange(past), causal_allowed(0, past))
-        allowed = torch.ones(len(flat), past + len(flat), dtype=torch.bool)
-        allowed[:, past:] = torch.from_numpy(flat.ancestors)
-        forward_masked(model, cache, torch.from_numpy(flat.tokens), torch.from_numpy(past + flat.depth), allowed)
+        cache, past, _ = tree_forward(model, prompt, flat)
         cache.keep(past, past + flat.index[path_nodes])
         committed = prompt + path_to(tree, leaf)
         assert cache.length == len(committed)

@@ -1,4 +1,4 @@
-"""Positional acceptance vectors, measured on the target's own continuations (NOTES.md).
+"""Positional acceptance vectors, measured on the target's own continuations (docs/design.md, "Definitions").
 
 For each calibration prompt the target first writes its own continuation (greedy, or sampled at
 the requested temperature). The draft and the target then each run ONE teacher-forced forward over
@@ -47,8 +47,23 @@ from .verify import point_masses, verify_proposals
 _CHUNK_FLOATS = 1 << 23
 
 
+class JSONFile:
+    """``save``/``load`` for a class with ``to_dict`` and a ``from_dict`` classmethod."""
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write as JSON."""
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(self.to_dict(), f, indent=1)  # type: ignore[attr-defined]
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> Any:
+        """Read a file written by :meth:`save`."""
+        with open(path, encoding="utf-8") as f:
+            return cls.from_dict(json.load(f))  # type: ignore[attr-defined]
+
+
 @dataclass
-class Acceptance:
+class MeasuredAcceptance(JSONFile):
     """A measured positional acceptance vector, its per-depth matrix and how it was measured.
 
     ``counts[d, k]``: step roots that reached depth ``d + 1`` and accepted rank ``k`` there;
@@ -66,7 +81,7 @@ class Acceptance:
 
     @classmethod
     def from_counts(cls, counts: np.ndarray, totals: np.ndarray, beta: float,
-                    meta: dict[str, Any] | None = None) -> "Acceptance":
+                    meta: dict[str, Any] | None = None) -> "MeasuredAcceptance":
         """Build from raw counts (rows with ``totals == 0`` repeat the previous row)."""
         counts = np.asarray(counts, dtype=np.int64)
         totals = np.asarray(totals, dtype=np.int64)
@@ -80,11 +95,11 @@ class Acceptance:
                    positions=int(totals[0]), meta=dict(meta or {}))
 
     @classmethod
-    def merge(cls, parts: Sequence["Acceptance"]) -> "Acceptance":
+    def merge(cls, parts: Sequence["MeasuredAcceptance"]) -> "MeasuredAcceptance":
         """Pool measurements of the same setting (e.g. one per prompt): counts add up, ``beta`` is
         weighted by positions and ``meta`` is the first part's with the prompt count summed."""
         if not parts:
-            raise ValueError("merge needs at least one Acceptance")
+            raise ValueError("merge needs at least one MeasuredAcceptance")
         shape = parts[0].counts.shape
         if any(p.counts.shape != shape for p in parts):
             raise ValueError(f"cannot merge acceptances of different width/depth: {[p.counts.shape for p in parts]}")
@@ -113,26 +128,21 @@ class Acceptance:
         }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Acceptance":
+    def from_dict(cls, d: dict[str, Any]) -> "MeasuredAcceptance":
         return cls(vector=np.asarray(d["vector"], dtype=np.float64), matrix=np.asarray(d["matrix"], dtype=np.float64),
                    counts=np.asarray(d["counts"], dtype=np.int64), totals=np.asarray(d["totals"], dtype=np.int64),
                    beta=float(d["beta"]), positions=int(d["positions"]), meta=dict(d.get("meta", {})))
 
-    def save(self, path: str | os.PathLike) -> None:
-        """Write as JSON."""
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(self.to_dict(), f, indent=1)
-
-    @classmethod
-    def load(cls, path: str | os.PathLike) -> "Acceptance":
-        """Read a file written by :meth:`save`."""
-        with open(path, encoding="utf-8") as f:
-            return cls.from_dict(json.load(f))
-
     def __repr__(self) -> str:
         head = ", ".join(f"{x:.3f}" for x in self.vector[:4])
-        return (f"Acceptance(vector=[{head}{', ...' if self.width > 4 else ''}] (sum {self.vector.sum():.3f}), "
+        return (f"MeasuredAcceptance(vector=[{head}{', ...' if self.width > 4 else ''}] "
+                f"(sum {self.vector.sum():.3f}), "
                 f"beta={self.beta:.3f}, positions={self.positions}, depth rows={self.matrix.shape[0]})")
+
+
+#: the former name, kept only until ``treespec/profile.py`` imports ``MeasuredAcceptance`` (its owner
+#: switches the import; ``tree_builders.Acceptance`` is the vector-or-matrix type, another concept)
+Acceptance = MeasuredAcceptance
 
 
 def encode_prompts(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
@@ -153,7 +163,7 @@ def model_name(model: torch.nn.Module) -> str:
 
 
 def _proposal_q(q: torch.Tensor, tokens: torch.Tensor, mode: str) -> torch.Tensor:
-    """The distribution each proposal was drawn from, ``[n, w, V]`` (NOTES.md, exact verification)."""
+    """The distribution each proposal was drawn from, ``[n, w, V]`` (docs/design.md, "Exactness rule")."""
     safe = tokens.clamp_min(0)
     if mode == "topk":
         return point_masses(safe, q.shape[-1])
@@ -228,7 +238,7 @@ def measure(
     *,
     eos_token_id: int | Sequence[int] | None = None,
     prompts_label: str | None = None,
-) -> Acceptance:
+) -> MeasuredAcceptance:
     """Measure the positional acceptance vector of ``draft`` against ``target`` (see module doc).
 
     Args:
@@ -299,4 +309,4 @@ def measure(
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "treespec": version(),
     }
-    return Acceptance.from_counts(counts, totals, beta_sum / n_tokens, meta)
+    return MeasuredAcceptance.from_counts(counts, totals, beta_sum / n_tokens, meta)

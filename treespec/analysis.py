@@ -1,6 +1,6 @@
 """Closed-form speculative-decoding math (numpy only).
 
-Conventions (``shared/design/NOTES.md``): *expected tokens* and *tau* include the bonus/correction
+Conventions (``docs/design.md``, "Definitions"): *expected tokens* and *tau* include the bonus/correction
 token, so they are always >= 1; ``gamma`` is the number of drafted tokens; ``c`` is the cost of one
 drafter step relative to one target step.
 """

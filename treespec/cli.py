@@ -3,43 +3,34 @@
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 from pathlib import Path
 from typing import Sequence
 
 import torch
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-TREES = ("sequoia", "chain", "kary", "chains", "dynamic")
+from .recipes import (DTYPES, STATIC_MODES, TREES, NGramSettings, Recipe, build_drafters, default_acceptance,
+                      draft_mode, eos_ids, load_pair)
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text}")
-    return value
+def _checked(convert, ok, message: str):
+    """An argparse type: ``convert(text)``, refused with ``message`` (formatted with the text) unless ``ok``."""
+    def parse(text: str):
+        value = convert(text)
+        if not ok(value):
+            raise argparse.ArgumentTypeError(message.format(text))
+        return value
+
+    parse.__name__ = convert.__name__  # argparse names the type in its "invalid value" message
+    return parse
 
 
-def _budget(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(
-            f"budget must be >= 1 (tokens per verification pass, root included), got {text}")
-    return value
-
-
-def _temperature(text: str) -> float:
-    value = float(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"temperature must be >= 0 (0 is greedy), got {text}")
-    return value
-
-
-def _top_p(text: str) -> float:
-    value = float(text)
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"top-p must be in (0, 1], got {text}")
-    return value
+_positive_int = _checked(int, lambda v: v >= 1, "must be an integer >= 1, got {}")
+_budget = _checked(int, lambda v: v >= 1, "budget must be >= 1 (tokens per verification pass, root included), got {}")
+_temperature = _checked(float, lambda v: v >= 0, "temperature must be >= 0 (0 is greedy), got {}")
+_top_p = _checked(float, lambda v: 0 < v <= 1, "top-p must be in (0, 1], got {}")
 
 
 def add_model_options(p: argparse.ArgumentParser) -> None:
@@ -54,15 +45,33 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
                    help="model dtype (default: float32 on CPU, bfloat16 on CUDA)")
 
 
-def dtype_for(args: argparse.Namespace) -> torch.dtype:
-    if args.dtype:
-        return DTYPES[args.dtype]
-    return torch.bfloat16 if str(args.device).startswith("cuda") else torch.float32
+def add_sampling_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--temperature", type=_temperature, default=0.0, metavar="T", help="0 = greedy (default)")
+    p.add_argument("--top-p", type=_top_p, default=1.0, metavar="P")
+
+
+def load_models(args: argparse.Namespace, want_draft: bool = True):
+    """Target, its tokenizer and the draft models the options ask for (default draft unless none is wanted)."""
+    from .models import DEFAULT_DRAFT
+
+    names = args.draft if args.draft else ([DEFAULT_DRAFT] if want_draft else [])
+    return load_pair(args.target, names, device=args.device, target_dtype=args.dtype, draft_dtype=args.dtype)
+
+
+def _model_command(sub, name: str, func, out: str, out_help: str, **kwargs) -> argparse.ArgumentParser:
+    """A subcommand with the model options, ``--out`` and its function."""
+    p = sub.add_parser(name, **kwargs)
+    add_model_options(p)
+    p.add_argument("--out", type=Path, default=Path(out), help=f"{out_help} (default: {out})")
+    p.set_defaults(func=func)
+    return p
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="treespec", description="Exact tree-based speculative decoding for HuggingFace causal LMs.")
+    parser.add_argument("--debug", action="store_true",
+                        help="show the full traceback of an error (also: environment TREESPEC_DEBUG=1)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     g = sub.add_parser("generate", help="generate from a prompt with tree speculative decoding",
@@ -72,7 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--prompt", metavar="TEXT", help="the prompt text")
     src.add_argument("--prompt-file", type=Path, metavar="F", help="read the prompt from a file")
     add_model_options(g)
-    g.add_argument("--ngram", action="store_true", help="add the n-gram drafter over the running context")
+    g.add_argument("--ngram", action="store_true",
+                   help="add the n-gram drafter over the running context; beside a draft model it reserves up to "
+                        "4 of the budget's nodes, the tree gets the rest")
     g.add_argument("--tree", choices=TREES, default="sequoia", help="tree builder (default: sequoia)")
     g.add_argument("--budget", type=_budget, default=16, metavar="B",
                    help="tokens per verification pass, root included (default: 16)")
@@ -80,11 +91,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--acceptance", type=Path, default=None, metavar="JSON",
                    help="acceptance vector for --tree sequoia (from `treespec accept`; default: the "
                         "vector shipped for the built-in pair)")
-    g.add_argument("--draft-mode", choices=("topk", "sample", "sample_without_replacement"), default=None,
-                   help="how model drafters pick children (default: topk when greedy, "
-                        "sample_without_replacement when sampling; chains always sample)")
-    g.add_argument("--temperature", type=_temperature, default=0.0, metavar="T", help="0 = greedy (default)")
-    g.add_argument("--top-p", type=_top_p, default=1.0, metavar="P")
+    g.add_argument("--draft-mode", choices=STATIC_MODES, default=None,
+                   help="how model drafters pick children (default: topk when greedy; when sampling "
+                        "sample_without_replacement, or sample for --tree chains)")
+    add_sampling_options(g)
     g.add_argument("--top-k", type=int, default=0, metavar="K")
     g.add_argument("--max-new-tokens", type=_positive_int, default=128, metavar="N")
     g.add_argument("--seed", type=int, default=None, metavar="S")
@@ -93,96 +103,49 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also run the target alone (HF generate) and compare speed and output")
     g.set_defaults(func=cmd_generate)
 
-    d = sub.add_parser("demo", help="the main job: the default pair on HumanEval, treespec vs the target alone",
+    d = _model_command(sub, "demo", cmd_demo, "treespec-demo", "where the report and tree PNG go",
+                       help="the main job: the default pair on HumanEval, treespec vs the target alone",
                        description="Load the default model pair, size a tree for this machine, run a few "
                                    "HumanEval prompts with the target alone and with treespec, and report.")
     d.add_argument("--prompts", type=_positive_int, default=3, metavar="N", help="HumanEval prompts (default 3)")
     d.add_argument("--max-new-tokens", type=_positive_int, default=64, metavar="N")
-    d.add_argument("--out", type=Path, default=Path("treespec-demo"), help="where the report and tree PNG go")
-    add_model_options(d)
-    d.set_defaults(func=cmd_demo)
 
-    a = sub.add_parser("accept", help="measure a draft's positional acceptance vector",
+    a = _model_command(sub, "accept", cmd_accept, "acceptance.json", "the JSON file written",
+                       help="measure a draft's positional acceptance vector",
                        description="Measure the positional acceptance vector (and per-depth matrix, beta) of "
                                    "a draft against the target on the target's own continuations of HumanEval "
                                    "calibration prompts; writes JSON usable by --acceptance.")
-    add_model_options(a)
     a.add_argument("--calib", default="0:20", metavar="A:B", help="HumanEval prompts A..B-1 (default 0:20; keep "
                    "them disjoint from the prompts you evaluate on, e.g. 100-163)")
     a.add_argument("--width", type=_positive_int, default=8, help="proposals per position (vector length)")
-    a.add_argument("--mode", choices=("topk", "sample", "sample_without_replacement"), default=None,
+    a.add_argument("--mode", choices=STATIC_MODES, default=None,
                    help="how the draft proposes (default: topk when greedy, else sample_without_replacement)")
-    a.add_argument("--temperature", type=_temperature, default=0.0, metavar="T")
-    a.add_argument("--top-p", type=_top_p, default=1.0, metavar="P")
+    add_sampling_options(a)
     a.add_argument("--max-new-tokens", type=_positive_int, default=48, metavar="N")
     a.add_argument("--max-depth", type=_positive_int, default=8, metavar="D", help="rows of the per-depth matrix")
-    a.add_argument("--out", type=Path, default=Path("acceptance.json"))
-    a.set_defaults(func=cmd_accept)
 
-    pr = sub.add_parser("profile", help="measure latencies and pick a tree for this machine",
+    pr = _model_command(sub, "profile", cmd_profile, "profile.json", "the JSON file written",
+                        help="measure latencies and pick a tree for this machine",
                         description="Measure the target's tree-forward latency per tree size and the draft's cost "
                                     "per level, then pick the (budget, depth) maximising the predicted speedup "
                                     "G(n, d) / (t(n)/t(1) + d c) (Sequoia).")
-    add_model_options(pr)
     pr.add_argument("--sizes", type=_positive_int, nargs="+", default=[1, 2, 4, 8, 16, 32], metavar="N")
     pr.add_argument("--acceptance", type=Path, default=None, metavar="JSON",
                     help="acceptance vector (default: the one shipped for the built-in pair)")
     pr.add_argument("--max-depth", type=_positive_int, default=8, metavar="D")
-    pr.add_argument("--out", type=Path, default=Path("profile.json"))
-    pr.set_defaults(func=cmd_profile)
 
     sub.add_parser("sweep", help="run a tree-budget sweep from a TOML config (see `treespec sweep --help`)",
                    add_help=False)
     return parser
 
 
-def load_pair(args: argparse.Namespace, want_draft: bool = True):
-    """Target, its tokenizer, and the draft models asked for (tokenizers checked against the target)."""
-    from .models import DEFAULT_DRAFT, check_tokenizers, load
-
-    dtype = dtype_for(args)
-    target, tok = load(args.target, device=args.device, dtype=dtype)
-    drafts = []
-    names = args.draft if args.draft else ([DEFAULT_DRAFT] if want_draft else [])
-    for name in names:
-        model, draft_tok = load(name, device=args.device, dtype=dtype)
-        check_tokenizers(tok, draft_tok)
-        drafts.append(model)
-    return target, tok, drafts
-
-
-def default_acceptance(path: Path | None, temperature: float) -> list[float]:
-    """The vector in ``path``, else the one shipped for the built-in pair (greedy or T=1)."""
-    import json
-    from importlib import resources
-
-    if path is None:
-        name = f"data/acceptance-qwen2.5-coder-t{0 if temperature == 0 else 1}.json"
-        text = resources.files("treespec").joinpath(name).read_text()
-    else:
-        text = path.read_text()
-    return json.loads(text)["vector"]
-
-
-def make_drafters(drafts, *, tree: str, budget: int, depth: int | None, temperature: float,
-                  mode: str | None, ngram: bool, acceptance) -> list:
-    """Drafters for a CLI run: each draft model expands the chosen tree; the n-gram drafter last."""
-    from tree_builders import for_budget
-
-    from . import ModelDrafter, NGramDrafter
-
-    drafters = []
-    for model in drafts:
-        if tree == "dynamic":
-            drafters.append(ModelDrafter(model, mode="dynamic", depth=depth or 6, topk=8, nodes=budget - 1))
-            continue
-        shape = for_budget(tree, budget, acceptance if tree == "sequoia" else None, max_depth=depth)
-        m = "sample" if tree == "chains" and temperature > 0 else mode
-        m = m or ("topk" if temperature == 0 else "sample_without_replacement")
-        drafters.append(ModelDrafter(model, shape, m))
-    if ngram:
-        drafters.append(NGramDrafter())
-    return drafters
+def recipe_from_args(args: argparse.Namespace, with_model: bool = True) -> Recipe:
+    """The recipe ``treespec generate`` runs for its options."""
+    sequoia = args.tree == "sequoia" and with_model
+    return Recipe(tree=args.tree, budget=args.budget, depth=args.depth, temperature=args.temperature,
+                  draft_mode=args.draft_mode, ngram=NGramSettings() if args.ngram else None,
+                  acceptance=default_acceptance(args.acceptance, args.temperature) if sequoia else None,
+                  target_dtype=args.dtype, draft_dtype=args.dtype)
 
 
 def encode(tok, text: str, chat: bool) -> list[int]:
@@ -212,21 +175,14 @@ def histogram(hist: list[int], width: int = 40) -> str:
                      for k, n in enumerate(hist))
 
 
-def eos_ids(model, tok) -> list[int]:
-    eos = model.generation_config.eos_token_id
-    eos = [eos] if isinstance(eos, int) else list(eos or [])
-    return eos or ([tok.eos_token_id] if tok.eos_token_id is not None else [])
-
-
 def cmd_generate(args: argparse.Namespace) -> int:
     import treespec
 
     text = args.prompt if args.prompt is not None else args.prompt_file.read_text()
-    target, tok, drafts = load_pair(args, want_draft=not (args.ngram and not args.draft))
-    acceptance = default_acceptance(args.acceptance, args.temperature) if args.tree == "sequoia" else None
-    drafters = make_drafters(drafts, tree=args.tree, budget=args.budget, depth=args.depth,
-                             temperature=args.temperature, mode=args.draft_mode, ngram=args.ngram,
-                             acceptance=acceptance)
+    want_draft = not (args.ngram and not args.draft)
+    recipe = recipe_from_args(args, with_model=want_draft)  # validates before the models load
+    target, tok, drafts = load_models(args, want_draft)
+    drafters = build_drafters(recipe, drafts, max_new_tokens=args.max_new_tokens)
     ids = encode(tok, text, args.chat)
     eos = eos_ids(target, tok)
     stream = Streamer(tok)
@@ -264,11 +220,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_accept(args: argparse.Namespace) -> int:
     from .acceptance import encode_prompts, measure
-    from .models import humaneval_prompts
+    from .datasets import humaneval_prompts
 
-    start, stop = (int(x) for x in args.calib.split(":"))
-    target, tok, drafts = load_pair(args)
-    mode = args.mode or ("topk" if args.temperature == 0 else "sample_without_replacement")
+    start, stop = _calib_range(args.calib)
+    target, tok, drafts = load_models(args)
+    mode = draft_mode("sequoia", args.temperature, args.mode)
     acc = measure(target, drafts[0], encode_prompts(tok, humaneval_prompts(start, stop)), width=args.width,
                   mode=mode, temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
                   max_depth=args.max_depth, prompts_label=f"humaneval[{start}:{stop}]")
@@ -281,9 +237,10 @@ def cmd_accept(args: argparse.Namespace) -> int:
 def cmd_profile(args: argparse.Namespace) -> int:
     from .profile import profile
 
-    target, _, drafts = load_pair(args)
+    vector = default_acceptance(args.acceptance, 0.0)
+    target, _, drafts = load_models(args)
     prof = profile(target, drafts[0], sizes=args.sizes)
-    choice = prof.choose(default_acceptance(args.acceptance, 0.0), budgets=list(range(2, max(args.sizes) + 1)),
+    choice = prof.choose(vector, budgets=list(range(2, max(args.sizes) + 1)),
                          max_depth=args.max_depth)
     t1 = prof.target_latency[1]
     print("tree size | target forward s | relative to 1 token")
@@ -296,14 +253,41 @@ def cmd_profile(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "sweep":
-        from .experiments import main as sweep_main
+def _calib_range(text: str) -> tuple[int, int]:
+    try:
+        start, stop = (int(x) for x in text.split(":"))
+    except ValueError:
+        raise ValueError(f"--calib must look like START:STOP (e.g. 0:20), got {text!r}") from None
+    if not 0 <= start < stop:
+        raise ValueError(f"--calib must have 0 <= START < STOP, got {text!r}")
+    return start, stop
 
-        return sweep_main(argv[1:]) or 0
-    args = build_parser().parse_args(argv)
-    return args.func(args)
+
+#: errors a user can cause (bad option values, missing files, malformed JSON, no CUDA): no traceback
+USER_ERRORS = (ValueError, TypeError, KeyError, FileNotFoundError, IsADirectoryError, json.JSONDecodeError)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``treespec`` command; user errors print ``treespec: error: ...`` and return 2.
+
+    ``--debug`` or ``TREESPEC_DEBUG=1`` re-raises them with their traceback.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = os.environ.get("TREESPEC_DEBUG", "") not in ("", "0") or "--debug" in argv
+    argv = [a for a in argv if a != "--debug"]
+    try:
+        if argv and argv[0] == "sweep":
+            from .sweep.cli import main as sweep_main
+
+            return sweep_main(argv[1:]) or 0
+        args = build_parser().parse_args(argv)
+        return args.func(args)
+    except USER_ERRORS as error:
+        if debug:
+            raise
+        message = error.args[0] if isinstance(error, KeyError) and error.args else error
+        print(f"treespec: error: {message}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

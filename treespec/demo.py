@@ -15,11 +15,28 @@ from pathlib import Path
 
 import torch
 
-from . import ModelDrafter, generate
 from .baselines import hf_generate
-from .cli import default_acceptance, load_pair
-from .models import humaneval_prompts
-from .profile import profile
+from .datasets import humaneval_prompts
+from .engine import generate
+from .profile import Choice, profile
+from .recipes import Recipe, build_drafters, default_acceptance, load_pair
+
+
+def load_models(args: argparse.Namespace):
+    """The target, its tokenizer and the default draft (``--target``/``--draft``/``--device``/``--dtype``)."""
+    from .models import DEFAULT_DRAFT
+
+    return load_pair(args.target, (args.draft or [DEFAULT_DRAFT])[:1], device=args.device, target_dtype=args.dtype,
+                     draft_dtype=args.dtype)
+
+
+def demo_recipe(choice: Choice, vector) -> Recipe:
+    """The demo's tree: the profile's chosen (budget, depth) for a greedy Sequoia tree; budget 1
+    (plain decoding) when no tree pays on this machine. No n-gram guesses: on HumanEval they cost
+    more than they return (experiments/results/drafters-qwen-coder)."""
+    if choice.depth == 0:
+        return Recipe(tree="sequoia", budget=1, acceptance=vector)
+    return Recipe(tree="sequoia", budget=choice.budget, depth=choice.depth, temperature=0.0, acceptance=vector)
 
 
 def run_demo(args: argparse.Namespace) -> int:
@@ -27,7 +44,7 @@ def run_demo(args: argparse.Namespace) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     print(f"treespec demo on {platform.machine()} with {torch.get_num_threads()} threads, device {args.device}")
     print("loading the target and the draft (the first run builds the model cache: a few minutes) ...", flush=True)
-    target, tok, drafts = load_pair(args)
+    target, tok, drafts = load_models(args)
     draft = drafts[0]
 
     print("measuring forward latencies on this machine ...", flush=True)
@@ -44,10 +61,9 @@ def run_demo(args: argparse.Namespace) -> int:
     choice.shape.draw(str(png), acceptance=vector, title=f"treespec demo tree (budget {choice.shape.size})")
     print(f"  tree drawn to {png}\n{choice.shape}")
 
-    # plain decoding if no tree pays; no n-gram guesses: on HumanEval they cost more than they return
-    # (experiments/results/drafters-qwen-coder)
-    drafters = [] if choice.depth == 0 else [ModelDrafter(draft, choice.shape, "topk")]
-    budget = choice.shape.size
+    recipe = demo_recipe(choice, vector)
+    drafters = build_drafters(recipe, [draft], max_new_tokens=args.max_new_tokens)
+    budget = recipe.budget
     prompts = humaneval_prompts(100, 100 + args.prompts)
     rows, totals = [], {"base_s": 0.0, "spec_s": 0.0, "tokens": 0, "steps": 0}
     for i, text in enumerate(prompts):

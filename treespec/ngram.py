@@ -1,6 +1,6 @@
 """A model-free drafter: n-gram frequency tables and prompt lookup over the running context.
 
-Follows the akunu n-gram drafter (``../shared/seeds/akunu-ngram-speculative-decode.txt``): frequency
+Follows the akunu n-gram drafter (a book chapter on n-gram speculative decoding): frequency
 tables for orders ``2..max_order`` (up to ``max_order - 1`` tokens of context), the longest matching
 context first, the most frequent continuation, predictions chained on the drafter's own guesses,
 and a sliding history window. Two things differ from the chapter on purpose:

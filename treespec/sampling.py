@@ -96,7 +96,8 @@ def spread_seed(*parts: object) -> int:
     """A 56-bit seed hashed from ``parts`` (joined with "/").
 
     Seeds of many seeded trials must be spread, not consecutive: consecutive ``torch.Generator``
-    seeds gave a reproducible false failure in one of our statistical checks (NOTES.md).
+    seeds gave a reproducible false failure in one of our statistical checks (docs/design.md,
+    "Exactness rule").
     """
     import hashlib
 

@@ -2,7 +2,7 @@
 
 Node 0 is the root (the last committed token). A node owns the *proposals* of its children in
 proposal order; two proposals of the same token share one child node and both stay in the list,
-because verification must apply both residual updates (NOTES.md, "merged duplicates").
+because verification must apply both residual updates (docs/design.md, "Exactness rule").
 """
 
 from __future__ import annotations

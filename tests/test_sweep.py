@@ -1,4 +1,4 @@
-"""The sweep harness (treespec.experiments) on in-process tiny models: records, resume, report, CLI."""
+"""The sweep harness (treespec.sweep) on in-process tiny models: records, resume, report, CLI."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ import pytest
 
 import tree_builders
 
-from treespec import experiments as E
+import treespec.sweep as E
+from treespec import datasets, testing
+from treespec.recipes import Recipe, shape_for
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "experiments" / "configs" / "tiny.toml"
@@ -100,8 +102,9 @@ def test_report_writes_plots_and_table(full: Path, tmp_path: Path) -> None:
 
 def test_ngram_both_and_the_other_builders(tmp_path: Path) -> None:
     cfg = E.load_config(TINY)
-    cfg["grid"].update(drafters=["ngram", "both"], builders=["kary", "chains", "dynamic"], budgets=[6],
+    cfg["grid"].update(drafters=["ngram", "both"], builders=["kary", "chains", "dynamic"], budgets=[8],
                        temperatures=[1.0])
+    cfg["ngram"]["max_tokens"] = 2
     cfg["data"].update(eval="100:101", max_new_tokens=8)
     cfg["baselines"]["methods"] = ["target"]
     results = E.sweep(cfg, tmp_path, progress=False, make_report=False)
@@ -111,14 +114,16 @@ def test_ngram_both_and_the_other_builders(tmp_path: Path) -> None:
     assert set(tres) == {("ngram", "ngram"), ("both", "kary"), ("both", "chains"), ("both", "dynamic")}
     for (drafters, builder), r in tres.items():
         assert r["result"]["tokens_per_prompt"] == [8]
-        # the model's tree keeps budget 6; in "both" the n-gram's guesses come on top of it
-        assert r["result"]["mean_tree_size"] <= r["result"]["cap"]
-        assert (r["result"]["cap"] == 6) if drafters == "ngram" else (r["result"]["cap"] > 6)
+        # the n-gram reserves 2 of the 8 nodes in "both"; the model's tree is sized for the other 6
+        assert r["result"]["cap"] == 8 and r["result"]["mean_tree_size"] <= 8
+        if builder in ("kary", "chains"):
+            assert r["result"]["tree"]["size"] <= 6
         assert len(r["result"]["drafters"]) == (1 if drafters == "ngram" else 2)
         assert r["speedup"]["target"] > 0 and "greedy_same_as_target" not in r["checks"]
     assert tres[("both", "kary")]["result"]["tree"]["widths"] == [2, 2]  # nodes per level of kary((2, 1))
     assert tres[("both", "chains")]["result"]["tree"]["widths"] == [4]
     assert tres[("both", "kary")]["params"]["mode"] == "sample_without_replacement"
+    assert tres[("both", "chains")]["params"]["mode"] == "sample"  # SpecInfer's independent chains
     assert tres[("both", "dynamic")]["params"]["mode"] == "dynamic"
     assert not list(tmp_path.glob("acceptance-*.json"))  # nothing here needs an acceptance vector
 
@@ -127,13 +132,14 @@ def test_shape_rules() -> None:
     assert [tree_builders.kary_widths(b, 2) for b in (2, 4, 6, 8, 16, 32)] == [
         (1,), (2,), (2, 1), (2, 2), (2, 2, 2), (2, 2, 2, 2)]
     assert tree_builders.kary_widths(32, 2, max_depth=2) == (2, 2)
-    assert E.static_shape("chain", 8, 3, {}).widths == (1, 1, 1)
-    assert E.static_shape("chains", 9, None, {"chains": 4}).widths == (4, 4)
-    assert E.static_shape("chains", 3, None, {"chains": 4}).widths == (2,)
-    seq = E.static_shape("sequoia", 16, 4, {}, [0.6, 0.2, 0.1])
+    assert shape_for(Recipe(tree="chain", budget=8, depth=3)).widths == (1, 1, 1)
+    assert shape_for(Recipe(tree="chain", budget=8), max_new_tokens=4).widths == (1, 1, 1)  # depth <= tokens - 1
+    assert shape_for(Recipe(tree="chains", budget=9, chains=4)).widths == (4, 4)
+    assert shape_for(Recipe(tree="chains", budget=3, chains=4)).widths == (2,)
+    seq = shape_for(Recipe(tree="sequoia", budget=16, depth=4, acceptance=[0.6, 0.2, 0.1]))
     assert seq.size <= 16 and seq.depth <= 4
     with pytest.raises(ValueError):
-        E.static_shape("sequoia", 16, None, {})
+        shape_for(Recipe(tree="sequoia", budget=16))
 
 
 def test_config_is_validated() -> None:
@@ -175,20 +181,20 @@ def test_cli(full: Path, capsys) -> None:
 
 
 def test_tiny_model_specs() -> None:
-    target = E.tiny_model("tiny:qwen2:seed=3:vocab=80:hidden=16:layers=1")
+    target = testing.tiny_from_spec("tiny:qwen2:seed=3:vocab=80:hidden=16:layers=1")
     assert target.config.vocab_size == 80 and target.config.model_type == "qwen2"
-    same = E.tiny_model("tiny:qwen2:seed=3:vocab=80:hidden=16:layers=1")
-    noisy = E.tiny_model("tiny:qwen2:seed=3:vocab=80:hidden=16:layers=1:noise=0.5")
+    same = testing.tiny_from_spec("tiny:qwen2:seed=3:vocab=80:hidden=16:layers=1")
+    noisy = testing.tiny_from_spec("tiny:qwen2:seed=3:vocab=80:hidden=16:layers=1:noise=0.5")
     w = target.lm_head.weight
     assert (same.lm_head.weight == w).all() and not (noisy.lm_head.weight == w).all()
     with pytest.raises(ValueError, match="unknown tiny model option"):
-        E.tiny_model("tiny:llama:sed=0")
+        testing.tiny_from_spec("tiny:llama:sed=0")
 
 
 @pytest.mark.skipif(not any(d.metadata["Name"] == "gensim" for d in importlib.metadata.distributions()),
                     reason="the lee-news prompts ship in the gensim package")
 def test_lee_news_prompts_are_disjoint_text() -> None:
-    prompts = E.dataset_prompts("lee-news")
+    prompts = datasets.dataset_prompts("lee-news")
     assert len(prompts) == len(set(prompts)) == 290 and all(len(p.split()) >= 30 for p in prompts)
     cfg = E.load_config({"data": {"datasets": ["lee-news"], "calib": "0:100", "eval": "100:300"}})
     calib, evals = E.calib_eval_prompts(cfg, "lee-news")

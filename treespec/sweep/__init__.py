@@ -1,0 +1,78 @@
+"""Tree-budget sweeps and comparisons: the research harness behind ``treespec sweep``.
+
+Modules: ``config`` (TOML -> validated dict), ``points`` (the grid, point keys, a point's recipe),
+``runner`` (models, timed calls, the resumable loop), ``records`` (``results.jsonl``), ``report``
+(plots and Markdown), ``cli`` (``treespec sweep``).
+
+A sweep runs a grid of *points* described by a TOML config (``experiments/configs/*.toml``) and
+appends one JSON record per finished point to ``<out>/results.jsonl``. A point is either
+
+* a **treespec** point: ``treespec.generate`` over every evaluation prompt with one drafter set
+  (``model``, ``ngram`` or ``both``), one tree builder and one budget, depth limit, temperature,
+  top-p and seed; or
+* a **baseline** point: HuggingFace ``generate`` on the same prompts: the target alone
+  (``target``), assisted generation with the same draft (``assisted``, ``assistant_model=``) or
+  prompt lookup (``prompt_lookup``, ``prompt_lookup_num_tokens=``).
+
+Fair comparisons. Every method generates exactly ``max_new_tokens`` tokens per prompt: treespec
+runs with ``eos_token_id=None`` and HF with ``min_new_tokens=max_new_tokens`` and an empty
+``eos_token_id`` list (HF would otherwise merge in the model's eos and *suppress* it, which changes
+greedy outputs). Each model's own ``generation_config`` is replaced by a neutral one, so no
+repetition penalty, top-k or other default of a checkpoint leaks into a baseline. The counts are
+checked; a speedup is recorded only when every prompt of both methods has the full count.
+Each point starts with an untimed warm-up (``run.warmup_tokens`` tokens after the last 32 tokens of
+the first evaluation prompt); every timed call is wrapped in ``torch.cuda.synchronize()`` on CUDA.
+Speedup over a baseline is its total wall time divided by the point's, for the same prompts, token
+counts, temperature, top-p and seed. Records keep the machine's load average: on a shared CPU,
+other processes skew every timing (and so every speedup). Greedy points also record how many
+prompts produced exactly the target baseline's tokens (an exactness check; in bf16/fp16 near-ties
+can legitimately differ).
+
+How a treespec point becomes drafters: its builder, budget ``B``, depth limit ``D`` (``"none"`` =
+no limit), temperature, ``grid.model_mode`` (``"auto"`` = the rule) and n-gram options form a
+``treespec.recipes.Recipe``, the same translation ``treespec generate`` and ``treespec demo`` use
+(see that module for the rules: drafting mode, trees from ``tree_builders.for_budget``, how the
+n-gram drafter shares ``B`` with the model's tree). Options of the builders come from the
+``shapes`` table (``kary_width``, ``chains``, ``dynamic_depth``, ``dynamic_topk``). In ``both`` the
+n-gram drafter reserves part of ``B`` and the model's tree is sized for the rest; the step never
+verifies more than ``B`` tokens. For ``drafters = "ngram"`` the builder axis does not apply
+(builder ``"ngram"``).
+
+Acceptance vectors (``treespec.acceptance.measure``) are measured once per (pair, dataset, mode,
+temperature, top-p) on the calibration prompts, cached as ``acceptance-<hash>.json`` in the output
+directory, and always read back from that file. Static-shape points record the tau the vector
+predicts (``TreeShape.expected_tokens``) beside the measured tau.
+
+Datasets (``treespec.datasets``): ``humaneval`` (164 code prompts) and ``lee-news`` (leads of the
+Lee news articles shipped in the PyPI package ``gensim``).
+Calibration and evaluation ranges (``"start:stop"``) must be disjoint: overlapping ranges or a
+shared prompt text raise. Prompts are fed raw, without a chat template (both models are treated as
+text continuers, which is what HumanEval prompts are written for); ``data.max_prompt_tokens`` keeps
+the last tokens of longer prompts.
+
+Resuming: a point's key is a hash of all its parameters (device and dtype included; timings and
+warm-up excluded). Re-running a config skips points already in ``results.jsonl``; records are
+written with flush + fsync as each point finishes, so Ctrl-C or a crash loses only the point in
+progress. A point that raises is written with ``"status": "error"`` and retried on the next run.
+
+Model names: anything ``treespec.models.load`` accepts, or an in-process tiny random model for tests
+(``treespec.testing.tiny_from_spec``): ``"tiny:llama:seed=0"`` /
+``"tiny:qwen2:seed=0:vocab=64:hidden=32:layers=2:scale=4"``, and a draft correlated with it
+``"tiny:llama:seed=0:noise=0.3"`` (the same model plus Gaussian weight noise, ``noise_seed`` 1 by
+default). Tiny models read text as UTF-8 bytes modulo their vocabulary.
+"""
+
+from __future__ import annotations
+
+from .cli import main
+from .config import BASELINES, BUILDERS, DEFAULTS, DRAFTER_SETS, calib_eval_prompts, load_config, pairs, parse_range, \
+    split_ranges
+from .points import Point, acceptance_params, enumerate_points, point_key, point_recipe
+from .records import RESULTS, TIMING_FIELDS, append_record, comparable, read_records
+from .report import report
+from .runner import Sweep, load_model, sweep
+
+__all__ = ["BASELINES", "BUILDERS", "DEFAULTS", "DRAFTER_SETS", "RESULTS", "TIMING_FIELDS", "Point", "Sweep",
+           "acceptance_params", "append_record", "calib_eval_prompts", "comparable", "enumerate_points",
+           "load_config", "load_model", "main", "pairs", "parse_range", "point_key", "point_recipe", "read_records",
+           "report", "split_ranges", "sweep"]

@@ -1,0 +1,62 @@
+"""``treespec sweep``: run or resume a sweep from a TOML config, list its points, or write its report."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from ..recipes import DTYPES
+from .config import load_config
+from .points import enumerate_points
+from .records import RESULTS, read_records
+from .report import report
+from .runner import sweep
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``treespec sweep --config experiments/configs/NAME.toml [--out DIR] [--device D] [--dtype T]``
+    or ``treespec sweep --report results.jsonl``."""
+    ap = argparse.ArgumentParser(
+        prog="treespec sweep",
+        description="Run (or resume) a tree-budget sweep from a TOML config, with HF baselines measured in the same "
+                    "run, and write results.jsonl, plots and README.md. Re-running skips finished points.")
+    ap.add_argument("--config", type=Path, help="TOML config, e.g. experiments/configs/cpu-qwen-coder.toml")
+    ap.add_argument("--out", type=Path, default=None, help="output directory (default experiments/results/<name>)")
+    ap.add_argument("--device", default=None,
+                    help="torch device for both models, e.g. cpu or cuda (overrides run.device)")
+    ap.add_argument("--dtype", choices=tuple(DTYPES), default=None, help="model dtype (overrides run.dtype)")
+    ap.add_argument("--report", type=Path, default=None, metavar="RESULTS_JSONL",
+                    help="only write plots and README.md for an existing results.jsonl")
+    ap.add_argument("--dry-run", action="store_true", help="list the points (and which are finished) and exit")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bar")
+    args = ap.parse_args(argv)
+    if args.report is not None:
+        print(report(args.report))
+        return 0
+    if args.config is None:
+        ap.error("give --config CONFIG.toml (or --report RESULTS_JSONL)")
+    if args.dry_run:
+        cfg = load_config(args.config)
+        if args.device:
+            cfg["run"]["device"] = args.device
+        if args.dtype:
+            cfg["run"]["dtype"] = args.dtype
+        out = args.out or Path("experiments") / "results" / cfg["name"]
+        done = {r["key"] for r in read_records(out / RESULTS) if r.get("status") == "ok"}
+        points = enumerate_points(cfg)
+        for pt in points:
+            print(f"{'done' if pt.key in done else 'todo'}  {pt.key}  {pt.label}")
+        kinds = {k: sum(pt.kind == k for pt in points) for k in ("baseline", "treespec")}
+        print(f"{len(points)} points ({kinds['baseline']} baselines, {kinds['treespec']} treespec), "
+              f"{sum(pt.key in done for pt in points)} finished")
+        return 0
+    results = sweep(args.config, args.out, progress=not args.no_progress, device=args.device, dtype=args.dtype)
+    print(results)
+    print(results.parent / "README.md")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,139 @@
+"""The points of a sweep grid, their keys, and the recipe of a treespec point."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from tree_builders import TreeShape
+
+from ..recipes import STATIC_MODES, NGramSettings, Recipe, draft_mode
+from .config import pairs, split_ranges
+
+
+@dataclass(frozen=True)
+class Point:
+    """One grid point: its parameters (JSON values) and the key that identifies it."""
+
+    params: dict[str, Any]
+    key: str
+
+    @property
+    def kind(self) -> str:
+        return self.params["kind"]
+
+    @property
+    def label(self) -> str:
+        p = self.params
+        if p["kind"] == "baseline":
+            return f"{p['dataset']} T={p['temperature']} {p['method']}"
+        depth = "" if p["max_depth"] is None else f" d<={p['max_depth']}"
+        return f"{p['dataset']} T={p['temperature']} {p['drafters']}/{p['builder']} B={p['budget']}{depth}"
+
+
+def point_key(params: dict[str, Any]) -> str:
+    """A stable hash of a point's full parameters."""
+    blob = json.dumps(params, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def acceptance_params(cfg: dict[str, Any], target: str, draft: str, dataset: str, mode: str,
+                      temperature: float, top_p: float) -> dict[str, Any]:
+    """Everything an acceptance measurement depends on (its cache key)."""
+    calib, _ = split_ranges(cfg, dataset)
+    a = cfg["acceptance"]
+    return {"target": target, "draft": draft, "dataset": dataset, "calib": list(calib),
+            "max_prompt_tokens": int(cfg["data"]["max_prompt_tokens"]), "mode": mode,
+            "temperature": float(temperature), "top_p": float(top_p), "width": int(a["width"]),
+            "max_new_tokens": int(a["max_new_tokens"]), "max_depth": int(a["max_depth"]),
+            "device": cfg["run"]["device"], "dtype": cfg["run"]["dtype"]}
+
+
+def enumerate_points(cfg: dict[str, Any]) -> list[Point]:
+    """Every point of the grid, in run order: per pair, dataset, temperature, top-p and seed, the
+    baselines first (treespec points read their timings), then the treespec points."""
+    g, run = cfg["grid"], cfg["run"]
+    points: list[Point] = []
+    seen: set[str] = set()
+
+    def add(params: dict[str, Any]) -> None:
+        key = point_key(params)
+        if key not in seen:
+            seen.add(key)
+            points.append(Point(params, key))
+
+    for target, draft in pairs(cfg):
+        for dataset in cfg["data"]["datasets"]:
+            _, evals = split_ranges(cfg, dataset)
+            for temperature in g["temperatures"]:
+                for top_p in g["top_p"]:
+                    for seed in g["seeds"]:
+                        common = {"target": target, "dataset": dataset, "eval": list(evals),
+                                  "max_new_tokens": int(cfg["data"]["max_new_tokens"]),
+                                  "max_prompt_tokens": int(cfg["data"]["max_prompt_tokens"]),
+                                  "temperature": float(temperature), "top_p": float(top_p), "seed": int(seed),
+                                  "device": run["device"], "dtype": run["dtype"]}
+                        for method in cfg["baselines"]["methods"]:
+                            add(baseline_params(cfg, common, method, draft))
+                        for drafters in g["drafters"]:
+                            for builder in (["ngram"] if drafters == "ngram" else g["builders"]):
+                                for max_depth in g["max_depths"]:
+                                    for budget in g["budgets"]:
+                                        add(treespec_params(cfg, common, draft, drafters, builder, budget, max_depth))
+    return points
+
+
+def baseline_params(cfg: dict[str, Any], common: dict[str, Any], method: str, draft: str) -> dict[str, Any]:
+    b = cfg["baselines"]
+    params = {"kind": "baseline", "method": method, **common}
+    if method == "assisted":
+        params.update(draft=draft, assisted=dict(sorted(b["assisted"].items())))
+    if method == "prompt_lookup":
+        params.update(prompt_lookup_num_tokens=int(b["prompt_lookup_num_tokens"]),
+                      max_matching_ngram_size=int(b["max_matching_ngram_size"]))
+    return params
+
+
+def treespec_params(cfg: dict[str, Any], common: dict[str, Any], draft: str, drafters: str, builder: str,
+                     budget: int, max_depth: int | None) -> dict[str, Any]:
+    params: dict[str, Any] = {"kind": "treespec", **common, "drafters": drafters, "builder": builder,
+                              "budget": int(budget), "max_depth": max_depth}
+    if drafters in ("ngram", "both"):
+        params["ngram"] = dict(cfg["ngram"])
+    if drafters in ("model", "both"):
+        params["draft"] = draft
+        model_mode = cfg["grid"]["model_mode"]
+        params["mode"] = draft_mode(builder, common["temperature"], None if model_mode == "auto" else model_mode)
+        s = cfg["shapes"]
+        if builder == "kary":
+            params["kary_width"] = int(s["kary_width"])
+        elif builder == "chains":
+            params["chains"] = int(s["chains"])
+        elif builder == "dynamic":
+            params.update(dynamic_depth=int(s["dynamic_depth"]), dynamic_topk=int(s["dynamic_topk"]))
+        elif builder == "sequoia":
+            params["acceptance"] = acceptance_params(cfg, common["target"], draft, common["dataset"], params["mode"],
+                                                     common["temperature"], common["top_p"])
+            params["acceptance_use"] = cfg["acceptance"]["use"]
+    return params
+
+
+def point_recipe(p: dict[str, Any], acceptance: Any = None) -> Recipe:
+    """The recipe of treespec point ``p`` (``acceptance``: the vector or matrix its sequoia tree needs)."""
+    n = p.get("ngram")
+    ngram = None if n is None else NGramSettings(max_order=int(n["max_order"]), max_tokens=int(n["max_tokens"]),
+                                                 width=int(n["width"]), window=int(n["window"]), mode=n["mode"])
+    mode = p.get("mode")
+    return Recipe(tree="chain" if p["builder"] == "ngram" else p["builder"], budget=p["budget"], depth=p["max_depth"],
+                  temperature=p["temperature"], draft_mode=mode if mode in STATIC_MODES else None, ngram=ngram,
+                  acceptance=acceptance, kary_width=int(p.get("kary_width", 2)), chains=p.get("chains"),
+                  dynamic_depth=int(p.get("dynamic_depth", 6)), dynamic_topk=int(p.get("dynamic_topk", 8)),
+                  target_dtype=p["dtype"], draft_dtype=p["dtype"])
+
+
+def shape_record(shape: TreeShape) -> dict[str, Any]:
+    """A tree as a record stores it."""
+    return {"paths": [list(p) for p in shape.paths], "size": shape.size, "depth": shape.depth,
+            "widths": list(shape.widths)}

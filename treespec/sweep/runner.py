@@ -1,0 +1,398 @@
+"""Running a sweep: models of the current pair, each point's drafters and timed calls, and the
+resumable loop that appends one record per point."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+import torch
+
+from ..baselines import hf_generate, sync
+from ..engine import generate
+from ..models import check_tokenizers, load
+from ..recipes import DTYPES, build_drafters, plan
+from ..sampling import spread_seed
+from ..testing import ByteTokenizer, tiny_from_spec
+from .config import calib_eval_prompts, check, load_config, pairs
+from .points import Point, baseline_params, acceptance_params, enumerate_points, point_key, point_recipe, \
+    shape_record
+from .records import RESULTS, append_record, meta, read_records, repair_tail
+from .report import report
+
+#: the acceptance measurement (``treespec.acceptance.measure`` or a stand-in with its signature)
+Measure = Callable[..., Any]
+
+
+def load_model(spec: str, device: str, dtype: str) -> tuple[torch.nn.Module, Any]:
+    """Load a model by name (``treespec.models.load``) or build a tiny one; returns (model, tokenizer).
+
+    The model's ``generation_config`` is replaced by a neutral one (every baseline sets its
+    sampling explicitly, and no checkpoint default may leak in).
+    """
+    from transformers import GenerationConfig
+
+    if spec.startswith("tiny:"):
+        model = tiny_from_spec(spec).to(device=device, dtype=DTYPES[dtype])
+        tokenizer: Any = ByteTokenizer(model.config.vocab_size)
+    else:
+        model, tokenizer = load(spec, device=device, dtype=DTYPES[dtype])
+    model.generation_config = GenerationConfig()
+    return model, tokenizer
+
+
+def encode(tokenizer: Any, text: str, max_tokens: int = 0) -> list[int]:
+    """Raw text -> ids (no chat template); keeps the last ``max_tokens`` ids when ``max_tokens > 0``."""
+    ids = list(tokenizer(text)["input_ids"])
+    return ids[-max_tokens:] if max_tokens > 0 else ids
+
+
+def _pad_id(tokenizer: Any) -> int:
+    pad = getattr(tokenizer, "pad_token_id", None)
+    if pad is None:
+        pad = getattr(tokenizer, "eos_token_id", None)
+    return 0 if pad is None else int(pad)
+
+
+def _add_hist(a: list[int], b: list[int]) -> list[int]:
+    """Elementwise sum of two histograms of different lengths."""
+    return [(a[i] if i < len(a) else 0) + (b[i] if i < len(b) else 0) for i in range(max(len(a), len(b)))]
+
+
+def _digest(tokens: Sequence[int]) -> str:
+    return hashlib.sha1(json.dumps([int(t) for t in tokens]).encode()).hexdigest()[:16]
+
+
+@contextlib.contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """Silence transformers' per-call generation warnings (restored afterwards)."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+
+
+class _Models:
+    """Models of the current pair, loaded once and kept while the pair's points run."""
+
+    def __init__(self, device: str, dtype: str) -> None:
+        self.device, self.dtype = device, dtype
+        self.loaded: dict[str, tuple[torch.nn.Module, Any]] = {}
+
+    def get(self, spec: str) -> tuple[torch.nn.Module, Any]:
+        if spec not in self.loaded:
+            self.loaded[spec] = load_model(spec, self.device, self.dtype)
+        return self.loaded[spec]
+
+    def keep_only(self, specs: set[str]) -> None:
+        for spec in list(self.loaded):
+            if spec not in specs:
+                del self.loaded[spec]
+
+
+class Sweep:
+    """State of one sweep run: the config, the output files, loaded models and cached acceptances."""
+
+    def __init__(self, cfg: dict[str, Any], out_dir: Path, progress: bool, measure: Measure | None) -> None:
+        self.cfg = cfg
+        self.out = out_dir
+        self.results = out_dir / RESULTS
+        self.progress = progress
+        self._measure = measure
+        self.models = _Models(cfg["run"]["device"], cfg["run"]["dtype"])
+        self.records: dict[str, dict[str, Any]] = {}
+        self.prompts: dict[tuple[str, str, str], list[list[int]]] = {}
+        self.checked_pairs: set[tuple[str, str]] = set()
+
+    def draft_model(self, target: str, draft: str) -> torch.nn.Module:
+        """The draft, after checking once that it shares the target's tokenizer (real models)."""
+        model, tokenizer = self.models.get(draft)
+        if (target, draft) not in self.checked_pairs:
+            target_tok = self.models.get(target)[1]
+            if not isinstance(tokenizer, ByteTokenizer) and not isinstance(target_tok, ByteTokenizer):
+                check_tokenizers(target_tok, tokenizer)
+            self.checked_pairs.add((target, draft))
+        return model
+
+    # -- inputs ---------------------------------------------------------------------------------
+    def token_prompts(self, spec: str, dataset: str, which: str) -> list[list[int]]:
+        """Tokenised calibration (``which="calib"``) or evaluation prompts for ``spec``'s tokenizer."""
+        key = (spec, dataset, which)
+        if key not in self.prompts:
+            _, tokenizer = self.models.get(spec)
+            calib, evals = calib_eval_prompts(self.cfg, dataset)
+            max_tokens = int(self.cfg["data"]["max_prompt_tokens"])
+            self.prompts[key] = [encode(tokenizer, t, max_tokens) for t in (calib if which == "calib" else evals)]
+        return self.prompts[key]
+
+    def acceptance(self, params: dict[str, Any]) -> tuple[Any, str]:
+        """The acceptance measured for ``params`` (see :func:`acceptance_params`), from its JSON cache."""
+        from ..acceptance import MeasuredAcceptance
+
+        path = self.out / f"acceptance-{point_key(params)}.json"
+        if not path.exists():
+            measure = self._measure
+            if measure is None:
+                from ..acceptance import measure
+            target, _ = self.models.get(params["target"])
+            draft = self.draft_model(params["target"], params["draft"])
+            calib = self.token_prompts(params["target"], params["dataset"], "calib")
+            acc = measure(target, draft, calib, width=params["width"], mode=params["mode"],
+                          temperature=params["temperature"], top_p=params["top_p"],
+                          max_new_tokens=params["max_new_tokens"], max_depth=params["max_depth"],
+                          progress=self.progress, prompts_label=f"{params['dataset']}[{params['calib'][0]}:"
+                                                                 f"{params['calib'][1]}]")
+            tmp = path.with_suffix(".tmp")
+            acc.save(tmp)
+            os.replace(tmp, path)
+        return MeasuredAcceptance.load(path), path.name
+
+    # -- one point ------------------------------------------------------------------------------
+    def run_point(self, point: Point) -> dict[str, Any]:
+        p = point.params
+        target, tokenizer = self.models.get(p["target"])
+        prompts = self.token_prompts(p["target"], p["dataset"], "eval")
+        if p["kind"] == "baseline":
+            draft = self.draft_model(p["target"], p["draft"]) if p["method"] == "assisted" else None
+            return self._run_baseline(p, target, draft, prompts, _pad_id(tokenizer))
+        return self._run_treespec(p, target, prompts)
+
+    def _drafters(self, p: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+        """The drafters of a treespec point (its recipe, ``treespec.recipes``) and what the record says
+        about its tree."""
+        info: dict[str, Any] = {}
+        with_model = p["drafters"] in ("model", "both")
+        acc = None
+        if with_model and p["builder"] != "dynamic" and (p["builder"] == "sequoia" or p["drafters"] == "model"):
+            # sequoia needs the acceptance; for the other static trees it gives a prediction
+            acc_params = p.get("acceptance") or acceptance_params(
+                self.cfg, p["target"], p["draft"], p["dataset"], p["mode"], p["temperature"], p["top_p"])
+            acceptance, name = self.acceptance(acc_params)
+            use = p.get("acceptance_use", self.cfg["acceptance"]["use"])
+            acc = acceptance.matrix if use == "matrix" else acceptance.vector
+            info["acceptance"] = {"file": name, "mode": p["mode"], "use": use,
+                                  "vector": [float(x) for x in acceptance.vector], "beta": float(acceptance.beta)}
+        recipe = point_recipe(p, acc if p["builder"] == "sequoia" else None)
+        drafts = [self.draft_model(p["target"], p["draft"])] if with_model else []
+        the_plan = plan(recipe, with_model=with_model, max_new_tokens=p["max_new_tokens"])
+        if the_plan.shape is not None:
+            info["tree"] = shape_record(the_plan.shape)
+            if acc is not None and p["drafters"] == "model":
+                info["predicted_tau"] = the_plan.shape.expected_tokens(acc)
+        info["cap"] = recipe.budget
+        return build_drafters(recipe, drafts, max_new_tokens=p["max_new_tokens"]), info
+
+    def _run_treespec(self, p: dict[str, Any], target: torch.nn.Module, prompts: list[list[int]]) -> dict[str, Any]:
+        drafters, info = self._drafters(p)
+        device = next(target.parameters()).device
+        n = p["max_new_tokens"]
+
+        def call(ids: list[int], tokens: int, seed: int):
+            return generate(target, ids, drafters, max_new_tokens=tokens, temperature=p["temperature"],
+                            top_p=p["top_p"], eos_token_id=None, seed=seed, budget=info["cap"])
+
+        outs, walls = self._timed(call, prompts, n, p["seed"], device)
+        counts, digests, tree_sizes = [], [], []
+        hist: list[int] = []
+        parts = dict(prefill_seconds=0.0, drafting_seconds=0.0, verifying_seconds=0.0, overhead_seconds=0.0)
+        steps = 0
+        per_drafter: list[dict[str, Any]] = []
+        for out in outs:
+            s = out.stats
+            counts.append(len(out.new_tokens))
+            digests.append(_digest(out.new_tokens))
+            steps += s.steps
+            tree_sizes += s.tree_sizes
+            hist = _add_hist(hist, s.accepted_hist)
+            for k in parts:
+                parts[k] += getattr(s, k)
+            if not per_drafter:
+                per_drafter = [{"name": d.name, "proposed": 0, "accepted": 0} for d in s.drafters]
+            for acc, d in zip(per_drafter, s.drafters):
+                acc["proposed"] += d.proposed
+                acc["accepted"] += d.accepted
+        total = sum(counts)
+        wall = sum(walls)
+        result = {"prompts": len(prompts), "prompt_tokens": [len(x) for x in prompts], "tokens_per_prompt": counts,
+                  "new_tokens": total, "complete": all(c == n for c in counts), "steps": steps,
+                  "tau": total / steps if steps else 0.0, "accepted_hist": hist,
+                  "mean_tree_size": float(np.mean(tree_sizes)) if tree_sizes else 0.0, "drafters": per_drafter,
+                  "output_digests": digests, **info}
+        timing = {"wall_seconds": wall, "per_prompt_seconds": walls,
+                  "tokens_per_second": total / wall if wall else 0.0, **parts}
+        return {"result": result, "timing": timing}
+
+    def _timed(self, call: Callable[[list[int], int, int], Any], prompts: list[list[int]], n: int, seed: int,
+               device: torch.device) -> tuple[list[Any], list[float]]:
+        """One warm-up call, then ``call(ids, n, seed_i)`` per prompt, each timed with GPU synchronisation."""
+        warm = int(self.cfg["run"]["warmup_tokens"])
+        if warm > 0:
+            call(prompts[0][-32:], min(warm, n), spread_seed("sweep", seed, -1))
+        outs, walls = [], []
+        for i, ids in enumerate(prompts):
+            sync(device)
+            t0 = time.perf_counter()
+            outs.append(call(ids, n, spread_seed("sweep", seed, i)))
+            sync(device)
+            walls.append(time.perf_counter() - t0)
+        return outs, walls
+
+    def _run_baseline(self, p: dict[str, Any], target: torch.nn.Module, draft: torch.nn.Module | None,
+                      prompts: list[list[int]], pad_id: int) -> dict[str, Any]:
+        device = next(target.parameters()).device
+        n = p["max_new_tokens"]
+
+        def call(ids: list[int], tokens: int, seed: int) -> list[int]:
+            lookup = p["method"] == "prompt_lookup"
+            with _quiet_transformers():
+                new, _ = hf_generate(target, ids, tokens, temperature=p["temperature"], top_p=p["top_p"],
+                                     pad_token_id=pad_id, seed=seed, assistant_model=draft,
+                                     assistant_config=p.get("assisted"),
+                                     prompt_lookup_num_tokens=p["prompt_lookup_num_tokens"] if lookup else None,
+                                     max_matching_ngram_size=p["max_matching_ngram_size"] if lookup else None)
+            return new
+
+        outs, walls = self._timed(call, prompts, n, p["seed"], device)
+        counts = [len(new) for new in outs]
+        digests = [_digest(new) for new in outs]
+        total, wall = sum(counts), sum(walls)
+        result = {"prompts": len(prompts), "prompt_tokens": [len(x) for x in prompts], "tokens_per_prompt": counts,
+                  "new_tokens": total, "complete": all(c == n for c in counts), "output_digests": digests}
+        timing = {"wall_seconds": wall, "per_prompt_seconds": walls, "tokens_per_second": total / wall if wall else 0.0}
+        return {"result": result, "timing": timing}
+
+    # -- comparisons ----------------------------------------------------------------------------
+    def baselines_for(self, p: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        """Finished baseline records measured on the same prompts and settings as treespec point ``p``."""
+        common = {k: p[k] for k in ("target", "dataset", "eval", "max_new_tokens", "max_prompt_tokens",
+                                    "temperature", "top_p", "seed", "device", "dtype")}
+        out: dict[str, dict[str, Any]] = {}
+        for method in self.cfg["baselines"]["methods"]:
+            draft = p.get("draft") or pairs_draft(self.cfg, p["target"])
+            rec = self.records.get(point_key(baseline_params(self.cfg, common, method, draft)))
+            if rec is not None and rec.get("status") == "ok":
+                out[method] = rec
+        return out
+
+    def compare(self, p: dict[str, Any], record: dict[str, Any]) -> None:
+        """Fill ``record["speedup"]`` and ``record["checks"]`` against the point's baselines."""
+        speedup: dict[str, float | None] = {}
+        refused: dict[str, str] = {}
+        checks: dict[str, Any] = {}
+        mine = record["result"]
+        for method, base in self.baselines_for(p).items():
+            theirs = base["result"]
+            same_counts = mine["tokens_per_prompt"] == theirs["tokens_per_prompt"]
+            if not (mine["complete"] and theirs["complete"] and same_counts):
+                speedup[method] = None
+                refused[method] = (f"token counts differ: treespec {mine['tokens_per_prompt']} vs {method} "
+                                   f"{theirs['tokens_per_prompt']} (expected {p['max_new_tokens']} each)")
+                continue
+            speedup[method] = base["timing"]["wall_seconds"] / record["timing"]["wall_seconds"]
+            if method == "target" and p["temperature"] == 0:
+                same = sum(a == b for a, b in zip(mine["output_digests"], theirs["output_digests"]))
+                checks["greedy_same_as_target"] = f"{same}/{len(mine['output_digests'])}"
+        record["speedup"] = speedup
+        if refused:
+            record["speedup_refused"] = refused
+        record["checks"] = checks
+
+
+def pairs_draft(cfg: dict[str, Any], target: str) -> str:
+    """The draft paired with ``target`` in the config (for the assisted baseline of n-gram points)."""
+    for t, d in pairs(cfg):
+        if t == target:
+            return d
+    raise KeyError(target)
+
+
+
+def sweep(config: str | os.PathLike | dict[str, Any], out_dir: str | os.PathLike | None = None,
+          progress: bool = True, *, device: str | None = None, dtype: str | None = None,
+          on_point: Callable[[dict[str, Any]], None] | None = None, measure: Measure | None = None,
+          make_report: bool = True) -> Path:
+    """Run (or resume) the sweep of ``config``; returns the path of its ``results.jsonl``.
+
+    Args:
+        config: a TOML path or a config dict (see ``experiments/configs/`` and the module doc).
+        out_dir: where results, acceptance caches, plots and README.md go (default
+            ``experiments/results/<name>``).
+        progress: show a tqdm bar (points done, time left).
+        device, dtype: override ``run.device`` / ``run.dtype``.
+        on_point: called with each record right after it is written (tests, live monitoring).
+        measure: the acceptance measurement (default ``treespec.acceptance.measure``).
+        make_report: write plots and README.md when the sweep completes.
+    """
+    cfg = load_config(config)
+    if device is not None:
+        cfg["run"]["device"] = device
+    if dtype is not None:
+        check(dtype in DTYPES, f"dtype must be one of {tuple(DTYPES)}")
+        cfg["run"]["dtype"] = dtype
+    out = Path(out_dir) if out_dir is not None else Path("experiments") / "results" / cfg["name"]
+    out.mkdir(parents=True, exist_ok=True)
+    threads = torch.get_num_threads()
+    if int(cfg["run"]["threads"]) > 0:  # tiny models on a busy CPU run far faster on one thread
+        torch.set_num_threads(int(cfg["run"]["threads"]))
+    try:
+        results = _run_sweep(cfg, out, progress, on_point, measure)
+    finally:
+        torch.set_num_threads(threads)
+    if make_report:
+        report(results)
+    return results
+
+
+def _run_sweep(cfg: dict[str, Any], out: Path, progress: bool, on_point: Callable[[dict[str, Any]], None] | None,
+               measure: Measure | None) -> Path:
+    """The loop of :func:`sweep`: every unfinished point, one record each."""
+    state = Sweep(cfg, out, progress, measure)
+    repair_tail(state.results)
+    for rec in read_records(state.results):
+        if rec.get("status") == "ok":
+            state.records[rec["key"]] = rec
+    points = enumerate_points(cfg)
+    todo = [pt for pt in points if pt.key not in state.records]
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=len(points), initial=len(points) - len(todo), unit="point", desc=cfg["name"],
+               disable=not progress, dynamic_ncols=True)
+    try:
+        for pt in todo:
+            bar.set_postfix_str(pt.label)
+            specs = {pt.params["target"], pt.params.get("draft") or pairs_draft(cfg, pt.params["target"])}
+            state.models.keep_only(specs)
+            record: dict[str, Any] = {"key": pt.key, "kind": pt.kind, "params": pt.params}
+            try:
+                record.update(state.run_point(pt), status="ok")
+                if pt.kind == "treespec":
+                    state.compare(pt.params, record)
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except Exception as error:  # a failing point is recorded and retried next time
+                record.update(status="error", error=f"{type(error).__name__}: {error}",
+                              traceback=traceback.format_exc(limit=6))
+                bar.write(f"[treespec sweep] point {pt.label} failed: {record['error']}", file=sys.stderr)
+            record["meta"] = meta(cfg)
+            append_record(state.results, record)
+            if record["status"] == "ok":
+                state.records[pt.key] = record
+            bar.update(1)
+            if on_point is not None:
+                on_point(record)
+    finally:
+        bar.close()
+    return state.results
+

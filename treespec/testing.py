@@ -1,0 +1,156 @@
+"""Tiny random HuggingFace causal LMs built in-process (no downloads), and their byte tokenizer.
+
+Used by the test suite, the example and benchmark scripts, and sweeps over ``"tiny:..."`` model
+names. Everything here is deterministic: the same arguments give the same weights.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+from typing import Any
+
+import torch
+
+#: model families a tiny model can be built from
+FAMILIES = ("llama", "qwen2")
+
+
+def _classes(family: str) -> tuple[Any, Any]:
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    classes = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}
+    if family not in classes:
+        raise ValueError(f"tiny model family must be one of {', '.join(FAMILIES)}, got {family!r}")
+    return classes[family]
+
+
+def tiny_model(family: str = "llama", *, vocab: int = 64, seed: int = 0, attn: str = "sdpa", hidden: int = 32,
+               layers: int = 2, scale: float = 1.0, max_positions: int = 512) -> torch.nn.Module:
+    """A random model whose logits are scaled by ``scale`` (larger = peakier distributions) and whose
+    context holds ``max_positions`` tokens."""
+    config_cls, model_cls = _classes(family)
+    config = config_cls(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
+                        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                        max_position_embeddings=max_positions, tie_word_embeddings=False, attn_implementation=attn)
+    torch.manual_seed(seed)
+    model = model_cls(config).eval().float()
+    if scale != 1.0:
+        with torch.no_grad():
+            model.lm_head.weight.mul_(scale)
+    model.requires_grad_(False)
+    return model
+
+
+def perturbed_copy(model: torch.nn.Module, noise: float, seed: int = 1) -> torch.nn.Module:
+    """A draft correlated with ``model``: each weight plus Gaussian noise of ``noise`` times its tensor's std."""
+    draft = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(noise * p.std().nan_to_num(0.0) * torch.randn(p.shape, generator=g))
+    return draft
+
+
+def opposite_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A draft that ranks tokens in the reverse order of ``model`` (its top-1 is the target's least likely)."""
+    draft = copy.deepcopy(model)
+    with torch.no_grad():
+        draft.lm_head.weight.neg_()
+    return draft
+
+
+def cycle_model(cycle: list[int], vocab: int = 64) -> torch.nn.Module:
+    """A Llama whose greedy continuation follows ``cycle`` (t -> the token after t in it).
+
+    Attention and MLP outputs are zeroed, so the last hidden state is the normalised embedding of
+    the current token; the LM head maps it to its successor. Tokens off the cycle map to 0.
+    """
+    model = tiny_model("llama", vocab=vocab, hidden=vocab, seed=0)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        model.model.embed_tokens.weight.copy_(torch.eye(vocab))
+        head = torch.zeros(vocab, vocab)
+        head[0, :] = 0.5
+        for a, b in zip(cycle, cycle[1:] + cycle[:1]):
+            head[:, a] = 0.0
+            head[b, a] = 1.0
+        model.lm_head.weight.copy_(head)
+    return model
+
+
+def model_key(model: torch.nn.Module) -> str:
+    """A stable key of a model's architecture and weights (equal weights, equal key)."""
+    h = hashlib.sha1(model.config.to_json_string(use_diff=False).encode())
+    for name, tensor in model.state_dict().items():
+        h.update(name.encode())
+        h.update(tensor.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+_GREEDY: dict[tuple, list[int]] = {}
+
+
+def greedy_reference(model: torch.nn.Module, prompt: list[int], n: int, eos: int | None = None) -> list[int]:
+    """The target's own greedy decoding through HF ``generate`` (cached by :func:`model_key`)."""
+    model.generation_config.eos_token_id = eos
+    model.generation_config.pad_token_id = eos if eos is not None else 0
+    key = (model_key(model), tuple(int(t) for t in prompt), int(n), eos)
+    if key not in _GREEDY:
+        with torch.no_grad():
+            out = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=n)
+        _GREEDY[key] = out[0, len(prompt):].tolist()
+    return list(_GREEDY[key])
+
+
+# ---------------------------------------------------------------------------------------------
+# Named tiny models (sweeps) and their tokenizer
+
+_SPEC_OPTIONS: dict[str, float] = {"seed": 0, "vocab": 64, "hidden": 32, "layers": 2, "scale": 1.0, "noise": 0.0,
+                                   "noise_seed": 1}
+
+
+def tiny_from_spec(spec: str) -> torch.nn.Module:
+    """A tiny model from ``"tiny:FAMILY[:key=value]..."`` (keys: seed, vocab, hidden, layers, scale,
+    noise, noise_seed); ``noise > 0`` is :func:`perturbed_copy` of the ``noise=0`` model of the same
+    seed (a correlated draft). The spec becomes the model's ``_name_or_path``."""
+    parts = spec.split(":")
+    if len(parts) < 2 or parts[0] != "tiny":
+        raise ValueError(f"a tiny model spec looks like 'tiny:llama:seed=0', got {spec!r}")
+    opts = dict(_SPEC_OPTIONS)
+    for kv in (p for part in parts[2:] for p in part.split(",") if p):
+        k, _, v = kv.partition("=")
+        if k not in opts:
+            raise ValueError(f"unknown tiny model option {k!r} in {spec!r}; known: {', '.join(opts)}")
+        opts[k] = float(v)
+    model = tiny_model(parts[1], vocab=int(opts["vocab"]), seed=int(opts["seed"]), hidden=int(opts["hidden"]),
+                       layers=int(opts["layers"]), scale=opts["scale"], max_positions=4096)
+    if opts["noise"] > 0:
+        model = perturbed_copy(model, opts["noise"], int(opts["noise_seed"]))
+    model.config._name_or_path = spec
+    return model
+
+
+class ByteTokenizer:
+    """Text -> UTF-8 bytes modulo ``vocab``: the tokenizer of the in-process tiny models.
+
+    ``max_tokens > 0`` keeps the last ``max_tokens`` ids of a call (``tok(text)``).
+    """
+
+    def __init__(self, vocab: int, max_tokens: int = 0) -> None:
+        self.vocab = vocab
+        self.max_tokens = max_tokens
+        self.pad_token_id = 0
+        self.eos_token_id = None
+
+    def encode(self, text: str) -> list[int]:
+        return [b % self.vocab for b in text.encode("utf-8")] or [0]
+
+    def __call__(self, text: str) -> dict[str, list[int]]:
+        ids = self.encode(text)
+        return {"input_ids": ids[-self.max_tokens:] if self.max_tokens > 0 else ids}
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return bytes(int(i) % 256 for i in ids).decode("utf-8", errors="replace")
