@@ -11,7 +11,7 @@ import torch
 
 import treespec
 from stats import ALPHA, exact_joint, g_test
-from tiny import greedy_reference, tiny_model
+from treespec.testing import greedy_reference, tiny_model
 from treespec.cross_drafter import (AlignmentError, CrossTokenizerDrafter, TextCodec, common_prefix, load_cross_drafter,
                                      tokenizers_match)
 from treespec.drafting import DraftProposals, Drafter
@@ -289,11 +289,11 @@ def test_hf_tokenizers_are_used_without_special_tokens():
 
 
 def _real_prompts(tokenizer) -> list[list[int]]:
-    from treespec import models
+    from treespec import datasets
 
     chat = tokenizer.apply_chat_template([{"role": "user", "content": "Explain in two sentences why the sky is blue."}],
                                          add_generation_prompt=True, tokenize=False)
-    return [tokenizer.encode(models.humaneval_prompts(0, 1)[0], add_special_tokens=False),
+    return [tokenizer.encode(datasets.humaneval_prompts(0, 1)[0], add_special_tokens=False),
             tokenizer.encode(chat, add_special_tokens=False)]
 
 

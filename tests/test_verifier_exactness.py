@@ -8,7 +8,7 @@ import torch
 import treespec
 from stats import ALPHA, exact_joint, g_test
 from test_exactness import BUSHY, CHAINS, PROMPT, REPEAT, pair, sample_joint  # noqa: F401 (fixture)
-from tiny import greedy_reference
+from treespec.testing import greedy_reference
 from treespec.verifiers import NotExactError
 
 CHAIN3 = [(0,), (0, 0), (0, 0, 0)]
