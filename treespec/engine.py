@@ -121,6 +121,7 @@ def generate(
     seed: int | None = None,
     budget: int | None = None,
     on_tokens: Callable[[list[int]], None] | None = None,
+    compile: bool | str = False,
 ) -> GenerateOutput:
     """Generate from ``target`` with tree speculative decoding; the output is exact.
 
@@ -138,6 +139,8 @@ def generate(
         budget: cap on tokens per verification pass, root included; proposals beyond it are
             dropped in proposal order. None means no cap.
         on_tokens: called with each step's committed tokens (for streaming).
+        compile: False (eager), True or a ``torch.compile`` backend name: static-shape steps with a
+            compiled target forward and acceptance on the device (``treespec.static``).
     """
     params = SamplingParams(temperature, top_k, top_p)
     checks.check_model(target)
@@ -155,6 +158,12 @@ def generate(
     gen = torch.Generator(device).manual_seed(seed)
     for i, d in enumerate(drafters):
         d.reset(prompt, sampling=params.for_draft(), seed=(seed * 1_000_003 + i + 1) % 2**63)
+    if compile is not False:
+        from .static import generate_static
+
+        out_device = input_ids.device if isinstance(input_ids, torch.Tensor) else torch.device("cpu")
+        return generate_static(target, prompt, drafters, params, max_new_tokens, eos, gen, budget, on_tokens,
+                               compile, out_device)
 
     stats = Stats(drafters=[DrafterStats(d.describe()) for d in drafters])
     clock = _Clock(device)
