@@ -11,7 +11,7 @@ import torch
 
 from . import checks
 from .drafting import Drafter
-from .kv import TreeCache, causal_allowed, forward_masked
+from .kv import TreeCache, causal_allowed, check_sampling_dtype, forward_masked
 from .sampling import SamplingParams
 from .tree import FlatTree, TokenTree, flatten
 from .verify import verify_proposals
@@ -158,6 +158,7 @@ def generate(
     gen = torch.Generator(device).manual_seed(seed)
     for i, d in enumerate(drafters):
         d.reset(prompt, sampling=params.for_draft(), seed=(seed * 1_000_003 + i + 1) % 2**63)
+    check_sampling_dtype(target, params.greedy)
     if compile is not False:
         from .static import generate_static
 
