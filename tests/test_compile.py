@@ -162,3 +162,16 @@ def test_float16_sampling_is_refused():
     target = tiny_model("llama", vocab=32, hidden=32).half()
     with pytest.raises(ValueError, match="float16"):
         treespec.generate(target, [1, 2], max_new_tokens=2, temperature=1.0)
+
+
+def test_compiled_without_drafters_and_with_an_ngram_drafter(models):
+    target, draft = models
+    prompt = [1, 2, 3, 1, 2, 3, 1, 2]
+    ref = greedy_reference(target, prompt, 20)
+    assert treespec.generate(target, prompt, max_new_tokens=20, compile=BACKEND).new_tokens == ref
+    mixed = [treespec.NGramDrafter(width=2), treespec.ModelDrafter(draft, KARY)]
+    out = treespec.generate(target, prompt, drafters=mixed, max_new_tokens=20, budget=8, compile=BACKEND)
+    assert out.new_tokens == ref
+    sampled = treespec.generate(target, prompt, drafters=mixed, max_new_tokens=20, budget=8, temperature=1.0, seed=5,
+                                compile=BACKEND)
+    assert len(sampled.new_tokens) == 20
