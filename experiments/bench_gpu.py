@@ -24,7 +24,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 from transformers.generation import CompileConfig
