@@ -11,7 +11,7 @@ import torch
 
 from . import checks
 from .drafting import Drafter
-from .kv import TreeCache, causal_allowed, forward_masked
+from .kv import TreeCache, causal_allowed, check_sampling_dtype, forward_masked
 from .sampling import SamplingParams
 from .tree import FlatTree, TokenTree, flatten
 from . import verifiers
@@ -116,6 +116,7 @@ def generate(
     budget: int | None = None,
     on_tokens: Callable[[list[int]], None] | None = None,
     verifier: str = "rrs",
+    compile: bool | str = False,
 ) -> GenerateOutput:
     """Generate from ``target`` with tree speculative decoding; the output is exact.
 
@@ -137,6 +138,8 @@ def generate(
             tree), ``"block"`` (chains) or ``"traversal"`` (trees drafted in the ways it is exact
             for); see ``docs/verifiers.md``. A tree the verifier is not exact for raises
             ``treespec.verifiers.NotExactError``. Greedy decoding ignores it (argmax walk).
+        compile: False (eager), True or a ``torch.compile`` backend name: static-shape steps with a
+            compiled target forward and acceptance on the device (``treespec.static``).
     """
     params = SamplingParams(temperature, top_k, top_p)
     verifiers.get(verifier)  # an unknown name fails before any work
@@ -155,6 +158,17 @@ def generate(
     gen = torch.Generator(device).manual_seed(seed)
     for i, d in enumerate(drafters):
         d.reset(prompt, sampling=params.for_draft(), seed=(seed * 1_000_003 + i + 1) % 2**63)
+    check_sampling_dtype(target, params.greedy)
+    if compile is not False:
+        from .static import generate_static
+
+        if verifier != "rrs" and not params.greedy:
+            raise ValueError(f"compile=... runs the token-level verifier only; got verifier={verifier!r}. "
+                             "Use verifier='rrs' with compile, or compile=False with this verifier")
+
+        out_device = input_ids.device if isinstance(input_ids, torch.Tensor) else torch.device("cpu")
+        return generate_static(target, prompt, drafters, params, max_new_tokens, eos, gen, budget, on_tokens,
+                               compile, out_device)
 
     stats = Stats(drafters=[DrafterStats(d.describe()) for d in drafters], verifier=verifier)
     coins = verifiers.TorchCoins(gen)

@@ -23,15 +23,17 @@ class TreeKVLayer(DynamicLayer):
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.dtype, self.device = key_states.dtype, key_states.device
         b, h, _, d = key_states.shape
-        self._k = key_states.new_empty(b, h, self.capacity, d)
-        self._v = value_states.new_empty(b, h, self.capacity, value_states.shape[-1])
+        # zeros, not new_empty: masked slots still enter the attention product, and NaN garbage
+        # there would give NaN (0 * NaN) whatever the mask says
+        self._k = key_states.new_zeros(b, h, self.capacity, d)
+        self._v = value_states.new_zeros(b, h, self.capacity, value_states.shape[-1])
         self.is_initialized = True
 
     def _reserve(self, needed: int) -> None:
         if needed <= self._k.shape[-2]:
             return
         size = max(needed, 2 * self._k.shape[-2])
-        grow = lambda t: torch.cat([t, t.new_empty(*t.shape[:-2], size - t.shape[-2], t.shape[-1])], dim=-2)
+        grow = lambda t: torch.cat([t, t.new_zeros(*t.shape[:-2], size - t.shape[-2], t.shape[-1])], dim=-2)
         self._k, self._v = grow(self._k), grow(self._v)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
@@ -80,9 +82,10 @@ class TreeCache(Cache):
 
     def keep(self, prefix: int, rows: torch.Tensor | list[int]) -> None:
         """Keep the first ``prefix`` rows and then ``rows`` (absolute indices, increasing), contiguously."""
-        rows_t = torch.as_tensor(rows, dtype=torch.long)
+        device = next((layer.device for layer in self.layers if layer.is_initialized), None)
+        rows_t = torch.as_tensor(rows, dtype=torch.long, device=device)  # moved once for all layers
         for layer in self.layers:
-            layer.keep(prefix, rows_t.to(layer.device) if layer.is_initialized else rows_t)
+            layer.keep(prefix, rows_t)
 
 
 def forward_masked(
@@ -102,8 +105,8 @@ def forward_masked(
     """
     device = input_ids.device
     dtype = model.dtype
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=device)
-    mask.masked_fill_(~allowed.to(device), torch.finfo(dtype).min)
+    allowed = allowed.to(device, non_blocking=True)
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, torch.finfo(dtype).min)
     out = model(
         input_ids=input_ids[None],
         attention_mask=mask[None, None],
@@ -113,6 +116,16 @@ def forward_masked(
         logits_to_keep=logits_to_keep,
     )
     return out.logits[0]
+
+
+def check_sampling_dtype(model: torch.nn.Module, greedy: bool, role: str = "target") -> None:
+    """Refuse sampling from a float16 model: its activations overflow to inf/NaN, and NaN
+    probabilities reaching CUDA ``multinomial`` trip a device-side assert that kills the process."""
+    if not greedy and next(model.parameters()).dtype == torch.float16:
+        raise ValueError(
+            f"sampling (temperature > 0) from a float16 {role} model is not supported: float16 logits can "
+            "overflow to NaN. Load the model in bfloat16 or float32 (torch_dtype=torch.bfloat16), or decode greedily."
+        )
 
 
 def causal_allowed(past: int, n: int, device: torch.device | str = "cpu") -> torch.Tensor:

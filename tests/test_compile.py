@@ -1,0 +1,177 @@
+"""compile=...: the static-shape step is exact, captures whole graphs and does not recompile (CPU, aot_eager)."""
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+import treespec
+from stats import ALPHA, exact_joint, g_test
+import test_exactness
+from test_exactness import BUSHY, PROMPT, pair, sample_joint  # noqa: F401 (pair is a fixture)
+from treespec.testing import greedy_reference, perturbed_copy, tiny_model
+from treespec import static
+
+KARY = [(0,), (1,), (0, 0), (0, 1), (1, 0), (1, 1)]
+BACKEND = "aot_eager"
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def models(request):
+    target = tiny_model(request.param, vocab=64, hidden=64, scale=6, seed=0)
+    return target, perturbed_copy(target, 0.3)
+
+
+def run(target, draft, prompt, n, shape=BUSHY, mode="topk", **kwargs):
+    return treespec.generate(target, prompt, drafters=[treespec.ModelDrafter(draft, shape, mode)], max_new_tokens=n,
+                             **kwargs)
+
+
+@pytest.mark.parametrize("budget", [8, None], ids=["budget8", "no-budget"])
+def test_compiled_greedy_equals_eager(models, budget):
+    target, draft = models
+    for k, prompt in enumerate([[1, 5, 7, 9, 3], [4], [10, 11, 12, 13, 14, 15, 16, 17]]):
+        eager = run(target, draft, prompt, 30, budget=budget, seed=k)
+        compiled = run(target, draft, prompt, 30, budget=budget, seed=k, compile=BACKEND)
+        assert compiled.new_tokens == eager.new_tokens == greedy_reference(target, prompt, 30)
+        assert compiled.sequences[0].tolist() == prompt + compiled.new_tokens
+        assert compiled.stats.steps == sum(compiled.stats.accepted_hist)
+
+
+def test_compiled_eos_stops_like_hf(models):
+    target, draft = models
+    prompt = [1, 5, 7, 9, 3]
+    eos = greedy_reference(target, prompt, 30)[17]
+    out = run(target, draft, prompt, 30, budget=8, eos_token_id=eos, compile=BACKEND)
+    assert out.new_tokens == greedy_reference(target, prompt, 30, eos=eos)
+
+
+def test_identical_draft_accepts_whole_path():
+    target = tiny_model("llama", vocab=64, hidden=64, scale=6)
+    chain = [(0,), (0, 0), (0, 0, 0), (0, 0, 0, 0), (1,), (1, 0)]
+    out = run(target, target, [1, 2, 3], 41, shape=chain, budget=8, compile=BACKEND)
+    assert out.stats.accepted_hist == [0, 0, 0, 0, 9]
+    assert out.new_tokens == greedy_reference(target, [1, 2, 3], 41)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampled"])
+def test_no_graph_break_and_no_recompile_after_warmup(models, temperature):
+    target, draft = models
+    mode = "topk" if temperature == 0 else "sample"
+    run(target, draft, [1, 2, 3], 8, shape=KARY, mode=mode, budget=8, temperature=temperature, seed=0,
+        compile=BACKEND)  # warm-up: compiles the step's graphs
+    graphs = counters["stats"]["unique_graphs"]
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        out = run(target, draft, [9, 8, 7, 6], 80, shape=KARY, mode=mode, budget=8, temperature=temperature, seed=1,
+                  compile=BACKEND)
+    assert counters["stats"]["unique_graphs"] == graphs
+    assert not counters["graph_break"]
+    assert out.stats.steps >= 20
+    assert sum(1 for c in out.stats.accepted_hist if c) >= 2  # acceptance varied across the steps
+
+
+def test_garbage_in_unused_cache_slots_changes_nothing(models):
+    """Stale tree rows, and large junk, beyond the committed length are masked out exactly."""
+    target, draft = models
+    prompt = [1, 5, 7, 9, 3]
+    clean = run(target, draft, prompt, 30, budget=8, compile=BACKEND)
+    runner = next(r for r in static._RUNNERS.values() if r.model is target and r.width == 8)
+    gen = torch.Generator().manual_seed(0)
+
+    def poison(_tokens):
+        n = int(runner.cache.length)
+        for layer in runner.cache.layers:
+            for buf in (layer.keys, layer.values):
+                junk = 1e4 * torch.randn(buf[..., n:, :].shape, generator=gen)
+                buf[..., n:, :] = junk
+    poisoned = run(target, draft, prompt, 30, budget=8, compile=BACKEND, on_tokens=poison)
+    assert poisoned.new_tokens == clean.new_tokens
+    # the control: the same junk inside the committed rows does change the output
+    def poison_committed(_tokens):
+        for layer in runner.cache.layers:
+            layer.keys[..., 2:4, :] = 1e4 * torch.randn(layer.keys[..., 2:4, :].shape, generator=gen)
+    broken = run(target, draft, prompt, 30, budget=8, compile=BACKEND, on_tokens=poison_committed)
+    assert broken.new_tokens != clean.new_tokens
+
+
+def test_static_cache_commit_gathers_rows_for_all_layers():
+    target = tiny_model("qwen2", vocab=32, hidden=32)
+    cache = static.StaticTreeCache(target, 16)
+    assert all(not layer.keys.any() for layer in cache.layers)  # zero-filled
+    for i, layer in enumerate(cache.layers):
+        layer.keys[0, 0, :, 0] = torch.arange(16.0) + 100 * i
+    cache.length.fill_(3)
+    rows = torch.tensor([3, 5, 6, 6, 7, 8, 9, 10])  # path rows 3, 5, 6 then identity padding
+    rows[3:] = 3 + torch.arange(3, 8)
+    cache.commit(rows, torch.tensor(3))
+    assert int(cache.length) == 6
+    for i, layer in enumerate(cache.layers):
+        assert layer.keys[0, 0, :6, 0].tolist() == [100 * i + v for v in (0, 1, 2, 3, 5, 6)]
+
+
+def test_greedy_path_is_the_deepest_matching_node():
+    # tree: 0 -> 1 -> 2, 0 -> 3; padded to width 5
+    tokens = torch.tensor([9, 4, 5, 6, 0])
+    parent = torch.tensor([0, 0, 1, 0, 0])
+    valid = torch.tensor([True, True, True, True, False])
+    anc = torch.eye(5, dtype=torch.bool)
+    anc[1, 0] = anc[2, 0] = anc[2, 1] = anc[3, 0] = True
+    logits = torch.zeros(5, 10)
+    logits[0, 4] = logits[1, 5] = logits[2, 7] = 1.0  # target argmax: 4 after root, 5 after node 1, then 7
+    on_path, extra = static.greedy_path(logits, tokens, parent, anc, valid)
+    assert on_path.tolist() == [True, True, True, False, False] and int(extra) == 7
+    logits[1, 5], logits[1, 1] = 0.0, 1.0  # now node 2 does not match: stop at node 1, extra = 1
+    on_path, extra = static.greedy_path(logits, tokens, parent, anc, valid)
+    assert on_path.tolist() == [True, True, False, False, False] and int(extra) == 1
+    rows, m = static.path_rows(on_path)
+    assert rows.tolist() == [0, 1, 2, 3, 4] and int(m) == 2
+
+
+@pytest.mark.parametrize("mode", ["topk", "sample"])
+def test_compiled_joint_distribution_matches_target(pair, mode, monkeypatch):  # noqa: F811
+    """1,000 trials (test_exactness runs 3,000 eager): enough to catch the control below at 400."""
+    monkeypatch.setattr(test_exactness, "N", 1000)
+    target, draft = pair
+    counts = sample_joint(target, lambda: [treespec.ModelDrafter(draft, BUSHY, mode)], f"compiled-{mode}",
+                          temperature=1.0, budget=8, compile=BACKEND)
+    assert g_test(counts, exact_joint(target, PROMPT, 3, 1.0)) > ALPHA
+
+
+def test_compiled_exactness_test_detects_a_biased_verifier(pair, monkeypatch):  # noqa: F811
+    """Negative control: accepting every proposal makes the compiled output the draft's top-1 chain."""
+    monkeypatch.setattr(test_exactness, "N", 400)
+    target, draft = pair
+
+    def always_accept(r, tokens, q, u):
+        return torch.zeros(r.shape[:-1], dtype=torch.long, device=r.device), r
+
+    monkeypatch.setattr(static, "verify_proposals", always_accept)
+    counts = sample_joint(target, lambda: [treespec.ModelDrafter(draft, BUSHY, "topk")], "compiled-biased",
+                          temperature=1.0, budget=8, compile=BACKEND)
+    assert len(counts) < 5  # (nearly) all trials emit the draft's chain
+    # stats.g_test gives NaN when a well-populated cell is never observed (scipy's 0 * log 0): count it as a rejection
+    assert not g_test(counts, exact_joint(target, PROMPT, 3, 1.0)) > ALPHA
+
+
+def test_bad_compile_argument_is_refused():
+    target = tiny_model("llama", vocab=32, hidden=32)
+    with pytest.raises(ValueError, match="compile must be"):
+        treespec.generate(target, [1, 2], max_new_tokens=2, compile=3)
+
+
+def test_float16_sampling_is_refused():
+    target = tiny_model("llama", vocab=32, hidden=32).half()
+    with pytest.raises(ValueError, match="float16"):
+        treespec.generate(target, [1, 2], max_new_tokens=2, temperature=1.0)
+
+
+def test_compiled_without_drafters_and_with_an_ngram_drafter(models):
+    target, draft = models
+    prompt = [1, 2, 3, 1, 2, 3, 1, 2]
+    ref = greedy_reference(target, prompt, 20)
+    assert treespec.generate(target, prompt, max_new_tokens=20, compile=BACKEND).new_tokens == ref
+    mixed = [treespec.NGramDrafter(width=2), treespec.ModelDrafter(draft, KARY)]
+    out = treespec.generate(target, prompt, drafters=mixed, max_new_tokens=20, budget=8, compile=BACKEND)
+    assert out.new_tokens == ref
+    sampled = treespec.generate(target, prompt, drafters=mixed, max_new_tokens=20, budget=8, temperature=1.0, seed=5,
+                                compile=BACKEND)
+    assert len(sampled.new_tokens) == 20

@@ -1,0 +1,396 @@
+"""The static-shape step behind ``treespec.generate(..., compile=...)``: one compiled target call per step.
+
+Every step has the same tensor shapes, so ``torch.compile`` (and CUDA graphs under
+``mode="reduce-overhead"``) capture the target's verification forward once and replay it:
+
+* ``StaticTreeCache``: a ``transformers`` ``Cache`` whose layers own zero-filled ``[1, H, C, D]``
+  key/value buffers at fixed addresses, ``C`` bucketed from prompt + ``max_new_tokens`` + tree
+  width (a multiple of 256, so a sweep reuses its graphs). The committed length is one device
+  tensor shared by all layers. Step ``t`` writes its tree into slots ``[L, L + W)``; the commit
+  gathers the accepted rows into ``[L, L + m)`` with one index tensor for all layers.
+* The tree is padded to a fixed width ``W`` (the budget): padding rows attend only to themselves
+  and write their own scratch slot of the block. The 4D additive mask ``[1, 1, W, C]`` is built on
+  the device from the committed length and the tree's ancestor matrix; positions = ``L + depth``.
+* Acceptance runs on the device. Greedy: the deepest node whose whole path matches the target's
+  argmax. Sampled: the fixed tree is walked proposal by proposal with ``verify_proposals`` (the
+  engine's one rule, see ``docs/design.md``, "Exactness rule") on uniforms drawn up front; the
+  correction token is an exponential race ``argmax r / E`` with ``E ~ Exp(1)`` drawn up front.
+  The accepted path, its length and the extra token come back in one small device->host copy,
+  the only sync of a step.
+
+Drafters, the trie merge and flattening stay on the host and eager (as in ``engine.generate``).
+The stock HF forward is driven with a 4D mask, position ids and the cache; no modelling file is forked.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+from transformers.cache_utils import Cache, StaticLayer
+
+from .drafting import POINT_MASS, Drafter
+from .engine import DrafterStats, GenerateOutput, Stats, _record
+from .sampling import SamplingParams
+from .tree import FlatTree, TokenTree, flatten
+from .verify import verify_proposals
+
+CAPACITY_BUCKET = 256  # cache rows are allocated in multiples of this
+
+
+def round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def next_pow2(n: int, least: int = 8) -> int:
+    return max(least, 1 << (max(n, 1) - 1).bit_length())
+
+
+def compile_options(compile: bool | str, device: torch.device) -> tuple[str, str | None]:
+    """``compile=True``: inductor, with CUDA graphs (``reduce-overhead``) on CUDA; a string names the backend."""
+    if compile is True:
+        return "inductor", "reduce-overhead" if device.type == "cuda" else None
+    if isinstance(compile, str) and compile:
+        return compile, None
+    raise ValueError(
+        f"compile must be False, True or the name of a torch.compile backend (e.g. 'inductor', 'aot_eager'), got {compile!r}"
+    )
+
+
+def kv_shape(config) -> tuple[int, int, int]:
+    """``(layers, kv heads, head dim)`` of a HF decoder config."""
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return config.num_hidden_layers, getattr(config, "num_key_value_heads", None) or heads, head_dim
+
+
+class StaticTreeLayer(StaticLayer):
+    """One layer's K/V buffers ``[1, H, C, D]``; new tokens are written at ``length + arange(n)``."""
+
+    def __init__(self, capacity: int, length: torch.Tensor) -> None:
+        super().__init__(max_cache_len=capacity)
+        self.cumulative_length = length  # shared by every layer of the cache (see StaticTreeCache)
+
+    def allocate(self, heads: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
+        self.dtype, self.device = dtype, device
+        self.batch_size, self.num_heads, self.k_head_dim = self.v_head_dim = 1, heads, head_dim
+        self.keys = torch.zeros(1, heads, self.max_cache_len, head_dim, dtype=dtype, device=device)
+        self.values = torch.zeros_like(self.keys)
+        # fixed data pointers: compiled graphs (and CUDA graphs) may mutate them in place
+        torch._dynamo.mark_static_address(self.keys)
+        torch._dynamo.mark_static_address(self.values)
+        self.is_initialized = True
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        raise RuntimeError("StaticTreeLayer is allocated by StaticTreeCache, never lazily")
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        slots = self.cumulative_length + torch.arange(key_states.shape[-2], device=self.device)
+        self.keys.index_copy_(2, slots, key_states)
+        self.values.index_copy_(2, slots, value_states)
+        return self.keys, self.values
+
+
+class StaticTreeCache(Cache):
+    """Preallocated tree-verification cache for ``model``; rows ``[0, length)`` are committed.
+
+    ``length`` is a 0-d device tensor. A forward over ``n`` tokens writes slots
+    ``[length, length + n)`` and leaves ``length`` alone; ``commit`` then keeps the accepted rows.
+    """
+
+    def __init__(self, model: torch.nn.Module, capacity: int) -> None:
+        n_layers, heads, head_dim = kv_shape(model.config)
+        param = next(model.parameters())
+        self.capacity = capacity
+        self.length = torch.zeros((), dtype=torch.long, device=param.device)
+        torch._dynamo.mark_static_address(self.length)
+        layers = [StaticTreeLayer(capacity, self.length) for _ in range(n_layers)]
+        super().__init__(layers=layers)
+        for layer in layers:
+            layer.allocate(heads, head_dim, param.dtype, param.device)
+
+    def commit(self, src: torch.Tensor, m: torch.Tensor) -> None:
+        """Move rows ``src[:m]`` (absolute slots, increasing, ``>= length``) to ``[length, length + m)``.
+
+        ``src`` has a fixed size ``P``: the entries past ``m`` should be ``length + j`` (a no-op copy);
+        whatever they copy lands beyond the new length, in scratch slots. One index for all layers.
+        """
+        dst = self.length + torch.arange(src.shape[0], device=src.device)
+        for layer in self.layers:
+            layer.keys.index_copy_(2, dst, layer.keys.index_select(2, src))
+            layer.values.index_copy_(2, dst, layer.values.index_select(2, src))
+        self.length.add_(m)
+
+    def reset(self) -> None:
+        """Empty the cache (buffers zeroed, addresses kept)."""
+        self.length.zero_()
+        for layer in self.layers:
+            layer.keys.zero_()
+            layer.values.zero_()
+
+
+# -- acceptance on the device: small pure functions on tensors -----------------------------------
+
+
+def _at(x: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+    """``x[i]`` for a one-element device index, without turning ``i`` into a host int."""
+    return x.index_select(0, i)[0]
+
+
+def greedy_path(logits: torch.Tensor, tokens: torch.Tensor, parent: torch.Tensor, anc: torch.Tensor,
+                valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedy acceptance over a padded flat tree: ``(on_path [W] bool, extra token)``.
+
+    Node ``i`` matches when its token is the target's argmax at its parent; the accepted node is the
+    deepest one whose ancestors (itself included, the root excepted) all match. In a trie siblings
+    differ, so at most one node per depth qualifies.
+    """
+    best = logits.argmax(-1)
+    first = torch.arange(tokens.shape[0], device=tokens.device) == 0
+    match = first | ((tokens == best[parent]) & valid)
+    ok = valid & ~(anc & ~match[None, :]).any(-1)
+    depth = anc.sum(-1)
+    node = torch.argmax(torch.where(ok, depth, -1)).view(1)
+    return _at(anc, node), _at(best, node)
+
+
+def sampled_path(probs: torch.Tensor, q: torch.Tensor, ptok: torch.Tensor, pparent: torch.Tensor,
+                 pchild: torch.Tensor, plast: torch.Tensor, has_props: torch.Tensor, uniforms: torch.Tensor,
+                 exponentials: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Multi-draft speculative sampling down a padded flat tree: ``(on_path [W] bool, extra token)``.
+
+    Proposals come in a fixed list ``[P]`` sorted by their parent's flat index (DFS order), each
+    parent's proposals in proposal order; padding has ``pparent == -1``. Walking the list once applies
+    ``verify_proposals`` at the current node, one proposal at a time (the rule is sequential, so this
+    is the same rule): accept -> move to the child; reject -> keep the residual; the last proposal of
+    the node rejected (or a leaf reached) -> stop. The correction token is ``argmax r / E``, an exact
+    draw from ``r`` (exponential race) with no host sync.
+    """
+    w = probs.shape[0]
+    nodes = torch.arange(w, device=probs.device)
+    cur = torch.zeros(1, dtype=torch.long, device=probs.device)
+    r = probs[0]
+    on_path = nodes == 0
+    done = ~has_props[0]
+    for p in range(ptok.shape[0]):
+        here = ~done & (pparent[p] == cur)
+        acc, residual = verify_proposals(r, ptok[p : p + 1], q[p : p + 1], uniforms[p : p + 1])
+        take = here & (acc == 0)
+        reject = here & ~take
+        child = pchild[p : p + 1]
+        r = torch.where(take, _at(probs, child), torch.where(reject, residual, r))
+        cur = torch.where(take, child, cur)
+        on_path = on_path | (take & (nodes == child))
+        done = done | (reject & plast[p]) | (take & ~_at(has_props, child))
+    return on_path, torch.argmax(r / exponentials)
+
+
+def path_rows(on_path: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Flat indices of the path nodes first (increasing), then ``j`` at position ``j``; and the path length."""
+    w = on_path.shape[0]
+    j = torch.arange(w, device=on_path.device)
+    m = on_path.sum()
+    first = torch.where(on_path, j, w + j).sort().values
+    return torch.where(j < m, first, j), m
+
+
+class _Runner:
+    """Compiled target forward + acceptance for one (model, capacity, width) and its static cache."""
+
+    def __init__(self, model: torch.nn.Module, capacity: int, width: int, backend: str, mode: str | None) -> None:
+        self.model, self.width = model, width
+        self.cache = StaticTreeCache(model, capacity)
+        self.dtype_min = torch.finfo(next(model.parameters()).dtype).min
+        self.params = SamplingParams()
+        opts = dict(fullgraph=True, backend=backend, mode=mode)
+        self.forward = torch.compile(self._forward, **opts)
+        self.accept_greedy = torch.compile(self._accept_greedy, **opts)
+        self.accept_sampled = torch.compile(self._accept_sampled, **opts)
+
+    def _mask(self, anc: torch.Tensor, n: int) -> torch.Tensor:
+        """Additive mask ``[1, 1, n, C]``: committed rows, then the tree block ``anc`` at ``[L, L + n)``."""
+        rel = torch.arange(self.cache.capacity, device=anc.device) - self.cache.length
+        block = anc[:, rel.clamp(0, n - 1)] & (rel >= 0) & (rel < n)
+        allowed = (rel < 0) | block
+        zero = torch.zeros((), dtype=self.model.dtype, device=anc.device)
+        return torch.where(allowed, zero, self.dtype_min)[None, None]
+
+    def run_eager(self, ids: torch.Tensor, depth: torch.Tensor, anc: torch.Tensor) -> torch.Tensor:
+        """The target over ``ids`` written at ``[L, L + n)`` (not committed); logits ``[n, V]``."""
+        out = self.model(input_ids=ids[None], attention_mask=self._mask(anc, ids.shape[0]),
+                         position_ids=(self.cache.length + depth)[None], past_key_values=self.cache, use_cache=True)
+        return out.logits[0]
+
+    def prefill(self, prompt: Sequence[int]) -> None:
+        """Cache ``prompt[:-1]`` (eager: prompts vary in length and run once)."""
+        self.cache.reset()
+        if len(prompt) > 1:
+            n = len(prompt) - 1
+            device = self.cache.length.device
+            ids = torch.tensor(prompt[:-1], device=device)
+            self.run_eager(ids, torch.arange(n, device=device), torch.ones(n, n, dtype=torch.bool, device=device).tril())
+            self.cache.length.fill_(n)
+
+    def _forward(self, ids: torch.Tensor, depth: torch.Tensor, anc: torch.Tensor) -> torch.Tensor:
+        return self.run_eager(ids, depth, anc)
+
+    def _commit(self, on_path: torch.Tensor, extra: torch.Tensor) -> torch.Tensor:
+        rows, m = path_rows(on_path)
+        self.cache.commit(self.cache.length + rows, m)
+        return torch.cat([rows, m[None], extra[None]])
+
+    def _accept_greedy(self, logits, tokens, parent, anc, valid) -> torch.Tensor:
+        return self._commit(*greedy_path(logits, tokens, parent, anc, valid))
+
+    def _accept_sampled(self, logits, q, ptok, pparent, pchild, plast, has_props, uniforms, exponentials):
+        probs = self.params.probs(logits)
+        return self._commit(*sampled_path(probs, q, ptok, pparent, pchild, plast, has_props, uniforms, exponentials))
+
+
+_RUNNERS: dict[tuple, _Runner] = {}
+_MAX_RUNNERS = 4  # each holds a full KV cache; a sweep typically needs one per budget
+
+
+def runner_for(model: torch.nn.Module, capacity: int, width: int, backend: str, mode: str | None) -> _Runner:
+    """The (cached) runner for these shapes; reusing it reuses its compiled graphs and cache."""
+    key = (id(model), capacity, width, backend, mode)
+    runner = _RUNNERS.get(key)
+    if runner is None or runner.model is not model:
+        while len(_RUNNERS) >= _MAX_RUNNERS:
+            _RUNNERS.pop(next(iter(_RUNNERS)))
+        # one graph per (model, width, backend) is compiled for the same code objects
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+        runner = _RUNNERS[key] = _Runner(model, capacity, width, backend, mode)
+    return runner
+
+
+class _PaddedTree:
+    """A flat tree padded to width ``w``, as device tensors (two host->device copies)."""
+
+    def __init__(self, tree: TokenTree, flat: FlatTree, w: int, device: torch.device) -> None:
+        n = len(flat)
+        ints = np.zeros((4, w), dtype=np.int64)  # tokens, depth, flat parent, valid
+        ints[0, :n] = flat.tokens
+        ints[1, :n] = flat.depth
+        parent = np.asarray(tree.parent, dtype=np.int64)[flat.order]
+        ints[2, :n] = np.where(parent < 0, 0, flat.index[np.maximum(parent, 0)])
+        ints[3, :n] = 1
+        anc = np.eye(w, dtype=bool)  # padding rows attend to themselves only
+        anc[:n, :n] = flat.ancestors
+        t = torch.from_numpy(ints).to(device, non_blocking=True)
+        self.tokens, self.depth, self.parent, self.valid = t[0], t[1], t[2], t[3].bool()
+        self.anc = torch.from_numpy(anc).to(device, non_blocking=True)
+
+
+def proposal_tensors(tree: TokenTree, flat: FlatTree, vocab: int, w: int, device: torch.device):
+    """The tree's proposals as fixed-size device tensors for ``sampled_path``.
+
+    ``P`` is a power of two >= ``w`` (so a fixed shape keeps one graph). Returns ``q [P, V]``, ``ptok``,
+    ``pparent``, ``pchild`` (flat indices; ``pparent == -1`` marks padding), ``plast`` (the last
+    proposal of its parent) and ``has_props [w]``.
+    """
+    props = [(i, p) for i, node in enumerate(flat.order) for p in tree.proposals[node]]
+    n, size = len(props), next_pow2(len(props), w)
+    ints = np.zeros((5, size), dtype=np.int64)  # token, parent, child, last, (has_props of flat node)
+    ints[1] = -1
+    for j, (i, p) in enumerate(props):
+        ints[:3, j] = (p.token, i, flat.index[p.child])
+    if n:
+        ints[3, :n] = np.r_[ints[1, 1:n] != ints[1, : n - 1], True]
+    ints[4, ints[1, :n]] = 1  # size >= w, so the flat nodes fit in this row
+    t = torch.from_numpy(ints).to(device, non_blocking=True)
+    point = [j for j, (_, p) in enumerate(props) if p.row == POINT_MASS]
+    dense = [j for j, (_, p) in enumerate(props) if p.row != POINT_MASS]
+    q = torch.zeros(size, vocab, device=device)
+    if point:
+        q[torch.tensor(point, device=device), t[0, point]] = 1.0
+    if dense:
+        q[torch.tensor(dense, device=device)] = torch.stack([props[j][1].q(vocab, device) for j in dense])
+    return q, t[0], t[1], t[2], t[3].bool(), t[4, :w].bool()
+
+
+def generate_static(
+    target: torch.nn.Module,
+    prompt: list[int],
+    drafters: Sequence[Drafter],
+    params: SamplingParams,
+    max_new_tokens: int,
+    eos: set[int],
+    gen: torch.Generator,
+    budget: int | None,
+    on_tokens: Callable[[list[int]], None] | None,
+    compile: bool | str,
+    out_device: torch.device,
+) -> GenerateOutput:
+    """The loop of ``engine.generate`` with a compiled, static-shape target step (arguments already checked).
+
+    The tree is padded to ``budget``; without one, to the first step's tree size rounded up to a power
+    of two, and later trees are merged under that cap (dropping proposals in proposal order keeps the
+    output exact). Seconds: ``drafting`` ends when the drafters return (on CUDA their queued work
+    may be charged to the next section), ``overhead`` is the host's tree work, ``verifying`` the
+    target forward, acceptance and commit up to the step's one sync.
+    """
+    device = next(target.parameters()).device
+    backend, mode = compile_options(compile, device)
+    vocab = target.get_output_embeddings().weight.shape[0]
+    stats = Stats(drafters=[DrafterStats(d.describe()) for d in drafters])
+    committed, new = list(prompt), []
+    runner = None
+    with torch.inference_mode():
+        t = time.perf_counter()
+        while len(new) < max_new_tokens:
+            drafts = [d.propose(committed) for d in drafters]
+            now = time.perf_counter()
+            stats.drafting_seconds += now - t
+
+            tree = TokenTree.rooted_at(committed[-1])
+            tree.merge(drafts, budget if runner is None else runner.width)
+            flat = flatten(tree)
+            if runner is None:
+                width = budget or next_pow2(len(flat))
+                capacity = round_up(len(prompt) + max_new_tokens + width, CAPACITY_BUCKET)
+                runner = runner_for(target, capacity, width, backend, mode)
+                runner.params = params
+                runner.prefill(prompt)
+                t = time.perf_counter()
+                stats.prefill_seconds, now = t - now, t
+            w = runner.width
+            padded = _PaddedTree(tree, flat, w, device)
+            if not params.greedy:
+                q, ptok, pparent, pchild, plast, has_props = proposal_tensors(tree, flat, vocab, w, device)
+                uniforms = torch.rand(ptok.shape[0], generator=gen, device=device)
+                expo = torch.empty(vocab, device=device).exponential_(generator=gen)
+            t2 = time.perf_counter()
+            stats.overhead_seconds += t2 - now
+
+            logits = runner.forward(padded.tokens, padded.depth, padded.anc)
+            if params.greedy:
+                packed = runner.accept_greedy(logits, padded.tokens, padded.parent, padded.anc, padded.valid)
+            else:
+                packed = runner.accept_sampled(logits, q, ptok, pparent, pchild, plast, has_props, uniforms, expo)
+            out = packed.tolist()  # the step's one device->host copy
+            t3 = time.perf_counter()
+            stats.verifying_seconds += t3 - t2
+
+            m, extra = out[w], out[w + 1]
+            path = [int(flat.order[i]) for i in out[:m]]
+            step_tokens = [tree.tokens[v] for v in path[1:]] + [extra]
+            step_tokens = step_tokens[: max_new_tokens - len(new)]
+            for i, tok in enumerate(step_tokens):
+                if tok in eos:
+                    step_tokens = step_tokens[: i + 1]
+                    break
+            committed += step_tokens
+            new += step_tokens
+            _record(stats, tree, path)
+            t = time.perf_counter()
+            stats.overhead_seconds += t - t3
+            if on_tokens is not None:
+                on_tokens(step_tokens)
+            if step_tokens[-1] in eos:
+                break
+    stats.new_tokens = len(new)
+    sequences = torch.tensor([committed], dtype=torch.long, device=out_device)
+    return GenerateOutput(sequences, new, stats)
