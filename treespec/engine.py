@@ -77,7 +77,8 @@ class Stats:
 
     def as_dict(self) -> dict:
         d = asdict(self)
-        d.update(tau=self.tau, tau_uncut=self.tau_uncut, cut_steps=self.cut_steps, seconds=self.seconds, tokens_per_second=self.tokens_per_second)
+        d.update(tau=self.tau, tau_uncut=self.tau_uncut, cut_steps=self.cut_steps, seconds=self.seconds,
+                 tokens_per_second=self.tokens_per_second)
         return d
 
 
@@ -202,13 +203,13 @@ def generate(
             # position len(committed) - 1 + d: deeper proposals can never be emitted. Dropping them
             # looks at depth only, never at a token, so the output stays exact (TokenTree.merge).
             max_depth = min(max_new_tokens - len(new) - 1, max_positions - len(committed))
-            drafting = bool(drafters) and max_depth >= 1 and budget != 1
-            # Drafters not called this step see the skipped tokens at their next propose().
-            drafts = _propose(drafters, committed, vocab) if drafting else []
+            drafting = bool(drafters) and budget != 1  # budget 1 leaves no room for a drafted token
+            # With no drafted token wanted, drafters are not called; they see the tokens at their next propose().
+            drafts = _propose(drafters, committed, vocab) if drafting and max_depth >= 1 else []
             stats.drafting_seconds += clock.lap()
 
             tree = TokenTree.rooted_at(committed[-1])
-            capped = tree.merge(drafts, budget, max_depth) > 0 or (bool(drafters) and max_depth < 1 and budget != 1)
+            capped = tree.merge(drafts, budget, max_depth) > 0 or (drafting and max_depth < 1)
             flat = flatten(tree)
             past = cache.length
             allowed = torch.ones(len(flat), past + len(flat), dtype=torch.bool)
