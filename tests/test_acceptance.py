@@ -149,17 +149,17 @@ def predicted(shape, parts: list[MeasuredAcceptance]) -> tuple[float, float]:
 
 
 def measured(target, draft, shape, prompts, mode, temperature, n=64) -> tuple[float, float, float]:
-    """tau from the engine's per-step accepted counts, its standard error clustered by prompt, and
-    the naive per-step standard error (which treats all steps as independent)."""
+    """tau from the engine's per-step committed tokens (uncut steps only), its standard error
+    clustered by prompt, and the naive per-step standard error (which treats all steps as independent)."""
     tokens, steps, per_step = [], [], []
     for i, p in enumerate(prompts):
         out = treespec.generate(target, p, drafters=[treespec.ModelDrafter(draft, shape, mode)], max_new_tokens=n,
                                 temperature=temperature, seed=7919 * i + 17)
-        hist = np.array(out.stats.accepted_hist)
-        committed = np.arange(1, len(hist) + 1)  # accepted drafted tokens + the bonus/correction token
-        tokens.append(float((committed * hist).sum()))  # untruncated: the last step's cut is not counted
-        steps.append(float(hist.sum()))
-        per_step += np.repeat(committed, hist).tolist()
+        # steps the end of the generation shortened (depth cap, EOS) would bias tau low: left out
+        full = [n for n, cut in zip(out.stats.step_tokens, out.stats.step_cut) if not cut]
+        tokens.append(float(sum(full)))
+        steps.append(float(len(full)))
+        per_step += full
     tokens_a, steps_a = np.array(tokens), np.array(steps)
     tau = tokens_a.sum() / steps_a.sum()
     k = len(prompts)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .args import check_count, check_optional_count
 from .builders import chain, independent_chains, kary
 from .sequoia import sequoia
 from .shape import Acceptance, TreeShape
@@ -13,6 +14,9 @@ STATIC_BUILDERS = ("sequoia", "chain", "kary", "chains")
 def kary_widths(budget: int, width: int, max_depth: int | None = None) -> tuple[int, ...]:
     """Per-level widths of the SpecInfer k-ary tree that fits ``budget``: full ``width``-ary levels
     while they fit, then the largest width that still fits, e.g. budget 8, width 2 -> (2, 2)."""
+    budget = check_count("budget", budget, 1, "it counts the root")
+    width = check_count("width", width, 1, "it is the number of children per node")
+    max_depth = check_optional_count("max_depth", max_depth, 0)
     widths: list[int] = []
     size, level = 1, 1
     while max_depth is None or len(widths) < max_depth:
@@ -38,8 +42,13 @@ def for_budget(builder: str, budget: int, acceptance: Acceptance | None = None, 
       baseline; use it with a sampling drafter mode); ``k = chains``, by default 2 up to budget 16,
       else 4.
     """
-    if not isinstance(budget, int) or budget < 2:
-        raise ValueError(f"a drafted tree needs budget >= 2 (root + one token), got {budget!r}")
+    if not isinstance(builder, str) or builder not in STATIC_BUILDERS:
+        raise ValueError(f"unknown tree builder {builder!r}; choose one of {', '.join(STATIC_BUILDERS)} "
+                         "(or 'dynamic')")
+    budget = check_count("budget", budget, 2, "a drafted tree needs the root and at least one token")
+    max_depth = check_optional_count("max_depth", max_depth, 1, "a drafted tree has depth >= 1; None for no limit")
+    kary_width = check_count("kary_width", kary_width, 1, "it is the number of children per node")
+    chains = check_optional_count("chains", chains, 1, "it is the number of independent chains; None for the default")
     cap = budget - 1 if max_depth is None else min(budget - 1, max_depth)
     if builder == "sequoia":
         if acceptance is None:
@@ -49,7 +58,5 @@ def for_budget(builder: str, budget: int, acceptance: Acceptance | None = None, 
         return chain(cap)
     if builder == "kary":
         return kary(kary_widths(budget, kary_width, max_depth))
-    if builder == "chains":
-        k = min(chains if chains is not None else (2 if budget <= 16 else 4), budget - 1)
-        return independent_chains(k, min((budget - 1) // k, cap))
-    raise ValueError(f"unknown tree builder {builder!r}; choose one of {', '.join(STATIC_BUILDERS)} (or 'dynamic')")
+    k = min(chains if chains is not None else (2 if budget <= 16 else 4), budget - 1)
+    return independent_chains(k, min((budget - 1) // k, cap))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable, Sequence
 
+from .args import check_count, check_optional_count
 from .shape import Acceptance, Path, TreeShape, acceptance_rows
 
 #: refuse to materialise k-ary trees larger than this (a typo in the widths can explode)
@@ -14,17 +15,17 @@ MAX_KARY_SIZE = 1_000_000
 
 def chain(gamma: int) -> TreeShape:
     """A chain of ``gamma`` drafted tokens (classic speculative decoding): size ``gamma + 1``."""
-    if int(gamma) != gamma or gamma < 0:
-        raise ValueError(f"gamma must be a non-negative int, got {gamma!r}")
-    return TreeShape((0,) * i for i in range(1, int(gamma) + 1))
+    gamma = check_count("gamma", gamma, 0, "it is the number of drafted tokens")
+    return TreeShape((0,) * i for i in range(1, gamma + 1))
 
 
 def kary(widths: Sequence[int]) -> TreeShape:
     """SpecInfer's expansion config: every node at level ``i`` (root = level 0) has ``widths[i]``
     children, e.g. ``kary((1, 1, 3, 1, 1, 1, 1, 1))``. Size ``1 + w0 + w0*w1 + ...``."""
-    ws = [int(w) for w in widths]
-    if any(w < 0 for w in ws) or any(w != x for w, x in zip(ws, widths)):
-        raise ValueError(f"widths must be non-negative ints, got {tuple(widths)!r}")
+    if isinstance(widths, (str, bytes)) or not isinstance(widths, Sequence):
+        raise ValueError(f"widths must be a sequence of ints (children per level), got {widths!r}; e.g. kary((2, 2))")
+    ws = [check_count(f"widths[{i}]", w, 0, "it is the number of children per node at that level")
+          for i, w in enumerate(widths)]
     size, level = 1, 1
     for w in ws:
         level *= w
@@ -42,11 +43,11 @@ def kary(widths: Sequence[int]) -> TreeShape:
 def independent_chains(k: int, depth: int) -> TreeShape:
     """``k`` root children, each the head of a chain of ``depth`` tokens: size ``1 + k*depth``
     (e.g. ``k`` independent samples of a chain drafter merged at the root)."""
-    if int(k) != k or k < 0 or int(depth) != depth or depth < 0:
-        raise ValueError(f"k and depth must be non-negative ints, got k={k!r}, depth={depth!r}")
+    k = check_count("k", k, 0, "it is the number of chains")
+    depth = check_count("depth", depth, 0, "it is the length of each chain")
     if depth == 0:
         return TreeShape()
-    return TreeShape((i,) + (0,) * j for i in range(int(k)) for j in range(int(depth)))
+    return TreeShape((i,) + (0,) * j for i in range(k) for j in range(depth))
 
 
 def from_paths(paths: Iterable[Sequence[int]]) -> TreeShape:
@@ -69,12 +70,12 @@ def greedy_best_first(
     do not grow with depth (then the top-``budget`` nodes by value form a valid tree); not in
     general, unlike :func:`tree_builders.sequoia`.
     """
-    if int(budget) != budget or budget < 1:
-        raise ValueError(f"budget must be >= 1 (it counts the root), got {budget!r}")
+    budget = check_count("budget", budget, 1, "it counts the root")
+    D = check_optional_count("max_depth", max_depth, 0)
+    max_width = check_optional_count("max_width", max_width, 0)
     rows = acceptance_rows(acceptance)
     R, K = rows.shape
-    W = K if max_width is None else min(K, int(max_width))
-    D = max_depth
+    W = K if max_width is None else min(K, max_width)
 
     def acc(depth: int, rank: int) -> float:  # parent at ``depth``, child of ``rank``
         return float(rows[min(depth, R - 1), rank]) if rank < W else 0.0

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from .args import check_count, check_optional_count
 from .shape import Acceptance, Path, TreeShape, acceptance_rows
 
 _TIE = 1e-12  # a strictly better value must beat the incumbent by more than this
@@ -46,12 +47,9 @@ class _Level:
 
 
 def _check_limits(budget: int, max_depth: int | None, max_width: int | None) -> None:
-    if int(budget) != budget or budget < 1:
-        raise ValueError(f"budget must be >= 1 (it counts the root), got {budget!r}")
-    if max_depth is not None and (int(max_depth) != max_depth or max_depth < 0):
-        raise ValueError(f"max_depth must be a non-negative int or None, got {max_depth!r}")
-    if max_width is not None and (int(max_width) != max_width or max_width < 0):
-        raise ValueError(f"max_width must be a non-negative int or None, got {max_width!r}")
+    check_count("budget", budget, 1, "it counts the root")
+    check_optional_count("max_depth", max_depth, 0)
+    check_optional_count("max_width", max_width, 0)
 
 
 def _level(F_child: np.ndarray, a: np.ndarray, B: int) -> _Level:
@@ -178,8 +176,8 @@ class SequoiaDP:
 
     def shape(self, budget: int | None = None) -> TreeShape:
         """The smallest optimal shape with at most ``budget`` nodes (default: the DP's budget)."""
-        n = self.budget if budget is None else int(budget)
-        if not 1 <= n <= self.budget:
+        n = self.budget if budget is None else check_count("budget", budget, 1, "it counts the root")
+        if n > self.budget:
             raise ValueError(f"budget must be >= 1 and <= {self.budget} (the DP's budget), got {budget!r}")
         # smallest n' <= n reaching the optimum: its optimal shape uses exactly n' nodes
         target = self.values[n] - _TIE * max(1.0, self.values[n])

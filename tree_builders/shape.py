@@ -9,6 +9,7 @@ probability of being the accepted child is ``a_k`` under a positional acceptance
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Union
 
@@ -29,23 +30,15 @@ def acceptance_rows(acceptance: Acceptance) -> np.ndarray:
     Entries must lie in ``[0, 1]`` and each row must sum to at most 1: the ranks of one sibling
     group are disjoint events ("the child of rank k is the accepted one").
     """
-    if isinstance(acceptance, np.ndarray):
-        arr = np.asarray(acceptance, dtype=np.float64)
-        if arr.ndim == 1:
-            arr = arr[None, :]
-    else:
-        items = list(acceptance)
-        if not items:
-            raise ValueError("acceptance must not be empty")
-        if all(np.ndim(x) == 0 for x in items):
-            arr = np.asarray(items, dtype=np.float64)[None, :]
-        elif all(np.ndim(x) == 1 for x in items):
-            width = max(len(x) for x in items)
-            arr = np.zeros((len(items), width), dtype=np.float64)
-            for d, row in enumerate(items):
-                arr[d, : len(row)] = np.asarray(row, dtype=np.float64)
-        else:
-            raise ValueError("acceptance must be a vector a[k] or a per-depth matrix a[d][k]")
+    if isinstance(acceptance, (str, bytes, dict)) or not hasattr(acceptance, "__iter__"):
+        raise ValueError(f"acceptance must be a vector a[k] or a per-depth matrix a[d][k] of probabilities, "
+                         f"got {type(acceptance).__name__}")
+    try:
+        arr = _acceptance_array(acceptance)
+    except (TypeError, ValueError) as exc:
+        if "acceptance" in str(exc):
+            raise
+        raise ValueError(f"acceptance must hold numbers (probabilities in [0, 1]): {exc}") from None
     if arr.ndim != 2 or arr.shape[0] == 0 or arr.shape[1] == 0:
         raise ValueError(f"acceptance must be a non-empty vector or matrix, got shape {arr.shape}")
     if not np.all(np.isfinite(arr)) or np.any(arr < 0) or np.any(arr > 1):
@@ -58,6 +51,40 @@ def acceptance_rows(acceptance: Acceptance) -> np.ndarray:
             "events (the accepted child is the one of rank k)"
         )
     return arr
+
+
+def _acceptance_array(acceptance: Acceptance) -> np.ndarray:
+    """``acceptance`` as a float array (one row for a vector); numbers only, ragged rows zero-padded."""
+    if isinstance(acceptance, np.ndarray):
+        if acceptance.dtype.kind not in "iuf":
+            raise ValueError(f"acceptance must be a numeric array, got dtype {acceptance.dtype}")
+        arr = np.asarray(acceptance, dtype=np.float64)
+        return arr[None, :] if arr.ndim == 1 else arr
+    items = list(acceptance)
+    if not items:
+        raise ValueError("acceptance must not be empty")
+    if all(np.ndim(x) == 0 for x in items):
+        return np.asarray([_probability(x) for x in items], dtype=np.float64)[None, :]
+    if all(np.ndim(x) == 1 for x in items):
+        width = max(len(x) for x in items)
+        arr = np.zeros((len(items), width), dtype=np.float64)
+        for d, row in enumerate(items):
+            arr[d, : len(row)] = [_probability(x) for x in row]
+        return arr
+    raise ValueError("acceptance must be a vector a[k] or a per-depth matrix a[d][k]")
+
+
+def _probability(x: object) -> float:
+    if hasattr(x, "item") and np.ndim(x) == 0:  # numpy scalars, 0-d arrays and tensors
+        x = x.item()
+    if isinstance(x, (bool, np.bool_)) or not isinstance(x, numbers.Real):
+        raise ValueError(f"acceptance entries must be numbers in [0, 1], got {x!r} ({type(x).__name__})")
+    return float(x)
+
+
+def _is_int(x: object) -> bool:
+    """A Python or numpy integer (not a bool, not a float such as 1.0)."""
+    return isinstance(x, numbers.Integral) and not isinstance(x, (bool, np.bool_))
 
 
 def _path_key(path: Path) -> tuple[int, Path]:
@@ -82,13 +109,12 @@ class TreeShape:
         """
         seen: set[Path] = set()
         for raw in paths:
-            try:
-                items = tuple(raw)
-                p = tuple(int(r) for r in items)
-            except (TypeError, ValueError) as exc:
-                raise ValueError(f"a path must be a sequence of ints, got {raw!r}") from exc
-            if any(r != q for r, q in zip(items, p)):
-                raise ValueError(f"path {raw!r} has non-integer ranks")
+            if isinstance(raw, (str, bytes)) or not hasattr(raw, "__iter__"):
+                raise ValueError(f"a path must be a sequence of ints, got {raw!r}")
+            items = tuple(raw)
+            if not all(_is_int(r) for r in items):
+                raise ValueError(f"path {raw!r} has non-integer ranks: a path must be a sequence of ints, e.g. (0, 1)")
+            p = tuple(int(r) for r in items)
             if len(p) == 0:
                 raise ValueError("the root () is implicit; use TreeShape.from_paths to pass it")
             if any(r < 0 for r in p):
@@ -129,6 +155,8 @@ class TreeShape:
         paths: list[Path] = []
         counts: dict[int, int] = {}
         for i, par in enumerate(parents):
+            if not _is_int(par):
+                raise ValueError(f"node {i} has parent {par!r}; parents are ints (-1 = the root)")
             par = int(par)
             if not (par == -1 or 0 <= par < i):
                 raise ValueError(f"node {i} has parent {par}; parents must precede children")

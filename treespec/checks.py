@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 from typing import Sequence
 
+import numpy as np
 import torch
 
 #: families whose stock HF modelling code takes a 4D tree mask with full (non-sliding) attention
@@ -49,39 +52,143 @@ def check_vocab(target_vocab: int, drafter_vocab: int | None, name: str) -> None
         )
 
 
-def as_prompt(input_ids: torch.Tensor | Sequence[int]) -> list[int]:
-    """The single prompt of a batch-of-one ``[1, L]`` tensor (or a list of ints)."""
-    if isinstance(input_ids, torch.Tensor):
-        if input_ids.dim() == 2:
+def check_int(name: str, value: object, minimum: int | None = None, hint: str = "") -> int:
+    """``value`` as a Python int; refuses bools, floats (even ``2.0``) and strings, never truncates.
+
+    Accepts Python and numpy integers and 0-d integer tensors/arrays.
+    """
+    if isinstance(value, (torch.Tensor, np.ndarray)) and value.ndim == 0 and _is_int_dtype(value):
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(
+            f"{name} must be an int, got {value!r} ({type(value).__name__}); "
+            + (hint or f"pass a whole number such as {name}={max(minimum or 0, 1)}.")
+        )
+    value = int(value)
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value}" + (f"; {hint}" if hint else "."))
+    return value
+
+
+def check_real(name: str, value: object, hint: str) -> float:
+    """``value`` as a finite Python float (ints and numpy/0-d tensor numbers accepted); no NaN or inf."""
+    if isinstance(value, (torch.Tensor, np.ndarray)) and value.ndim == 0:
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name} must be a number, got {value!r} ({type(value).__name__}); {hint}")
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value!r}; {hint}")
+    return float(value)
+
+
+def _is_int_dtype(x: torch.Tensor | np.ndarray) -> bool:
+    if isinstance(x, torch.Tensor):
+        return not (x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool)
+    return x.dtype.kind in "iu"
+
+
+def eos_ids(eos_token_id: object) -> frozenset[int]:
+    """The stop tokens, from what HuggingFace accepts: None, an int, a list/tuple of ints, a 0-d or 1-d
+    integer tensor or array, numpy ints. Anything else (a string, a float) is an error, never ignored."""
+    if eos_token_id is None:
+        return frozenset()
+    hint = ("pass the id as an int (e.g. tokenizer.eos_token_id), a list of ints, or a 0-d/1-d integer "
+            "tensor; None never stops early.")
+    value = eos_token_id
+    if isinstance(value, (torch.Tensor, np.ndarray)):
+        if value.ndim > 1 or not _is_int_dtype(value):
+            raise ValueError(f"eos_token_id must be an integer tensor of 0 or 1 dimensions, got dtype "
+                             f"{value.dtype} and shape {tuple(value.shape)}; {hint}")
+        value = value.tolist()
+    items = value if isinstance(value, (list, tuple)) else [value]
+    out = set()
+    for t in items:
+        if isinstance(t, bool) or not isinstance(t, numbers.Integral):
+            raise ValueError(f"eos_token_id must hold token ids (ints), got {t!r} ({type(t).__name__}) in "
+                             f"{eos_token_id!r}; {hint}")
+        if t < 0:
+            raise ValueError(f"eos_token_id holds the negative id {int(t)}; token ids are >= 0. {hint}")
+        out.add(int(t))
+    return frozenset(out)
+
+
+def check_seed(seed: object) -> int | None:
+    """None, or an int in ``[0, 2**64)`` (the range ``torch.Generator.manual_seed`` takes)."""
+    if seed is None:
+        return None
+    seed = check_int("seed", seed, 0, "pass a whole number in [0, 2**64), or None for a random seed.")
+    if seed >= 2**64:
+        raise ValueError(f"seed must be < 2**64, got {seed}; pass a whole number in [0, 2**64), or None.")
+    return seed
+
+
+def as_prompt(input_ids: torch.Tensor | Sequence[int], vocab: int | None = None) -> list[int]:
+    """The single prompt of a batch-of-one ``[1, L]`` tensor (or a list of ints), checked against ``vocab``."""
+    if isinstance(input_ids, (torch.Tensor, np.ndarray)):
+        if not _is_int_dtype(input_ids):
+            raise ValueError(f"input_ids must hold integer token ids, got dtype {input_ids.dtype}; "
+                             "pass the tokenizer's ids (e.g. tokenizer(text, return_tensors='pt').input_ids).")
+        if input_ids.ndim == 2:
             if input_ids.shape[0] != 1:
                 raise ValueError(
                     f"batch size {input_ids.shape[0]} is not supported: treespec generates one sequence "
                     "at a time; call generate once per prompt with input_ids of shape [1, L]."
                 )
             input_ids = input_ids[0]
-        elif input_ids.dim() != 1:
+        elif input_ids.ndim != 1:
             raise ValueError(f"input_ids must have shape [1, L] or [L], got {tuple(input_ids.shape)}")
         prompt = input_ids.tolist()
+    elif isinstance(input_ids, (str, bytes)) or not isinstance(input_ids, Sequence):
+        raise ValueError(f"input_ids must be a [1, L] tensor or a list of token ids, got {type(input_ids).__name__}; "
+                         "tokenize text first (e.g. tokenizer(text).input_ids).")
     else:
-        prompt = [int(t) for t in input_ids]
+        prompt = [check_int(f"input_ids[{i}]", t, hint="token ids are whole numbers.") for i, t in enumerate(input_ids)]
     if not prompt:
         raise ValueError("the prompt is empty: give at least one token (e.g. the BOS token)")
+    if vocab is not None:
+        lo, hi = min(prompt), max(prompt)
+        if lo < 0 or hi >= vocab:
+            bad = lo if lo < 0 else hi
+            raise ValueError(
+                f"input_ids holds token id {bad} at position {prompt.index(bad)}, outside the model's "
+                f"vocabulary [0, {vocab}); tokenize with the model's own tokenizer."
+            )
     return prompt
 
 
-def check_lengths(prompt_len: int, max_new_tokens: int, max_positions: int | None) -> None:
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+def check_lengths(prompt_len: int, max_new_tokens: object, max_positions: int | None) -> int:
+    """``max_new_tokens`` as an int >= 1 that fits the model's context after the prompt."""
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+    max_new_tokens = int(max_new_tokens)
     if max_positions is not None and prompt_len + max_new_tokens > max_positions:
         raise ValueError(
             f"the prompt ({prompt_len} tokens) plus max_new_tokens ({max_new_tokens}) exceeds the model's "
             f"context of {max_positions} positions; shorten the prompt or lower max_new_tokens."
         )
+    return max_new_tokens
 
 
-def check_budget(budget: int | None) -> None:
-    if budget is not None and (not isinstance(budget, int) or budget < 1):
+def check_budget(budget: object) -> int | None:
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, numbers.Integral) or budget < 1):
         raise ValueError(
             f"budget must be an int >= 1 (tokens per verification pass, root included), got {budget!r}; "
             "budget=1 verifies the root alone (plain decoding), None means no cap."
         )
+    return None if budget is None else int(budget)
+
+
+def check_drafters(drafters: object, drafter_cls: type) -> list:
+    """A list of distinct ``Drafter`` instances (one object twice would share its state between slots)."""
+    if isinstance(drafters, drafter_cls):
+        raise ValueError("drafters must be a list of drafters; pass drafters=[d] for a single one.")
+    if isinstance(drafters, (str, bytes)) or not isinstance(drafters, Sequence):
+        raise ValueError(f"drafters must be a list of Drafter objects, got {type(drafters).__name__}.")
+    for i, d in enumerate(drafters):
+        if not isinstance(d, drafter_cls):
+            raise ValueError(f"drafters[{i}] is a {type(d).__name__}, not a treespec Drafter; subclass "
+                             "treespec.Drafter (propose(context) -> DraftProposals).")
+        if any(d is e for e in drafters[:i]):
+            raise ValueError(f"drafters[{i}] is the same object as an earlier drafter; each slot needs its "
+                             "own instance (its state is per generation), e.g. create a second drafter.")
+    return list(drafters)

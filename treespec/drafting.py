@@ -4,7 +4,7 @@ A drafter never sees the verifier. Each step the engine calls ``propose(context)
 committed sequence (prompt plus every committed token; its last token is the root of this step's
 token tree) and merges the returned proposals into one prefix trie.
 
-The exactness rule (see ``../shared/design/NOTES.md``) needs, for every proposal, the distribution
+The exactness rule (``docs/design.md``, "Exactness rule") needs, for every proposal, the distribution
 its token was drawn from:
 
 * ``dist_rows[j] == -1``: a deterministic candidate (top-k child, n-gram guess): a point mass;
@@ -19,6 +19,7 @@ import abc
 from dataclasses import dataclass, field
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from .sampling import SamplingParams
@@ -50,12 +51,92 @@ class DraftProposals:
     def excluded(self, j: int) -> tuple[int, ...]:
         return () if self.exclude is None else self.exclude[j]
 
-    def validate(self) -> None:
-        if len(self.parents) != len(self.tokens):
-            raise ValueError("DraftProposals: tokens and parents differ in length")
-        for j, p in enumerate(self.parents):
-            if not (p == ROOT or 0 <= p < j):
-                raise ValueError(f"DraftProposals: proposal {j} has parent {p}; parents must precede children")
+    def validate(self, vocab_size: int | None = None) -> None:
+        """Raise ``ValueError`` unless these proposals are well formed and exact to verify.
+
+        Checks: ``tokens``, ``parents``, ``dist_rows`` and ``exclude`` have one entry per proposal;
+        parents precede children; token ids lie in ``[0, vocab_size)``; ``dists`` is a ``[rows, V]``
+        float tensor with ``V == vocab_size``; every ``dist_rows`` entry is
+        ``POINT_MASS`` or a row of ``dists``; and every sampled proposal had ``q(x) > 0`` (its token
+        has mass in its row and is not among its ``exclude`` tokens). A proposal claiming to be drawn
+        from a ``q`` with ``q(x) = 0`` would otherwise always be accepted: the output would be inexact.
+        Vectorised over proposals (one small device-to-host copy when there are sampled proposals).
+        """
+        n = len(self.tokens)
+        for name, seq in (("parents", self.parents), ("dist_rows", self.dist_rows), ("exclude", self.exclude)):
+            if seq is not None and len(seq) != n:
+                raise ValueError(f"DraftProposals: {n} tokens but {len(seq)} {name}; give one entry per proposal")
+        if n == 0:
+            return
+        tokens = _int_array("tokens", self.tokens)
+        parents = _int_array("parents", self.parents)
+        j = np.flatnonzero((parents != ROOT) & ((parents < 0) | (parents >= np.arange(n))))
+        if j.size:
+            j = int(j[0])
+            raise ValueError(f"DraftProposals: proposal {j} has parent {int(parents[j])}; a parent must be "
+                             f"ROOT (-1) or an earlier proposal (0..{j - 1})")
+        _check_range("token id", tokens, vocab_size)
+        if self.exclude is not None:
+            for j, ex in enumerate(self.exclude):
+                if ex:
+                    _check_range("excluded token id", _int_array("exclude", ex), vocab_size, j)
+        if self.dist_rows is None:
+            return
+        rows = _int_array("dist_rows", self.dist_rows)
+        sampled = np.flatnonzero(rows != POINT_MASS)
+        if sampled.size == 0:
+            return
+        dists = self.dists
+        if not isinstance(dists, torch.Tensor) or dists.dim() != 2 or not dists.dtype.is_floating_point:
+            raise ValueError(f"DraftProposals: proposal {int(sampled[0])} has dist row {int(rows[sampled[0]])} but "
+                             f"dists is {_describe(dists)}; give a float tensor [rows, vocab] of probabilities")
+        if vocab_size is not None and dists.shape[1] != vocab_size:
+            raise ValueError(f"DraftProposals: dists has {dists.shape[1]} columns but the vocabulary has "
+                             f"{vocab_size} tokens; give one probability per token id")
+        bad = np.flatnonzero((rows < POINT_MASS) | (rows >= dists.shape[0]))
+        if bad.size:
+            j = int(bad[0])
+            raise ValueError(f"DraftProposals: proposal {j} has dist row {int(rows[j])} but dists has "
+                             f"{dists.shape[0]} rows; use POINT_MASS (-1) or a row index 0..{dists.shape[0] - 1}")
+        r = torch.as_tensor(rows[sampled], device=dists.device)
+        x = torch.as_tensor(tokens[sampled], device=dists.device)
+        q_x = dists[r, x].float().cpu().numpy()  # one device-to-host copy of len(sampled) numbers
+        bad = [int(s) for s in sampled[~(np.isfinite(q_x) & (q_x > 0))]]
+        if self.exclude is not None:
+            bad += [int(s) for s in sampled if int(tokens[s]) in self.exclude[s]]
+        if bad:
+            j = min(bad)
+            qj = float(q_x[np.searchsorted(sampled, j)])
+            why = "it is one of its exclude tokens" if self.exclude is not None and int(tokens[j]) in self.exclude[j] \
+                else f"q(x) = {qj:g}"
+            raise ValueError(
+                f"DraftProposals: proposal {j} (token {int(tokens[j])}) claims to be drawn from dist row "
+                f"{int(rows[j])} where it has no probability ({why}); a sampled token must have q(x) > 0, "
+                "otherwise verification is inexact. Propose it as a point mass (dist row POINT_MASS) or give "
+                "the distribution it was really drawn from."
+            )
+
+
+def _int_array(name: str, values: Sequence[int]) -> np.ndarray:
+    a = values.detach().cpu().numpy() if isinstance(values, torch.Tensor) else np.asarray(values)
+    if a.ndim != 1 or a.dtype.kind not in "iu":
+        raise ValueError(f"DraftProposals: {name} must be a list of ints, got {_describe(values)}")
+    return a.astype(np.int64, copy=False)
+
+
+def _check_range(what: str, ids: np.ndarray, vocab_size: int | None, proposal: int | None = None) -> None:
+    bad = np.flatnonzero((ids < 0) | (ids >= vocab_size if vocab_size is not None else False))
+    if bad.size:
+        j = int(bad[0]) if proposal is None else proposal
+        span = f"the vocabulary [0, {vocab_size})" if vocab_size is not None else "the token ids (>= 0)"
+        raise ValueError(f"DraftProposals: proposal {j} has {what} {int(ids[bad[0]])}, outside {span}; "
+                         "propose the target's token ids")
+
+
+def _describe(x: object) -> str:
+    if isinstance(x, (torch.Tensor, np.ndarray)):
+        return f"a {type(x).__name__} of dtype {x.dtype} and shape {tuple(x.shape)}"
+    return f"{x!r}" if not isinstance(x, (list, tuple)) or len(x) < 8 else f"a {type(x).__name__} of {len(x)} items"
 
 
 class Drafter(abc.ABC):

@@ -10,7 +10,7 @@ from typing import Callable, Sequence
 import torch
 
 from . import checks
-from .drafting import Drafter
+from .drafting import DraftProposals, Drafter
 from .kv import TreeCache, causal_allowed, check_sampling_dtype, forward_masked
 from .sampling import SamplingParams
 from .tree import FlatTree, TokenTree, flatten
@@ -21,17 +21,30 @@ from . import verifiers
 class DrafterStats:
     name: str
     proposed: int = 0  # proposals that made it into the verified tree
-    accepted: int = 0  # committed drafted tokens this drafter had proposed
+    accepted: int = 0  # emitted drafted tokens this drafter had proposed
 
 
 @dataclass
 class Stats:
-    """Figures of one ``generate`` call. Seconds are wall clock (synchronised on CUDA)."""
+    """Figures of one ``generate`` call. Seconds are wall clock (synchronised on CUDA).
+
+    Only emitted tokens count: when EOS or ``max_new_tokens`` cuts a step's accepted path, the
+    tokens after the cut are in neither ``accepted_hist`` nor the drafters' ``accepted``.
+
+    A step is *cut* (``step_cut``) when the end of the generation shortened it: its committed tokens
+    were cut at EOS or ``max_new_tokens``, or its tree was capped in depth by the tokens still wanted
+    (or the context left), drafting skipped included. Two means of tokens per step, both with the
+    bonus/correction token included: ``tau`` over all steps (what the user got) and ``tau_uncut``
+    over the steps that were not cut (what the tree shape and drafters deliver per full step; the
+    per-step expected tokens of ``docs/design.md``, "Definitions", estimate this one).
+    """
 
     steps: int = 0  # target forwards over a token tree (the prefill is not counted)
     new_tokens: int = 0
-    accepted_hist: list[int] = field(default_factory=list)  # [k] = steps that accepted k drafted tokens
+    accepted_hist: list[int] = field(default_factory=list)  # [k] = steps that emitted k drafted tokens
     tree_sizes: list[int] = field(default_factory=list)  # tokens verified per step, root included
+    step_tokens: list[int] = field(default_factory=list)  # tokens committed per step (bonus included)
+    step_cut: list[bool] = field(default_factory=list)  # per step: shortened by the end of the generation
     prefill_seconds: float = 0.0
     drafting_seconds: float = 0.0  # drafters' propose(), draft model forwards included
     verifying_seconds: float = 0.0  # target forwards over the trees
@@ -41,8 +54,19 @@ class Stats:
 
     @property
     def tau(self) -> float:
-        """Mean tokens committed per step (bonus/correction token included)."""
+        """Mean tokens committed per step over all steps (bonus/correction token included)."""
         return self.new_tokens / self.steps if self.steps else 0.0
+
+    @property
+    def cut_steps(self) -> int:
+        """Number of steps shortened by the end of the generation (see the class docstring)."""
+        return sum(self.step_cut)
+
+    @property
+    def tau_uncut(self) -> float:
+        """Mean tokens committed per step over the steps that were not cut (0.0 if there are none)."""
+        full = [n for n, cut in zip(self.step_tokens, self.step_cut) if not cut]
+        return sum(full) / len(full) if full else 0.0
 
     @property
     def seconds(self) -> float:
@@ -54,7 +78,8 @@ class Stats:
 
     def as_dict(self) -> dict:
         d = asdict(self)
-        d.update(tau=self.tau, seconds=self.seconds, tokens_per_second=self.tokens_per_second)
+        d.update(tau=self.tau, tau_uncut=self.tau_uncut, cut_steps=self.cut_steps, seconds=self.seconds,
+                 tokens_per_second=self.tokens_per_second)
         return d
 
 
@@ -129,11 +154,12 @@ def generate(
         drafters: proposal sources, merged into one token trie in this order.
         max_new_tokens: tokens to generate (fewer only when ``eos_token_id`` is emitted).
         temperature, top_k, top_p: the target distribution to sample from (HF conventions).
-        eos_token_id: stop after emitting it (an int or several); None never stops early.
+        eos_token_id: stop after emitting it: an int, a list of ints or a 0-d/1-d integer tensor
+            (as HF); None never stops early.
         seed: same seed and inputs give the same output; None draws a random seed.
         budget: cap on tokens per verification pass, root included; proposals beyond it are
             dropped in proposal order. None means no cap.
-        on_tokens: called with each step's committed tokens (for streaming).
+        on_tokens: called with each step's committed tokens (for streaming); gets its own list.
         verifier: the exact verification rule for sampled steps: ``"rrs"`` (token-level, every
             tree), ``"block"`` (chains) or ``"traversal"`` (trees drafted in the ways it is exact
             for); see ``docs/verifiers.md``. A tree the verifier is not exact for raises
@@ -144,17 +170,22 @@ def generate(
     params = SamplingParams(temperature, top_k, top_p)
     verifiers.get(verifier)  # an unknown name fails before any work
     checks.check_model(target)
-    checks.check_budget(budget)
-    prompt = checks.as_prompt(input_ids)
-    checks.check_lengths(len(prompt), max_new_tokens, getattr(target.config, "max_position_embeddings", None))
+    budget = checks.check_budget(budget)
+    drafters = checks.check_drafters(drafters, Drafter)
     vocab = checks.vocab_size(target)
+    prompt = checks.as_prompt(input_ids, vocab)
+    max_positions = getattr(target.config, "max_position_embeddings", None) or 2**62
+    max_new_tokens = checks.check_lengths(len(prompt), max_new_tokens, max_positions)
     for d in drafters:
         checks.check_vocab(vocab, d.vocab_size, d.describe())
         if getattr(d, "model", None) is not None:
             checks.check_model(d.model, role="draft")
-    eos = set() if eos_token_id is None else {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id)
+    eos = checks.eos_ids(eos_token_id)
+    seed = checks.check_seed(seed)
+    if on_tokens is not None and not callable(on_tokens):
+        raise ValueError(f"on_tokens must be callable (it gets each step's tokens), got {type(on_tokens).__name__}")
     device = next(target.parameters()).device
-    seed = int.from_bytes(os.urandom(7), "little") if seed is None else int(seed)
+    seed = int.from_bytes(os.urandom(7), "little") if seed is None else seed
     gen = torch.Generator(device).manual_seed(seed)
     for i, d in enumerate(drafters):
         d.reset(prompt, sampling=params.for_draft(), seed=(seed * 1_000_003 + i + 1) % 2**63)
@@ -183,11 +214,17 @@ def generate(
                            causal_allowed(0, len(ids), device), logits_to_keep=1)
         stats.prefill_seconds = clock.lap()
         while len(new) < max_new_tokens:
-            drafts = [d.propose(committed) for d in drafters]
+            # A path of depth d commits d + 1 tokens (the bonus on top) and its last node sits at
+            # position len(committed) - 1 + d: deeper proposals can never be emitted. Dropping them
+            # looks at depth only, never at a token, so the output stays exact (TokenTree.merge).
+            max_depth = min(max_new_tokens - len(new) - 1, max_positions - len(committed))
+            drafting = bool(drafters) and budget != 1  # budget 1 leaves no room for a drafted token
+            # With no drafted token wanted, drafters are not called; they see the tokens at their next propose().
+            drafts = _propose(drafters, committed, vocab) if drafting and max_depth >= 1 else []
             stats.drafting_seconds += clock.lap()
 
             tree = TokenTree.rooted_at(committed[-1])
-            tree.merge(drafts, budget)
+            capped = tree.merge(drafts, budget, max_depth) > 0 or (drafting and max_depth < 1)
             if not params.greedy:  # refuse, before the forward, a tree the verifier is not exact for
                 kept = sum(len(props) for props in tree.proposals)
                 verifiers.check_tree(verifier, tree, truncated=kept < sum(len(d) for d in drafts))
@@ -215,10 +252,10 @@ def generate(
                     break
             committed += step_tokens
             new += step_tokens
-            _record(stats, tree, path)
+            _record(stats, tree, path, len(step_tokens), capped or len(step_tokens) < len(path))
             stats.overhead_seconds += clock.lap()
             if on_tokens is not None:
-                on_tokens(step_tokens)
+                on_tokens(list(step_tokens))
             if step_tokens[-1] in eos:
                 break
     stats.new_tokens = len(new)
@@ -227,17 +264,35 @@ def generate(
     return GenerateOutput(sequences, new, stats)
 
 
-def _record(stats: Stats, tree: TokenTree, path: list[int]) -> None:
+def _propose(drafters: Sequence[Drafter], committed: list[int], vocab: int) -> list[DraftProposals]:
+    """Every drafter's proposals for this step, validated; a bad drafter is named in the error."""
+    drafts = []
+    for i, d in enumerate(drafters):
+        draft = d.propose(committed)
+        try:
+            if not isinstance(draft, DraftProposals):
+                raise ValueError(f"propose() must return a DraftProposals, got {type(draft).__name__}")
+            draft.validate(vocab)
+        except ValueError as e:
+            raise ValueError(f"drafters[{i}] ({d.describe()}) returned invalid proposals: {e}") from None
+        drafts.append(draft)
+    return drafts
+
+
+def _record(stats: Stats, tree: TokenTree, path: list[int], emitted: int, cut: bool) -> None:
+    """Count one step; of its accepted path only the ``emitted`` tokens count (EOS or the length cut it)."""
     stats.steps += 1
-    accepted = len(path) - 1
+    accepted = min(len(path) - 1, emitted)  # drafted tokens actually emitted
     if len(stats.accepted_hist) <= accepted:
         stats.accepted_hist.extend([0] * (accepted + 1 - len(stats.accepted_hist)))
     stats.accepted_hist[accepted] += 1
     stats.tree_sizes.append(tree.size)
+    stats.step_tokens.append(emitted)
+    stats.step_cut.append(cut)
     for props in tree.proposals:
         for p in props:
             stats.drafters[p.drafter].proposed += 1
-    for v in path[1:]:
+    for v in path[1 : 1 + accepted]:
         mask = tree.proposed_by[v]
         for i, ds in enumerate(stats.drafters):
             if mask >> i & 1:

@@ -40,6 +40,7 @@ the last ``window`` tokens, which is all the tables depend on) it rebuilds them 
 from __future__ import annotations
 
 import heapq
+import numbers
 from collections import deque
 from typing import Iterable, Sequence
 
@@ -57,23 +58,28 @@ __all__ = [
 MODES = ("ngram", "prompt_lookup")
 
 
+def _is_int(value: object) -> bool:
+    """A Python or numpy integer; bools and floats (even ``2.0``) are not."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
 def _check_int(name: str, value: object, minimum: int, hint: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
+    if not _is_int(value):
         raise ValueError(f"{name} must be an int, got {value!r} ({type(value).__name__}); {hint}")
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {name}={value}; {hint}")
-    return value
+    return int(value)
 
 
 def _check_order_window(max_order: object, window: object) -> None:
-    if isinstance(max_order, bool) or not isinstance(max_order, int):
+    if not _is_int(max_order):
         raise ValueError(f"max_order must be an int, got {max_order!r}; pass e.g. max_order=4 (3 tokens of context).")
     if max_order < 2:
         raise ValueError(
             f"n-gram order must be >= 2 (a bigram has one token of context), got max_order={max_order}; "
             "pass max_order=2 or more (the default 4 uses up to 3 tokens of context)."
         )
-    if isinstance(window, bool) or not isinstance(window, int):
+    if not _is_int(window):
         raise ValueError(f"window must be an int, got {window!r}; pass e.g. window=512.")
     if window < max_order:
         raise ValueError(
@@ -104,8 +110,8 @@ class _SlidingHistory:
 
     def __init__(self, max_order: int, window: int) -> None:
         _check_order_window(max_order, window)
-        self.max_order = max_order
-        self.window = window
+        self.max_order = int(max_order)
+        self.window = int(window)
         self.total = 0  # tokens fed so far
         self.start = 0  # absolute position of the oldest token in the window
         self._buf: list[int] = []  # tokens from absolute position _off on (a little more than the window)
@@ -261,6 +267,9 @@ class NGramTables(_SlidingHistory):
         within a depth, parents in their own order, children best first. ``parents[j]`` is ``ROOT``
         (-1) or an earlier index. ``max_nodes`` keeps the first ``max_nodes`` nodes of that order.
         """
+        _check_int("max_tokens", max_tokens, 1, "it is the depth of the drafted tree.")
+        if max_nodes is not None:
+            _check_int("max_nodes", max_nodes, 1, "it caps the proposals; pass None for no cap.")
         keep = self.max_order - 1
         tokens: list[int] = []
         parents: list[int] = []
@@ -323,6 +332,8 @@ class PromptLookupIndex(_SlidingHistory):
         continuation has exactly ``max_tokens`` tokens. Continuations equal to an earlier one are
         skipped. ``[]`` when the last token never occurred earlier in the window.
         """
+        _check_int("max_tokens", max_tokens, 1, "it is the length of each continuation.")
+        _check_int("width", width, 1, "it is the number of continuations wanted.")
         out: list[list[int]] = []
         seen: set[tuple[int, ...]] = set()
         end = self.total
@@ -397,16 +408,17 @@ class NGramDrafter(Drafter):
         max_nodes: int | None = None,
     ) -> None:
         _check_order_window(max_order, window)
-        _check_int("max_tokens", max_tokens, 1, "it is the number of tokens drafted per step; pass e.g. max_tokens=4.")
-        _check_int("width", width, 1, "it is the number of candidates per node; pass width=1 for a chain.")
+        max_tokens = _check_int("max_tokens", max_tokens, 1,
+                                "it is the number of tokens drafted per step; pass e.g. max_tokens=4.")
+        width = _check_int("width", width, 1, "it is the number of candidates per node; pass width=1 for a chain.")
         if max_nodes is not None:
-            _check_int("max_nodes", max_nodes, 1, "it caps the proposals per step; pass None for no cap.")
-        if mode not in MODES:
+            max_nodes = _check_int("max_nodes", max_nodes, 1, "it caps the proposals per step; pass None for no cap.")
+        if not isinstance(mode, str) or mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; pass one of {', '.join(repr(m) for m in MODES)}.")
-        self.max_order = max_order
+        self.max_order = int(max_order)
         self.max_tokens = max_tokens
         self.width = width
-        self.window = window
+        self.window = int(window)
         self.mode = mode
         self.max_nodes = max_nodes
         self._tables: NGramTables | PromptLookupIndex | None = None

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .checks import check_int, check_real
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -21,14 +23,16 @@ class SamplingParams:
     top_p: float = 1.0
 
     def __post_init__(self) -> None:
-        if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
+        temperature = check_real("temperature", self.temperature,
+                                 "pass temperature=0.0 for greedy decoding or a positive value to sample.")
+        if temperature < 0:
             raise ValueError(
                 f"temperature must be >= 0 (0 means greedy), got {self.temperature!r}; "
                 "pass temperature=0.0 for greedy decoding or a positive value to sample."
             )
-        if not isinstance(self.top_k, int) or self.top_k < 0:
-            raise ValueError(f"top_k must be an int >= 0 (0 disables it), got {self.top_k!r}.")
-        if not (0.0 < self.top_p <= 1.0):
+        check_int("top_k", self.top_k, 0, "0 disables it; pass e.g. top_k=50 to keep the 50 most likely tokens.")
+        top_p = check_real("top_p", self.top_p, "use top_p=1.0 to disable nucleus sampling.")
+        if not (0.0 < top_p <= 1.0):
             raise ValueError(
                 f"top_p must be in (0, 1], got {self.top_p!r}; use top_p=1.0 to disable nucleus sampling."
             )

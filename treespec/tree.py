@@ -2,7 +2,7 @@
 
 Node 0 is the root (the last committed token). A node owns the *proposals* of its children in
 proposal order; two proposals of the same token share one child node and both stay in the list,
-because verification must apply both residual updates (docs/design.md, "Exactness rule").
+because verification must apply both residual updates (``docs/design.md``, "Exactness rule").
 """
 
 from __future__ import annotations
@@ -74,17 +74,25 @@ class TokenTree:
         self.proposed_by[child] |= 1 << proposal.drafter
         return child
 
-    def merge(self, drafts: Sequence[DraftProposals], budget: int | None = None) -> None:
+    def merge(self, drafts: Sequence[DraftProposals], budget: int | None = None,
+              max_depth: int | None = None) -> int:
         """Merge drafters' proposals in drafter order, then each drafter's proposal order.
 
-        With a ``budget``, a proposal is kept iff the tree has room for one more node when its
-        turn comes (and its parent was kept). The decision never looks at the proposal's own
-        token, so the kept proposals are still draws from their ``q`` and the output stays exact.
+        A proposal deeper than ``max_depth`` is dropped, with its subtree. With a ``budget``, a
+        proposal is kept iff the tree has room for one more node when its turn comes (and its parent
+        was kept). Neither decision looks at the proposal's own token (only at its depth and its
+        turn), so the kept proposals are still draws from their ``q`` and the output stays exact;
+        a depth cut drops every sibling of a group alike, so sampling without replacement keeps its
+        ``exclude`` lists. Returns the number of proposals dropped by ``max_depth``.
         """
+        too_deep = 0
         for d, draft in enumerate(drafts):
             node_of: list[int | None] = []
             for j, (token, par) in enumerate(zip(draft.tokens, draft.parents)):
                 parent = 0 if par == ROOT else node_of[par]
+                if parent is not None and max_depth is not None and self.depth[parent] >= max_depth:
+                    too_deep += 1
+                    parent = None
                 if parent is None or (budget is not None and self.size >= budget):
                     node_of.append(None)
                     continue
@@ -93,6 +101,7 @@ class TokenTree:
                     self.add(parent, Proposal(int(token), -1, d, draft.dists if row != POINT_MASS else None,
                                               row, draft.excluded(j)))
                 )
+        return too_deep
 
 
 @dataclass
