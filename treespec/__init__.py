@@ -3,7 +3,8 @@
 from . import acceptance, analysis, profile, verifiers
 from .cross_drafter import CrossTokenizerDrafter
 from .drafting import DraftProposals, Drafter
-from .engine import GenerateOutput, Stats, generate
+from .engine import generate
+from .stats import GenerateOutput, Stats
 from .model_drafter import ModelDrafter
 from .ngram import NGramDrafter
 from .sampling import SamplingParams, standardize

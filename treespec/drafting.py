@@ -154,3 +154,18 @@ class Drafter(abc.ABC):
 
     def describe(self) -> str:
         return type(self).__name__
+
+
+def propose_all(drafters: Sequence[Drafter], committed: list[int], vocab: int) -> list[DraftProposals]:
+    """Every drafter's proposals for this step, validated; a bad drafter is named in the error."""
+    drafts = []
+    for i, d in enumerate(drafters):
+        draft = d.propose(committed)
+        try:
+            if not isinstance(draft, DraftProposals):
+                raise ValueError(f"propose() must return a DraftProposals, got {type(draft).__name__}")
+            draft.validate(vocab)
+        except ValueError as e:
+            raise ValueError(f"drafters[{i}] ({d.describe()}) returned invalid proposals: {e}") from None
+        drafts.append(draft)
+    return drafts

@@ -4,90 +4,17 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import asdict, dataclass, field
 from typing import Callable, Sequence
 
 import torch
 
 from . import checks
-from .drafting import DraftProposals, Drafter
+from .drafting import Drafter, propose_all
 from .kv import TreeCache, causal_allowed, check_sampling_dtype, forward_masked
 from .sampling import SamplingParams
+from .stats import DrafterStats, GenerateOutput, Stats, emitted_tokens, record_step
 from .tree import FlatTree, TokenTree, flatten
 from . import verifiers
-
-
-@dataclass
-class DrafterStats:
-    name: str
-    proposed: int = 0  # proposals that made it into the verified tree
-    accepted: int = 0  # emitted drafted tokens this drafter had proposed
-
-
-@dataclass
-class Stats:
-    """Figures of one ``generate`` call. Seconds are wall clock (synchronised on CUDA).
-
-    Only emitted tokens count: when EOS or ``max_new_tokens`` cuts a step's accepted path, the
-    tokens after the cut are in neither ``accepted_hist`` nor the drafters' ``accepted``.
-
-    A step is *cut* (``step_cut``) when the end of the generation shortened it: its committed tokens
-    were cut at EOS or ``max_new_tokens``, or its tree was capped in depth by the tokens still wanted
-    (or the context left), drafting skipped included. Two means of tokens per step, both with the
-    bonus/correction token included: ``tau`` over all steps (what the user got) and ``tau_uncut``
-    over the steps that were not cut (what the tree shape and drafters deliver per full step; the
-    per-step expected tokens of ``docs/design.md``, "Definitions", estimate this one).
-    """
-
-    steps: int = 0  # target forwards over a token tree (the prefill is not counted)
-    new_tokens: int = 0
-    accepted_hist: list[int] = field(default_factory=list)  # [k] = steps that emitted k drafted tokens
-    tree_sizes: list[int] = field(default_factory=list)  # tokens verified per step, root included
-    step_tokens: list[int] = field(default_factory=list)  # tokens committed per step (bonus included)
-    step_cut: list[bool] = field(default_factory=list)  # per step: shortened by the end of the generation
-    prefill_seconds: float = 0.0
-    drafting_seconds: float = 0.0  # drafters' propose(), draft model forwards included
-    verifying_seconds: float = 0.0  # target forwards over the trees
-    overhead_seconds: float = 0.0  # trie, flattening, mask, acceptance walk, cache commit
-    drafters: list[DrafterStats] = field(default_factory=list)
-    verifier: str = "rrs"  # the verification rule (treespec.verifiers)
-
-    @property
-    def tau(self) -> float:
-        """Mean tokens committed per step over all steps (bonus/correction token included)."""
-        return self.new_tokens / self.steps if self.steps else 0.0
-
-    @property
-    def cut_steps(self) -> int:
-        """Number of steps shortened by the end of the generation (see the class docstring)."""
-        return sum(self.step_cut)
-
-    @property
-    def tau_uncut(self) -> float:
-        """Mean tokens committed per step over the steps that were not cut (0.0 if there are none)."""
-        full = [n for n, cut in zip(self.step_tokens, self.step_cut) if not cut]
-        return sum(full) / len(full) if full else 0.0
-
-    @property
-    def seconds(self) -> float:
-        return self.prefill_seconds + self.drafting_seconds + self.verifying_seconds + self.overhead_seconds
-
-    @property
-    def tokens_per_second(self) -> float:
-        return self.new_tokens / self.seconds if self.seconds else 0.0
-
-    def as_dict(self) -> dict:
-        d = asdict(self)
-        d.update(tau=self.tau, tau_uncut=self.tau_uncut, cut_steps=self.cut_steps, seconds=self.seconds,
-                 tokens_per_second=self.tokens_per_second)
-        return d
-
-
-@dataclass
-class GenerateOutput:
-    sequences: torch.Tensor  # [1, L + n]: prompt then the generated tokens
-    new_tokens: list[int]
-    stats: Stats
 
 
 class _Clock:
@@ -220,7 +147,7 @@ def generate(
             max_depth = min(max_new_tokens - len(new) - 1, max_positions - len(committed))
             drafting = bool(drafters) and budget != 1  # budget 1 leaves no room for a drafted token
             # With no drafted token wanted, drafters are not called; they see the tokens at their next propose().
-            drafts = _propose(drafters, committed, vocab) if drafting and max_depth >= 1 else []
+            drafts = propose_all(drafters, committed, vocab) if drafting and max_depth >= 1 else []
             stats.drafting_seconds += clock.lap()
 
             tree = TokenTree.rooted_at(committed[-1])
@@ -244,15 +171,10 @@ def generate(
             else:
                 path, extra = _walk_sampled(tree, flat, logits, params, verifier, coins)
             cache.keep(past, past + flat.index[path])
-            step_tokens = [tree.tokens[v] for v in path[1:]] + [extra]
-            step_tokens = step_tokens[: max_new_tokens - len(new)]
-            for i, t in enumerate(step_tokens):
-                if t in eos:
-                    step_tokens = step_tokens[: i + 1]
-                    break
+            step_tokens = emitted_tokens([tree.tokens[v] for v in path[1:]] + [extra], max_new_tokens - len(new), eos)
             committed += step_tokens
             new += step_tokens
-            _record(stats, tree, path, len(step_tokens), capped or len(step_tokens) < len(path))
+            record_step(stats, tree, path, len(step_tokens), capped or len(step_tokens) < len(path))
             stats.overhead_seconds += clock.lap()
             if on_tokens is not None:
                 on_tokens(list(step_tokens))
@@ -262,38 +184,3 @@ def generate(
     out_device = input_ids.device if isinstance(input_ids, torch.Tensor) else torch.device("cpu")
     sequences = torch.tensor([committed], dtype=torch.long, device=out_device)
     return GenerateOutput(sequences, new, stats)
-
-
-def _propose(drafters: Sequence[Drafter], committed: list[int], vocab: int) -> list[DraftProposals]:
-    """Every drafter's proposals for this step, validated; a bad drafter is named in the error."""
-    drafts = []
-    for i, d in enumerate(drafters):
-        draft = d.propose(committed)
-        try:
-            if not isinstance(draft, DraftProposals):
-                raise ValueError(f"propose() must return a DraftProposals, got {type(draft).__name__}")
-            draft.validate(vocab)
-        except ValueError as e:
-            raise ValueError(f"drafters[{i}] ({d.describe()}) returned invalid proposals: {e}") from None
-        drafts.append(draft)
-    return drafts
-
-
-def _record(stats: Stats, tree: TokenTree, path: list[int], emitted: int, cut: bool) -> None:
-    """Count one step; of its accepted path only the ``emitted`` tokens count (EOS or the length cut it)."""
-    stats.steps += 1
-    accepted = min(len(path) - 1, emitted)  # drafted tokens actually emitted
-    if len(stats.accepted_hist) <= accepted:
-        stats.accepted_hist.extend([0] * (accepted + 1 - len(stats.accepted_hist)))
-    stats.accepted_hist[accepted] += 1
-    stats.tree_sizes.append(tree.size)
-    stats.step_tokens.append(emitted)
-    stats.step_cut.append(cut)
-    for props in tree.proposals:
-        for p in props:
-            stats.drafters[p.drafter].proposed += 1
-    for v in path[1 : 1 + accepted]:
-        mask = tree.proposed_by[v]
-        for i, ds in enumerate(stats.drafters):
-            if mask >> i & 1:
-                ds.accepted += 1

@@ -31,8 +31,9 @@ import numpy as np
 import torch
 from transformers.cache_utils import Cache, StaticLayer
 
-from .drafting import POINT_MASS, Drafter
-from .engine import DrafterStats, GenerateOutput, Stats, _record
+from .checks import vocab_size
+from .drafting import POINT_MASS, Drafter, propose_all
+from .stats import DrafterStats, GenerateOutput, Stats, emitted_tokens, record_step
 from .sampling import SamplingParams
 from .tree import FlatTree, TokenTree, flatten
 from .verify import verify_proposals
@@ -334,19 +335,24 @@ def generate_static(
     """
     device = next(target.parameters()).device
     backend, mode = compile_options(compile, device)
-    vocab = target.get_output_embeddings().weight.shape[0]
+    vocab = vocab_size(target)
+    max_positions = getattr(target.config, "max_position_embeddings", None) or 2**62
     stats = Stats(drafters=[DrafterStats(d.describe()) for d in drafters])
     committed, new = list(prompt), []
     runner = None
     with torch.inference_mode():
         t = time.perf_counter()
         while len(new) < max_new_tokens:
-            drafts = [d.propose(committed) for d in drafters]
+            # the same depth cap and drafting skip as the eager loop (engine.generate)
+            max_depth = min(max_new_tokens - len(new) - 1, max_positions - len(committed))
+            drafting = bool(drafters) and budget != 1
+            drafts = propose_all(drafters, committed, vocab) if drafting and max_depth >= 1 else []
             now = time.perf_counter()
             stats.drafting_seconds += now - t
 
             tree = TokenTree.rooted_at(committed[-1])
-            tree.merge(drafts, budget if runner is None else runner.width)
+            capped = tree.merge(drafts, budget if runner is None else runner.width, max_depth) > 0 \
+                or (drafting and max_depth < 1)
             flat = flatten(tree)
             if runner is None:
                 width = budget or next_pow2(len(flat))
@@ -376,19 +382,14 @@ def generate_static(
 
             m, extra = out[w], out[w + 1]
             path = [int(flat.order[i]) for i in out[:m]]
-            step_tokens = [tree.tokens[v] for v in path[1:]] + [extra]
-            step_tokens = step_tokens[: max_new_tokens - len(new)]
-            for i, tok in enumerate(step_tokens):
-                if tok in eos:
-                    step_tokens = step_tokens[: i + 1]
-                    break
+            step_tokens = emitted_tokens([tree.tokens[v] for v in path[1:]] + [extra], max_new_tokens - len(new), eos)
             committed += step_tokens
             new += step_tokens
-            _record(stats, tree, path)
+            record_step(stats, tree, path, len(step_tokens), capped or len(step_tokens) < len(path))
             t = time.perf_counter()
             stats.overhead_seconds += t - t3
             if on_tokens is not None:
-                on_tokens(step_tokens)
+                on_tokens(list(step_tokens))
             if step_tokens[-1] in eos:
                 break
     stats.new_tokens = len(new)
