@@ -1,6 +1,6 @@
 """Sequoia-style dynamic program: the tree shape with the most expected tokens for a budget.
 
-Definitions (NOTES.md): a shape's expected tokens is ``sum_v prod_{u on root->v} a[rank(u)]``,
+Definitions (``docs/design.md``): a shape's expected tokens is ``sum_v prod_{u on root->v} a[rank(u)]``,
 root included. Children ranks are fixed positions: a child of rank ``k`` gets ``a[k]`` whatever the
 other entries are (the vector need not be sorted). With a per-depth matrix, the child of a node at
 depth ``d`` with rank ``k`` gets ``a[d][k]`` (rows past the last reuse the last row).

@@ -4,7 +4,7 @@ A path is a tuple of child ranks read from the root: ``()`` is the root (the las
 token), ``(0,)`` its first child, ``(0, 1)`` the second child of that child. A node's children
 always hold the ranks ``0..b-1``; rank ``k`` is the ``k``-th proposal of its parent, whose
 probability of being the accepted child is ``a_k`` under a positional acceptance vector ``a``
-(see ``shared/design/NOTES.md``).
+(see ``docs/design.md``, "Definitions").
 """
 
 from __future__ import annotations
@@ -226,7 +226,7 @@ class TreeShape:
         """Probability that each node is reached (accepted), root included with value 1.
 
         The value of ``v`` is ``prod a[depth(u) - 1][rank(u)]`` over the nodes ``u`` on the path
-        root -> v (NOTES.md, "expected tokens"); rows past the matrix reuse the last row and
+        root -> v (``docs/design.md``, "Definitions"); rows past the matrix reuse the last row and
         ranks past a row have probability 0.
         """
         rows = acceptance_rows(acceptance)

@@ -3,7 +3,7 @@
 ``TreeCache`` is a ``transformers`` ``Cache`` whose layers preallocate their key/value buffers
 (gpt-fast style): appending writes into the buffer, and committing the accepted path is a gather
 of a few rows plus a new length. ``forward_masked`` runs an unmodified model over new tokens with
-an explicit 4D additive mask and explicit position ids (NOTES.md, "Tree attention").
+an explicit 4D additive mask and explicit position ids (``docs/design.md``, "Tree attention on HuggingFace models").
 """
 
 from __future__ import annotations

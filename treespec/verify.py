@@ -1,6 +1,6 @@
 """Acceptance math on tensors: multi-draft iterative speculative sampling at one tree node.
 
-One rule covers every tree (NOTES.md, "Exact verification"): at a node with target distribution
+One rule covers every tree (``docs/design.md``, "Exactness rule"): at a node with target distribution
 ``r``, try the proposals ``x_i ~ q_i`` in proposal order;
 
 1. accept ``x_i`` with probability ``min(1, r(x_i) / q_i(x_i))``;
