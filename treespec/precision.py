@@ -148,12 +148,12 @@ def default_timer(model: torch.nn.Module, sizes: tuple[int, ...]) -> float:
 
 def auto_precision(model: torch.nn.Module, role: str = "target", *, name: str | None = None,
                    decisions: str | os.PathLike | None = None,
-                   timer: Callable[[torch.nn.Module, tuple[int, ...]], float] = default_timer
+                   timer: Callable[[torch.nn.Module, tuple[int, ...]], float] | None = None
                    ) -> tuple[torch.nn.Module, dict[str, Any]]:
     """Convert a float32 ``model`` to the precision that runs fastest here; returns ``(model, record)``.
 
     Each candidate of ``AUTO_CANDIDATES[role]`` (int8 on CPU only) is timed with ``timer(model,
-    AUTO_SIZES[role])`` on its own copy; the fastest is kept. With ``decisions`` (a JSON file) the
+    AUTO_SIZES[role])`` (default :func:`default_timer`) on its own copy; the fastest is kept. With ``decisions`` (a JSON file) the
     choice is cached under ``decision_key(name, role, device)`` and read back by later calls, which
     then only convert. ``record`` holds ``precision``, ``seconds`` (per candidate), ``sizes``,
     ``key`` and ``cached`` (True when read from the file): what was chosen and why.
@@ -170,6 +170,7 @@ def auto_precision(model: torch.nn.Module, role: str = "target", *, name: str | 
         if isinstance(record, dict) and record.get("precision") in AUTO_CANDIDATES[role]:
             return to_precision(model, record["precision"]), {**record, "cached": True}
     sizes = AUTO_SIZES[role]
+    timer = default_timer if timer is None else timer
     seconds: dict[str, float] = {}
     for precision in AUTO_CANDIDATES[role]:
         if precision == "int8" and device.type != "cpu":
