@@ -9,7 +9,8 @@ import torch
 from treespec.testing import tiny_model
 from tree_builders import sequoia
 from treespec.acceptance import MeasuredAcceptance
-from treespec.profile import Profile, choose_tree, draft_level_cost, measure_latency, profile, random_tree
+from treespec.profile import (Profile, choose_among, choose_tree, draft_level_cost, measure_latency, profile,
+                              profile_precisions, random_tree)
 
 VECTOR = [0.6, 0.15, 0.07, 0.04, 0.025, 0.015, 0.01, 0.008]
 CPU = {1: 0.32, 8: 0.67, 32: 1.12, 64: 1.64, 128: 2.74}  # the 1.5B target measured on this kind of CPU
@@ -55,9 +56,14 @@ def test_choice_is_the_argmax_of_its_table():
     assert choice.speedups[choice.depths.index(choice.depth), choice.budgets.index(choice.budget)] == choice.speedup
     assert choice.speedups[i, j] == pytest.approx(choice.speedup)
     assert choice.budgets == list(range(1, 129)) and choice.depths == list(range(11))
-    # the table is the formula: G(n, d) / (t(n)/t(1) + d c), G from the Sequoia DP
-    t = np.interp(choice.budgets, sorted(CPU), [CPU[k] for k in sorted(CPU)]) / CPU[1]
-    assert np.allclose(choice.speedups, choice.taus / (t[None, :] + np.arange(11)[:, None] * 0.03 / 0.32))
+    # the table is the formula: G(n, d) t(1) / (t(|T|) + depth(T) c), T the DP's smallest best shape
+    t = lambda n: np.interp(n, sorted(CPU), [CPU[k] for k in sorted(CPU)])  # noqa: E731
+    assert np.allclose(choice.speedups[0], CPU[1] / t(np.array(choice.budgets)))  # depth 0: the root alone
+    for d, n in [(1, 2), (2, 9), (4, 21), (10, 128), (3, 64)]:
+        shape = sequoia(VECTOR, n, max_depth=d, max_width=16)
+        i, j = choice.depths.index(d), choice.budgets.index(n)
+        assert choice.taus[i, j] == pytest.approx(shape.expected_tokens(VECTOR))
+        assert choice.speedups[i, j] == pytest.approx(choice.taus[i, j] * CPU[1] / (t(shape.size) + shape.depth * 0.03))
     assert choice.taus[4, 20] == pytest.approx(sequoia(VECTOR, 21, max_depth=4, max_width=16).expected_tokens(VECTOR))
     # the shape is the one the table scores
     assert choice.shape.size <= choice.budget and choice.shape.depth <= choice.depth
@@ -98,3 +104,94 @@ def test_acceptance_objects_and_errors():
         choose_tree(VECTOR, CPU, 0.0, budgets=[8, 256])
     with pytest.raises(ValueError, match="sizes"):
         measure_latency(tiny_model("llama", vocab=16, hidden=16), sizes=(0, 4))
+
+
+# --- the cost curve: target t(n) up to 64 tokens, the draft's cost per level width -------------
+
+FLAT = {1: 0.40, 16: 0.41, 32: 0.45, 64: 0.60}  # bf16 on wide bf16 units: 16 tokens cost about one
+STEEP = {1: 0.05, 64: 0.05 * (1 + 0.4 * 63)}  # each extra token costs 40% of the first
+TOP1 = [0.85, 0.08, 0.03, 0.02]  # a draft whose first guess is usually right
+# the measurements (1.5B target, 0.5B draft, 2 cores, forward_masked after 200 tokens)
+TARGET_FP32 = {1: 0.378, 4: 0.852, 8: 1.168, 16: 0.817, 32: 1.101, 64: 1.689}
+TARGET_BF16 = {1: 0.417, 4: 0.410, 8: 0.406, 16: 0.448, 32: 0.588, 64: 0.875}
+DRAFT_FP32 = {1: 0.142, 4: 0.281, 8: 0.362, 16: 0.404}
+DRAFT_INT8 = {1: 0.083, 4: 0.097, 8: 0.106, 16: 0.154}
+CHEAP_LEVELS = {1: 0.02, 16: 0.02}  # draft levels cost the same at any width
+WIDE_LEVELS = {1: 0.02, 2: 0.04, 4: 0.08, 8: 0.16, 16: 0.32}  # a draft level costs its width
+
+
+def max_forwarded_width(shape):
+    from treespec.profile import forwarded_widths
+
+    return max(forwarded_widths(shape), default=0)
+
+
+def test_flat_target_picks_a_wide_shallow_tree():
+    choice = choose_tree(VECTOR, FLAT, CHEAP_LEVELS, max_depth=12)
+    assert choice.shape.widths[0] >= 4 and max(choice.shape.widths) >= 8
+    assert choice.shape.size >= 16 and choice.shape.depth < choice.shape.size - 1
+
+
+def test_steep_target_picks_a_chain():
+    choice = choose_tree(TOP1, STEEP, {1: 0.002, 16: 0.002}, max_depth=12)
+    assert choice.shape.depth >= 2 and set(choice.shape.widths) == {1}  # one node per level
+    wide = choose_tree(TOP1, FLAT, {1: 0.002, 16: 0.002}, max_depth=12)  # the same draft, a flat target
+    assert max(wide.shape.widths) > 1
+
+
+def test_draft_cost_growing_with_width_picks_narrower_levels():
+    cheap = choose_tree(VECTOR, FLAT, CHEAP_LEVELS, max_depth=12)
+    dear = choose_tree(VECTOR, FLAT, WIDE_LEVELS, max_depth=12)
+    assert max_forwarded_width(dear.shape) < max_forwarded_width(cheap.shape)
+    assert dear.width < cheap.width or dear.width == 1
+    # the predicted step time is the formula: t(|T|) + t_q(1) + sum of t_q(forwarded widths)
+    from treespec.profile import forwarded_widths
+
+    levels = sum(np.interp(w, sorted(WIDE_LEVELS), [WIDE_LEVELS[k] for k in sorted(WIDE_LEVELS)])
+                 for w in forwarded_widths(dear.shape))
+    t = np.interp(dear.shape.size, sorted(FLAT), [FLAT[k] for k in sorted(FLAT)])
+    assert dear.step_seconds == pytest.approx(t + 0.02 + levels)
+    assert dear.tokens_per_second == pytest.approx(dear.tau / dear.step_seconds)
+
+
+def test_overhead_is_charged_per_step():
+    free = choose_tree(VECTOR, STEEP, None, max_depth=6)
+    heavy = choose_tree(VECTOR, STEEP, None, max_depth=6, overhead=0.5)
+    assert heavy.step_seconds == pytest.approx(np.interp(heavy.shape.size, sorted(STEEP), list(STEEP.values())) + 0.5)
+    assert heavy.tokens_per_second < free.tokens_per_second
+
+
+def test_choose_among_precisions_keeps_the_fastest_configuration():
+    profiles = {"target=float32,draft=float32": Profile(TARGET_FP32, 0.281, draft_level_latency=DRAFT_FP32),
+                "target=bfloat16,draft=int8": Profile(TARGET_BF16, 0.097, draft_level_latency=DRAFT_INT8)}
+    best = choose_among(profiles, VECTOR, max_depth=8)
+    assert best.label == "target=bfloat16,draft=int8"
+    other = profiles["target=float32,draft=float32"].choose(VECTOR, max_depth=8)
+    assert best.tokens_per_second > other.tokens_per_second
+    # a much worse acceptance for the int8 draft flips the choice
+    flipped = choose_among(profiles, {"target=float32,draft=float32": VECTOR,
+                                      "target=bfloat16,draft=int8": [0.01]}, max_depth=8)
+    assert flipped.label == "target=float32,draft=float32"
+
+
+def test_profile_curve_round_trip(model, tmp_path):
+    p = profile(model, model, sizes=(1, 4), context=16, repeats=1, draft_widths=(1, 2, 8))
+    assert sorted(p.draft_level_latency) == [1, 2, 4, 8] and p.draft_level_seconds == p.draft_level_latency[4]
+    assert p.meta["target_precision"] == "float32" and p.meta["draft_precision"] == "float32"
+    p.save(tmp_path / "p.json")
+    q = Profile.load(tmp_path / "p.json")
+    assert q == p and q.draft_cost == p.draft_level_latency
+    old = {"target_latency": {"1": 0.1, "4": 0.2}, "draft_level_seconds": 0.01, "meta": {}}  # written before the curve
+    assert Profile.from_dict(old).draft_cost == 0.01 and Profile.from_dict(old).choose(VECTOR).budget >= 1
+
+
+def test_profile_precisions_measures_each_precision(model):
+    profs = profile_precisions(model, model, target_precisions=("float32", "bfloat16"),
+                               draft_precisions=("float32", "int8"), sizes=(1, 2), context=16, repeats=1,
+                               draft_widths=(1, 2))
+    assert sorted(profs) == ["target=bfloat16,draft=float32", "target=bfloat16,draft=int8",
+                             "target=float32,draft=float32", "target=float32,draft=int8"]
+    assert profs["target=bfloat16,draft=int8"].meta["target_precision"] == "bfloat16"
+    assert profs["target=bfloat16,draft=int8"].meta["draft_precision"] == "int8"
+    assert next(model.parameters()).dtype == torch.float32  # the originals are not converted
+    assert choose_among(profs, VECTOR, max_depth=4).label in profs

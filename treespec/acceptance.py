@@ -140,10 +140,6 @@ class MeasuredAcceptance(JSONFile):
                 f"beta={self.beta:.3f}, positions={self.positions}, depth rows={self.matrix.shape[0]})")
 
 
-#: the former name, kept only until ``treespec/profile.py`` imports ``MeasuredAcceptance`` (its owner
-#: switches the import; ``tree_builders.Acceptance`` is the vector-or-matrix type, another concept)
-Acceptance = MeasuredAcceptance
-
 
 def encode_prompts(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
     """Token-id lists for ``measure`` from strings (plain tokenisation, no chat template)."""

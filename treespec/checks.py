@@ -40,7 +40,13 @@ def check_model(model: torch.nn.Module, role: str = "target") -> None:
 
 
 def vocab_size(model: torch.nn.Module) -> int:
-    return int(model.get_output_embeddings().weight.shape[0])
+    """Rows of the model's logits: the LM head's output size (also for an int8-quantised head)."""
+    head = model.get_output_embeddings()
+    weight = getattr(head, "weight", None)
+    if isinstance(weight, torch.Tensor):
+        return int(weight.shape[0])
+    out = getattr(head, "out_features", None)  # a quantised Linear keeps its weight behind a method
+    return int(out) if out is not None else int(model.config.vocab_size)
 
 
 def check_vocab(target_vocab: int, drafter_vocab: int | None, name: str) -> None:

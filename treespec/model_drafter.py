@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 import numpy as np
 import torch
 
+from tree_builders import TreeShape
+
+from .checks import vocab_size
 from .drafting import ROOT, DraftProposals, Drafter
 from .kv import TreeCache, causal_allowed, forward_masked
 from .sampling import SamplingParams, draw_children
@@ -18,80 +22,82 @@ Path = tuple[int, ...]
 
 
 @dataclass(frozen=True)
-class ShapePlan:
-    """A shape's nodes in BFS order (node 0 = root) with what a level-by-level expansion needs."""
+class _Layout:
+    """A ``TreeShape``'s nodes as arrays (node 0 = the root, then ``shape.paths`` in BFS order)."""
 
-    paths: tuple[Path, ...]  # BFS order: by depth, then lexicographic
+    shape: TreeShape
     parent: np.ndarray  # [N] parent node (-1 for the root)
     rank: np.ndarray  # [N] child rank under its parent
     depth: np.ndarray  # [N]
     n_children: np.ndarray  # [N]
     ancestors: np.ndarray  # [N, N] bool, self included
 
-    @property
-    def max_depth(self) -> int:
-        return int(self.depth.max())
+    @classmethod
+    def of(cls, shape: TreeShape) -> "_Layout":
+        parent = np.array([-1] + [i + 1 for i in shape.parents()], dtype=np.int64)
+        n = len(parent)
+        ancestors = np.eye(n, dtype=bool)
+        for i in range(1, n):  # parents precede children in BFS order
+            ancestors[i] |= ancestors[parent[i]]
+        return cls(shape, parent, np.array([0] + [p[-1] for p in shape.paths], dtype=np.int64),
+                   np.array([0] + [len(p) for p in shape.paths], dtype=np.int64),
+                   np.bincount(parent[1:], minlength=n), ancestors)
 
     def level(self, d: int) -> np.ndarray:
         return np.flatnonzero(self.depth == d)
 
 
-def plan_shape(shape: Iterable[Sequence[int]] | object) -> ShapePlan:
-    """Validate a shape (child-rank paths, or anything with ``.paths``) and lay it out."""
-    raw = getattr(shape, "paths", shape)
-    paths = {tuple(int(r) for r in p) for p in raw} - {()}
-    if not paths:
+def as_shape(shape: TreeShape | Iterable[Sequence[int]] | None) -> TreeShape:
+    """A drafter shape as a ``TreeShape`` (child-rank paths, or anything with ``.paths``; None = one token)."""
+    if shape is None:
+        return TreeShape([(0,)])
+    if not isinstance(shape, TreeShape):
+        shape = TreeShape.from_paths(getattr(shape, "paths", shape))
+    if shape.size == 1:
         raise ValueError(
             "the drafter shape is empty: give at least one child-rank path, e.g. shape=[(0,)] "
             "for a one-token chain or shape=[(0,), (0, 0), (0, 0, 0)] for a 3-token chain"
         )
-    for p in paths:
-        if min(p) < 0:
-            raise ValueError(f"shape path {p} has a negative rank")
-        if len(p) > 1 and p[:-1] not in paths:
-            raise ValueError(f"shape is not ancestor-closed: {p} is listed but its parent {p[:-1]} is not")
-        if p[-1] > 0 and p[:-1] + (p[-1] - 1,) not in paths:
-            raise ValueError(f"shape ranks must be contiguous: {p} is listed but {p[:-1] + (p[-1] - 1,)} is not")
-    ordered = [()] + sorted(paths, key=lambda p: (len(p), p))
-    node = {p: i for i, p in enumerate(ordered)}
-    n = len(ordered)
-    parent = np.array([-1] + [node[p[:-1]] for p in ordered[1:]])
-    rank = np.array([0] + [p[-1] for p in ordered[1:]])
-    depth = np.array([len(p) for p in ordered])
-    n_children = np.bincount(parent[1:], minlength=n)
-    ancestors = np.zeros((n, n), dtype=bool)
-    for i in range(n):  # once per drafter, at construction
-        j = i
-        while j >= 0:
-            ancestors[i, j] = True
-            j = parent[j]
-    return ShapePlan(tuple(ordered[1:]), parent, rank, depth, n_children, ancestors)
+    return shape
 
 
 class ModelDrafter(Drafter):
     """A draft model that proposes a token tree, one draft forward per depth.
 
-    Static shapes (``shape`` = child-rank paths or a ``TreeShape``) in three modes: ``topk`` (the
-    ``b`` children of a node are its ``b`` most likely tokens; point-mass proposals), ``sample``
-    (``b`` i.i.d. draws from the draft distribution ``q``) and ``sample_without_replacement``
-    (Sequoia: draws from ``q`` with earlier draws removed). ``k`` independent chains of length ``d``
-    (SpecInfer's baseline) are the shape ``tree_builders.independent_chains(k, d)`` in ``sample`` mode.
+    Static shapes (``shape`` = a ``TreeShape`` or its child-rank paths) in three modes: ``topk``
+    (the ``b`` children of a node are its ``b`` most likely tokens; point-mass proposals),
+    ``sample`` (``b`` i.i.d. draws from the draft distribution ``q``) and
+    ``sample_without_replacement`` (Sequoia: draws from ``q`` with earlier draws removed). ``k``
+    independent chains of length ``d`` (SpecInfer's baseline) are the shape
+    ``tree_builders.independent_chains(k, d)`` in ``sample`` mode.
 
     ``mode="dynamic"`` builds an EAGLE-2 style tree instead: ``depth`` times, expand the ``topk``
     frontier nodes of highest cumulative draft confidence by their ``topk`` most likely tokens, then
     keep the ``nodes`` candidates of highest confidence. Its proposals are point masses, so the
     selection keeps the output exact.
 
-    The draft keeps its own KV cache across steps: the rows of its last tree that lie on the
-    committed path are kept, committed tokens it never saw are fed at the start of the next step.
+    ``min_confidence``: stop growing deeper levels once the best frontier path's cumulative draft
+    probability (the product of ``q`` of its tokens) is below it; None never stops early. Exact in
+    every mode: the stop is a function of tokens already drawn, never of the draws it would cut,
+    and the verifier's rule at a node holds for any number of children fixed before they are drawn
+    (see docs/design.md, "Exactness rule").
+
+    The model may be float32, bfloat16/float16 or int8-quantised (``treespec.precision``); draft
+    probabilities are float32 whatever its dtype. The draft keeps its own KV cache across steps:
+    the rows of its last tree that lie on the committed path are kept, committed tokens it never
+    saw are fed at the start of the next step.
     """
 
-    def __init__(self, model: torch.nn.Module, shape=None, mode: str = "topk", *,
-                 depth: int = 6, topk: int = 8, nodes: int = 32) -> None:
+    def __init__(self, model: torch.nn.Module, shape: TreeShape | Iterable[Sequence[int]] | None = None,
+                 mode: str = "topk", *, depth: int = 6, topk: int = 8, nodes: int = 32,
+                 min_confidence: float | None = None) -> None:
         if mode not in MODES:
             raise ValueError(f"unknown ModelDrafter mode {mode!r}; choose one of {', '.join(MODES)}")
+        if min_confidence is not None and not (isinstance(min_confidence, (int, float)) and 0 <= min_confidence <= 1):
+            raise ValueError(f"min_confidence must be a probability in [0, 1] or None, got {min_confidence!r}")
         self.model = model
         self.mode = mode
+        self.min_confidence = None if min_confidence is None else float(min_confidence)
         if mode == "dynamic":
             if shape is not None:
                 raise ValueError("mode='dynamic' grows its own tree: give depth=, topk= and nodes=, not a shape")
@@ -100,43 +106,55 @@ class ModelDrafter(Drafter):
                     raise ValueError(f"dynamic ModelDrafter: {name} must be an int >= 1, got {value!r}")
             self.depth, self.topk, self.nodes = depth, topk, nodes
         else:
-            self.plan = plan_shape(((0,),) if shape is None else shape)
-        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+            self.plan = _Layout.of(as_shape(shape))
+        self.vocab_size = vocab_size(model)
         self.device = next(model.parameters()).device
         self.sampling = SamplingParams(1.0)
         self.generator = torch.Generator(self.device)
         self.cache = TreeCache()
+        self.levels_forwarded = 0  # draft forwards over tree levels since reset (the confidence stop saves these)
         self._base = 0  # committed tokens whose K/V rows precede this step's rows
         self._seen = 0  # length of the context at the last step
         self._last: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # parent, tokens, rows
 
     def describe(self) -> str:
         name = getattr(self.model.config, "_name_or_path", "") or self.model.config.model_type
+        stop = "" if self.min_confidence is None else f", min_confidence={self.min_confidence:g}"
         if self.mode == "dynamic":
-            return f"model({name}, dynamic, depth={self.depth}, topk={self.topk}, nodes={self.nodes})"
-        return f"model({name}, {self.mode}, size={len(self.plan.paths) + 1}, depth={self.plan.max_depth})"
+            return f"model({name}, dynamic, depth={self.depth}, topk={self.topk}, nodes={self.nodes}{stop})"
+        return f"model({name}, {self.mode}, size={self.plan.shape.size}, depth={self.plan.shape.depth}{stop})"
 
     def reset(self, prompt: Sequence[int], *, sampling: SamplingParams, seed: int) -> None:
         self.sampling = sampling
         self.generator = torch.Generator(self.device).manual_seed(seed)
         self.cache = TreeCache()
+        self.levels_forwarded = 0
         self._base = self._seen = 0
         self._last = None
 
     @torch.inference_mode()
     def propose(self, context: Sequence[int]) -> DraftProposals:
-        q_root = self._start_step(context)
+        q_root = self.sampling.probs(self._start_step(context))
         return self._propose_dynamic(context, q_root) if self.mode == "dynamic" else self._propose_static(context, q_root)
+
+    def _stop(self, confidence: float) -> bool:
+        """The confidence stop: the best frontier path's cumulative draft probability is too low."""
+        return self.min_confidence is not None and confidence < self.min_confidence
 
     # -- cache bookkeeping shared by both kinds of tree -------------------------------------------
 
     def _start_step(self, context: Sequence[int]) -> torch.Tensor:
-        """Keep last step's rows on the committed path, feed the tokens not yet cached; root's ``q``."""
+        """Keep last step's rows on the committed path, feed the tokens not yet cached.
+
+        Returns the draft's logits ``[1, V]`` for the token after ``context`` (from its cache).
+        """
+        self._base = min(self._base, len(context) - 1)  # the root is fed even when called twice
         if self._last is not None:
             parent, tokens, rows = self._last
             keep: list[int] = []
             node = 0
-            # the new root (context[-1]) is always fed again: its logits are this step's first need
+            # the new root (context[-1]) is always fed again, even where it lands on a forwarded
+            # node of the last tree: its logits are this step's first need
             for tok in context[self._seen : -1]:
                 kids = np.flatnonzero((parent == node) & (tokens == tok) & (rows >= 0))
                 if kids.size == 0:
@@ -146,19 +164,23 @@ class ModelDrafter(Drafter):
             self.cache.keep(self._seen, keep)
             self._base = self._seen + len(keep)
             self._last = None
+        else:
+            self.cache.keep(self._base, [])  # rows past the committed prefix (none within generate)
         dev = self.device
         pending = torch.as_tensor(list(context[self._base :]), dtype=torch.long, device=dev)
         past = self.cache.length
         logits = forward_masked(self.model, self.cache, pending, torch.arange(past, past + len(pending), device=dev),
                                 causal_allowed(past, len(pending), dev), logits_to_keep=1)
         self._seen = len(context)
-        return self.sampling.probs(logits[-1:])
+        self._base = len(context)  # every committed token is cached now
+        return logits[-1:]
 
     def _forward_level(self, ctx_len: int, fwd: np.ndarray, tokens: np.ndarray, depth: np.ndarray,
                        rows: np.ndarray, ancestors: np.ndarray) -> torch.Tensor:
         """One draft forward over tree nodes ``fwd`` whose ancestors are cached; sets their rows.
 
         Each node attends to the committed context, its cached tree ancestors and itself.
+        Returns the nodes' draft distributions (float32).
         """
         base = self.cache.length
         cached = np.flatnonzero(rows >= ctx_len)  # tree nodes (below the root) already in the cache
@@ -170,31 +192,41 @@ class ModelDrafter(Drafter):
         pos = torch.as_tensor(ctx_len - 1 + depth[fwd], device=self.device)
         out = forward_masked(self.model, self.cache, ids, pos, allowed)
         rows[fwd] = base + np.arange(len(fwd))
+        self.levels_forwarded += 1
         return self.sampling.probs(out)
 
     # -- static shapes ---------------------------------------------------------------------------
 
     def _propose_static(self, context: Sequence[int], q_root: torch.Tensor) -> DraftProposals:
         plan, ctx_len = self.plan, len(context)
-        n = len(plan.depth)
+        n, max_depth = plan.shape.size, plan.shape.depth
         tokens = np.full(n, -1, dtype=np.int64)
         tokens[0] = context[-1]
         rows = np.full(n, -1, dtype=np.int64)  # cache row of each forwarded node
         rows[0] = ctx_len - 1
         q_row = np.full(n, -1, dtype=np.int64)  # row of `dists` holding the node's draft distribution
         q_row[0] = 0
+        conf = np.zeros(n)  # cumulative draft probability of each node's path (confidence stop only)
+        conf[0] = 1.0
         dists = [q_root]
-        for d in range(1, plan.max_depth + 1):
+        for d in range(1, max_depth + 1):
             parents = plan.level(d - 1)
             parents = parents[plan.n_children[parents] > 0]
             q = dists[0] if d == 1 else torch.cat(dists)[q_row[parents]]
             kids = plan.level(d)
-            drawn = draw_children(q, int(plan.n_children[parents].max()), self.mode, self.generator).cpu().numpy()
+            drawn = draw_children(q, int(plan.n_children[parents].max()), self.mode, self.generator)
             slot = np.searchsorted(parents, plan.parent[kids])
-            tokens[kids] = np.where(tokens[plan.parent[kids]] >= 0, drawn[slot, plan.rank[kids]], -1)
+            drawn_np = drawn.cpu().numpy()
+            tokens[kids] = np.where(tokens[plan.parent[kids]] >= 0, drawn_np[slot, plan.rank[kids]], -1)
             fwd = kids[plan.n_children[kids] > 0]
-            if d == plan.max_depth or fwd.size == 0:
+            if d == max_depth or fwd.size == 0:
                 break
+            if self.min_confidence is not None:
+                at = torch.as_tensor(np.stack([slot, np.maximum(tokens[kids], 0)]), device=q.device)
+                q_tok = q[at[0], at[1]].double().cpu().numpy()
+                conf[kids] = np.where(tokens[kids] >= 0, conf[plan.parent[kids]] * q_tok, 0.0)
+                if self._stop(float(conf[fwd].max())):
+                    break
             q_row[fwd] = sum(len(t) for t in dists) + np.arange(len(fwd))
             dists.append(self._forward_level(ctx_len, fwd, tokens, plan.depth, rows, plan.ancestors))
         self._last = (plan.parent, tokens, rows)
@@ -202,7 +234,8 @@ class ModelDrafter(Drafter):
 
     def _static_proposals(self, tokens: np.ndarray, q_row: np.ndarray, dists: torch.Tensor) -> DraftProposals:
         plan = self.plan
-        kept = np.flatnonzero(tokens[1:] >= 0) + 1  # a draw q could not support drops its subtree
+        # a draw q could not support, or a level the confidence stop did not draw, drops its subtree
+        kept = np.flatnonzero(tokens[1:] >= 0) + 1
         index = {int(node): j for j, node in enumerate(kept)}
         parents = [ROOT if plan.parent[v] == 0 else index[int(plan.parent[v])] for v in kept]
         toks = [int(tokens[v]) for v in kept]
@@ -244,6 +277,8 @@ class ModelDrafter(Drafter):
             if d == self.depth:
                 break
             frontier = new[np.argsort(-score[new], kind="stable")[:k]]
+            if self._stop(math.exp(score[frontier[0]])):
+                break
             q = self._forward_level(ctx_len, frontier, tokens, depth, rows, ancestors)
         self._last = (parent[:n], tokens[:n], rows[:n])
         # Rerank: the `nodes` most confident candidates. Confidence never grows along a path and ties

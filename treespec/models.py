@@ -10,7 +10,9 @@ to float32, and caches the result as safetensors (plus config and tokenizer file
 The assembled GGUF file is deleted once the cache is written: the installed packages can rebuild
 it in about a second.
 
-Any other name is a local directory or a Hugging Face model id, loaded with ``from_pretrained``.
+Any other name is a local directory or a Hugging Face model id, loaded with ``from_pretrained``
+(the hub only with ``allow_download=True``). ``dtype="auto"`` keeps the precision measured fastest
+here (``treespec.precision``).
 Weights are only ever read from safetensors or GGUF files, never unpickled.
 """
 
@@ -32,6 +34,8 @@ from typing import Sequence
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from .precision import ROLES, auto_precision, describe_choice, parse_precision, to_precision, torch_dtype
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
@@ -313,9 +317,9 @@ def _from_pretrained(source: str | os.PathLike, dtype: torch.dtype, **kwargs) ->
     return model, tokenizer
 
 
-def _load_other(name: str, dtype: torch.dtype, trust_remote_code: bool,
-                cache_dir: str | os.PathLike | None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """A local directory, or a hub id: first from the local HF cache, then (if allowed) the hub."""
+def _load_other(name: str, dtype: torch.dtype, trust_remote_code: bool, cache_dir: str | os.PathLike | None,
+                allow_download: bool) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """A local directory, or a hub id: from the local HF cache, else (only if allowed) from the hub."""
     kwargs = {"trust_remote_code": trust_remote_code, "cache_dir": cache_dir}
     if Path(name).expanduser().is_dir():
         path = Path(name).expanduser()
@@ -329,6 +333,12 @@ def _load_other(name: str, dtype: torch.dtype, trust_remote_code: bool,
     try:
         return _from_pretrained(name, dtype, local_files_only=True, **kwargs)
     except (OSError, ValueError) as local_error:
+        if not allow_download:
+            raise OSError(
+                f"model {name!r} is not a built-in name ({', '.join(REGISTRY)}); it is neither a local directory "
+                f"nor in the local Hugging Face cache, and downloads are off. Pass allow_download=True to fetch it "
+                f"from the Hugging Face hub, or pass a local directory with safetensors weights.\n"
+                f"(cause: {local_error})") from local_error
         if _hub_offline():
             raise OSError(
                 f"model {name!r} is neither a local directory nor in the local Hugging Face cache, and the hub is "
@@ -344,29 +354,56 @@ def _load_other(name: str, dtype: torch.dtype, trust_remote_code: bool,
             f"hub (and its retries) on a machine without network.\n(cause: {error})") from error
 
 
+#: the file under the treespec cache root where ``dtype="auto"`` decisions are kept
+PRECISION_DECISIONS = "precision.json"
+
+
 def load(name_or_path: str | os.PathLike = DEFAULT_TARGET, device: str | torch.device = "cpu",
-         dtype: torch.dtype = torch.float32, *, trust_remote_code: bool = False,
-         cache_dir: str | os.PathLike | None = None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Load a causal LM and its tokenizer, in eval mode on ``device`` in ``dtype`` with SDPA attention.
+         dtype: str | torch.dtype = torch.float32, *, role: str = "target", trust_remote_code: bool = False,
+         cache_dir: str | os.PathLike | None = None,
+         allow_download: bool = False) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load a causal LM and its tokenizer, in eval mode on ``device`` with SDPA attention.
 
     ``name_or_path``: ``DEFAULT_TARGET`` / ``DEFAULT_DRAFT`` (offline, from the installed chunk
     packages; the first load builds a safetensors cache, about a minute), a local directory with
-    safetensors weights, or a Hugging Face model id (local HF cache first, then the hub).
-    ``cache_dir``: for the built-in names the treespec cache root (default ``$TREESPEC_CACHE`` or
-    ``~/.cache/treespec``); for hub ids the Hugging Face cache dir.
-    Gradients are switched off on the returned model's parameters.
+    safetensors weights, or a Hugging Face model id found in the local HF cache (the hub is only
+    contacted with ``allow_download=True``).
+    ``dtype``: ``"float32"``, ``"bfloat16"``, ``"float16"``, ``"int8"`` (dynamic int8 quantisation
+    of the Linear layers, CPU only, for drafts; see ``treespec.precision``), a ``torch.dtype``, or
+    ``"auto"``: time one forward in each candidate precision on this machine (float32 and bfloat16;
+    int8 too for ``role="draft"``) and keep the fastest. The decision is cached in
+    ``<cache root>/precision.json`` keyed by model, role, device, CPU model and thread count, so
+    later loads do not measure again.
+    ``role``: ``"target"`` or ``"draft"`` (which candidates ``auto`` times).
+    ``cache_dir``: for the built-in names and ``auto`` decisions the treespec cache root (default
+    ``$TREESPEC_CACHE`` or ``~/.cache/treespec``); for hub ids the Hugging Face cache dir.
+    Gradients are switched off. The returned model carries ``treespec_precision``: a dict with the
+    kept ``precision`` and, for ``auto``, the timings it was chosen on (``precision.describe_choice``).
     """
+    precision = parse_precision(dtype)
+    if role not in ROLES:
+        raise ValueError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
+    load_dtype = torch_dtype(precision)
     name = os.fspath(name_or_path)
     spec = REGISTRY.get(name.lower())
     if spec is not None:
         path = cache_root(cache_dir) / spec.name
         if not _cache_is_valid(path, spec):
             path = build_cache(spec, cache_dir)
-        model, tokenizer = _from_pretrained(path, dtype, local_files_only=True)
+        model, tokenizer = _from_pretrained(path, load_dtype, local_files_only=True)
     else:
-        model, tokenizer = _load_other(name, dtype, trust_remote_code, cache_dir)
+        model, tokenizer = _load_other(name, load_dtype, trust_remote_code, cache_dir, allow_download)
     model = model.to(device).eval()
     model.requires_grad_(False)
+    if precision == "auto":
+        decisions = (cache_root(cache_dir if spec is not None else None)) / PRECISION_DECISIONS
+        model, record = auto_precision(model, role, name=spec.name if spec is not None else name,
+                                       decisions=decisions)
+        _log(f"{name} ({role}) precision: {describe_choice(record)}")
+    else:
+        model = to_precision(model, precision)
+        record = {"precision": precision, "cached": False, "requested": True}
+    model.treespec_precision = record
     return model, tokenizer
 
 

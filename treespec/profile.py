@@ -1,25 +1,32 @@
-"""Hardware-aware tree sizing (Sequoia, sec. 4): measure what a verification pass costs on this
-machine and choose the budget and depth that maximise the predicted speedup.
+"""Hardware-aware tree sizing (Sequoia, sec. 4): measure what drafting and verifying cost on this
+machine and choose the precision, budget and depth with the best predicted wall-clock speed.
 
-A step verifying an ``n``-node tree of depth ``d`` costs one target forward over ``n`` tokens,
-``t(n)``, plus ``d`` draft forwards (one per level, ``ModelDrafter``). It commits ``G(n, d)`` tokens
-on average, the Sequoia value of the best shape with at most ``n`` nodes and depth ``d`` under a
-positional acceptance vector. Plain decoding commits one token per ``t(1)``, so
+One step with a tree ``T`` of ``n`` nodes and depth ``D`` costs (seconds)
 
-    speedup(n, d) = G(n, d) / (t(n) / t(1) + d * c),   c = draft seconds per level / t(1).
+    time(T) = t(n) + [D >= 1] (t_q(1) + sum_{l=1}^{D-1} t_q(f_l)) + o,
 
-On a GPU ``t(n)`` is nearly flat up to a large ``n`` and big trees pay; on a CPU ``t(n)`` grows
-almost from the start and the best tree is small. ``c = 0`` for model-free drafters (n-gram).
+where ``t(n)`` is one target forward over ``n`` tree tokens, ``t_q(w)`` one draft forward over
+``w`` tokens (``t_q(1)``: the root, fed at the start of the step; ``f_l``: the nodes of level
+``l`` that have children, the ones ``ModelDrafter`` forwards), and ``o`` a fixed per-step
+overhead. It commits ``G(T)`` tokens on average (the Sequoia DP's best shape for a budget, depth
+and width limit under a positional acceptance vector). Plain decoding commits one token per
+``t(1) + o``, so
+
+    speedup(T) = G(T) (t(1) + o) / time(T),      tokens per second = G(T) / time(T).
+
+Where ``t(n)`` is flat (a GPU, or bfloat16 matmuls on a CPU with wide bf16 units) wide, shallow
+trees pay; where it grows from the start (float32 on a small CPU) the best tree is a short chain.
+A draft whose ``t_q(w)`` grows with ``w`` favours narrow levels: the chooser searches the DP's
+width limit too. ``t_q = 0`` for model-free drafters (n-gram).
 """
 
 from __future__ import annotations
 
+import copy
 import datetime
 import json
 import os
 import platform
-import statistics
-import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -28,82 +35,14 @@ import torch
 
 from tree_builders import SequoiaDP, TreeShape
 
-from .acceptance import Acceptance, model_name, version
-from .checks import vocab_size
-from .kv import TreeCache, causal_allowed, forward_masked
+from .acceptance import MeasuredAcceptance, model_name, version
+from .precision import precision_of, to_precision
+from .timing import DEFAULT_SIZES, measure_latency, random_tree
 
-DEFAULT_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
+__all__ = ["Choice", "Profile", "choose_among", "choose_tree", "draft_level_cost", "draft_level_latency",
+           "measure_latency", "profile", "profile_precisions", "random_tree"]
 
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def random_tree(n: int, generator: torch.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """A random ``n``-node tree (node 0 the root, parents precede children): ``(depth [n], ancestors [n, n])``.
-
-    Each node's parent is uniform over the earlier nodes, so trees are bushy near the root and a
-    few levels deep, like the shapes the builders return.
-    """
-    parent = np.full(n, -1)
-    if n > 1:
-        u = torch.rand(n - 1, generator=generator).numpy()
-        parent[1:] = np.floor(u * np.arange(1, n)).astype(np.int64)
-    depth = np.zeros(n, dtype=np.int64)
-    ancestors = np.eye(n, dtype=bool)
-    for i in range(1, n):
-        depth[i] = depth[parent[i]] + 1
-        ancestors[i] |= ancestors[parent[i]]
-    return depth, ancestors
-
-
-@torch.inference_mode()
-def measure_latency(
-    model: torch.nn.Module,
-    sizes: Sequence[int] = DEFAULT_SIZES,
-    context: int = 128,
-    repeats: int = 3,
-    warmup: int = 1,
-    seed: int = 0,
-) -> dict[int, float]:
-    """Seconds of one tree forward of ``n`` tokens after ``context`` cached tokens, for each ``n``.
-
-    The new tokens carry a random tree-shaped ancestor mask and tree position ids (as in a
-    verification pass, logits for every node included). Median of ``repeats`` timed runs after
-    ``warmup`` untimed ones; CUDA is synchronised around each run. The cache is cropped back to
-    the context after every run.
-    """
-    if not sizes or any(int(n) != n or n < 1 for n in sizes):
-        raise ValueError(f"sizes must be ints >= 1, got {tuple(sizes)!r}")
-    if context < 1 or repeats < 1 or warmup < 0:
-        raise ValueError("context and repeats must be >= 1 and warmup >= 0")
-    device = next(model.parameters()).device
-    gen = torch.Generator().manual_seed(seed)
-    vocab = vocab_size(model)
-    cache = TreeCache()
-    ctx = torch.randint(vocab, (context,), generator=gen).to(device)
-    forward_masked(model, cache, ctx, torch.arange(context, device=device), causal_allowed(0, context, device),
-                   logits_to_keep=1)
-    out: dict[int, float] = {}
-    for n in sorted({int(s) for s in sizes}):
-        depth, anc = random_tree(n, gen)
-        ids = torch.randint(vocab, (n,), generator=gen).to(device)
-        pos = torch.as_tensor(context + depth, device=device)
-        allowed = torch.ones(n, context + n, dtype=torch.bool)
-        allowed[:, context:] = torch.from_numpy(anc)
-        allowed = allowed.to(device)
-        times = []
-        for r in range(warmup + repeats):
-            _sync(device)
-            t0 = time.perf_counter()
-            forward_masked(model, cache, ids, pos, allowed)
-            _sync(device)
-            if r >= warmup:
-                times.append(time.perf_counter() - t0)
-            cache.keep(context, [])
-        out[n] = statistics.median(times)
-    return out
+DEFAULT_WIDTHS = (1, 2, 4, 8, 16)  # draft level widths profiled
 
 
 def draft_level_cost(draft: torch.nn.Module, tokens: int = 4, context: int = 128, repeats: int = 3) -> float:
@@ -112,13 +51,45 @@ def draft_level_cost(draft: torch.nn.Module, tokens: int = 4, context: int = 128
     return measure_latency(draft, (tokens,), context=context, repeats=repeats)[int(tokens)]
 
 
+def draft_level_latency(draft: torch.nn.Module, widths: Sequence[int] = DEFAULT_WIDTHS, context: int = 128,
+                        repeats: int = 3) -> dict[int, float]:
+    """Seconds of one draft forward over a tree level of each width in ``widths`` (the draft's cost curve)."""
+    return measure_latency(draft, widths, context=context, repeats=repeats)
+
+
+def _curve(points: Mapping[int, float]) -> "callable":
+    """``x -> seconds``: linear between measured points, flat below the first, and extended with the
+    slope of the last two points beyond the last (a width past the measured ones costs more)."""
+    xs = np.array(sorted(int(k) for k in points), dtype=np.float64)
+    ys = np.array([float(points[int(k)]) for k in xs])
+    if np.any(ys < 0) or not np.all(np.isfinite(ys)):
+        raise ValueError(f"latencies must be finite and >= 0, got {dict(points)}")
+    slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) if len(xs) > 1 else 0.0
+
+    def at(x: float | np.ndarray) -> float | np.ndarray:
+        x = np.asarray(x, dtype=np.float64)
+        return np.where(x <= xs[-1], np.interp(x, xs, ys), ys[-1] + max(slope, 0.0) * (x - xs[-1]))
+
+    return at
+
+
+def forwarded_widths(shape: TreeShape) -> list[int]:
+    """Nodes of each level ``1..depth-1`` that have children: the width of each draft forward."""
+    per_level: dict[int, set] = {}
+    for p in shape.paths:
+        if len(p) > 1:
+            per_level.setdefault(len(p) - 1, set()).add(p[:-1])
+    return [len(per_level.get(level, ())) for level in range(1, shape.depth)]
+
+
 @dataclass
 class Choice:
     """The tree ``choose_tree`` picked and the table it picked it from.
 
-    ``taus[i, j]`` and ``speedups[i, j]`` are for depth limit ``depths[i]`` and budget
-    ``budgets[j]``; depth 0 is plain decoding (tau 1, speedup ``1 / (t(n)/t(1))``). When the choice
-    is depth 0 (``shape`` is the root alone), speculation does not pay here: generate with no drafter.
+    ``taus[i, j]``, ``seconds[i, j]`` and ``speedups[i, j]`` are for depth limit ``depths[i]`` and
+    budget ``budgets[j]`` (best over the width limits searched; ``widths[i, j]`` is the one kept);
+    depth 0 is plain decoding (tau 1). When the choice is depth 0 (``shape`` is the root alone),
+    speculation does not pay here: generate with no drafter.
     """
 
     budget: int
@@ -131,56 +102,86 @@ class Choice:
     taus: np.ndarray  # [len(depths), len(budgets)]
     speedups: np.ndarray  # [len(depths), len(budgets)]
     cost_ratio: np.ndarray  # [len(budgets)]: t(n) / t(1)
-    c: float  # draft seconds per level / t(1)
+    c: float  # draft seconds of a one-token level / t(1)
+    seconds: np.ndarray | None = None  # [len(depths), len(budgets)]: predicted seconds per step
+    widths: np.ndarray | None = None  # [len(depths), len(budgets)]: the width limit of each cell
+    step_seconds: float = 0.0  # predicted seconds per step of ``shape``
+    plain_seconds: float = 0.0  # seconds per token of plain decoding, t(1) + overhead
+    label: str = ""  # which configuration (e.g. precisions) the costs are of; set by choose_among
+
+    @property
+    def width(self) -> int:
+        """The width limit the chosen shape was built under."""
+        return int(self.widths[self.depths.index(self.depth), self.budgets.index(self.budget)])
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Predicted tokens per second of ``shape`` (``tau / step_seconds``)."""
+        return self.tau / self.step_seconds if self.step_seconds else 0.0
 
     def rows(self) -> list[dict[str, float]]:
-        """The table as records (depth, budget, tau, relative cost, speedup)."""
+        """The table as records (depth, budget, tau, relative cost, seconds, speedup)."""
         return [
             {"depth": d, "budget": n, "tau": float(self.taus[i, j]),
-             "cost": float(self.cost_ratio[j] + d * self.c), "speedup": float(self.speedups[i, j])}
+             "cost": float(self.seconds[i, j] / self.plain_seconds), "seconds": float(self.seconds[i, j]),
+             "max_width": int(self.widths[i, j]), "speedup": float(self.speedups[i, j])}
             for i, d in enumerate(self.depths) for j, n in enumerate(self.budgets)
         ]
 
     def as_dict(self) -> dict[str, Any]:
-        return {"budget": self.budget, "depth": self.depth, "size": self.shape.size, "paths": [list(p) for p in self.shape.paths],
-                "tau": self.tau, "speedup": self.speedup, "c": self.c, "budgets": self.budgets, "depths": self.depths,
-                "taus": self.taus.tolist(), "speedups": self.speedups.tolist(), "cost_ratio": self.cost_ratio.tolist()}
+        return {"label": self.label, "budget": self.budget, "depth": self.depth, "max_width": self.width,
+                "size": self.shape.size, "paths": [list(p) for p in self.shape.paths], "tau": self.tau,
+                "speedup": self.speedup, "step_seconds": self.step_seconds,
+                "tokens_per_second": self.tokens_per_second, "plain_seconds": self.plain_seconds, "c": self.c,
+                "budgets": self.budgets, "depths": self.depths, "taus": self.taus.tolist(),
+                "speedups": self.speedups.tolist(), "seconds": self.seconds.tolist(),
+                "widths": self.widths.tolist(), "cost_ratio": self.cost_ratio.tolist()}
 
     def __repr__(self) -> str:
-        return (f"Choice(budget={self.budget}, depth={self.depth}, size={self.shape.size}, tau={self.tau:.3f}, "
-                f"speedup={self.speedup:.3f}, c={self.c:.3f})")
+        label = f"{self.label}: " if self.label else ""
+        return (f"Choice({label}budget={self.budget}, depth={self.depth}, size={self.shape.size}, "
+                f"widths={self.shape.widths}, tau={self.tau:.3f}, speedup={self.speedup:.3f}, "
+                f"{self.tokens_per_second:.2f} tok/s)")
 
 
-def _rows(acceptance: Acceptance | Any, per_depth: bool) -> Any:
-    if isinstance(acceptance, Acceptance):
+def _rows(acceptance: MeasuredAcceptance | Any, per_depth: bool) -> Any:
+    if isinstance(acceptance, MeasuredAcceptance):
         return acceptance.matrix if per_depth else acceptance.vector
     return acceptance
 
 
 def choose_tree(
-    acceptance: Acceptance | Any,
+    acceptance: MeasuredAcceptance | Any,
     target_latency: Mapping[int, float],
-    draft_cost: float | None,
+    draft_cost: float | Mapping[int, float] | None,
     budgets: Sequence[int] | None = None,
     max_depth: int = 12,
     max_width: int | None = 16,
     per_depth: bool = False,
+    *,
+    width_limits: Sequence[int | None] | None = None,
+    overhead: float = 0.0,
 ) -> Choice:
-    """The (budget, depth) with the best predicted speedup ``G(n, d) / (t(n)/t(1) + d c)``.
+    """The tree with the best predicted speed ``G(T) / time(T)`` (module docstring).
 
     Args:
-        acceptance: a measured :class:`~treespec.acceptance.Acceptance` (its vector, or its per-depth
+        acceptance: a measured :class:`~treespec.acceptance.MeasuredAcceptance` (its vector, or its per-depth
             matrix with ``per_depth=True``) or a raw vector / matrix.
         target_latency: seconds of one target forward per tree size (``measure_latency``); must
             include size 1. ``t(n)`` is interpolated linearly between measured sizes.
-        draft_cost: seconds of one draft forward per tree level (``draft_level_cost``); ``None`` or
-            0 for a model-free drafter.
+        draft_cost: the draft's seconds per forward: per level width (``draft_level_latency``, a
+            dict ``width -> seconds``), one number for every width (``draft_level_cost``), or
+            ``None`` / 0 for a model-free drafter.
         budgets: candidate budgets (tokens per verification, root included), each within the
             measured sizes; default every integer from 1 to the largest measured size.
         max_depth, max_width: limits of the Sequoia DP (depths ``0..max_depth`` are tabulated).
         per_depth: use the acceptance's per-depth matrix instead of its vector.
+        width_limits: DP width limits to search (narrow levels cost less with a width-dependent
+            draft); default ``1, 2, 4, ... max_width`` for a per-width ``draft_cost``, else ``max_width``.
+        overhead: fixed seconds per step (engine bookkeeping), added to every step and to plain decoding.
 
-    Ties go to the smaller budget, then the smaller depth.
+    Each cell's shape is the DP's smallest optimal one, costed at its own size and depth. Ties go
+    to the smaller budget, then the smaller depth, then the narrower width limit.
     """
     sizes = sorted(int(s) for s in target_latency)
     if 1 not in target_latency:
@@ -189,55 +190,99 @@ def choose_tree(
     if np.any(lat <= 0):
         raise ValueError("latencies must be > 0")
     t1 = float(target_latency[1])
-    c = 0.0 if draft_cost is None else float(draft_cost) / t1
-    if c < 0:
-        raise ValueError(f"draft_cost must be >= 0, got {draft_cost}")
+    if overhead < 0:
+        raise ValueError(f"overhead must be >= 0 seconds, got {overhead}")
+    if isinstance(draft_cost, Mapping):
+        if not draft_cost:
+            raise ValueError("draft_cost is an empty dict; give width -> seconds, one number, or None")
+        t_q = _curve(draft_cost)
+    else:
+        if draft_cost is not None and float(draft_cost) < 0:
+            raise ValueError(f"draft_cost must be >= 0, got {draft_cost}")
+        flat = 0.0 if draft_cost is None else float(draft_cost)
+        t_q = lambda w: np.full(np.shape(w), flat) if np.ndim(w) else flat  # noqa: E731
+    c = float(t_q(1)) / t1
     bs = list(range(1, sizes[-1] + 1)) if budgets is None else sorted({int(b) for b in budgets})
     if not bs or bs[0] < 1 or bs[-1] > sizes[-1]:
         raise ValueError(f"budgets must lie in [1, {sizes[-1]}] (the largest measured size), got {bs}")
     if int(max_depth) != max_depth or max_depth < 0:
         raise ValueError(f"max_depth must be an int >= 0, got {max_depth!r}")
+    if width_limits is None:
+        top = 16 if max_width is None else int(max_width)
+        width_limits = ([w for w in (1, 2, 4, 8, 16, 32, 64) if w < top] + [max_width]
+                        if isinstance(draft_cost, Mapping) else [max_width])
     rows = _rows(acceptance, per_depth)
-    ratio = np.interp(bs, sizes, lat) / t1
+    t_of = lambda n: float(np.interp(n, sizes, lat))  # noqa: E731
+    ratio = np.array([t_of(n) for n in bs]) / t1
     depths = list(range(int(max_depth) + 1))
-    idx = np.asarray(bs)
+    plain = t1 + overhead
     taus = np.ones((len(depths), len(bs)))
-    solvers: dict[int, SequoiaDP] = {}
-    for d in depths[1:]:
-        solvers[d] = SequoiaDP(rows, bs[-1], max_depth=d, max_width=max_width)
-        taus[d] = solvers[d].values[idx]
-    speedups = taus / (ratio[None, :] + np.asarray(depths, dtype=np.float64)[:, None] * c)
-    best = float(speedups.max())
+    seconds = np.tile(ratio * t1 + overhead, (len(depths), 1))  # depth 0: the root alone at each budget
+    widths = np.zeros((len(depths), len(bs)), dtype=np.int64)
+    shapes: dict[tuple[int, int], TreeShape] = {}
+    for i, d in enumerate(depths[1:], start=1):
+        best = np.full(len(bs), -np.inf)
+        for w in width_limits:
+            dp = SequoiaDP(rows, bs[-1], max_depth=d, max_width=w)
+            for j, n in enumerate(bs):
+                shape = dp.shape(n)
+                draft = (float(t_q(1)) + float(np.sum(t_q(np.array(forwarded_widths(shape))))) if shape.depth else 0.0)
+                secs = t_of(shape.size) + draft + overhead
+                tau = float(dp.values[n])
+                if tau / secs > best[j] * (1 + 1e-12):
+                    best[j] = tau / secs
+                    taus[i, j], seconds[i, j], widths[i, j] = tau, secs, -1 if w is None else w
+                    shapes[i, j] = shape
+    speedups = taus * plain / seconds
+    top = float(speedups.max())
     # first in (budget, depth) order reaching the maximum (up to rounding)
-    hits = np.argwhere(speedups.T >= best - 1e-12 * max(1.0, best))
+    hits = np.argwhere(speedups.T >= top - 1e-12 * max(1.0, top))
     j, i = (int(v) for v in hits[0])
-    d, n = depths[i], bs[j]
-    shape = solvers[d].shape(n) if d > 0 else TreeShape()
-    return Choice(budget=n, depth=d, shape=shape, tau=float(taus[i, j]), speedup=float(speedups[i, j]), budgets=bs,
-                  depths=depths, taus=taus, speedups=speedups, cost_ratio=ratio, c=c)
+    return Choice(budget=bs[j], depth=depths[i], shape=shapes.get((i, j), TreeShape()), tau=float(taus[i, j]),
+                  speedup=float(speedups[i, j]), budgets=bs, depths=depths, taus=taus, speedups=speedups,
+                  cost_ratio=ratio, c=c, seconds=seconds, widths=widths, step_seconds=float(seconds[i, j]),
+                  plain_seconds=plain)
 
 
 @dataclass
 class Profile:
-    """Measured costs of a target (and its draft) on one machine; JSON round trip with save/load."""
+    """Measured costs of a target (and its draft) on one machine; JSON round trip with save/load.
+
+    ``draft_level_latency`` (width -> seconds) is the draft's cost curve; ``draft_level_seconds``
+    is one point of it (width ``meta["draft_tokens"]``), kept for callers that print one figure.
+    """
 
     target_latency: dict[int, float]  # tree size -> seconds of one target forward
     draft_level_seconds: float | None  # one draft forward per tree level; None without a draft
     meta: dict[str, Any] = field(default_factory=dict)
+    draft_level_latency: dict[int, float] | None = None  # level width -> seconds of one draft forward
+    step_overhead_seconds: float = 0.0  # fixed engine seconds per step
 
-    def choose(self, acceptance: Acceptance | Any, **kwargs: Any) -> Choice:
+    @property
+    def draft_cost(self) -> float | dict[int, float] | None:
+        """What ``choose_tree`` is given: the cost curve when measured, else the single figure."""
+        return self.draft_level_latency if self.draft_level_latency else self.draft_level_seconds
+
+    def choose(self, acceptance: MeasuredAcceptance | Any, **kwargs: Any) -> Choice:
         """:func:`choose_tree` with this profile's costs."""
-        return choose_tree(acceptance, self.target_latency, self.draft_level_seconds, **kwargs)
+        kwargs.setdefault("overhead", self.step_overhead_seconds)
+        return choose_tree(acceptance, self.target_latency, self.draft_cost, **kwargs)
 
     def to_dict(self) -> dict[str, Any]:
+        curve = self.draft_level_latency
         return {"target_latency": {str(k): v for k, v in sorted(self.target_latency.items())},
-                "draft_level_seconds": self.draft_level_seconds, "meta": self.meta}
+                "draft_level_seconds": self.draft_level_seconds,
+                "draft_level_latency": None if curve is None else {str(k): v for k, v in sorted(curve.items())},
+                "step_overhead_seconds": self.step_overhead_seconds, "meta": self.meta}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Profile":
         lat = {int(k): float(v) for k, v in d["target_latency"].items()}
         dc = d.get("draft_level_seconds")
-        return cls(lat, None if dc is None else float(dc), dict(d.get("meta", {})))
+        curve = d.get("draft_level_latency")
+        return cls(lat, None if dc is None else float(dc), dict(d.get("meta", {})),
+                   None if curve is None else {int(k): float(v) for k, v in curve.items()},
+                   float(d.get("step_overhead_seconds", 0.0)))
 
     def save(self, path: str | os.PathLike) -> None:
         with open(path, "w", encoding="utf-8") as f:
@@ -255,6 +300,15 @@ def device_name(device: torch.device) -> str:
     return f"{platform.processor() or platform.machine()} ({os.cpu_count()} CPUs, {torch.get_num_threads()} torch threads)"
 
 
+def _meta(target: torch.nn.Module, draft: torch.nn.Module | None, **extra: Any) -> dict[str, Any]:
+    device = next(target.parameters()).device
+    return {"target": model_name(target), "draft": None if draft is None else model_name(draft),
+            "device": device_name(device), "dtype": str(next(target.parameters()).dtype),
+            "target_precision": precision_of(target), "draft_precision": None if draft is None else precision_of(draft),
+            **extra, "torch": torch.__version__, "treespec": version(),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+
+
 def profile(
     target: torch.nn.Module,
     draft: torch.nn.Module | None = None,
@@ -262,13 +316,75 @@ def profile(
     context: int = 128,
     repeats: int = 3,
     draft_tokens: int = 4,
+    draft_widths: Sequence[int] = DEFAULT_WIDTHS,
+    step_overhead: float = 0.0,
 ) -> Profile:
-    """Measure the target's tree-forward latency per size and the draft's cost per level."""
-    device = next(target.parameters()).device
+    """Measure the target's tree-forward latency per size and the draft's cost per level width.
+
+    The models are measured in the precision they are in (see :func:`profile_precisions` to
+    compare several). ``draft_tokens`` is the width whose cost is also stored as the single
+    ``draft_level_seconds``; ``step_overhead`` is a fixed per-step cost to add (seconds).
+    """
     lat = measure_latency(target, sizes, context=context, repeats=repeats)
-    dc = None if draft is None else draft_level_cost(draft, draft_tokens, context=context, repeats=repeats)
-    meta = {"target": model_name(target), "draft": None if draft is None else model_name(draft),
-            "device": device_name(device), "dtype": str(next(target.parameters()).dtype), "context": context,
-            "repeats": repeats, "draft_tokens": draft_tokens, "torch": torch.__version__, "treespec": version(),
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
-    return Profile(lat, dc, meta)
+    curve = None
+    if draft is not None:
+        curve = draft_level_latency(draft, sorted({*map(int, draft_widths), int(draft_tokens)}), context=context,
+                                    repeats=repeats)
+    meta = _meta(target, draft, context=context, repeats=repeats, draft_tokens=draft_tokens)
+    return Profile(lat, None if curve is None else curve[int(draft_tokens)], meta, curve, float(step_overhead))
+
+
+def profile_precisions(
+    target: torch.nn.Module,
+    draft: torch.nn.Module | None = None,
+    target_precisions: Sequence[str] = ("float32", "bfloat16"),
+    draft_precisions: Sequence[str] = ("float32", "bfloat16", "int8"),
+    **kwargs: Any,
+) -> dict[str, Profile]:
+    """One :class:`Profile` per (target precision, draft precision), labelled
+    ``"target=<p>,draft=<q>"`` (``"target=<p>"`` without a draft).
+
+    ``target`` and ``draft`` are float32 models; each precision is measured once on a converted
+    copy (so peak memory is about twice a model), and profiles are combined. ``kwargs`` go to
+    :func:`profile` (sizes, context, repeats, draft_widths, step_overhead). Pick with
+    :func:`choose_among`.
+    """
+    for model in (target, draft):
+        if model is not None and precision_of(model) != "float32":
+            raise ValueError("profile_precisions converts from float32: load the models with dtype=torch.float32")
+    kwargs.setdefault("draft_tokens", 4)
+    targets = {p: profile(to_precision(copy.deepcopy(target), p) if p != "float32" else target, None, **kwargs)
+               for p in target_precisions}
+    out: dict[str, Profile] = {}
+    if draft is None:
+        return {f"target={p}": prof for p, prof in targets.items()}
+    for q in draft_precisions:
+        d = to_precision(copy.deepcopy(draft), q) if q != "float32" else draft
+        dprof = profile(d, d, sizes=(1,), **{k: v for k, v in kwargs.items() if k != "sizes"})
+        for p, tprof in targets.items():
+            meta = {**tprof.meta, "draft": dprof.meta["target"], "draft_precision": q}
+            out[f"target={p},draft={q}"] = Profile(tprof.target_latency, dprof.draft_level_seconds, meta,
+                                                   dprof.draft_level_latency, tprof.step_overhead_seconds)
+        del d
+    return out
+
+
+def choose_among(profiles: Mapping[str, Profile], acceptance: MeasuredAcceptance | Any | Mapping[str, Any],
+                 **kwargs: Any) -> Choice:
+    """The configuration (e.g. precisions, see :func:`profile_precisions`) and tree with the most
+    predicted tokens per second; the returned :class:`Choice` carries its ``label``.
+
+    ``acceptance`` is one acceptance for all, or a dict ``label -> acceptance`` (a quantised draft
+    may be accepted less often). Speedups in each choice are against plain decoding in the same
+    configuration; compare configurations by ``tokens_per_second``.
+    """
+    if not profiles:
+        raise ValueError("choose_among needs at least one profile")
+    best: Choice | None = None
+    for label, prof in profiles.items():
+        acc = acceptance[label] if isinstance(acceptance, Mapping) else acceptance
+        choice = prof.choose(acc, **kwargs)
+        choice.label = label
+        if best is None or choice.tokens_per_second > best.tokens_per_second * (1 + 1e-12):
+            best = choice
+    return best

@@ -1,0 +1,124 @@
+"""ModelDrafter's own KV cache stays in sync with the committed context across steps.
+
+At the start of every step the drafter keeps its last tree's rows on the committed path and feeds
+the committed tokens it has not cached; its next-token logits from that cache must equal a fresh
+causal forward of the draft over the whole committed context (float32, atol 1e-5).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import treespec
+from treespec import model_drafter
+from treespec.kv import forward_masked
+from tiny import perturbed_copy, tiny_model
+
+BUSHY = [(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1), (0, 0, 0, 0)]
+PROMPTS = ([1, 5, 7, 9, 3], [4], [10, 11, 12, 13, 14, 15])
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target = tiny_model("llama", vocab=64, hidden=64, scale=6, seed=0)
+    return target, perturbed_copy(target, 0.3)
+
+
+def walk_last_tree(drafter: treespec.ModelDrafter, tokens: list[int]) -> int:
+    """How many of ``tokens`` (committed since the last step) follow nodes the draft forwarded in its
+    last tree, from its root."""
+    if drafter._last is None:
+        return 0
+    parent, toks, rows = drafter._last
+    node = 0
+    for i, tok in enumerate(tokens):
+        kids = np.flatnonzero((parent == node) & (toks == tok) & (rows >= 0))
+        if kids.size == 0:
+            return i
+        node = int(kids[0])
+    return len(tokens)
+
+
+def instrument(drafter: treespec.ModelDrafter, monkeypatch) -> list[tuple[list[int], torch.Tensor, bool]]:
+    """Record, at the start of every step: the context, the drafter's next-token logits from its
+    cache, and whether the bonus token landed on a node the draft forwarded (but the target did not
+    verify: a verified one would have been accepted). Also checks that the sync feeds exactly the
+    committed tokens its last tree did not hold, plus the new root: the accepted path's rows are kept."""
+    records = []
+    start = drafter._start_step
+    fed: list[int] = []
+
+    def forward_recorded(model, cache, input_ids, *args, **kwargs):
+        if kwargs.get("logits_to_keep") == 1:  # the sync at the start of a step
+            fed.append(len(input_ids))
+        return forward_masked(model, cache, input_ids, *args, **kwargs)
+
+    monkeypatch.setattr(model_drafter, "forward_masked", forward_recorded)
+
+    def recorded(context):
+        context = list(context)
+        new = context[drafter._seen:] if drafter._last is not None else context
+        landed = drafter._last is not None and walk_last_tree(drafter, new) == len(new)
+        in_tree = walk_last_tree(drafter, new[:-1])
+        fed.clear()
+        logits = start(context)
+        assert fed == [len(new) - in_tree], f"fed {fed} tokens, expected {len(new) - in_tree} (kept {in_tree} rows)"
+        records.append((context, logits[0].detach().clone(), landed))
+        return logits
+
+    drafter._start_step = recorded
+    return records
+
+
+@torch.no_grad()
+def check_against_fresh_forwards(draft, records) -> None:
+    for context, cached, _ in records:
+        fresh = draft(torch.tensor([context])).logits[0, -1]
+        assert torch.allclose(cached, fresh, atol=1e-5), (
+            f"draft logits from its cache differ from a fresh forward after {len(context)} tokens "
+            f"(max diff {(cached - fresh).abs().max():.2e})")
+
+
+def run(pair, drafter, monkeypatch, **kwargs):
+    target, draft = pair
+    records = instrument(drafter, monkeypatch)
+    steps = 0
+    for k, prompt in enumerate(PROMPTS):
+        out = treespec.generate(target, prompt, drafters=[drafter], max_new_tokens=30, seed=k, **kwargs)
+        with torch.inference_mode():  # the sync the next step would do
+            drafter._start_step(out.sequences[0].tolist())
+        steps += out.stats.steps
+    assert len(records) == steps + len(PROMPTS)
+    check_against_fresh_forwards(draft, records)
+    return records
+
+
+CASES = {
+    "topk-greedy": (lambda d: treespec.ModelDrafter(d, BUSHY, "topk"), {}),
+    "sample-T1": (lambda d: treespec.ModelDrafter(d, BUSHY, "sample"), {"temperature": 1.0}),
+    "wor-T0.8": (lambda d: treespec.ModelDrafter(d, BUSHY, "sample_without_replacement"), {"temperature": 0.8}),
+    "dynamic-greedy": (lambda d: treespec.ModelDrafter(d, mode="dynamic", depth=4, topk=3, nodes=5), {}),
+    "dynamic-T1": (lambda d: treespec.ModelDrafter(d, mode="dynamic", depth=4, topk=3, nodes=5),
+                   {"temperature": 1.0}),
+    "topk-budget-cut": (lambda d: treespec.ModelDrafter(d, BUSHY, "topk"), {"budget": 3}),
+    "confidence-stop": (lambda d: treespec.ModelDrafter(d, BUSHY, "topk", min_confidence=0.5), {}),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_draft_cache_matches_a_fresh_forward(pair, case, monkeypatch):
+    make, kwargs = CASES[case]
+    records = run(pair, make(pair[1]), monkeypatch, **kwargs)
+    assert len({len(c) for c, _, _ in records}) > 10
+
+
+@pytest.mark.parametrize("case", ["dynamic-greedy", "topk-budget-cut"])
+def test_bonus_token_on_a_forwarded_but_unverified_node(pair, case, monkeypatch):
+    """Regression: the draft cache sync when the bonus token lands on a node the draft forwarded
+    but the target never verified (dropped by the dynamic rerank or by the budget). The new root
+    must be fed again, not taken from the last tree's rows."""
+    make, kwargs = CASES[case]
+    records = run(pair, make(pair[1]), monkeypatch, **kwargs)
+    assert sum(landed for _, _, landed in records) >= 3  # the situation occurred, and was checked above

@@ -1,0 +1,193 @@
+"""Model precision: name a precision, convert a float32 model to it, and pick the fastest one here.
+
+Four precisions: ``float32``, ``bfloat16``, ``float16`` and ``int8``. ``int8`` is weight int8 with
+dynamic (per-token-batch) activation quantisation of every ``nn.Linear``, the LM head included,
+through ``torch.ao.quantization.quantize_dynamic`` with per-channel weight scales (fbgemm kernels,
+CPU only); embeddings, norms and attention stay float32. It is meant for draft models: a quantised
+draft is still an exact drafter, its proposals are point masses or draws from its own ``q``.
+
+Why ``torch.ao`` and not ``torchao``: torchao 0.18 installs for torch 2.13, but in eager mode on
+this project's CPU its ``Int8DynamicActivationInt8WeightConfig`` ran a 896x4864 + 4864x896 Linear
+pair 30x slower than ``quantize_dynamic`` (4.0 vs 0.13 ms for 1 token, 3.9 vs 0.58 ms for 16;
+slower than float32, 3.0 / 5.7 ms): its CPU path dequantises and needs ``torch.compile`` to fuse.
+
+``auto_precision`` times one forward at a representative size in each candidate precision and
+keeps the fastest: precision is a measured property of the machine, not of its CPU flags.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import json
+import os
+import platform
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+PRECISIONS = ("float32", "bfloat16", "float16", "int8")
+ROLES = ("target", "draft")
+#: precisions ``auto`` times, per role: int8 only for drafts (a quantised target changes the output)
+AUTO_CANDIDATES = {"target": ("float32", "bfloat16"), "draft": ("float32", "bfloat16", "int8")}
+#: tree sizes ``auto`` times (seconds summed): a decode token plus a verification tree / draft level
+AUTO_SIZES = {"target": (1, 16), "draft": (1, 4)}
+_TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_ALIASES = {"fp32": "float32", "float": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16",
+            "qint8": "int8"}
+
+
+def parse_precision(dtype: str | torch.dtype) -> str:
+    """``dtype`` as one of ``PRECISIONS`` or ``"auto"`` (a ``torch.dtype`` or a name such as ``"bf16"``)."""
+    if isinstance(dtype, torch.dtype):
+        for name, value in _TORCH_DTYPES.items():
+            if dtype == value:
+                return name
+        raise ValueError(f"dtype {dtype} is not supported; use one of {', '.join(PRECISIONS)} or 'auto'")
+    if isinstance(dtype, str):
+        name = dtype.strip().lower().removeprefix("torch.")
+        name = _ALIASES.get(name, name)
+        if name in PRECISIONS or name == "auto":
+            return name
+    raise ValueError(f"unknown dtype {dtype!r}: use 'auto' (measure and keep the fastest), "
+                     f"{', '.join(repr(p) for p in PRECISIONS)}, or a torch.dtype")
+
+
+def torch_dtype(precision: str) -> torch.dtype:
+    """The dtype a model of ``precision`` is loaded in before conversion (float32 for int8)."""
+    return _TORCH_DTYPES.get(precision, torch.float32)
+
+
+def _is_dynamic_int8(module: torch.nn.Module) -> bool:
+    return isinstance(module, torch.ao.nn.quantized.dynamic.Linear)
+
+
+def precision_of(model: torch.nn.Module) -> str:
+    """The precision of a model: ``int8`` if its Linear layers are dynamically quantised, else its dtype."""
+    if any(_is_dynamic_int8(m) for m in model.modules()):
+        return "int8"
+    dtype = next(model.parameters()).dtype
+    return parse_precision(dtype) if dtype in _TORCH_DTYPES.values() else str(dtype).removeprefix("torch.")
+
+
+def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
+    """Quantise every ``nn.Linear`` of a float32 CPU model in place (int8 weights, per-channel scales,
+    dynamic int8 activations); returns ``model``."""
+    device = next(model.parameters()).device
+    if device.type != "cpu":
+        raise ValueError(f"int8 dynamic quantisation runs on the CPU only (the model is on {device}); use "
+                         "dtype='bfloat16' or 'float16' on an accelerator")
+    if next(model.parameters()).dtype != torch.float32:
+        raise ValueError("int8 quantisation starts from a float32 model; load it with dtype=torch.float32 first")
+    with warnings.catch_warnings():  # torch.ao's eager quantisation API warns that it is deprecated
+        warnings.simplefilter("ignore")
+        torch.ao.quantization.quantize_dynamic(
+            model, {torch.nn.Linear: torch.ao.quantization.per_channel_dynamic_qconfig}, dtype=torch.qint8,
+            inplace=True)
+    return model
+
+
+def to_precision(model: torch.nn.Module, precision: str) -> torch.nn.Module:
+    """``model`` (float32, or already in ``precision``) converted to ``precision`` in place."""
+    precision = parse_precision(precision)
+    if precision == "auto":
+        raise ValueError("to_precision needs a concrete precision; use auto_precision to choose one")
+    if precision_of(model) == precision:
+        return model
+    if precision == "int8":
+        return quantize_int8(model)
+    return model.to(_TORCH_DTYPES[precision])
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), or what ``platform`` knows."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def decision_key(name: str, role: str, device: torch.device | str) -> str:
+    """What a cached ``auto`` decision depends on: model, role, device, CPU model, threads, torch."""
+    device = torch.device(device)
+    hw = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model()
+    return f"{name}|{role}|{device}|{hw}|threads={torch.get_num_threads()}|torch={torch.__version__}"
+
+
+def _read_decisions(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _write_decision(path: Path, key: str, record: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = _read_decisions(path)
+    data[key] = record
+    fd, tmp = tempfile.mkstemp(prefix=path.name, dir=path.parent)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=1, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def default_timer(model: torch.nn.Module, sizes: tuple[int, ...]) -> float:
+    """Seconds of one tree forward of each size in ``sizes`` after a 128-token context, summed."""
+    from .profile import measure_latency  # profile -> acceptance -> engine: keep this module light
+
+    return float(sum(measure_latency(model, sizes, context=128, repeats=3).values()))
+
+
+def auto_precision(model: torch.nn.Module, role: str = "target", *, name: str | None = None,
+                   decisions: str | os.PathLike | None = None,
+                   timer: Callable[[torch.nn.Module, tuple[int, ...]], float] | None = None
+                   ) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """Convert a float32 ``model`` to the precision that runs fastest here; returns ``(model, record)``.
+
+    Each candidate of ``AUTO_CANDIDATES[role]`` (int8 on CPU only) is timed with ``timer(model,
+    AUTO_SIZES[role])`` (default :func:`default_timer`) on its own copy; the fastest is kept. With ``decisions`` (a JSON file) the
+    choice is cached under ``decision_key(name, role, device)`` and read back by later calls, which
+    then only convert. ``record`` holds ``precision``, ``seconds`` (per candidate), ``sizes``,
+    ``key`` and ``cached`` (True when read from the file): what was chosen and why.
+    """
+    if role not in ROLES:
+        raise ValueError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
+    if precision_of(model) != "float32":
+        raise ValueError("auto_precision starts from a float32 model (every candidate is converted from it)")
+    device = next(model.parameters()).device
+    key = decision_key(name or getattr(model.config, "_name_or_path", "") or type(model).__name__, role, device)
+    path = None if decisions is None else Path(decisions)
+    if path is not None:
+        record = _read_decisions(path).get(key)
+        if isinstance(record, dict) and record.get("precision") in AUTO_CANDIDATES[role]:
+            return to_precision(model, record["precision"]), {**record, "cached": True}
+    sizes = AUTO_SIZES[role]
+    timer = default_timer if timer is None else timer
+    seconds: dict[str, float] = {}
+    for precision in AUTO_CANDIDATES[role]:
+        if precision == "int8" and device.type != "cpu":
+            continue
+        candidate = model if precision == "float32" else to_precision(copy.deepcopy(model), precision)
+        seconds[precision] = timer(candidate, sizes)
+        del candidate
+    best = min(seconds, key=seconds.get)
+    record = {"precision": best, "seconds": seconds, "sizes": list(sizes), "key": key,
+              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    if path is not None:
+        _write_decision(path, key, record)
+    return to_precision(model, best), {**record, "cached": False}
+
+
+def describe_choice(record: dict[str, Any]) -> str:
+    """One line saying which precision was kept and the timings it was kept on."""
+    timings = ", ".join(f"{p} {s * 1e3:.0f} ms" for p, s in record.get("seconds", {}).items())
+    how = "cached measurement" if record.get("cached") else "measured now"
+    return f"{record['precision']} ({how}; forward over {record.get('sizes')} tokens: {timings})"

@@ -1,0 +1,86 @@
+"""Timing one tree-shaped forward of a model: the measurement behind precision and tree sizing."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from .checks import vocab_size
+from .kv import TreeCache, causal_allowed, forward_masked
+
+DEFAULT_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def random_tree(n: int, generator: torch.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """A random ``n``-node tree (node 0 the root, parents precede children): ``(depth [n], ancestors [n, n])``.
+
+    Each node's parent is uniform over the earlier nodes, so trees are bushy near the root and a
+    few levels deep, like the shapes the builders return.
+    """
+    parent = np.full(n, -1)
+    if n > 1:
+        u = torch.rand(n - 1, generator=generator).numpy()
+        parent[1:] = np.floor(u * np.arange(1, n)).astype(np.int64)
+    depth = np.zeros(n, dtype=np.int64)
+    ancestors = np.eye(n, dtype=bool)
+    for i in range(1, n):
+        depth[i] = depth[parent[i]] + 1
+        ancestors[i] |= ancestors[parent[i]]
+    return depth, ancestors
+
+
+@torch.inference_mode()
+def measure_latency(
+    model: torch.nn.Module,
+    sizes: Sequence[int] = DEFAULT_SIZES,
+    context: int = 128,
+    repeats: int = 3,
+    warmup: int = 1,
+    seed: int = 0,
+) -> dict[int, float]:
+    """Seconds of one tree forward of ``n`` tokens after ``context`` cached tokens, for each ``n``.
+
+    The new tokens carry a random tree-shaped ancestor mask and tree position ids (as in a
+    verification pass, logits for every node included). Median of ``repeats`` timed runs after
+    ``warmup`` untimed ones; CUDA is synchronised around each run. The cache is cropped back to
+    the context after every run.
+    """
+    if not sizes or any(int(n) != n or n < 1 for n in sizes):
+        raise ValueError(f"sizes must be ints >= 1, got {tuple(sizes)!r}")
+    if context < 1 or repeats < 1 or warmup < 0:
+        raise ValueError("context and repeats must be >= 1 and warmup >= 0")
+    device = next(model.parameters()).device
+    gen = torch.Generator().manual_seed(seed)
+    vocab = vocab_size(model)
+    cache = TreeCache()
+    ctx = torch.randint(vocab, (context,), generator=gen).to(device)
+    forward_masked(model, cache, ctx, torch.arange(context, device=device), causal_allowed(0, context, device),
+                   logits_to_keep=1)
+    out: dict[int, float] = {}
+    for n in sorted({int(s) for s in sizes}):
+        depth, anc = random_tree(n, gen)
+        ids = torch.randint(vocab, (n,), generator=gen).to(device)
+        pos = torch.as_tensor(context + depth, device=device)
+        allowed = torch.ones(n, context + n, dtype=torch.bool)
+        allowed[:, context:] = torch.from_numpy(anc)
+        allowed = allowed.to(device)
+        times = []
+        for r in range(warmup + repeats):
+            _sync(device)
+            t0 = time.perf_counter()
+            forward_masked(model, cache, ids, pos, allowed)
+            _sync(device)
+            if r >= warmup:
+                times.append(time.perf_counter() - t0)
+            cache.keep(context, [])
+        out[n] = statistics.median(times)
+    return out
