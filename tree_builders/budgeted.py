@@ -32,10 +32,11 @@ def kary_widths(budget: int, width: int, max_depth: int | None = None) -> tuple[
 
 
 def for_budget(builder: str, budget: int, acceptance: Acceptance | None = None, max_depth: int | None = None,
-               *, kary_width: int = 2, chains: int | None = None) -> TreeShape:
+               *, kary_width: int = 2, chains: int | None = None, max_width: int | None = None) -> TreeShape:
     """The ``builder``'s tree of at most ``budget`` nodes (root included).
 
-    * ``sequoia``: the DP optimum for ``acceptance`` (required) under ``max_depth``;
+    * ``sequoia``: the DP optimum for ``acceptance`` (required) under ``max_depth`` and ``max_width``
+      (children per node; None: no limit);
     * ``chain``: ``budget - 1`` tokens (at most ``max_depth``);
     * ``kary``: ``kary(kary_widths(budget, kary_width, max_depth))``;
     * ``chains``: ``k`` independent chains of ``(budget - 1) // k`` tokens (SpecInfer's k x d
@@ -49,11 +50,12 @@ def for_budget(builder: str, budget: int, acceptance: Acceptance | None = None, 
     max_depth = check_optional_count("max_depth", max_depth, 1, "a drafted tree has depth >= 1; None for no limit")
     kary_width = check_count("kary_width", kary_width, 1, "it is the number of children per node")
     chains = check_optional_count("chains", chains, 1, "it is the number of independent chains; None for the default")
+    max_width = check_optional_count("max_width", max_width, 1, "it is the number of children per node; None for no limit")
     cap = budget - 1 if max_depth is None else min(budget - 1, max_depth)
     if builder == "sequoia":
         if acceptance is None:
             raise ValueError("the sequoia builder needs an acceptance vector (see `treespec accept`)")
-        return sequoia(acceptance, budget, max_depth=max_depth)
+        return sequoia(acceptance, budget, max_depth=max_depth, max_width=max_width)
     if builder == "chain":
         return chain(cap)
     if builder == "kary":

@@ -11,8 +11,12 @@ from typing import Sequence
 
 import torch
 
-from .recipes import (DTYPES, STATIC_MODES, TREES, NGramSettings, Recipe, build_drafters, default_acceptance,
+from .recipes import (STATIC_MODES, TREES, CrossDraft, NGramSettings, Recipe, build_drafters, default_acceptance,
                       draft_mode, eos_ids, load_pair)
+
+VERIFIER_NAMES = ("rrs", "block", "traversal", "spectr")
+TARGET_DTYPES = ("auto", "float32", "bfloat16", "float16")
+DRAFT_DTYPES = (*TARGET_DTYPES, "int8")
 
 
 def _checked(convert, ok, message: str):
@@ -41,8 +45,12 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft", action="append", metavar="M",
                    help=f"draft model (repeatable; default: {DEFAULT_DRAFT} unless --ngram alone is asked)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--dtype", choices=list(DTYPES), default=None,
-                   help="model dtype (default: float32 on CPU, bfloat16 on CUDA)")
+    p.add_argument("--dtype", choices=TARGET_DTYPES, default=None,
+                   help="target precision; auto times float32 and bfloat16 here and keeps the faster (the "
+                        "decision is cached). Default: auto on CPU, bfloat16 on CUDA")
+    p.add_argument("--draft-dtype", choices=DRAFT_DTYPES, default=None,
+                   help="draft precision; int8 is dynamic int8 quantisation (CPU), auto also times it. "
+                        "Default: auto on CPU, bfloat16 on CUDA")
 
 
 def add_sampling_options(p: argparse.ArgumentParser) -> None:
@@ -55,7 +63,8 @@ def load_models(args: argparse.Namespace, want_draft: bool = True):
     from .models import DEFAULT_DRAFT
 
     names = args.draft if args.draft else ([DEFAULT_DRAFT] if want_draft else [])
-    return load_pair(args.target, names, device=args.device, target_dtype=args.dtype, draft_dtype=args.dtype)
+    return load_pair(args.target, names, device=args.device, target_dtype=args.dtype,
+                     draft_dtype=getattr(args, "draft_dtype", None))
 
 
 def _model_command(sub, name: str, func, out: str, out_help: str, **kwargs) -> argparse.ArgumentParser:
@@ -79,14 +88,17 @@ def build_parser() -> argparse.ArgumentParser:
                                    "tau, tokens/s and the accepted-length histogram.")
     src = g.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", metavar="TEXT", help="the prompt text")
-    src.add_argument("--prompt-file", type=Path, metavar="F", help="read the prompt from a file")
+    src.add_argument("--prompt-file", type=Path, metavar="F", help="a text file: one prompt per line (\\n inside a line is a newline)")
+    src.add_argument("--prompts-jsonl", type=Path, metavar="F", help="a JSONL file: one object with a 'prompt' per line")
     add_model_options(g)
     g.add_argument("--ngram", action="store_true",
                    help="add the n-gram drafter over the running context; beside a draft model it reserves up to "
                         "4 of the budget's nodes, the tree gets the rest")
     g.add_argument("--tree", choices=TREES, default="sequoia", help="tree builder (default: sequoia)")
-    g.add_argument("--budget", type=_budget, default=16, metavar="B",
-                   help="tokens per verification pass, root included (default: 16)")
+    g.add_argument("--budget", type=_budget, default=None, metavar="B",
+                   help="tokens per verification pass, root included. Default: for a Sequoia tree with one "
+                        "draft model, the budget, depth and width measured fastest on this machine (profile "
+                        "cached under the treespec cache); otherwise 16")
     g.add_argument("--depth", type=_positive_int, default=None, metavar="D", help="maximum tree depth")
     g.add_argument("--acceptance", type=Path, default=None, metavar="JSON",
                    help="acceptance vector for --tree sequoia (from `treespec accept`; default: the "
@@ -99,6 +111,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-new-tokens", type=_positive_int, default=128, metavar="N")
     g.add_argument("--seed", type=int, default=None, metavar="S")
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
+    g.add_argument("--verifier", choices=VERIFIER_NAMES, default="rrs",
+                   help="exact verification rule for sampled steps (docs/verifiers.md; default rrs)")
+    g.add_argument("--compile", nargs="?", const=True, default=False, metavar="BACKEND",
+                   help="static-shape steps with a torch.compile'd target forward (optionally naming the backend)")
+    g.add_argument("--json", action="store_true",
+                   help="print one JSON object per prompt (new_tokens, steps, tau, seconds, tokens_per_second, "
+                        "configuration) instead of streaming text")
     g.add_argument("--compare", action="store_true",
                    help="also run the target alone (HF generate) and compare speed and output")
     g.set_defaults(func=cmd_generate)
@@ -140,12 +159,54 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def recipe_from_args(args: argparse.Namespace, with_model: bool = True) -> Recipe:
-    """The recipe ``treespec generate`` runs for its options."""
+    """The recipe ``treespec generate`` runs for its options (``budget`` None: 16, or tuned later)."""
     sequoia = args.tree == "sequoia" and with_model
-    return Recipe(tree=args.tree, budget=args.budget, depth=args.depth, temperature=args.temperature,
+    return Recipe(tree=args.tree, budget=args.budget or 16, depth=args.depth, temperature=args.temperature,
                   draft_mode=args.draft_mode, ngram=NGramSettings() if args.ngram else None,
                   acceptance=default_acceptance(args.acceptance, args.temperature) if sequoia else None,
-                  target_dtype=args.dtype, draft_dtype=args.dtype)
+                  target_dtype=args.dtype, draft_dtype=args.draft_dtype)
+
+
+def read_prompts(args: argparse.Namespace) -> list[str]:
+    """``--prompt``, the lines of ``--prompt-file`` (blank lines skipped) or the ``prompt`` fields of ``--prompts-jsonl``."""
+    if args.prompt is not None:
+        return [args.prompt]
+    if args.prompt_file is not None:
+        prompts = [line.replace("\\n", "\n") for line in args.prompt_file.read_text().splitlines() if line.strip()]
+        where = args.prompt_file
+    else:
+        where = args.prompts_jsonl
+        prompts = []
+        for n, line in enumerate(where.read_text().splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+                prompts.append(record["prompt"])
+            except (json.JSONDecodeError, KeyError, TypeError):
+                raise ValueError(f"{where}, line {n}: expected a JSON object with a \"prompt\" string") from None
+            if not isinstance(prompts[-1], str):
+                raise ValueError(f"{where}, line {n}: \"prompt\" must be a string")
+    if not prompts:
+        raise ValueError(f"{where} holds no prompt")
+    return prompts
+
+
+def tuned_recipe(args: argparse.Namespace, recipe: Recipe, target, drafts) -> tuple[Recipe, str]:
+    """The recipe to run and a line saying why: tuned on this machine unless the user fixed the tree."""
+    from .models import cache_root
+    from .precision import precision_of
+    from .tuning import tune
+
+    precisions = f"target {precision_of(target)}" + "".join(
+        f", draft {precision_of(d.model if isinstance(d, CrossDraft) else d)}" for d in drafts)
+    tunable = (args.budget is None and recipe.tree == "sequoia" and recipe.ngram is None and len(drafts) == 1
+               and not isinstance(drafts[0], CrossDraft))
+    if not tunable:
+        return recipe, f"{precisions}; {recipe.tree} tree, budget {recipe.budget} (as given)"
+    tuned = tune(target, drafts[0], recipe.acceptance, temperature=recipe.temperature, max_depth=recipe.depth or 8,
+                 cache_file=cache_root() / "profiles.json")
+    return tuned.recipe, tuned.why
 
 
 def encode(tok, text: str, chat: bool) -> list[int]:
@@ -178,38 +239,55 @@ def histogram(hist: list[int], width: int = 40) -> str:
 def cmd_generate(args: argparse.Namespace) -> int:
     import treespec
 
-    text = args.prompt if args.prompt is not None else args.prompt_file.read_text()
+    prompts = read_prompts(args)
     want_draft = not (args.ngram and not args.draft)
     recipe = recipe_from_args(args, with_model=want_draft)  # validates before the models load
     target, tok, drafts = load_models(args, want_draft)
-    drafters = build_drafters(recipe, drafts, max_new_tokens=args.max_new_tokens)
-    ids = encode(tok, text, args.chat)
+    recipe, why = tuned_recipe(args, recipe, target, drafts)
+    print(f"configuration: {why}", file=sys.stderr if args.json else sys.stdout, flush=True)
     eos = eos_ids(target, tok)
-    stream = Streamer(tok)
-    out = treespec.generate(target, ids, drafters=drafters, max_new_tokens=args.max_new_tokens,
-                            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                            eos_token_id=eos, seed=args.seed, budget=args.budget, on_tokens=stream)
-    s = out.stats
-    print("\n" + "-" * 60)
-    print(f"treespec: {s.new_tokens} tokens in {s.seconds:.2f} s = {s.tokens_per_second:.2f} tok/s, "
-          f"{s.steps} steps, tau {s.tau:.2f}")
-    print(f"time: prefill {s.prefill_seconds:.2f} s, drafting {s.drafting_seconds:.2f} s, "
-          f"verifying {s.verifying_seconds:.2f} s, engine {s.overhead_seconds:.2f} s")
-    for d in s.drafters:
-        print(f"drafter {d.name}: {d.accepted} of {d.proposed} proposals committed")
-    print("accepted drafted tokens per step:\n" + histogram(s.accepted_hist))
-    if args.compare:
-        from .baselines import hf_generate
+    status = 0
+    for text in prompts:
+        ids = encode(tok, text, args.chat)
+        drafters = build_drafters(recipe, drafts, max_new_tokens=args.max_new_tokens)
+        out = treespec.generate(target, ids, drafters=drafters, max_new_tokens=args.max_new_tokens,
+                                temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                                eos_token_id=eos, seed=args.seed, budget=recipe.budget, verifier=args.verifier,
+                                compile=args.compile, on_tokens=None if args.json else Streamer(tok))
+        s = out.stats
+        record = {"prompt": text, "new_tokens": out.new_tokens, "text": tok.decode(out.new_tokens, skip_special_tokens=True),
+                  "steps": s.steps, "tau": s.tau, "tau_uncut": s.tau_uncut, "seconds": s.seconds,
+                  "tokens_per_second": s.tokens_per_second, "configuration": why,
+                  "recipe": {"tree": recipe.tree, "budget": recipe.budget, "depth": recipe.depth,
+                             "max_width": recipe.max_width, "verifier": args.verifier,
+                             "target_dtype": recipe.target_dtype, "draft_dtype": recipe.draft_dtype}}
+        if not args.json:
+            print("\n" + "-" * 60)
+            print(f"treespec: {s.new_tokens} tokens in {s.seconds:.2f} s = {s.tokens_per_second:.2f} tok/s, "
+                  f"{s.steps} steps, tau {s.tau:.2f}")
+            print(f"time: prefill {s.prefill_seconds:.2f} s, drafting {s.drafting_seconds:.2f} s, "
+                  f"verifying {s.verifying_seconds:.2f} s, engine {s.overhead_seconds:.2f} s")
+            for d in s.drafters:
+                print(f"drafter {d.name}: {d.accepted} of {d.proposed} proposals committed")
+            print("accepted drafted tokens per step:\n" + histogram(s.accepted_hist))
+        if args.compare:
+            from .baselines import hf_generate
 
-        ref, secs = hf_generate(target, ids, args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                                top_k=args.top_k, eos_token_id=eos, pad_token_id=(eos or [0])[0], seed=args.seed)
-        print(f"target alone (HF generate): {len(ref)} tokens in {secs:.2f} s = {len(ref) / secs:.2f} tok/s")
-        print(f"speedup: {s.tokens_per_second / (len(ref) / secs):.2f}x")
-        if args.temperature == 0:
-            same = ref == out.new_tokens
-            print(f"greedy outputs identical: {'yes' if same else 'NO'}")
-            return 0 if same else 1
-    return 0
+            ref, secs = hf_generate(target, ids, args.max_new_tokens, temperature=args.temperature,
+                                    top_p=args.top_p, top_k=args.top_k, eos_token_id=eos,
+                                    pad_token_id=(eos or [0])[0], seed=args.seed)
+            record.update(hf_tokens_per_second=len(ref) / secs, speedup=s.tokens_per_second / (len(ref) / secs))
+            if args.temperature == 0:
+                record["identical"] = ref == out.new_tokens
+                status = status or (0 if record["identical"] else 1)
+            if not args.json:
+                print(f"target alone (HF generate): {len(ref)} tokens in {secs:.2f} s = {len(ref) / secs:.2f} tok/s")
+                print(f"speedup: {record['speedup']:.2f}x")
+                if "identical" in record:
+                    print(f"greedy outputs identical: {'yes' if record['identical'] else 'NO'}")
+        if args.json:
+            print(json.dumps(record), flush=True)
+    return status
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

@@ -18,8 +18,9 @@ import torch
 from .baselines import hf_generate
 from .datasets import humaneval_prompts
 from .engine import generate
-from .profile import Choice, profile
-from .recipes import Recipe, build_drafters, default_acceptance, load_pair
+from .models import cache_root
+from .recipes import build_drafters, default_acceptance, load_pair
+from .tuning import tune
 
 
 def load_models(args: argparse.Namespace):
@@ -27,16 +28,7 @@ def load_models(args: argparse.Namespace):
     from .models import DEFAULT_DRAFT
 
     return load_pair(args.target, (args.draft or [DEFAULT_DRAFT])[:1], device=args.device, target_dtype=args.dtype,
-                     draft_dtype=args.dtype)
-
-
-def demo_recipe(choice: Choice, vector) -> Recipe:
-    """The demo's tree: the profile's chosen (budget, depth) for a greedy Sequoia tree; budget 1
-    (plain decoding) when no tree pays on this machine. No n-gram guesses: on HumanEval they cost
-    more than they return (experiments/results/drafters-qwen-coder)."""
-    if choice.depth == 0:
-        return Recipe(tree="sequoia", budget=1, acceptance=vector)
-    return Recipe(tree="sequoia", budget=choice.budget, depth=choice.depth, temperature=0.0, acceptance=vector)
+                     draft_dtype=args.draft_dtype)
 
 
 def run_demo(args: argparse.Namespace) -> int:
@@ -47,21 +39,18 @@ def run_demo(args: argparse.Namespace) -> int:
     target, tok, drafts = load_models(args)
     draft = drafts[0]
 
-    print("measuring forward latencies on this machine ...", flush=True)
-    # draft cost of a one-token level: at this pair's acceptance (a_0 ~ 0.9) good trees are nearly chains
-    prof = profile(target, draft, sizes=(1, 2, 4, 8, 16), context=160, repeats=2, draft_tokens=1)
+    print("measuring forward latencies on this machine (cached after the first run) ...", flush=True)
     vector = default_acceptance(None, 0.0)
-    choice = prof.choose(vector, budgets=list(range(2, 17)), max_depth=8)
+    tuned = tune(target, draft, vector, cache_file=cache_root() / "profiles.json")
+    prof, choice, recipe = tuned.profile, tuned.choice, tuned.recipe
     t1 = prof.target_latency[1]
     print(f"  target forward: {t1:.3f} s for 1 token, {prof.target_latency[16]:.3f} s for 16; "
           f"draft level: {prof.draft_level_seconds:.3f} s (c = {choice.c:.2f})")
-    print(f"  chosen tree: budget {choice.shape.size}, depth {choice.shape.depth}, "
-          f"predicted tau {choice.tau:.2f}, predicted speedup {choice.speedup:.2f}x")
+    print(f"  chosen: {tuned.why}")
     png = out_dir / "tree.png"
     choice.shape.draw(str(png), acceptance=vector, title=f"treespec demo tree (budget {choice.shape.size})")
     print(f"  tree drawn to {png}\n{choice.shape}")
 
-    recipe = demo_recipe(choice, vector)
     drafters = build_drafters(recipe, [draft], max_new_tokens=args.max_new_tokens)
     budget = recipe.budget
     prompts = humaneval_prompts(100, 100 + args.prompts)
@@ -95,8 +84,7 @@ def run_demo(args: argparse.Namespace) -> int:
     print("\n" + report)
     (out_dir / "report.md").write_text(
         f"# treespec demo\n\nMachine: {platform.platform()}, {torch.get_num_threads()} threads, {args.device}.\n"
-        f"Tree: budget {choice.shape.size}, depth {choice.shape.depth}, chosen from measured "
-        f"latencies (t(1) = {t1:.3f} s, c = {choice.c:.2f}).\n{args.max_new_tokens} greedy tokens per prompt.\n\n"
+        f"Configuration, chosen from measured latencies: {tuned.why}.\n{args.max_new_tokens} greedy tokens per prompt.\n\n"
         f"{report}\n")
     (out_dir / "report.json").write_text(json.dumps({"rows": rows, "choice": choice.as_dict(),
                                                      "profile": prof.to_dict()}, indent=1))

@@ -48,10 +48,11 @@ from tree_builders import TreeShape
 from .drafting import Drafter
 from .model_drafter import ModelDrafter
 from .ngram import NGramDrafter
+from .precision import parse_precision
 
 TREES = ("sequoia", "chain", "kary", "chains", "dynamic")
 STATIC_MODES = ("topk", "sample", "sample_without_replacement")
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}  # the sweep's names
 
 
 def draft_mode(tree: str, temperature: float, mode: str | None = None) -> str:
@@ -92,7 +93,9 @@ class Recipe:
     (None: none); ``draft_mode``: None for the rule of :func:`draft_mode`; ``ngram``: the n-gram
     drafter's options, None for off; ``acceptance``: vector or per-depth matrix (``sequoia`` needs
     one); ``kary_width``, ``chains``: options of those builders; ``dynamic_depth``,
-    ``dynamic_topk``: of the dynamic tree; ``target_dtype``/``draft_dtype``: precision names.
+    ``dynamic_topk``: of the dynamic tree; ``max_width``: children per node of the sequoia tree
+    (None: no limit); ``min_confidence``: the model drafter's confidence stop (``ModelDrafter``);
+    ``target_dtype``/``draft_dtype``: precision names (``treespec.precision``; ``"auto"`` measures).
     """
 
     tree: str = "sequoia"
@@ -106,6 +109,8 @@ class Recipe:
     chains: int | None = None
     dynamic_depth: int = 6
     dynamic_topk: int = 8
+    max_width: int | None = None
+    min_confidence: float | None = None
     target_dtype: str | None = None
     draft_dtype: str | None = None
 
@@ -124,8 +129,13 @@ class Recipe:
                              f"got {self.draft_mode!r}")
         for name in ("target_dtype", "draft_dtype"):
             value = getattr(self, name)
-            if value is not None and value not in DTYPES:
-                raise ValueError(f"{name} must be one of {', '.join(DTYPES)} or None, got {value!r}")
+            if value is not None:
+                object.__setattr__(self, name, parse_precision(value))
+        if self.target_dtype == "int8":
+            raise ValueError("target_dtype int8 would change the target's output; quantise drafts only "
+                             "(draft_dtype='int8'), and give the target float32, bfloat16 or 'auto'")
+        if self.min_confidence is not None and not 0 <= float(self.min_confidence) <= 1:
+            raise ValueError(f"min_confidence must be a probability in [0, 1] or None, got {self.min_confidence!r}")
         object.__setattr__(self, "temperature", float(self.temperature))
         object.__setattr__(self, "acceptance", _frozen(self.acceptance))
 
@@ -184,7 +194,8 @@ def shape_for(recipe: Recipe, max_new_tokens: int | None = None) -> TreeShape | 
     acceptance = [list(r) if isinstance(r, tuple) else r for r in recipe.acceptance] \
         if recipe.tree == "sequoia" else None
     return tree_builders.for_budget(recipe.tree, budget, acceptance, _depth_cap(recipe, max_new_tokens),
-                                    kary_width=recipe.kary_width, chains=recipe.chains)
+                                    kary_width=recipe.kary_width, chains=recipe.chains,
+                                    max_width=recipe.max_width if recipe.tree == "sequoia" else None)
 
 
 def plan(recipe: Recipe, with_model: bool = True, max_new_tokens: int | None = None) -> DraftPlan:
@@ -201,6 +212,8 @@ def plan(recipe: Recipe, with_model: bool = True, max_new_tokens: int | None = N
         else:
             shape = shape_for(recipe, max_new_tokens)
             model = {"shape": shape, "mode": recipe.mode}
+            if recipe.min_confidence is not None:
+                model["min_confidence"] = recipe.min_confidence
     ngram = None
     if recipe.ngram is not None and reserve >= 1:
         n = recipe.ngram
@@ -209,15 +222,25 @@ def plan(recipe: Recipe, with_model: bool = True, max_new_tokens: int | None = N
     return DraftPlan(recipe.budget, model, ngram, shape)
 
 
-def build_drafters(recipe: Recipe, draft_models: Sequence[torch.nn.Module],
+def build_drafters(recipe: Recipe, draft_models: Sequence[torch.nn.Module | CrossDraft],
                    max_new_tokens: int | None = None) -> list[Drafter]:
     """Drafters for ``recipe``: one :class:`ModelDrafter` per draft model (each expands the same
     tree; the engine's budget keeps the first ones), then the n-gram drafter. Run them with
-    ``generate(..., budget=recipe.budget)``."""
+    ``generate(..., budget=recipe.budget)``.
+
+    A :class:`CrossDraft` (another tokenizer) becomes a ``CrossTokenizerDrafter`` drafting greedy
+    text chains as deep as the recipe's tree (point masses in the target's tokens)."""
+    from .cross_drafter import CrossTokenizerDrafter
+
     p = plan(recipe, with_model=bool(draft_models), max_new_tokens=max_new_tokens)
     drafters: list[Drafter] = []
     if p.model is not None:
-        drafters += [ModelDrafter(m, **p.model) for m in draft_models]
+        depth = p.shape.depth if p.shape is not None else p.model.get("depth", 1)
+        for m in draft_models:
+            if isinstance(m, CrossDraft):
+                drafters.append(CrossTokenizerDrafter(m.model, m.tokenizer, m.target_tokenizer, depth=max(1, depth)))
+            else:
+                drafters.append(ModelDrafter(m, **p.model))
     if p.ngram is not None:
         drafters.append(NGramDrafter(**p.ngram))
     return drafters
@@ -227,26 +250,41 @@ def build_drafters(recipe: Recipe, draft_models: Sequence[torch.nn.Module],
 # Inputs a recipe needs: models, the default acceptance vector, end-of-sequence ids
 
 
-def torch_dtype(name: str | None, device: str | torch.device) -> torch.dtype:
-    """The dtype named ``name``; None: float32 on CPU, bfloat16 on CUDA."""
+@dataclass(frozen=True)
+class CrossDraft:
+    """A draft model whose tokenizer differs from the target's (``treespec.cross_drafter``)."""
+
+    model: torch.nn.Module
+    tokenizer: Any
+    target_tokenizer: Any
+
+
+def default_precision(name: str | None, device: str | torch.device) -> str:
+    """A precision name for ``treespec.models.load``; None: ``auto`` (measured) on CPU, bfloat16 on CUDA."""
     if name is None:
-        return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
-    return DTYPES[name]
+        return "bfloat16" if str(device).startswith("cuda") else "auto"
+    return parse_precision(name)
 
 
 def load_pair(target: str, drafts: Sequence[str], *, device: str = "cpu", target_dtype: str | None = None,
-              draft_dtype: str | None = None) -> tuple[torch.nn.Module, Any, list[torch.nn.Module]]:
-    """The target, its tokenizer and the draft models (each draft's tokenizer checked against the target's)."""
-    from .models import check_tokenizers, load
+              draft_dtype: str | None = None) -> tuple[torch.nn.Module, Any, list[torch.nn.Module | CrossDraft]]:
+    """The target, its tokenizer and the drafts: a model where it shares the target's tokenizer, a
+    :class:`CrossDraft` where it does not (it then drafts text, proposed in the target's tokens).
+
+    Precisions: names as in ``treespec.models.load`` (``"auto"`` times the candidates on this machine
+    and keeps the fastest; the decision is cached); None means ``auto`` on CPU, bfloat16 on CUDA.
+    The draft's precision defaults to ``auto`` too (int8 is among its candidates, not the target's).
+    """
+    from .cross_drafter import tokenizers_match
+    from .models import load
 
     if str(device).startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"--device {device}: this machine has no CUDA device (torch sees none); use --device cpu")
-    model, tok = load(target, device=device, dtype=torch_dtype(target_dtype, device))
-    out = []
+    model, tok = load(target, device=device, dtype=default_precision(target_dtype, device), role="target")
+    out: list[torch.nn.Module | CrossDraft] = []
     for name in drafts:
-        draft, draft_tok = load(name, device=device, dtype=torch_dtype(draft_dtype or target_dtype, device))
-        check_tokenizers(tok, draft_tok)
-        out.append(draft)
+        draft, draft_tok = load(name, device=device, dtype=default_precision(draft_dtype, device), role="draft")
+        out.append(draft if tokenizers_match(tok, draft_tok) else CrossDraft(draft, draft_tok, tok))
     return model, tok, out
 
 

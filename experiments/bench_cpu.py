@@ -1,0 +1,119 @@
+"""treespec's default configuration against every way a user could run the target alone, on this machine.
+
+The real Qwen2.5-Coder pair (1.5B target, 0.5B draft), greedy, on HumanEval 100-109 (code) and the
+first lee-news leads (natural language, from the gensim wheel), 64 tokens each. Per prompt, in
+turn: HF ``generate`` in float32 and in bfloat16, HF assisted generation (bfloat16 target, the
+draft in the precision treespec chose for it), then treespec with what ``treespec generate``
+picks by default (measured precisions, tuned tree; ``treespec.tuning``). The headline is the
+speedup over the fastest HF configuration, paired per prompt, with a bootstrap 95% interval.
+Records are appended as they finish; a re-run resumes.
+
+    python experiments/bench_cpu.py --out experiments/results/cpu-speed
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+from pathlib import Path
+
+import torch
+
+from treespec import compare
+from treespec.datasets import dataset_prompts
+from treespec.models import DEFAULT_DRAFT, DEFAULT_TARGET, cache_root, load
+from treespec.precision import to_precision
+from treespec.recipes import build_drafters, default_acceptance
+from treespec.tuning import tune
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=Path("experiments/results/cpu-speed"))
+    ap.add_argument("--humaneval", default="100:110", metavar="A:B")
+    ap.add_argument("--lee-news", default="0:10", metavar="A:B", help="lee-news leads A..B-1 ('' to skip)")
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--no-fp32-baseline", action="store_true", help="skip HF generate in float32 (slow)")
+    args = ap.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    target32, tok = load(DEFAULT_TARGET, dtype="float32")
+    target, _ = load(DEFAULT_TARGET, dtype="auto", role="target")
+    draft, _ = load(DEFAULT_DRAFT, dtype="auto", role="draft")
+    vector = default_acceptance(None, 0.0)
+    tuned = tune(target, draft, vector, cache_file=cache_root() / "profiles.json")
+    print("treespec configuration:", tuned.why, flush=True)
+    target16 = target if str(target.dtype) == "torch.bfloat16" else to_precision(load(DEFAULT_TARGET)[0], "bfloat16")
+
+    methods = [] if args.no_fp32_baseline else [compare.hf_method(target32)]
+    methods += [compare.hf_method(target16), compare.hf_assisted_method(target16, draft),
+                compare.treespec_method(target, lambda n: build_drafters(tuned.recipe, [draft], max_new_tokens=n),
+                                        tuned.recipe.budget)]
+    prompts = []
+    for name, spec in (("humaneval", args.humaneval), ("lee-news", args.lee_news)):
+        if spec:
+            a, b = (int(x) for x in spec.split(":"))
+            prompts += [(name, i, tok(dataset_prompts(name)[i])["input_ids"]) for i in range(a, b)]
+
+    def show(r: dict) -> None:
+        print(f"  {r['dataset']}/{r['prompt']} {r['method']}: {r['tokens_per_second']:.2f} tok/s"
+              + (f", tau {r['tau']:.2f}" if "tau" in r else ""), flush=True)
+
+    records = compare.run(methods, prompts, args.max_new_tokens, args.out / "results.jsonl", on_record=show)
+    summaries = [compare.summarize(records, d) for d in dict.fromkeys(p[0] for p in prompts)]
+    by_key = {(r["dataset"], r["prompt"], r["method"]): r for r in records}
+    for s in summaries:  # locate each greedy mismatch and print the target's top-2 gap there
+        for spec, a in s.get("agreement", {}).items():
+            a["divergences"] = []
+            for p in a["mismatched_prompts"]:
+                ids = tok(dataset_prompts(s["dataset"])[p])["input_ids"]
+                div = compare.first_divergence(target, ids, by_key[(s["dataset"], p, a["against"])]["output"],
+                                               by_key[(s["dataset"], p, spec)]["output"])
+                a["divergences"].append({"prompt": p, **(div or {})})
+    machine = (f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads, "
+               f"torch {torch.__version__}")
+    result = {"machine": machine, "configuration": tuned.why, "recipe": {
+        "budget": tuned.recipe.budget, "depth": tuned.recipe.depth, "max_width": tuned.recipe.max_width,
+        "min_confidence": tuned.recipe.min_confidence, "target_dtype": tuned.recipe.target_dtype,
+        "draft_dtype": tuned.recipe.draft_dtype}, "profile": tuned.profile.to_dict(),
+        "max_new_tokens": args.max_new_tokens, "summaries": summaries}
+    (args.out / "summary.json").write_text(json.dumps(result, indent=1))
+    text = "\n\n".join(compare.markdown(s) for s in summaries)
+    for s in summaries:
+        for spec, a in s.get("agreement", {}).items():
+            for d in a.get("divergences", []):
+                text += (f"\n\n{s['dataset']}/{d['prompt']}: first difference at token {d.get('position')}, "
+                         f"target top-2 logit gap there {d.get('top2_gap', float('nan')):.3f}")
+    (args.out / "README.md").write_text(
+        f"# treespec vs the target alone, CPU\n\nMachine: {machine}.\nConfiguration (chosen by treespec on this "
+        f"machine): {tuned.why}.\n{args.max_new_tokens} greedy tokens per prompt, methods interleaved per prompt.\n"
+        f"Command: `python experiments/bench_cpu.py --out {args.out}`.\n\n{text}\n")
+    _plot(summaries, args.out / "tokens_per_second.png")
+    print(text)
+    return result
+
+
+def _plot(summaries: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(summaries), figsize=(5 * len(summaries), 3.6), squeeze=False)
+    for ax, s in zip(axes[0], summaries):
+        names = list(s["methods"])
+        est = [s["methods"][n]["tokens_per_second"]["estimate"] for n in names]
+        err = [[e - s["methods"][n]["tokens_per_second"]["low"] for n, e in zip(names, est)],
+               [s["methods"][n]["tokens_per_second"]["high"] - e for n, e in zip(names, est)]]
+        ax.bar(range(len(names)), est, yerr=err, capsize=4, color=["#999"] * (len(names) - 1) + ["#1f77b4"])
+        ax.set_xticks(range(len(names)), names, rotation=20, ha="right", fontsize=8)
+        ax.set_ylabel("tokens / s (95% CI over prompts)")
+        ax.set_title(f"{s['dataset']} ({len(s['prompts'])} prompts)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,207 @@
+"""treespec beside the target alone, measured side by side: the loop behind ``treespec demo`` and
+``experiments/bench_cpu.py``.
+
+For each prompt, in turn (interleaved, so a drift in the machine's speed hits every method alike):
+HF ``generate`` with the target in each baseline precision (greedy, same number of tokens), then
+treespec. Records are appended to a JSONL file as they finish, and a re-run skips the (dataset,
+prompt, method) already there. ``summarize`` turns the records into tok/s per method and
+speedups with bootstrap intervals over prompts (paired per prompt), the headline being the
+speedup over the *fastest* baseline, plus greedy agreement with HF in the same precision; a
+mismatch is located and its top-2 logit gap printed, to tell a near-tie (bf16 rounding in a
+batched forward) from a bug.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+
+from . import intervals
+from .baselines import hf_generate
+from .engine import generate
+from .precision import precision_of
+
+
+@dataclass
+class Method:
+    """One side of the comparison: ``run(ids, max_new_tokens) -> (new tokens, seconds, extra record fields)``."""
+
+    name: str
+    run: Callable[[list[int], int], tuple[list[int], float, dict[str, Any]]]
+    precision: str  # of the target it decodes with (greedy agreement is checked within a precision)
+    baseline: bool
+
+
+def hf_method(target: torch.nn.Module, name: str | None = None) -> Method:
+    """HF ``generate`` with ``target`` alone (greedy, exactly ``max_new_tokens`` tokens)."""
+    precision = precision_of(target)
+
+    def run(ids: list[int], n: int):
+        tokens, seconds = hf_generate(target, ids, n)
+        return tokens, seconds, {}
+
+    return Method(name or f"hf-{precision}", run, precision, True)
+
+
+def hf_assisted_method(target: torch.nn.Module, draft: torch.nn.Module, name: str | None = None) -> Method:
+    """HF assisted generation (its own speculative decoding with ``draft``), greedy."""
+    precision = precision_of(target)
+
+    def run(ids: list[int], n: int):
+        tokens, seconds = hf_generate(target, ids, n, assistant_model=draft)
+        return tokens, seconds, {}
+
+    return Method(name or f"hf-assisted-{precision}", run, precision, True)
+
+
+def treespec_method(target: torch.nn.Module, make_drafters: Callable[[int], list], budget: int,
+                    name: str = "treespec", **generate_kwargs: Any) -> Method:
+    """``treespec.generate`` with fresh drafters per prompt (``make_drafters(max_new_tokens)``)."""
+
+    def run(ids: list[int], n: int):
+        out = generate(target, ids, drafters=make_drafters(n), max_new_tokens=n, budget=budget, **generate_kwargs)
+        s = out.stats
+        return out.new_tokens, s.seconds, {
+            "steps": s.steps, "tau": s.tau, "tau_uncut": s.tau_uncut, "step_tokens": s.step_tokens,
+            "step_cut": s.step_cut, "drafting_seconds": s.drafting_seconds, "verifying_seconds": s.verifying_seconds,
+            "engine_seconds": s.overhead_seconds, "prefill_seconds": s.prefill_seconds,
+            "depth_tried": s.depth_tried, "depth_accepted": s.depth_accepted}
+
+    return Method(name, run, precision_of(target), False)
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """The records of ``path``; a torn last line (an interrupted write) is ignored, any other bad line is an error."""
+    if not path.exists():
+        return []
+    lines = path.read_text().splitlines()
+    out = []
+    for n, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            if n == len(lines):
+                break
+            raise ValueError(f"{path}, line {n}: not a JSON record; fix or delete that line to resume") from None
+    return out
+
+
+def _append(path: Path, record: dict[str, Any]) -> None:
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(record) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def first_divergence(target: torch.nn.Module, prompt: Sequence[int], a: Sequence[int], b: Sequence[int]
+                     ) -> dict[str, Any] | None:
+    """Where greedy outputs ``a`` and ``b`` first differ, and the target's top-2 logit gap there
+    (teacher-forced on the common prefix, one plain forward): a gap near 0 is a near-tie."""
+    k = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+    if k is None:
+        return None
+    ids = torch.tensor([list(prompt) + list(a[:k])], device=next(target.parameters()).device)
+    with torch.inference_mode():
+        logits = target(input_ids=ids).logits[0, -1].float()
+    top = torch.topk(logits, 2)
+    return {"position": k, "tokens": [int(a[k]), int(b[k])], "top2": top.indices.tolist(),
+            "top2_gap": float(top.values[0] - top.values[1])}
+
+
+def run(methods: Sequence[Method], prompts: Sequence[tuple[str, int, list[int]]], max_new_tokens: int,
+        results: Path, on_record: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+    """Run every method on every ``(dataset, index, token ids)`` prompt, interleaved per prompt;
+    append a record per (prompt, method) to ``results`` and skip those already there."""
+    results.parent.mkdir(parents=True, exist_ok=True)
+    done = {(r["dataset"], r["prompt"], r["method"]) for r in read_records(results)}
+    if prompts and len(done) < len(prompts) * len(methods):
+        for m in methods:  # warm-up, not recorded: first calls pay one-off allocation and kernel setup
+            m.run(prompts[0][2], 4)
+    for dataset, index, ids in prompts:
+        for m in methods:
+            if (dataset, index, m.name) in done:
+                continue
+            tokens, seconds, extra = m.run(ids, max_new_tokens)
+            record = {"dataset": dataset, "prompt": index, "method": m.name, "precision": m.precision,
+                      "baseline": m.baseline, "tokens": len(tokens), "seconds": seconds,
+                      "tokens_per_second": len(tokens) / seconds, "output": tokens, **extra}
+            _append(results, record)
+            if on_record is not None:
+                on_record(record)
+    return read_records(results)
+
+
+def summarize(records: Sequence[dict[str, Any]], dataset: str) -> dict[str, Any]:
+    """Per-method tok/s, treespec's speedups over each baseline (paired per prompt) and greedy agreement."""
+    rows = [r for r in records if r["dataset"] == dataset]
+    by_method: dict[str, dict[int, dict[str, Any]]] = {}
+    for r in rows:
+        by_method.setdefault(r["method"], {})[r["prompt"]] = r
+    complete = sorted(set.intersection(*(set(v) for v in by_method.values()))) if by_method else []
+    out: dict[str, Any] = {"dataset": dataset, "prompts": complete, "methods": {}, "speedups": {}}
+    for name, recs in by_method.items():
+        sel = [recs[p] for p in complete]
+        entry = {"baseline": sel[0]["baseline"] if sel else None, "precision": sel[0]["precision"] if sel else None,
+                 "tokens_per_second": intervals.ratio_of_sums([r["tokens"] for r in sel],
+                                                              [r["seconds"] for r in sel]).as_dict() if sel else None}
+        if sel and "steps" in sel[0]:
+            entry["tau"] = intervals.ratio_of_sums([r["tokens"] for r in sel], [r["steps"] for r in sel]).as_dict()
+            full = [(sum(t for t, c in zip(r["step_tokens"], r["step_cut"]) if not c),
+                     sum(1 for c in r["step_cut"] if not c)) for r in sel]
+            if sum(n for _, n in full):
+                entry["tau_uncut"] = intervals.ratio_of_sums([t for t, _ in full], [n for _, n in full]).as_dict()
+            entry["seconds_split"] = {k: sum(r[k] for r in sel) for k in
+                                      ("prefill_seconds", "drafting_seconds", "verifying_seconds", "engine_seconds")}
+        out["methods"][name] = entry
+    spec = [n for n, e in out["methods"].items() if not e["baseline"]]
+    bases = [n for n, e in out["methods"].items() if e["baseline"]]
+    for s in spec:
+        for b in bases:
+            sel_s = [by_method[s][p] for p in complete]
+            sel_b = [by_method[b][p] for p in complete]
+            out["speedups"][f"{s} vs {b}"] = intervals.ratio_of_sums([r["seconds"] for r in sel_b],
+                                                                     [r["seconds"] for r in sel_s]).as_dict()
+            if by_method[s][complete[0]]["precision"] == by_method[b][complete[0]]["precision"] and \
+                    b.startswith("hf-") and "assisted" not in b:
+                same = [r["output"] == q["output"] for r, q in zip(sel_s, sel_b)]
+                out.setdefault("agreement", {})[s] = {"against": b, "identical": sum(same), "of": len(same),
+                                                      "mismatched_prompts": [p for p, ok in zip(complete, same) if not ok]}
+    if bases and spec:
+        speed = lambda b: out["methods"][b]["tokens_per_second"]["estimate"]  # noqa: E731
+        plain = [b for b in bases if "assisted" not in b] or bases
+        out["fastest_baseline"] = max(plain, key=speed)  # the target alone, in its fastest precision
+        out["fastest_any"] = max(bases, key=speed)  # HF's own speculative decoding included
+        out["headline"] = {s: out["speedups"][f"{s} vs {out['fastest_baseline']}"] for s in spec}
+    return out
+
+
+def fmt(iv: dict[str, Any] | None, digits: int = 2) -> str:
+    """An interval record as ``"2.31 [2.10, 2.52]"``."""
+    if iv is None:
+        return "-"
+    return intervals.Interval(iv["estimate"], iv["low"], iv["high"], iv["confidence"], iv["n"]).fmt(digits)
+
+
+def markdown(summary: dict[str, Any]) -> str:
+    """A table per dataset: tok/s and tau per method, speedups, agreement."""
+    lines = [f"### {summary['dataset']} ({len(summary['prompts'])} prompts)", "",
+             "| method | precision | tok/s [95% CI] | tau (all steps) | tau (uncut steps) |", "|---|---|---|---|---|"]
+    for name, e in summary["methods"].items():
+        lines.append(f"| {name} | {e['precision']} | {fmt(e['tokens_per_second'])} | {fmt(e.get('tau'))} | "
+                     f"{fmt(e.get('tau_uncut'))} |")
+    lines += ["", "| speedup (paired per prompt) | ratio [95% CI] |", "|---|---|"]
+    for k, iv in summary["speedups"].items():
+        star = " **(fastest HF generate)**" if k.endswith(f"vs {summary.get('fastest_baseline')}") else ""
+        star += " **(fastest HF method)**" if k.endswith(f"vs {summary.get('fastest_any')}") else ""
+        lines.append(f"| {k}{star} | {fmt(iv)}x |")
+    for s, a in summary.get("agreement", {}).items():
+        lines.append(f"\nGreedy output of {s} identical to {a['against']} (same precision) on {a['identical']}/{a['of']}"
+                     f" prompts" + (f"; differing: {a['mismatched_prompts']}" if a["mismatched_prompts"] else "."))
+    return "\n".join(lines)

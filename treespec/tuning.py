@@ -1,0 +1,94 @@
+"""The measured-fastest configuration for a (target, draft) pair on this machine.
+
+``tune`` profiles the loaded models in the precisions they were loaded in (``models.load(...,
+dtype="auto")`` already kept the fastest precision per model), then ``profile.choose_tree`` picks
+the Sequoia tree (budget, depth, width limit) with the most predicted tokens per second under the
+acceptance vector. Profiles are cached per (models, precisions, device, CPU, threads) in
+``<cache root>/profiles.json`` so a second run does not measure again; ``remeasure=True`` forces it.
+The result is a :class:`~treespec.recipes.Recipe`, so the CLI, the demo and the benchmarks run
+exactly the tree that was chosen, and a one-line ``why`` to print.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from .acceptance import model_name
+from .precision import cpu_model, precision_of
+from .profile import Choice, Profile, profile
+from .recipes import Recipe
+
+PROFILE_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
+PROFILE_WIDTHS = (1, 2, 4, 8, 16)
+#: the model drafter's confidence stop in tuned recipes: deeper levels are not drafted once the best
+#: path's cumulative draft probability is below this (it saves draft forwards that would rarely pay)
+MIN_CONFIDENCE = 0.3
+
+
+@dataclass(frozen=True)
+class Tuned:
+    """What ``tune`` chose: the recipe to run, the choice table behind it and the profile it used."""
+
+    recipe: Recipe
+    choice: Choice
+    profile: Profile
+
+    @property
+    def why(self) -> str:
+        c, m = self.choice, self.profile.meta
+        return (f"target {m.get('target_precision')}, draft {m.get('draft_precision')}; Sequoia tree of budget "
+                f"{c.shape.size}, depth {c.shape.depth} (width limit {self.recipe.max_width or 'none'}): "
+                f"predicted tau {c.tau:.2f}, {c.step_seconds:.3f} s per step vs {c.plain_seconds:.3f} s per token "
+                f"plain, predicted {c.speedup:.2f}x over the target alone in the same precision")
+
+
+def _key(target: torch.nn.Module, draft: torch.nn.Module) -> str:
+    device = next(target.parameters()).device
+    return "|".join([model_name(target), precision_of(target), model_name(draft), precision_of(draft), str(device),
+                     cpu_model() if device.type == "cpu" else torch.cuda.get_device_name(device),
+                     f"threads={torch.get_num_threads()}", torch.__version__])
+
+
+def cached_profile(target: torch.nn.Module, draft: torch.nn.Module, cache_file: Path | None,
+                   remeasure: bool = False, **kwargs: Any) -> Profile:
+    """``profile(target, draft, ...)``, read from / written to ``cache_file`` (None: no cache)."""
+    key = _key(target, draft)
+    saved: dict[str, Any] = {}
+    if cache_file is not None and cache_file.exists():
+        try:
+            saved = json.loads(cache_file.read_text())
+        except (OSError, json.JSONDecodeError):
+            saved = {}  # a damaged cache is measured again and rewritten
+    if key in saved and not remeasure:
+        return Profile.from_dict(saved[key])
+    kwargs.setdefault("sizes", PROFILE_SIZES)
+    kwargs.setdefault("draft_widths", PROFILE_WIDTHS)
+    prof = profile(target, draft, **kwargs)
+    if cache_file is not None:
+        saved[key] = prof.to_dict()
+        cache_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache_file.with_suffix(f".tmp-{os.getpid()}")
+        tmp.write_text(json.dumps(saved, indent=1))
+        os.replace(tmp, cache_file)
+    return prof
+
+
+def tune(target: torch.nn.Module, draft: torch.nn.Module, acceptance: Sequence[float], *, temperature: float = 0.0,
+         max_depth: int = 8, cache_file: Path | None = None, remeasure: bool = False,
+         min_confidence: float | None = MIN_CONFIDENCE, **profile_kwargs: Any) -> Tuned:
+    """Measure (or read) this machine's costs and return the fastest predicted Sequoia recipe."""
+    prof = cached_profile(target, draft, cache_file, remeasure, **profile_kwargs)
+    choice = prof.choose(acceptance, max_depth=max_depth)
+    width = int(choice.width) if choice.depth and choice.width > 0 else None
+    # the same DP call as the choice's cell (budget, depth limit, width limit): the same shape
+    recipe = Recipe(tree="sequoia", budget=choice.budget if choice.depth else 1, depth=max(1, choice.depth),
+                    temperature=temperature, acceptance=acceptance, max_width=width,
+                    min_confidence=min_confidence if temperature == 0 else None,
+                    target_dtype=precision_of(target), draft_dtype=precision_of(draft))
+    return Tuned(recipe, choice, prof)
