@@ -9,10 +9,12 @@ from treespec.testing import ByteTokenizer, perturbed_copy, tiny_model
 def test_demo_runs_and_reports(tmp_path, monkeypatch, capsys):
     target = tiny_model("llama", vocab=128, hidden=64, scale=6)
     draft = perturbed_copy(target, 0.2)
+    monkeypatch.setenv("TREESPEC_CACHE", str(tmp_path / "cache"))  # the profile cache
     monkeypatch.setattr(demo, "load_models", lambda args: (target, ByteTokenizer(128, max_tokens=48), [draft]))
     args = argparse.Namespace(out=tmp_path, prompts=2, max_new_tokens=16, device="cpu")
     assert demo.run_demo(args) == 0
     out = capsys.readouterr().out
-    assert "| all | yes |" in out
+    assert "identical to hf-float32 (same precision) on 2/2 prompts" in out
+    assert (tmp_path / "cache" / "profiles.json").exists()
     assert (tmp_path / "tree.png").stat().st_size > 0
     assert "speedup" in (tmp_path / "report.md").read_text()

@@ -14,7 +14,7 @@ import torch
 import treespec
 from treespec import model_drafter
 from treespec.kv import forward_masked
-from tiny import perturbed_copy, tiny_model
+from treespec.testing import perturbed_copy, tiny_model
 
 BUSHY = [(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1), (0, 0, 0, 0)]
 PROMPTS = ([1, 5, 7, 9, 3], [4], [10, 11, 12, 13, 14, 15])

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from test_models import GGUF_TOKENS, logits, tiny_qwen2, word_tokenizer
-from tiny import tiny_model
+from treespec.testing import tiny_model
 from treespec import checks, models, precision
 from treespec.precision import auto_precision, parse_precision, precision_of, to_precision
 

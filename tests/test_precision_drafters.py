@@ -10,7 +10,7 @@ import torch
 
 import treespec
 from stats import ALPHA, exact_joint, g_test
-from tiny import greedy_reference, perturbed_copy, tiny_model
+from treespec.testing import greedy_reference, perturbed_copy, tiny_model
 from treespec.precision import precision_of, to_precision
 from treespec.sampling import spread_seed
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
+from unittest.mock import patch
 
 import numpy as np
 import pytest
@@ -13,8 +15,8 @@ import treespec.sweep as S
 from treespec import NGramDrafter
 from treespec.acceptance import MeasuredAcceptance
 from treespec.cli import build_parser, recipe_from_args
-from treespec.demo import demo_recipe
-from treespec.profile import choose_tree
+from treespec.tuning import tune
+from treespec.profile import Profile, choose_tree
 from treespec.recipes import NGramSettings, Recipe, build_drafters, draft_mode, plan, shape_for
 from treespec.testing import perturbed_copy, tiny_model
 
@@ -97,15 +99,18 @@ def _cli_plan(tmp_path: Path, budget: int, depth: int, ngram: bool = False) -> t
 
 
 def test_cli_demo_and_sweep_draft_the_same_tree(tmp_path: Path) -> None:
-    choice = choose_tree(VECTOR, {1: 1.0, 4: 1.02, 16: 1.2}, draft_cost=0.05, budgets=range(2, 17), max_depth=8)
+    prof = Profile({1: 1.0, 4: 1.02, 16: 1.2}, 0.05)
+    target = S.load_model("tiny:llama:seed=0", "cpu", "float32")[0]
+    with patch("treespec.tuning.cached_profile", return_value=prof):
+        tuned = tune(target, target, VECTOR, max_depth=8, min_confidence=None)
+    choice, demo = tuned.choice, replace(tuned.recipe, target_dtype=None, draft_dtype=None, max_width=None)
     assert choice.depth >= 2 and choice.budget >= 4  # a real tree, not a chain of one
-    demo = demo_recipe(choice, VECTOR)
-    assert plan(demo).shape.paths == choice.shape.paths  # the demo runs the tree its profile chose
+    assert plan(tuned.recipe).shape.paths == choice.shape.paths  # the demo runs the tree its profile chose
+    assert plan(demo).shape.paths == choice.shape.paths
     demo_key = plan(demo, max_new_tokens=64).key()
     cli_key, cli_budget, cli_recipe = _cli_plan(tmp_path, choice.budget, choice.depth)
     sweep_key, sweep_cap, described = _sweep_plan(tmp_path, choice.budget, choice.depth)
     assert demo_key == cli_key == sweep_key and cli_budget == sweep_cap == demo.budget
-    target = S.load_model("tiny:llama:seed=0", "cpu", "float32")[0]
     assert [d.describe() for d in build_drafters(cli_recipe, [target])][0].split(", ", 1)[1] == \
         described[0].split(", ", 1)[1]  # same mode, size and depth (the model names differ)
 

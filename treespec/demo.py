@@ -1,9 +1,11 @@
 """``treespec demo``: the main job on the default pair, treespec beside the target alone.
 
-Loads the built-in Qwen2.5-Coder pair (1.5B target, 0.5B draft), measures this machine's forward
-latencies, sizes a Sequoia tree for them from the shipped acceptance vector, then decodes a few
-HumanEval evaluation prompts (100 onwards: disjoint from the calibration prompts) greedily with the
-target alone (HF ``generate``) and with treespec, and reports side by side.
+Loads the built-in Qwen2.5-Coder pair (1.5B target, 0.5B draft) in the precisions measured fastest
+here, measures this machine's forward latencies (``treespec.tuning``; cached), sizes a Sequoia tree
+for them from the shipped acceptance vector, then decodes a few HumanEval evaluation prompts (100
+onwards: disjoint from the calibration prompts) greedily with the target alone (HF ``generate`` in
+float32 and in the target's precision) and with treespec, interleaved per prompt
+(``treespec.compare``), and reports the speedup over the fastest with its interval.
 """
 
 from __future__ import annotations
@@ -15,9 +17,9 @@ from pathlib import Path
 
 import torch
 
-from .baselines import hf_generate
+from . import compare
 from .datasets import humaneval_prompts
-from .engine import generate
+from .precision import precision_of
 from .models import cache_root
 from .recipes import build_drafters, default_acceptance, load_pair
 from .tuning import tune
@@ -34,6 +36,12 @@ def load_models(args: argparse.Namespace):
 def run_demo(args: argparse.Namespace) -> int:
     out_dir: Path = args.out
     out_dir.mkdir(parents=True, exist_ok=True)
+    probe = out_dir / ".treespec-write-test"  # fail now, not after minutes of loading and profiling
+    try:
+        probe.touch()
+        probe.unlink()
+    except OSError as error:
+        raise ValueError(f"--out {out_dir} is not writable ({error.strerror}); choose another --out") from None
     print(f"treespec demo on {platform.machine()} with {torch.get_num_threads()} threads, device {args.device}")
     print("loading the target and the draft (the first run builds the model cache: a few minutes) ...", flush=True)
     target, tok, drafts = load_models(args)
@@ -51,42 +59,32 @@ def run_demo(args: argparse.Namespace) -> int:
     choice.shape.draw(str(png), acceptance=vector, title=f"treespec demo tree (budget {choice.shape.size})")
     print(f"  tree drawn to {png}\n{choice.shape}")
 
-    drafters = build_drafters(recipe, [draft], max_new_tokens=args.max_new_tokens)
-    budget = recipe.budget
-    prompts = humaneval_prompts(100, 100 + args.prompts)
-    rows, totals = [], {"base_s": 0.0, "spec_s": 0.0, "tokens": 0, "steps": 0}
-    for i, text in enumerate(prompts):
-        ids = tok(text)["input_ids"]
-        ref, base_s = hf_generate(target, ids, args.max_new_tokens)
-        out = generate(target, ids, drafters=drafters, max_new_tokens=args.max_new_tokens, budget=budget)
-        s = out.stats
-        same = out.new_tokens == ref
-        rows.append({"prompt": 100 + i, "identical": same, "tau": s.tau, "base_tok_s": len(ref) / base_s,
-                     "treespec_tok_s": s.tokens_per_second, "speedup": base_s / s.seconds})
-        totals["base_s"] += base_s
-        totals["spec_s"] += s.seconds
-        totals["tokens"] += s.new_tokens
-        totals["steps"] += s.steps
-        print(f"  HumanEval/{100 + i}: identical={same} tau={s.tau:.2f} target alone {len(ref) / base_s:.2f} tok/s, "
-              f"treespec {s.tokens_per_second:.2f} tok/s ({base_s / s.seconds:.2f}x)", flush=True)
+    methods = [compare.hf_method(target)]
+    if precision_of(target) != "float32":  # the sceptic's baseline: the target alone in float32 too
+        from .models import load
 
-    all_same = all(r["identical"] for r in rows)
-    lines = [
-        "| prompt | identical greedy output | tau | target alone tok/s | treespec tok/s | speedup |",
-        "|---|---|---:|---:|---:|---:|",
-        *(f"| HumanEval/{r['prompt']} | {'yes' if r['identical'] else 'NO'} | {r['tau']:.2f} | "
-          f"{r['base_tok_s']:.2f} | {r['treespec_tok_s']:.2f} | {r['speedup']:.2f}x |" for r in rows),
-        f"| all | {'yes' if all_same else 'NO'} | {totals['tokens'] / totals['steps']:.2f} | "
-        f"{totals['tokens'] / totals['base_s']:.2f} | {totals['tokens'] / totals['spec_s']:.2f} | "
-        f"{totals['base_s'] / totals['spec_s']:.2f}x |",
-    ]
-    report = "\n".join(lines)
+        methods.insert(0, compare.hf_method(load(args.target, device=args.device, dtype="float32")[0]))
+    methods.append(compare.treespec_method(target, lambda n: build_drafters(recipe, [draft], max_new_tokens=n),
+                                           recipe.budget))
+    prompts = [("humaneval", 100 + i, tok(text)["input_ids"])
+               for i, text in enumerate(humaneval_prompts(100, 100 + args.prompts))]
+    results = out_dir / "results.jsonl"
+    results.unlink(missing_ok=True)  # the demo measures afresh each run
+    records = compare.run(methods, prompts, args.max_new_tokens, results, on_record=lambda r: print(
+        f"  HumanEval/{r['prompt']} {r['method']}: {r['tokens_per_second']:.2f} tok/s"
+        + (f", tau {r['tau']:.2f}" if "tau" in r else ""), flush=True))
+    summary = compare.summarize(records, "humaneval")
+    agreement = summary.get("agreement", {}).get("treespec", {"identical": 0, "of": 0})
+    all_same = agreement["identical"] == agreement["of"] == len(prompts)
+    headline = summary["headline"]["treespec"]
+    report = compare.markdown(summary)
     print("\n" + report)
+    print(f"\nspeedup over the fastest HF generate ({summary['fastest_baseline']}): {compare.fmt(headline)}x")
     (out_dir / "report.md").write_text(
         f"# treespec demo\n\nMachine: {platform.platform()}, {torch.get_num_threads()} threads, {args.device}.\n"
-        f"Configuration, chosen from measured latencies: {tuned.why}.\n{args.max_new_tokens} greedy tokens per prompt.\n\n"
-        f"{report}\n")
-    (out_dir / "report.json").write_text(json.dumps({"rows": rows, "choice": choice.as_dict(),
+        f"Configuration, chosen from measured latencies: {tuned.why}.\n{args.max_new_tokens} greedy tokens per "
+        f"prompt.\n\n{report}\n\nspeedup over the fastest HF generate: {compare.fmt(headline)}x\n")
+    (out_dir / "report.json").write_text(json.dumps({"summary": summary, "choice": choice.as_dict(),
                                                      "profile": prof.to_dict()}, indent=1))
     print(f"\nreport written to {out_dir / 'report.md'}; tree picture {png}")
     return 0 if all_same else 1

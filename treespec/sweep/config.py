@@ -10,6 +10,7 @@ from typing import Any, Sequence
 from ..datasets import DATASETS, dataset_prompts, dataset_size
 from ..models import DEFAULT_DRAFT, DEFAULT_TARGET
 from ..recipes import DTYPES
+from ..verifiers import VERIFIERS
 
 BUILDERS = ("sequoia", "kary", "chains", "chain", "dynamic")
 DRAFTER_SETS = ("model", "ngram", "both")
@@ -20,7 +21,8 @@ DEFAULTS: dict[str, Any] = {
     "name": "sweep",
     "models": {"target": DEFAULT_TARGET, "draft": DEFAULT_DRAFT, "pairs": []},
     "grid": {"drafters": ["model"], "builders": ["sequoia"], "budgets": [8], "max_depths": ["none"],
-             "temperatures": [0.0], "top_p": [1.0], "seeds": [0], "model_mode": "auto"},
+             "temperatures": [0.0], "top_p": [1.0], "seeds": [0], "model_mode": "auto",
+             "verifiers": ["rrs"]},
     "data": {"datasets": ["humaneval"], "calib": "0:100", "eval": "100:164", "max_new_tokens": 64,
              "max_prompt_tokens": 0},
     "acceptance": {"width": 8, "max_new_tokens": 64, "max_depth": 8, "use": "vector"},
@@ -28,7 +30,7 @@ DEFAULTS: dict[str, Any] = {
     "ngram": {"mode": "ngram", "max_order": 4, "max_tokens": 6, "width": 1, "window": 512},
     "baselines": {"methods": list(BASELINES), "prompt_lookup_num_tokens": 10, "max_matching_ngram_size": 2,
                   "assisted": {}},
-    "run": {"device": "cpu", "dtype": "float32", "warmup_tokens": 4, "threads": 0},
+    "run": {"device": "cpu", "dtype": "float32", "warmup_tokens": 4, "threads": 0, "compile": False},
 }
 
 
@@ -80,7 +82,7 @@ def load_config(config: str | os.PathLike | dict[str, Any]) -> dict[str, Any]:
     cfg = _merge(DEFAULTS, raw)
     cfg["data"]["splits"] = splits
     g = cfg["grid"]
-    for key in ("drafters", "builders", "budgets", "max_depths", "temperatures", "top_p", "seeds"):
+    for key in ("drafters", "builders", "budgets", "max_depths", "temperatures", "top_p", "seeds", "verifiers"):
         g[key] = _as_list(g[key])
     cfg["data"]["datasets"] = _as_list(cfg["data"]["datasets"])
     cfg["baselines"]["methods"] = _as_list(cfg["baselines"]["methods"])
@@ -92,6 +94,8 @@ def load_config(config: str | os.PathLike | dict[str, Any]) -> dict[str, Any]:
     check(all(d is None or d >= 1 for d in g["max_depths"]), "grid.max_depths must be >= 1 or \"none\"")
     check(all(float(t) >= 0 for t in g["temperatures"]), "grid.temperatures must be >= 0")
     check(all(0 < float(p) <= 1 for p in g["top_p"]), "grid.top_p must be in (0, 1]")
+    check(set(g["verifiers"]) <= set(VERIFIERS), f"grid.verifiers must be among {tuple(VERIFIERS)}")
+    check(isinstance(cfg["run"]["compile"], (bool, str)), "run.compile must be false, true or a torch.compile backend name")
     check(g["model_mode"] in MODEL_MODES, f"grid.model_mode must be one of {MODEL_MODES}")
     check(set(cfg["data"]["datasets"]) <= set(DATASETS), f"data.datasets must be among {DATASETS}")
     check(set(cfg["baselines"]["methods"]) <= set(BASELINES), f"baselines.methods must be among {BASELINES}")

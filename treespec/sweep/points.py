@@ -30,7 +30,8 @@ class Point:
         if p["kind"] == "baseline":
             return f"{p['dataset']} T={p['temperature']} {p['method']}"
         depth = "" if p["max_depth"] is None else f" d<={p['max_depth']}"
-        return f"{p['dataset']} T={p['temperature']} {p['drafters']}/{p['builder']} B={p['budget']}{depth}"
+        verifier = f" {p['verifier']}" if "verifier" in p else ""
+        return f"{p['dataset']} T={p['temperature']} {p['drafters']}/{p['builder']} B={p['budget']}{depth}{verifier}"
 
 
 def point_key(params: dict[str, Any]) -> str:
@@ -81,7 +82,9 @@ def enumerate_points(cfg: dict[str, Any]) -> list[Point]:
                             for builder in (["ngram"] if drafters == "ngram" else g["builders"]):
                                 for max_depth in g["max_depths"]:
                                     for budget in g["budgets"]:
-                                        add(treespec_params(cfg, common, draft, drafters, builder, budget, max_depth))
+                                        for verifier in g["verifiers"]:
+                                            add(treespec_params(cfg, common, draft, drafters, builder, budget,
+                                                                max_depth, verifier))
     return points
 
 
@@ -97,9 +100,14 @@ def baseline_params(cfg: dict[str, Any], common: dict[str, Any], method: str, dr
 
 
 def treespec_params(cfg: dict[str, Any], common: dict[str, Any], draft: str, drafters: str, builder: str,
-                     budget: int, max_depth: int | None) -> dict[str, Any]:
+                     budget: int, max_depth: int | None, verifier: str = "rrs") -> dict[str, Any]:
     params: dict[str, Any] = {"kind": "treespec", **common, "drafters": drafters, "builder": builder,
                               "budget": int(budget), "max_depth": max_depth}
+    # recorded in the point only when not the default, so the keys of earlier records stay valid
+    if verifier != "rrs":
+        params["verifier"] = verifier
+    if cfg["run"]["compile"]:
+        params["compile"] = cfg["run"]["compile"]
     if drafters in ("ngram", "both"):
         params["ngram"] = dict(cfg["ngram"])
     if drafters in ("model", "both"):

@@ -39,6 +39,8 @@ def _line(p: dict[str, Any], multi_depth: bool) -> str:
                                                      else f"both/{p['builder']}")
     if multi_depth:
         name += f" d<={p['max_depth'] if p['max_depth'] is not None else 'none'}"
+    if "verifier" in p:
+        name += f" [{p['verifier']}]"
     return name
 
 

@@ -201,7 +201,8 @@ class Sweep:
 
         def call(ids: list[int], tokens: int, seed: int):
             return generate(target, ids, drafters, max_new_tokens=tokens, temperature=p["temperature"],
-                            top_p=p["top_p"], eos_token_id=None, seed=seed, budget=info["cap"])
+                            top_p=p["top_p"], eos_token_id=None, seed=seed, budget=info["cap"],
+                            verifier=p.get("verifier", "rrs"), compile=p.get("compile", False))
 
         outs, walls = self._timed(call, prompts, n, p["seed"], device)
         counts, digests, tree_sizes = [], [], []
