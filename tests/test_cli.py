@@ -13,7 +13,7 @@ def parse_error(argv, capsys) -> str:
 
 
 @pytest.mark.parametrize("argv,fragment", [
-    (["generate"], "one of the arguments --prompt --prompt-file is required"),
+    (["generate"], "one of the arguments --prompt --prompt-file --prompts-jsonl is required"),
     (["generate", "--prompt", "x", "--prompt-file", "f"], "not allowed with argument"),
     (["generate", "--prompt", "x", "--budget", "0"], "budget must be >= 1"),
     (["generate", "--prompt", "x", "--temperature", "-1"], "temperature must be >= 0"),

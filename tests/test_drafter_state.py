@@ -84,13 +84,16 @@ def check_against_fresh_forwards(draft, records) -> None:
 def run(pair, drafter, monkeypatch, **kwargs):
     target, draft = pair
     records = instrument(drafter, monkeypatch)
-    steps = 0
+    proposing_steps = 0
     for k, prompt in enumerate(PROMPTS):
         out = treespec.generate(target, prompt, drafters=[drafter], max_new_tokens=30, seed=k, **kwargs)
         with torch.inference_mode():  # the sync the next step would do
             drafter._start_step(out.sequences[0].tolist())
-        steps += out.stats.steps
-    assert len(records) == steps + len(PROMPTS)
+        emitted = 0
+        for n in out.stats.step_tokens:  # a step that wants only the bonus token does not call the drafter
+            proposing_steps += emitted < 30 - 1
+            emitted += n
+    assert len(records) == proposing_steps + len(PROMPTS)
     check_against_fresh_forwards(draft, records)
     return records
 

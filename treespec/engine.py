@@ -151,10 +151,12 @@ def generate(
             stats.drafting_seconds += clock.lap()
 
             tree = TokenTree.rooted_at(committed[-1])
-            capped = tree.merge(drafts, budget, max_depth) > 0 or (drafting and max_depth < 1)
-            if not params.greedy:  # refuse, before the forward, a tree the verifier is not exact for
+            too_deep = tree.merge(drafts, budget, max_depth)
+            capped = too_deep > 0 or (drafting and max_depth < 1)
+            if not params.greedy and tree.size > 1:  # refuse, before the forward, a tree the verifier is not exact for
+                # only the budget's cut counts as truncation: the depth cap drops whole levels, never siblings
                 kept = sum(len(props) for props in tree.proposals)
-                verifiers.check_tree(verifier, tree, truncated=kept < sum(len(d) for d in drafts))
+                verifiers.check_tree(verifier, tree, truncated=kept + too_deep < sum(len(d) for d in drafts))
             flat = flatten(tree)
             past = cache.length
             allowed = torch.ones(len(flat), past + len(flat), dtype=torch.bool)

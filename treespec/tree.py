@@ -83,15 +83,18 @@ class TokenTree:
         was kept). Neither decision looks at the proposal's own token (only at its depth and its
         turn), so the kept proposals are still draws from their ``q`` and the output stays exact;
         a depth cut drops every sibling of a group alike, so sampling without replacement keeps its
-        ``exclude`` lists. Returns the number of proposals dropped by ``max_depth``.
+        ``exclude`` lists. Returns the number of proposals dropped by ``max_depth`` (subtrees included).
         """
         too_deep = 0
         for d, draft in enumerate(drafts):
             node_of: list[int | None] = []
+            deep: set[int] = set()  # this draft's proposals dropped by depth (their subtrees too)
             for j, (token, par) in enumerate(zip(draft.tokens, draft.parents)):
                 parent = 0 if par == ROOT else node_of[par]
-                if parent is not None and max_depth is not None and self.depth[parent] >= max_depth:
+                if (par != ROOT and par in deep) or (
+                        parent is not None and max_depth is not None and self.depth[parent] >= max_depth):
                     too_deep += 1
+                    deep.add(j)
                     parent = None
                 if parent is None or (budget is not None and self.size >= budget):
                     node_of.append(None)
