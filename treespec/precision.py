@@ -141,7 +141,7 @@ def _write_decision(path: Path, key: str, record: dict[str, Any]) -> None:
 
 def default_timer(model: torch.nn.Module, sizes: tuple[int, ...]) -> float:
     """Seconds of one tree forward of each size in ``sizes`` after a 128-token context, summed."""
-    from .profile import measure_latency  # profile -> acceptance -> engine: keep this module light
+    from .timing import measure_latency  # timing does not import this module: no circle
 
     return float(sum(measure_latency(model, sizes, context=128, repeats=3).values()))
 
