@@ -13,8 +13,6 @@ batched forward) from a bug.
 
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -25,6 +23,7 @@ from . import intervals
 from .baselines import hf_generate
 from .engine import generate
 from .precision import precision_of
+from .sweep.records import append_record, read_records, repair_tail
 
 
 @dataclass
@@ -75,31 +74,6 @@ def treespec_method(target: torch.nn.Module, make_drafters: Callable[[int], list
     return Method(name, run, precision_of(target), False)
 
 
-def read_records(path: Path) -> list[dict[str, Any]]:
-    """The records of ``path``; a torn last line (an interrupted write) is ignored, any other bad line is an error."""
-    if not path.exists():
-        return []
-    lines = path.read_text().splitlines()
-    out = []
-    for n, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            if n == len(lines):
-                break
-            raise ValueError(f"{path}, line {n}: not a JSON record; fix or delete that line to resume") from None
-    return out
-
-
-def _append(path: Path, record: dict[str, Any]) -> None:
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps(record) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-
-
 def first_divergence(target: torch.nn.Module, prompt: Sequence[int], a: Sequence[int], b: Sequence[int]
                      ) -> dict[str, Any] | None:
     """Where greedy outputs ``a`` and ``b`` first differ, and the target's top-2 logit gap there
@@ -120,6 +94,7 @@ def run(methods: Sequence[Method], prompts: Sequence[tuple[str, int, list[int]]]
     """Run every method on every ``(dataset, index, token ids)`` prompt, interleaved per prompt;
     append a record per (prompt, method) to ``results`` and skip those already there."""
     results.parent.mkdir(parents=True, exist_ok=True)
+    repair_tail(results)  # a torn last line from an interrupted run
     done = {(r["dataset"], r["prompt"], r["method"]) for r in read_records(results)}
     if prompts and len(done) < len(prompts) * len(methods):
         for m in methods:  # warm-up, not recorded: first calls pay one-off allocation and kernel setup
@@ -132,7 +107,7 @@ def run(methods: Sequence[Method], prompts: Sequence[tuple[str, int, list[int]]]
             record = {"dataset": dataset, "prompt": index, "method": m.name, "precision": m.precision,
                       "baseline": m.baseline, "tokens": len(tokens), "seconds": seconds,
                       "tokens_per_second": len(tokens) / seconds, "output": tokens, **extra}
-            _append(results, record)
+            append_record(results, record)
             if on_record is not None:
                 on_record(record)
     return read_records(results)

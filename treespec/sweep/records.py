@@ -24,9 +24,13 @@ def read_records(path: str | os.PathLike) -> list[dict[str, Any]]:
         return []
     out = []
     with open(path, encoding="utf-8") as f:
-        for line in f:
+        for n, line in enumerate(f, start=1):
             if line.endswith("\n") and line.strip():
-                out.append(json.loads(line))
+                try:
+                    out.append(json.loads(line))
+                except json.JSONDecodeError:
+                    raise ValueError(f"{path}, line {n}: not a JSON record; fix or delete that line to resume") \
+                        from None
     return out
 
 
