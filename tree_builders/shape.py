@@ -245,6 +245,29 @@ class TreeShape:
         """
         return float(sum(self.node_values(acceptance).values()))
 
+    def depth_acceptance(self, acceptance: Acceptance) -> list[float]:
+        """Predicted per-depth acceptance: entry ``d - 1`` is the probability that a step whose walk
+        reached a node at depth ``d - 1`` with children accepts one of them.
+
+        Under the positional model a node ``v`` with ``c`` children accepts one with probability
+        ``sum_{k < c} a[depth(v)][k]``; averaging over the nodes at depth ``d - 1`` that have
+        children, weighted by their reach probabilities (:meth:`node_values`), gives the rate a run
+        measures as ``treespec.stats.Stats.depth_acceptance``.
+        """
+        rows = acceptance_rows(acceptance)
+        values = self.node_values(acceptance)
+        reached = [0.0] * self.depth
+        accepted = [0.0] * self.depth
+        for v, value in values.items():
+            c = self.num_children(v)
+            if c == 0:
+                continue
+            d = len(v)
+            row = rows[min(d, rows.shape[0] - 1)]
+            reached[d] += value
+            accepted[d] += value * float(row[:c].sum())
+        return [a / r if r > 0 else 0.0 for a, r in zip(accepted, reached)]
+
     # ----------------------------------------------------------------- conversions
     def to_networkx(self) -> Any:
         """A ``networkx.DiGraph`` with nodes = path tuples (root ``()``), attrs ``rank``, ``depth``.

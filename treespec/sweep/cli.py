@@ -31,6 +31,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="only write plots and README.md for an existing results.jsonl")
     ap.add_argument("--dry-run", action="store_true", help="list the points (and which are finished) and exit")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
+    ap.add_argument("--max-minutes", type=float, default=None, metavar="M",
+                    help="start no new point after M minutes (run a long sweep in slices; re-run to resume)")
     args = ap.parse_args(argv)
     if args.report is not None:
         print(report(args.report))
@@ -52,7 +54,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{len(points)} points ({kinds['baseline']} baselines, {kinds['treespec']} treespec), "
               f"{sum(pt.key in done for pt in points)} finished")
         return 0
-    results = sweep(args.config, args.out, progress=not args.no_progress, device=args.device, dtype=args.dtype)
+    if args.max_minutes is not None and not args.max_minutes > 0:
+        ap.error(f"--max-minutes must be > 0, got {args.max_minutes}")
+    results = sweep(args.config, args.out, progress=not args.no_progress, device=args.device, dtype=args.dtype,
+                    max_minutes=args.max_minutes)
     print(results)
     print(results.parent / "README.md")
     return 0

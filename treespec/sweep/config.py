@@ -16,6 +16,7 @@ BUILDERS = ("sequoia", "kary", "chains", "chain", "dynamic")
 DRAFTER_SETS = ("model", "ngram", "both")
 BASELINES = ("target", "assisted", "prompt_lookup")
 MODEL_MODES = ("auto", "topk", "sample", "sample_without_replacement")
+DRAFT_DTYPES = (*DTYPES, "int8")  # int8: dynamic quantisation of a draft's Linear layers (CPU)
 
 DEFAULTS: dict[str, Any] = {
     "name": "sweep",
@@ -30,7 +31,8 @@ DEFAULTS: dict[str, Any] = {
     "ngram": {"mode": "ngram", "max_order": 4, "max_tokens": 6, "width": 1, "window": 512},
     "baselines": {"methods": list(BASELINES), "prompt_lookup_num_tokens": 10, "max_matching_ngram_size": 2,
                   "assisted": {}},
-    "run": {"device": "cpu", "dtype": "float32", "warmup_tokens": 4, "threads": 0, "compile": False},
+    "run": {"device": "cpu", "dtype": "float32", "draft_dtype": "same", "warmup_tokens": 4, "threads": 0,
+            "compile": False},
 }
 
 
@@ -101,12 +103,20 @@ def load_config(config: str | os.PathLike | dict[str, Any]) -> dict[str, Any]:
     check(set(cfg["baselines"]["methods"]) <= set(BASELINES), f"baselines.methods must be among {BASELINES}")
     check(cfg["acceptance"]["use"] in ("vector", "matrix"), "acceptance.use must be \"vector\" or \"matrix\"")
     check(cfg["run"]["dtype"] in DTYPES, f"run.dtype must be one of {tuple(DTYPES)}")
+    check(cfg["run"]["draft_dtype"] in ("same", *DRAFT_DTYPES),
+          f"run.draft_dtype must be \"same\" (the target's run.dtype) or one of {DRAFT_DTYPES}")
     check(int(cfg["data"]["max_new_tokens"]) >= 1, "data.max_new_tokens must be >= 1")
     for name in cfg["data"]["datasets"]:
         calib, evals = split_ranges(cfg, name)
         if not set(range(*calib)).isdisjoint(range(*evals)):
             raise ValueError(f"dataset {name}: calibration prompts {calib} overlap evaluation prompts {evals}")
     return cfg
+
+
+def draft_dtype(cfg: dict[str, Any]) -> str:
+    """The drafts' precision: ``run.draft_dtype``, or the target's ``run.dtype`` when it is ``"same"``."""
+    d = cfg["run"]["draft_dtype"]
+    return cfg["run"]["dtype"] if d == "same" else d
 
 
 def check(ok: bool, message: str) -> None:

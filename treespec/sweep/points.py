@@ -10,7 +10,7 @@ from typing import Any
 from tree_builders import TreeShape
 
 from ..recipes import STATIC_MODES, NGramSettings, Recipe, draft_mode
-from .config import pairs, split_ranges
+from .config import draft_dtype, pairs, split_ranges
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,14 @@ def acceptance_params(cfg: dict[str, Any], target: str, draft: str, dataset: str
             "max_prompt_tokens": int(cfg["data"]["max_prompt_tokens"]), "mode": mode,
             "temperature": float(temperature), "top_p": float(top_p), "width": int(a["width"]),
             "max_new_tokens": int(a["max_new_tokens"]), "max_depth": int(a["max_depth"]),
-            "device": cfg["run"]["device"], "dtype": cfg["run"]["dtype"]}
+            "device": cfg["run"]["device"], "dtype": cfg["run"]["dtype"], **_draft_precision(cfg)}
+
+
+def _draft_precision(cfg: dict[str, Any]) -> dict[str, str]:
+    """``{"draft_dtype": ...}`` when drafts run in another precision than the target, else ``{}``
+    (so the keys of points and acceptance files from before the setting existed stay valid)."""
+    d = draft_dtype(cfg)
+    return {} if d == cfg["run"]["dtype"] else {"draft_dtype": d}
 
 
 def enumerate_points(cfg: dict[str, Any]) -> list[Point]:
@@ -92,7 +99,7 @@ def baseline_params(cfg: dict[str, Any], common: dict[str, Any], method: str, dr
     b = cfg["baselines"]
     params = {"kind": "baseline", "method": method, **common}
     if method == "assisted":
-        params.update(draft=draft, assisted=dict(sorted(b["assisted"].items())))
+        params.update(draft=draft, assisted=dict(sorted(b["assisted"].items())), **_draft_precision(cfg))
     if method == "prompt_lookup":
         params.update(prompt_lookup_num_tokens=int(b["prompt_lookup_num_tokens"]),
                       max_matching_ngram_size=int(b["max_matching_ngram_size"]))
@@ -112,6 +119,7 @@ def treespec_params(cfg: dict[str, Any], common: dict[str, Any], draft: str, dra
         params["ngram"] = dict(cfg["ngram"])
     if drafters in ("model", "both"):
         params["draft"] = draft
+        params.update(_draft_precision(cfg))
         model_mode = cfg["grid"]["model_mode"]
         params["mode"] = draft_mode(builder, common["temperature"], None if model_mode == "auto" else model_mode)
         s = cfg["shapes"]
@@ -138,7 +146,7 @@ def point_recipe(p: dict[str, Any], acceptance: Any = None) -> Recipe:
                   temperature=p["temperature"], draft_mode=mode if mode in STATIC_MODES else None, ngram=ngram,
                   acceptance=acceptance, kary_width=int(p.get("kary_width", 2)), chains=p.get("chains"),
                   dynamic_depth=int(p.get("dynamic_depth", 6)), dynamic_topk=int(p.get("dynamic_topk", 8)),
-                  target_dtype=p["dtype"], draft_dtype=p["dtype"])
+                  target_dtype=p["dtype"], draft_dtype=p.get("draft_dtype", p["dtype"]))
 
 
 def shape_record(shape: TreeShape) -> dict[str, Any]:

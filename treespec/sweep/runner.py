@@ -19,10 +19,11 @@ import torch
 from ..baselines import hf_generate, sync
 from ..engine import generate
 from ..models import check_tokenizers, load
+from ..precision import to_precision
 from ..recipes import DTYPES, build_drafters, plan
 from ..sampling import spread_seed
 from ..testing import ByteTokenizer, tiny_from_spec
-from .config import calib_eval_prompts, check, load_config, pairs
+from .config import calib_eval_prompts, check, draft_dtype, load_config, pairs, split_ranges
 from .points import Point, baseline_params, acceptance_params, enumerate_points, point_key, point_recipe, \
     shape_record
 from .records import RESULTS, append_record, meta, read_records, repair_tail
@@ -41,10 +42,10 @@ def load_model(spec: str, device: str, dtype: str) -> tuple[torch.nn.Module, Any
     from transformers import GenerationConfig
 
     if spec.startswith("tiny:"):
-        model = tiny_from_spec(spec).to(device=device, dtype=DTYPES[dtype])
+        model = to_precision(tiny_from_spec(spec).to(device=device), dtype)
         tokenizer: Any = ByteTokenizer(model.config.vocab_size)
     else:
-        model, tokenizer = load(spec, device=device, dtype=DTYPES[dtype])
+        model, tokenizer = load(spec, device=device, dtype=dtype)
     model.generation_config = GenerationConfig()
     return model, tokenizer
 
@@ -89,17 +90,19 @@ class _Models:
 
     def __init__(self, device: str, dtype: str) -> None:
         self.device, self.dtype = device, dtype
-        self.loaded: dict[str, tuple[torch.nn.Module, Any]] = {}
+        self.loaded: dict[tuple[str, str], tuple[torch.nn.Module, Any]] = {}
 
-    def get(self, spec: str) -> tuple[torch.nn.Module, Any]:
-        if spec not in self.loaded:
-            self.loaded[spec] = load_model(spec, self.device, self.dtype)
-        return self.loaded[spec]
+    def get(self, spec: str, dtype: str | None = None) -> tuple[torch.nn.Module, Any]:
+        """Model ``spec`` in ``dtype`` (default: the run's dtype), loaded once."""
+        key = (spec, dtype or self.dtype)
+        if key not in self.loaded:
+            self.loaded[key] = load_model(spec, self.device, key[1])
+        return self.loaded[key]
 
     def keep_only(self, specs: set[str]) -> None:
-        for spec in list(self.loaded):
-            if spec not in specs:
-                del self.loaded[spec]
+        for key in list(self.loaded):
+            if key[0] not in specs:
+                del self.loaded[key]
 
 
 class Sweep:
@@ -117,8 +120,9 @@ class Sweep:
         self.checked_pairs: set[tuple[str, str]] = set()
 
     def draft_model(self, target: str, draft: str) -> torch.nn.Module:
-        """The draft, after checking once that it shares the target's tokenizer (real models)."""
-        model, tokenizer = self.models.get(draft)
+        """The draft in the run's draft precision, after checking once that it shares the target's
+        tokenizer (real models)."""
+        model, tokenizer = self.models.get(draft, draft_dtype(self.cfg))
         if (target, draft) not in self.checked_pairs:
             target_tok = self.models.get(target)[1]
             if not isinstance(tokenizer, ByteTokenizer) and not isinstance(target_tok, ByteTokenizer):
@@ -161,13 +165,18 @@ class Sweep:
 
     # -- one point ------------------------------------------------------------------------------
     def run_point(self, point: Point) -> dict[str, Any]:
+        """Run one point; returns its ``result`` and ``timing`` (the result records the prompt split)."""
         p = point.params
         target, tokenizer = self.models.get(p["target"])
         prompts = self.token_prompts(p["target"], p["dataset"], "eval")
         if p["kind"] == "baseline":
             draft = self.draft_model(p["target"], p["draft"]) if p["method"] == "assisted" else None
-            return self._run_baseline(p, target, draft, prompts, _pad_id(tokenizer))
-        return self._run_treespec(p, target, prompts)
+            out = self._run_baseline(p, target, draft, prompts, _pad_id(tokenizer))
+        else:
+            out = self._run_treespec(p, target, prompts)
+        calib, evals = split_ranges(self.cfg, p["dataset"])
+        out["result"]["split"] = {"dataset": p["dataset"], "calib": list(calib), "eval": list(evals)}
+        return out
 
     def _drafters(self, p: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
         """The drafters of a treespec point (its recipe, ``treespec.recipes``) and what the record says
@@ -191,6 +200,7 @@ class Sweep:
             info["tree"] = shape_record(the_plan.shape)
             if acc is not None and p["drafters"] == "model":
                 info["predicted_tau"] = the_plan.shape.expected_tokens(acc)
+                info["predicted_depth_acceptance"] = the_plan.shape.depth_acceptance(acc)
         info["cap"] = recipe.budget
         return build_drafters(recipe, drafts, max_new_tokens=p["max_new_tokens"]), info
 
@@ -206,6 +216,9 @@ class Sweep:
 
         outs, walls = self._timed(call, prompts, n, p["seed"], device)
         counts, digests, tree_sizes = [], [], []
+        steps_per_prompt, uncut_tokens, uncut_steps = [], [], []
+        depth_tried: list[int] = []
+        depth_accepted: list[int] = []
         hist: list[int] = []
         parts = dict(prefill_seconds=0.0, drafting_seconds=0.0, verifying_seconds=0.0, overhead_seconds=0.0)
         steps = 0
@@ -215,6 +228,11 @@ class Sweep:
             counts.append(len(out.new_tokens))
             digests.append(_digest(out.new_tokens))
             steps += s.steps
+            steps_per_prompt.append(s.steps)
+            uncut_steps.append(s.steps - s.cut_steps)
+            uncut_tokens.append(sum(n for n, cut in zip(s.step_tokens, s.step_cut) if not cut))
+            depth_tried = _add_hist(depth_tried, s.depth_tried)
+            depth_accepted = _add_hist(depth_accepted, s.depth_accepted)
             tree_sizes += s.tree_sizes
             hist = _add_hist(hist, s.accepted_hist)
             for k in parts:
@@ -228,7 +246,11 @@ class Sweep:
         wall = sum(walls)
         result = {"prompts": len(prompts), "prompt_tokens": [len(x) for x in prompts], "tokens_per_prompt": counts,
                   "new_tokens": total, "complete": all(c == n for c in counts), "steps": steps,
-                  "tau": total / steps if steps else 0.0, "accepted_hist": hist,
+                  "tau": total / steps if steps else 0.0, "steps_per_prompt": steps_per_prompt,
+                  # tau over the steps not shortened by the end of generation (stats.Stats.tau_uncut)
+                  "tau_uncut": sum(uncut_tokens) / sum(uncut_steps) if sum(uncut_steps) else 0.0,
+                  "uncut_tokens_per_prompt": uncut_tokens, "uncut_steps_per_prompt": uncut_steps,
+                  "depth_tried": depth_tried, "depth_accepted": depth_accepted, "accepted_hist": hist,
                   "mean_tree_size": float(np.mean(tree_sizes)) if tree_sizes else 0.0, "drafters": per_drafter,
                   "output_digests": digests, **info}
         timing = {"wall_seconds": wall, "per_prompt_seconds": walls,
@@ -323,7 +345,7 @@ def pairs_draft(cfg: dict[str, Any], target: str) -> str:
 def sweep(config: str | os.PathLike | dict[str, Any], out_dir: str | os.PathLike | None = None,
           progress: bool = True, *, device: str | None = None, dtype: str | None = None,
           on_point: Callable[[dict[str, Any]], None] | None = None, measure: Measure | None = None,
-          make_report: bool = True) -> Path:
+          make_report: bool = True, max_minutes: float | None = None) -> Path:
     """Run (or resume) the sweep of ``config``; returns the path of its ``results.jsonl``.
 
     Args:
@@ -335,6 +357,8 @@ def sweep(config: str | os.PathLike | dict[str, Any], out_dir: str | os.PathLike
         on_point: called with each record right after it is written (tests, live monitoring).
         measure: the acceptance measurement (default ``treespec.acceptance.measure``).
         make_report: write plots and README.md when the sweep completes.
+        max_minutes: start no new point after this many minutes (run a long sweep in slices;
+            the next run resumes where this one stopped).
     """
     cfg = load_config(config)
     if device is not None:
@@ -348,7 +372,7 @@ def sweep(config: str | os.PathLike | dict[str, Any], out_dir: str | os.PathLike
     if int(cfg["run"]["threads"]) > 0:  # tiny models on a busy CPU run far faster on one thread
         torch.set_num_threads(int(cfg["run"]["threads"]))
     try:
-        results = _run_sweep(cfg, out, progress, on_point, measure)
+        results = _run_sweep(cfg, out, progress, on_point, measure, max_minutes)
     finally:
         torch.set_num_threads(threads)
     if make_report:
@@ -357,8 +381,9 @@ def sweep(config: str | os.PathLike | dict[str, Any], out_dir: str | os.PathLike
 
 
 def _run_sweep(cfg: dict[str, Any], out: Path, progress: bool, on_point: Callable[[dict[str, Any]], None] | None,
-               measure: Measure | None) -> Path:
+               measure: Measure | None, max_minutes: float | None = None) -> Path:
     """The loop of :func:`sweep`: every unfinished point, one record each."""
+    deadline = None if max_minutes is None else time.monotonic() + 60.0 * max_minutes
     state = Sweep(cfg, out, progress, measure)
     repair_tail(state.results)
     for rec in read_records(state.results):
@@ -372,6 +397,9 @@ def _run_sweep(cfg: dict[str, Any], out: Path, progress: bool, on_point: Callabl
                disable=not progress, dynamic_ncols=True)
     try:
         for pt in todo:
+            if deadline is not None and time.monotonic() >= deadline:
+                bar.write(f"[treespec sweep] stopped after {max_minutes:g} min; run again to resume", file=sys.stderr)
+                break
             bar.set_postfix_str(pt.label)
             specs = {pt.params["target"], pt.params.get("draft") or pairs_draft(cfg, pt.params["target"])}
             state.models.keep_only(specs)
