@@ -18,13 +18,19 @@ BASELINES = ("target", "assisted", "prompt_lookup")
 MODEL_MODES = ("auto", "topk", "sample", "sample_without_replacement")
 DRAFT_DTYPES = (*DTYPES, "int8")  # int8: dynamic quantisation of a draft's Linear layers (CPU)
 
+#: the least a sweep needs for a figure worth citing: evaluation prompts per point, tokens per prompt,
+#: prompt sets (the report flags a sweep below it)
+CITABLE = {"prompts": 20, "tokens": 96, "datasets": 2}
+
 DEFAULTS: dict[str, Any] = {
     "name": "sweep",
     "models": {"target": DEFAULT_TARGET, "draft": DEFAULT_DRAFT, "pairs": []},
     "grid": {"drafters": ["model"], "builders": ["sequoia"], "budgets": [8], "max_depths": ["none"],
              "temperatures": [0.0], "top_p": [1.0], "seeds": [0], "model_mode": "auto",
              "verifiers": ["rrs"]},
-    "data": {"datasets": ["humaneval"], "calib": "0:100", "eval": "100:164", "max_new_tokens": 64,
+    # citable by default: >= 20 evaluation prompts x >= 96 tokens on a code and a prose set
+    # (CITABLE), calibration prompts disjoint from evaluation prompts
+    "data": {"datasets": ["humaneval", "lee-news"], "calib": "0:100", "eval": "100:132", "max_new_tokens": 96,
              "max_prompt_tokens": 0},
     "acceptance": {"width": 8, "max_new_tokens": 64, "max_depth": 8, "use": "vector"},
     "shapes": {"kary_width": 2, "chains": 4, "dynamic_depth": 6, "dynamic_topk": 8},

@@ -1,4 +1,13 @@
-"""The report of a sweep: plots (PNG) and a Markdown summary written from its ``results.jsonl``."""
+"""The report of a sweep: plots (PNG) and a Markdown summary written from its ``results.jsonl``.
+
+Every figure carries its spread over prompts: tau, tok/s and speedups are ratios of per-prompt
+sums with 95% bootstrap intervals (``treespec.intervals``; speedups paired per prompt with the
+baseline run on the same prompts), shown in the tables and as error bars in the plots. Tau is
+given two ways: over all steps, and over the steps not shortened by the end of generation, which
+is what the tree's predicted tau estimates; the prediction section says whether the prediction
+falls inside the measured interval and, where it does not, shows per-depth acceptance (measured
+in the run vs predicted from the calibration vector) to locate the loss.
+"""
 
 from __future__ import annotations
 
@@ -10,8 +19,77 @@ import numpy as np
 
 from tree_builders import TreeShape
 
-from .points import point_key
+from ..intervals import Interval, ratio_of_sums
+from .config import CITABLE
 from .records import read_records
+
+# What a baseline shares with the treespec points it is compared with (same prompts, same settings).
+_SAME_RUN = ("target", "dataset", "eval", "max_new_tokens", "max_prompt_tokens", "temperature", "top_p", "seed",
+             "device", "dtype")
+
+
+# -- figures with their spread over prompts (treespec.intervals) ---------------------------------------
+def _pooled(records: list[dict[str, Any]], numerator: Callable[[dict[str, Any]], list[float]],
+            denominator: Callable[[dict[str, Any]], list[float]]) -> Interval | None:
+    """Ratio of sums over the prompts of ``records`` (seeds pooled: each prompt x seed is a unit), with
+    its bootstrap interval; None when a record lacks the per-prompt figures (written before they were)."""
+    try:
+        num = [x for r in records for x in numerator(r)]
+        den = [x for r in records for x in denominator(r)]
+    except KeyError:
+        return None
+    if not num or len(num) != len(den) or sum(den) <= 0:
+        return None
+    return ratio_of_sums(num, den)
+
+
+def tau_interval(records: list[dict[str, Any]], uncut: bool = False) -> Interval | None:
+    """Tokens per step of treespec ``records`` over all steps, or (``uncut=True``) over the steps that
+    the end of generation did not shorten (``treespec.stats.Stats.tau_uncut``)."""
+    if uncut:
+        return _pooled(records, lambda r: r["result"]["uncut_tokens_per_prompt"],
+                       lambda r: r["result"]["uncut_steps_per_prompt"])
+    return _pooled(records, lambda r: r["result"]["tokens_per_prompt"], lambda r: r["result"]["steps_per_prompt"])
+
+
+def speed_interval(records: list[dict[str, Any]]) -> Interval | None:
+    """Tokens per second over the prompts of ``records``."""
+    return _pooled(records, lambda r: r["result"]["tokens_per_prompt"], lambda r: r["timing"]["per_prompt_seconds"])
+
+
+def baseline_of(record: dict[str, Any], bases: list[dict[str, Any]], method: str) -> dict[str, Any] | None:
+    """The finished ``method`` baseline measured on the same prompts and settings as ``record``."""
+    p = record["params"]
+    for b in bases:
+        q = b["params"]
+        if q["method"] == method and all(q.get(k) == p.get(k) for k in _SAME_RUN) and b is not record:
+            return b
+    return None
+
+
+def speedup_interval(records: list[dict[str, Any]], bases: list[dict[str, Any]], method: str) -> Interval | None:
+    """Baseline seconds / treespec seconds over the prompts of ``records``, paired per prompt (each
+    record with the ``method`` baseline of its own prompts and seed). None unless every record has that
+    baseline, finished, with exactly the same token count per prompt."""
+    pairs = []
+    for r in records:
+        b = baseline_of(r, bases, method)
+        if (b is None or not (r["result"]["complete"] and b["result"]["complete"])
+                or b["result"]["tokens_per_prompt"] != r["result"]["tokens_per_prompt"]):
+            return None
+        pairs.append((b, r))
+    return _pooled(pairs, lambda br: br[0]["timing"]["per_prompt_seconds"],
+                   lambda br: br[1]["timing"]["per_prompt_seconds"])
+
+
+def depth_rows(record: dict[str, Any]) -> list[tuple[int, int, float, float | None]]:
+    """Per depth d: (d, steps whose walk reached depth d - 1 with children, measured acceptance rate,
+    predicted rate from the calibration vector or None)."""
+    res = record["result"]
+    tried, accepted = res.get("depth_tried", []), res.get("depth_accepted", [])
+    predicted = res.get("predicted_depth_acceptance") or []
+    return [(d + 1, t, a / t if t else 0.0, predicted[d] if d < len(predicted) else None)
+            for d, (t, a) in enumerate(zip(tried, accepted))]
 
 
 def _figure(ncols: int, nrows: int = 1, width: float = 5.0, height: float = 3.8, legend_space: float = 0.0):
@@ -56,22 +134,18 @@ def _style(line: str) -> dict[str, Any]:
     return {"color": _BUILDER_COLOR.get(builder, "k"), "linestyle": dash, "marker": marker, "label": line}
 
 
-def _baseline_speedup(r: dict[str, Any], bases: list[dict[str, Any]]) -> float | None:
+def _baseline_speedup(r: dict[str, Any], bases: list[dict[str, Any]]) -> Interval | None:
     """Speedup of baseline record ``r`` over the target-alone record of the same prompts and settings."""
-    if not r["result"]["complete"]:
+    if r["params"]["method"] == "target":
         return None
-    p = {k: v for k, v in r["params"].items()
-         if k not in ("draft", "assisted", "prompt_lookup_num_tokens", "max_matching_ngram_size")}
-    key = point_key(dict(p, method="target"))
-    ref = next((b for b in bases if b["key"] == key and b["result"]["complete"]), None)
-    if ref is None or ref["result"]["tokens_per_prompt"] != r["result"]["tokens_per_prompt"]:
-        return None
-    return ref["timing"]["wall_seconds"] / r["timing"]["wall_seconds"]
+    return speedup_interval([r], bases, "target")
 
 
 def _fmt(x: Any, digits: int = 2) -> str:
     if x is None:
         return "-"
+    if isinstance(x, Interval):
+        return x.fmt(digits)
     if isinstance(x, float):
         return f"{x:.{digits}f}"
     return str(x)
@@ -81,8 +155,8 @@ def report(results_jsonl: str | os.PathLike, out_dir: str | os.PathLike | None =
     """Write plots (PNG) and a Markdown summary (``README.md``) beside ``results_jsonl``; returns README.md.
 
     Plots: tau vs budget and speedup over the target baseline vs budget (one panel per target,
-    dataset, temperature and top-p; one line per builder; seeds averaged), predicted vs measured
-    tau, the acceptance vectors, and every static tree used (``trees/``).
+    dataset, temperature and top-p; one line per builder; seeds pooled; 95% CI error bars),
+    predicted vs measured (uncut) tau, the acceptance vectors, and every static tree used (``trees/``).
     """
     path = Path(results_jsonl)
     out = Path(out_dir) if out_dir is not None else path.parent
@@ -98,16 +172,20 @@ def report(results_jsonl: str | os.PathLike, out_dir: str | os.PathLike | None =
     panels = sorted({_panel(r["params"]) for r in tres}, key=str)
     images: list[tuple[str, str]] = []
 
-    def curves(value: Callable[[dict[str, Any]], float | None]) -> dict[tuple, dict[str, list[tuple[int, float]]]]:
-        acc: dict[tuple, dict[str, dict[int, list[float]]]] = {}
+    def curves(value: Callable[[list[dict[str, Any]]], Interval | None]) -> dict[tuple, dict[str, list]]:
+        """Per panel and line: (budget, interval) points; the seeds of a point are pooled."""
+        acc: dict[tuple, dict[str, dict[int, list[dict[str, Any]]]]] = {}
         for r in tres:
-            v = value(r)
-            if v is None:
-                continue
             acc.setdefault(_panel(r["params"]), {}).setdefault(_line(r["params"], multi_depth), {}).setdefault(
-                r["params"]["budget"], []).append(v)
-        return {pn: {ln: sorted((b, float(np.mean(vs))) for b, vs in pts.items()) for ln, pts in lines.items()}
-                for pn, lines in acc.items()}
+                r["params"]["budget"], []).append(r)
+        out_curves: dict[tuple, dict[str, list]] = {}
+        for pn, lines in acc.items():
+            for ln, pts in lines.items():
+                vals = [(b, value(rs)) for b, rs in sorted(pts.items())]
+                vals = [(b, v) for b, v in vals if v is not None]
+                if vals:
+                    out_curves.setdefault(pn, {})[ln] = vals
+        return out_curves
 
     def budget_plot(name: str, ylabel: str, data: dict, hlines: Callable[[tuple], dict[str, float]] | None) -> None:
         if not panels:
@@ -116,7 +194,11 @@ def report(results_jsonl: str | os.PathLike, out_dir: str | os.PathLike | None =
         handles: dict[str, Any] = {}
         for ax, pn in zip(axes, panels):
             for ln, pts in sorted(data.get(pn, {}).items()):
-                (h,) = ax.plot([b for b, _ in pts], [v for _, v in pts], markersize=4, **_style(ln))
+                ys = np.array([v.estimate for _, v in pts])
+                lows = np.array([v.low if v.known else v.estimate for _, v in pts])
+                highs = np.array([v.high if v.known else v.estimate for _, v in pts])
+                h = ax.errorbar([b for b, _ in pts], ys, yerr=np.vstack([ys - lows, highs - ys]), markersize=4,
+                                capsize=3, **_style(ln))
                 handles.setdefault(ln, h)
             if hlines is not None:
                 for i, (label, y) in enumerate(sorted(hlines(pn).items())):
@@ -132,7 +214,7 @@ def report(results_jsonl: str | os.PathLike, out_dir: str | os.PathLike | None =
         fig.savefig(out / name, dpi=100)
         images.append((ylabel, name))
 
-    budget_plot("tau_vs_budget.png", "tau (tokens per step)", curves(lambda r: r["result"]["tau"]), None)
+    budget_plot("tau_vs_budget.png", "tau (tokens per step, 95% CI over prompts)", curves(tau_interval), None)
 
     def base_speedups(pn: tuple) -> dict[str, float]:
         lines: dict[str, list[float]] = {}
@@ -140,26 +222,31 @@ def report(results_jsonl: str | os.PathLike, out_dir: str | os.PathLike | None =
             if _panel(r["params"]) == pn and r["params"]["method"] != "target":
                 v = _baseline_speedup(r, bases)
                 if v is not None:
-                    lines.setdefault(f"HF {r['params']['method']}", []).append(v)
+                    lines.setdefault(f"HF {r['params']['method']}", []).append(v.estimate)
         out_lines = {k: float(np.mean(v)) for k, v in lines.items()}
         out_lines["target alone"] = 1.0
         return out_lines
 
-    budget_plot("speedup_vs_budget.png", "speedup over the target alone",
-                curves(lambda r: r.get("speedup", {}).get("target")), base_speedups)
+    budget_plot("speedup_vs_budget.png", "speedup over the target alone (95% CI)",
+                curves(lambda rs: speedup_interval(rs, bases, "target")), base_speedups)
 
     predicted = [r for r in tres if r["result"].get("predicted_tau") is not None]
     if predicted:
         fig, (ax,) = _figure(1, width=5.5, height=5.0)
         builders = sorted({r["params"]["builder"] for r in predicted})
-        for i, b in enumerate(builders):
+        for b in builders:
             rs = [r for r in predicted if r["params"]["builder"] == b]
-            ax.scatter([r["result"]["predicted_tau"] for r in rs], [r["result"]["tau"] for r in rs], label=b,
-                       color=f"C{i}", s=22)
+            xs = [r["result"]["predicted_tau"] for r in rs]
+            ivs = [tau_interval([r], uncut=True) for r in rs]
+            ys = np.array([iv.estimate if iv else r["result"]["tau"] for iv, r in zip(ivs, rs)])
+            lows = np.array([iv.low if iv and iv.known else y for iv, y in zip(ivs, ys)])
+            highs = np.array([iv.high if iv and iv.known else y for iv, y in zip(ivs, ys)])
+            ax.errorbar(xs, ys, yerr=np.vstack([ys - lows, highs - ys]), fmt="o", markersize=4, capsize=3, label=b,
+                        color=_BUILDER_COLOR.get(b, "k"))
         hi = max(max(r["result"]["predicted_tau"], r["result"]["tau"]) for r in predicted) * 1.05
         ax.plot([1, hi], [1, hi], color="0.5", linestyle="--", linewidth=1, label="measured = predicted")
         ax.set_xlabel("predicted tau (acceptance vector, calibration prompts)")
-        ax.set_ylabel("measured tau (evaluation prompts)")
+        ax.set_ylabel("measured tau over uncut steps (evaluation prompts, 95% CI)")
         ax.legend(fontsize=7)
         ax.grid(alpha=0.3)
         fig.tight_layout()
@@ -222,6 +309,23 @@ def _load_note(records: list[dict[str, Any]]) -> str:
             "(CPU timings are only trustworthy when nothing else runs).")
 
 
+def _citable_note(records: list[dict[str, Any]]) -> str:
+    """How many prompts, tokens and prompt sets the figures rest on, flagged when below ``CITABLE``."""
+    if not records:
+        return ""
+    prompts = min(len(r["result"]["tokens_per_prompt"]) for r in records)
+    tokens = min(r["params"]["max_new_tokens"] for r in records)
+    datasets = sorted({r["params"]["dataset"] for r in records})
+    splits = sorted({(s["dataset"], tuple(s["calib"]), tuple(s["eval"]))
+                     for r in records if (s := r["result"].get("split"))})
+    split_text = "; ".join(f"{d}: calibration {c[0]}-{c[1] - 1}, evaluation {e[0]}-{e[1] - 1}" for d, c, e in splits)
+    low = (prompts < CITABLE["prompts"] or tokens < CITABLE["tokens"] or len(datasets) < CITABLE["datasets"])
+    flag = (f" **Below the citable minimum ({CITABLE['prompts']} prompts x {CITABLE['tokens']} tokens on "
+            f"{CITABLE['datasets']} prompt sets): read these figures as indicative.**" if low else "")
+    return (f"Each point: {prompts} evaluation prompts x {tokens} new tokens, prompt sets {', '.join(datasets)}"
+            + (f" ({split_text})" if split_text else "") + "." + flag + "\n")
+
+
 def _markdown(path: Path, records: list, tres: list, bases: list, errors: list, images: list, trees: list,
               multi_depth: bool) -> str:
     configs = sorted({r.get("meta", {}).get("config", "?") for r in records})
@@ -231,6 +335,7 @@ def _markdown(path: Path, records: list, tres: list, bases: list, errors: list, 
              f"Results: `{path.name}` ({len(records)} finished points"
              + (f", {len(errors)} errors" if errors else "") + f"). Device: {'; '.join(devices) or '-'}."
              + _load_note(records), "",
+             _citable_note(records),
              "tau = tokens committed per target forward (bonus token included); speedup = baseline wall time / "
              "treespec wall time on the same prompts, same token counts (every method generates exactly "
              "max_new_tokens per prompt), same temperature, top-p and seed.", ""]
@@ -238,32 +343,47 @@ def _markdown(path: Path, records: list, tres: list, bases: list, errors: list, 
         lines += [f"![{title}]({name})", ""]
     if bases:
         lines += ["## Baselines (HuggingFace generate)", "",
-                  "| target | dataset | T | top-p | seed | method | prompts | tokens | tok/s | wall s | vs target |",
+                  "| target | dataset | T | top-p | seed | method | prompts | tokens | tok/s [95% CI] | wall s | "
+                  "vs target [95% CI] |",
                   "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in sorted(bases, key=lambda r: (str(_panel(r["params"])), r["params"]["seed"], r["params"]["method"])):
             p, res, t = r["params"], r["result"], r["timing"]
             lines.append(f"| {p['target']} | {p['dataset']} | {p['temperature']:g} | {p['top_p']:g} | {p['seed']} | "
                          f"{p['method']} | {res['prompts']} | {res['new_tokens']}"
-                         f"{'' if res['complete'] else ' (short!)'} | {t['tokens_per_second']:.2f} | "
+                         f"{'' if res['complete'] else ' (short!)'} | "
+                         f"{_fmt(speed_interval([r]) or t['tokens_per_second'])} | "
                          f"{t['wall_seconds']:.3g} | {_fmt(_baseline_speedup(r, bases))} |")
         lines.append("")
     if tres:
         lines += ["## Treespec points", "",
-                  "| dataset | T | top-p | seed | drafters | builder | B | depth | tree size | tau | predicted tau | "
-                  "tok/s | vs target | vs assisted | vs prompt lookup | drafting s | verifying s | overhead s | "
-                  "greedy = target |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "Intervals: 95% bootstrap over prompts (`treespec.intervals`; speedups paired per prompt). "
+                  "tau counts every step; tau (uncut) only the steps the end of generation (max_new_tokens or "
+                  "EOS, or the depth cap near it) did not shorten, the quantity the prediction estimates."
+                  + (" greedy = target compares outputs with HF generate's in the same precision; below float32 "
+                     "a batched tree forward can round a near-tie of the top two logits the other way "
+                     "(docs/design.md), so a difference there is not a failure of exactness."
+                     if any(r["params"]["dtype"] != "float32" for r in tres) else ""), "",
+                  "| dataset | T | top-p | seed | drafters | builder | B | depth | tree size | tau | tau (uncut) | "
+                  "predicted tau | tok/s | vs target | vs assisted | vs prompt lookup | drafting s | verifying s | "
+                  "overhead s | greedy = target |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+
         def order(r: dict[str, Any]) -> tuple:
             p = r["params"]
             return (str(_panel(p)), p["seed"], p["drafters"], p["builder"], str(p["max_depth"]), p["budget"])
 
         for r in sorted(tres, key=order):
             p, res, t, s = r["params"], r["result"], r["timing"], r.get("speedup", {})
+
+            def vs(method: str) -> Any:
+                return speedup_interval([r], bases, method) or s.get(method)
+
             lines.append(
                 f"| {p['dataset']} | {p['temperature']:g} | {p['top_p']:g} | {p['seed']} | {p['drafters']} | "
                 f"{p['builder']} | {p['budget']} | {_fmt(p['max_depth'])} | {res['mean_tree_size']:.1f} | "
-                f"{res['tau']:.2f} | {_fmt(res.get('predicted_tau'))} | {t['tokens_per_second']:.2f} | "
-                f"{_fmt(s.get('target'))} | {_fmt(s.get('assisted'))} | {_fmt(s.get('prompt_lookup'))} | "
+                f"{_fmt(tau_interval([r]) or res['tau'])} | {_fmt(tau_interval([r], uncut=True))} | "
+                f"{_fmt(res.get('predicted_tau'))} | {_fmt(speed_interval([r]) or t['tokens_per_second'])} | "
+                f"{_fmt(vs('target'))} | {_fmt(vs('assisted'))} | {_fmt(vs('prompt_lookup'))} | "
                 f"{t['drafting_seconds']:.3g} | {t['verifying_seconds']:.3g} | {t['overhead_seconds']:.3g} | "
                 f"{r.get('checks', {}).get('greedy_same_as_target', '-')} |")
         lines.append("")
@@ -272,6 +392,7 @@ def _markdown(path: Path, records: list, tres: list, bases: list, errors: list, 
             lines += ["Speedups refused (token counts differ):", ""]
             lines += [f"- {r['key']}: {r['speedup_refused']}" for r in refused]
             lines.append("")
+        lines += _prediction_section(sorted(tres, key=order))
     if trees:
         lines += ["## Trees", ""] + [f"- [{title}]({name})" for title, name in trees] + [""]
     if errors:
@@ -281,3 +402,52 @@ def _markdown(path: Path, records: list, tres: list, bases: list, errors: list, 
         lines.append("")
     return "\n".join(lines)
 
+
+def agreement(record: dict[str, Any]) -> dict[str, Any] | None:
+    """Predicted vs measured tau of a treespec record: the measured tau over uncut steps with its
+    interval, the relative gap, whether the prediction lies inside the interval, and how far the
+    tau over all steps sits from the uncut one (the cost of the cut last steps)."""
+    predicted = record["result"].get("predicted_tau")
+    uncut = tau_interval([record], uncut=True)
+    if predicted is None or uncut is None:
+        return None
+    every = tau_interval([record])
+    return {"predicted": float(predicted), "measured": uncut, "gap": uncut.estimate / predicted - 1.0,
+            "agrees": uncut.known and predicted in uncut,
+            "cut_cost": (every.estimate / uncut.estimate - 1.0) if every and uncut.estimate else None}
+
+
+def _prediction_section(tres: list[dict[str, Any]]) -> list[str]:
+    """Markdown: predicted vs measured tau per point, then the per-depth table of every point whose
+    prediction falls outside the measured interval (where along the tree the tau is lost)."""
+    rows = [(r, a) for r in tres if (a := agreement(r)) is not None]
+    if not rows:
+        return []
+    lines = ["## Predicted vs measured tau", "",
+             "Predicted: the tree's expected tokens per step under the positional acceptance vector measured on "
+             "the calibration prompts. Measured: tau over uncut steps on the evaluation prompts, 95% CI. "
+             "*cut cost*: how far tau over all steps sits from it (the steps shortened by max_new_tokens).", "",
+             "| dataset | T | builder | B | predicted | measured (uncut) | gap | inside CI | cut cost |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r, a in rows:
+        p = r["params"]
+        lines.append(f"| {p['dataset']} | {p['temperature']:g} | {p['builder']} | {p['budget']} | {a['predicted']:.2f} | "
+                     f"{a['measured'].fmt()} | {a['gap']:+.1%} | {'yes' if a['agrees'] else '**no**'} | "
+                     f"{'-' if a['cut_cost'] is None else format(a['cut_cost'], '+.1%')} |")
+    lines.append("")
+    off = [(r, a) for r, a in rows if not a["agrees"] and depth_rows(r)]
+    if off:
+        lines += ["### Per-depth acceptance where the prediction misses", "",
+                  "Rate at which a step whose walk reached depth d - 1 (with children to try) accepted a child "
+                  "at depth d, measured over uncut steps, next to the rate the calibration vector predicts for "
+                  "this tree. The first depths where measured < predicted are where the tau is lost.", ""]
+        for r, a in off:
+            p = r["params"]
+            lines += [f"**{p['dataset']} T={p['temperature']:g} {p['builder']} B={p['budget']}** "
+                      f"(predicted {a['predicted']:.2f}, measured {a['measured'].fmt()}):", "",
+                      "| depth | steps reaching it | measured | predicted | difference |", "|---|---|---|---|---|"]
+            for d, tried, rate, pred in depth_rows(r):
+                diff = "-" if pred is None else f"{rate - pred:+.3f}"
+                lines.append(f"| {d} | {tried} | {rate:.3f} | {_fmt(pred, 3)} | {diff} |")
+            lines.append("")
+    return lines

@@ -1,0 +1,168 @@
+"""The figures of a sweep report carry their spread over prompts; tau is reported two ways.
+
+Hand-built records with known per-prompt values check the interval code (a known answer, paired
+speedups, refusals), the two tau definitions on a run whose last step is cut, the predicted
+per-depth acceptance of a tree, and the report's prediction section.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+
+import numpy as np
+import pytest
+
+from tree_builders import chain, kary
+
+from treespec import intervals
+from treespec.stats import Stats
+R = importlib.import_module("treespec.sweep.report")  # the module (the package exports a function of that name)
+
+
+def _treespec(tokens, steps, seconds, *, uncut_tokens=None, uncut_steps=None, seed=0, predicted=None,
+              tried=(), accepted=(), predicted_depth=None) -> dict:
+    params = {"kind": "treespec", "target": "t", "dataset": "d", "eval": [0, len(tokens)], "max_new_tokens": 8,
+              "max_prompt_tokens": 0, "temperature": 0.0, "top_p": 1.0, "seed": seed, "device": "cpu",
+              "dtype": "float32", "drafters": "model", "builder": "chain", "budget": 4, "max_depth": None}
+    result = {"tokens_per_prompt": list(tokens), "steps_per_prompt": list(steps), "complete": True,
+              "uncut_tokens_per_prompt": list(uncut_tokens if uncut_tokens is not None else tokens),
+              "uncut_steps_per_prompt": list(uncut_steps if uncut_steps is not None else steps),
+              "tau": sum(tokens) / sum(steps), "depth_tried": list(tried), "depth_accepted": list(accepted)}
+    if predicted is not None:
+        result["predicted_tau"] = predicted
+    if predicted_depth is not None:
+        result["predicted_depth_acceptance"] = list(predicted_depth)
+    return {"key": f"k{seed}", "kind": "treespec", "status": "ok", "params": params, "result": result,
+            "timing": {"per_prompt_seconds": list(seconds), "wall_seconds": sum(seconds)}}
+
+
+def _baseline(record: dict, seconds, method: str = "target", tokens=None) -> dict:
+    params = {k: record["params"][k] for k in R._SAME_RUN}
+    params.update(kind="baseline", method=method)
+    tokens = tokens if tokens is not None else record["result"]["tokens_per_prompt"]
+    return {"key": f"b-{method}-{params['seed']}", "kind": "baseline", "status": "ok", "params": params,
+            "result": {"tokens_per_prompt": list(tokens), "complete": True},
+            "timing": {"per_prompt_seconds": list(seconds), "wall_seconds": sum(seconds)}}
+
+
+def test_tau_interval_is_the_ratio_of_sums_with_the_bootstrap_interval() -> None:
+    rng = np.random.default_rng(1)
+    steps = rng.integers(10, 30, size=20)
+    tokens = steps * 3 + rng.integers(0, 10, size=20)
+    rec = _treespec(tokens, steps, np.ones(20))
+    got = R.tau_interval([rec])
+    want = intervals.ratio_of_sums(tokens, steps)
+    assert got.estimate == pytest.approx(tokens.sum() / steps.sum())
+    assert (got.low, got.high) == pytest.approx((want.low, want.high))
+    assert got.low < got.estimate < got.high and got.n == 20
+
+
+def test_a_known_constant_ratio_gives_a_zero_width_interval() -> None:
+    rec = _treespec([8, 8, 8, 8], [2, 2, 2, 2], [1.0, 2.0, 0.5, 4.0])
+    tau = R.tau_interval([rec])
+    assert (tau.estimate, tau.low, tau.high) == (4.0, 4.0, 4.0)
+    speed = R.speed_interval([rec])
+    assert speed.estimate == pytest.approx(32 / 7.5)
+    assert speed.low < speed.estimate < speed.high  # per-prompt speeds differ: a real spread
+
+
+def test_seeds_are_pooled_prompt_by_prompt() -> None:
+    a = _treespec([10, 10], [5, 2], [1, 1], seed=0)
+    b = _treespec([10, 10], [2, 5], [1, 1], seed=1)
+    tau = R.tau_interval([a, b])
+    assert tau.n == 4 and tau.estimate == pytest.approx(40 / 14)
+
+
+def test_speedup_is_paired_per_prompt() -> None:
+    # prompt times vary 8-fold, but the baseline is exactly 2.5x slower on every prompt:
+    # the paired interval is the single value 2.5 (unpaired it would be wide)
+    seconds = [1.0, 8.0, 2.0, 4.0, 3.0]
+    rec = _treespec([8] * 5, [2] * 5, seconds)
+    base = _baseline(rec, [2.5 * s for s in seconds])
+    got = R.speedup_interval([rec], [base], "target")
+    assert (got.estimate, got.low, got.high) == pytest.approx((2.5, 2.5, 2.5))
+
+
+def test_speedup_is_refused_without_the_same_tokens_or_baseline() -> None:
+    rec = _treespec([8, 8], [2, 2], [1.0, 1.0])
+    assert R.speedup_interval([rec], [], "target") is None
+    short = _baseline(rec, [2.0, 2.0], tokens=[8, 7])
+    assert R.speedup_interval([rec], [short], "target") is None
+    other_seed = _baseline(_treespec([8, 8], [2, 2], [1.0, 1.0], seed=5), [2.0, 2.0])
+    assert R.speedup_interval([rec], [other_seed], "target") is None
+    assert R.speedup_interval([rec], [_baseline(rec, [2.0, 2.0], method="assisted")], "target") is None
+
+
+def test_records_without_per_prompt_figures_give_no_interval() -> None:
+    rec = _treespec([8, 8], [2, 2], [1.0, 1.0])
+    del rec["result"]["steps_per_prompt"]
+    assert R.tau_interval([rec]) is None
+
+
+def test_the_two_tau_definitions_on_a_run_with_a_cut_last_step() -> None:
+    # a run of 10 tokens: two full steps of 4, then a last step cut by max_new_tokens to 2
+    s = Stats(steps=3, new_tokens=10, step_tokens=[4, 4, 2], step_cut=[False, False, True])
+    assert s.tau == pytest.approx(10 / 3)
+    assert s.tau_uncut == pytest.approx(4.0)
+    assert s.cut_steps == 1
+    # the same run as a sweep record: tau over all steps vs over uncut steps, per prompt
+    rec = _treespec([10, 10], [3, 3], [1.0, 1.0], uncut_tokens=[8, 8], uncut_steps=[2, 2], predicted=4.0)
+    assert R.tau_interval([rec]).estimate == pytest.approx(10 / 3)
+    assert R.tau_interval([rec], uncut=True).estimate == pytest.approx(4.0)
+    a = R.agreement(rec)
+    assert a["gap"] == pytest.approx(0.0) and a["agrees"]
+    assert a["cut_cost"] == pytest.approx((10 / 3) / 4 - 1)
+
+
+def test_agreement_says_when_the_prediction_is_outside_the_interval() -> None:
+    rng = np.random.default_rng(0)
+    steps = rng.integers(20, 30, size=20)
+    tokens = (steps * rng.uniform(2.8, 3.2, size=20)).round().astype(int)
+    inside = R.agreement(_treespec(tokens, steps, np.ones(20), predicted=3.0))
+    outside = R.agreement(_treespec(tokens, steps, np.ones(20), predicted=4.0))
+    assert inside["agrees"] and not outside["agrees"]
+    assert outside["gap"] == pytest.approx(tokens.sum() / steps.sum() / 4.0 - 1)
+    assert R.agreement(_treespec(tokens, steps, np.ones(20))) is None  # nothing predicted
+
+
+def test_predicted_depth_acceptance_of_a_tree() -> None:
+    # a chain: every node has one child, accepted with a_1 whatever the depth
+    assert chain(3).depth_acceptance([0.8, 0.1]) == pytest.approx([0.8, 0.8, 0.8])
+    # k-ary widths (2, 1): the root tries two children (a_1 + a_2 = 0.8); at depth 1 each child has
+    # one child, accepted with a_1 = 0.6 whichever was reached
+    assert kary([2, 1]).depth_acceptance([0.6, 0.2]) == pytest.approx([0.8, 0.6])
+    # a matrix: row d holds the children of depth-d nodes
+    assert kary([2, 1]).depth_acceptance([[0.6, 0.2], [0.5, 0.0]]) == pytest.approx([0.8, 0.5])
+    # consistent with expected_tokens on a chain: 1 + a + a^2 + a^3
+    a = 0.7
+    rates = chain(3).depth_acceptance([a])
+    assert 1 + sum(math.prod(rates[:d]) for d in range(1, 4)) == pytest.approx(chain(3).expected_tokens([a]))
+
+
+def test_report_shows_intervals_and_locates_a_missed_prediction(tmp_path) -> None:
+    import json
+
+    rng = np.random.default_rng(3)
+    steps = [int(x) for x in rng.integers(20, 30, size=12)]
+    tokens = [3 * x for x in steps]
+    seconds = [float(x) for x in rng.uniform(1, 2, size=12)]
+    rec = _treespec(tokens, steps, seconds, predicted=4.2, tried=[100, 80, 40], accepted=[80, 40, 20],
+                    predicted_depth=[0.8, 0.75, 0.7])
+    rec["result"].update(mean_tree_size=4.0, accepted_hist=[1], tree=None)
+    rec["timing"].update(tokens_per_second=1.0, drafting_seconds=1.0, verifying_seconds=1.0, overhead_seconds=0.1)
+    base = _baseline(rec, [2 * x for x in seconds])
+    base["result"].update(prompts=12, new_tokens=sum(tokens))
+    base["timing"]["tokens_per_second"] = 0.5
+    rec["speedup"] = {"target": 2.0}
+    path = tmp_path / "results.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in (base, rec)), encoding="utf-8")
+    text = R.report(path).read_text(encoding="utf-8")
+    assert "2.00 [2.00, 2.00]" in text  # the paired speedup with its interval
+    assert "## Predicted vs measured tau" in text
+    row = next(line for line in text.splitlines() if line.startswith("| d | 0 | chain | 4 | 4.20 |"))
+    assert "3.00 [3.00, 3.00]" in row and "**no**" in row and "-28.6%" in row
+    assert "### Per-depth acceptance where the prediction misses" in text
+    assert "| 2 | 80 | 0.500 | 0.750 | -0.250 |" in text
+    for png in ("tau_vs_budget.png", "speedup_vs_budget.png", "predicted_vs_measured_tau.png"):
+        assert (tmp_path / png).stat().st_size > 0
