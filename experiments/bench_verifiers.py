@@ -368,7 +368,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     about = "\n".join(f"* `{c}`: {CONSTRUCTIONS[c].about}; verifiers {', '.join(CONSTRUCTIONS[c].verifiers)}"
                       for c in settings["constructions"])
     (args.out / "README.md").write_text(
-        f"# Exact verifiers on the same trees and drafts{' (SMOKE: tiny random models)' if args.smoke else ''}\n\n"
+        f"# Exact verifiers side by side (same prompts, seeds and first tree){' (SMOKE: tiny random models)' if args.smoke else ''}\n\n"
         f"Machine: {machine['cpu']}, {machine['threads']} torch threads, torch {machine['torch']}. Date: {date}.\n\n"
         f"Command: `{command}`\n\n"
         f"Target {settings['target']}, draft {settings['draft']}; {args.max_new_tokens} sampled tokens per run "

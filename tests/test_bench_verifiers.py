@@ -45,8 +45,8 @@ def test_smoke_writes_outputs_and_resumes(tmp_path):
     again = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
     assert len(again) == len(records)
     assert again[:-1] == records[:-1]
-    assert {k: v for k, v in again[-1].items() if "seconds" not in k and k != "finished_at"} == \
-        {k: v for k, v in records[-1].items() if "seconds" not in k and k != "finished_at"}  # same seed, same run
+    assert {k: v for k, v in again[-1].items() if "second" not in k and k != "finished_at"} == \
+        {k: v for k, v in records[-1].items() if "second" not in k and k != "finished_at"}  # same seed, same run
 
 
 def test_ratio_pairs_prompts_per_token():
