@@ -47,6 +47,21 @@ class _Layout:
         return np.flatnonzero(self.depth == d)
 
 
+def _share_rows_of_equal_contexts(nodes: np.ndarray, parent: np.ndarray, tokens: np.ndarray,
+                                  q_row: np.ndarray) -> None:
+    """Point every node of ``nodes`` whose path repeats an earlier one's (same parent context, same
+    token: i.i.d. siblings that drew the same token) at that node's distribution row.
+
+    Their contexts are equal, so their draft distributions are one ``q``; computed per copy in one
+    batched forward they can differ in the last bits (int8 activation scales depend on the batch),
+    and verifiers that need i.i.d. draws from one ``q`` (``spectr``) would refuse the tree.
+    """
+    first: dict[tuple[int, int], int] = {}
+    for v in nodes:
+        key = (int(q_row[parent[v]]), int(tokens[v]))
+        q_row[v] = first.setdefault(key, int(q_row[v]))
+
+
 def as_shape(shape: TreeShape | Iterable[Sequence[int]] | None) -> TreeShape:
     """A drafter shape as a ``TreeShape`` (child-rank paths, or anything with ``.paths``; None = one token)."""
     if shape is None:
@@ -229,6 +244,7 @@ class ModelDrafter(Drafter):
                     break
             q_row[fwd] = sum(len(t) for t in dists) + np.arange(len(fwd))
             dists.append(self._forward_level(ctx_len, fwd, tokens, plan.depth, rows, plan.ancestors))
+            _share_rows_of_equal_contexts(fwd, plan.parent, tokens, q_row)
         self._last = (plan.parent, tokens, rows)
         return self._static_proposals(tokens, q_row, torch.cat(dists))
 
