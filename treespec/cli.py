@@ -11,6 +11,7 @@ from typing import Sequence
 
 import torch
 
+from .checks import check_writable
 from .recipes import (STATIC_MODES, TREES, CrossDraft, NGramSettings, Recipe, build_drafters, default_acceptance,
                       draft_mode, eos_ids, load_pair)
 
@@ -301,6 +302,7 @@ def cmd_accept(args: argparse.Namespace) -> int:
     from .datasets import humaneval_prompts
 
     start, stop = _calib_range(args.calib)
+    check_writable(args.out)  # fail now, not after minutes of measuring
     target, tok, drafts = load_models(args)
     mode = draft_mode("sequoia", args.temperature, args.mode)
     acc = measure(target, drafts[0], encode_prompts(tok, humaneval_prompts(start, stop)), width=args.width,
@@ -316,6 +318,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     from .profile import profile
 
     vector = default_acceptance(args.acceptance, 0.0)
+    check_writable(args.out)  # fail now, not after minutes of profiling
     target, _, drafts = load_models(args)
     prof = profile(target, drafts[0], sizes=args.sizes)
     choice = prof.choose(vector, budgets=list(range(2, max(args.sizes) + 1)),

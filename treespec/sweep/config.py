@@ -203,6 +203,24 @@ def _depth(where: str, value: Any) -> None:
         _refuse(where, value, 'an integer >= 1 or "none" (no depth limit)')
 
 
+def _device(where: str, value: Any) -> None:
+    import torch
+
+    try:
+        torch.device(value)
+    except (RuntimeError, TypeError, ValueError):
+        _refuse(where, value, 'a torch device name such as "cpu", "cuda" or "cuda:1"')
+
+
+def check_device_available(device: str) -> None:
+    """Refuse a CUDA device on a machine without one (before any model loads)."""
+    import torch
+
+    _device("run.device", device)
+    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r}: this machine has no CUDA device (torch sees none); use --device cpu")
+
+
 def _compile(where: str, value: Any) -> None:
     if not isinstance(value, bool) and not (isinstance(value, str) and value.strip()):
         _refuse(where, value, "false, true or a torch.compile backend name")
@@ -272,7 +290,7 @@ TYPES: dict[str, Checker] = {
     "baselines.methods": _list(_choice(BASELINES), allow_empty=True),
     "baselines.prompt_lookup_num_tokens": _int(1), "baselines.max_matching_ngram_size": _int(1),
     "baselines.assisted": _table,
-    "run.device": _text, "run.dtype": _choice(tuple(DTYPES)), "run.draft_dtype": _choice(("same", *DRAFT_DTYPES)),
+    "run.device": _device, "run.dtype": _choice(tuple(DTYPES)), "run.draft_dtype": _choice(("same", *DRAFT_DTYPES)),
     "run.warmup_tokens": _int(0), "run.threads": _int(0), "run.compile": _compile,
 }
 
