@@ -9,7 +9,7 @@ from typing import Sequence
 
 from ..checks import check_writable
 from ..recipes import DTYPES
-from .config import load_config
+from .config import check_types, load_config
 from .lock import REPLACED, stored_changes
 from .points import enumerate_points
 from .records import RESULTS, read_records
@@ -27,7 +27,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "a time writes an output directory (a lock file names the writer), and a directory keeps the "
                     "config its results came from (config.json): a changed config needs --new or another --out.")
     ap.add_argument("--config", type=Path, help="TOML config, e.g. experiments/configs/cpu-qwen-coder.toml")
-    ap.add_argument("--out", type=Path, default=None, help="output directory (default experiments/results/<name>)")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="output directory (default experiments/results/<name>; with --report: where the plots and "
+                         "README.md go, default beside the results file)")
     ap.add_argument("--device", default=None,
                     help="torch device for both models, e.g. cpu or cuda (overrides run.device)")
     ap.add_argument("--dtype", choices=tuple(DTYPES), default=None, help="model dtype (overrides run.dtype)")
@@ -44,9 +46,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="skip corrupt lines of results.jsonl (each is named on stderr) instead of stopping there")
     args = ap.parse_args(argv)
     if args.report is not None:
+        extra = [f"--{k.replace('_', '-')}" for k in ("config", "device", "dtype", "dry_run", "max_minutes", "new")
+                 if getattr(args, k) not in (None, False)]
+        if extra:
+            ap.error(f"--report only writes the report of an existing results file; it takes no {', '.join(extra)}")
         if not args.report.is_file():
             ap.error(f"--report {args.report}: no such results file (give the results.jsonl of a sweep)")
-        print(report(args.report, skip_corrupt=args.skip_corrupt))
+        print(report(args.report, args.out, skip_corrupt=args.skip_corrupt))
         return 0
     if args.config is None:
         ap.error("give --config CONFIG.toml (or --report RESULTS_JSONL)")
@@ -58,6 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             cfg["run"]["device"] = args.device
         if args.dtype:
             cfg["run"]["dtype"] = args.dtype
+        check_types(cfg)  # the overrides too
         out = args.out or Path("experiments") / "results" / cfg["name"]
         diff = stored_changes(out, cfg) if out.is_dir() else None
         if diff and not args.new:
