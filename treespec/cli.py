@@ -174,12 +174,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def checked_acceptance(path: Path | None, temperature: float) -> list:
+    """The acceptance vector of ``--acceptance`` (or the shipped one), refused with the file's name unless
+    it holds probabilities in [0, 1] summing to at most 1 (``tree_builders.acceptance_rows``)."""
+    from tree_builders import acceptance_rows
+
+    vector = default_acceptance(path, temperature)
+    try:
+        acceptance_rows(vector)
+    except ValueError as error:
+        raise ValueError(f"acceptance file {path}: {error}; write one with `treespec accept`") from None
+    return vector
+
+
 def recipe_from_args(args: argparse.Namespace, with_model: bool = True) -> Recipe:
     """The recipe ``treespec generate`` runs for its options (``budget`` None: 16, or tuned later)."""
     sequoia = args.tree == "sequoia" and with_model
     return Recipe(tree=args.tree, budget=args.budget or 16, depth=args.depth, temperature=args.temperature,
                   draft_mode=args.draft_mode, ngram=NGramSettings() if args.ngram else None,
-                  acceptance=default_acceptance(args.acceptance, args.temperature) if sequoia else None,
+                  acceptance=checked_acceptance(args.acceptance, args.temperature) if sequoia else None,
                   target_dtype=args.dtype, draft_dtype=args.draft_dtype)
 
 
@@ -332,7 +345,7 @@ def cmd_accept(args: argparse.Namespace) -> int:
 def cmd_profile(args: argparse.Namespace) -> int:
     from .profile import profile
 
-    vector = default_acceptance(args.acceptance, 0.0)
+    vector = checked_acceptance(args.acceptance, 0.0)
     check_writable(args.out)  # fail now, not after minutes of profiling
     target, _, drafts = load_models(args)
     prof = profile(target, drafts[0], sizes=args.sizes)
