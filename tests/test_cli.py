@@ -255,7 +255,7 @@ def test_tiny_models_run_end_to_end(tiny_dirs, tmp_path, capsys, monkeypatch):
     assert main(["generate", *models, "--prompt", "w1 w2 w3", "--tree", "chain", "--budget", "4",
                  "--max-new-tokens", "6", "--json", "--compare"]) == 0
     record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert len(record["new_tokens"]) == 6 and record["identical"] is True
+    assert 1 <= len(record["new_tokens"]) <= 6 and record["identical"] is True  # w62 is EOS: may stop early
     assert main(["accept", *models, "--calib", "0:2", "--width", "2", "--max-new-tokens", "4", "--max-depth", "2",
                  "--out", str(tmp_path / "acc" / "acc.json")]) == 0
     assert len(json.loads((tmp_path / "acc" / "acc.json").read_text())["vector"]) == 2
