@@ -40,8 +40,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--max-minutes", type=float, default=None, metavar="M",
                     help="start no new point after M minutes (run a long sweep in slices; re-run to resume)")
     ap.add_argument("--new", action="store_true",
-                    help=f"start over when --out holds the results of a different config: its contents are moved "
-                         f"(not deleted) into --out/{REPLACED}<UTC time>/. Without it such a directory is refused")
+                    help=f"start over: the earlier results in --out are moved (not deleted) into "
+                         f"--out/{REPLACED}<UTC time>/. Needed when --out holds the results of a different config "
+                         f"(without it such a directory is refused); without a change it re-measures everything")
     ap.add_argument("--skip-corrupt", action="store_true",
                     help="skip corrupt lines of results.jsonl (each is named on stderr) instead of stopping there")
     args = ap.parse_args(argv)
@@ -70,8 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if diff and not args.new:
             print(f"note: {out} holds the results of a different config ({'; '.join(diff)}); a run needs --new "
                   "or another --out", file=sys.stderr)
-        fresh = bool(diff) and args.new  # a --new run starts from nothing
-        done = set() if fresh else {r["key"] for r in read_records(out / RESULTS, args.skip_corrupt)
+        done = set() if args.new else {r["key"] for r in read_records(out / RESULTS, args.skip_corrupt)
                                     if r.get("status") == "ok"}
         points = enumerate_points(cfg)
         for pt in points:

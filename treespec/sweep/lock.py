@@ -6,9 +6,9 @@
   the lock when the process exits, crashes or is killed, so a stale lock file never blocks.
 * **Config fingerprint.** ``<out>/config.json`` keeps the config the results were computed with
   (minus :data:`IGNORED` keys, which do not change results). A different config into the same
-  directory is refused, naming what changed, unless ``new=True`` (``--new``): the old contents
-  are then moved aside into ``<out>/replaced-<UTC time>/`` (nothing is deleted) and the sweep
-  starts over. The same config resumes.
+  directory is refused, naming what changed, unless ``new=True`` (``--new``, which starts over
+  with any config): the old contents are then moved aside into ``<out>/replaced-<UTC time>/``
+  (nothing is deleted). The same config without ``--new`` resumes.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from .config import DEFAULTS
+from .records import RESULTS
 
 LOCK = ".treespec-sweep.lock"
 FINGERPRINT = "config.json"
@@ -125,18 +126,19 @@ def claim(out: Path, cfg: dict[str, Any], new: bool = False) -> None:
     """Check that ``out`` may take ``cfg``'s results (call while holding :func:`exclusive`) and record ``cfg``.
 
     Raises :class:`OutputDirError` when ``out`` holds another config's results and ``new`` is False.
-    With ``new``, earlier contents move into ``out/replaced-<UTC time>/``.
+    With ``new``, when a sweep wrote ``out`` before (``config.json`` or ``results.jsonl``), its
+    contents move into ``out/replaced-<UTC time>/`` and the sweep starts over.
     """
     diff = stored_changes(out, cfg)
-    held = [e for e in out.iterdir() if e.name != LOCK and not e.name.startswith(REPLACED)]
     if diff and not new:
         shown = "; ".join(diff[:6]) + (f"; and {len(diff) - 6} more" if len(diff) > 6 else "")
         raise OutputDirError(
             f"{out} holds the results of a different config ({shown}). Re-run with --new to move them aside into "
             f"{out}/{REPLACED}<time>/ and start over, or choose another --out.")
-    if new and held:
+    earlier = diff is not None or (out / RESULTS).exists()  # a sweep wrote here (files of others stay put)
+    if new and earlier:
         print(f"[treespec sweep] earlier contents of {out} moved to {_move_aside(out)}", file=sys.stderr)
-    elif diff is None and held:
+    elif diff is None and earlier:
         print(f"[treespec sweep] {out} has no {FINGERPRINT} (a sweep from before it was kept); adopting it for this "
               "config", file=sys.stderr)
     stored = canonical(cfg)
