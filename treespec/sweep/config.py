@@ -62,7 +62,8 @@ def load_config(config: str | os.PathLike | dict[str, Any]) -> dict[str, Any]:
     """Read a TOML config (or take a dict), fill in defaults and validate it.
 
     ``data`` may hold per-dataset tables (``[data.lee-news] calib = "0:100"``) overriding
-    ``calib``/``eval`` for that dataset.
+    ``calib``/``eval`` for that dataset. Every value is type-checked without coercion
+    (:func:`check_types`); a list key also takes a single value.
     """
     if isinstance(config, dict):
         raw = copy.deepcopy(config)
