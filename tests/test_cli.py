@@ -1,5 +1,7 @@
 """The treespec command: argument errors, help, and (slow) the real pair end to end."""
 
+from pathlib import Path
+
 import pytest
 
 from treespec.cli import build_parser, main
@@ -93,3 +95,184 @@ def test_sweep_config_errors_are_user_errors(tmp_path, capsys, monkeypatch):
     bad.write_text("[grid]\nbudget = [4]\n")
     code, err = run_main(["sweep", "--config", str(bad), "--dry-run"], capsys, monkeypatch)
     assert code == 2 and "unknown config key 'grid.budget'" in err
+
+
+# -- the adversarial pass: bad inputs on tiny local models, each a one-line error (docs/hardening.md) --
+
+@pytest.fixture(scope="module")
+def tiny_dirs(tmp_path_factory):
+    """A tiny Llama target and a noisy copy as draft, saved as local model directories (safetensors and a
+    word-level tokenizer over w0..w62), so `treespec generate/accept/profile` run end to end offline."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+    from transformers import PreTrainedTokenizerFast
+
+    from treespec.testing import perturbed_copy, tiny_model
+
+    root = tmp_path_factory.mktemp("models")
+    words = [f"w{i}" for i in range(63)] + ["<unk>"]
+    inner = Tokenizer(WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    inner.pre_tokenizer = Whitespace()
+    tok = PreTrainedTokenizerFast(tokenizer_object=inner, unk_token="<unk>", eos_token="w62")
+    target = tiny_model("llama", vocab=64, scale=4.0, max_positions=512)
+    dirs = {}
+    for name, model in (("target", target), ("draft", perturbed_copy(target, 0.3)),
+                        ("wide", tiny_model("llama", vocab=80))):
+        model.save_pretrained(root / name)
+        tok.save_pretrained(root / name)
+        dirs[name] = str(root / name)
+    (root / "empty").mkdir()
+    dirs["empty"] = str(root / "empty")
+    return dirs
+
+
+def _files(tmp: Path) -> dict[str, str]:
+    """Bad input files for the pass."""
+    files = {"prompts.txt": "w1 w2 w3\n", "blank.txt": "\n\n", "bad.jsonl": '{"prompt": "w1"}\n{"text": 3}\n',
+             "notstr.jsonl": '{"prompt": 5}\n', "acc-empty.json": '{"vector": []}', "acc-text.json": '{"vector": ["a"]}',
+             "acc-neg.json": '{"vector": [0.5, -0.2]}', "acc-big.json": '{"vector": [0.9, 0.8, 0.7]}',
+             "acc-list.json": "[0.5]", "a-file": "x", "bad.toml": "[grid\n", "typo.toml": "[grid]\nbudget = [4]\n",
+             "float.toml": "[grid]\nseeds = [1.5]\n", "evil.toml": 'name = "../../escape"\n',
+             "corrupt.jsonl": '{"key": "a", "status": "ok"}\nnot json\n{"key": "b"}\n'}
+    for name, text in files.items():
+        (tmp / name).write_text(text)
+    return {name: str(tmp / name) for name in files}
+
+
+MODELS = ["--target", "{target}", "--draft", "{draft}", "--dtype", "float32", "--draft-dtype", "float32"]
+GEN = ["generate", *MODELS, "--tree", "chain", "--budget", "4", "--max-new-tokens", "4"]
+
+#: (case, argv with {target}/{draft}/{wide}/{empty}/{tmp}/{<file>} placeholders, exit code, stderr fragment)
+ADVERSARIAL = [
+    ("no command", [], 2, "the following arguments are required: COMMAND"),
+    ("unknown command", ["frobnicate"], 2, "invalid choice: 'frobnicate'"),
+    ("no prompt", ["generate"], 2, "one of the arguments --prompt --prompt-file --prompts-jsonl is required"),
+    ("budget 0", [*GEN, "--prompt", "w1", "--budget", "0"], 2, "budget must be >= 1"),
+    ("budget text", [*GEN, "--prompt", "w1", "--budget", "many"], 2, "invalid int value: 'many'"),
+    ("depth 0", [*GEN, "--prompt", "w1", "--depth", "0"], 2, "must be an integer >= 1, got 0"),
+    ("top-k -1", [*GEN, "--prompt", "w1", "--top-k", "-1"], 2, "top-k must be an integer >= 0"),
+    ("seed 1e23", [*GEN, "--prompt", "w1", "--seed", "1e23"], 2, "invalid int value: '1e23'"),
+    ("seed -1", [*GEN, "--prompt", "w1", "--seed", "-1"], 2, "seed must be an integer in [0, 2**64)"),
+    ("seed 2**64", [*GEN, "--prompt", "w1", "--seed", str(2**64)], 2, "seed must be an integer in [0, 2**64)"),
+    ("temperature nan", [*GEN, "--prompt", "w1", "--temperature", "nan"], 2, "temperature must be >= 0"),
+    ("temperature inf", [*GEN, "--prompt", "w1", "--temperature", "inf"], 2, "temperature must be"),
+    ("top-p nan", [*GEN, "--prompt", "w1", "--top-p", "nan"], 2, "top-p must be in (0, 1]"),
+    ("max-new-tokens -3", [*GEN, "--prompt", "w1", "--max-new-tokens", "-3"], 2, "must be an integer >= 1"),
+    ("past the context", [*GEN, "--prompt", "w1", "--max-new-tokens", "1000"], 2, "exceeds the model's context of 512"),
+    ("bad tree", [*GEN, "--prompt", "w1", "--tree", "bush"], 2, "invalid choice: 'bush'"),
+    ("bad verifier", [*GEN, "--prompt", "w1", "--verifier", "x"], 2, "invalid choice: 'x'"),
+    ("bad dtype", [*GEN, "--prompt", "w1", "--dtype", "fp8"], 2, "invalid choice: 'fp8'"),
+    ("bad device", [*GEN, "--prompt", "w1", "--device", "banana"], 2, "not a torch device: 'banana'"),
+    ("missing target dir", [*GEN, "--prompt", "w1", "--target", "./no-such-model"], 2, "is not a model directory"),
+    ("unknown hub id", [*GEN, "--prompt", "w1", "--target", "nobody/no-such-model"], 2, "downloads are off"),
+    ("dir without weights", [*GEN, "--prompt", "w1", "--target", "{empty}"], 2, "has no *.safetensors weights"),
+    ("draft of another vocabulary", [*GEN, "--prompt", "w1", "--draft", "{wide}"], 2, "vocabulary of 80 tokens"),
+    ("empty prompt", [*GEN, "--prompt", ""], 2, "the prompt is empty"),
+    ("prompt file missing", [*GEN, "--prompt-file", "{tmp}/none.txt"], 2, "No such file or directory"),
+    ("prompt file is a directory", [*GEN, "--prompt-file", "{tmp}"], 2, "Is a directory"),
+    ("prompt file blank", [*GEN, "--prompt-file", "{blank.txt}"], 2, "holds no prompt"),
+    ("jsonl without prompt", [*GEN, "--prompts-jsonl", "{bad.jsonl}"], 2, "line 2: expected a JSON object"),
+    ("jsonl prompt not text", [*GEN, "--prompts-jsonl", "{notstr.jsonl}"], 2, '"prompt" must be a string'),
+    ("chat without template", [*GEN, "--prompt", "w1", "--chat"], 2, "chat template"),
+    ("acceptance missing", [*GEN, "--prompt", "w1", "--tree", "sequoia", "--acceptance", "{tmp}/none.json"], 2,
+     "No such file"),
+    ("acceptance empty vector", [*GEN, "--prompt", "w1", "--tree", "sequoia", "--acceptance", "{acc-empty.json}"],
+     2, "acceptance"),
+    ("acceptance of text", [*GEN, "--prompt", "w1", "--tree", "sequoia", "--acceptance", "{acc-text.json}"], 2,
+     "acceptance"),
+    ("acceptance negative", [*GEN, "--prompt", "w1", "--tree", "sequoia", "--acceptance", "{acc-neg.json}"], 2,
+     "acceptance"),
+    ("acceptance summing above 1", [*GEN, "--prompt", "w1", "--tree", "sequoia", "--acceptance",
+                                    "{acc-big.json}"], 2, "acceptance"),
+    ("acceptance a bare list", [*GEN, "--prompt", "w1", "--tree", "sequoia", "--acceptance", "{acc-list.json}"], 2,
+     'has no "vector" entry'),
+    ("accept calib reversed", ["accept", *MODELS, "--calib", "20:0"], 2, "--calib must have 0 <= START < STOP <= 164"),
+    ("accept calib past HumanEval", ["accept", *MODELS, "--calib", "100:200"], 2, "STOP <= 164"),
+    ("accept calib negative", ["accept", *MODELS, "--calib", "-5:3"], 2, "START < STOP"),
+    ("accept width 0", ["accept", *MODELS, "--width", "0"], 2, "must be an integer >= 1"),
+    ("accept out is a directory", ["accept", *MODELS, "--out", "{tmp}"], 2, "is a directory; give a file name"),
+    ("accept out under a file", ["accept", *MODELS, "--out", "{a-file}/acc.json"], 2, "is not writable"),
+    ("profile sizes 0", ["profile", *MODELS, "--sizes", "0"], 2, "must be an integer >= 1"),
+    ("profile out under a file", ["profile", *MODELS, "--out", "{a-file}/p.json"], 2, "is not writable"),
+    ("demo too many prompts", ["demo", *MODELS, "--prompts", "100"], 2, "give 1 to 64"),
+    ("demo out under a file", ["demo", *MODELS, "--out", "{a-file}/demo"], 2, "is not writable"),
+    ("sweep without config", ["sweep"], 2, "give --config CONFIG.toml"),
+    ("sweep config missing", ["sweep", "--config", "{tmp}/none.toml", "--dry-run"], 2, "No such file"),
+    ("sweep config is a directory", ["sweep", "--config", "{tmp}", "--dry-run"], 2, "Is a directory"),
+    ("sweep config not TOML", ["sweep", "--config", "{bad.toml}", "--dry-run"], 2, "is not valid TOML"),
+    ("sweep config typo", ["sweep", "--config", "{typo.toml}", "--dry-run"], 2, "unknown config key 'grid.budget'"),
+    ("sweep config float seed", ["sweep", "--config", "{float.toml}", "--dry-run"], 2,
+     "grid.seeds[0] must be an integer >= 0"),
+    ("sweep name escaping", ["sweep", "--config", "{evil.toml}", "--dry-run"], 2, "one plain directory name"),
+    ("sweep device banana", ["sweep", "--config", "{tiny}", "--device", "banana", "--dry-run"], 2,
+     "run.device must be a torch device name"),
+    ("sweep max-minutes 0", ["sweep", "--config", "{float.toml}", "--max-minutes", "0"], 2,
+     "--max-minutes must be > 0"),
+    ("sweep max-minutes nan", ["sweep", "--config", "{float.toml}", "--max-minutes", "nan"], 2,
+     "--max-minutes must be > 0"),
+    ("sweep report missing", ["sweep", "--report", "{tmp}/none.jsonl"], 2, "no such results file"),
+    ("sweep report with config", ["sweep", "--report", "{corrupt.jsonl}", "--config", "{float.toml}"], 2,
+     "it takes no --config"),
+    ("sweep report corrupt", ["sweep", "--report", "{corrupt.jsonl}"], 2, "corrupt.jsonl, line 2: not a JSON record"),
+    ("sweep out is a file", ["sweep", "--config", "{tiny}", "--out", "{a-file}", "--no-progress"], 2,
+     "is not writable"),
+    ("sweep on cuda without cuda", ["sweep", "--config", "{tiny}", "--out", "{tmp}/s", "--device", "cuda",
+                                    "--no-progress"], 2, "no CUDA device"),
+]
+
+
+@pytest.mark.parametrize("case,argv,code,fragment", ADVERSARIAL, ids=[c[0] for c in ADVERSARIAL])
+def test_adversarial_inputs_are_one_line_errors(case, argv, code, fragment, tiny_dirs, tmp_path, capsys,
+                                                monkeypatch):
+    """Every bad input ends in a usage error or `treespec: error: ...` with exit code 2, never a traceback."""
+    import torch
+
+    if "cuda" in argv and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    monkeypatch.setenv("TREESPEC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.delenv("TREESPEC_DEBUG", raising=False)
+    names = {**tiny_dirs, **_files(tmp_path), "tmp": str(tmp_path),
+             "tiny": str(Path(__file__).resolve().parents[1] / "experiments" / "configs" / "tiny.toml")}
+    argv = [a.format(**names) for a in argv]
+    try:
+        got = main(argv)
+    except SystemExit as exit_:
+        got = exit_.code
+    err = capsys.readouterr().err
+    assert got == code, err
+    assert "Traceback" not in err and fragment in err, err
+    assert err.startswith("treespec: error: ") or err.startswith("usage: "), err
+
+
+def test_tiny_models_run_end_to_end(tiny_dirs, tmp_path, capsys, monkeypatch):
+    """The positive control of the pass: the same options with good values succeed."""
+    import json
+
+    monkeypatch.setenv("TREESPEC_CACHE", str(tmp_path / "cache"))
+    models = [a.format(**tiny_dirs) for a in MODELS]
+    assert main(["generate", *models, "--prompt", "w1 w2 w3", "--tree", "chain", "--budget", "4",
+                 "--max-new-tokens", "6", "--json", "--compare"]) == 0
+    record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert 1 <= len(record["new_tokens"]) <= 6 and record["identical"] is True  # w62 is EOS: may stop early
+    assert main(["accept", *models, "--calib", "0:2", "--width", "2", "--max-new-tokens", "4", "--max-depth", "2",
+                 "--out", str(tmp_path / "acc" / "acc.json")]) == 0
+    assert len(json.loads((tmp_path / "acc" / "acc.json").read_text())["vector"]) == 2
+    assert main(["generate", *models, "--prompt", "w1", "--tree", "sequoia", "--budget", "4", "--max-new-tokens",
+                 "3", "--acceptance", str(tmp_path / "acc" / "acc.json"), "--json"]) == 0
+    assert main(["profile", *models, "--sizes", "1", "2", "--max-depth", "2", "--out", str(tmp_path / "p.json")]) == 0
+    assert (tmp_path / "p.json").exists()
+
+
+def test_interrupt_is_one_line(monkeypatch, capsys):
+    """Ctrl-C prints `treespec: interrupted` and exits 130 (the shell's code for SIGINT), no traceback."""
+    import treespec.cli as cli
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "cmd_generate", interrupted)
+    monkeypatch.delenv("TREESPEC_DEBUG", raising=False)
+    assert cli.main(["generate", "--prompt", "x"]) == 130
+    assert capsys.readouterr().err == "treespec: interrupted\n"

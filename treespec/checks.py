@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
@@ -198,3 +200,32 @@ def check_drafters(drafters: object, drafter_cls: type) -> list:
             raise ValueError(f"drafters[{i}] is the same object as an earlier drafter; each slot needs its "
                              "own instance (its state is per generation), e.g. create a second drafter.")
     return list(drafters)
+
+
+def check_writable(path: str | os.PathLike, option: str = "--out", directory: bool = False) -> Path:
+    """Fail now, not after minutes of work, when an output cannot be written; returns ``path``.
+
+    ``directory=False``: ``path`` is a file to (over)write: not a directory, its parent created if
+    missing, and an existing file is left as it is. ``directory=True``: ``path`` is a directory,
+    created if missing, in which a probe file can be created. Raises ValueError naming ``option``.
+    """
+    path = Path(path)
+    try:
+        if directory:
+            path.mkdir(parents=True, exist_ok=True)
+            probe = path / ".treespec-write-test"
+            probe.touch()
+            probe.unlink()
+        elif path.is_dir():
+            raise ValueError(f"{option} {path} is a directory; give a file name, e.g. {path / 'out.json'}")
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            existed = path.exists()
+            with open(path, "a", encoding="utf-8"):
+                pass
+            if not existed:
+                path.unlink()
+    except OSError as error:
+        raise ValueError(f"{option} {path} is not writable ({error.strerror or error}); choose another {option}") \
+            from None
+    return path

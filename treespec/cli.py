@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Sequence
 
 import torch
 
+from .checks import check_writable
 from .recipes import (STATIC_MODES, TREES, CrossDraft, NGramSettings, Recipe, build_drafters, default_acceptance,
                       draft_mode, eos_ids, load_pair)
 
@@ -32,9 +34,21 @@ def _checked(convert, ok, message: str):
 
 
 _positive_int = _checked(int, lambda v: v >= 1, "must be an integer >= 1, got {}")
+_top_k = _checked(int, lambda v: v >= 0, "top-k must be an integer >= 0 (0 keeps every token), got {}")
+_seed = _checked(int, lambda v: 0 <= v < 2**64, "seed must be an integer in [0, 2**64), got {}")
+_demo_prompts = _checked(int, lambda v: 1 <= v <= 64, "the demo runs HumanEval prompts 100-163: give 1 to 64, got {}")
 _budget = _checked(int, lambda v: v >= 1, "budget must be >= 1 (tokens per verification pass, root included), got {}")
-_temperature = _checked(float, lambda v: v >= 0, "temperature must be >= 0 (0 is greedy), got {}")
+_temperature = _checked(float, lambda v: 0 <= v < math.inf, "temperature must be >= 0 and finite (0 is greedy), got {}")
 _top_p = _checked(float, lambda v: 0 < v <= 1, "top-p must be in (0, 1], got {}")
+
+
+def _device(text: str) -> str:
+    """An argparse type: a torch device name (``cpu``, ``cuda``, ``cuda:1``, ...)."""
+    try:
+        torch.device(text)
+    except (RuntimeError, ValueError):
+        raise argparse.ArgumentTypeError(f"not a torch device: {text!r} (e.g. cpu, cuda, cuda:1)") from None
+    return text
 
 
 def add_model_options(p: argparse.ArgumentParser) -> None:
@@ -44,7 +58,8 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
                    help=f"target model: HF id, local dir, or a built-in name (default: {DEFAULT_TARGET})")
     p.add_argument("--draft", action="append", metavar="M",
                    help=f"draft model (repeatable; default: {DEFAULT_DRAFT} unless --ngram alone is asked)")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--device", type=_device, default="cuda" if torch.cuda.is_available() else "cpu",
+                   help="torch device, e.g. cpu, cuda or cuda:1 (default: cuda if available)")
     p.add_argument("--dtype", choices=TARGET_DTYPES, default=None,
                    help="target precision; auto times float32 and bfloat16 here and keeps the faster (the "
                         "decision is cached). Default: auto on CPU, bfloat16 on CUDA")
@@ -107,9 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how model drafters pick children (default: topk when greedy; when sampling "
                         "sample_without_replacement, or sample for --tree chains)")
     add_sampling_options(g)
-    g.add_argument("--top-k", type=int, default=0, metavar="K")
+    g.add_argument("--top-k", type=_top_k, default=0, metavar="K", help="keep the K most likely tokens (0: all)")
     g.add_argument("--max-new-tokens", type=_positive_int, default=128, metavar="N")
-    g.add_argument("--seed", type=int, default=None, metavar="S")
+    g.add_argument("--seed", type=_seed, default=None, metavar="S", help="random seed (default: a random one)")
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
     g.add_argument("--verifier", choices=VERIFIER_NAMES, default="rrs",
                    help="exact verification rule for sampled steps (docs/verifiers.md; default rrs)")
@@ -126,7 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the main job: the default pair on HumanEval, treespec vs the target alone",
                        description="Load the default model pair, size a tree for this machine, run a few "
                                    "HumanEval prompts with the target alone and with treespec, and report.")
-    d.add_argument("--prompts", type=_positive_int, default=3, metavar="N", help="HumanEval prompts (default 3)")
+    d.add_argument("--prompts", type=_demo_prompts, default=3, metavar="N",
+                   help="HumanEval prompts from 100 on (1 to 64; default 3)")
     d.add_argument("--max-new-tokens", type=_positive_int, default=64, metavar="N")
 
     a = _model_command(sub, "accept", cmd_accept, "acceptance.json", "the JSON file written",
@@ -158,12 +174,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def checked_acceptance(path: Path | None, temperature: float) -> list:
+    """The acceptance vector of ``--acceptance`` (or the shipped one), refused with the file's name unless
+    it holds probabilities in [0, 1] summing to at most 1 (``tree_builders.acceptance_rows``)."""
+    from tree_builders import acceptance_rows
+
+    vector = default_acceptance(path, temperature)
+    try:
+        acceptance_rows(vector)
+    except ValueError as error:
+        raise ValueError(f"acceptance file {path}: {error}; write one with `treespec accept`") from None
+    return vector
+
+
 def recipe_from_args(args: argparse.Namespace, with_model: bool = True) -> Recipe:
     """The recipe ``treespec generate`` runs for its options (``budget`` None: 16, or tuned later)."""
     sequoia = args.tree == "sequoia" and with_model
     return Recipe(tree=args.tree, budget=args.budget or 16, depth=args.depth, temperature=args.temperature,
                   draft_mode=args.draft_mode, ngram=NGramSettings() if args.ngram else None,
-                  acceptance=default_acceptance(args.acceptance, args.temperature) if sequoia else None,
+                  acceptance=checked_acceptance(args.acceptance, args.temperature) if sequoia else None,
                   target_dtype=args.dtype, draft_dtype=args.draft_dtype)
 
 
@@ -301,6 +330,7 @@ def cmd_accept(args: argparse.Namespace) -> int:
     from .datasets import humaneval_prompts
 
     start, stop = _calib_range(args.calib)
+    check_writable(args.out)  # fail now, not after minutes of measuring
     target, tok, drafts = load_models(args)
     mode = draft_mode("sequoia", args.temperature, args.mode)
     acc = measure(target, drafts[0], encode_prompts(tok, humaneval_prompts(start, stop)), width=args.width,
@@ -315,7 +345,8 @@ def cmd_accept(args: argparse.Namespace) -> int:
 def cmd_profile(args: argparse.Namespace) -> int:
     from .profile import profile
 
-    vector = default_acceptance(args.acceptance, 0.0)
+    vector = checked_acceptance(args.acceptance, 0.0)
+    check_writable(args.out)  # fail now, not after minutes of profiling
     target, _, drafts = load_models(args)
     prof = profile(target, drafts[0], sizes=args.sizes)
     choice = prof.choose(vector, budgets=list(range(2, max(args.sizes) + 1)),
@@ -331,18 +362,23 @@ def cmd_profile(args: argparse.Namespace) -> int:
     return 0
 
 
+#: prompts in HumanEval (``treespec.datasets.humaneval_prompts``)
+HUMANEVAL_SIZE = 164
+
+
 def _calib_range(text: str) -> tuple[int, int]:
     try:
         start, stop = (int(x) for x in text.split(":"))
     except ValueError:
         raise ValueError(f"--calib must look like START:STOP (e.g. 0:20), got {text!r}") from None
-    if not 0 <= start < stop:
-        raise ValueError(f"--calib must have 0 <= START < STOP, got {text!r}")
+    if not 0 <= start < stop <= HUMANEVAL_SIZE:
+        raise ValueError(f"--calib must have 0 <= START < STOP <= {HUMANEVAL_SIZE} (HumanEval's prompts), got {text!r}")
     return start, stop
 
 
-#: errors a user can cause (bad option values, missing files, malformed JSON, no CUDA): no traceback
-USER_ERRORS = (ValueError, TypeError, KeyError, FileNotFoundError, IsADirectoryError, json.JSONDecodeError)
+#: errors a user can cause (bad option values, missing or unreadable files and models, malformed JSON, no
+#: CUDA, a missing optional package, a busy or mismatched sweep directory): no traceback
+USER_ERRORS = (ValueError, TypeError, KeyError, OSError, ImportError)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -366,6 +402,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = error.args[0] if isinstance(error, KeyError) and error.args else error
         print(f"treespec: error: {message}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        print("treespec: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from . import compare
+from .checks import check_writable
 from .datasets import humaneval_prompts
 from .precision import precision_of
 from .models import cache_root
@@ -34,14 +35,7 @@ def load_models(args: argparse.Namespace):
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    out_dir: Path = args.out
-    out_dir.mkdir(parents=True, exist_ok=True)
-    probe = out_dir / ".treespec-write-test"  # fail now, not after minutes of loading and profiling
-    try:
-        probe.touch()
-        probe.unlink()
-    except OSError as error:
-        raise ValueError(f"--out {out_dir} is not writable ({error.strerror}); choose another --out") from None
+    out_dir: Path = check_writable(args.out, directory=True)  # fail now, not after minutes of profiling
     print(f"treespec demo on {platform.machine()} with {torch.get_num_threads()} threads, device {args.device}")
     print("loading the target and the draft (the first run builds the model cache: a few minutes) ...", flush=True)
     target, tok, drafts = load_models(args)

@@ -7,8 +7,10 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from ..checks import check_writable
 from ..recipes import DTYPES
-from .config import load_config
+from .config import check_types, load_config
+from .lock import REPLACED, stored_changes
 from .points import enumerate_points
 from .records import RESULTS, read_records
 from .report import report
@@ -21,9 +23,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="treespec sweep",
         description="Run (or resume) a tree-budget sweep from a TOML config, with HF baselines measured in the same "
-                    "run, and write results.jsonl, plots and README.md. Re-running skips finished points.")
+                    "run, and write results.jsonl, plots and README.md. Re-running skips finished points. One sweep at "
+                    "a time writes an output directory (a lock file names the writer), and a directory keeps the "
+                    "config its results came from (config.json): a changed config needs --new or another --out.")
     ap.add_argument("--config", type=Path, help="TOML config, e.g. experiments/configs/cpu-qwen-coder.toml")
-    ap.add_argument("--out", type=Path, default=None, help="output directory (default experiments/results/<name>)")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="output directory (default experiments/results/<name>; with --report: where the plots and "
+                         "README.md go, default beside the results file)")
     ap.add_argument("--device", default=None,
                     help="torch device for both models, e.g. cpu or cuda (overrides run.device)")
     ap.add_argument("--dtype", choices=tuple(DTYPES), default=None, help="model dtype (overrides run.dtype)")
@@ -33,20 +39,40 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     ap.add_argument("--max-minutes", type=float, default=None, metavar="M",
                     help="start no new point after M minutes (run a long sweep in slices; re-run to resume)")
+    ap.add_argument("--new", action="store_true",
+                    help=f"start over: the earlier results in --out are moved (not deleted) into "
+                         f"--out/{REPLACED}<UTC time>/. Needed when --out holds the results of a different config "
+                         f"(without it such a directory is refused); without a change it re-measures everything")
+    ap.add_argument("--skip-corrupt", action="store_true",
+                    help="skip corrupt lines of results.jsonl (each is named on stderr) instead of stopping there")
     args = ap.parse_args(argv)
     if args.report is not None:
-        print(report(args.report))
+        extra = [f"--{k.replace('_', '-')}" for k in ("config", "device", "dtype", "dry_run", "max_minutes", "new")
+                 if getattr(args, k) not in (None, False)]
+        if extra:
+            ap.error(f"--report only writes the report of an existing results file; it takes no {', '.join(extra)}")
+        if not args.report.is_file():
+            ap.error(f"--report {args.report}: no such results file (give the results.jsonl of a sweep)")
+        print(report(args.report, args.out, skip_corrupt=args.skip_corrupt))
         return 0
     if args.config is None:
         ap.error("give --config CONFIG.toml (or --report RESULTS_JSONL)")
+    if args.max_minutes is not None and not args.max_minutes > 0:
+        ap.error(f"--max-minutes must be > 0, got {args.max_minutes}")
     if args.dry_run:
         cfg = load_config(args.config)
         if args.device:
             cfg["run"]["device"] = args.device
         if args.dtype:
             cfg["run"]["dtype"] = args.dtype
+        check_types(cfg)  # the overrides too
         out = args.out or Path("experiments") / "results" / cfg["name"]
-        done = {r["key"] for r in read_records(out / RESULTS) if r.get("status") == "ok"}
+        diff = stored_changes(out, cfg) if out.is_dir() else None
+        if diff and not args.new:
+            print(f"note: {out} holds the results of a different config ({'; '.join(diff)}); a run needs --new "
+                  "or another --out", file=sys.stderr)
+        done = set() if args.new else {r["key"] for r in read_records(out / RESULTS, args.skip_corrupt)
+                                    if r.get("status") == "ok"}
         points = enumerate_points(cfg)
         for pt in points:
             print(f"{'done' if pt.key in done else 'todo'}  {pt.key}  {pt.label}")
@@ -54,10 +80,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{len(points)} points ({kinds['baseline']} baselines, {kinds['treespec']} treespec), "
               f"{sum(pt.key in done for pt in points)} finished")
         return 0
-    if args.max_minutes is not None and not args.max_minutes > 0:
-        ap.error(f"--max-minutes must be > 0, got {args.max_minutes}")
+    if args.out is not None:
+        check_writable(args.out, directory=True)
     results = sweep(args.config, args.out, progress=not args.no_progress, device=args.device, dtype=args.dtype,
-                    max_minutes=args.max_minutes)
+                    max_minutes=args.max_minutes, new=args.new, skip_corrupt=args.skip_corrupt)
     print(results)
     print(results.parent / "README.md")
     return 0

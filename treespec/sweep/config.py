@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import copy
+import math
+import numbers
 import os
+import re
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from ..datasets import DATASETS, dataset_prompts, dataset_size
 from ..models import DEFAULT_DRAFT, DEFAULT_TARGET
@@ -65,7 +68,8 @@ def load_config(config: str | os.PathLike | dict[str, Any]) -> dict[str, Any]:
     """Read a TOML config (or take a dict), fill in defaults and validate it.
 
     ``data`` may hold per-dataset tables (``[data.lee-news] calib = "0:100"``) overriding
-    ``calib``/``eval`` for that dataset.
+    ``calib``/``eval`` for that dataset. Every value is type-checked without coercion
+    (:func:`check_types`); a list key also takes a single value.
     """
     if isinstance(config, dict):
         raw = copy.deepcopy(config)
@@ -79,9 +83,13 @@ def load_config(config: str | os.PathLike | dict[str, Any]) -> dict[str, Any]:
                 raise ImportError("reading TOML configs on Python 3.10 needs the tomli package: pip install tomli") \
                     from error
         with open(config, "rb") as f:
-            raw = tomllib.load(f)
+            try:
+                raw = tomllib.load(f)
+            except tomllib.TOMLDecodeError as error:
+                raise ValueError(f"{config} is not valid TOML: {error}") from None
         raw.setdefault("name", Path(config).stem)
     data = raw.get("data", {})
+    check(isinstance(data, dict), f"config key 'data' must be a table, got {data!r}")
     splits = dict(data.pop("splits", {}))  # a config already loaded once
     splits.update({k: data.pop(k) for k in list(data) if isinstance(data[k], dict)})
     for name, table in splits.items():
@@ -89,29 +97,13 @@ def load_config(config: str | os.PathLike | dict[str, Any]) -> dict[str, Any]:
                f"[data.{name}] must name a dataset ({', '.join(DATASETS)}) and hold only calib/eval")
     cfg = _merge(DEFAULTS, raw)
     cfg["data"]["splits"] = splits
+    check_types(cfg)
     g = cfg["grid"]
     for key in ("drafters", "builders", "budgets", "max_depths", "temperatures", "top_p", "seeds", "verifiers"):
         g[key] = _as_list(g[key])
     cfg["data"]["datasets"] = _as_list(cfg["data"]["datasets"])
     cfg["baselines"]["methods"] = _as_list(cfg["baselines"]["methods"])
-    g["max_depths"] = [None if str(d).lower() in ("none", "0", "") else int(d) for d in g["max_depths"]]
-    check(set(g["drafters"]) <= set(DRAFTER_SETS), f"grid.drafters must be among {DRAFTER_SETS}")
-    check(set(g["builders"]) <= set(BUILDERS), f"grid.builders must be among {BUILDERS}")
-    check(all(isinstance(b, int) and b >= 2 for b in g["budgets"]),
-           "grid.budgets must be ints >= 2 (a budget counts the root; 2 = one drafted token)")
-    check(all(d is None or d >= 1 for d in g["max_depths"]), "grid.max_depths must be >= 1 or \"none\"")
-    check(all(float(t) >= 0 for t in g["temperatures"]), "grid.temperatures must be >= 0")
-    check(all(0 < float(p) <= 1 for p in g["top_p"]), "grid.top_p must be in (0, 1]")
-    check(set(g["verifiers"]) <= set(VERIFIERS), f"grid.verifiers must be among {tuple(VERIFIERS)}")
-    check(isinstance(cfg["run"]["compile"], (bool, str)), "run.compile must be false, true or a torch.compile backend name")
-    check(g["model_mode"] in MODEL_MODES, f"grid.model_mode must be one of {MODEL_MODES}")
-    check(set(cfg["data"]["datasets"]) <= set(DATASETS), f"data.datasets must be among {DATASETS}")
-    check(set(cfg["baselines"]["methods"]) <= set(BASELINES), f"baselines.methods must be among {BASELINES}")
-    check(cfg["acceptance"]["use"] in ("vector", "matrix"), "acceptance.use must be \"vector\" or \"matrix\"")
-    check(cfg["run"]["dtype"] in DTYPES, f"run.dtype must be one of {tuple(DTYPES)}")
-    check(cfg["run"]["draft_dtype"] in ("same", *DRAFT_DTYPES),
-          f"run.draft_dtype must be \"same\" (the target's run.dtype) or one of {DRAFT_DTYPES}")
-    check(int(cfg["data"]["max_new_tokens"]) >= 1, "data.max_new_tokens must be >= 1")
+    g["max_depths"] = [None if isinstance(d, str) else d for d in g["max_depths"]]  # "none" (checked above)
     for name in cfg["data"]["datasets"]:
         calib, evals = split_ranges(cfg, name)
         if not set(range(*calib)).isdisjoint(range(*evals)):
@@ -170,3 +162,163 @@ def calib_eval_prompts(cfg: dict[str, Any], dataset: str) -> tuple[list[str], li
                          "evaluation ranges")
     return calib, evals
 
+
+
+# -- strict types: every key of DEFAULTS checked, nothing coerced -------------------------------------
+
+#: a checker takes (the key's dotted name, its value) and raises ValueError naming what is expected
+Checker = Callable[[str, Any], None]
+
+
+def _refuse(where: str, value: Any, expected: str) -> None:
+    raise ValueError(f"config key {where} must be {expected}, got {value!r} ({type(value).__name__})")
+
+
+def _int(minimum: int) -> Checker:
+    def check_value(where: str, value: Any) -> None:
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+            _refuse(where, value, f"an integer >= {minimum} (no quotes, no decimals)")
+    return check_value
+
+
+def _real(ok: Callable[[float], bool], expected: str) -> Checker:
+    def check_value(where: str, value: Any) -> None:
+        if (isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value)
+                or not ok(value)):
+            _refuse(where, value, f"a number {expected}")
+    return check_value
+
+
+def _choice(options: Sequence[str]) -> Checker:
+    def check_value(where: str, value: Any) -> None:
+        if not isinstance(value, str) or value not in options:
+            _refuse(where, value, "one of " + ", ".join(f'"{o}"' for o in options))
+    return check_value
+
+
+def _text(where: str, value: Any) -> None:
+    if not isinstance(value, str) or not value.strip():
+        _refuse(where, value, "a non-empty string")
+
+
+def _depth(where: str, value: Any) -> None:
+    if value is None:  # "none" in a config loaded before
+        return
+    is_none = isinstance(value, str) and value.lower() == "none"
+    is_depth = isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 1
+    if not (is_none or is_depth):
+        _refuse(where, value, 'an integer >= 1 or "none" (no depth limit)')
+
+
+def _device(where: str, value: Any) -> None:
+    import torch
+
+    try:
+        torch.device(value)
+    except (RuntimeError, TypeError, ValueError):
+        _refuse(where, value, 'a torch device name such as "cpu", "cuda" or "cuda:1"')
+
+
+def check_device_available(device: str) -> None:
+    """Refuse a CUDA device on a machine without one (before any model loads)."""
+    import torch
+
+    _device("run.device", device)
+    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r}: this machine has no CUDA device (torch sees none); use --device cpu")
+
+
+def _compile(where: str, value: Any) -> None:
+    if not isinstance(value, bool) and not (isinstance(value, str) and value.strip()):
+        _refuse(where, value, "false, true or a torch.compile backend name")
+
+
+def _range(where: str, value: Any) -> None:
+    if isinstance(value, str):
+        if not re.fullmatch(r"\d*:\d*", value.strip()):
+            _refuse(where, value, 'a prompt range "START:STOP" (either side optional, e.g. "0:100")')
+    elif not (isinstance(value, list) and len(value) == 2
+              and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in value)):
+        _refuse(where, value, 'a prompt range "START:STOP" or [START, STOP] with integers >= 0')
+
+
+def _list(item: Checker, allow_empty: bool = False) -> Checker:
+    """A list of items (a single item stands for a list of one)."""
+    def check_value(where: str, value: Any) -> None:
+        items = value if isinstance(value, (list, tuple)) else [value]
+        if not items and not allow_empty:
+            raise ValueError(f"config key {where} is an empty list; give at least one value (or leave the key out "
+                             "for its default)")
+        for i, x in enumerate(items):
+            item(f"{where}[{i}]" if isinstance(value, (list, tuple)) else where, x)
+    return check_value
+
+
+def _table(where: str, value: Any) -> None:
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        _refuse(where, value, "a table of GenerationConfig options (e.g. {num_assistant_tokens = 4})")
+
+
+def _pairs(where: str, value: Any) -> None:
+    if not isinstance(value, list):
+        _refuse(where, value, 'a list of tables {target = "...", draft = "..."}')
+    for i, pair in enumerate(value):
+        if not isinstance(pair, dict) or set(pair) != {"target", "draft"}:
+            _refuse(f"{where}[{i}]", pair, 'a table with exactly the keys target and draft')
+        for k in ("target", "draft"):
+            _text(f"{where}[{i}].{k}", pair[k])
+
+
+def _name(where: str, value: Any) -> None:
+    """The sweep's name names its default output directory: one plain directory name, never a path."""
+    if (not isinstance(value, str) or not value.strip() or value in (".", "..") or value.startswith(".")
+            or any(c in value for c in '/\\:\0') or len(value) > 200):
+        _refuse(where, value, "one plain directory name (not empty, no '/', '\\\\' or ':', not starting with '.'): "
+                              "it names the default output directory experiments/results/<name>")
+
+
+#: the checker of every key of DEFAULTS (a key added to DEFAULTS must get one: see check_types)
+TYPES: dict[str, Checker] = {
+    "name": _name,
+    "models.target": _text, "models.draft": _text, "models.pairs": _pairs,
+    "grid.drafters": _list(_choice(DRAFTER_SETS)), "grid.builders": _list(_choice(BUILDERS)),
+    "grid.budgets": _list(_int(2)), "grid.max_depths": _list(_depth),
+    "grid.temperatures": _list(_real(lambda t: t >= 0, ">= 0 (0 is greedy)")),
+    "grid.top_p": _list(_real(lambda p: 0 < p <= 1, "in (0, 1]")), "grid.seeds": _list(_int(0)),
+    "grid.model_mode": _choice(MODEL_MODES), "grid.verifiers": _list(_choice(tuple(VERIFIERS))),
+    "data.datasets": _list(_choice(DATASETS)), "data.calib": _range, "data.eval": _range,
+    "data.max_new_tokens": _int(1), "data.max_prompt_tokens": _int(0),
+    "acceptance.width": _int(1), "acceptance.max_new_tokens": _int(1), "acceptance.max_depth": _int(1),
+    "acceptance.use": _choice(("vector", "matrix")),
+    "shapes.kary_width": _int(1), "shapes.chains": _int(1), "shapes.dynamic_depth": _int(1),
+    "shapes.dynamic_topk": _int(1),
+    "ngram.mode": _choice(("ngram", "prompt_lookup")), "ngram.max_order": _int(2), "ngram.max_tokens": _int(1),
+    "ngram.width": _int(1), "ngram.window": _int(1),
+    "baselines.methods": _list(_choice(BASELINES), allow_empty=True),
+    "baselines.prompt_lookup_num_tokens": _int(1), "baselines.max_matching_ngram_size": _int(1),
+    "baselines.assisted": _table,
+    "run.device": _device, "run.dtype": _choice(tuple(DTYPES)), "run.draft_dtype": _choice(("same", *DRAFT_DTYPES)),
+    "run.warmup_tokens": _int(0), "run.threads": _int(0), "run.compile": _compile,
+}
+
+
+def _leaves(tree: dict[str, Any], where: str = "") -> list[str]:
+    return [k2 for k, v in tree.items() for k2 in
+            (_leaves(v, f"{where}{k}.") if isinstance(v, dict) and k != "assisted" else [where + k])]
+
+
+def check_types(cfg: dict[str, Any]) -> None:
+    """Refuse any value of the wrong type or range, with the key and what it must be: no silent coercion
+    (``1.5`` is not an int, ``"4"`` is not a number, ``true`` is not 1, ``[]`` is not a grid).
+
+    Also checks the per-dataset ``calib``/``eval`` overrides in ``cfg["data"]["splits"]``.
+    """
+    for key in _leaves(DEFAULTS):
+        table, _, leaf = key.rpartition(".")
+        value = cfg[table][leaf] if table else cfg[leaf]
+        if key not in TYPES:  # a key added to DEFAULTS without a checker: the developer's error
+            raise KeyError(f"sweep config key {key} has no type check in treespec.sweep.config.TYPES")
+        TYPES[key](key, value)
+    for dataset, table in cfg["data"].get("splits", {}).items():
+        for k, v in table.items():
+            _range(f"data.{dataset}.{k}", v)

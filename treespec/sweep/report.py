@@ -151,17 +151,19 @@ def _fmt(x: Any, digits: int = 2) -> str:
     return str(x)
 
 
-def report(results_jsonl: str | os.PathLike, out_dir: str | os.PathLike | None = None) -> Path:
+def report(results_jsonl: str | os.PathLike, out_dir: str | os.PathLike | None = None,
+           skip_corrupt: bool = False) -> Path:
     """Write plots (PNG) and a Markdown summary (``README.md``) beside ``results_jsonl``; returns README.md.
 
     Plots: tau vs budget and speedup over the target baseline vs budget (one panel per target,
     dataset, temperature and top-p; one line per builder; seeds pooled; 95% CI error bars),
     predicted vs measured (uncut) tau, the acceptance vectors, and every static tree used (``trees/``).
+    ``skip_corrupt``: skip (and name) corrupt record lines instead of refusing (``records.read_records``).
     """
     path = Path(results_jsonl)
     out = Path(out_dir) if out_dir is not None else path.parent
     out.mkdir(parents=True, exist_ok=True)
-    everything = read_records(path)
+    everything = read_records(path, skip_corrupt)
     records = [r for r in everything if r.get("status") == "ok"]
     finished = {r["key"] for r in records}
     errors = [r for r in everything if r.get("status") == "error" and r["key"] not in finished]

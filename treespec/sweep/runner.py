@@ -23,9 +23,11 @@ from ..precision import to_precision
 from ..recipes import DTYPES, build_drafters, plan
 from ..sampling import spread_seed
 from ..testing import ByteTokenizer, tiny_from_spec
-from .config import calib_eval_prompts, check, draft_dtype, load_config, pairs, split_ranges
+from .config import calib_eval_prompts, check, check_device_available, draft_dtype, load_config, pairs, \
+    split_ranges
 from .points import Point, baseline_params, acceptance_params, enumerate_points, point_key, point_recipe, \
     shape_record
+from .lock import claim, exclusive
 from .records import RESULTS, append_record, meta, read_records, repair_tail
 from .report import report
 
@@ -345,7 +347,8 @@ def pairs_draft(cfg: dict[str, Any], target: str) -> str:
 def sweep(config: str | os.PathLike | dict[str, Any], out_dir: str | os.PathLike | None = None,
           progress: bool = True, *, device: str | None = None, dtype: str | None = None,
           on_point: Callable[[dict[str, Any]], None] | None = None, measure: Measure | None = None,
-          make_report: bool = True, max_minutes: float | None = None) -> Path:
+          make_report: bool = True, max_minutes: float | None = None, new: bool = False,
+          skip_corrupt: bool = False) -> Path:
     """Run (or resume) the sweep of ``config``; returns the path of its ``results.jsonl``.
 
     Args:
@@ -359,6 +362,12 @@ def sweep(config: str | os.PathLike | dict[str, Any], out_dir: str | os.PathLike
         make_report: write plots and README.md when the sweep completes.
         max_minutes: start no new point after this many minutes (run a long sweep in slices;
             the next run resumes where this one stopped).
+        new: start over when ``out_dir`` holds another config's results (they move into
+            ``out_dir/replaced-<time>/``); without it such a directory is refused (``treespec.sweep.lock``).
+        skip_corrupt: skip (and name) corrupt lines of ``results.jsonl`` instead of refusing.
+
+    Only one sweep at a time writes ``out_dir``: a second one is refused with the first one's pid,
+    host and start time (:class:`treespec.sweep.lock.OutputDirError`).
     """
     cfg = load_config(config)
     if device is not None:
@@ -366,27 +375,30 @@ def sweep(config: str | os.PathLike | dict[str, Any], out_dir: str | os.PathLike
     if dtype is not None:
         check(dtype in DTYPES, f"dtype must be one of {tuple(DTYPES)}")
         cfg["run"]["dtype"] = dtype
+    check_device_available(cfg["run"]["device"])
     out = Path(out_dir) if out_dir is not None else Path("experiments") / "results" / cfg["name"]
     out.mkdir(parents=True, exist_ok=True)
     threads = torch.get_num_threads()
     if int(cfg["run"]["threads"]) > 0:  # tiny models on a busy CPU run far faster on one thread
         torch.set_num_threads(int(cfg["run"]["threads"]))
     try:
-        results = _run_sweep(cfg, out, progress, on_point, measure, max_minutes)
+        with exclusive(out):
+            claim(out, cfg, new)
+            results = _run_sweep(cfg, out, progress, on_point, measure, max_minutes, skip_corrupt)
+            if make_report:
+                report(results, skip_corrupt=skip_corrupt)
     finally:
         torch.set_num_threads(threads)
-    if make_report:
-        report(results)
     return results
 
 
 def _run_sweep(cfg: dict[str, Any], out: Path, progress: bool, on_point: Callable[[dict[str, Any]], None] | None,
-               measure: Measure | None, max_minutes: float | None = None) -> Path:
+               measure: Measure | None, max_minutes: float | None = None, skip_corrupt: bool = False) -> Path:
     """The loop of :func:`sweep`: every unfinished point, one record each."""
     deadline = None if max_minutes is None else time.monotonic() + 60.0 * max_minutes
     state = Sweep(cfg, out, progress, measure)
     repair_tail(state.results)
-    for rec in read_records(state.results):
+    for rec in read_records(state.results, skip_corrupt):
         if rec.get("status") == "ok":
             state.records[rec["key"]] = rec
     points = enumerate_points(cfg)

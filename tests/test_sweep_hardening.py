@@ -1,0 +1,278 @@
+"""Sweeps safe to share: the output directory's lock and config fingerprint, strict config types,
+output names that stay inside the chosen directory, corrupt and unterminated record lines, and
+outputs checked writable before the expensive work."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import treespec.sweep as E
+from treespec.checks import check_writable
+from treespec.sweep.lock import FINGERPRINT, LOCK, OutputDirError, exclusive
+from treespec.sweep.records import CorruptRecordError, read_records, repair_tail
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "experiments" / "configs" / "tiny.toml"
+
+
+def small(**grid) -> dict:
+    """The tiny config cut to seconds: one prompt, 4 tokens, the target baseline and one chain point."""
+    cfg = E.load_config(TINY)
+    cfg["grid"].update({"builders": ["chain"], "budgets": [3], **grid})
+    cfg["data"].update(eval="100:101", max_new_tokens=4)
+    cfg["baselines"]["methods"] = ["target"]
+    return cfg
+
+
+# -- 1. one writer per output directory -----------------------------------------------------------
+
+def test_second_sweep_into_the_same_directory_is_refused_while_the_first_runs(tmp_path: Path) -> None:
+    errors: list[Exception] = []
+
+    def start_another(record: dict) -> None:
+        if errors:
+            return
+        try:
+            E.sweep(small(), tmp_path, progress=False, make_report=False)
+        except OutputDirError as error:
+            errors.append(error)
+
+    results = E.sweep(small(), tmp_path, progress=False, on_point=start_another, make_report=False)
+    assert len(errors) == 1
+    message = str(errors[0])
+    assert "is in use by another sweep" in message and f"pid {os.getpid()} on host" in message
+    assert "started 20" in message and "another --out" in message
+    assert [r["status"] for r in read_records(results)] == ["ok", "ok"]  # nothing interleaved
+    E.sweep(small(), tmp_path, progress=False, make_report=False)  # released on exit: a resume runs
+
+
+def test_locked_directory_refused_by_the_cli_and_released_when_the_holder_dies(tmp_path: Path) -> None:
+    """A second process gets `treespec: error:` naming the holder; a killed holder frees the directory."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; from treespec.sweep.lock import exclusive\n"
+                               "with exclusive(Path(sys.argv[1])):\n print('held', flush=True); time.sleep(120)",
+         str(tmp_path)], stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(OutputDirError, match=f"in use by another sweep \\(pid {holder.pid} on host"):
+            with exclusive(tmp_path):
+                pass
+        done = subprocess.run([sys.executable, "-m", "treespec.cli", "sweep", "--config", str(TINY), "--out",
+                               str(tmp_path), "--no-progress"], capture_output=True, text=True,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+        assert done.returncode == 2 and "Traceback" not in done.stderr
+        assert f"treespec: error: {tmp_path} is in use by another sweep (pid {holder.pid} on host" in done.stderr
+    finally:
+        holder.kill()
+        holder.wait()
+    with exclusive(tmp_path):  # the kernel dropped the dead holder's lock
+        assert json.loads((tmp_path / LOCK).read_text())["pid"] == os.getpid()
+
+
+# -- 2. one config per output directory -----------------------------------------------------------
+
+def test_changed_config_is_refused_unless_new(tmp_path: Path, capsys) -> None:
+    first = E.sweep(small(), tmp_path, progress=False, make_report=False)
+    stored = json.loads((tmp_path / FINGERPRINT).read_text())
+    assert stored["config"]["grid"]["budgets"] == [3] and "name" not in stored["config"]
+    seen: list[dict] = []
+    E.sweep(small(), tmp_path, progress=False, make_report=False, on_point=seen.append)  # same config resumes
+    assert seen == []
+    renamed = small()
+    renamed["name"] = "another-name"  # the name does not change results
+    E.sweep(renamed, tmp_path, progress=False, make_report=False)
+    changed = small(budgets=[3, 4])
+    with pytest.raises(OutputDirError, match=r"different config \(grid.budgets: \[3\] -> \[3, 4\]\).*--new"):
+        E.sweep(changed, tmp_path, progress=False, make_report=False)
+    assert len(read_records(first)) == 2  # untouched
+    assert E.main(["--config", str(TINY), "--out", str(tmp_path), "--dry-run"]) == 0
+    assert "holds the results of a different config" in capsys.readouterr().err
+    E.sweep(changed, tmp_path, progress=False, make_report=False, new=True)
+    assert len(read_records(first)) == 3  # started over: both budgets and the baseline
+    moved = list(tmp_path.glob("replaced-*"))
+    assert len(moved) == 1 and len(read_records(moved[0] / "results.jsonl")) == 2
+    assert json.loads((moved[0] / FINGERPRINT).read_text())["config"]["grid"]["budgets"] == [3]
+
+
+def test_directory_from_before_fingerprints_is_adopted(tmp_path: Path, capsys) -> None:
+    E.sweep(small(), tmp_path, progress=False, make_report=False)
+    (tmp_path / FINGERPRINT).unlink()
+    seen: list[dict] = []
+    E.sweep(small(), tmp_path, progress=False, make_report=False, on_point=seen.append)
+    assert seen == [] and "adopting it" in capsys.readouterr().err and (tmp_path / FINGERPRINT).exists()
+
+
+def test_cli_help_says_what_new_does(capsys) -> None:
+    with pytest.raises(SystemExit):
+        E.main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "moved (not deleted) into --out/replaced-<UTC time>/" in text and "--skip-corrupt" in text
+
+
+# -- 3. strict config types -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("given,fragment", [
+    ({"baselines": {"prompt_lookup_num_tokens": 0}}, "baselines.prompt_lookup_num_tokens must be an integer >= 1"),
+    ({"grid": {"seeds": [1.5]}}, r"grid.seeds\[0\] must be an integer >= 0 .*got 1.5 \(float\)"),
+    ({"data": {"max_new_tokens": 2.5}}, "data.max_new_tokens must be an integer >= 1"),
+    ({"data": {"max_new_tokens": "8"}}, r"data.max_new_tokens must be an integer >= 1 .*got '8' \(str\)"),
+    ({"data": {"max_prompt_tokens": -1}}, "data.max_prompt_tokens must be an integer >= 0"),
+    ({"grid": {"budgets": []}}, "grid.budgets is an empty list"),
+    ({"grid": {"budgets": [True]}}, r"got True \(bool\)"),
+    ({"grid": {"budgets": [1]}}, r"grid.budgets\[0\] must be an integer >= 2"),
+    ({"grid": {"drafters": []}}, "grid.drafters is an empty list"),
+    ({"grid": {"builders": []}}, "grid.builders is an empty list"),
+    ({"grid": {"max_depths": []}}, "grid.max_depths is an empty list"),
+    ({"grid": {"temperatures": []}}, "grid.temperatures is an empty list"),
+    ({"grid": {"top_p": []}}, "grid.top_p is an empty list"),
+    ({"grid": {"seeds": []}}, "grid.seeds is an empty list"),
+    ({"grid": {"verifiers": []}}, "grid.verifiers is an empty list"),
+    ({"data": {"datasets": []}}, "data.datasets is an empty list"),
+    ({"grid": {"max_depths": [0]}}, 'an integer >= 1 or "none"'),
+    ({"grid": {"max_depths": ["3"]}}, 'an integer >= 1 or "none"'),
+    ({"grid": {"temperatures": ["0.5"]}}, r"grid.temperatures\[0\] must be a number >= 0"),
+    ({"grid": {"temperatures": [float("nan")]}}, r"grid.temperatures\[0\] must be a number >= 0"),
+    ({"grid": {"top_p": [0]}}, r"grid.top_p\[0\] must be a number in \(0, 1\]"),
+    ({"grid": {"builders": ["bush"]}}, r'grid.builders\[0\] must be one of "sequoia"'),
+    ({"grid": {"model_mode": "beam"}}, "grid.model_mode must be one of"),
+    ({"grid": {"verifiers": ["x"]}}, r"grid.verifiers\[0\] must be one of"),
+    ({"data": {"datasets": ["imagenet"]}}, r"data.datasets\[0\] must be one of"),
+    ({"data": {"calib": "1.5:3"}}, 'data.calib must be a prompt range "START:STOP"'),
+    ({"data": {"humaneval": {"eval": "a:b"}}}, 'data.humaneval.eval must be a prompt range'),
+    ({"acceptance": {"width": 0}}, "acceptance.width must be an integer >= 1"),
+    ({"acceptance": {"use": "both"}}, "acceptance.use must be one of"),
+    ({"shapes": {"chains": 0}}, "shapes.chains must be an integer >= 1"),
+    ({"ngram": {"max_order": 1}}, "ngram.max_order must be an integer >= 2"),
+    ({"ngram": {"mode": "lookup"}}, "ngram.mode must be one of"),
+    ({"baselines": {"methods": ["beam"]}}, r"baselines.methods\[0\] must be one of"),
+    ({"baselines": {"assisted": 3}}, "baselines.assisted must be a table"),
+    ({"models": {"target": ""}}, "models.target must be a non-empty string"),
+    ({"models": {"pairs": [{"target": "a"}]}}, r"models.pairs\[0\] must be a table with exactly the keys"),
+    ({"run": {"device": "gpu0"}}, "run.device must be a torch device name"),
+    ({"run": {"dtype": "fp32"}}, "run.dtype must be one of"),
+    ({"run": {"draft_dtype": "int4"}}, "run.draft_dtype must be one of"),
+    ({"run": {"threads": 1.0}}, "run.threads must be an integer >= 0"),
+    ({"run": {"warmup_tokens": True}}, "run.warmup_tokens must be an integer >= 0"),
+    ({"run": {"compile": 1}}, "run.compile must be false, true or a torch.compile backend name"),
+])
+def test_config_types_are_strict(given: dict, fragment: str) -> None:
+    with pytest.raises(ValueError, match=fragment):
+        E.load_config(given)
+
+
+def test_every_default_key_has_a_type_check_and_the_defaults_pass() -> None:
+    from treespec.sweep.config import DEFAULTS, TYPES, _leaves
+
+    assert set(_leaves(DEFAULTS)) == set(TYPES)
+    cfg = E.load_config({"grid": {"budgets": 8, "temperatures": [0, 0.5], "max_depths": ["none", 3]}})
+    assert cfg["grid"]["budgets"] == [8] and cfg["grid"]["max_depths"] == [None, 3]
+    assert E.load_config(cfg) == cfg  # a loaded config loads again unchanged
+
+
+def test_bad_toml_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "broken.toml"
+    path.write_text("[grid\nbudgets = [4]\n")
+    with pytest.raises(ValueError, match="broken.toml is not valid TOML"):
+        E.load_config(path)
+
+
+# -- 4. output names stay inside the chosen directory ---------------------------------------------
+
+@pytest.mark.parametrize("name", ["", " ", "/tmp/evil", "../up", "a/b", "..", ".", ".hidden", "a\\b", "c:x"])
+def test_names_that_would_leave_the_directory_are_refused(name: str) -> None:
+    with pytest.raises(ValueError, match="config key name must be one plain directory name"):
+        E.load_config({"name": name})
+
+
+def test_name_from_the_toml_stem_is_kept(tmp_path: Path) -> None:
+    path = tmp_path / "my sweep-1.toml"
+    path.write_text("")
+    assert E.load_config(path)["name"] == "my sweep-1"
+
+
+# -- 5. corrupt and unterminated record lines -----------------------------------------------------
+
+def _write(path: Path, lines: list[str], end: str = "\n") -> None:
+    path.write_text("\n".join(lines) + end, encoding="utf-8")
+
+
+def test_valid_last_record_without_newline_is_kept(tmp_path: Path) -> None:
+    path = tmp_path / "results.jsonl"
+    _write(path, ['{"key": "a"}', '{"key": "b"}'], end="")
+    assert [r["key"] for r in read_records(path)] == ["a", "b"]
+    repair_tail(path)
+    assert path.read_text() == '{"key": "a"}\n{"key": "b"}\n'
+    _write(path, ['{"key": "a"}', '{"key": "b", "sta'], end="")  # torn: dropped
+    assert [r["key"] for r in read_records(path)] == ["a"]
+    repair_tail(path)
+    assert path.read_text() == '{"key": "a"}\n'
+
+
+def test_corrupt_middle_line_is_named_and_skipped_only_on_request(tmp_path: Path, capsys) -> None:
+    path = tmp_path / "results.jsonl"
+    _write(path, ['{"key": "a"}', "{garbage", "[1, 2]", '{"key": "b"}'])
+    with pytest.raises(CorruptRecordError, match=r"results.jsonl, line 2: not a JSON record.*--skip-corrupt"):
+        read_records(path)
+    assert [r["key"] for r in read_records(path, skip_corrupt=True)] == ["a", "b"]
+    err = capsys.readouterr().err
+    assert "line 2: not a JSON record; skipped" in err and "line 3: not a JSON record; skipped" in err
+
+
+def test_sweep_and_report_stop_at_a_corrupt_line_unless_skip_corrupt(tmp_path: Path, capsys, monkeypatch) -> None:
+    from treespec.cli import main
+
+    results = E.sweep(small(), tmp_path, progress=False, make_report=False)
+    lines = results.read_text().splitlines()
+    _write(results, [lines[0], "{not json", lines[1]])
+    monkeypatch.delenv("TREESPEC_DEBUG", raising=False)
+    assert main(["sweep", "--report", str(results)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("treespec: error: ") and "results.jsonl, line 2: not a JSON record" in err
+    with pytest.raises(CorruptRecordError, match="results.jsonl, line 2: not a JSON record"):
+        E.sweep(small(), tmp_path, progress=False, make_report=False)  # resume stops there too
+    seen: list[dict] = []
+    E.sweep(small(), tmp_path, progress=False, on_point=seen.append, skip_corrupt=True)  # resumes: nothing to do
+    assert seen == [] and (tmp_path / "README.md").exists()
+    assert main(["sweep", "--report", str(results), "--skip-corrupt"]) == 0
+    assert "line 2: not a JSON record; skipped" in capsys.readouterr().err
+
+
+# -- 6. outputs checked before the work -----------------------------------------------------------
+
+def test_check_writable(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    with pytest.raises(ValueError, match="--out .*a-file/acc.json is not writable"):
+        check_writable(blocker / "acc.json")
+    with pytest.raises(ValueError, match="is a directory; give a file name"):
+        check_writable(tmp_path)
+    with pytest.raises(ValueError, match="--out .*a-file is not writable"):
+        check_writable(blocker, directory=True)
+    made = check_writable(tmp_path / "new" / "deeper" / "acc.json")
+    assert not made.exists() and made.parent.is_dir()  # nothing left behind but the folder
+    assert check_writable(blocker).read_text() == "x"  # an existing file is not truncated
+
+
+@pytest.mark.parametrize("command", ["accept", "profile", "demo"])
+def test_outputs_are_checked_before_models_load(command: str, tmp_path: Path, capsys, monkeypatch) -> None:
+    """A bad --out fails at once: the model loader, which would take minutes, is never reached."""
+    import treespec.cli as cli
+    import treespec.demo as demo
+
+    def never(*args, **kwargs):
+        raise AssertionError("models loaded before --out was checked")
+
+    monkeypatch.setattr(cli, "load_models", never)
+    monkeypatch.setattr(demo, "load_models", never)
+    monkeypatch.delenv("TREESPEC_DEBUG", raising=False)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    assert cli.main([command, "--out", str(blocker / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("treespec: error: --out ") and "is not writable" in err

@@ -1,0 +1,149 @@
+"""Guarding a sweep's output directory: one writer at a time, one config per directory.
+
+* **Lock.** A sweep holds an exclusive, non-blocking ``flock`` on ``<out>/.treespec-sweep.lock``
+  while it runs; the file names the holder (pid, host, start time). A second sweep into the same
+  directory is refused with that name instead of interleaving its records. The kernel releases
+  the lock when the process exits, crashes or is killed, so a stale lock file never blocks.
+* **Config fingerprint.** ``<out>/config.json`` keeps the config the results were computed with
+  (minus :data:`IGNORED` keys, which do not change results). A different config into the same
+  directory is refused, naming what changed, unless ``new=True`` (``--new``, which starts over
+  with any config): the old contents are then moved aside into ``<out>/replaced-<UTC time>/``
+  (nothing is deleted). The same config without ``--new`` resumes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import fcntl
+import hashlib
+import json
+import os
+import platform
+import sys
+from pathlib import Path
+from typing import Any, Iterator
+
+from .config import DEFAULTS
+from .records import RESULTS
+
+LOCK = ".treespec-sweep.lock"
+FINGERPRINT = "config.json"
+REPLACED = "replaced-"
+
+#: config keys that do not change any result (the name only labels the run and its default directory)
+IGNORED = ("name",)
+
+
+class OutputDirError(ValueError):
+    """The output directory cannot take this run: another sweep writes it, or it holds another config's results."""
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def _holder(fd: int) -> str:
+    """Who holds the lock, from what the holder wrote into the lock file."""
+    try:
+        info = json.loads(os.pread(fd, 4096, 0).decode("utf-8"))
+        return f"pid {info['pid']} on host {info['host']}, started {info['started']}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "holder unknown: the lock file names none yet"
+
+
+@contextlib.contextmanager
+def exclusive(out: Path) -> Iterator[None]:
+    """Hold the output directory's lock for the block; refuse at once if another process holds it."""
+    fd = os.open(out / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise OutputDirError(
+                f"{out} is in use by another sweep ({_holder(fd)}); wait for it to finish (a killed sweep "
+                "releases it at once), or write to another --out") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": platform.node(), "started": _now()}).encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the flock
+
+
+def canonical(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The config as stored and compared: JSON values, without the :data:`IGNORED` keys."""
+    return json.loads(json.dumps({k: v for k, v in cfg.items() if k not in IGNORED}, sort_keys=True))
+
+
+def _leaves(tree: Any, where: str = "") -> dict[str, Any]:
+    if isinstance(tree, dict) and tree:
+        return {k2: v2 for k, v in tree.items() for k2, v2 in _leaves(v, f"{where}{k}.").items()}
+    return {where.rstrip("."): tree}
+
+
+def changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """``key: old -> new`` for every setting that differs. A key the old config lacks counts as unchanged
+    when the new value is its default (a setting added to treespec later, at its old behaviour)."""
+    a, b = _leaves(old), _leaves(new)
+    defaults = _leaves(canonical(DEFAULTS))
+    out = []
+    for key in sorted(set(a) | set(b)):
+        if key not in a and key in defaults and b[key] == defaults[key]:
+            continue
+        if a.get(key, "(absent)") != b.get(key, "(absent)"):
+            out.append(f"{key}: {json.dumps(a.get(key, '(absent)'))} -> {json.dumps(b.get(key, '(absent)'))}")
+    return out
+
+
+def stored_changes(out: Path, cfg: dict[str, Any]) -> list[str] | None:
+    """What differs between ``cfg`` and the config stored in ``out`` (None: none stored)."""
+    path = out / FINGERPRINT
+    if not path.exists():
+        return None
+    try:
+        stored = json.loads(path.read_text(encoding="utf-8"))["config"]
+    except (ValueError, KeyError, TypeError):
+        raise OutputDirError(f"{path} is not a sweep's config record; move it away or use another --out") from None
+    return changes(stored, canonical(cfg))
+
+
+def _move_aside(out: Path) -> Path:
+    """Move everything in ``out`` but the lock and earlier ``replaced-*`` folders into a new ``replaced-*``."""
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    dest = out / f"{REPLACED}{stamp}"
+    n = 1
+    while dest.exists():
+        n += 1
+        dest = out / f"{REPLACED}{stamp}-{n}"
+    dest.mkdir()
+    for entry in out.iterdir():
+        if entry.name != LOCK and not entry.name.startswith(REPLACED):
+            entry.rename(dest / entry.name)
+    return dest
+
+
+def claim(out: Path, cfg: dict[str, Any], new: bool = False) -> None:
+    """Check that ``out`` may take ``cfg``'s results (call while holding :func:`exclusive`) and record ``cfg``.
+
+    Raises :class:`OutputDirError` when ``out`` holds another config's results and ``new`` is False.
+    With ``new``, when a sweep wrote ``out`` before (``config.json`` or ``results.jsonl``), its
+    contents move into ``out/replaced-<UTC time>/`` and the sweep starts over.
+    """
+    diff = stored_changes(out, cfg)
+    if diff and not new:
+        shown = "; ".join(diff[:6]) + (f"; and {len(diff) - 6} more" if len(diff) > 6 else "")
+        raise OutputDirError(
+            f"{out} holds the results of a different config ({shown}). Re-run with --new to move them aside into "
+            f"{out}/{REPLACED}<time>/ and start over, or choose another --out.")
+    earlier = diff is not None or (out / RESULTS).exists()  # a sweep wrote here (files of others stay put)
+    if new and earlier:
+        print(f"[treespec sweep] earlier contents of {out} moved to {_move_aside(out)}", file=sys.stderr)
+    elif diff is None and earlier:
+        print(f"[treespec sweep] {out} has no {FINGERPRINT} (a sweep from before it was kept); adopting it for this "
+              "config", file=sys.stderr)
+    stored = canonical(cfg)
+    blob = json.dumps(stored, sort_keys=True, separators=(",", ":"))
+    record = {"fingerprint": hashlib.sha256(blob.encode()).hexdigest()[:16], "written_at": _now(), "config": stored}
+    tmp = out / (FINGERPRINT + ".tmp")
+    tmp.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(tmp, out / FINGERPRINT)
