@@ -170,7 +170,8 @@ def test_every_default_key_has_a_type_check_and_the_defaults_pass() -> None:
     from treespec.sweep.config import DEFAULTS, TYPES, _leaves
 
     assert set(_leaves(DEFAULTS)) == set(TYPES)
-    cfg = E.load_config({"grid": {"budgets": 8, "temperatures": [0, 0.5], "max_depths": ["none", 3]}})
+    cfg = E.load_config({"grid": {"budgets": 8, "temperatures": [0, 0.5], "max_depths": ["none", 3]},
+                         "data": {"datasets": ["humaneval"]}})  # the default adds lee-news (gensim, below)
     assert cfg["grid"]["budgets"] == [8] and cfg["grid"]["max_depths"] == [None, 3]
     assert E.load_config(cfg) == cfg  # a loaded config loads again unchanged
 
@@ -192,8 +193,27 @@ def test_names_that_would_leave_the_directory_are_refused(name: str) -> None:
 
 def test_name_from_the_toml_stem_is_kept(tmp_path: Path) -> None:
     path = tmp_path / "my sweep-1.toml"
-    path.write_text("")
+    path.write_text('[data]\ndatasets = ["humaneval"]\n')
     assert E.load_config(path)["name"] == "my sweep-1"
+
+
+def test_default_prompt_sets_are_code_and_prose() -> None:
+    """The defaults are citable: two prompt sets, >= 20 prompts x >= 96 tokens (config.CITABLE). The
+    prose set ships in gensim (the models extra): without it the default config says what to install."""
+    import importlib.util
+
+    from treespec.sweep.config import CITABLE, DEFAULTS, parse_range
+
+    data = DEFAULTS["data"]
+    assert data["datasets"] == ["humaneval", "lee-news"] and len(data["datasets"]) >= CITABLE["datasets"]
+    assert data["max_new_tokens"] >= CITABLE["tokens"]
+    a, b = parse_range(data["eval"], 164)
+    assert b - a >= CITABLE["prompts"]
+    if importlib.util.find_spec("gensim") is None:
+        with pytest.raises(ImportError, match="pip install gensim"):
+            E.load_config({})
+    else:
+        assert E.load_config({})["data"]["datasets"] == ["humaneval", "lee-news"]
 
 
 # -- 5. corrupt and unterminated record lines -----------------------------------------------------

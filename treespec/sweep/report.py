@@ -442,7 +442,8 @@ def _prediction_section(tres: list[dict[str, Any]]) -> list[str]:
         lines += ["### Per-depth acceptance where the prediction misses", "",
                   "Rate at which a step whose walk reached depth d - 1 (with children to try) accepted a child "
                   "at depth d, measured over uncut steps, next to the rate the calibration vector predicts for "
-                  "this tree. The first depths where measured < predicted are where the tau is lost.", ""]
+                  "this tree. The depths where the two part are where the prediction goes wrong (measured below "
+                  "predicted: tau lost there; above: the calibration vector underrates the draft).", ""]
         for r, a in off:
             p = r["params"]
             lines += [f"**{p['dataset']} T={p['temperature']:g} {p['builder']} B={p['budget']}** "
