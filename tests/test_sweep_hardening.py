@@ -14,7 +14,7 @@ import pytest
 
 import treespec.sweep as E
 from treespec.checks import check_writable
-from treespec.sweep.lock import FINGERPRINT, LOCK, OutputDirError, exclusive
+from treespec.sweep.lock import FINGERPRINT, LOCK, OutputDirError, claim, exclusive
 from treespec.sweep.records import CorruptRecordError, read_records, repair_tail
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -88,7 +88,9 @@ def test_changed_config_is_refused_unless_new(tmp_path: Path, capsys) -> None:
     renamed["name"] = "another-name"  # the name does not change results
     E.sweep(renamed, tmp_path, progress=False, make_report=False)
     changed = small(budgets=[3, 4])
-    with pytest.raises(OutputDirError, match=r"different config \(grid.budgets: \[3\] -> \[3, 4\]\).*--new"):
+    changed["shapes"]["kary_width"] = 3  # a setting that changes what points measure; the grid change alone is fine
+    with pytest.raises(OutputDirError,
+                       match=r"different config \(shapes.kary_width: 2 -> 3\)\. Re-run with --new.*axes alone.*resumes"):
         E.sweep(changed, tmp_path, progress=False, make_report=False)
     assert len(read_records(first)) == 2  # untouched
     assert E.main(["--config", str(TINY), "--out", str(tmp_path), "--dry-run"]) == 0
@@ -98,6 +100,24 @@ def test_changed_config_is_refused_unless_new(tmp_path: Path, capsys) -> None:
     moved = list(tmp_path.glob("replaced-*"))
     assert len(moved) == 1 and len(read_records(moved[0] / "results.jsonl")) == 2
     assert json.loads((moved[0] / FINGERPRINT).read_text())["config"]["grid"]["budgets"] == [3]
+
+
+def test_the_grid_may_grow_or_lose_unfinished_points_but_keeps_finished_ones(tmp_path: Path, capsys) -> None:
+    results = E.sweep(small(), tmp_path, progress=False, make_report=False)  # the baseline and chain B=3
+    seen: list[dict] = []
+    grown = small(budgets=[3, 4])
+    E.sweep(grown, tmp_path, progress=False, make_report=False, on_point=seen.append)
+    assert [r["params"]["budget"] for r in seen] == [4]  # only the new point ran
+    assert "every finished point is still in it, resuming" in capsys.readouterr().err
+    assert json.loads((tmp_path / FINGERPRINT).read_text())["config"]["grid"]["budgets"] == [3, 4]
+    with pytest.raises(OutputDirError, match=r"grid.budgets: \[3, 4\] -> \[4\].*drops 1 finished point\(s\) "
+                                             r"\(humaneval T=0.0 chain B=3\).*--new"):
+        E.sweep(small(budgets=[4]), tmp_path, progress=False, make_report=False)
+    assert len(read_records(results)) == 3  # untouched
+    grown["grid"]["temperatures"] = [0.0, 1.0]  # points not run yet may come and go
+    claim(tmp_path, grown)
+    claim(tmp_path, small(budgets=[3, 4]))
+    assert len(read_records(results)) == 3 and not list(tmp_path.glob("replaced-*"))
 
 
 def test_directory_from_before_fingerprints_is_adopted(tmp_path: Path, capsys) -> None:

@@ -10,7 +10,7 @@ from typing import Sequence
 from ..checks import check_writable
 from ..recipes import DTYPES
 from .config import check_types, load_config
-from .lock import REPLACED, stored_changes
+from .lock import REPLACED, refusal
 from .points import enumerate_points
 from .records import RESULTS, read_records
 from .report import report
@@ -25,7 +25,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Run (or resume) a tree-budget sweep from a TOML config, with HF baselines measured in the same "
                     "run, and write results.jsonl, plots and README.md. Re-running skips finished points. One sweep at "
                     "a time writes an output directory (a lock file names the writer), and a directory keeps the "
-                    "config its results came from (config.json): a changed config needs --new or another --out.")
+                    "config its results came from (config.json): a changed config needs --new or another --out (a change of the grid's axes alone resumes, keeping "
+                    "the finished points).")
     ap.add_argument("--config", type=Path, help="TOML config, e.g. experiments/configs/cpu-qwen-coder.toml")
     ap.add_argument("--out", type=Path, default=None,
                     help="output directory (default experiments/results/<name>; with --report: where the plots and "
@@ -67,10 +68,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             cfg["run"]["dtype"] = args.dtype
         check_types(cfg)  # the overrides too
         out = args.out or Path("experiments") / "results" / cfg["name"]
-        diff = stored_changes(out, cfg) if out.is_dir() else None
-        if diff and not args.new:
-            print(f"note: {out} holds the results of a different config ({'; '.join(diff)}); a run needs --new "
-                  "or another --out", file=sys.stderr)
+        why = refusal(out, cfg) if out.is_dir() and not args.new else None
+        if why:
+            print(f"note: a run would be refused: {why}", file=sys.stderr)
         done = set() if args.new else {r["key"] for r in read_records(out / RESULTS, args.skip_corrupt)
                                     if r.get("status") == "ok"}
         points = enumerate_points(cfg)

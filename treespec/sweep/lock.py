@@ -9,6 +9,11 @@
   directory is refused, naming what changed, unless ``new=True`` (``--new``, which starts over
   with any config): the old contents are then moved aside into ``<out>/replaced-<UTC time>/``
   (nothing is deleted). The same config without ``--new`` resumes.
+* **Growing or trimming the grid.** The :data:`AXES` (budgets, builders, temperatures, prompt
+  sets, baselines...) only choose which points run, and every point's key holds its own values of
+  them; changing them alone is accepted as long as every finished record stays a point of the new
+  grid. New points then run and finished ones are kept; dropping a finished point is refused,
+  naming it.
 """
 
 from __future__ import annotations
@@ -25,7 +30,8 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from .config import DEFAULTS
-from .records import RESULTS
+from .points import enumerate_points
+from .records import RESULTS, read_records
 
 LOCK = ".treespec-sweep.lock"
 FINGERPRINT = "config.json"
@@ -33,6 +39,11 @@ REPLACED = "replaced-"
 
 #: config keys that do not change any result (the name only labels the run and its default directory)
 IGNORED = ("name",)
+
+#: config keys that only choose which points run: a point's key holds its own value of each, so
+#: changing them adds or drops points without touching what a finished point measured
+AXES = frozenset([*(f"grid.{k}" for k in ("drafters", "builders", "budgets", "max_depths", "temperatures", "top_p",
+                                         "seeds", "verifiers")), "data.datasets", "baselines.methods"])
 
 
 class OutputDirError(ValueError):
@@ -81,22 +92,23 @@ def _leaves(tree: Any, where: str = "") -> dict[str, Any]:
     return {where.rstrip("."): tree}
 
 
-def changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """``key: old -> new`` for every setting that differs. A key the old config lacks counts as unchanged
-    when the new value is its default (a setting added to treespec later, at its old behaviour)."""
+def changes(old: dict[str, Any], new: dict[str, Any]) -> dict[str, str]:
+    """``{key: "key: old -> new"}`` for every setting that differs, in key order. A key the old config
+    lacks counts as unchanged when the new value is its default (a setting added to treespec later, at
+    its old behaviour)."""
     a, b = _leaves(old), _leaves(new)
     defaults = _leaves(canonical(DEFAULTS))
-    out = []
+    out = {}
     for key in sorted(set(a) | set(b)):
         if key not in a and key in defaults and b[key] == defaults[key]:
             continue
         if a.get(key, "(absent)") != b.get(key, "(absent)"):
-            out.append(f"{key}: {json.dumps(a.get(key, '(absent)'))} -> {json.dumps(b.get(key, '(absent)'))}")
+            out[key] = f"{key}: {json.dumps(a.get(key, '(absent)'))} -> {json.dumps(b.get(key, '(absent)'))}"
     return out
 
 
-def stored_changes(out: Path, cfg: dict[str, Any]) -> list[str] | None:
-    """What differs between ``cfg`` and the config stored in ``out`` (None: none stored)."""
+def stored_changes(out: Path, cfg: dict[str, Any]) -> dict[str, str] | None:
+    """What differs between ``cfg`` and the config stored in ``out`` (None: none stored), as :func:`changes`."""
     path = out / FINGERPRINT
     if not path.exists():
         return None
@@ -122,6 +134,33 @@ def _move_aside(out: Path) -> Path:
     return dest
 
 
+def refusal(out: Path, cfg: dict[str, Any]) -> str | None:
+    """Why ``out`` cannot take ``cfg``'s results without ``--new`` (None: it can: no config stored, the
+    same config, or only the grid's :data:`AXES` changed and every finished record is still a point)."""
+    diff = stored_changes(out, cfg)
+    if not diff:
+        return None
+    redo = f"re-run with --new to move them aside into {out}/{REPLACED}<time>/ and start over, or choose another --out"
+    if not set(diff) <= AXES:
+        lines = [line for key, line in diff.items() if key not in AXES]
+        shown = "; ".join(lines[:6]) + (f"; and {len(lines) - 6} more" if len(lines) > 6 else "")
+        return (f"{out} holds the results of a different config ({shown}). {redo[0].upper()}{redo[1:]}. (A change "
+                "of the grid's axes alone - budgets, builders, temperatures, prompt sets, baselines - resumes.)")
+    keys = {p.key for p in enumerate_points(cfg)}
+    dropped = [r for r in read_records(out / RESULTS, skip_corrupt=True) if r.get("key") not in keys]
+    if not dropped:
+        return None
+    names = ", ".join(_label(r) for r in dropped[:4]) + (f" and {len(dropped) - 4} more" if len(dropped) > 4 else "")
+    return (f"{out}: the grid changed ({'; '.join(diff.values())}) and drops {len(dropped)} finished point(s) "
+            f"({names}). Keep them in the grid, or {redo}.")
+
+
+def _label(record: dict[str, Any]) -> str:
+    p = record.get("params", {})
+    what = p.get("method") if p.get("kind") == "baseline" else f"{p.get('builder')} B={p.get('budget')}"
+    return f"{p.get('dataset')} T={p.get('temperature')} {what}"
+
+
 def claim(out: Path, cfg: dict[str, Any], new: bool = False) -> None:
     """Check that ``out`` may take ``cfg``'s results (call while holding :func:`exclusive`) and record ``cfg``.
 
@@ -130,11 +169,13 @@ def claim(out: Path, cfg: dict[str, Any], new: bool = False) -> None:
     contents move into ``out/replaced-<UTC time>/`` and the sweep starts over.
     """
     diff = stored_changes(out, cfg)
-    if diff and not new:
-        shown = "; ".join(diff[:6]) + (f"; and {len(diff) - 6} more" if len(diff) > 6 else "")
-        raise OutputDirError(
-            f"{out} holds the results of a different config ({shown}). Re-run with --new to move them aside into "
-            f"{out}/{REPLACED}<time>/ and start over, or choose another --out.")
+    if not new:
+        why = refusal(out, cfg)
+        if why:
+            raise OutputDirError(why)
+        if diff:
+            print(f"[treespec sweep] {out}: the grid changed ({'; '.join(diff.values())}); every finished point is "
+                  "still in it, resuming", file=sys.stderr)
     earlier = diff is not None or (out / RESULTS).exists()  # a sweep wrote here (files of others stay put)
     if new and earlier:
         print(f"[treespec sweep] earlier contents of {out} moved to {_move_aside(out)}", file=sys.stderr)

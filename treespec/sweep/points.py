@@ -60,8 +60,10 @@ def _draft_precision(cfg: dict[str, Any]) -> dict[str, str]:
 
 
 def enumerate_points(cfg: dict[str, Any]) -> list[Point]:
-    """Every point of the grid, in run order: per pair, dataset, temperature, top-p and seed, the
-    baselines first (treespec points read their timings), then the treespec points."""
+    """Every point of the grid, in run order: per pair, temperature, dataset, top-p and seed, the
+    baselines first (treespec points read their timings), then the treespec points. Temperatures
+    outermost, so a sweep run in slices finishes every prompt set at the first temperature before
+    the next temperature starts."""
     g, run = cfg["grid"], cfg["run"]
     points: list[Point] = []
     seen: set[str] = set()
@@ -73,9 +75,9 @@ def enumerate_points(cfg: dict[str, Any]) -> list[Point]:
             points.append(Point(params, key))
 
     for target, draft in pairs(cfg):
-        for dataset in cfg["data"]["datasets"]:
-            _, evals = split_ranges(cfg, dataset)
-            for temperature in g["temperatures"]:
+        for temperature in g["temperatures"]:
+            for dataset in cfg["data"]["datasets"]:
+                _, evals = split_ranges(cfg, dataset)
                 for top_p in g["top_p"]:
                     for seed in g["seeds"]:
                         common = {"target": target, "dataset": dataset, "eval": list(evals),
