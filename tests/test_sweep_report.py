@@ -166,3 +166,35 @@ def test_report_shows_intervals_and_locates_a_missed_prediction(tmp_path) -> Non
     assert "| 2 | 80 | 0.500 | 0.750 | -0.250 |" in text
     for png in ("tau_vs_budget.png", "speedup_vs_budget.png", "predicted_vs_measured_tau.png"):
         assert (tmp_path / png).stat().st_size > 0
+
+
+def test_where_the_gap_is_tells_a_prompt_shift_from_a_gap_that_grows_with_depth() -> None:
+    # rows: (depth, steps reaching it, measured rate, predicted rate)
+    shift = R.where_the_gap_is([(1, 500, 0.75, 0.62), (2, 300, 0.76, 0.62), (3, 200, 0.74, 0.62)])
+    assert "already +0.130 off at depth 1" in shift and "more often" in shift and "grows" not in shift
+    grows = R.where_the_gap_is([(1, 500, 0.64, 0.62), (2, 300, 0.75, 0.62), (3, 200, 0.90, 0.62)])
+    assert "grows with depth (+0.020 at depth 1, +0.205 on average below)" in grows
+    assert "underrates deep trees" in grows and "already" not in grows
+    both = R.where_the_gap_is([(1, 500, 0.72, 0.62), (2, 300, 0.85, 0.62)])
+    assert "already +0.100 off" in both and "grows with depth" in both
+    falls = R.where_the_gap_is([(1, 500, 0.80, 0.80), (2, 300, 0.60, 0.80)])
+    assert "opens below depth 1" in falls and "less often than the vector assumes" in falls
+    small = R.where_the_gap_is([(1, 900, 0.99, 0.97), (2, 800, 0.98, 0.95)])
+    assert "no depth is off by 0.05 or more (largest +0.030 at depth 2)" in small
+    assert R.where_the_gap_is([(1, 0, 0.0, 0.5)]) == ""  # nothing reached: nothing to locate
+
+
+def test_greedy_agreement_is_counted_for_treespec_points_and_speculative_baselines() -> None:
+    rec = _treespec([8, 8, 8], [3, 3, 3], [1.0, 1.0, 1.0])
+    rec["result"]["output_digests"] = ["a", "b", "c"]
+    target = _baseline(rec, [2.0, 2.0, 2.0])
+    target["result"]["output_digests"] = ["a", "b", "x"]
+    assisted = _baseline(rec, [1.0, 1.0, 1.0], method="assisted")
+    assisted["result"]["output_digests"] = ["a", "y", "z"]
+    bases = [target, assisted]
+    assert R.same_greedy_outputs(rec, bases) == "2/3"
+    assert R.same_greedy_outputs(assisted, bases) == "1/3"
+    assert R.same_greedy_outputs(target, bases) is None  # the reference itself
+    sampled = _treespec([8], [3], [1.0])
+    sampled["params"]["temperature"] = 1.0
+    assert R.same_greedy_outputs(sampled, bases) is None  # outputs are random at T > 0
