@@ -198,3 +198,30 @@ def test_greedy_agreement_is_counted_for_treespec_points_and_speculative_baselin
     sampled = _treespec([8], [3], [1.0])
     sampled["params"]["temperature"] = 1.0
     assert R.same_greedy_outputs(sampled, bases) is None  # outputs are random at T > 0
+
+
+def test_cpu_model_tells_two_cpu_generations_apart() -> None:
+    from treespec.sweep.records import cpu_model
+
+    block = "processor\t: {n}\nvendor_id\t: AuthenticAMD\ncpu family\t: {f}\nmodel\t\t: {m}\nmodel name\t: AMD EPYC\nstepping\t: 1\n\n"
+    zen5 = cpu_model(block.format(n=0, f=26, m=2) + block.format(n=1, f=99, m=9))  # first block only
+    zen4 = cpu_model(block.format(n=0, f=25, m=17))
+    assert zen5 == "AMD EPYC (family 26, model 2, stepping 1)" and zen4 != zen5
+
+
+def test_speedups_pair_only_records_measured_on_the_same_machine(tmp_path) -> None:
+    import json
+
+    rec = _treespec([8] * 4, [2] * 4, [1.0] * 4)
+    base = _baseline(rec, [2.0] * 4)
+    assert R.speedup_interval([rec], [base], "target").estimate == pytest.approx(2.0)  # neither recorded
+    rec["meta"] = {"machine": "AMD EPYC (family 26, model 2, stepping 1), 2 cores"}
+    assert R.speedup_interval([rec], [base], "target") is None  # negative control: another machine
+    base["meta"] = dict(rec["meta"])
+    assert R.speedup_interval([rec], [base], "target").estimate == pytest.approx(2.0)
+    other = _treespec([8] * 4, [2] * 4, [1.0] * 4)
+    other["params"]["temperature"] = 1.0
+    other["meta"] = {"machine": "AMD EPYC (family 25, model 17, stepping 1), 2 cores"}
+    note = R._machine_note([rec, base, other])
+    assert note.startswith("**Machines:") and "family 25" in note and "d T=1" in note and "not comparable" in note
+    assert R._machine_note([rec, base]).startswith("Machine: AMD EPYC (family 26")

@@ -57,12 +57,19 @@ def speed_interval(records: list[dict[str, Any]]) -> Interval | None:
     return _pooled(records, lambda r: r["result"]["tokens_per_prompt"], lambda r: r["timing"]["per_prompt_seconds"])
 
 
+def machine_of(record: dict[str, Any]) -> str:
+    """The machine a record was measured on (``meta.machine``; records older than that field: "not recorded")."""
+    return (record.get("meta") or {}).get("machine") or "not recorded"
+
+
 def baseline_of(record: dict[str, Any], bases: list[dict[str, Any]], method: str) -> dict[str, Any] | None:
-    """The finished ``method`` baseline measured on the same prompts and settings as ``record``."""
+    """The finished ``method`` baseline measured on the same prompts and settings as ``record``, on the
+    same machine (a speedup across two machines measures the machines, not the method)."""
     p = record["params"]
     for b in bases:
         q = b["params"]
-        if q["method"] == method and all(q.get(k) == p.get(k) for k in _SAME_RUN) and b is not record:
+        if (q["method"] == method and all(q.get(k) == p.get(k) for k in _SAME_RUN) and b is not record
+                and machine_of(b) == machine_of(record)):
             return b
     return None
 
@@ -358,6 +365,26 @@ def _load_note(records: list[dict[str, Any]]) -> str:
             "(CPU timings are only trustworthy when nothing else runs).")
 
 
+def _machine_note(records: list[dict[str, Any]]) -> str:
+    """Which machine measured which panels; said loudly when there were several."""
+    panels: dict[str, set[str]] = {}
+    later: dict[str, int] = {}
+    for r in records:
+        m = machine_of(r)
+        panels.setdefault(m, set()).add(f"{r['params']['dataset']} T={r['params']['temperature']:g}")
+        later[m] = later.get(m, 0) + ((r.get("meta") or {}).get("machine_source") == "backfilled")
+    if not panels:
+        return ""
+    def one(m: str) -> str:
+        note = f"; recorded afterwards for {later[m]} points, from the session that ran them" if later[m] else ""
+        return f"{m} ({', '.join(sorted(panels[m]))}{note})"
+    if len(panels) == 1:
+        return f"Machine: {one(next(iter(panels)))}.\n"
+    return (f"**Machines: {'; '.join(one(m) for m in sorted(panels))}.** Speedups pair a point only with "
+            "baselines measured on the same machine; a point whose baselines ran elsewhere shows none, and "
+            "tok/s figures from different machines are not comparable.\n")
+
+
 def _citable_note(records: list[dict[str, Any]]) -> str:
     """How many prompts, tokens and prompt sets the figures rest on, flagged when below ``CITABLE``."""
     if not records:
@@ -384,7 +411,7 @@ def _markdown(path: Path, records: list, tres: list, bases: list, errors: list, 
              f"Results: `{path.name}` ({len(records)} finished points"
              + (f", {len(errors)} errors" if errors else "") + f"). Device: {'; '.join(devices) or '-'}."
              + _load_note(records), "",
-             _citable_note(records),
+             _citable_note(records), _machine_note(records),
              "tau = tokens committed per target forward (bonus token included); speedup = baseline wall time / "
              "treespec wall time on the same prompts, same token counts (every method generates exactly "
              "max_new_tokens per prompt), same temperature, top-p and seed.", ""]
