@@ -69,6 +69,20 @@ def test_rerun_adds_nothing(full: Path, tmp_path: Path) -> None:
     assert (tmp_path / "again" / "results.jsonl").read_bytes() == before
 
 
+def test_baselines_from_another_machine_are_not_paired(full: Path, tmp_path: Path, capsys) -> None:
+    records = E.read_records(full)
+    here = records[0]["meta"]["machine"]
+    assert here == E.records.machine("cpu") and "cores" in here
+    kept = [r for r in records if r["kind"] == "baseline"]
+    for r in kept:  # as if the baselines had been measured on another machine
+        r["meta"]["machine"] = "another CPU (family 1, model 1, stepping 1), 2 cores"
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
+    E.sweep(TINY, tmp_path, progress=False, make_report=False)
+    assert "holds points measured on another CPU" in capsys.readouterr().err
+    fresh = [r for r in E.read_records(tmp_path / "results.jsonl") if r["kind"] == "treespec"]
+    assert len(fresh) == 4 and all(r["speedup"] == {} and r["meta"]["machine"] == here for r in fresh)
+
+
 def test_interrupted_run_resumes_to_the_same_records(full: Path, tmp_path: Path) -> None:
     done: list[dict] = []
 

@@ -119,6 +119,11 @@ def machine(device: str) -> str:
     return f"{cpu_model()}, {os.cpu_count()} cores"
 
 
+def machine_of(record: dict[str, Any]) -> str:
+    """The machine a record was measured on (``meta.machine``; records older than that field: "not recorded")."""
+    return (record.get("meta") or {}).get("machine") or "not recorded"
+
+
 def meta(cfg: dict[str, Any]) -> dict[str, Any]:
     """Where and when a record was made (others' load skews timings)."""
     device = cfg["run"]["device"]

@@ -21,7 +21,7 @@ from tree_builders import TreeShape
 
 from ..intervals import Interval, ratio_of_sums
 from .config import CITABLE
-from .records import read_records
+from .records import machine_of, read_records
 
 # What a baseline shares with the treespec points it is compared with (same prompts, same settings).
 _SAME_RUN = ("target", "dataset", "eval", "max_new_tokens", "max_prompt_tokens", "temperature", "top_p", "seed",
@@ -55,11 +55,6 @@ def tau_interval(records: list[dict[str, Any]], uncut: bool = False) -> Interval
 def speed_interval(records: list[dict[str, Any]]) -> Interval | None:
     """Tokens per second over the prompts of ``records``."""
     return _pooled(records, lambda r: r["result"]["tokens_per_prompt"], lambda r: r["timing"]["per_prompt_seconds"])
-
-
-def machine_of(record: dict[str, Any]) -> str:
-    """The machine a record was measured on (``meta.machine``; records older than that field: "not recorded")."""
-    return (record.get("meta") or {}).get("machine") or "not recorded"
 
 
 def baseline_of(record: dict[str, Any], bases: list[dict[str, Any]], method: str) -> dict[str, Any] | None:
@@ -454,8 +449,9 @@ def _markdown(path: Path, records: list, tres: list, bases: list, errors: list, 
         for r in sorted(tres, key=order):
             p, res, t, s = r["params"], r["result"], r["timing"], r.get("speedup", {})
 
-            def vs(method: str) -> Any:
-                return speedup_interval([r], bases, method) or s.get(method)
+            def vs(method: str) -> Any:  # the stored figure only for records without per-prompt timings
+                return speedup_interval([r], bases, method) or (
+                    s.get(method) if baseline_of(r, bases, method) is not None else None)
 
             lines.append(
                 f"| {p['dataset']} | {p['temperature']:g} | {p['top_p']:g} | {p['seed']} | {p['drafters']} | "

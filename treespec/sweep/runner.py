@@ -28,7 +28,7 @@ from .config import calib_eval_prompts, check, check_device_available, draft_dty
 from .points import Point, baseline_params, acceptance_params, enumerate_points, point_key, point_recipe, \
     shape_record
 from .lock import claim, exclusive
-from .records import RESULTS, append_record, meta, read_records, repair_tail
+from .records import RESULTS, append_record, machine, machine_of, meta, read_records, repair_tail
 from .report import report
 
 #: the acceptance measurement (``treespec.acceptance.measure`` or a stand-in with its signature)
@@ -117,6 +117,7 @@ class Sweep:
         self.progress = progress
         self._measure = measure
         self.models = _Models(cfg["run"]["device"], cfg["run"]["dtype"])
+        self.machine = machine(cfg["run"]["device"])  # what meta() will record for this run's points
         self.records: dict[str, dict[str, Any]] = {}
         self.prompts: dict[tuple[str, str, str], list[list[int]]] = {}
         self.checked_pairs: set[tuple[str, str]] = set()
@@ -300,14 +301,15 @@ class Sweep:
 
     # -- comparisons ----------------------------------------------------------------------------
     def baselines_for(self, p: dict[str, Any]) -> dict[str, dict[str, Any]]:
-        """Finished baseline records measured on the same prompts and settings as treespec point ``p``."""
+        """Finished baseline records measured on the same prompts and settings as treespec point ``p``,
+        on this machine (a speedup across machines measures the machines)."""
         common = {k: p[k] for k in ("target", "dataset", "eval", "max_new_tokens", "max_prompt_tokens",
                                     "temperature", "top_p", "seed", "device", "dtype")}
         out: dict[str, dict[str, Any]] = {}
         for method in self.cfg["baselines"]["methods"]:
             draft = p.get("draft") or pairs_draft(self.cfg, p["target"])
             rec = self.records.get(point_key(baseline_params(self.cfg, common, method, draft)))
-            if rec is not None and rec.get("status") == "ok":
+            if rec is not None and rec.get("status") == "ok" and machine_of(rec) == self.machine:
                 out[method] = rec
         return out
 
@@ -403,6 +405,12 @@ def _run_sweep(cfg: dict[str, Any], out: Path, progress: bool, on_point: Callabl
             state.records[rec["key"]] = rec
     points = enumerate_points(cfg)
     todo = [pt for pt in points if pt.key not in state.records]
+    elsewhere = sorted({machine_of(r) for r in state.records.values()} - {state.machine})
+    if todo and elsewhere:
+        print(f"[treespec sweep] {out / RESULTS} holds points measured on {'; '.join(elsewhere)}, and this is "
+              f"{state.machine}: speedups pair only points and baselines of one machine, so a new point whose "
+              "baselines ran elsewhere gets none (move that panel's records out to re-measure it here)",
+              file=sys.stderr)
     from tqdm.auto import tqdm
 
     bar = tqdm(total=len(points), initial=len(points) - len(todo), unit="point", desc=cfg["name"],
