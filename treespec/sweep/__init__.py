@@ -23,8 +23,10 @@ checked; a speedup is recorded only when every prompt of both methods has the fu
 Each point starts with an untimed warm-up (``run.warmup_tokens`` tokens after the last 32 tokens of
 the first evaluation prompt); every timed call is wrapped in ``torch.cuda.synchronize()`` on CUDA.
 Speedup over a baseline is its total wall time divided by the point's, for the same prompts, token
-counts, temperature, top-p and seed. Records keep the machine's load average: on a shared CPU,
-other processes skew every timing (and so every speedup). Greedy points also record how many
+counts, temperature, top-p and seed, measured on the same machine. Records name their machine
+(CPU model with family/model/stepping numbers, or the GPU) and keep its load average: a sweep
+resumed on another host (a cloud VM can come back on a CPU generation 1.7x faster) or run beside
+other processes skews every timing, so a point is never paired with another machine's baseline. Greedy points also record how many
 prompts produced exactly the target baseline's tokens (an exactness check; in bf16/fp16 near-ties
 can legitimately differ).
 
