@@ -225,3 +225,9 @@ def test_speedups_pair_only_records_measured_on_the_same_machine(tmp_path) -> No
     note = R._machine_note([rec, base, other])
     assert note.startswith("**Machines:") and "family 25" in note and "d T=1" in note and "not comparable" in note
     assert R._machine_note([rec, base]).startswith("Machine: AMD EPYC (family 26")
+
+
+def test_where_the_gap_is_names_a_single_deep_outlier_without_calling_it_small() -> None:
+    rows = [(1, 250, 0.98, 0.958), (2, 245, 0.967, 0.956), (3, 200, 0.98, 0.958), (4, 174, 0.983, 0.91)]
+    text = R.where_the_gap_is(rows)
+    assert "mostly at depth 4 (+0.073)" in text and "no depth is off" not in text

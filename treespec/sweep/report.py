@@ -122,6 +122,9 @@ def where_the_gap_is(rows: list[tuple[int, int, float, float | None]], *, thresh
                          "below): deep drafts are accepted less often than the vector assumes")
     if not parts:
         d, worst = max(diffs, key=lambda dx: abs(dx[1]))
+        if abs(worst) >= threshold:
+            return (f"Where: mostly at depth {d} ({worst:+.3f}), with no trend over depth: one level's rate, "
+                    f"over {dict((dd, t) for dd, t, _, _ in rows)[d]} steps, is noisier than the tree's tau.")
         return (f"Where: no depth is off by {threshold:g} or more (largest {worst:+.3f} at depth {d}); small "
                 "differences at every depth add up to a gap the tight interval can tell apart.")
     return "Where: " + "; ".join(parts) + "."
