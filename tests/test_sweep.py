@@ -175,7 +175,7 @@ def test_speedup_is_refused_when_token_counts_differ() -> None:
     base = next(pt for pt in E.enumerate_points(cfg) if pt.kind == "baseline")
     state.records[base.key] = {"status": "ok", "result": {"complete": False, "tokens_per_prompt": [12, 7],
                                                           "output_digests": ["a", "b"]},
-                               "timing": {"wall_seconds": 1.0}}
+                               "timing": {"wall_seconds": 1.0}, "meta": {"machine": state.machine}}
     record = {"result": {"complete": True, "tokens_per_prompt": [12, 12], "output_digests": ["a", "b"]},
               "timing": {"wall_seconds": 0.5}}
     state.compare(point.params, record)
