@@ -31,7 +31,7 @@ from typing import Sequence
 import numpy as np
 
 from tree_builders import Acceptance, greedy_best_first, sequoia
-from treespec.sweep import read_records
+from treespec.bench.sweep import read_records
 
 
 def synthetic_acceptance(width: int = 32) -> np.ndarray:

@@ -4,7 +4,7 @@ The real Qwen2.5-Coder pair (1.5B target, 0.5B draft), greedy, on HumanEval 100-
 first lee-news leads (natural language, from the gensim wheel), 64 tokens each. Per prompt, in
 turn: HF ``generate`` in float32 and in bfloat16, HF assisted generation (bfloat16 target, the
 draft in the precision treespec chose for it), then treespec with what ``treespec generate``
-picks by default (measured precisions, tuned tree; ``treespec.tuning``). The headline is the
+picks by default (measured precisions, tuned tree; ``treespec.calibrate.tuning``). The headline is the
 speedup over the fastest HF configuration, paired per prompt, with a bootstrap 95% interval.
 Records are appended as they finish; a re-run resumes.
 
@@ -20,12 +20,12 @@ from pathlib import Path
 
 import torch
 
-from treespec import compare
-from treespec.datasets import dataset_prompts
+from treespec.bench import compare
+from treespec.bench.datasets import dataset_prompts
 from treespec.models import DEFAULT_DRAFT, DEFAULT_TARGET, cache_root, load
-from treespec.precision import to_precision
+from treespec.models.precision import to_precision
 from treespec.recipes import build_drafters, default_acceptance
-from treespec.tuning import tune
+from treespec.calibrate.tuning import tune
 
 
 def main(argv: list[str] | None = None) -> dict:

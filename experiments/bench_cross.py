@@ -5,7 +5,7 @@ tokenizer) and SmolLM2-135M-Instruct (Llama family, its own 49,152-token vocabul
 precision ``treespec.models.load(dtype="auto", role="draft")`` measures fastest here. Greedy, on
 HumanEval (code, raw completion prompts) and ShareGPT human first turns (chat, wrapped in the
 target's chat template). Per prompt, in turn (interleaved, so a drift in the machine's speed hits
-every method alike; ``treespec.compare``):
+every method alike; ``treespec.bench.compare``):
 
 * ``hf-bfloat16``: HF ``generate``, the target alone (the fastest HF configuration of the target
   here, see ``experiments/results/cpu-speed``);
@@ -13,7 +13,7 @@ every method alike; ``treespec.compare``):
 * ``hf-assisted-smollm2``: HF "universal assisted generation" with SmolLM2 (``tokenizer=`` and
   ``assistant_tokenizer=``: HF re-tokenises the draft's chain);
 * ``treespec-qwen0.5b``: treespec with the Qwen draft as ``treespec generate`` runs it by default
-  (the tuned Sequoia tree, ``treespec.tuning``);
+  (the tuned Sequoia tree, ``treespec.calibrate.tuning``);
 * ``treespec-smollm2``: treespec with SmolLM2 as a cross-tokenizer draft (``CrossDraft`` from
   ``treespec.recipes.load_pair``; a greedy text chain of ``--cross-depth`` draft tokens per step,
   proposed as target-token point masses).
@@ -44,11 +44,13 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from treespec import compare, intervals
-from treespec.baselines import hf_generate
-from treespec.datasets import DATASETS, dataset_prompts, humaneval_prompts
-from treespec.model_drafter import ModelDrafter
-from treespec.precision import cpu_model, precision_of
+from treespec.bench import compare
+
+from treespec.bench import intervals
+from treespec.bench.baselines import hf_generate
+from treespec.bench.datasets import DATASETS, dataset_prompts, humaneval_prompts
+from treespec.drafters.model import ModelDrafter
+from treespec.models.precision import cpu_model, precision_of
 from treespec.recipes import CrossDraft, Recipe, build_drafters, default_acceptance
 
 CHAT_DATASETS = ("sharegpt",)  #: prompts that are a user's chat turn: wrapped in the target's chat template
@@ -145,7 +147,7 @@ def cross_recipe(depth: int, target: torch.nn.Module, draft: CrossDraft) -> Reci
 def real_setup(args: argparse.Namespace) -> Setup:
     from treespec.models import DEFAULT_DRAFT, DEFAULT_TARGET, SMOLLM2, cache_root
     from treespec.recipes import load_pair
-    from treespec.tuning import tune
+    from treespec.calibrate.tuning import tune
 
     target, tok, (same, cross) = load_pair(DEFAULT_TARGET, [DEFAULT_DRAFT, SMOLLM2], target_dtype="bfloat16",
                                            draft_dtype="auto")
@@ -179,7 +181,7 @@ def tiny_bpe(texts: Sequence[str], vocab_size: int) -> Any:
 
 
 def smoke_setup(args: argparse.Namespace) -> Setup:
-    from treespec.testing import perturbed_copy, tiny_model
+    from treespec.models.tiny import perturbed_copy, tiny_model
 
     corpus = humaneval_prompts(0, 40)
     tok, draft_tok = tiny_bpe(corpus[:20], 384), tiny_bpe(corpus[20:], 320)  # two different vocabularies
@@ -376,7 +378,7 @@ def main(argv: list[str] | None = None) -> dict:
         f"Command: `{command}`.\n\n{settings}\n\n{args.max_new_tokens} greedy tokens per prompt (no early stop), "
         f"prompts {meta['prompts']}; the methods run interleaved per prompt. HumanEval prompts are raw "
         f"completions; ShareGPT first turns go through the target's chat template. Intervals: bootstrap 95% "
-        f"over prompts (`treespec.intervals`), ratios paired per prompt.\n\n{tables}\n")
+        f"over prompts (`treespec.bench.intervals`), ratios paired per prompt.\n\n{tables}\n")
     plot([s for s in summaries if s["prompts"]], args.out / "tokens_per_second.png")
     print(tables)
     return result

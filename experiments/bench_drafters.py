@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from treespec.sweep import sweep
+from treespec.bench.sweep import sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 

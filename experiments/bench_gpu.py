@@ -6,7 +6,7 @@ real pair's configs (1.5B target, 0.5B draft). Measured: the target's tree-forwa
 cache + torch.compile), treespec eager and treespec compiled, same prompts and token counts. The
 loop is validated end to end with a draft equal to the target (known acceptance: every step accepts
 the whole rank-0 chain). Predicted: the real pair's speedup, from the measured costs and the shipped
-acceptance vectors (``treespec/data/acceptance-*.json``) through ``treespec.profile.choose_tree``.
+acceptance vectors (``treespec/data/acceptance-*.json``) through ``treespec.calibrate.costs.choose_tree``.
 
     python experiments/bench_gpu.py --out experiments/results/gpu-h100        # on a GPU node, offline
     python experiments/bench_gpu.py --smoke --out /tmp/bench-smoke             # tiny sizes, CPU, a minute
@@ -28,9 +28,9 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from transformers.generation import CompileConfig
 
 import treespec
-from treespec import static
-from treespec.acceptance import MeasuredAcceptance
-from treespec.profile import choose_tree, draft_level_cost, measure_latency
+from treespec.core import compiled as static
+from treespec.calibrate.acceptance import MeasuredAcceptance
+from treespec.calibrate.costs import choose_tree, draft_level_cost, measure_latency
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -83,7 +83,7 @@ def timed(fn, device: torch.device, repeats: int, warmup: int = 1) -> float:
 
 @torch.inference_mode()
 def compiled_latency(model, sizes, context: int, backend: str, mode, repeats: int) -> dict[int, float]:
-    """t(n) of the compiled static-shape tree forward (``treespec.static``) after ``context`` cached tokens."""
+    """t(n) of the compiled static-shape tree forward (``treespec.core.compiled``) after ``context`` cached tokens."""
     device = next(model.parameters()).device
     out = {}
     for n in sizes:

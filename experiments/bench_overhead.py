@@ -18,7 +18,7 @@ import torch
 
 import treespec
 from treespec.recipes import Recipe, build_drafters
-from treespec.testing import tiny_model
+from treespec.models.tiny import tiny_model
 
 ACCEPTANCE = [0.55, 0.15, 0.07, 0.04, 0.02, 0.01]
 

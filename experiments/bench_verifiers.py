@@ -20,7 +20,7 @@ int8 (the fastest CPU configuration of ``experiments/results/cpu-speed``). Promp
 A record per (construction, temperature, dataset, prompt, verifier) is appended to
 ``results.jsonl`` as it finishes; a re-run skips the finished ones. The summary gives, per
 (construction, temperature, dataset, verifier), tau and tok/s with bootstrap intervals over prompts
-and the paired ratios over ``rrs`` (``treespec.intervals``); it is printed and written to
+and the paired ratios over ``rrs`` (``treespec.bench.intervals``); it is printed and written to
 ``summary.json``, ``README.md`` and ``gain_over_rrs.png``.
 
     python experiments/bench_verifiers.py --out experiments/results/verifiers --prompts 8 --max-new-tokens 48
@@ -42,11 +42,11 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from treespec import intervals
-from treespec.engine import generate
+from treespec.bench import intervals
+from treespec.core.engine import generate
 from treespec.recipes import Recipe, build_drafters, default_acceptance, plan
-from treespec.sweep.records import append_record, read_records, repair_tail
-from treespec.verifiers import NotExactError
+from treespec.bench.sweep.records import append_record, read_records, repair_tail
+from treespec.core.verifiers import NotExactError
 
 RESULTS = "results.jsonl"
 SEQUOIA = dict(tree="sequoia", budget=18, depth=8, max_width=2)  # the fastest CPU tree (cpu-speed README)
@@ -278,14 +278,14 @@ def real_models(target_dtype: str, draft_dtype: str, jobs: Sequence[tuple[str, f
 
 
 def smoke_models() -> tuple[torch.nn.Module, torch.nn.Module]:
-    from treespec.testing import perturbed_copy, tiny_model
+    from treespec.models.tiny import perturbed_copy, tiny_model
 
     target = tiny_model("qwen2", vocab=64, seed=3, scale=2.0)
     return target, perturbed_copy(target, 0.5)
 
 
 def real_prompts(tok: Any, datasets: Sequence[str], starts: dict[str, int], n: int) -> list[tuple[str, int, list[int]]]:
-    from treespec.datasets import dataset_prompts
+    from treespec.bench.datasets import dataset_prompts
 
     for d in datasets:
         if starts[d] + n > len(dataset_prompts(d)):
@@ -344,7 +344,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     table = markdown(summaries)
     print(table)
 
-    from treespec.precision import cpu_model
+    from treespec.models.precision import cpu_model
 
     settings = {
         "target": "tiny qwen2 (random)" if args.smoke else f"qwen2.5-coder-1.5b-instruct ({args.target_dtype})",
@@ -378,7 +378,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         "(so the same first tree), interleaved per prompt in a rotating order.\n\n"
         f"Constructions:\n\n{about}\n\n"
         "tau = generated tokens / steps; tok/s = generated tokens / wall seconds (prefill included); "
-        "intervals are 95% BCa bootstrap over prompts (`treespec.intervals`), the ratios over rrs paired "
+        "intervals are 95% BCa bootstrap over prompts (`treespec.bench.intervals`), the ratios over rrs paired "
         "per prompt (each prompt's steps and seconds per token). Per-prompt column: the smallest, median "
         "and largest per-prompt tau ratio, and on how many prompts it exceeds 1.\n\n"
         f"{table}\n\n![gain over rrs](gain_over_rrs.png)\n")

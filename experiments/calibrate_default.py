@@ -12,8 +12,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from treespec.acceptance import encode_prompts, measure
-from treespec.datasets import humaneval_prompts
+from treespec.calibrate.acceptance import encode_prompts, measure
+from treespec.bench.datasets import humaneval_prompts
 from treespec.models import DEFAULT_DRAFT, DEFAULT_TARGET, load
 from treespec.recipes import draft_mode
 

@@ -5,7 +5,7 @@
 
 import treespec
 from treespec.recipes import NGramSettings, Recipe, build_drafters, shape_for
-from treespec.testing import perturbed_copy, tiny_model
+from treespec.models.tiny import perturbed_copy, tiny_model
 
 
 def main() -> None:

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from scipy import stats
 
-from treespec.sampling import standardize
+from treespec.core.sampling import standardize
 
 ALPHA = 1e-3  # per-test false alarm rate
 

@@ -13,8 +13,8 @@ import pytest
 
 import treespec
 from tree_builders import sequoia
-from treespec.acceptance import MeasuredAcceptance, depth_counts, encode_prompts, measure
-from treespec.testing import opposite_copy, perturbed_copy, tiny_model
+from treespec.calibrate.acceptance import MeasuredAcceptance, depth_counts, encode_prompts, measure
+from treespec.models.tiny import opposite_copy, perturbed_copy, tiny_model
 
 MODES = ["topk", "sample", "sample_without_replacement"]
 
@@ -25,7 +25,7 @@ MODES = ["topk", "sample", "sample_without_replacement"]
 #: worth less than predicted; replaying the greedy engine exactly on 100 prompts, the vector's
 #: prediction was off by 0% (Sequoia), 1% (chain), 3% (k-ary) and 4% (independent chains).
 #: (2) When sampling, the context after an accepted child is the target's continuation rather than
-#: the accepted token (module doc of treespec.acceptance); that put a chain's measured tau 2.6%
+#: the accepted token (module doc of treespec.calibrate.acceptance); that put a chain's measured tau 2.6%
 #: above prediction at T=1 in top-k mode.
 #: The standard errors are clustered by prompt: positions (and steps) within one continuation are
 #: correlated, and in greedy mode the naive per-step error was about half the clustered one.

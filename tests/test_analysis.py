@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from tree_builders import chain, kary
-from treespec.analysis import (
+from treespec.calibrate.analysis import (
     chain_expected_tokens,
     chain_expected_tokens_alpha,
     operations_factor,

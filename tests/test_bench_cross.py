@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from treespec import datasets
+from treespec.bench import datasets
 
 bench = runpy.run_path(str(Path(__file__).resolve().parents[1] / "experiments" / "bench_cross.py"))
 ARGS = ["--smoke", "--prompts", "2", "--max-new-tokens", "8", "--datasets", "humaneval"]

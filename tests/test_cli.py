@@ -41,7 +41,7 @@ def test_help(command, capsys):
 @pytest.mark.slow
 def test_real_pair_greedy_equals_target_alone(capsys):
     """`treespec generate --compare` on HumanEval/100 with the default pair: identical greedy output."""
-    from treespec.datasets import humaneval_prompts
+    from treespec.bench.datasets import humaneval_prompts
 
     prompt = humaneval_prompts(100, 101)[0]
     code = main(["generate", "--prompt", prompt, "--tree", "chain", "--budget", "5", "--max-new-tokens", "24",
@@ -109,7 +109,7 @@ def tiny_dirs(tmp_path_factory):
     from tokenizers.pre_tokenizers import Whitespace
     from transformers import PreTrainedTokenizerFast
 
-    from treespec.testing import perturbed_copy, tiny_model
+    from treespec.models.tiny import perturbed_copy, tiny_model
 
     root = tmp_path_factory.mktemp("models")
     words = [f"w{i}" for i in range(63)] + ["<unk>"]

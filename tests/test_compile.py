@@ -8,8 +8,8 @@ import treespec
 from stats import ALPHA, exact_joint, g_test
 import test_exactness
 from test_exactness import BUSHY, PROMPT, pair, sample_joint  # noqa: F401 (pair is a fixture)
-from treespec.testing import greedy_reference, perturbed_copy, tiny_model
-from treespec import static
+from treespec.models.tiny import greedy_reference, perturbed_copy, tiny_model
+from treespec.core import compiled as static
 
 KARY = [(0,), (1,), (0, 0), (0, 1), (1, 0), (1, 1)]
 BACKEND = "aot_eager"

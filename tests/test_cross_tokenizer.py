@@ -11,11 +11,11 @@ import torch
 
 import treespec
 from stats import ALPHA, exact_joint, g_test
-from treespec.testing import greedy_reference, tiny_model
-from treespec.cross_drafter import (AlignmentError, CrossTokenizerDrafter, TextCodec, common_prefix, load_cross_drafter,
+from treespec.models.tiny import greedy_reference, tiny_model
+from treespec.drafters.cross_tokenizer import (AlignmentError, CrossTokenizerDrafter, TextCodec, common_prefix, load_cross_drafter,
                                      tokenizers_match)
-from treespec.drafting import DraftProposals, Drafter
-from treespec.sampling import spread_seed
+from treespec.core.drafting import DraftProposals, Drafter
+from treespec.core.sampling import spread_seed
 
 
 class LongestMatch:
@@ -289,7 +289,7 @@ def test_hf_tokenizers_are_used_without_special_tokens():
 
 
 def _real_prompts(tokenizer) -> list[list[int]]:
-    from treespec import datasets
+    from treespec.bench import datasets
 
     chat = tokenizer.apply_chat_template([{"role": "user", "content": "Explain in two sentences why the sky is blue."}],
                                          add_generation_prompt=True, tokenize=False)
@@ -302,8 +302,8 @@ def test_smollm2_greedy_equals_hf_with_ngram_and_bf16_self_draft():
     """A Llama-family target: SmolLM2-135M (fp32), drafted by n-grams and by itself in bfloat16."""
     import copy
 
-    from treespec import models
-    from treespec.model_drafter import ModelDrafter
+    from treespec.models import loading as models
+    from treespec.drafters.model import ModelDrafter
 
     target, tok = models.load(models.SMOLLM2)
     assert type(target).__name__ == "LlamaForCausalLM" and len(tok) == 49_152
@@ -320,7 +320,7 @@ def test_smollm2_greedy_equals_hf_with_ngram_and_bf16_self_draft():
 @pytest.mark.slow
 def test_qwen_target_with_smollm2_cross_tokenizer_draft():
     """Qwen2.5-Coder-1.5B drafted by SmolLM2-135M (another tokenizer): greedy output as HF's."""
-    from treespec import models
+    from treespec.models import loading as models
 
     spec = models.REGISTRY[models.DEFAULT_TARGET]
     if not models._cache_is_valid(models.cache_root() / spec.name, spec):

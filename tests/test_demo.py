@@ -2,8 +2,8 @@
 
 import argparse
 
-from treespec import demo
-from treespec.testing import ByteTokenizer, perturbed_copy, tiny_model
+from treespec.bench import demo
+from treespec.models.tiny import ByteTokenizer, perturbed_copy, tiny_model
 
 
 def test_demo_runs_and_reports(tmp_path, monkeypatch, capsys):

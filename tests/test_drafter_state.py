@@ -12,9 +12,9 @@ import pytest
 import torch
 
 import treespec
-from treespec import model_drafter
-from treespec.kv import forward_masked
-from treespec.testing import perturbed_copy, tiny_model
+from treespec.drafters import model as model_drafter
+from treespec.core.kv import forward_masked
+from treespec.models.tiny import perturbed_copy, tiny_model
 
 BUSHY = [(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1), (0, 0, 0, 0)]
 PROMPTS = ([1, 5, 7, 9, 3], [4], [10, 11, 12, 13, 14, 15])
@@ -150,8 +150,8 @@ def test_iid_siblings_that_draw_the_same_token_share_one_q(pair, monkeypatch) ->
 
     from tree_builders import kary
 
-    from treespec import verifiers
-    from treespec.precision import to_precision
+    from treespec.core import verifiers
+    from treespec.models.precision import to_precision
 
     target, draft = pair
     int8 = to_precision(copy.deepcopy(draft), "int8")

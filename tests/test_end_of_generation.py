@@ -3,7 +3,7 @@
 import pytest
 
 import treespec
-from treespec.testing import greedy_reference, tiny_model
+from treespec.models.tiny import greedy_reference, tiny_model
 
 CHAIN = [(0,), (0, 0), (0, 0, 0), (0, 0, 0, 0)]  # 4 drafted tokens + the bonus: 5 tokens a step
 

@@ -6,10 +6,10 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 import treespec
-from treespec.testing import tiny_model
+from treespec.models.tiny import tiny_model
 from tree_builders import (SequoiaDP, TreeShape, chain, for_budget, greedy_best_first, independent_chains, kary,
                            kary_widths, sequoia)
-from treespec.drafting import POINT_MASS, DraftProposals
+from treespec.core.drafting import POINT_MASS, DraftProposals
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,8 @@ import torch
 
 import treespec
 from stats import ALPHA, exact_joint, g_test
-from treespec.sampling import spread_seed
-from treespec.testing import perturbed_copy, tiny_model
+from treespec.core.sampling import spread_seed
+from treespec.models.tiny import perturbed_copy, tiny_model
 
 N, K, PROMPT = 3000, 3, [1, 2, 3]
 BUSHY = [(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]
@@ -67,7 +67,7 @@ def test_joint_distribution_matches_target(pair, case):
 def test_the_test_detects_a_biased_verifier(pair, monkeypatch):
     """Negative control: accepting every first proposal (output = draft's law) must fail the G-test."""
     target, draft = pair
-    from treespec import verifiers
+    from treespec.core import verifiers
 
     def always_accept(tree, target_at, coins):
         path, node = [0], 0

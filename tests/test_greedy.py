@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import treespec
-from treespec.testing import greedy_reference, opposite_copy, perturbed_copy, tiny_model
+from treespec.models.tiny import greedy_reference, opposite_copy, perturbed_copy, tiny_model
 
 CHAIN = [(0,), (0, 0), (0, 0, 0), (0, 0, 0, 0)]
 KARY = [(0,), (1,), (0, 0), (0, 1), (1, 0), (1, 1)]

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from treespec import intervals
+from treespec.bench import intervals
 
 
 def test_mean_of_normal_sample_matches_the_textbook_interval():

@@ -17,7 +17,9 @@ from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import Whitespace
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-from treespec import datasets, models
+from treespec.bench import datasets
+
+from treespec.models import loading as models
 
 # A byte-level vocabulary transformers' GGUF tokenizer converter accepts: 94 printable ASCII
 # characters, one merge ("a b" -> "ab") and two control tokens.

@@ -1,4 +1,4 @@
-"""Hand-worked checks of the n-gram drafter (treespec.ngram)."""
+"""Hand-worked checks of the n-gram drafter (treespec.drafters.ngram)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from collections import Counter
 
 import pytest
 
-from treespec.drafting import ROOT, DraftProposals
-from treespec.ngram import NGramDrafter, NGramTables, PromptLookupIndex
-from treespec.sampling import SamplingParams
+from treespec.core.drafting import ROOT, DraftProposals
+from treespec.drafters.ngram import NGramDrafter, NGramTables, PromptLookupIndex
+from treespec.core.sampling import SamplingParams
 
 W = {w: i for i, w in enumerate("the cat sat on mat . under dog".split(), start=1)}
 INV = {i: w for w, i in W.items()}

@@ -8,9 +8,11 @@ import pytest
 import torch
 
 from test_models import GGUF_TOKENS, logits, tiny_qwen2, word_tokenizer
-from treespec.testing import tiny_model
-from treespec import checks, models, precision
-from treespec.precision import auto_precision, parse_precision, precision_of, to_precision
+from treespec.models.tiny import tiny_model
+from treespec.core import checks
+from treespec.models import loading as models
+from treespec.models import precision
+from treespec.models.precision import auto_precision, parse_precision, precision_of, to_precision
 
 
 @pytest.mark.parametrize("given,name", [

@@ -10,9 +10,9 @@ import torch
 
 import treespec
 from stats import ALPHA, exact_joint, g_test
-from treespec.testing import greedy_reference, perturbed_copy, tiny_model
-from treespec.precision import precision_of, to_precision
-from treespec.sampling import spread_seed
+from treespec.models.tiny import greedy_reference, perturbed_copy, tiny_model
+from treespec.models.precision import precision_of, to_precision
+from treespec.core.sampling import spread_seed
 
 BUSHY = [(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1), (0, 0, 0, 0)]
 CHAIN = [(0,), (0, 0), (0, 0, 0), (0, 0, 0, 0), (0, 0, 0, 0, 0)]

@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 
 import treespec
-import treespec.sweep as S
+import treespec.bench.sweep as S
 from treespec import NGramDrafter
-from treespec.acceptance import MeasuredAcceptance
+from treespec.calibrate.acceptance import MeasuredAcceptance
 from treespec.cli import build_parser, recipe_from_args
-from treespec.tuning import tune
-from treespec.profile import Profile, choose_tree
+from treespec.calibrate.tuning import tune
+from treespec.calibrate.costs import Profile, choose_tree
 from treespec.recipes import NGramSettings, Recipe, build_drafters, draft_mode, plan, shape_for
-from treespec.testing import perturbed_copy, tiny_model
+from treespec.models.tiny import perturbed_copy, tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
 VECTOR = [0.62, 0.12, 0.05, 0.03]
@@ -101,7 +101,7 @@ def _cli_plan(tmp_path: Path, budget: int, depth: int, ngram: bool = False) -> t
 def test_cli_demo_and_sweep_draft_the_same_tree(tmp_path: Path) -> None:
     prof = Profile({1: 1.0, 4: 1.02, 16: 1.2}, 0.05)
     target = S.load_model("tiny:llama:seed=0", "cpu", "float32")[0]
-    with patch("treespec.tuning.cached_profile", return_value=prof):
+    with patch("treespec.calibrate.tuning.cached_profile", return_value=prof):
         tuned = tune(target, target, VECTOR, max_depth=8, min_confidence=None)
     choice, demo = tuned.choice, replace(tuned.recipe, target_dtype=None, draft_dtype=None, max_width=None)
     assert choice.depth >= 2 and choice.budget >= 4  # a real tree, not a chain of one

@@ -1,4 +1,4 @@
-"""The sweep harness (treespec.sweep) on in-process tiny models: records, resume, report, CLI."""
+"""The sweep harness (treespec.bench.sweep) on in-process tiny models: records, resume, report, CLI."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ import pytest
 
 import tree_builders
 
-import treespec.sweep as E
-from treespec import datasets, testing
+import treespec.bench.sweep as E
+from treespec.bench import datasets
+from treespec.models import tiny as testing
 from treespec.recipes import Recipe, shape_for
 
 ROOT = Path(__file__).resolve().parents[1]

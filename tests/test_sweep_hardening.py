@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-import treespec.sweep as E
-from treespec.checks import check_writable
-from treespec.sweep.lock import FINGERPRINT, LOCK, OutputDirError, claim, exclusive
-from treespec.sweep.records import CorruptRecordError, read_records, repair_tail
+import treespec.bench.sweep as E
+from treespec.core.checks import check_writable
+from treespec.bench.sweep.lock import FINGERPRINT, LOCK, OutputDirError, claim, exclusive
+from treespec.bench.sweep.records import CorruptRecordError, read_records, repair_tail
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "experiments" / "configs" / "tiny.toml"
@@ -55,7 +55,7 @@ def test_second_sweep_into_the_same_directory_is_refused_while_the_first_runs(tm
 def test_locked_directory_refused_by_the_cli_and_released_when_the_holder_dies(tmp_path: Path) -> None:
     """A second process gets `treespec: error:` naming the holder; a killed holder frees the directory."""
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from pathlib import Path; from treespec.sweep.lock import exclusive\n"
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; from treespec.bench.sweep.lock import exclusive\n"
                                "with exclusive(Path(sys.argv[1])):\n print('held', flush=True); time.sleep(120)",
          str(tmp_path)], stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     try:
@@ -187,7 +187,7 @@ def test_config_types_are_strict(given: dict, fragment: str) -> None:
 
 
 def test_every_default_key_has_a_type_check_and_the_defaults_pass() -> None:
-    from treespec.sweep.config import DEFAULTS, TYPES, _leaves
+    from treespec.bench.sweep.config import DEFAULTS, TYPES, _leaves
 
     assert set(_leaves(DEFAULTS)) == set(TYPES)
     cfg = E.load_config({"grid": {"budgets": 8, "temperatures": [0, 0.5], "max_depths": ["none", 3]},
@@ -222,7 +222,7 @@ def test_default_prompt_sets_are_code_and_prose() -> None:
     prose set ships in gensim (the models extra): without it the default config says what to install."""
     import importlib.util
 
-    from treespec.sweep.config import CITABLE, DEFAULTS, parse_range
+    from treespec.bench.sweep.config import CITABLE, DEFAULTS, parse_range
 
     data = DEFAULTS["data"]
     assert data["datasets"] == ["humaneval", "lee-news"] and len(data["datasets"]) >= CITABLE["datasets"]
@@ -303,7 +303,7 @@ def test_check_writable(tmp_path: Path) -> None:
 def test_outputs_are_checked_before_models_load(command: str, tmp_path: Path, capsys, monkeypatch) -> None:
     """A bad --out fails at once: the model loader, which would take minutes, is never reached."""
     import treespec.cli as cli
-    import treespec.demo as demo
+    from treespec.bench import demo
 
     def never(*args, **kwargs):
         raise AssertionError("models loaded before --out was checked")

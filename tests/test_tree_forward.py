@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 import torch
 
-from treespec.testing import tiny_model
-from treespec.drafting import DraftProposals
-from treespec.kv import TreeCache, causal_allowed, forward_masked
-from treespec.tree import TokenTree, flatten
+from treespec.models.tiny import tiny_model
+from treespec.core.drafting import DraftProposals
+from treespec.core.kv import TreeCache, causal_allowed, forward_masked
+from treespec.core.tree import TokenTree, flatten
 
 
 def random_tree(rng: np.random.Generator, root: int, n: int, vocab: int) -> TokenTree:

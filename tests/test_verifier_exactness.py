@@ -8,8 +8,8 @@ import torch
 import treespec
 from stats import ALPHA, exact_joint, g_test
 from test_exactness import BUSHY, CHAINS, PROMPT, REPEAT, pair, sample_joint  # noqa: F401 (fixture)
-from treespec.testing import greedy_reference
-from treespec.verifiers import NotExactError
+from treespec.models.tiny import greedy_reference
+from treespec.core.verifiers import NotExactError
 
 CHAIN3 = [(0,), (0, 0), (0, 0, 0)]
 MD = treespec.ModelDrafter

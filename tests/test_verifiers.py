@@ -17,9 +17,9 @@ from collections import defaultdict
 import pytest
 import torch
 
-from treespec import verifiers
-from treespec.drafting import POINT_MASS, ROOT, DraftProposals
-from treespec.tree import TokenTree
+from treespec.core import verifiers
+from treespec.core.drafting import POINT_MASS, ROOT, DraftProposals
+from treespec.core.tree import TokenTree
 
 V = 3
 ROOT_TOKEN = 0

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from stats import ALPHA, g_test
-from treespec.verify import point_masses, verify_proposals
+from treespec.core.rule import point_masses, verify_proposals
 
 V, T = 6, 200_000
 

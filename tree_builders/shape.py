@@ -252,7 +252,7 @@ class TreeShape:
         Under the positional model a node ``v`` with ``c`` children accepts one with probability
         ``sum_{k < c} a[depth(v)][k]``; averaging over the nodes at depth ``d - 1`` that have
         children, weighted by their reach probabilities (:meth:`node_values`), gives the rate a run
-        measures as ``treespec.stats.Stats.depth_acceptance``.
+        measures as ``treespec.core.stats.Stats.depth_acceptance``.
         """
         rows = acceptance_rows(acceptance)
         values = self.node_values(acceptance)

@@ -12,7 +12,7 @@ from typing import Sequence
 
 import torch
 
-from .checks import check_writable
+from .core.checks import check_writable
 from .recipes import (STATIC_MODES, TREES, CrossDraft, NGramSettings, Recipe, build_drafters, default_acceptance,
                       draft_mode, eos_ids, load_pair)
 
@@ -52,7 +52,7 @@ def _device(text: str) -> str:
 
 
 def add_model_options(p: argparse.ArgumentParser) -> None:
-    from .models import DEFAULT_DRAFT, DEFAULT_TARGET
+    from .models.loading import DEFAULT_DRAFT, DEFAULT_TARGET
 
     p.add_argument("--target", default=DEFAULT_TARGET, metavar="M",
                    help=f"target model: HF id, local dir, or a built-in name (default: {DEFAULT_TARGET})")
@@ -75,7 +75,7 @@ def add_sampling_options(p: argparse.ArgumentParser) -> None:
 
 def load_models(args: argparse.Namespace, want_draft: bool = True):
     """Target, its tokenizer and the draft models the options ask for (default draft unless none is wanted)."""
-    from .models import DEFAULT_DRAFT
+    from .models.loading import DEFAULT_DRAFT
 
     names = args.draft if args.draft else ([DEFAULT_DRAFT] if want_draft else [])
     return load_pair(args.target, names, device=args.device, target_dtype=args.dtype,
@@ -223,9 +223,9 @@ def read_prompts(args: argparse.Namespace) -> list[str]:
 
 def tuned_recipe(args: argparse.Namespace, recipe: Recipe, target, drafts) -> tuple[Recipe, str]:
     """The recipe to run and a line saying why: tuned on this machine unless the user fixed the tree."""
-    from .models import cache_root
-    from .precision import precision_of
-    from .tuning import tune
+    from .models.loading import cache_root
+    from .models.precision import precision_of
+    from .calibrate.tuning import tune
 
     precisions = f"target {precision_of(target)}" + "".join(
         f", draft {precision_of(d.model if isinstance(d, CrossDraft) else d)}" for d in drafts)
@@ -300,7 +300,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
                 print(f"drafter {d.name}: {d.accepted} of {d.proposed} proposals committed")
             print("accepted drafted tokens per step:\n" + histogram(s.accepted_hist))
         if args.compare:
-            from .baselines import hf_generate
+            from .bench.baselines import hf_generate
 
             ref, secs = hf_generate(target, ids, args.max_new_tokens, temperature=args.temperature,
                                     top_p=args.top_p, top_k=args.top_k, eos_token_id=eos,
@@ -320,14 +320,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo
+    from .bench.demo import run_demo
 
     return run_demo(args)
 
 
 def cmd_accept(args: argparse.Namespace) -> int:
-    from .acceptance import encode_prompts, measure
-    from .datasets import humaneval_prompts
+    from .calibrate.acceptance import encode_prompts, measure
+    from .bench.datasets import humaneval_prompts
 
     start, stop = _calib_range(args.calib)
     check_writable(args.out)  # fail now, not after minutes of measuring
@@ -343,7 +343,7 @@ def cmd_accept(args: argparse.Namespace) -> int:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    from .profile import profile
+    from .calibrate.costs import profile
 
     vector = checked_acceptance(args.acceptance, 0.0)
     check_writable(args.out)  # fail now, not after minutes of profiling
@@ -362,7 +362,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     return 0
 
 
-#: prompts in HumanEval (``treespec.datasets.humaneval_prompts``)
+#: prompts in HumanEval (``treespec.bench.datasets.humaneval_prompts``)
 HUMANEVAL_SIZE = 164
 
 
@@ -391,7 +391,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = [a for a in argv if a != "--debug"]
     try:
         if argv and argv[0] == "sweep":
-            from .sweep.cli import main as sweep_main
+            from .bench.sweep.cli import main as sweep_main
 
             return sweep_main(argv[1:]) or 0
         args = build_parser().parse_args(argv)

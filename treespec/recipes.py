@@ -45,10 +45,10 @@ import torch
 import tree_builders
 from tree_builders import TreeShape
 
-from .drafting import Drafter
-from .model_drafter import ModelDrafter
-from .ngram import NGramDrafter
-from .precision import parse_precision
+from .core.drafting import Drafter
+from .drafters.model import ModelDrafter
+from .drafters.ngram import NGramDrafter
+from .models.precision import parse_precision
 
 TREES = ("sequoia", "chain", "kary", "chains", "dynamic")
 STATIC_MODES = ("topk", "sample", "sample_without_replacement")
@@ -95,7 +95,7 @@ class Recipe:
     one); ``kary_width``, ``chains``: options of those builders; ``dynamic_depth``,
     ``dynamic_topk``: of the dynamic tree; ``max_width``: children per node of the sequoia tree
     (None: no limit); ``min_confidence``: the model drafter's confidence stop (``ModelDrafter``);
-    ``target_dtype``/``draft_dtype``: precision names (``treespec.precision``; ``"auto"`` measures).
+    ``target_dtype``/``draft_dtype``: precision names (``treespec.models.precision``; ``"auto"`` measures).
     """
 
     tree: str = "sequoia"
@@ -230,7 +230,7 @@ def build_drafters(recipe: Recipe, draft_models: Sequence[torch.nn.Module | Cros
 
     A :class:`CrossDraft` (another tokenizer) becomes a ``CrossTokenizerDrafter`` drafting greedy
     text chains as deep as the recipe's tree (point masses in the target's tokens)."""
-    from .cross_drafter import CrossTokenizerDrafter
+    from .drafters.cross_tokenizer import CrossTokenizerDrafter
 
     p = plan(recipe, with_model=bool(draft_models), max_new_tokens=max_new_tokens)
     drafters: list[Drafter] = []
@@ -252,7 +252,7 @@ def build_drafters(recipe: Recipe, draft_models: Sequence[torch.nn.Module | Cros
 
 @dataclass(frozen=True)
 class CrossDraft:
-    """A draft model whose tokenizer differs from the target's (``treespec.cross_drafter``)."""
+    """A draft model whose tokenizer differs from the target's (``treespec.drafters.cross_tokenizer``)."""
 
     model: torch.nn.Module
     tokenizer: Any
@@ -275,8 +275,8 @@ def load_pair(target: str, drafts: Sequence[str], *, device: str = "cpu", target
     and keeps the fastest; the decision is cached); None means ``auto`` on CPU, bfloat16 on CUDA.
     The draft's precision defaults to ``auto`` too (int8 is among its candidates, not the target's).
     """
-    from .cross_drafter import tokenizers_match
-    from .models import load
+    from .drafters.cross_tokenizer import tokenizers_match
+    from .models.loading import load
 
     if str(device).startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"--device {device}: this machine has no CUDA device (torch sees none); use --device cpu")

@@ -17,12 +17,12 @@ import numpy as np
 import torch
 
 from ..baselines import hf_generate, sync
-from ..engine import generate
-from ..models import check_tokenizers, load
-from ..precision import to_precision
-from ..recipes import DTYPES, build_drafters, plan
-from ..sampling import spread_seed
-from ..testing import ByteTokenizer, tiny_from_spec
+from ...core.engine import generate
+from ...models.loading import check_tokenizers, load
+from ...models.precision import to_precision
+from ...recipes import DTYPES, build_drafters, plan
+from ...core.sampling import spread_seed
+from ...models.tiny import ByteTokenizer, tiny_from_spec
 from .config import calib_eval_prompts, check, check_device_available, draft_dtype, load_config, pairs, \
     split_ranges
 from .points import Point, baseline_params, acceptance_params, enumerate_points, point_key, point_recipe, \
@@ -31,7 +31,7 @@ from .lock import claim, exclusive
 from .records import RESULTS, append_record, machine, machine_of, meta, read_records, repair_tail
 from .report import report
 
-#: the acceptance measurement (``treespec.acceptance.measure`` or a stand-in with its signature)
+#: the acceptance measurement (``treespec.calibrate.acceptance.measure`` or a stand-in with its signature)
 Measure = Callable[..., Any]
 
 
@@ -146,13 +146,13 @@ class Sweep:
 
     def acceptance(self, params: dict[str, Any]) -> tuple[Any, str]:
         """The acceptance measured for ``params`` (see :func:`acceptance_params`), from its JSON cache."""
-        from ..acceptance import MeasuredAcceptance
+        from ...calibrate.acceptance import MeasuredAcceptance
 
         path = self.out / f"acceptance-{point_key(params)}.json"
         if not path.exists():
             measure = self._measure
             if measure is None:
-                from ..acceptance import measure
+                from ...calibrate.acceptance import measure
             target, _ = self.models.get(params["target"])
             draft = self.draft_model(params["target"], params["draft"])
             calib = self.token_prompts(params["target"], params["dataset"], "calib")
@@ -360,16 +360,16 @@ def sweep(config: str | os.PathLike | dict[str, Any], out_dir: str | os.PathLike
         progress: show a tqdm bar (points done, time left).
         device, dtype: override ``run.device`` / ``run.dtype``.
         on_point: called with each record right after it is written (tests, live monitoring).
-        measure: the acceptance measurement (default ``treespec.acceptance.measure``).
+        measure: the acceptance measurement (default ``treespec.calibrate.acceptance.measure``).
         make_report: write plots and README.md when the sweep completes.
         max_minutes: start no new point after this many minutes (run a long sweep in slices;
             the next run resumes where this one stopped).
         new: start over when ``out_dir`` holds another config's results (they move into
-            ``out_dir/replaced-<time>/``); without it such a directory is refused (``treespec.sweep.lock``).
+            ``out_dir/replaced-<time>/``); without it such a directory is refused (``treespec.bench.sweep.lock``).
         skip_corrupt: skip (and name) corrupt lines of ``results.jsonl`` instead of refusing.
 
     Only one sweep at a time writes ``out_dir``: a second one is refused with the first one's pid,
-    host and start time (:class:`treespec.sweep.lock.OutputDirError`).
+    host and start time (:class:`treespec.bench.sweep.lock.OutputDirError`).
     """
     cfg = load_config(config)
     if device is not None:

@@ -36,8 +36,8 @@ import torch
 from tree_builders import SequoiaDP, TreeShape
 
 from .acceptance import MeasuredAcceptance, model_name, version
-from .precision import precision_of, to_precision
-from .timing import DEFAULT_SIZES, measure_latency, random_tree
+from ..models.precision import precision_of, to_precision
+from ..models.timing import DEFAULT_SIZES, measure_latency, random_tree
 
 __all__ = ["Choice", "Profile", "choose_among", "choose_tree", "draft_level_cost", "draft_level_latency",
            "measure_latency", "profile", "profile_precisions", "random_tree"]
@@ -165,7 +165,7 @@ def choose_tree(
     """The tree with the best predicted speed ``G(T) / time(T)`` (module docstring).
 
     Args:
-        acceptance: a measured :class:`~treespec.acceptance.MeasuredAcceptance` (its vector, or its per-depth
+        acceptance: a measured :class:`~treespec.calibrate.acceptance.MeasuredAcceptance` (its vector, or its per-depth
             matrix with ``per_depth=True``) or a raw vector / matrix.
         target_latency: seconds of one target forward per tree size (``measure_latency``); must
             include size 1. ``t(n)`` is interpolated linearly between measured sizes.

@@ -202,6 +202,24 @@ def check_drafters(drafters: object, drafter_cls: type) -> list:
     return list(drafters)
 
 
+def check_sampling_dtype(model: torch.nn.Module, greedy: bool, role: str = "target") -> None:
+    """Refuse sampling from a float16 model: its activations overflow to inf/NaN, and NaN
+    probabilities reaching CUDA ``multinomial`` trip a device-side assert that kills the process."""
+    if not greedy and next(model.parameters()).dtype == torch.float16:
+        raise ValueError(
+            f"sampling (temperature > 0) from a float16 {role} model is not supported: float16 logits can "
+            "overflow to NaN. Load the model in bfloat16 or float32 (torch_dtype=torch.bfloat16), or decode greedily."
+        )
+
+
+def check_compile(compile: object) -> bool | str:
+    """``False`` (eager steps), ``True`` or the name of a ``torch.compile`` backend (``treespec.core.compiled``)."""
+    if compile is False or compile is True or (isinstance(compile, str) and compile):
+        return compile
+    raise ValueError(f"compile must be False, True or the name of a torch.compile backend (e.g. 'inductor', "
+                     f"'aot_eager'), got {compile!r}")
+
+
 def check_writable(path: str | os.PathLike, option: str = "--out", directory: bool = False) -> Path:
     """Fail now, not after minutes of work, when an output cannot be written; returns ``path``.
 

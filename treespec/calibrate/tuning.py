@@ -20,9 +20,9 @@ from typing import Any, Sequence
 import torch
 
 from .acceptance import model_name
-from .precision import cpu_model, precision_of
-from .profile import Choice, Profile, profile
-from .recipes import Recipe
+from ..models.precision import cpu_model, precision_of
+from .costs import Choice, Profile, profile
+from ..recipes import Recipe
 
 PROFILE_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 PROFILE_WIDTHS = (1, 2, 4, 8, 16)

@@ -36,7 +36,7 @@ from .drafting import POINT_MASS, Drafter, propose_all
 from .stats import DrafterStats, GenerateOutput, Stats, emitted_tokens, record_step
 from .sampling import SamplingParams
 from .tree import FlatTree, TokenTree, flatten
-from .verify import verify_proposals
+from .rule import verify_proposals
 
 CAPACITY_BUCKET = 256  # cache rows are allocated in multiples of this
 

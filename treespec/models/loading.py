@@ -12,7 +12,7 @@ it in about a second.
 
 Any other name is a local directory or a Hugging Face model id, loaded with ``from_pretrained``
 (the hub only with ``allow_download=True``). ``dtype="auto"`` keeps the precision measured fastest
-here (``treespec.precision``).
+here (``treespec.models.precision``).
 Weights are only ever read from safetensors or GGUF files, never unpickled.
 """
 
@@ -369,7 +369,7 @@ def load(name_or_path: str | os.PathLike = DEFAULT_TARGET, device: str | torch.d
     safetensors weights, or a Hugging Face model id found in the local HF cache (the hub is only
     contacted with ``allow_download=True``).
     ``dtype``: ``"float32"``, ``"bfloat16"``, ``"float16"``, ``"int8"`` (dynamic int8 quantisation
-    of the Linear layers, CPU only, for drafts; see ``treespec.precision``), a ``torch.dtype``, or
+    of the Linear layers, CPU only, for drafts; see ``treespec.models.precision``), a ``torch.dtype``, or
     ``"auto"``: time one forward in each candidate precision on this machine (float32 and bfloat16;
     int8 too for ``role="draft"``) and keep the fastest. The decision is cached in
     ``<cache root>/precision.json`` keyed by model, role, device, CPU model and thread count, so

@@ -1,11 +1,11 @@
 """``treespec demo``: the main job on the default pair, treespec beside the target alone.
 
 Loads the built-in Qwen2.5-Coder pair (1.5B target, 0.5B draft) in the precisions measured fastest
-here, measures this machine's forward latencies (``treespec.tuning``; cached), sizes a Sequoia tree
+here, measures this machine's forward latencies (``treespec.calibrate.tuning``; cached), sizes a Sequoia tree
 for them from the shipped acceptance vector, then decodes a few HumanEval evaluation prompts (100
 onwards: disjoint from the calibration prompts) greedily with the target alone (HF ``generate`` in
 float32 and in the target's precision) and with treespec, interleaved per prompt
-(``treespec.compare``), and reports the speedup over the fastest with its interval.
+(``treespec.bench.compare``), and reports the speedup over the fastest with its interval.
 """
 
 from __future__ import annotations
@@ -18,17 +18,17 @@ from pathlib import Path
 import torch
 
 from . import compare
-from .checks import check_writable
+from ..core.checks import check_writable
 from .datasets import humaneval_prompts
-from .precision import precision_of
-from .models import cache_root
-from .recipes import build_drafters, default_acceptance, load_pair
-from .tuning import tune
+from ..models.precision import precision_of
+from ..models.loading import cache_root
+from ..recipes import build_drafters, default_acceptance, load_pair
+from ..calibrate.tuning import tune
 
 
 def load_models(args: argparse.Namespace):
     """The target, its tokenizer and the default draft (``--target``/``--draft``/``--device``/``--dtype``)."""
-    from .models import DEFAULT_DRAFT
+    from ..models.loading import DEFAULT_DRAFT
 
     return load_pair(args.target, (args.draft or [DEFAULT_DRAFT])[:1], device=args.device, target_dtype=args.dtype,
                      draft_dtype=args.draft_dtype)
@@ -55,7 +55,7 @@ def run_demo(args: argparse.Namespace) -> int:
 
     methods = [compare.hf_method(target)]
     if precision_of(target) != "float32":  # the sceptic's baseline: the target alone in float32 too
-        from .models import load
+        from ..models.loading import load
 
         methods.insert(0, compare.hf_method(load(args.target, device=args.device, dtype="float32")[0]))
     methods.append(compare.treespec_method(target, lambda n: build_drafters(recipe, [draft], max_new_tokens=n),

@@ -37,11 +37,11 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from . import checks
-from .engine import generate
-from .model_drafter import MODES
-from .sampling import SamplingParams, draw_children, spread_seed
-from .verify import point_masses, verify_proposals
+from ..core import checks
+from ..core.engine import generate
+from ..drafters.model import MODES
+from ..core.sampling import SamplingParams, draw_children, spread_seed
+from ..core.rule import point_masses, verify_proposals
 
 #: floats per chunk of ``[positions, width, V]`` proposal distributions (bounds memory: 32 MiB)
 _CHUNK_FLOATS = 1 << 23

@@ -11,10 +11,10 @@ import torch
 
 from tree_builders import TreeShape
 
-from .checks import vocab_size
-from .drafting import ROOT, DraftProposals, Drafter
-from .kv import TreeCache, causal_allowed, forward_masked
-from .sampling import SamplingParams, draw_children
+from ..core.checks import vocab_size
+from ..core.drafting import ROOT, DraftProposals, Drafter
+from ..core.kv import TreeCache, causal_allowed, forward_masked
+from ..core.sampling import SamplingParams, draw_children
 
 MODES = ("topk", "sample", "sample_without_replacement", "dynamic")
 
@@ -97,7 +97,7 @@ class ModelDrafter(Drafter):
     and the verifier's rule at a node holds for any number of children fixed before they are drawn
     (see docs/design.md, "Exactness rule").
 
-    The model may be float32, bfloat16/float16 or int8-quantised (``treespec.precision``); draft
+    The model may be float32, bfloat16/float16 or int8-quantised (``treespec.models.precision``); draft
     probabilities are float32 whatever its dtype. The draft keeps its own KV cache across steps:
     the rows of its last tree that lie on the committed path are kept, committed tokens it never
     saw are fed at the start of the next step.

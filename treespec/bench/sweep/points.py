@@ -9,7 +9,7 @@ from typing import Any
 
 from tree_builders import TreeShape
 
-from ..recipes import STATIC_MODES, NGramSettings, Recipe, draft_mode
+from ...recipes import STATIC_MODES, NGramSettings, Recipe, draft_mode
 from .config import draft_dtype, pairs, split_ranges
 
 

@@ -10,7 +10,7 @@ import torch
 
 from . import checks
 from .drafting import Drafter, propose_all
-from .kv import TreeCache, causal_allowed, check_sampling_dtype, forward_masked
+from .kv import TreeCache, causal_allowed, forward_masked
 from .sampling import SamplingParams
 from .stats import DrafterStats, GenerateOutput, Stats, emitted_tokens, record_step
 from .tree import FlatTree, TokenTree, flatten
@@ -44,7 +44,7 @@ def _walk_greedy(tree: TokenTree, flat: FlatTree, logits: torch.Tensor) -> tuple
 
 def _walk_sampled(tree: TokenTree, flat: FlatTree, logits: torch.Tensor, params: SamplingParams,
                   verifier: str, coins: verifiers.Coins) -> tuple[list[int], int]:
-    """Run the chosen exact verifier (``treespec.verifiers``) on the tree's target distributions."""
+    """Run the chosen exact verifier (``treespec.core.verifiers``) on the tree's target distributions."""
     probs: dict[int, torch.Tensor] = {}
 
     def target(node: int) -> torch.Tensor:
@@ -90,9 +90,9 @@ def generate(
         verifier: the exact verification rule for sampled steps: ``"rrs"`` (token-level, every
             tree), ``"block"`` (chains) or ``"traversal"`` (trees drafted in the ways it is exact
             for); see ``docs/verifiers.md``. A tree the verifier is not exact for raises
-            ``treespec.verifiers.NotExactError``. Greedy decoding ignores it (argmax walk).
+            ``treespec.core.verifiers.NotExactError``. Greedy decoding ignores it (argmax walk).
         compile: False (eager), True or a ``torch.compile`` backend name: static-shape steps with a
-            compiled target forward and acceptance on the device (``treespec.static``).
+            compiled target forward and acceptance on the device (``treespec.core.compiled``).
     """
     params = SamplingParams(temperature, top_k, top_p)
     verifiers.get(verifier)  # an unknown name fails before any work
@@ -116,9 +116,9 @@ def generate(
     gen = torch.Generator(device).manual_seed(seed)
     for i, d in enumerate(drafters):
         d.reset(prompt, sampling=params.for_draft(), seed=(seed * 1_000_003 + i + 1) % 2**63)
-    check_sampling_dtype(target, params.greedy)
+    checks.check_sampling_dtype(target, params.greedy)
     if compile is not False:
-        from .static import generate_static
+        from .compiled import generate_static
 
         if verifier != "rrs" and not params.greedy:
             raise ValueError(f"compile=... runs the token-level verifier only; got verifier={verifier!r}. "

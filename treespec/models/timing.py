@@ -9,8 +9,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from .checks import vocab_size
-from .kv import TreeCache, causal_allowed, forward_masked
+from ..core.checks import vocab_size
+from ..core.kv import TreeCache, causal_allowed, forward_masked
 
 DEFAULT_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 

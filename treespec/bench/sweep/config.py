@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ..datasets import DATASETS, dataset_prompts, dataset_size
-from ..models import DEFAULT_DRAFT, DEFAULT_TARGET
-from ..recipes import DTYPES
-from ..verifiers import VERIFIERS
+from ...models.loading import DEFAULT_DRAFT, DEFAULT_TARGET
+from ...recipes import DTYPES
+from ...core.verifiers import VERIFIERS
 
 BUILDERS = ("sequoia", "kary", "chains", "chain", "dynamic")
 DRAFTER_SETS = ("model", "ngram", "both")
@@ -317,7 +317,7 @@ def check_types(cfg: dict[str, Any]) -> None:
         table, _, leaf = key.rpartition(".")
         value = cfg[table][leaf] if table else cfg[leaf]
         if key not in TYPES:  # a key added to DEFAULTS without a checker: the developer's error
-            raise KeyError(f"sweep config key {key} has no type check in treespec.sweep.config.TYPES")
+            raise KeyError(f"sweep config key {key} has no type check in treespec.bench.sweep.config.TYPES")
         TYPES[key](key, value)
     for dataset, table in cfg["data"].get("splits", {}).items():
         for k, v in table.items():

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from .drafting import POINT_MASS, ROOT, DraftProposals
-from .verify import draw_without_replacement_q
+from .rule import draw_without_replacement_q
 
 
 @dataclass

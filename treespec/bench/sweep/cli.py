@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from ..checks import check_writable
-from ..recipes import DTYPES
+from ...core.checks import check_writable
+from ...recipes import DTYPES
 from .config import check_types, load_config
 from .lock import REPLACED, refusal
 from .points import enumerate_points

@@ -1,7 +1,7 @@
 """The report of a sweep: plots (PNG) and a Markdown summary written from its ``results.jsonl``.
 
 Every figure carries its spread over prompts: tau, tok/s and speedups are ratios of per-prompt
-sums with 95% bootstrap intervals (``treespec.intervals``; speedups paired per prompt with the
+sums with 95% bootstrap intervals (``treespec.bench.intervals``; speedups paired per prompt with the
 baseline run on the same prompts), shown in the tables and as error bars in the plots. Tau is
 given two ways: over all steps, and over the steps not shortened by the end of generation, which
 is what the tree's predicted tau estimates; the prediction section says whether the prediction
@@ -28,7 +28,7 @@ _SAME_RUN = ("target", "dataset", "eval", "max_new_tokens", "max_prompt_tokens",
              "device", "dtype")
 
 
-# -- figures with their spread over prompts (treespec.intervals) ---------------------------------------
+# -- figures with their spread over prompts (treespec.bench.intervals) ---------------------------------------
 def _pooled(records: list[dict[str, Any]], numerator: Callable[[dict[str, Any]], list[float]],
             denominator: Callable[[dict[str, Any]], list[float]]) -> Interval | None:
     """Ratio of sums over the prompts of ``records`` (seeds pooled: each prompt x seed is a unit), with
@@ -45,7 +45,7 @@ def _pooled(records: list[dict[str, Any]], numerator: Callable[[dict[str, Any]],
 
 def tau_interval(records: list[dict[str, Any]], uncut: bool = False) -> Interval | None:
     """Tokens per step of treespec ``records`` over all steps, or (``uncut=True``) over the steps that
-    the end of generation did not shorten (``treespec.stats.Stats.tau_uncut``)."""
+    the end of generation did not shorten (``treespec.core.stats.Stats.tau_uncut``)."""
     if uncut:
         return _pooled(records, lambda r: r["result"]["uncut_tokens_per_prompt"],
                        lambda r: r["result"]["uncut_steps_per_prompt"])
@@ -431,7 +431,7 @@ def _markdown(path: Path, records: list, tres: list, bases: list, errors: list, 
         lines.append("")
     if tres:
         lines += ["## Treespec points", "",
-                  "Intervals: 95% bootstrap over prompts (`treespec.intervals`; speedups paired per prompt). "
+                  "Intervals: 95% bootstrap over prompts (`treespec.bench.intervals`; speedups paired per prompt). "
                   "tau counts every step; tau (uncut) only the steps the end of generation (max_new_tokens or "
                   "EOS, or the depth cap near it) did not shorten, the quantity the prediction estimates."
                   + (" greedy = target compares outputs with HF generate's in the same precision; below float32 "

@@ -1,6 +1,6 @@
 """What one ``generate`` call reports: per-step records and the figures derived from them.
 
-Shared by the eager loop (``treespec.engine``) and the static-shape loop (``treespec.static``).
+Shared by the eager loop (``treespec.core.engine``) and the static-shape loop (``treespec.core.compiled``).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ class Stats:
     drafters: list[DrafterStats] = field(default_factory=list)
     depth_tried: list[int] = field(default_factory=list)  # [d-1]: uncut steps whose walk reached a node at depth d-1 with children
     depth_accepted: list[int] = field(default_factory=list)  # [d-1]: of those, steps that accepted a child at depth d
-    verifier: str = "rrs"  # the verification rule (treespec.verifiers)
+    verifier: str = "rrs"  # the verification rule (treespec.core.verifiers)
 
     @property
     def tau(self) -> float:

@@ -30,7 +30,11 @@ from typing import Any, Callable
 import torch
 
 PRECISIONS = ("float32", "bfloat16", "float16", "int8")
+#: the floating-point precisions (a target may run in any of them; int8 is for drafts only)
+FLOATS = PRECISIONS[:3]
 ROLES = ("target", "draft")
+#: the names a user may give per role (``auto`` measures; see :func:`auto_precision`)
+CHOICES = {"target": ("auto", *FLOATS), "draft": ("auto", *PRECISIONS)}
 #: precisions ``auto`` times, per role: int8 only for drafts (a quantised target changes the output)
 AUTO_CANDIDATES = {"target": ("float32", "bfloat16"), "draft": ("float32", "bfloat16", "int8")}
 #: tree sizes ``auto`` times (seconds summed): a decode token plus a verification tree / draft level

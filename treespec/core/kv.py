@@ -118,16 +118,6 @@ def forward_masked(
     return out.logits[0]
 
 
-def check_sampling_dtype(model: torch.nn.Module, greedy: bool, role: str = "target") -> None:
-    """Refuse sampling from a float16 model: its activations overflow to inf/NaN, and NaN
-    probabilities reaching CUDA ``multinomial`` trip a device-side assert that kills the process."""
-    if not greedy and next(model.parameters()).dtype == torch.float16:
-        raise ValueError(
-            f"sampling (temperature > 0) from a float16 {role} model is not supported: float16 logits can "
-            "overflow to NaN. Load the model in bfloat16 or float32 (torch_dtype=torch.bfloat16), or decode greedily."
-        )
-
-
 def causal_allowed(past: int, n: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """Mask for ``n`` new tokens in sequence after ``past`` cached ones: ordinary causal attention."""
     allowed = torch.ones(n, past + n, dtype=torch.bool, device=device)

@@ -21,8 +21,8 @@ import torch
 
 from . import intervals
 from .baselines import hf_generate
-from .engine import generate
-from .precision import precision_of
+from ..core.engine import generate
+from ..models.precision import precision_of
 from .sweep.records import append_record, read_records, repair_tail
 
 

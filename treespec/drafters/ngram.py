@@ -44,8 +44,8 @@ import numbers
 from collections import deque
 from typing import Iterable, Sequence
 
-from .drafting import ROOT, Drafter, DraftProposals
-from .sampling import SamplingParams
+from ..core.drafting import ROOT, Drafter, DraftProposals
+from ..core.sampling import SamplingParams
 
 __all__ = [
     "MODES",

@@ -35,9 +35,9 @@ from typing import Protocol, Sequence
 
 import torch
 
-from .drafting import ROOT, DraftProposals, Drafter
-from .kv import TreeCache, causal_allowed, forward_masked
-from .sampling import SamplingParams
+from ..core.drafting import ROOT, DraftProposals, Drafter
+from ..core.kv import TreeCache, causal_allowed, forward_masked
+from ..core.sampling import SamplingParams
 
 __all__ = ["TextTokenizer", "TextCodec", "CrossTokenizerDrafter", "AlignmentError", "common_prefix",
            "tokenizers_match", "load_cross_drafter"]
@@ -258,7 +258,7 @@ class CrossTokenizerDrafter(Drafter):
 
 def tokenizers_match(target_tokenizer, draft_tokenizer) -> bool:
     """True when the two tokenizers share one vocabulary (``models.check_tokenizers`` passes)."""
-    from .models import check_tokenizers
+    from ..models.loading import check_tokenizers
 
     try:
         check_tokenizers(target_tokenizer, draft_tokenizer)
@@ -272,7 +272,7 @@ def load_cross_drafter(draft_name: str | os.PathLike, target_tokenizer, *, depth
                        **load_kwargs) -> CrossTokenizerDrafter:
     """Load the draft model ``draft_name`` (a built-in name, a directory or a hub id; see
     ``models.load``) and wrap it as a :class:`CrossTokenizerDrafter` for ``target_tokenizer``."""
-    from .models import load
+    from ..models.loading import load
 
     model, tokenizer = load(draft_name, device=device, dtype=dtype, **load_kwargs)
     return CrossTokenizerDrafter(model, tokenizer, target_tokenizer, depth=depth, width=width)

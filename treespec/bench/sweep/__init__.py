@@ -40,12 +40,12 @@ n-gram drafter reserves part of ``B`` and the model's tree is sized for the rest
 verifies more than ``B`` tokens. For ``drafters = "ngram"`` the builder axis does not apply
 (builder ``"ngram"``).
 
-Acceptance vectors (``treespec.acceptance.measure``) are measured once per (pair, dataset, mode,
+Acceptance vectors (``treespec.calibrate.acceptance.measure``) are measured once per (pair, dataset, mode,
 temperature, top-p) on the calibration prompts, cached as ``acceptance-<hash>.json`` in the output
 directory, and always read back from that file. Static-shape points record the tau the vector
 predicts (``TreeShape.expected_tokens``) beside the measured tau.
 
-Datasets (``treespec.datasets``): ``humaneval`` (164 code prompts) and ``lee-news`` (leads of the
+Datasets (``treespec.bench.datasets``): ``humaneval`` (164 code prompts) and ``lee-news`` (leads of the
 Lee news articles shipped in the PyPI package ``gensim``).
 Calibration and evaluation ranges (``"start:stop"``) must be disjoint: overlapping ranges or a
 shared prompt text raise. Prompts are fed raw, without a chat template (both models are treated as
@@ -58,7 +58,7 @@ written with flush + fsync as each point finishes, so Ctrl-C or a crash loses on
 progress. A point that raises is written with ``"status": "error"`` and retried on the next run.
 
 Model names: anything ``treespec.models.load`` accepts, or an in-process tiny random model for tests
-(``treespec.testing.tiny_from_spec``): ``"tiny:llama:seed=0"`` /
+(``treespec.models.tiny.tiny_from_spec``): ``"tiny:llama:seed=0"`` /
 ``"tiny:qwen2:seed=0:vocab=64:hidden=32:layers=2:scale=4"``, and a draft correlated with it
 ``"tiny:llama:seed=0:noise=0.3"`` (the same model plus Gaussian weight noise, ``noise_seed`` 1 by
 default). Tiny models read text as UTF-8 bytes modulo their vocabulary.

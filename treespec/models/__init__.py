@@ -1,0 +1,7 @@
+"""Loading models (built-in packaged pairs, any HF id or directory), their precision, and timing them."""
+
+from .loading import (DEFAULT_DRAFT, DEFAULT_TARGET, SMOLLM2, MissingModelPackageError, PackagedModel, cache_root,
+                      check_tokenizers, load)
+
+__all__ = ["DEFAULT_DRAFT", "DEFAULT_TARGET", "SMOLLM2", "MissingModelPackageError", "PackagedModel", "cache_root",
+           "check_tokenizers", "load"]
