@@ -16,7 +16,9 @@ from ..core.drafting import ROOT, DraftProposals, Drafter
 from ..core.kv import TreeCache, causal_allowed, forward_masked
 from ..core.sampling import SamplingParams, draw_children
 
-MODES = ("topk", "sample", "sample_without_replacement", "dynamic")
+#: the modes of a static tree shape (the dynamic EAGLE-2 tree grows its own)
+STATIC_MODES = ("topk", "sample", "sample_without_replacement")
+MODES = (*STATIC_MODES, "dynamic")
 
 Path = tuple[int, ...]
 
