@@ -24,8 +24,9 @@ from treespec.bench import compare
 from treespec.bench.datasets import dataset_prompts
 from treespec.models import DEFAULT_DRAFT, DEFAULT_TARGET, cache_root, load
 from treespec.models.precision import to_precision
-from treespec.recipes import build_drafters, default_acceptance
-from treespec.calibrate.tuning import tune
+from treespec.calibrate.vectors import default_acceptance
+from treespec.models.precision import precision_of
+from treespec.recipes import Recipe, resolve, run
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -42,14 +43,16 @@ def main(argv: list[str] | None = None) -> dict:
     target, _ = load(DEFAULT_TARGET, dtype="auto", role="target")
     draft, _ = load(DEFAULT_DRAFT, dtype="auto", role="draft")
     vector = default_acceptance(None, 0.0)
-    tuned = tune(target, draft, vector, cache_file=cache_root() / "profiles.json")
-    print("treespec configuration:", tuned.why, flush=True)
+    resolved = resolve(Recipe(tree="sequoia", acceptance=vector), target, [draft],
+                       cache_file=cache_root() / "profiles.json")
+    recipe = resolved.recipe
+    print("treespec configuration:", resolved.why, flush=True)
     target16 = target if str(target.dtype) == "torch.bfloat16" else to_precision(load(DEFAULT_TARGET)[0], "bfloat16")
 
     methods = [] if args.no_fp32_baseline else [compare.hf_method(target32)]
     methods += [compare.hf_method(target16), compare.hf_assisted_method(target16, draft),
-                compare.treespec_method(target, lambda n: build_drafters(tuned.recipe, [draft], max_new_tokens=n),
-                                        tuned.recipe.budget)]
+                compare.treespec_method(lambda ids, n: run(recipe, target, [draft], ids, max_new_tokens=n),
+                                        precision_of(target))]
     prompts = []
     for name, spec in (("humaneval", args.humaneval), ("lee-news", args.lee_news)):
         if spec:
@@ -73,10 +76,10 @@ def main(argv: list[str] | None = None) -> dict:
                 a["divergences"].append({"prompt": p, **(div or {})})
     machine = (f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads, "
                f"torch {torch.__version__}")
-    result = {"machine": machine, "configuration": tuned.why, "recipe": {
-        "budget": tuned.recipe.budget, "depth": tuned.recipe.depth, "max_width": tuned.recipe.max_width,
-        "min_confidence": tuned.recipe.min_confidence, "target_dtype": tuned.recipe.target_dtype,
-        "draft_dtype": tuned.recipe.draft_dtype}, "profile": tuned.profile.to_dict(),
+    result = {"machine": machine, "configuration": resolved.why, "recipe": {
+        "budget": recipe.budget, "depth": recipe.depth, "max_width": recipe.max_width,
+        "min_confidence": recipe.min_confidence, "target_dtype": recipe.target_dtype,
+        "draft_dtype": recipe.draft_dtype}, "profile": resolved.tuned.profile.to_dict(),
         "max_new_tokens": args.max_new_tokens, "summaries": summaries}
     (args.out / "summary.json").write_text(json.dumps(result, indent=1))
     text = "\n\n".join(compare.markdown(s) for s in summaries)
@@ -87,7 +90,7 @@ def main(argv: list[str] | None = None) -> dict:
                          f"target top-2 logit gap there {d.get('top2_gap', float('nan')):.3f}")
     (args.out / "README.md").write_text(
         f"# treespec vs the target alone, CPU\n\nMachine: {machine}.\nConfiguration (chosen by treespec on this "
-        f"machine): {tuned.why}.\n{args.max_new_tokens} greedy tokens per prompt, methods interleaved per prompt.\n"
+        f"machine): {resolved.why}.\n{args.max_new_tokens} greedy tokens per prompt, methods interleaved per prompt.\n"
         f"Command: `python experiments/bench_cpu.py --out {args.out}`.\n\n{text}\n")
     _plot(summaries, args.out / "tokens_per_second.png")
     print(text)

@@ -51,7 +51,10 @@ from treespec.bench.baselines import hf_generate
 from treespec.bench.datasets import DATASETS, dataset_prompts, humaneval_prompts
 from treespec.drafters.model import ModelDrafter
 from treespec.models.precision import cpu_model, precision_of
-from treespec.recipes import CrossDraft, Recipe, build_drafters, default_acceptance
+import treespec
+from treespec.calibrate.vectors import default_acceptance
+from treespec.models.pair import CrossDraft
+from treespec.recipes import Recipe, build_drafters, resolve
 
 CHAT_DATASETS = ("sharegpt",)  #: prompts that are a user's chat turn: wrapped in the target's chat template
 SAME, CROSS = "same", "cross"  # the two draft roles
@@ -112,7 +115,10 @@ def treespec_counted(target: torch.nn.Module, recipe: Recipe, draft: torch.nn.Mo
             built.append((d, calls))
         return drafters
 
-    method = compare.treespec_method(target, make, recipe.budget, name=name)
+    def generate_one(ids: list[int], n: int):  # the recipe's drafters, wrapped to count, under its budget
+        return treespec.generate(target, ids, make(n), max_new_tokens=n, budget=recipe.budget)
+
+    method = compare.treespec_method(generate_one, precision_of(target), name=name)
 
     def run(ids: list[int], n: int):
         tokens, seconds, extra = method.run(ids, n)
@@ -146,20 +152,20 @@ def cross_recipe(depth: int, target: torch.nn.Module, draft: CrossDraft) -> Reci
 
 def real_setup(args: argparse.Namespace) -> Setup:
     from treespec.models import DEFAULT_DRAFT, DEFAULT_TARGET, SMOLLM2, cache_root
-    from treespec.recipes import load_pair
-    from treespec.calibrate.tuning import tune
+    from treespec.models.pair import load_pair
 
     target, tok, (same, cross) = load_pair(DEFAULT_TARGET, [DEFAULT_DRAFT, SMOLLM2], target_dtype="bfloat16",
                                            draft_dtype="auto")
-    tuned = tune(target, same, default_acceptance(None, 0.0), cache_file=cache_root() / "profiles.json")
-    recipes = {SAME: tuned.recipe, CROSS: cross_recipe(args.cross_depth, target, cross)}
+    resolved = resolve(Recipe(tree="sequoia", acceptance=default_acceptance(None, 0.0)), target, [same],
+                       cache_file=cache_root() / "profiles.json")
+    recipes = {SAME: resolved.recipe, CROSS: cross_recipe(args.cross_depth, target, cross)}
     labels = {SAME: "qwen0.5b", CROSS: "smollm2"}
     settings = {"target": f"{DEFAULT_TARGET} ({precision_of(target)})",
                 SAME: f"{DEFAULT_DRAFT} ({precision_of(same)}), same tokenizer",
                 CROSS: f"{SMOLLM2} ({precision_of(cross.model)}), its own tokenizer",
                 "precision_choice": {"qwen0.5b": getattr(same, "treespec_precision", None),
                                      "smollm2": getattr(cross.model, "treespec_precision", None)},
-                "treespec-qwen0.5b": f"tuned: {tuned.why}",
+                "treespec-qwen0.5b": f"tuned: {resolved.why}",
                 "treespec-smollm2": f"cross-tokenizer greedy chain of {args.cross_depth} draft tokens "
                                     f"(budget {recipes[CROSS].budget})",
                 "hf-assisted": "HF defaults for the assistant (fresh GenerationConfig: 20 draft tokens, "

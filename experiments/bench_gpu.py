@@ -28,7 +28,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from transformers.generation import CompileConfig
 
 import treespec
-from treespec.core import compiled as static
+from treespec.core import compiled as static  # the compiled step's runner and shapes
 from treespec.calibrate.acceptance import MeasuredAcceptance
 from treespec.calibrate.costs import choose_tree, draft_level_cost, measure_latency
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 import treespec
-from treespec.recipes import Recipe, build_drafters
+from treespec.recipes import Recipe, run
 from treespec.models.tiny import tiny_model
 
 ACCEPTANCE = [0.55, 0.15, 0.07, 0.04, 0.02, 0.01]
@@ -50,11 +50,8 @@ def main(argv: list[str] | None = None) -> None:
     for temperature in (0.0, 1.0):
         for budget in args.budgets:
             recipe = Recipe(tree="sequoia", budget=budget, depth=8, temperature=temperature, acceptance=ACCEPTANCE)
-            drafters = build_drafters(recipe, [draft], max_new_tokens=args.new_tokens)
-            treespec.generate(target, prompt, drafters=drafters, max_new_tokens=8, temperature=temperature, seed=0,
-                              budget=budget)
-            s = treespec.generate(target, prompt, drafters=drafters, max_new_tokens=args.new_tokens,
-                                  temperature=temperature, seed=1, budget=budget).stats
+            run(recipe, target, [draft], prompt, max_new_tokens=8, seed=0)  # warm-up
+            s = run(recipe, target, [draft], prompt, max_new_tokens=args.new_tokens, seed=1).stats
             per = lambda x: 1000 * x / s.steps
             lines.append(f"| {temperature} | {budget} | {s.steps} | {per(s.overhead_seconds):.2f} | "
                          f"{per(s.verifying_seconds):.2f} | {per(s.drafting_seconds):.2f} | "

@@ -35,7 +35,7 @@ import hashlib
 import json
 import shlex
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -43,8 +43,9 @@ import numpy as np
 import torch
 
 from treespec.bench import intervals
-from treespec.core.engine import generate
-from treespec.recipes import Recipe, build_drafters, default_acceptance, plan
+from treespec.calibrate.vectors import default_acceptance
+from treespec.recipes import Recipe, plan
+from treespec.recipes import run as run_recipe
 from treespec.bench.sweep.records import append_record, read_records, repair_tail
 from treespec.core.verifiers import NotExactError
 
@@ -117,15 +118,10 @@ def run_one(target: torch.nn.Module, draft: torch.nn.Module, recipe: Recipe, ids
             verifier: str, seed: int) -> dict[str, Any]:
     """One generation; a tree the verifier is not exact for ends the run as ``{"refused": why}``."""
     try:
-        out = generate(target, ids, drafters=build_drafters(recipe, [draft], max_new_tokens=n), max_new_tokens=n,
-                       temperature=recipe.temperature, seed=seed, budget=recipe.budget, verifier=verifier)
+        out = run_recipe(replace(recipe, verifier=verifier), target, [draft], ids, max_new_tokens=n, seed=seed)
     except NotExactError as error:
         return {"refused": str(error)}
-    s = out.stats
-    return {"new_tokens": s.new_tokens, "steps": s.steps, "tau": s.tau, "tau_uncut": s.tau_uncut,
-            "seconds": s.seconds, "tokens_per_second": s.new_tokens / s.seconds,
-            "drafting_seconds": s.drafting_seconds, "verifying_seconds": s.verifying_seconds,
-            "engine_seconds": s.overhead_seconds, "step_tokens": s.step_tokens, "output": out.new_tokens}
+    return {**out.stats.record(), "output": out.new_tokens}
 
 
 def run(target: torch.nn.Module, drafts: Callable[[str], torch.nn.Module],

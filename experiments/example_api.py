@@ -4,7 +4,7 @@
 """
 
 import treespec
-from treespec.recipes import NGramSettings, Recipe, build_drafters, shape_for
+from treespec.recipes import NGramSettings, Recipe, shape_for
 from treespec.models.tiny import perturbed_copy, tiny_model
 
 
@@ -15,8 +15,7 @@ def main() -> None:
     recipe = Recipe(tree="sequoia", budget=12, acceptance=[0.62, 0.12, 0.05, 0.03], ngram=NGramSettings())
     print(shape_for(recipe))
     prompt = [1, 17, 42, 5, 17, 42, 5, 17]
-    out = treespec.generate(target, prompt, drafters=build_drafters(recipe, [draft], max_new_tokens=48),
-                            max_new_tokens=48, temperature=recipe.temperature, budget=recipe.budget)
+    out = treespec.run(recipe, target, [draft], prompt, max_new_tokens=48)  # drafters, cap and sampling: one recipe
     plain = treespec.generate(target, prompt, max_new_tokens=48)
     print("new tokens:", out.new_tokens)
     print(f"tau {out.stats.tau:.2f}, accepted per step {out.stats.accepted_hist}, "

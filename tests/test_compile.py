@@ -9,7 +9,8 @@ from stats import ALPHA, exact_joint, g_test
 import test_exactness
 from test_exactness import BUSHY, PROMPT, pair, sample_joint  # noqa: F401 (pair is a fixture)
 from treespec.models.tiny import greedy_reference, perturbed_copy, tiny_model
-from treespec.core import compiled as static
+from treespec.core import compiled
+from treespec.core.kv import StaticTreeCache
 
 KARY = [(0,), (1,), (0, 0), (0, 1), (1, 0), (1, 1)]
 BACKEND = "aot_eager"
@@ -74,7 +75,7 @@ def test_garbage_in_unused_cache_slots_changes_nothing(models):
     target, draft = models
     prompt = [1, 5, 7, 9, 3]
     clean = run(target, draft, prompt, 30, budget=8, compile=BACKEND)
-    runner = next(r for r in static._RUNNERS.values() if r.model is target and r.width == 8)
+    runner = next(r for r in compiled._RUNNERS.values() if r.model is target and r.width == 8)
     gen = torch.Generator().manual_seed(0)
 
     def poison(_tokens):
@@ -95,7 +96,7 @@ def test_garbage_in_unused_cache_slots_changes_nothing(models):
 
 def test_static_cache_commit_gathers_rows_for_all_layers():
     target = tiny_model("qwen2", vocab=32, hidden=32)
-    cache = static.StaticTreeCache(target, 16)
+    cache = StaticTreeCache(target, 16)
     assert all(not layer.keys.any() for layer in cache.layers)  # zero-filled
     for i, layer in enumerate(cache.layers):
         layer.keys[0, 0, :, 0] = torch.arange(16.0) + 100 * i
@@ -117,12 +118,12 @@ def test_greedy_path_is_the_deepest_matching_node():
     anc[1, 0] = anc[2, 0] = anc[2, 1] = anc[3, 0] = True
     logits = torch.zeros(5, 10)
     logits[0, 4] = logits[1, 5] = logits[2, 7] = 1.0  # target argmax: 4 after root, 5 after node 1, then 7
-    on_path, extra = static.greedy_path(logits, tokens, parent, anc, valid)
+    on_path, extra = compiled.greedy_path(logits, tokens, parent, anc, valid)
     assert on_path.tolist() == [True, True, True, False, False] and int(extra) == 7
     logits[1, 5], logits[1, 1] = 0.0, 1.0  # now node 2 does not match: stop at node 1, extra = 1
-    on_path, extra = static.greedy_path(logits, tokens, parent, anc, valid)
+    on_path, extra = compiled.greedy_path(logits, tokens, parent, anc, valid)
     assert on_path.tolist() == [True, True, False, False, False] and int(extra) == 1
-    rows, m = static.path_rows(on_path)
+    rows, m = compiled.path_rows(on_path)
     assert rows.tolist() == [0, 1, 2, 3, 4] and int(m) == 2
 
 
@@ -144,7 +145,7 @@ def test_compiled_exactness_test_detects_a_biased_verifier(pair, monkeypatch):  
     def always_accept(r, tokens, q, u):
         return torch.zeros(r.shape[:-1], dtype=torch.long, device=r.device), r
 
-    monkeypatch.setattr(static, "verify_proposals", always_accept)
+    monkeypatch.setattr(compiled, "verify_proposals", always_accept)
     counts = sample_joint(target, lambda: [treespec.ModelDrafter(draft, BUSHY, "topk")], "compiled-biased",
                           temperature=1.0, budget=8, compile=BACKEND)
     # every trial emits the draft's top-1 chain (the depth cap leaves the last token to the target)

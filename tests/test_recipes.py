@@ -1,24 +1,31 @@
-"""Recipes: one translation from settings to drafters, the same in the CLI, the demo and sweeps."""
+"""Recipes: one translation from settings to drafters, and one route to the engine (``treespec.recipes.run``)
+that the CLI, the demo, the sweep and Python callers all take."""
 
 from __future__ import annotations
 
+import argparse
+import inspect
 import json
-from dataclasses import replace
 from pathlib import Path
-from unittest.mock import patch
+from typing import Any
 
 import numpy as np
 import pytest
 
 import treespec
 import treespec.bench.sweep as S
-from treespec import NGramDrafter
+from treespec import NGramDrafter, recipes
+from treespec.bench import demo
+from treespec.calibrate import tuning
 from treespec.calibrate.acceptance import MeasuredAcceptance
-from treespec.cli import build_parser, recipe_from_args
-from treespec.calibrate.tuning import tune
-from treespec.calibrate.costs import Profile, choose_tree
-from treespec.recipes import NGramSettings, Recipe, build_drafters, draft_mode, plan, shape_for
-from treespec.models.tiny import perturbed_copy, tiny_model
+from treespec.calibrate.costs import Profile
+from treespec.calibrate.vectors import default_acceptance
+from treespec.cli import main
+from treespec.drafters.model import ModelDrafter
+from treespec.models.tiny import ByteTokenizer, perturbed_copy, tiny_model
+from treespec.recipes import NGramSettings, Recipe, build_drafters, draft_mode, plan, resolve, run, shape_for
+
+from test_cli import tiny_dirs  # noqa: F401  (a fixture: tiny local model directories for the CLI)
 
 ROOT = Path(__file__).resolve().parents[1]
 VECTOR = [0.62, 0.12, 0.05, 0.03]
@@ -30,12 +37,20 @@ def test_draft_mode_rule() -> None:
     assert draft_mode("chains", 1.0) == "sample" and draft_mode("chains", 0.0) == "topk"
     assert draft_mode("dynamic", 1.0) == "dynamic"
     assert draft_mode("sequoia", 1.0, "sample") == "sample"  # an explicit mode wins
-    with pytest.raises(ValueError, match="draft_mode"):
-        Recipe(draft_mode="greedy")
-    with pytest.raises(ValueError, match="budget"):
-        Recipe(budget=0)
-    with pytest.raises(ValueError, match="unknown tree builder"):
-        Recipe(tree="bush")
+
+
+@pytest.mark.parametrize("kwargs,fragment", [
+    ({"draft_mode": "greedy"}, "draft_mode"), ({"budget": 0}, "budget"), ({"tree": "bush"}, "unknown tree builder"),
+    ({"budget": 2.0}, "budget"), ({"depth": 0}, "depth"), ({"temperature": -1}, "temperature"),
+    ({"top_p": 0}, "top_p"), ({"top_k": -1}, "top_k"), ({"verifier": "vote"}, "unknown verifier"),
+    ({"compile": 3}, "compile"), ({"target_dtype": "int8"}, "quantise drafts only"), ({"kary_width": 0}, "kary_width"),
+    ({"acceptance": [0.9, 0.8]}, "sum"),
+])
+def test_every_setting_is_checked_where_the_recipe_is_made(kwargs: dict, fragment: str) -> None:
+    with pytest.raises(ValueError, match=fragment):
+        Recipe(**kwargs)
+    with pytest.raises(ValueError, match="n-gram order"):
+        NGramSettings(max_order=1)  # the n-gram drafter's own rule
 
 
 def test_ngram_shares_the_budget() -> None:
@@ -59,7 +74,7 @@ def test_verified_nodes_never_exceed_the_budget() -> None:
         recipe = Recipe(tree=tree, budget=6, ngram=NGramSettings(max_tokens=3), acceptance=VECTOR)
         drafters = build_drafters(recipe, [draft], max_new_tokens=16)
         assert isinstance(drafters[-1], NGramDrafter) and len(drafters) == 2
-        out = treespec.generate(target, prompt, drafters=drafters, max_new_tokens=16, budget=recipe.budget)
+        out = run(recipe, target, [draft], prompt, max_new_tokens=16)
         assert max(out.stats.tree_sizes) <= 6, tree
 
 
@@ -69,53 +84,121 @@ def test_depth_is_capped_by_the_tokens_wanted() -> None:
     assert build_drafters(Recipe(tree="chain", budget=1), [tiny_model()]) == []  # nothing could be verified
 
 
-def _sweep_plan(tmp_path: Path, budget: int, depth: int, ngram_tokens: int | None = None) -> tuple:
-    """What ``treespec sweep`` drafts for one treespec point of tiny.toml at these settings."""
-    cfg = S.load_config(ROOT / "experiments" / "configs" / "tiny.toml")
-    cfg["grid"].update(builders=["sequoia"], budgets=[budget], max_depths=[depth], temperatures=[0.0],
-                       drafters=["model" if ngram_tokens is None else "both"])
-    cfg["ngram"]["max_tokens"] = ngram_tokens or 4
-    counts = np.array([[round(100 * a) for a in VECTOR]])
-
-    def measure(*args, **kwargs) -> MeasuredAcceptance:
-        return MeasuredAcceptance.from_counts(counts, np.array([100]), beta=0.5)
-
-    state = S.Sweep(cfg, tmp_path, progress=False, measure=measure)
-    point = next(pt for pt in S.enumerate_points(cfg) if pt.kind == "treespec")
-    drafters, info = state._drafters(point.params)
-    recipe = S.point_recipe(point.params, VECTOR)
-    assert info["tree"]["paths"] == [list(p) for p in plan(recipe).shape.paths]
-    return plan(recipe, max_new_tokens=point.params["max_new_tokens"]).key(), info["cap"], \
-        [d.describe() for d in drafters]
+# -- one route ------------------------------------------------------------------------------------
 
 
-def _cli_plan(tmp_path: Path, budget: int, depth: int, ngram: bool = False) -> tuple:
+def _drafter_key(d: Any) -> tuple:
+    """What a drafter will propose, whatever model it drives: mode, static shape or dynamic settings."""
+    if isinstance(d, ModelDrafter):
+        tree = (d.depth, d.topk, d.nodes) if d.mode == "dynamic" else tuple(d.plan.shape.paths)
+        return "model", d.mode, tree, d.min_confidence
+    return type(d).__name__, d.describe()
+
+
+@pytest.fixture
+def engine_calls(monkeypatch) -> list[dict[str, Any]]:
+    """Every call ``treespec.recipes.run`` makes to the engine: its drafters, cap and sampling."""
+    calls: list[dict[str, Any]] = []
+    real = recipes.generate
+
+    def spy(target, input_ids, drafters, **kw):
+        calls.append({"drafters": [_drafter_key(d) for d in drafters],
+                      **{k: kw[k] for k in ("max_new_tokens", "budget", "temperature", "top_k", "top_p", "verifier",
+                                            "compile")}})
+        return real(target, input_ids, drafters, **kw)
+
+    monkeypatch.setattr(recipes, "generate", spy)
+    return calls
+
+
+def _at(calls: list[dict[str, Any]], n: int) -> dict[str, Any]:
+    """The call that generated ``n`` tokens (warm-up calls generate fewer), all such calls being alike."""
+    hits = [c for c in calls if c["max_new_tokens"] == n]
+    assert hits and all(c == hits[0] for c in hits), hits
+    return hits[0]
+
+
+def test_cli_demo_and_python_run_the_same_tuned_recipe(tmp_path: Path, monkeypatch, engine_calls, tiny_dirs) -> None:
+    """No budget given: every route tunes the same Sequoia tree (same costs) and runs it under the same cap."""
+    prof = Profile.from_dict({"target_latency": {"1": 1.0, "4": 1.02, "16": 1.2}, "draft_level_latency": {"1": 0.05}})
+    monkeypatch.setattr(tuning, "cached_profile", lambda *a, **k: prof)
+    monkeypatch.setenv("TREESPEC_CACHE", str(tmp_path / "cache"))
+    target = tiny_model("llama", vocab=128, hidden=64, scale=6)
+    draft = perturbed_copy(target, 0.2)
+    shipped = default_acceptance(None, 0.0)
+
+    run(Recipe(tree="sequoia", acceptance=shipped), target, [draft], [5, 6, 7], max_new_tokens=16)
+    python = _at(engine_calls, 16)
+    engine_calls.clear()
+    assert main(["generate", "--target", tiny_dirs["target"], "--draft", tiny_dirs["draft"], "--dtype", "float32",
+                 "--draft-dtype", "float32", "--prompt", "w1 w2 w3", "--max-new-tokens", "16"]) == 0
+    cli = _at(engine_calls, 16)
+    engine_calls.clear()
+    args = argparse.Namespace(out=tmp_path / "demo", prompts=1, max_new_tokens=16, device="cpu", target="unused")
+    demo.run_demo(args, target, ByteTokenizer(128, max_tokens=48), draft)
+    from_demo = _at(engine_calls, 16)
+
+    tuned = tuning.Tuned(prof.choose(shipped, max_depth=8), prof, tuning.MIN_CONFIDENCE)
+    assert python == cli == from_demo
+    assert python["budget"] == tuned.settings()["budget"] >= 4 and python["temperature"] == 0.0
+    assert python["drafters"] == [("model", "topk", tuple(tuned.choice.shape.paths), tuning.MIN_CONFIDENCE)]
+
+
+def test_cli_sweep_and_python_run_the_same_explicit_recipe(tmp_path: Path, engine_calls, tiny_dirs) -> None:
+    """An explicit budget, depth and sampling: the CLI's flags, a sweep point and a Recipe give one engine call."""
+    recipe = Recipe(tree="sequoia", budget=8, depth=4, temperature=0.7, top_p=0.9, acceptance=VECTOR)
+    target = tiny_model("llama", vocab=64, scale=4)
+    run(recipe, target, [perturbed_copy(target, 0.3)], [1, 2, 3], max_new_tokens=16, seed=1)
+    python = _at(engine_calls, 16)
+    engine_calls.clear()
+
     acc = tmp_path / "acc.json"
     acc.write_text(json.dumps({"vector": VECTOR}))
-    args = build_parser().parse_args(["generate", "--prompt", "x", "--tree", "sequoia", "--budget", str(budget),
-                                      "--depth", str(depth), "--acceptance", str(acc)] + (["--ngram"] if ngram else []))
-    recipe = recipe_from_args(args)
-    return plan(recipe, max_new_tokens=args.max_new_tokens).key(), recipe.budget, recipe
+    assert main(["generate", "--target", tiny_dirs["target"], "--draft", tiny_dirs["draft"], "--dtype", "float32",
+                 "--draft-dtype", "float32", "--prompt", "w1 w2", "--max-new-tokens", "16", "--tree", "sequoia",
+                 "--budget", "8", "--depth", "4", "--temperature", "0.7", "--top-p", "0.9", "--acceptance", str(acc),
+                 "--seed", "1"]) == 0
+    cli = _at(engine_calls, 16)
+    engine_calls.clear()
+
+    cfg = S.load_config(ROOT / "experiments" / "configs" / "tiny.toml")
+    cfg["grid"].update(builders=["sequoia"], budgets=[8], max_depths=[4], temperatures=[0.7], top_p=[0.9])
+    cfg["data"].update(eval="100:101", max_new_tokens=16)
+    counts = np.array([[round(100 * a) for a in VECTOR]])
+    (tmp_path / "sweep").mkdir()
+    state = S.Sweep(cfg, tmp_path / "sweep", progress=False,
+                    measure=lambda *a, **k: MeasuredAcceptance.from_counts(counts, np.array([100]), beta=0.5))
+    state.run_point(next(p for p in S.enumerate_points(cfg) if p.kind == "treespec"))
+    sweep = _at(engine_calls, 16)
+
+    assert python == cli == sweep
+    assert python["budget"] == 8 and (python["temperature"], python["top_p"]) == (0.7, 0.9)
+    assert python["drafters"][0][:2] == ("model", "sample_without_replacement")
 
 
-def test_cli_demo_and_sweep_draft_the_same_tree(tmp_path: Path) -> None:
-    prof = Profile({1: 1.0, 4: 1.02, 16: 1.2}, 0.05)
-    target = S.load_model("tiny:llama:seed=0", "cpu", "float32")[0]
-    with patch("treespec.calibrate.tuning.cached_profile", return_value=prof):
-        tuned = tune(target, target, VECTOR, max_depth=8, min_confidence=None)
-    choice, demo = tuned.choice, replace(tuned.recipe, target_dtype=None, draft_dtype=None, max_width=None)
-    assert choice.depth >= 2 and choice.budget >= 4  # a real tree, not a chain of one
-    assert plan(tuned.recipe).shape.paths == choice.shape.paths  # the demo runs the tree its profile chose
-    assert plan(demo).shape.paths == choice.shape.paths
-    demo_key = plan(demo, max_new_tokens=64).key()
-    cli_key, cli_budget, cli_recipe = _cli_plan(tmp_path, choice.budget, choice.depth)
-    sweep_key, sweep_cap, described = _sweep_plan(tmp_path, choice.budget, choice.depth)
-    assert demo_key == cli_key == sweep_key and cli_budget == sweep_cap == demo.budget
-    assert [d.describe() for d in build_drafters(cli_recipe, [target])][0].split(", ", 1)[1] == \
-        described[0].split(", ", 1)[1]  # same mode, size and depth (the model names differ)
+def test_the_documented_route_sizes_and_caps_with_one_budget(engine_calls) -> None:
+    """``run`` takes no budget of its own: the tree is sized and capped from ``recipe.budget``; a recipe
+    whose budget is left to tuning cannot be turned into drafters before it is resolved."""
+    assert "budget" not in inspect.signature(run).parameters
+    target = tiny_model("llama", vocab=32, scale=4)
+    draft = perturbed_copy(target, 0.3)
+    with pytest.raises(ValueError, match="resolve it first"):
+        build_drafters(Recipe(tree="kary"), [draft])
+    out = run(Recipe(tree="kary", budget=6), target, [draft], [1, 2, 3], max_new_tokens=12)
+    (call,) = engine_calls
+    assert call["budget"] == 6 and call["drafters"][0][2] == tuple(plan(Recipe(tree="kary", budget=6)).shape.paths)
+    assert max(out.stats.tree_sizes) <= 6
+    resolved = resolve(Recipe(tree="kary", ngram=NGramSettings()), target, [draft])  # not tunable: the default
+    assert resolved.recipe.budget == recipes.DEFAULT_BUDGET and "default" in resolved.why
 
 
-def test_cli_and_sweep_share_the_budget_with_the_ngram_alike(tmp_path: Path) -> None:
-    cli_key, cli_budget, _ = _cli_plan(tmp_path, 12, 6, ngram=True)
-    sweep_key, sweep_cap, described = _sweep_plan(tmp_path, 12, 6, ngram_tokens=4)
-    assert cli_key == sweep_key and cli_budget == sweep_cap == 12 and len(described) == 2
+def test_the_recipe_carries_sampling_verifier_and_compile(engine_calls) -> None:
+    target = tiny_model("llama", vocab=32, scale=4)
+    recipe = Recipe(tree="chain", budget=4, temperature=0.8, top_k=5, top_p=0.95, verifier="block", compile="aot_eager")
+    with pytest.raises(ValueError, match="compile=... runs the token-level verifier only"):
+        run(recipe, target, [perturbed_copy(target, 0.3)], [1, 2], max_new_tokens=6)
+    out = run(Recipe(tree="chain", budget=4, temperature=0.8, top_k=5, verifier="block"), target,
+              [perturbed_copy(target, 0.3)], [1, 2], max_new_tokens=6, seed=0)
+    assert out.stats.verifier == "block"
+    assert engine_calls[-1]["top_k"] == 5 and engine_calls[-1]["temperature"] == 0.8
+    assert isinstance(treespec.run, type(run)) and treespec.run is run

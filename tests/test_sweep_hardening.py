@@ -303,13 +303,11 @@ def test_check_writable(tmp_path: Path) -> None:
 def test_outputs_are_checked_before_models_load(command: str, tmp_path: Path, capsys, monkeypatch) -> None:
     """A bad --out fails at once: the model loader, which would take minutes, is never reached."""
     import treespec.cli as cli
-    from treespec.bench import demo
 
     def never(*args, **kwargs):
         raise AssertionError("models loaded before --out was checked")
 
     monkeypatch.setattr(cli, "load_models", never)
-    monkeypatch.setattr(demo, "load_models", never)
     monkeypatch.delenv("TREESPEC_DEBUG", raising=False)
     blocker = tmp_path / "a-file"
     blocker.write_text("x")

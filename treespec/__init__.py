@@ -16,6 +16,7 @@ from .core.stats import GenerateOutput, Stats
 from .drafters.cross_tokenizer import CrossTokenizerDrafter
 from .drafters.model import ModelDrafter
 from .drafters.ngram import NGramDrafter
+from .recipes import Recipe, resolve, run
 
 _moved.install()
 
@@ -39,8 +40,11 @@ __all__ = [
     "GenerateOutput",
     "ModelDrafter",
     "NGramDrafter",
+    "Recipe",
     "SamplingParams",
     "Stats",
     "generate",
+    "resolve",
+    "run",
     "standardize",
 ]

@@ -25,8 +25,10 @@ MOVED = {
     "analysis": "calibrate.analysis",
     "baselines": "bench.baselines", "intervals": "bench.intervals", "datasets": "bench.datasets",
     "compare": "bench.compare", "demo": "bench.demo",
+    # not sweep.report: importing a submodule rebinds the package's attribute of that name, and
+    # treespec.bench.sweep.report is the report() function (reach it as treespec.sweep.report)
     "sweep": "bench.sweep", **{f"sweep.{m}": f"bench.sweep.{m}"
-                               for m in ("cli", "config", "lock", "points", "records", "report", "runner")},
+                               for m in ("cli", "config", "lock", "points", "records", "runner")},
 }
 
 
@@ -37,7 +39,7 @@ def new_name(old: str) -> str | None:
 
 
 class _AliasFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Finds ``treespec.<old>`` and hands back the module it moved to."""
+    """Finds ``treespec.<old>`` and hands back the module it moved to (its own ``__spec__`` kept)."""
 
     def find_spec(self, fullname: str, path=None, target=None):
         if fullname.startswith("treespec.") and new_name(fullname[len("treespec."):]) is not None:
@@ -48,10 +50,14 @@ class _AliasFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         new = new_name(spec.name[len("treespec."):])
         warnings.warn(f"{spec.name} has moved to {new}; import it from there (the old path will be removed)",
                       DeprecationWarning, stacklevel=3)
-        return importlib.import_module(new)
+        module = importlib.import_module(new)
+        self._specs = {**getattr(self, "_specs", {}), spec.name: module.__spec__}
+        return module
 
     def exec_module(self, module: ModuleType) -> None:
-        """The module is the new one, already executed."""
+        """The module is the new one, already executed; give it back its own spec (the import system
+        has just set the alias's)."""
+        module.__spec__ = self._specs.pop(module.__spec__.name)
 
 
 def install() -> None:

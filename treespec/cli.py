@@ -1,45 +1,63 @@
-"""The ``treespec`` command: generate, demo, accept, profile, sweep."""
+"""The ``treespec`` command: generate, demo, accept, profile, sweep.
+
+Options become a :class:`~treespec.recipes.Recipe` right after parsing (so a bad setting fails
+before any model loads), and every command runs it through ``treespec.recipes`` like any API user.
+Argument types apply the rule's owner (``treespec.core.checks``, ``SamplingParams``), never a
+second copy of it; name lists (trees, modes, verifiers, precisions) come from their owners.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
-from .core.checks import check_writable
-from .recipes import (STATIC_MODES, TREES, CrossDraft, NGramSettings, Recipe, build_drafters, default_acceptance,
-                      draft_mode, eos_ids, load_pair)
+from .calibrate.vectors import default_acceptance
+from .core import checks
+from .core.sampling import SamplingParams
+from .core.verifiers import VERIFIERS
+from .drafters.model import STATIC_MODES
+from .models.pair import eos_ids, load_pair
+from .models.precision import CHOICES
+from .recipes import TREES, NGramSettings, Recipe, draft_mode, resolve, run
 
-VERIFIER_NAMES = ("rrs", "block", "traversal", "spectr")
-TARGET_DTYPES = ("auto", "float32", "bfloat16", "float16")
-DRAFT_DTYPES = (*TARGET_DTYPES, "int8")
 
-
-def _checked(convert, ok, message: str):
-    """An argparse type: ``convert(text)``, refused with ``message`` (formatted with the text) unless ``ok``."""
+def _arg(convert: Callable[[str], Any], check: Callable[[Any], Any]) -> Callable[[str], Any]:
+    """An argparse type: ``convert(text)``, then the rule's own ``check`` (its ValueError is the message)."""
     def parse(text: str):
         value = convert(text)
-        if not ok(value):
-            raise argparse.ArgumentTypeError(message.format(text))
+        try:
+            check(value)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
         return value
 
     parse.__name__ = convert.__name__  # argparse names the type in its "invalid value" message
     return parse
 
 
-_positive_int = _checked(int, lambda v: v >= 1, "must be an integer >= 1, got {}")
-_top_k = _checked(int, lambda v: v >= 0, "top-k must be an integer >= 0 (0 keeps every token), got {}")
-_seed = _checked(int, lambda v: 0 <= v < 2**64, "seed must be an integer in [0, 2**64), got {}")
-_demo_prompts = _checked(int, lambda v: 1 <= v <= 64, "the demo runs HumanEval prompts 100-163: give 1 to 64, got {}")
-_budget = _checked(int, lambda v: v >= 1, "budget must be >= 1 (tokens per verification pass, root included), got {}")
-_temperature = _checked(float, lambda v: 0 <= v < math.inf, "temperature must be >= 0 and finite (0 is greedy), got {}")
-_top_p = _checked(float, lambda v: 0 < v <= 1, "top-p must be in (0, 1], got {}")
+def _count(name: str, minimum: int = 1) -> Callable[[str], int]:
+    return _arg(int, lambda v: checks.check_int(name, v, minimum))
+
+
+_budget = _arg(int, checks.check_budget)
+_seed = _arg(int, checks.check_seed)
+_temperature = _arg(float, lambda v: SamplingParams(temperature=v))
+_top_p = _arg(float, lambda v: SamplingParams(top_p=v))
+_top_k = _arg(int, lambda v: SamplingParams(top_k=v))
+
+
+def _demo_prompt_count(n: int) -> None:
+    if not 1 <= n <= 64:
+        raise ValueError(f"the demo runs HumanEval prompts 100-163: give 1 to 64, got {n}")
+
+
+_demo_prompts = _arg(int, _demo_prompt_count)
 
 
 def _device(text: str) -> str:
@@ -60,10 +78,10 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
                    help=f"draft model (repeatable; default: {DEFAULT_DRAFT} unless --ngram alone is asked)")
     p.add_argument("--device", type=_device, default="cuda" if torch.cuda.is_available() else "cpu",
                    help="torch device, e.g. cpu, cuda or cuda:1 (default: cuda if available)")
-    p.add_argument("--dtype", choices=TARGET_DTYPES, default=None,
+    p.add_argument("--dtype", choices=CHOICES["target"], default=None,
                    help="target precision; auto times float32 and bfloat16 here and keeps the faster (the "
                         "decision is cached). Default: auto on CPU, bfloat16 on CUDA")
-    p.add_argument("--draft-dtype", choices=DRAFT_DTYPES, default=None,
+    p.add_argument("--draft-dtype", choices=CHOICES["draft"], default=None,
                    help="draft precision; int8 is dynamic int8 quantisation (CPU), auto also times it. "
                         "Default: auto on CPU, bfloat16 on CUDA")
 
@@ -75,7 +93,7 @@ def add_sampling_options(p: argparse.ArgumentParser) -> None:
 
 def load_models(args: argparse.Namespace, want_draft: bool = True):
     """Target, its tokenizer and the draft models the options ask for (default draft unless none is wanted)."""
-    from .models.loading import DEFAULT_DRAFT
+    from .models import DEFAULT_DRAFT
 
     names = args.draft if args.draft else ([DEFAULT_DRAFT] if want_draft else [])
     return load_pair(args.target, names, device=args.device, target_dtype=args.dtype,
@@ -114,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tokens per verification pass, root included. Default: for a Sequoia tree with one "
                         "draft model, the budget, depth and width measured fastest on this machine (profile "
                         "cached under the treespec cache); otherwise 16")
-    g.add_argument("--depth", type=_positive_int, default=None, metavar="D", help="maximum tree depth")
+    g.add_argument("--depth", type=_count("depth"), default=None, metavar="D", help="maximum tree depth")
     g.add_argument("--acceptance", type=Path, default=None, metavar="JSON",
                    help="acceptance vector for --tree sequoia (from `treespec accept`; default: the "
                         "vector shipped for the built-in pair)")
@@ -123,10 +141,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "sample_without_replacement, or sample for --tree chains)")
     add_sampling_options(g)
     g.add_argument("--top-k", type=_top_k, default=0, metavar="K", help="keep the K most likely tokens (0: all)")
-    g.add_argument("--max-new-tokens", type=_positive_int, default=128, metavar="N")
+    g.add_argument("--max-new-tokens", type=_count("max-new-tokens"), default=128, metavar="N")
     g.add_argument("--seed", type=_seed, default=None, metavar="S", help="random seed (default: a random one)")
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
-    g.add_argument("--verifier", choices=VERIFIER_NAMES, default="rrs",
+    g.add_argument("--verifier", choices=tuple(VERIFIERS), default="rrs",
                    help="exact verification rule for sampled steps (docs/verifiers.md; default rrs)")
     g.add_argument("--compile", nargs="?", const=True, default=False, metavar="BACKEND",
                    help="static-shape steps with a torch.compile'd target forward (optionally naming the backend)")
@@ -143,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "HumanEval prompts with the target alone and with treespec, and report.")
     d.add_argument("--prompts", type=_demo_prompts, default=3, metavar="N",
                    help="HumanEval prompts from 100 on (1 to 64; default 3)")
-    d.add_argument("--max-new-tokens", type=_positive_int, default=64, metavar="N")
+    d.add_argument("--max-new-tokens", type=_count("max-new-tokens"), default=64, metavar="N")
 
     a = _model_command(sub, "accept", cmd_accept, "acceptance.json", "the JSON file written",
                        help="measure a draft's positional acceptance vector",
@@ -152,48 +170,38 @@ def build_parser() -> argparse.ArgumentParser:
                                    "calibration prompts; writes JSON usable by --acceptance.")
     a.add_argument("--calib", default="0:20", metavar="A:B", help="HumanEval prompts A..B-1 (default 0:20; keep "
                    "them disjoint from the prompts you evaluate on, e.g. 100-163)")
-    a.add_argument("--width", type=_positive_int, default=8, help="proposals per position (vector length)")
+    a.add_argument("--width", type=_count("width"), default=8, help="proposals per position (vector length)")
     a.add_argument("--mode", choices=STATIC_MODES, default=None,
                    help="how the draft proposes (default: topk when greedy, else sample_without_replacement)")
     add_sampling_options(a)
-    a.add_argument("--max-new-tokens", type=_positive_int, default=48, metavar="N")
-    a.add_argument("--max-depth", type=_positive_int, default=8, metavar="D", help="rows of the per-depth matrix")
+    a.add_argument("--max-new-tokens", type=_count("max-new-tokens"), default=48, metavar="N")
+    a.add_argument("--max-depth", type=_count("max-depth"), default=8, metavar="D", help="rows of the per-depth matrix")
 
     pr = _model_command(sub, "profile", cmd_profile, "profile.json", "the JSON file written",
                         help="measure latencies and pick a tree for this machine",
                         description="Measure the target's tree-forward latency per tree size and the draft's cost "
-                                    "per level, then pick the (budget, depth) maximising the predicted speedup "
-                                    "G(n, d) / (t(n)/t(1) + d c) (Sequoia).")
-    pr.add_argument("--sizes", type=_positive_int, nargs="+", default=[1, 2, 4, 8, 16, 32], metavar="N")
+                                    "per level width, then pick the Sequoia tree (budget, depth, width limit) with the "
+                                    "most predicted tokens per second: G(T) / (t(n) + the draft forwards of its levels "
+                                    "at their widths + the engine's time per step).")
+    pr.add_argument("--sizes", type=_count("size"), nargs="+", default=[1, 2, 4, 8, 16, 32], metavar="N")
     pr.add_argument("--acceptance", type=Path, default=None, metavar="JSON",
                     help="acceptance vector (default: the one shipped for the built-in pair)")
-    pr.add_argument("--max-depth", type=_positive_int, default=8, metavar="D")
+    pr.add_argument("--max-depth", type=_count("max-depth"), default=8, metavar="D")
 
     sub.add_parser("sweep", help="run a tree-budget sweep from a TOML config (see `treespec sweep --help`)",
                    add_help=False)
     return parser
 
 
-def checked_acceptance(path: Path | None, temperature: float) -> list:
-    """The acceptance vector of ``--acceptance`` (or the shipped one), refused with the file's name unless
-    it holds probabilities in [0, 1] summing to at most 1 (``tree_builders.acceptance_rows``)."""
-    from tree_builders import acceptance_rows
-
-    vector = default_acceptance(path, temperature)
-    try:
-        acceptance_rows(vector)
-    except ValueError as error:
-        raise ValueError(f"acceptance file {path}: {error}; write one with `treespec accept`") from None
-    return vector
-
-
 def recipe_from_args(args: argparse.Namespace, with_model: bool = True) -> Recipe:
-    """The recipe ``treespec generate`` runs for its options (``budget`` None: 16, or tuned later)."""
+    """The recipe ``treespec generate`` runs for its options (``--budget`` absent: None, resolved later)."""
     sequoia = args.tree == "sequoia" and with_model
-    return Recipe(tree=args.tree, budget=args.budget or 16, depth=args.depth, temperature=args.temperature,
-                  draft_mode=args.draft_mode, ngram=NGramSettings() if args.ngram else None,
-                  acceptance=checked_acceptance(args.acceptance, args.temperature) if sequoia else None,
-                  target_dtype=args.dtype, draft_dtype=args.draft_dtype)
+    return Recipe(tree=args.tree, budget=args.budget, depth=args.depth, temperature=args.temperature,
+                  top_k=args.top_k, top_p=args.top_p, draft_mode=args.draft_mode,
+                  ngram=NGramSettings() if args.ngram else None,
+                  acceptance=default_acceptance(args.acceptance, args.temperature) if sequoia else None,
+                  target_dtype=args.dtype, draft_dtype=args.draft_dtype, verifier=args.verifier,
+                  compile=args.compile)
 
 
 def read_prompts(args: argparse.Namespace) -> list[str]:
@@ -219,23 +227,6 @@ def read_prompts(args: argparse.Namespace) -> list[str]:
     if not prompts:
         raise ValueError(f"{where} holds no prompt")
     return prompts
-
-
-def tuned_recipe(args: argparse.Namespace, recipe: Recipe, target, drafts) -> tuple[Recipe, str]:
-    """The recipe to run and a line saying why: tuned on this machine unless the user fixed the tree."""
-    from .models.loading import cache_root
-    from .models.precision import precision_of
-    from .calibrate.tuning import tune
-
-    precisions = f"target {precision_of(target)}" + "".join(
-        f", draft {precision_of(d.model if isinstance(d, CrossDraft) else d)}" for d in drafts)
-    tunable = (args.budget is None and recipe.tree == "sequoia" and recipe.ngram is None and len(drafts) == 1
-               and not isinstance(drafts[0], CrossDraft))
-    if not tunable:
-        return recipe, f"{precisions}; {recipe.tree} tree, budget {recipe.budget} (as given)"
-    tuned = tune(target, drafts[0], recipe.acceptance, temperature=recipe.temperature, max_depth=recipe.depth or 8,
-                 cache_file=cache_root() / "profiles.json")
-    return tuned.recipe, tuned.why
 
 
 def encode(tok, text: str, chat: bool) -> list[int]:
@@ -265,55 +256,58 @@ def histogram(hist: list[int], width: int = 40) -> str:
                      for k, n in enumerate(hist))
 
 
-def cmd_generate(args: argparse.Namespace) -> int:
-    import treespec
+def _print_stats(s) -> None:
+    print("\n" + "-" * 60)
+    print(f"treespec: {s.new_tokens} tokens in {s.seconds:.2f} s = {s.tokens_per_second:.2f} tok/s, "
+          f"{s.steps} steps, tau {s.tau:.2f}")
+    print(f"time: prefill {s.prefill_seconds:.2f} s, drafting {s.drafting_seconds:.2f} s, "
+          f"verifying {s.verifying_seconds:.2f} s, engine {s.overhead_seconds:.2f} s")
+    for d in s.drafters:
+        print(f"drafter {d.name}: {d.accepted} of {d.proposed} proposals committed")
+    print("accepted drafted tokens per step:\n" + histogram(s.accepted_hist))
 
+
+def _compare(args: argparse.Namespace, recipe: Recipe, target, ids: list[int], eos: list[int], out,
+             record: dict[str, Any]) -> bool:
+    """``--compare``: the target alone (HF generate) on the same prompt; False if greedy outputs differ."""
+    from .bench.baselines import hf_generate
+
+    ref, secs = hf_generate(target, ids, args.max_new_tokens, temperature=recipe.temperature, top_p=recipe.top_p,
+                            top_k=recipe.top_k, eos_token_id=eos, pad_token_id=(eos or [0])[0], seed=args.seed)
+    record.update(hf_tokens_per_second=len(ref) / secs, speedup=out.stats.tokens_per_second / (len(ref) / secs))
+    if recipe.temperature == 0:
+        record["identical"] = ref == out.new_tokens
+    if not args.json:
+        print(f"target alone (HF generate): {len(ref)} tokens in {secs:.2f} s = {len(ref) / secs:.2f} tok/s")
+        print(f"speedup: {record['speedup']:.2f}x")
+        if "identical" in record:
+            print(f"greedy outputs identical: {'yes' if record['identical'] else 'NO'}")
+    return record.get("identical", True)
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
     prompts = read_prompts(args)
     want_draft = not (args.ngram and not args.draft)
     recipe = recipe_from_args(args, with_model=want_draft)  # validates before the models load
     target, tok, drafts = load_models(args, want_draft)
-    recipe, why = tuned_recipe(args, recipe, target, drafts)
-    print(f"configuration: {why}", file=sys.stderr if args.json else sys.stdout, flush=True)
+    resolved = resolve(recipe, target, drafts)
+    recipe = resolved.recipe
+    print(f"configuration: {resolved.why}", file=sys.stderr if args.json else sys.stdout, flush=True)
     eos = eos_ids(target, tok)
     status = 0
     for text in prompts:
         ids = encode(tok, text, args.chat)
-        drafters = build_drafters(recipe, drafts, max_new_tokens=args.max_new_tokens)
-        out = treespec.generate(target, ids, drafters=drafters, max_new_tokens=args.max_new_tokens,
-                                temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                                eos_token_id=eos, seed=args.seed, budget=recipe.budget, verifier=args.verifier,
-                                compile=args.compile, on_tokens=None if args.json else Streamer(tok))
-        s = out.stats
-        record = {"prompt": text, "new_tokens": out.new_tokens, "text": tok.decode(out.new_tokens, skip_special_tokens=True),
-                  "steps": s.steps, "tau": s.tau, "tau_uncut": s.tau_uncut, "seconds": s.seconds,
-                  "tokens_per_second": s.tokens_per_second, "configuration": why,
+        out = run(recipe, target, drafts, ids, max_new_tokens=args.max_new_tokens, seed=args.seed,
+                  eos_token_id=eos, on_tokens=None if args.json else Streamer(tok))
+        record = {"prompt": text, **out.stats.record(), "new_tokens": out.new_tokens,
+                  "text": tok.decode(out.new_tokens, skip_special_tokens=True), "configuration": resolved.why,
                   "recipe": {"tree": recipe.tree, "budget": recipe.budget, "depth": recipe.depth,
-                             "max_width": recipe.max_width, "verifier": args.verifier,
+                             "max_width": recipe.max_width, "verifier": recipe.verifier,
                              "target_dtype": recipe.target_dtype, "draft_dtype": recipe.draft_dtype}}
         if not args.json:
-            print("\n" + "-" * 60)
-            print(f"treespec: {s.new_tokens} tokens in {s.seconds:.2f} s = {s.tokens_per_second:.2f} tok/s, "
-                  f"{s.steps} steps, tau {s.tau:.2f}")
-            print(f"time: prefill {s.prefill_seconds:.2f} s, drafting {s.drafting_seconds:.2f} s, "
-                  f"verifying {s.verifying_seconds:.2f} s, engine {s.overhead_seconds:.2f} s")
-            for d in s.drafters:
-                print(f"drafter {d.name}: {d.accepted} of {d.proposed} proposals committed")
-            print("accepted drafted tokens per step:\n" + histogram(s.accepted_hist))
-        if args.compare:
-            from .bench.baselines import hf_generate
-
-            ref, secs = hf_generate(target, ids, args.max_new_tokens, temperature=args.temperature,
-                                    top_p=args.top_p, top_k=args.top_k, eos_token_id=eos,
-                                    pad_token_id=(eos or [0])[0], seed=args.seed)
-            record.update(hf_tokens_per_second=len(ref) / secs, speedup=s.tokens_per_second / (len(ref) / secs))
-            if args.temperature == 0:
-                record["identical"] = ref == out.new_tokens
-                status = status or (0 if record["identical"] else 1)
-            if not args.json:
-                print(f"target alone (HF generate): {len(ref)} tokens in {secs:.2f} s = {len(ref) / secs:.2f} tok/s")
-                print(f"speedup: {record['speedup']:.2f}x")
-                if "identical" in record:
-                    print(f"greedy outputs identical: {'yes' if record['identical'] else 'NO'}")
+            _print_stats(out.stats)
+        if args.compare and not _compare(args, recipe, target, ids, eos, out, record):
+            status = 1
         if args.json:
             print(json.dumps(record), flush=True)
     return status
@@ -322,7 +316,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from .bench.demo import run_demo
 
-    return run_demo(args)
+    checks.check_writable(args.out, directory=True)  # fail now, not after minutes of loading and profiling
+    print("loading the target and the draft (the first run builds the model cache: a few minutes) ...", flush=True)
+    target, tok, drafts = load_models(args)
+    return run_demo(args, target, tok, drafts[0])
 
 
 def cmd_accept(args: argparse.Namespace) -> int:
@@ -330,7 +327,7 @@ def cmd_accept(args: argparse.Namespace) -> int:
     from .bench.datasets import humaneval_prompts
 
     start, stop = _calib_range(args.calib)
-    check_writable(args.out)  # fail now, not after minutes of measuring
+    checks.check_writable(args.out)  # fail now, not after minutes of measuring
     target, tok, drafts = load_models(args)
     mode = draft_mode("sequoia", args.temperature, args.mode)
     acc = measure(target, drafts[0], encode_prompts(tok, humaneval_prompts(start, stop)), width=args.width,
@@ -345,8 +342,8 @@ def cmd_accept(args: argparse.Namespace) -> int:
 def cmd_profile(args: argparse.Namespace) -> int:
     from .calibrate.costs import profile
 
-    vector = checked_acceptance(args.acceptance, 0.0)
-    check_writable(args.out)  # fail now, not after minutes of profiling
+    vector = default_acceptance(args.acceptance, 0.0)
+    checks.check_writable(args.out)  # fail now, not after minutes of profiling
     target, _, drafts = load_models(args)
     prof = profile(target, drafts[0], sizes=args.sizes)
     choice = prof.choose(vector, budgets=list(range(2, max(args.sizes) + 1)),
@@ -355,7 +352,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
     print("tree size | target forward s | relative to 1 token")
     for n, t in sorted(prof.target_latency.items()):
         print(f"{n:>9} | {t:>16.3f} | {t / t1:.2f}")
-    print(f"draft forward per level: {prof.draft_level_seconds:.3f} s (c = {choice.c:.2f})")
+    widths = ", ".join(f"{w} tokens {s:.3f} s" for w, s in sorted((prof.draft_level_latency or {}).items()))
+    print(f"draft forward per level: {widths} (c = {choice.c:.2f})")
     print(f"best: {choice}\n{choice.shape}")
     prof.save(args.out)
     print(f"written to {args.out}")

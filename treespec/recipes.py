@@ -1,10 +1,12 @@
-"""Recipes: the one translation from user-facing settings to drafters, shapes and the budget.
+"""Recipes: the one route from what a user says to what the engine runs.
 
-``treespec generate``, ``treespec demo``, ``treespec accept``/``profile``, ``treespec sweep`` and
-the scripts under ``experiments/`` describe a run by the same words (tree builder, budget, depth,
-temperature, drafting mode, n-gram on or off, acceptance vector, precision); a :class:`Recipe`
-holds them and :func:`build_drafters` turns them into drafters, so the same words give the same
-tree everywhere.
+A :class:`Recipe` holds every setting of a run (tree builder, budget, depth, temperature, top-k,
+top-p, drafting mode, n-gram, acceptance vector, precisions, verifier, compile), each validated
+once, here, by the rule's owner (``treespec.core.checks``, ``SamplingParams``, the verifier
+registry, ...). :func:`resolve` fills the budget a user left to tuning, :func:`build_drafters`
+turns a recipe into drafters and :func:`run` runs it: ``treespec generate``, ``treespec demo``,
+``treespec sweep``, the scripts under ``experiments/`` and the README's API example all go through
+:func:`run`, so the same recipe gives the same tree, the same cap and the same sampling everywhere.
 
 Rules (also in the README):
 
@@ -13,7 +15,11 @@ Rules (also in the README):
   ``sample_without_replacement`` (Sequoia) when sampling, except ``chains``, which sample i.i.d.
   (``"sample"``, SpecInfer's independent chains) when sampling.
 * **Budget** ``B``: tokens in one verification pass, root included; the engine never verifies
-  more. ``B = 1`` is plain decoding: no drafter is built (nothing it drafted could be verified).
+  more, and the tree is sized for the same ``B`` (one field, read in one place: :func:`plan`).
+  ``B = 1`` is plain decoding: no drafter is built. ``budget=None`` lets :func:`resolve` choose:
+  the measured-fastest Sequoia tree (``treespec.calibrate.tuning``) for a Sequoia recipe with one
+  draft model of the target's tokenizer, no n-gram and an acceptance vector; otherwise
+  :data:`DEFAULT_BUDGET`.
 * **The n-gram drafter shares the budget**: beside a draft model it reserves
   ``r = min(ngram.max_tokens, B - 2)`` nodes (so at least one node is left for the model's tree;
   at ``B = 2`` it gets none and is left out); the model's tree (or the dynamic tree's ``nodes=``)
@@ -27,32 +33,43 @@ Rules (also in the README):
 * **Shapes** come from ``tree_builders.for_budget`` (``sequoia`` needs the acceptance vector or
   per-depth matrix); the dynamic tree is a drafter mode, not a shape.
 
-Precision: ``target_dtype`` / ``draft_dtype`` are names (``"float32"``, ``"bfloat16"``,
-``"float16"``; None: float32 on CPU, bfloat16 on CUDA) passed to ``treespec.models.load``.
+Precision: ``target_dtype`` / ``draft_dtype`` are names for ``treespec.models.load``
+(``treespec.models.precision.CHOICES``: ``auto``, ``float32``, ``bfloat16``, ``float16``, and
+``int8`` for drafts only); None means ``auto`` on CPU (measured here; int8 is among a draft's
+candidates) and bfloat16 on CUDA (``treespec.models.pair.default_precision``).
 """
 
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import dataclass, field
-from importlib import resources
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
 import tree_builders
 from tree_builders import TreeShape
 
+from .calibrate.tuning import Tuned, tune
+from .core import checks, verifiers
 from .core.drafting import Drafter
-from .drafters.model import ModelDrafter
+from .core.engine import generate
+from .core.sampling import SamplingParams
+from .core.stats import GenerateOutput
+from .drafters.cross_tokenizer import CrossTokenizerDrafter
+from .drafters.model import STATIC_MODES, ModelDrafter
 from .drafters.ngram import NGramDrafter
-from .models.precision import parse_precision
+from .models.pair import CrossDraft
+from .models.precision import parse_precision, precision_of
 
-TREES = ("sequoia", "chain", "kary", "chains", "dynamic")
-STATIC_MODES = ("topk", "sample", "sample_without_replacement")
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}  # the sweep's names
+#: tree builders a recipe names: ``tree_builders``' static shapes, and the EAGLE-2 dynamic tree
+TREES = (*tree_builders.STATIC_BUILDERS, "dynamic")
+#: the budget of a recipe that leaves it to tuning when tuning does not apply
+DEFAULT_BUDGET = 16
+DTYPES = ("float32", "bfloat16", "float16")  # transitional: the sweep moves to treespec.models.precision.FLOATS
+
+DraftModel = torch.nn.Module | CrossDraft
 
 
 def draft_mode(tree: str, temperature: float, mode: str | None = None) -> str:
@@ -68,7 +85,8 @@ def draft_mode(tree: str, temperature: float, mode: str | None = None) -> str:
 
 @dataclass(frozen=True)
 class NGramSettings:
-    """Options of the n-gram drafter (see ``treespec.NGramDrafter``); its node budget comes from the recipe."""
+    """Options of the n-gram drafter (see ``treespec.NGramDrafter``, which checks them); its node
+    budget comes from the recipe."""
 
     max_order: int = 4
     max_tokens: int = 4
@@ -76,32 +94,46 @@ class NGramSettings:
     window: int = 512
     mode: str = "ngram"
 
+    def __post_init__(self) -> None:
+        NGramDrafter(max_order=self.max_order, max_tokens=self.max_tokens, width=self.width, window=self.window,
+                     mode=self.mode)  # the drafter's own checks: one home for its rules
+
 
 def _frozen(acceptance: Any) -> Any:
-    """A vector or per-depth matrix as nested tuples of floats (hashable, comparable)."""
+    """A vector or per-depth matrix as nested tuples of floats (hashable, comparable), checked."""
     if acceptance is None:
         return None
+    tree_builders.acceptance_rows(acceptance)  # probabilities in [0, 1], rows summing to <= 1
     rows = [list(map(float, r)) if hasattr(r, "__len__") else float(r) for r in acceptance]
     return tuple(tuple(r) if isinstance(r, list) else r for r in rows)
 
 
+def _optional_count(name: str, value: Any, minimum: int, hint: str) -> int | None:
+    return None if value is None else checks.check_int(name, value, minimum, hint)
+
+
 @dataclass(frozen=True)
 class Recipe:
-    """The settings of one run, as a user states them.
+    """The settings of one run, as a user states them; every field is checked on construction.
 
-    ``tree``: one of :data:`TREES`; ``budget``: ``B`` (>= 1, root included); ``depth``: depth limit
-    (None: none); ``draft_mode``: None for the rule of :func:`draft_mode`; ``ngram``: the n-gram
-    drafter's options, None for off; ``acceptance``: vector or per-depth matrix (``sequoia`` needs
-    one); ``kary_width``, ``chains``: options of those builders; ``dynamic_depth``,
-    ``dynamic_topk``: of the dynamic tree; ``max_width``: children per node of the sequoia tree
-    (None: no limit); ``min_confidence``: the model drafter's confidence stop (``ModelDrafter``);
-    ``target_dtype``/``draft_dtype``: precision names (``treespec.models.precision``; ``"auto"`` measures).
+    ``tree``: one of :data:`TREES`; ``budget``: ``B`` (>= 1, root included; None: :func:`resolve`
+    chooses); ``depth``: depth limit (None: none); ``temperature``, ``top_k``, ``top_p``: the target
+    distribution (HF conventions); ``draft_mode``: None for the rule of :func:`draft_mode`;
+    ``ngram``: the n-gram drafter's options, None for off; ``acceptance``: vector or per-depth
+    matrix (``sequoia`` needs one); ``kary_width``, ``chains``: options of those builders;
+    ``dynamic_depth``, ``dynamic_topk``: of the dynamic tree; ``max_width``: children per node of
+    the sequoia tree (None: no limit); ``min_confidence``: the model drafter's confidence stop
+    (``ModelDrafter``); ``target_dtype``/``draft_dtype``: precision names (module docstring);
+    ``verifier``: the exact rule for sampled steps (``treespec.core.verifiers.VERIFIERS``);
+    ``compile``: False, True or a ``torch.compile`` backend name (``treespec.core.compiled``).
     """
 
     tree: str = "sequoia"
-    budget: int = 16
+    budget: int | None = None
     depth: int | None = None
     temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
     draft_mode: str | None = None
     ngram: NGramSettings | None = None
     acceptance: Any = None
@@ -113,36 +145,48 @@ class Recipe:
     min_confidence: float | None = None
     target_dtype: str | None = None
     draft_dtype: str | None = None
+    verifier: str = "rrs"
+    compile: bool | str = False
 
     def __post_init__(self) -> None:
         if self.tree not in TREES:
             raise ValueError(f"unknown tree builder {self.tree!r}; choose one of {', '.join(TREES)}")
-        if not isinstance(self.budget, int) or self.budget < 1:
-            raise ValueError(f"budget must be an int >= 1 (tokens per verification pass, root included), "
-                             f"got {self.budget!r}")
-        if self.depth is not None and (not isinstance(self.depth, int) or self.depth < 1):
-            raise ValueError(f"depth must be an int >= 1 or None (no limit), got {self.depth!r}")
-        if not float(self.temperature) >= 0:
-            raise ValueError(f"temperature must be >= 0 (0 is greedy), got {self.temperature!r}")
+        set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 (frozen)
+        if self.budget is not None:
+            set_("budget", checks.check_budget(self.budget))
+        set_("depth", _optional_count("depth", self.depth, 1, "the depth limit of the tree; None for no limit"))
+        sampling = SamplingParams(self.temperature, self.top_k, self.top_p)
+        set_("temperature", float(sampling.temperature))
+        set_("top_p", float(sampling.top_p))
         if self.draft_mode is not None and self.draft_mode not in STATIC_MODES:
             raise ValueError(f"draft_mode must be one of {', '.join(STATIC_MODES)} or None (the rule), "
                              f"got {self.draft_mode!r}")
         for name in ("target_dtype", "draft_dtype"):
-            value = getattr(self, name)
-            if value is not None:
-                object.__setattr__(self, name, parse_precision(value))
+            if getattr(self, name) is not None:
+                set_(name, parse_precision(getattr(self, name)))
         if self.target_dtype == "int8":
             raise ValueError("target_dtype int8 would change the target's output; quantise drafts only "
                              "(draft_dtype='int8'), and give the target float32, bfloat16 or 'auto'")
         if self.min_confidence is not None and not 0 <= float(self.min_confidence) <= 1:
             raise ValueError(f"min_confidence must be a probability in [0, 1] or None, got {self.min_confidence!r}")
-        object.__setattr__(self, "temperature", float(self.temperature))
-        object.__setattr__(self, "acceptance", _frozen(self.acceptance))
+        for name, hint in (("kary_width", "children per node of the k-ary tree"),
+                           ("dynamic_depth", "levels of the dynamic tree"), ("dynamic_topk", "children per node")):
+            set_(name, checks.check_int(name, getattr(self, name), 1, hint))
+        set_("chains", _optional_count("chains", self.chains, 1, "independent chains; None for the default"))
+        set_("max_width", _optional_count("max_width", self.max_width, 1, "children per node; None for no limit"))
+        verifiers.get(self.verifier)
+        checks.check_compile(self.compile)
+        set_("acceptance", _frozen(self.acceptance))
 
     @property
     def mode(self) -> str:
         """The model drafter's mode under the rule of :func:`draft_mode`."""
         return draft_mode(self.tree, self.temperature, self.draft_mode)
+
+    @property
+    def sampling(self) -> SamplingParams:
+        """The target distribution this recipe samples from."""
+        return SamplingParams(self.temperature, self.top_k, self.top_p)
 
 
 @dataclass(frozen=True)
@@ -159,13 +203,12 @@ class DraftPlan:
     ngram: dict[str, Any] | None = None
     shape: TreeShape | None = field(default=None, compare=False)
 
-    def key(self) -> tuple:
-        """A comparable summary: budget, model drafter (static paths or dynamic settings), n-gram settings."""
-        model = None
-        if self.model is not None:
-            model = tuple(sorted((k, tuple(v.paths) if isinstance(v, TreeShape) else v) for k, v in self.model.items()))
-        ngram = None if self.ngram is None else tuple(sorted(self.ngram.items()))
-        return (self.budget, model, ngram)
+
+def _budget(recipe: Recipe) -> int:
+    if recipe.budget is None:
+        raise ValueError("this recipe leaves the budget to tuning (budget=None): resolve it first with "
+                         "treespec.recipes.resolve(recipe, target, drafts), or give budget=B")
+    return recipe.budget
 
 
 def _depth_cap(recipe: Recipe, max_new_tokens: int | None) -> int | None:
@@ -176,16 +219,17 @@ def _depth_cap(recipe: Recipe, max_new_tokens: int | None) -> int | None:
 
 def ngram_reserve(recipe: Recipe, with_model: bool = True) -> int:
     """Nodes the n-gram drafter gets out of the budget (see the module doc)."""
-    if recipe.ngram is None or recipe.budget < 2:
+    budget = _budget(recipe)
+    if recipe.ngram is None or budget < 2:
         return 0
     if not with_model:
-        return recipe.budget - 1
-    return max(0, min(recipe.ngram.max_tokens, recipe.budget - 2))
+        return budget - 1
+    return max(0, min(recipe.ngram.max_tokens, budget - 2))
 
 
 def shape_for(recipe: Recipe, max_new_tokens: int | None = None) -> TreeShape | None:
     """The model drafter's static tree (None for ``dynamic`` or when the budget leaves no drafted node)."""
-    budget = recipe.budget - ngram_reserve(recipe)
+    budget = _budget(recipe) - ngram_reserve(recipe)
     if recipe.tree == "dynamic" or budget < 2:
         return None
     if recipe.tree == "sequoia" and recipe.acceptance is None:
@@ -202,7 +246,7 @@ def plan(recipe: Recipe, with_model: bool = True, max_new_tokens: int | None = N
     """The drafters' settings for ``recipe`` (``with_model``: a draft model is given)."""
     cap = _depth_cap(recipe, max_new_tokens)
     reserve = ngram_reserve(recipe, with_model)
-    model_budget = recipe.budget - reserve
+    model_budget = _budget(recipe) - reserve
     model: dict[str, Any] | None = None
     shape = None
     if with_model and model_budget >= 2:
@@ -219,19 +263,18 @@ def plan(recipe: Recipe, with_model: bool = True, max_new_tokens: int | None = N
         n = recipe.ngram
         ngram = {"max_order": n.max_order, "max_tokens": min(n.max_tokens, reserve, cap or reserve),
                  "width": n.width, "window": n.window, "mode": n.mode, "max_nodes": reserve}
-    return DraftPlan(recipe.budget, model, ngram, shape)
+    return DraftPlan(_budget(recipe), model, ngram, shape)
 
 
-def build_drafters(recipe: Recipe, draft_models: Sequence[torch.nn.Module | CrossDraft],
-                   max_new_tokens: int | None = None) -> list[Drafter]:
+def build_drafters(recipe: Recipe, draft_models: Sequence[DraftModel], max_new_tokens: int | None = None
+                   ) -> list[Drafter]:
     """Drafters for ``recipe``: one :class:`ModelDrafter` per draft model (each expands the same
-    tree; the engine's budget keeps the first ones), then the n-gram drafter. Run them with
-    ``generate(..., budget=recipe.budget)``.
+    tree; the engine's budget keeps the first ones), then the n-gram drafter. :func:`run` runs
+    them under the same recipe's budget and sampling; call this directly only to hand the drafters
+    to ``treespec.generate`` yourself (then pass ``budget=recipe.budget`` and the recipe's sampling).
 
     A :class:`CrossDraft` (another tokenizer) becomes a ``CrossTokenizerDrafter`` drafting greedy
     text chains as deep as the recipe's tree (point masses in the target's tokens)."""
-    from .drafters.cross_tokenizer import CrossTokenizerDrafter
-
     p = plan(recipe, with_model=bool(draft_models), max_new_tokens=max_new_tokens)
     drafters: list[Drafter] = []
     if p.model is not None:
@@ -246,70 +289,63 @@ def build_drafters(recipe: Recipe, draft_models: Sequence[torch.nn.Module | Cros
     return drafters
 
 
-# ---------------------------------------------------------------------------------------------
-# Inputs a recipe needs: models, the default acceptance vector, end-of-sequence ids
-
-
 @dataclass(frozen=True)
-class CrossDraft:
-    """A draft model whose tokenizer differs from the target's (``treespec.drafters.cross_tokenizer``)."""
+class Resolved:
+    """A recipe with its budget filled in, a line saying what runs and why, and the tuning behind it."""
 
-    model: torch.nn.Module
-    tokenizer: Any
-    target_tokenizer: Any
-
-
-def default_precision(name: str | None, device: str | torch.device) -> str:
-    """A precision name for ``treespec.models.load``; None: ``auto`` (measured) on CPU, bfloat16 on CUDA."""
-    if name is None:
-        return "bfloat16" if str(device).startswith("cuda") else "auto"
-    return parse_precision(name)
+    recipe: Recipe
+    why: str
+    tuned: Tuned | None = None
 
 
-def load_pair(target: str, drafts: Sequence[str], *, device: str = "cpu", target_dtype: str | None = None,
-              draft_dtype: str | None = None) -> tuple[torch.nn.Module, Any, list[torch.nn.Module | CrossDraft]]:
-    """The target, its tokenizer and the drafts: a model where it shares the target's tokenizer, a
-    :class:`CrossDraft` where it does not (it then drafts text, proposed in the target's tokens).
+def _describe_models(target: torch.nn.Module, drafts: Sequence[DraftModel]) -> str:
+    return f"target {precision_of(target)}" + "".join(
+        f", draft {precision_of(d.model if isinstance(d, CrossDraft) else d)}" for d in drafts)
 
-    Precisions: names as in ``treespec.models.load`` (``"auto"`` times the candidates on this machine
-    and keeps the fastest; the decision is cached); None means ``auto`` on CPU, bfloat16 on CUDA.
-    The draft's precision defaults to ``auto`` too (int8 is among its candidates, not the target's).
+
+def tunable(recipe: Recipe, drafts: Sequence[DraftModel]) -> bool:
+    """Whether :func:`resolve` tunes ``recipe``: no budget given, a Sequoia tree with an acceptance
+    vector, one draft model of the target's tokenizer and no n-gram drafter."""
+    return (recipe.budget is None and recipe.tree == "sequoia" and recipe.acceptance is not None
+            and recipe.ngram is None and len(drafts) == 1 and not isinstance(drafts[0], CrossDraft))
+
+
+def resolve(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[DraftModel], *,
+            cache_file: Path | None = None, tuner: Callable[..., Tuned] = tune) -> Resolved:
+    """``recipe`` with a budget: as given, tuned on this machine (:func:`tunable`; the profile is
+    cached in ``cache_file``, default ``<treespec cache>/profiles.json``), or :data:`DEFAULT_BUDGET`."""
+    models = _describe_models(target, drafts)
+    if recipe.budget is not None:
+        return Resolved(recipe, f"{models}; {recipe.tree} tree, budget {recipe.budget} (as given)")
+    if not tunable(recipe, drafts):
+        return Resolved(replace(recipe, budget=DEFAULT_BUDGET),
+                        f"{models}; {recipe.tree} tree, budget {DEFAULT_BUDGET} (the default: tuning needs a "
+                        "Sequoia tree with one draft model of the target's tokenizer and no n-gram)")
+    if cache_file is None:
+        from .models import cache_root
+
+        cache_file = cache_root() / "profiles.json"
+    tuned = tuner(target, drafts[0], [list(r) if isinstance(r, tuple) else r for r in recipe.acceptance],
+                  temperature=recipe.temperature, max_depth=recipe.depth or 8, cache_file=cache_file)
+    chosen = replace(recipe, **tuned.settings(), target_dtype=precision_of(target),
+                     draft_dtype=precision_of(drafts[0]))
+    return Resolved(chosen, tuned.why, tuned)
+
+
+def run(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[DraftModel], input_ids: torch.Tensor | Sequence[int],
+        *, max_new_tokens: int = 64, seed: int | None = None, eos_token_id: int | Sequence[int] | None = None,
+        on_tokens: Callable[[list[int]], None] | None = None) -> GenerateOutput:
+    """Generate from ``target`` with the drafters, cap, sampling, verifier and compile mode of ``recipe``.
+
+    The documented one-call route: the tree is sized and capped from one budget, and sampled with
+    the recipe's own temperature/top-k/top-p. A recipe whose budget is None is resolved first
+    (:func:`resolve`; resolve it once yourself to print its ``why`` or to run many prompts).
+    ``drafts``: draft models (a :class:`CrossDraft` for another tokenizer; none for an n-gram-only
+    or plain recipe). The other arguments are those of ``treespec.generate``.
     """
-    from .drafters.cross_tokenizer import tokenizers_match
-    from .models.loading import load
-
-    if str(device).startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"--device {device}: this machine has no CUDA device (torch sees none); use --device cpu")
-    model, tok = load(target, device=device, dtype=default_precision(target_dtype, device), role="target")
-    out: list[torch.nn.Module | CrossDraft] = []
-    for name in drafts:
-        draft, draft_tok = load(name, device=device, dtype=default_precision(draft_dtype, device), role="draft")
-        out.append(draft if tokenizers_match(tok, draft_tok) else CrossDraft(draft, draft_tok, tok))
-    return model, tok, out
-
-
-def default_acceptance(path: str | Path | None, temperature: float) -> list[float]:
-    """The vector in ``path`` (JSON from ``treespec accept``), else the one shipped for the built-in pair."""
-    if path is None:
-        name = f"data/acceptance-qwen2.5-coder-t{0 if temperature == 0 else 1}.json"
-        text = resources.files("treespec").joinpath(name).read_text()
-        where = name
-    else:
-        text = Path(path).read_text()
-        where = str(path)
-    try:
-        vector = json.loads(text)["vector"]
-    except json.JSONDecodeError as error:
-        raise ValueError(f"acceptance file {where} is not valid JSON ({error}); write one with `treespec accept`") \
-            from error
-    except (KeyError, TypeError) as error:
-        raise ValueError(f"acceptance file {where} has no \"vector\" entry; write one with `treespec accept`") \
-            from error
-    return vector
-
-
-def eos_ids(model: torch.nn.Module, tok: Any) -> list[int]:
-    """The model's end-of-sequence ids (its generation config's, else the tokenizer's)."""
-    eos = model.generation_config.eos_token_id
-    eos = [eos] if isinstance(eos, int) else list(eos or [])
-    return eos or ([tok.eos_token_id] if tok.eos_token_id is not None else [])
+    if recipe.budget is None:
+        recipe = resolve(recipe, target, drafts).recipe
+    return generate(target, input_ids, build_drafters(recipe, drafts, max_new_tokens=max_new_tokens),
+                    max_new_tokens=max_new_tokens, temperature=recipe.temperature, top_k=recipe.top_k,
+                    top_p=recipe.top_p, eos_token_id=eos_token_id, seed=seed, budget=recipe.budget,
+                    on_tokens=on_tokens, verifier=recipe.verifier, compile=recipe.compile)

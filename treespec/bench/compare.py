@@ -21,7 +21,7 @@ import torch
 
 from . import intervals
 from .baselines import hf_generate
-from ..core.engine import generate
+from ..core.stats import GenerateOutput
 from ..models.precision import precision_of
 from .sweep.records import append_record, read_records, repair_tail
 
@@ -58,21 +58,16 @@ def hf_assisted_method(target: torch.nn.Module, draft: torch.nn.Module, name: st
     return Method(name or f"hf-assisted-{precision}", run, precision, True)
 
 
-def treespec_method(target: torch.nn.Module, make_drafters: Callable[[int], list], budget: int,
-                    name: str = "treespec", **generate_kwargs: Any) -> Method:
-    """``treespec.generate`` with fresh drafters per prompt (``make_drafters(max_new_tokens)``)."""
+def treespec_method(generate_one: Callable[[list[int], int], GenerateOutput], precision: str,
+                    name: str = "treespec") -> Method:
+    """treespec on one prompt: ``generate_one(ids, max_new_tokens)``, e.g. ``treespec.run`` with a recipe
+    (fresh drafters per call); ``precision``: the target's. Records add the call's ``Stats.record()``."""
 
     def run(ids: list[int], n: int):
-        out = generate(target, ids, drafters=make_drafters(n), max_new_tokens=n, budget=budget, **generate_kwargs)
-        s = out.stats
-        return out.new_tokens, s.seconds, {
-            "steps": s.steps, "tau": s.tau, "tau_uncut": s.tau_uncut, "step_tokens": s.step_tokens,
-            "step_cut": s.step_cut, "drafting_seconds": s.drafting_seconds, "verifying_seconds": s.verifying_seconds,
-            "engine_seconds": s.overhead_seconds, "prefill_seconds": s.prefill_seconds,
-            "depth_tried": s.depth_tried, "depth_accepted": s.depth_accepted,
-            "drafters": [{"name": d.name, "proposed": d.proposed, "accepted": d.accepted} for d in s.drafters]}
+        out = generate_one(ids, n)
+        return out.new_tokens, out.stats.seconds, out.stats.record()
 
-    return Method(name, run, precision_of(target), False)
+    return Method(name, run, precision, False)
 
 
 def first_divergence(target: torch.nn.Module, prompt: Sequence[int], a: Sequence[int], b: Sequence[int]

@@ -13,53 +13,44 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-from pathlib import Path
+from typing import Any
 
 import torch
 
-from . import compare
+from ..calibrate.vectors import default_acceptance
 from ..core.checks import check_writable
-from .datasets import humaneval_prompts
 from ..models.precision import precision_of
-from ..models.loading import cache_root
-from ..recipes import build_drafters, default_acceptance, load_pair
-from ..calibrate.tuning import tune
+from ..recipes import Recipe, resolve, run
+from . import compare
+from .datasets import humaneval_prompts
 
 
-def load_models(args: argparse.Namespace):
-    """The target, its tokenizer and the default draft (``--target``/``--draft``/``--device``/``--dtype``)."""
-    from ..models.loading import DEFAULT_DRAFT
-
-    return load_pair(args.target, (args.draft or [DEFAULT_DRAFT])[:1], device=args.device, target_dtype=args.dtype,
-                     draft_dtype=args.draft_dtype)
-
-
-def run_demo(args: argparse.Namespace) -> int:
-    out_dir: Path = check_writable(args.out, directory=True)  # fail now, not after minutes of profiling
+def run_demo(args: argparse.Namespace, target: torch.nn.Module, tok: Any, draft: torch.nn.Module) -> int:
+    """The demo on a loaded pair (``args``: ``out``, ``prompts``, ``max_new_tokens``, ``device``,
+    ``target`` for the float32 baseline); returns 0 when every greedy output equals HF's."""
+    out_dir = check_writable(args.out, directory=True)
     print(f"treespec demo on {platform.machine()} with {torch.get_num_threads()} threads, device {args.device}")
-    print("loading the target and the draft (the first run builds the model cache: a few minutes) ...", flush=True)
-    target, tok, drafts = load_models(args)
-    draft = drafts[0]
-
     print("measuring forward latencies on this machine (cached after the first run) ...", flush=True)
     vector = default_acceptance(None, 0.0)
-    tuned = tune(target, draft, vector, cache_file=cache_root() / "profiles.json")
-    prof, choice, recipe = tuned.profile, tuned.choice, tuned.recipe
+    resolved = resolve(Recipe(tree="sequoia", acceptance=vector), target, [draft])
+    recipe, tuned = resolved.recipe, resolved.tuned
+    prof, choice = tuned.profile, tuned.choice
     t1 = prof.target_latency[1]
+    levels = ", ".join(f"{w} tokens {s:.3f} s" for w, s in sorted((prof.draft_level_latency or {}).items()))
     print(f"  target forward: {t1:.3f} s for 1 token, {prof.target_latency[16]:.3f} s for 16; "
-          f"draft level: {prof.draft_level_seconds:.3f} s (c = {choice.c:.2f})")
-    print(f"  chosen: {tuned.why}")
+          f"draft level: {levels} (c = {choice.c:.2f})")
+    print(f"  chosen: {resolved.why}")
     png = out_dir / "tree.png"
     choice.shape.draw(str(png), acceptance=vector, title=f"treespec demo tree (budget {choice.shape.size})")
     print(f"  tree drawn to {png}\n{choice.shape}")
 
     methods = [compare.hf_method(target)]
     if precision_of(target) != "float32":  # the sceptic's baseline: the target alone in float32 too
-        from ..models.loading import load
+        from ..models import load
 
         methods.insert(0, compare.hf_method(load(args.target, device=args.device, dtype="float32")[0]))
-    methods.append(compare.treespec_method(target, lambda n: build_drafters(recipe, [draft], max_new_tokens=n),
-                                           recipe.budget))
+    methods.append(compare.treespec_method(lambda ids, n: run(recipe, target, [draft], ids, max_new_tokens=n),
+                                           precision_of(target)))
     prompts = [("humaneval", 100 + i, tok(text)["input_ids"])
                for i, text in enumerate(humaneval_prompts(100, 100 + args.prompts))]
     results = out_dir / "results.jsonl"
@@ -76,7 +67,7 @@ def run_demo(args: argparse.Namespace) -> int:
     print(f"\nspeedup over the fastest HF generate ({summary['fastest_baseline']}): {compare.fmt(headline)}x")
     (out_dir / "report.md").write_text(
         f"# treespec demo\n\nMachine: {platform.platform()}, {torch.get_num_threads()} threads, {args.device}.\n"
-        f"Configuration, chosen from measured latencies: {tuned.why}.\n{args.max_new_tokens} greedy tokens per "
+        f"Configuration, chosen from measured latencies: {resolved.why}.\n{args.max_new_tokens} greedy tokens per "
         f"prompt.\n\n{report}\n\nspeedup over the fastest HF generate: {compare.fmt(headline)}x\n")
     (out_dir / "report.json").write_text(json.dumps({"summary": summary, "choice": choice.as_dict(),
                                                      "profile": prof.to_dict()}, indent=1))

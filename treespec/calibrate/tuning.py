@@ -5,8 +5,9 @@ dtype="auto")`` already kept the fastest precision per model), then ``profile.ch
 the Sequoia tree (budget, depth, width limit) with the most predicted tokens per second under the
 acceptance vector. Profiles are cached per (models, precisions, device, CPU, threads) in
 ``<cache root>/profiles.json`` so a second run does not measure again; ``remeasure=True`` forces it.
-The result is a :class:`~treespec.recipes.Recipe`, so the CLI, the demo and the benchmarks run
-exactly the tree that was chosen, and a one-line ``why`` to print.
+The result's :meth:`Tuned.settings` are the recipe fields it chose (``treespec.recipes.resolve``
+puts them into the run's recipe, so the CLI, the demo, the sweep and ``treespec.run`` run exactly
+the tree that was chosen); ``why`` is a one-line account to print.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ import torch
 from .acceptance import model_name
 from ..models.precision import cpu_model, precision_of
 from .costs import Choice, Profile, profile
-from ..recipes import Recipe
 
 PROFILE_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 PROFILE_WIDTHS = (1, 2, 4, 8, 16)
@@ -33,17 +33,26 @@ MIN_CONFIDENCE = 0.3
 
 @dataclass(frozen=True)
 class Tuned:
-    """What ``tune`` chose: the recipe to run, the choice table behind it and the profile it used."""
+    """What ``tune`` chose: the choice table, the profile it used, and the confidence stop it adds."""
 
-    recipe: Recipe
     choice: Choice
     profile: Profile
+    min_confidence: float | None = None
+
+    def settings(self) -> dict[str, Any]:
+        """The recipe fields of the choice: ``budget``, ``depth``, ``max_width``, ``min_confidence``
+        (budget 1 when speculation does not pay here). The same DP call as the choice's cell
+        (budget, depth limit, width limit) gives the same shape."""
+        c = self.choice
+        return {"budget": c.budget if c.depth else 1, "depth": max(1, c.depth),
+                "max_width": int(c.width) if c.depth and c.width > 0 else None,
+                "min_confidence": self.min_confidence}
 
     @property
     def why(self) -> str:
-        c, m = self.choice, self.profile.meta
+        c, m, s = self.choice, self.profile.meta, self.settings()
         return (f"target {m.get('target_precision')}, draft {m.get('draft_precision')}; Sequoia tree of budget "
-                f"{c.shape.size}, depth {c.shape.depth} (width limit {self.recipe.max_width or 'none'}): "
+                f"{c.shape.size}, depth {c.shape.depth} (width limit {s['max_width'] or 'none'}): "
                 f"predicted tau {c.tau:.2f}, {c.step_seconds:.3f} s per step vs {c.plain_seconds:.3f} s per token "
                 f"plain, predicted {c.speedup:.2f}x over the target alone in the same precision")
 
@@ -82,13 +91,9 @@ def cached_profile(target: torch.nn.Module, draft: torch.nn.Module, cache_file: 
 def tune(target: torch.nn.Module, draft: torch.nn.Module, acceptance: Sequence[float], *, temperature: float = 0.0,
          max_depth: int = 8, cache_file: Path | None = None, remeasure: bool = False,
          min_confidence: float | None = MIN_CONFIDENCE, **profile_kwargs: Any) -> Tuned:
-    """Measure (or read) this machine's costs and return the fastest predicted Sequoia recipe."""
+    """Measure (or read) this machine's costs and choose the fastest predicted Sequoia tree.
+
+    The confidence stop applies to greedy decoding only (``temperature == 0``)."""
     prof = cached_profile(target, draft, cache_file, remeasure, **profile_kwargs)
     choice = prof.choose(acceptance, max_depth=max_depth)
-    width = int(choice.width) if choice.depth and choice.width > 0 else None
-    # the same DP call as the choice's cell (budget, depth limit, width limit): the same shape
-    recipe = Recipe(tree="sequoia", budget=choice.budget if choice.depth else 1, depth=max(1, choice.depth),
-                    temperature=temperature, acceptance=acceptance, max_width=width,
-                    min_confidence=min_confidence if temperature == 0 else None,
-                    target_dtype=precision_of(target), draft_dtype=precision_of(draft))
-    return Tuned(recipe, choice, prof)
+    return Tuned(choice, prof, min_confidence if temperature == 0 else None)

@@ -18,25 +18,26 @@ Every step has the same tensor shapes, so ``torch.compile`` (and CUDA graphs und
   The accepted path, its length and the extra token come back in one small device->host copy,
   the only sync of a step.
 
-Drafters, the trie merge and flattening stay on the host and eager (as in ``engine.generate``).
+Drafters, the trie merge and flattening stay on the host and eager: the loop is ``treespec.core.engine.decode``,
+shared with the eager step; this module is only where the forward and the acceptance run.
 The stock HF forward is driven with a 4D mask, position ids and the cache; no modelling file is forked.
 """
 
 from __future__ import annotations
 
-import time
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 import torch
-from transformers.cache_utils import Cache, StaticLayer
 
-from .checks import vocab_size
-from .drafting import POINT_MASS, Drafter, propose_all
-from .stats import DrafterStats, GenerateOutput, Stats, emitted_tokens, record_step
-from .sampling import SamplingParams
-from .tree import FlatTree, TokenTree, flatten
+from .checks import check_compile
+from .drafting import POINT_MASS
+from .engine import Clock
+from .kv import StaticTreeCache
+from .request import Request
 from .rule import verify_proposals
+from .sampling import SamplingParams
+from .tree import FlatTree, TokenTree
 
 CAPACITY_BUCKET = 256  # cache rows are allocated in multiples of this
 
@@ -50,86 +51,13 @@ def next_pow2(n: int, least: int = 8) -> int:
 
 
 def compile_options(compile: bool | str, device: torch.device) -> tuple[str, str | None]:
-    """``compile=True``: inductor, with CUDA graphs (``reduce-overhead``) on CUDA; a string names the backend."""
-    if compile is True:
+    """``(backend, mode)``: ``compile=True`` is inductor, with CUDA graphs (``reduce-overhead``) on
+    CUDA; a string names the backend."""
+    if check_compile(compile) is True:
         return "inductor", "reduce-overhead" if device.type == "cuda" else None
-    if isinstance(compile, str) and compile:
-        return compile, None
-    raise ValueError(
-        f"compile must be False, True or the name of a torch.compile backend (e.g. 'inductor', 'aot_eager'), got {compile!r}"
-    )
-
-
-def kv_shape(config) -> tuple[int, int, int]:
-    """``(layers, kv heads, head dim)`` of a HF decoder config."""
-    heads = config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    return config.num_hidden_layers, getattr(config, "num_key_value_heads", None) or heads, head_dim
-
-
-class StaticTreeLayer(StaticLayer):
-    """One layer's K/V buffers ``[1, H, C, D]``; new tokens are written at ``length + arange(n)``."""
-
-    def __init__(self, capacity: int, length: torch.Tensor) -> None:
-        super().__init__(max_cache_len=capacity)
-        self.cumulative_length = length  # shared by every layer of the cache (see StaticTreeCache)
-
-    def allocate(self, heads: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
-        self.dtype, self.device = dtype, device
-        self.batch_size, self.num_heads, self.k_head_dim = self.v_head_dim = 1, heads, head_dim
-        self.keys = torch.zeros(1, heads, self.max_cache_len, head_dim, dtype=dtype, device=device)
-        self.values = torch.zeros_like(self.keys)
-        # fixed data pointers: compiled graphs (and CUDA graphs) may mutate them in place
-        torch._dynamo.mark_static_address(self.keys)
-        torch._dynamo.mark_static_address(self.values)
-        self.is_initialized = True
-
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        raise RuntimeError("StaticTreeLayer is allocated by StaticTreeCache, never lazily")
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        slots = self.cumulative_length + torch.arange(key_states.shape[-2], device=self.device)
-        self.keys.index_copy_(2, slots, key_states)
-        self.values.index_copy_(2, slots, value_states)
-        return self.keys, self.values
-
-
-class StaticTreeCache(Cache):
-    """Preallocated tree-verification cache for ``model``; rows ``[0, length)`` are committed.
-
-    ``length`` is a 0-d device tensor. A forward over ``n`` tokens writes slots
-    ``[length, length + n)`` and leaves ``length`` alone; ``commit`` then keeps the accepted rows.
-    """
-
-    def __init__(self, model: torch.nn.Module, capacity: int) -> None:
-        n_layers, heads, head_dim = kv_shape(model.config)
-        param = next(model.parameters())
-        self.capacity = capacity
-        self.length = torch.zeros((), dtype=torch.long, device=param.device)
-        torch._dynamo.mark_static_address(self.length)
-        layers = [StaticTreeLayer(capacity, self.length) for _ in range(n_layers)]
-        super().__init__(layers=layers)
-        for layer in layers:
-            layer.allocate(heads, head_dim, param.dtype, param.device)
-
-    def commit(self, src: torch.Tensor, m: torch.Tensor) -> None:
-        """Move rows ``src[:m]`` (absolute slots, increasing, ``>= length``) to ``[length, length + m)``.
-
-        ``src`` has a fixed size ``P``: the entries past ``m`` should be ``length + j`` (a no-op copy);
-        whatever they copy lands beyond the new length, in scratch slots. One index for all layers.
-        """
-        dst = self.length + torch.arange(src.shape[0], device=src.device)
-        for layer in self.layers:
-            layer.keys.index_copy_(2, dst, layer.keys.index_select(2, src))
-            layer.values.index_copy_(2, dst, layer.values.index_select(2, src))
-        self.length.add_(m)
-
-    def reset(self) -> None:
-        """Empty the cache (buffers zeroed, addresses kept)."""
-        self.length.zero_()
-        for layer in self.layers:
-            layer.keys.zero_()
-            layer.values.zero_()
+    if compile is False:
+        raise ValueError("compile=False runs the eager step (treespec.core.engine.EagerStep), not this one")
+    return compile, None
 
 
 # -- acceptance on the device: small pure functions on tensors -----------------------------------
@@ -270,13 +198,12 @@ def runner_for(model: torch.nn.Module, capacity: int, width: int, backend: str, 
 class _PaddedTree:
     """A flat tree padded to width ``w``, as device tensors (two host->device copies)."""
 
-    def __init__(self, tree: TokenTree, flat: FlatTree, w: int, device: torch.device) -> None:
+    def __init__(self, flat: FlatTree, w: int, device: torch.device) -> None:
         n = len(flat)
         ints = np.zeros((4, w), dtype=np.int64)  # tokens, depth, flat parent, valid
         ints[0, :n] = flat.tokens
         ints[1, :n] = flat.depth
-        parent = np.asarray(tree.parent, dtype=np.int64)[flat.order]
-        ints[2, :n] = np.where(parent < 0, 0, flat.index[np.maximum(parent, 0)])
+        ints[2, :n] = flat.parent
         ints[3, :n] = 1
         anc = np.eye(w, dtype=bool)  # padding rows attend to themselves only
         anc[:n, :n] = flat.ancestors
@@ -312,86 +239,50 @@ def proposal_tensors(tree: TokenTree, flat: FlatTree, vocab: int, w: int, device
     return q, t[0], t[1], t[2], t[3].bool(), t[4, :w].bool()
 
 
-def generate_static(
-    target: torch.nn.Module,
-    prompt: list[int],
-    drafters: Sequence[Drafter],
-    params: SamplingParams,
-    max_new_tokens: int,
-    eos: set[int],
-    gen: torch.Generator,
-    budget: int | None,
-    on_tokens: Callable[[list[int]], None] | None,
-    compile: bool | str,
-    out_device: torch.device,
-) -> GenerateOutput:
-    """The loop of ``engine.generate`` with a compiled, static-shape target step (arguments already checked).
+class CompiledStep:
+    """The engine's step (``treespec.core.engine.Step``) as one compiled target call per step.
 
-    The tree is padded to ``budget``; without one, to the first step's tree size rounded up to a power
-    of two, and later trees are merged under that cap (dropping proposals in proposal order keeps the
-    output exact). Seconds: ``drafting`` ends when the drafters return (on CUDA their queued work
-    may be charged to the next section), ``overhead`` is the host's tree work, ``verifying`` the
-    target forward, acceptance and commit up to the step's one sync.
+    The tree is padded to the request's budget; without one, to the first step's tree size rounded
+    up to a power of two, and later trees are merged under that cap (dropping proposals in proposal
+    order keeps the output exact). The runner (compiled graphs and static cache) is chosen at the
+    first step, so the prefill runs then. Seconds: ``overhead`` is the host's padding, ``verifying``
+    the target forward, acceptance and commit up to the step's one device->host copy.
     """
-    device = next(target.parameters()).device
-    backend, mode = compile_options(compile, device)
-    vocab = vocab_size(target)
-    max_positions = getattr(target.config, "max_position_embeddings", None) or 2**62
-    stats = Stats(drafters=[DrafterStats(d.describe()) for d in drafters])
-    committed, new = list(prompt), []
-    runner = None
-    with torch.inference_mode():
-        t = time.perf_counter()
-        while len(new) < max_new_tokens:
-            # the same depth cap and drafting skip as the eager loop (engine.generate)
-            max_depth = min(max_new_tokens - len(new) - 1, max_positions - len(committed))
-            drafting = bool(drafters) and budget != 1
-            drafts = propose_all(drafters, committed, vocab) if drafting and max_depth >= 1 else []
-            now = time.perf_counter()
-            stats.drafting_seconds += now - t
 
-            tree = TokenTree.rooted_at(committed[-1])
-            capped = tree.merge(drafts, budget if runner is None else runner.width, max_depth) > 0 \
-                or (drafting and max_depth < 1)
-            flat = flatten(tree)
-            if runner is None:
-                width = budget or next_pow2(len(flat))
-                capacity = round_up(len(prompt) + max_new_tokens + width, CAPACITY_BUCKET)
-                runner = runner_for(target, capacity, width, backend, mode)
-                runner.params = params
-                runner.prefill(prompt)
-                t = time.perf_counter()
-                stats.prefill_seconds, now = t - now, t
-            w = runner.width
-            padded = _PaddedTree(tree, flat, w, device)
-            if not params.greedy:
-                q, ptok, pparent, pchild, plast, has_props = proposal_tensors(tree, flat, vocab, w, device)
-                uniforms = torch.rand(ptok.shape[0], generator=gen, device=device)
-                expo = torch.empty(vocab, device=device).exponential_(generator=gen)
-            t2 = time.perf_counter()
-            stats.overhead_seconds += t2 - now
+    def __init__(self, req: Request, gen: torch.Generator) -> None:
+        self.req, self.gen, self.width = req, gen, req.budget
+        self.backend, self.mode = compile_options(req.compile, req.device)
+        self.runner: _Runner | None = None
 
-            logits = runner.forward(padded.tokens, padded.depth, padded.anc)
-            if params.greedy:
-                packed = runner.accept_greedy(logits, padded.tokens, padded.parent, padded.anc, padded.valid)
-            else:
-                packed = runner.accept_sampled(logits, q, ptok, pparent, pchild, plast, has_props, uniforms, expo)
-            out = packed.tolist()  # the step's one device->host copy
-            t3 = time.perf_counter()
-            stats.verifying_seconds += t3 - t2
+    def prefill(self, prompt: list[int], clock: Clock) -> None:
+        """Deferred to the first :meth:`verify`: the padded width, and so the runner, is known then."""
 
-            m, extra = out[w], out[w + 1]
-            path = [int(flat.order[i]) for i in out[:m]]
-            step_tokens = emitted_tokens([tree.tokens[v] for v in path[1:]] + [extra], max_new_tokens - len(new), eos)
-            committed += step_tokens
-            new += step_tokens
-            record_step(stats, tree, path, len(step_tokens), capped or len(step_tokens) < len(path))
-            t = time.perf_counter()
-            stats.overhead_seconds += t - t3
-            if on_tokens is not None:
-                on_tokens(list(step_tokens))
-            if step_tokens[-1] in eos:
-                break
-    stats.new_tokens = len(new)
-    sequences = torch.tensor([committed], dtype=torch.long, device=out_device)
-    return GenerateOutput(sequences, new, stats)
+    def _start(self, first_tree_size: int, clock: Clock) -> _Runner:
+        clock.charge("overhead")
+        req = self.req
+        width = req.budget or next_pow2(first_tree_size)
+        capacity = round_up(len(req.prompt) + req.max_new_tokens + width, CAPACITY_BUCKET)
+        self.runner = runner_for(req.target, capacity, width, self.backend, self.mode)
+        self.runner.params, self.width = req.params, width
+        self.runner.prefill(req.prompt)
+        clock.charge("prefill")
+        return self.runner
+
+    def verify(self, tree: TokenTree, flat: FlatTree, clock: Clock) -> tuple[list[int], int]:
+        runner = self.runner or self._start(len(flat), clock)
+        req, w = self.req, runner.width
+        padded = _PaddedTree(flat, w, req.device)
+        if not req.params.greedy:
+            q, ptok, pparent, pchild, plast, has_props = proposal_tensors(tree, flat, req.vocab, w, req.device)
+            uniforms = torch.rand(ptok.shape[0], generator=self.gen, device=req.device)
+            expo = torch.empty(req.vocab, device=req.device).exponential_(generator=self.gen)
+        clock.charge("overhead")
+        logits = runner.forward(padded.tokens, padded.depth, padded.anc)
+        if req.params.greedy:
+            packed = runner.accept_greedy(logits, padded.tokens, padded.parent, padded.anc, padded.valid)
+        else:
+            packed = runner.accept_sampled(logits, q, ptok, pparent, pchild, plast, has_props, uniforms, expo)
+        out = packed.tolist()  # the step's one device->host copy
+        clock.charge("verifying")
+        m, extra = out[w], out[w + 1]
+        return [int(flat.order[i]) for i in out[:m]], extra

@@ -1,38 +1,89 @@
-"""The speculative loop: draft, merge into a trie, one target forward, verify, commit."""
+"""The speculative loop: draft, merge into a trie, one target forward, verify, commit.
+
+One loop (:func:`decode`) runs every configuration; a *step* object decides where the target's
+forward and the acceptance run: :class:`EagerStep` here (a growable cache, acceptance walked on the
+host by the chosen verifier), ``treespec.core.compiled.CompiledStep`` for ``compile=...`` (static
+shapes, one compiled call per step, acceptance on the device).
+"""
 
 from __future__ import annotations
 
-import os
 import time
-from typing import Callable, Sequence
+from typing import Callable, Protocol, Sequence
 
 import torch
 
-from . import checks
+from ..common.device import sync
+from . import verifiers
 from .drafting import Drafter, propose_all
 from .kv import TreeCache, causal_allowed, forward_masked
+from .request import Request
 from .sampling import SamplingParams
 from .stats import DrafterStats, GenerateOutput, Stats, emitted_tokens, record_step
 from .tree import FlatTree, TokenTree, flatten
-from . import verifiers
 
 
-class _Clock:
-    """Wall-clock sections; synchronises CUDA so GPU work is charged to the right section."""
+class Clock:
+    """Charges wall-clock sections to ``stats`` (``<section>_seconds``); waits for the device first."""
 
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-        self.t = time.perf_counter()
+    def __init__(self, stats: Stats, device: torch.device) -> None:
+        self.stats, self.device, self.t = stats, device, time.perf_counter()
 
-    def lap(self) -> float:
-        if self.cuda:
-            torch.cuda.synchronize()
+    def charge(self, section: str) -> None:
+        """Add the time since the last charge to ``stats.<section>_seconds``."""
+        sync(self.device)
         now = time.perf_counter()
-        dt, self.t = now - self.t, now
-        return dt
+        name = f"{section}_seconds"
+        setattr(self.stats, name, getattr(self.stats, name) + now - self.t)
+        self.t = now
 
 
-def _walk_greedy(tree: TokenTree, flat: FlatTree, logits: torch.Tensor) -> tuple[list[int], int]:
+class Step(Protocol):
+    """Where a step's target forward and acceptance run (:class:`EagerStep`, ``CompiledStep``)."""
+
+    #: the most nodes a tree may have (None: the request's budget, or no cap)
+    width: int | None
+
+    def prefill(self, prompt: list[int], clock: Clock) -> None:
+        """Cache ``prompt[:-1]`` (a step may defer it to its first :meth:`verify`)."""
+
+    def verify(self, tree: TokenTree, flat: FlatTree, clock: Clock) -> tuple[list[int], int]:
+        """Verify ``tree`` and commit its accepted path in the cache: ``(path of tree nodes, extra token)``."""
+
+
+class EagerStep:
+    """The target's forward on a growable :class:`TreeCache`; the verifier walks the tree on the host."""
+
+    def __init__(self, req: Request, gen: torch.Generator) -> None:
+        self.req, self.width = req, req.budget
+        self.cache = TreeCache()
+        self.coins = verifiers.TorchCoins(gen)
+
+    def prefill(self, prompt: list[int], clock: Clock) -> None:
+        if len(prompt) > 1:
+            device = self.req.device
+            ids = torch.tensor(prompt[:-1], device=device)
+            forward_masked(self.req.target, self.cache, ids, torch.arange(len(ids), device=device),
+                           causal_allowed(0, len(ids), device), logits_to_keep=1)
+
+    def verify(self, tree: TokenTree, flat: FlatTree, clock: Clock) -> tuple[list[int], int]:
+        device, past = self.req.device, self.cache.length
+        allowed = torch.ones(len(flat), past + len(flat), dtype=torch.bool)
+        allowed[:, past:] = torch.from_numpy(flat.ancestors)
+        ids = torch.from_numpy(flat.tokens).to(device)
+        pos = torch.from_numpy(past + flat.depth).to(device)
+        clock.charge("overhead")
+        logits = forward_masked(self.req.target, self.cache, ids, pos, allowed)
+        clock.charge("verifying")
+        if self.req.params.greedy:
+            path, extra = walk_greedy(tree, flat, logits)
+        else:
+            path, extra = walk_sampled(tree, flat, logits, self.req.params, self.req.verifier, self.coins)
+        self.cache.keep(past, past + flat.index[path])
+        return path, extra
+
+
+def walk_greedy(tree: TokenTree, flat: FlatTree, logits: torch.Tensor) -> tuple[list[int], int]:
     """Follow the child equal to the target's argmax; the extra token is the argmax where it stops."""
     best = logits.argmax(-1).tolist()
     path, node = [0], 0
@@ -42,8 +93,8 @@ def _walk_greedy(tree: TokenTree, flat: FlatTree, logits: torch.Tensor) -> tuple
     return path, best[flat.index[node]]
 
 
-def _walk_sampled(tree: TokenTree, flat: FlatTree, logits: torch.Tensor, params: SamplingParams,
-                  verifier: str, coins: verifiers.Coins) -> tuple[list[int], int]:
+def walk_sampled(tree: TokenTree, flat: FlatTree, logits: torch.Tensor, params: SamplingParams,
+                 verifier: str, coins: verifiers.Coins) -> tuple[list[int], int]:
     """Run the chosen exact verifier (``treespec.core.verifiers``) on the tree's target distributions."""
     probs: dict[int, torch.Tensor] = {}
 
@@ -53,6 +104,52 @@ def _walk_sampled(tree: TokenTree, flat: FlatTree, logits: torch.Tensor, params:
         return probs[node]
 
     return verifiers.get(verifier).verify(tree, target, coins)
+
+
+def draft_tree(req: Request, committed: list[int], remaining: int, width: int | None,
+               clock: Clock) -> tuple[TokenTree, bool]:
+    """This step's tree: every drafter's proposals merged under ``width`` nodes and the depth that can
+    still be emitted; and whether the end of the generation capped it (the step is then *cut*)."""
+    # A path of depth d commits d + 1 tokens (the bonus on top) and its last node sits at position
+    # len(committed) - 1 + d: deeper proposals can never be emitted. Dropping them looks at depth
+    # only, never at a token, so the output stays exact (TokenTree.merge).
+    max_depth = min(remaining - 1, req.max_positions - len(committed))
+    # With no drafted token wanted, drafters are not called; they see the tokens at their next propose().
+    drafts = propose_all(req.drafters, committed, req.vocab) if req.speculating and max_depth >= 1 else []
+    clock.charge("drafting")
+    tree = TokenTree.rooted_at(committed[-1])
+    too_deep = tree.merge(drafts, width, max_depth)
+    if not req.params.greedy and tree.size > 1:  # refuse, before the forward, a tree the verifier is not exact for
+        # only the budget's cut counts as truncation: the depth cap drops whole levels, never siblings
+        kept = sum(len(props) for props in tree.proposals)
+        verifiers.check_tree(req.verifier, tree, truncated=kept + too_deep < sum(len(d) for d in drafts))
+    return tree, too_deep > 0 or (req.speculating and max_depth < 1)
+
+
+def decode(req: Request, step: Step) -> GenerateOutput:
+    """The speculative loop over ``step``: draft, merge, flatten, verify, commit, record, stream."""
+    stats = Stats(drafters=[DrafterStats(d.describe()) for d in req.drafters], verifier=req.verifier)
+    clock = Clock(stats, req.device)
+    committed, new = list(req.prompt), []
+    with torch.inference_mode():
+        step.prefill(req.prompt, clock)
+        clock.charge("prefill")
+        while len(new) < req.max_new_tokens:
+            tree, capped = draft_tree(req, committed, req.max_new_tokens - len(new), step.width, clock)
+            flat = flatten(tree)
+            path, extra = step.verify(tree, flat, clock)
+            tokens = emitted_tokens([tree.tokens[v] for v in path[1:]] + [extra], req.max_new_tokens - len(new),
+                                    req.eos)
+            committed += tokens
+            new += tokens
+            record_step(stats, tree, path, len(tokens), capped or len(tokens) < len(path))
+            clock.charge("overhead")
+            if req.on_tokens is not None:
+                req.on_tokens(list(tokens))
+            if tokens[-1] in req.eos:
+                break
+    stats.new_tokens = len(new)
+    return GenerateOutput(torch.tensor([committed], dtype=torch.long, device=req.out_device), new, stats)
 
 
 def generate(
@@ -73,7 +170,8 @@ def generate(
     """Generate from ``target`` with tree speculative decoding; the output is exact.
 
     Greedy (``temperature=0``) output is token-identical to the target's own greedy decoding;
-    sampled output is distributed as the target's (after temperature, top-k, top-p).
+    sampled output is distributed as the target's (after temperature, top-k, top-p). This is the
+    low-level call with explicit drafters; ``treespec.run(recipe, ...)`` builds them from settings.
 
     Args:
         target: a HuggingFace causal LM (Llama, Qwen2/2.5/3, Mistral without a window).
@@ -87,102 +185,21 @@ def generate(
         budget: cap on tokens per verification pass, root included; proposals beyond it are
             dropped in proposal order. None means no cap.
         on_tokens: called with each step's committed tokens (for streaming); gets its own list.
-        verifier: the exact verification rule for sampled steps: ``"rrs"`` (token-level, every
-            tree), ``"block"`` (chains) or ``"traversal"`` (trees drafted in the ways it is exact
-            for); see ``docs/verifiers.md``. A tree the verifier is not exact for raises
-            ``treespec.core.verifiers.NotExactError``. Greedy decoding ignores it (argmax walk).
+        verifier: the exact verification rule for sampled steps (``treespec.core.verifiers.VERIFIERS``):
+            ``"rrs"`` (token-level, every tree), ``"block"`` (chains), ``"traversal"`` (every
+            tree, leaf to root) or ``"spectr"`` (one drafter's i.i.d. draws); see ``docs/verifiers.md``.
+            A tree the verifier is not exact for raises ``treespec.core.verifiers.NotExactError``.
+            Greedy decoding ignores it (argmax walk).
         compile: False (eager), True or a ``torch.compile`` backend name: static-shape steps with a
-            compiled target forward and acceptance on the device (``treespec.core.compiled``).
+            compiled target forward and acceptance on the device (``treespec.core.compiled``; ``rrs`` only).
     """
-    params = SamplingParams(temperature, top_k, top_p)
-    verifiers.get(verifier)  # an unknown name fails before any work
-    checks.check_model(target)
-    budget = checks.check_budget(budget)
-    drafters = checks.check_drafters(drafters, Drafter)
-    vocab = checks.vocab_size(target)
-    prompt = checks.as_prompt(input_ids, vocab)
-    max_positions = getattr(target.config, "max_position_embeddings", None) or 2**62
-    max_new_tokens = checks.check_lengths(len(prompt), max_new_tokens, max_positions)
-    for d in drafters:
-        checks.check_vocab(vocab, d.vocab_size, d.describe())
-        if getattr(d, "model", None) is not None:
-            checks.check_model(d.model, role="draft")
-    eos = checks.eos_ids(eos_token_id)
-    seed = checks.check_seed(seed)
-    if on_tokens is not None and not callable(on_tokens):
-        raise ValueError(f"on_tokens must be callable (it gets each step's tokens), got {type(on_tokens).__name__}")
-    device = next(target.parameters()).device
-    seed = int.from_bytes(os.urandom(7), "little") if seed is None else seed
-    gen = torch.Generator(device).manual_seed(seed)
-    for i, d in enumerate(drafters):
-        d.reset(prompt, sampling=params.for_draft(), seed=(seed * 1_000_003 + i + 1) % 2**63)
-    checks.check_sampling_dtype(target, params.greedy)
-    if compile is not False:
-        from .compiled import generate_static
+    req = Request.checked(target, input_ids, drafters, max_new_tokens, temperature, top_k, top_p, eos_token_id,
+                          seed, budget, on_tokens, verifier, compile)
+    gen = torch.Generator(req.device).manual_seed(req.seed)
+    for i, d in enumerate(req.drafters):
+        d.reset(req.prompt, sampling=req.params.for_draft(), seed=(req.seed * 1_000_003 + i + 1) % 2**63)
+    if req.compile is False:
+        return decode(req, EagerStep(req, gen))
+    from .compiled import CompiledStep  # torch.compile machinery only when asked for
 
-        if verifier != "rrs" and not params.greedy:
-            raise ValueError(f"compile=... runs the token-level verifier only; got verifier={verifier!r}. "
-                             "Use verifier='rrs' with compile, or compile=False with this verifier")
-
-        out_device = input_ids.device if isinstance(input_ids, torch.Tensor) else torch.device("cpu")
-        return generate_static(target, prompt, drafters, params, max_new_tokens, eos, gen, budget, on_tokens,
-                               compile, out_device)
-
-    stats = Stats(drafters=[DrafterStats(d.describe()) for d in drafters], verifier=verifier)
-    coins = verifiers.TorchCoins(gen)
-    clock = _Clock(device)
-    committed = list(prompt)
-    new: list[int] = []
-    cache = TreeCache()
-    with torch.inference_mode():
-        if len(prompt) > 1:
-            ids = torch.tensor(prompt[:-1], device=device)
-            forward_masked(target, cache, ids, torch.arange(len(ids), device=device),
-                           causal_allowed(0, len(ids), device), logits_to_keep=1)
-        stats.prefill_seconds = clock.lap()
-        while len(new) < max_new_tokens:
-            # A path of depth d commits d + 1 tokens (the bonus on top) and its last node sits at
-            # position len(committed) - 1 + d: deeper proposals can never be emitted. Dropping them
-            # looks at depth only, never at a token, so the output stays exact (TokenTree.merge).
-            max_depth = min(max_new_tokens - len(new) - 1, max_positions - len(committed))
-            drafting = bool(drafters) and budget != 1  # budget 1 leaves no room for a drafted token
-            # With no drafted token wanted, drafters are not called; they see the tokens at their next propose().
-            drafts = propose_all(drafters, committed, vocab) if drafting and max_depth >= 1 else []
-            stats.drafting_seconds += clock.lap()
-
-            tree = TokenTree.rooted_at(committed[-1])
-            too_deep = tree.merge(drafts, budget, max_depth)
-            capped = too_deep > 0 or (drafting and max_depth < 1)
-            if not params.greedy and tree.size > 1:  # refuse, before the forward, a tree the verifier is not exact for
-                # only the budget's cut counts as truncation: the depth cap drops whole levels, never siblings
-                kept = sum(len(props) for props in tree.proposals)
-                verifiers.check_tree(verifier, tree, truncated=kept + too_deep < sum(len(d) for d in drafts))
-            flat = flatten(tree)
-            past = cache.length
-            allowed = torch.ones(len(flat), past + len(flat), dtype=torch.bool)
-            allowed[:, past:] = torch.from_numpy(flat.ancestors)
-            ids = torch.from_numpy(flat.tokens).to(device)
-            pos = torch.from_numpy(past + flat.depth).to(device)
-            stats.overhead_seconds += clock.lap()
-
-            logits = forward_masked(target, cache, ids, pos, allowed)
-            stats.verifying_seconds += clock.lap()
-
-            if params.greedy:
-                path, extra = _walk_greedy(tree, flat, logits)
-            else:
-                path, extra = _walk_sampled(tree, flat, logits, params, verifier, coins)
-            cache.keep(past, past + flat.index[path])
-            step_tokens = emitted_tokens([tree.tokens[v] for v in path[1:]] + [extra], max_new_tokens - len(new), eos)
-            committed += step_tokens
-            new += step_tokens
-            record_step(stats, tree, path, len(step_tokens), capped or len(step_tokens) < len(path))
-            stats.overhead_seconds += clock.lap()
-            if on_tokens is not None:
-                on_tokens(list(step_tokens))
-            if step_tokens[-1] in eos:
-                break
-    stats.new_tokens = len(new)
-    out_device = input_ids.device if isinstance(input_ids, torch.Tensor) else torch.device("cpu")
-    sequences = torch.tensor([committed], dtype=torch.long, device=out_device)
-    return GenerateOutput(sequences, new, stats)
+    return decode(req, CompiledStep(req, gen))

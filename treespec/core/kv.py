@@ -4,12 +4,16 @@
 (gpt-fast style): appending writes into the buffer, and committing the accepted path is a gather
 of a few rows plus a new length. ``forward_masked`` runs an unmodified model over new tokens with
 an explicit 4D additive mask and explicit position ids (``docs/design.md``, "Tree attention on HuggingFace models").
+
+``StaticTreeCache`` is the compiled step's cache (``treespec.core.compiled``): zero-filled
+``[1, H, C, D]`` buffers at fixed addresses and a committed length that is a device tensor, so a
+step has the same shapes every time and rollback is an index.
 """
 
 from __future__ import annotations
 
 import torch
-from transformers.cache_utils import Cache, DynamicLayer
+from transformers.cache_utils import Cache, DynamicLayer, StaticLayer
 
 
 class TreeKVLayer(DynamicLayer):
@@ -123,3 +127,75 @@ def causal_allowed(past: int, n: int, device: torch.device | str = "cpu") -> tor
     allowed = torch.ones(n, past + n, dtype=torch.bool, device=device)
     allowed[:, past:] = torch.ones(n, n, dtype=torch.bool, device=device).tril()
     return allowed
+
+
+def kv_shape(config) -> tuple[int, int, int]:
+    """``(layers, kv heads, head dim)`` of a HF decoder config."""
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return config.num_hidden_layers, getattr(config, "num_key_value_heads", None) or heads, head_dim
+
+
+class StaticTreeLayer(StaticLayer):
+    """One layer's K/V buffers ``[1, H, C, D]``; new tokens are written at ``length + arange(n)``."""
+
+    def __init__(self, capacity: int, length: torch.Tensor) -> None:
+        super().__init__(max_cache_len=capacity)
+        self.cumulative_length = length  # shared by every layer of the cache (see StaticTreeCache)
+
+    def allocate(self, heads: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
+        self.dtype, self.device = dtype, device
+        self.batch_size, self.num_heads, self.k_head_dim = self.v_head_dim = 1, heads, head_dim
+        self.keys = torch.zeros(1, heads, self.max_cache_len, head_dim, dtype=dtype, device=device)
+        self.values = torch.zeros_like(self.keys)
+        # fixed data pointers: compiled graphs (and CUDA graphs) may mutate them in place
+        torch._dynamo.mark_static_address(self.keys)
+        torch._dynamo.mark_static_address(self.values)
+        self.is_initialized = True
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        raise RuntimeError("StaticTreeLayer is allocated by StaticTreeCache, never lazily")
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        slots = self.cumulative_length + torch.arange(key_states.shape[-2], device=self.device)
+        self.keys.index_copy_(2, slots, key_states)
+        self.values.index_copy_(2, slots, value_states)
+        return self.keys, self.values
+
+
+class StaticTreeCache(Cache):
+    """Preallocated tree-verification cache for ``model``; rows ``[0, length)`` are committed.
+
+    ``length`` is a 0-d device tensor. A forward over ``n`` tokens writes slots
+    ``[length, length + n)`` and leaves ``length`` alone; ``commit`` then keeps the accepted rows.
+    """
+
+    def __init__(self, model: torch.nn.Module, capacity: int) -> None:
+        n_layers, heads, head_dim = kv_shape(model.config)
+        param = next(model.parameters())
+        self.capacity = capacity
+        self.length = torch.zeros((), dtype=torch.long, device=param.device)
+        torch._dynamo.mark_static_address(self.length)
+        layers = [StaticTreeLayer(capacity, self.length) for _ in range(n_layers)]
+        super().__init__(layers=layers)
+        for layer in layers:
+            layer.allocate(heads, head_dim, param.dtype, param.device)
+
+    def commit(self, src: torch.Tensor, m: torch.Tensor) -> None:
+        """Move rows ``src[:m]`` (absolute slots, increasing, ``>= length``) to ``[length, length + m)``.
+
+        ``src`` has a fixed size ``P``: the entries past ``m`` should be ``length + j`` (a no-op copy);
+        whatever they copy lands beyond the new length, in scratch slots. One index for all layers.
+        """
+        dst = self.length + torch.arange(src.shape[0], device=src.device)
+        for layer in self.layers:
+            layer.keys.index_copy_(2, dst, layer.keys.index_select(2, src))
+            layer.values.index_copy_(2, dst, layer.values.index_select(2, src))
+        self.length.add_(m)
+
+    def reset(self) -> None:
+        """Empty the cache (buffers zeroed, addresses kept)."""
+        self.length.zero_()
+        for layer in self.layers:
+            layer.keys.zero_()
+            layer.values.zero_()

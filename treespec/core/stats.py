@@ -1,11 +1,14 @@
 """What one ``generate`` call reports: per-step records and the figures derived from them.
 
-Shared by the eager loop (``treespec.core.engine``) and the static-shape loop (``treespec.core.compiled``).
+Filled by the decoding loop (``treespec.core.engine.decode``) whichever step runs it. ``Stats.record``
+is the one flattening of these figures into a JSON record (``treespec generate --json``, comparisons,
+sweeps); ``Stats.combined`` pools several calls (a sweep point's prompts).
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import Any, Sequence
 
 import torch
 
@@ -80,12 +83,54 @@ class Stats:
     def tokens_per_second(self) -> float:
         return self.new_tokens / self.seconds if self.seconds else 0.0
 
+    @property
+    def mean_tree_size(self) -> float:
+        """Tokens verified per step, root included, averaged over steps."""
+        return sum(self.tree_sizes) / len(self.tree_sizes) if self.tree_sizes else 0.0
+
     def as_dict(self) -> dict:
+        """Every field and derived figure (per-step lists included)."""
         d = asdict(self)
         d.update(tau=self.tau, tau_uncut=self.tau_uncut, cut_steps=self.cut_steps,
                  depth_acceptance=self.depth_acceptance, seconds=self.seconds,
                  tokens_per_second=self.tokens_per_second)
         return d
+
+    def record(self) -> dict[str, Any]:
+        """The figures a result record keeps: counts, tau both ways, per-depth and per-drafter
+        acceptance, and the seconds per section (``engine_seconds`` is :attr:`overhead_seconds`)."""
+        return {"steps": self.steps, "new_tokens": self.new_tokens, "tau": self.tau, "tau_uncut": self.tau_uncut,
+                "cut_steps": self.cut_steps, "step_tokens": self.step_tokens, "step_cut": self.step_cut,
+                "accepted_hist": self.accepted_hist, "mean_tree_size": self.mean_tree_size,
+                "depth_tried": self.depth_tried, "depth_accepted": self.depth_accepted,
+                "prefill_seconds": self.prefill_seconds, "drafting_seconds": self.drafting_seconds,
+                "verifying_seconds": self.verifying_seconds, "engine_seconds": self.overhead_seconds,
+                "seconds": self.seconds, "tokens_per_second": self.tokens_per_second, "verifier": self.verifier,
+                "drafters": [asdict(d) for d in self.drafters]}
+
+    @classmethod
+    def combined(cls, parts: Sequence["Stats"]) -> "Stats":
+        """Several calls' figures as one: counts, seconds and histograms added, per-step lists joined."""
+        out = cls(verifier=parts[0].verifier if parts else "rrs")
+        for s in parts:
+            for name in ("steps", "new_tokens", "prefill_seconds", "drafting_seconds", "verifying_seconds",
+                         "overhead_seconds"):
+                setattr(out, name, getattr(out, name) + getattr(s, name))
+            for name in ("tree_sizes", "step_tokens", "step_cut"):
+                getattr(out, name).extend(getattr(s, name))
+            for name in ("accepted_hist", "depth_tried", "depth_accepted"):
+                setattr(out, name, _add(getattr(out, name), getattr(s, name)))
+            if not out.drafters:
+                out.drafters = [DrafterStats(d.name) for d in s.drafters]
+            for total, d in zip(out.drafters, s.drafters):
+                total.proposed += d.proposed
+                total.accepted += d.accepted
+        return out
+
+
+def _add(a: list[int], b: list[int]) -> list[int]:
+    """Elementwise sum of two count lists of different lengths."""
+    return [(a[i] if i < len(a) else 0) + (b[i] if i < len(b) else 0) for i in range(max(len(a), len(b)))]
 
 
 @dataclass

@@ -115,6 +115,7 @@ class FlatTree:
     index: np.ndarray  # tree node -> flat index
     tokens: np.ndarray  # [n] in flat order
     depth: np.ndarray  # [n] in flat order
+    parent: np.ndarray  # [n] flat index of each node's parent (the root: 0, itself)
     ancestors: np.ndarray  # [n, n] bool: row i may attend to column j (j is i or an ancestor of i)
 
     def __len__(self) -> int:
@@ -143,4 +144,4 @@ def flatten(tree: TokenTree) -> FlatTree:
         ancestors[rows, cur] = True
         cur = flat_parent[cur]
     tokens = np.asarray(tree.tokens, dtype=np.int64)[order]
-    return FlatTree(order, index, tokens, depth, ancestors)
+    return FlatTree(order, index, tokens, depth, flat_parent, ancestors)

@@ -9,7 +9,8 @@ from typing import Any
 
 from tree_builders import TreeShape
 
-from ...recipes import STATIC_MODES, NGramSettings, Recipe, draft_mode
+from ...drafters.model import STATIC_MODES
+from ...recipes import NGramSettings, Recipe, draft_mode
 from .config import draft_dtype, pairs, split_ranges
 
 
@@ -148,7 +149,8 @@ def point_recipe(p: dict[str, Any], acceptance: Any = None) -> Recipe:
                   temperature=p["temperature"], draft_mode=mode if mode in STATIC_MODES else None, ngram=ngram,
                   acceptance=acceptance, kary_width=int(p.get("kary_width", 2)), chains=p.get("chains"),
                   dynamic_depth=int(p.get("dynamic_depth", 6)), dynamic_topk=int(p.get("dynamic_topk", 8)),
-                  target_dtype=p["dtype"], draft_dtype=p.get("draft_dtype", p["dtype"]))
+                  target_dtype=p["dtype"], draft_dtype=p.get("draft_dtype", p["dtype"]), top_p=p["top_p"],
+                  verifier=p.get("verifier", "rrs"), compile=p.get("compile", False))
 
 
 def shape_record(shape: TreeShape) -> dict[str, Any]:

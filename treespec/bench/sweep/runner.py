@@ -10,19 +10,21 @@ import os
 import sys
 import time
 import traceback
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-import numpy as np
 import torch
 
-from ..baselines import hf_generate, sync
-from ...core.engine import generate
-from ...models.loading import check_tokenizers, load
-from ...models.precision import to_precision
-from ...recipes import DTYPES, build_drafters, plan
+from ...common.device import sync
 from ...core.sampling import spread_seed
+from ...core.stats import Stats
+from ...models import check_tokenizers, load
+from ...models.precision import to_precision
 from ...models.tiny import ByteTokenizer, tiny_from_spec
+from ...models.precision import FLOATS
+from ...recipes import Recipe, plan, run
+from ..baselines import hf_generate
 from .config import calib_eval_prompts, check, check_device_available, draft_dtype, load_config, pairs, \
     split_ranges
 from .points import Point, baseline_params, acceptance_params, enumerate_points, point_key, point_recipe, \
@@ -31,6 +33,8 @@ from .lock import claim, exclusive
 from .records import RESULTS, append_record, machine, machine_of, meta, read_records, repair_tail
 from .report import report
 
+#: the seconds per section of a treespec point's timing (``treespec.core.stats.Stats``)
+SECTIONS = ("prefill_seconds", "drafting_seconds", "verifying_seconds", "overhead_seconds")
 #: the acceptance measurement (``treespec.calibrate.acceptance.measure`` or a stand-in with its signature)
 Measure = Callable[..., Any]
 
@@ -63,11 +67,6 @@ def _pad_id(tokenizer: Any) -> int:
     if pad is None:
         pad = getattr(tokenizer, "eos_token_id", None)
     return 0 if pad is None else int(pad)
-
-
-def _add_hist(a: list[int], b: list[int]) -> list[int]:
-    """Elementwise sum of two histograms of different lengths."""
-    return [(a[i] if i < len(a) else 0) + (b[i] if i < len(b) else 0) for i in range(max(len(a), len(b)))]
 
 
 def _digest(tokens: Sequence[int]) -> str:
@@ -181,9 +180,9 @@ class Sweep:
         out["result"]["split"] = {"dataset": p["dataset"], "calib": list(calib), "eval": list(evals)}
         return out
 
-    def _drafters(self, p: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
-        """The drafters of a treespec point (its recipe, ``treespec.recipes``) and what the record says
-        about its tree."""
+    def _recipe(self, p: dict[str, Any]) -> tuple[Recipe, list[torch.nn.Module], dict[str, Any]]:
+        """The recipe of a treespec point (``treespec.recipes``), its draft models, and what the record
+        says about its tree."""
         info: dict[str, Any] = {}
         with_model = p["drafters"] in ("model", "both")
         acc = None
@@ -205,59 +204,30 @@ class Sweep:
                 info["predicted_tau"] = the_plan.shape.expected_tokens(acc)
                 info["predicted_depth_acceptance"] = the_plan.shape.depth_acceptance(acc)
         info["cap"] = recipe.budget
-        return build_drafters(recipe, drafts, max_new_tokens=p["max_new_tokens"]), info
+        return recipe, drafts, info
 
     def _run_treespec(self, p: dict[str, Any], target: torch.nn.Module, prompts: list[list[int]]) -> dict[str, Any]:
-        drafters, info = self._drafters(p)
-        device = next(target.parameters()).device
+        recipe, drafts, info = self._recipe(p)
         n = p["max_new_tokens"]
 
         def call(ids: list[int], tokens: int, seed: int):
-            return generate(target, ids, drafters, max_new_tokens=tokens, temperature=p["temperature"],
-                            top_p=p["top_p"], eos_token_id=None, seed=seed, budget=info["cap"],
-                            verifier=p.get("verifier", "rrs"), compile=p.get("compile", False))
+            return run(recipe, target, drafts, ids, max_new_tokens=tokens, seed=seed, eos_token_id=None)
 
-        outs, walls = self._timed(call, prompts, n, p["seed"], device)
-        counts, digests, tree_sizes = [], [], []
-        steps_per_prompt, uncut_tokens, uncut_steps = [], [], []
-        depth_tried: list[int] = []
-        depth_accepted: list[int] = []
-        hist: list[int] = []
-        parts = dict(prefill_seconds=0.0, drafting_seconds=0.0, verifying_seconds=0.0, overhead_seconds=0.0)
-        steps = 0
-        per_drafter: list[dict[str, Any]] = []
-        for out in outs:
-            s = out.stats
-            counts.append(len(out.new_tokens))
-            digests.append(_digest(out.new_tokens))
-            steps += s.steps
-            steps_per_prompt.append(s.steps)
-            uncut_steps.append(s.steps - s.cut_steps)
-            uncut_tokens.append(sum(n for n, cut in zip(s.step_tokens, s.step_cut) if not cut))
-            depth_tried = _add_hist(depth_tried, s.depth_tried)
-            depth_accepted = _add_hist(depth_accepted, s.depth_accepted)
-            tree_sizes += s.tree_sizes
-            hist = _add_hist(hist, s.accepted_hist)
-            for k in parts:
-                parts[k] += getattr(s, k)
-            if not per_drafter:
-                per_drafter = [{"name": d.name, "proposed": 0, "accepted": 0} for d in s.drafters]
-            for acc, d in zip(per_drafter, s.drafters):
-                acc["proposed"] += d.proposed
-                acc["accepted"] += d.accepted
-        total = sum(counts)
-        wall = sum(walls)
+        outs, walls = self._timed(call, prompts, n, p["seed"], next(target.parameters()).device)
+        s = Stats.combined([out.stats for out in outs])
+        counts = [len(out.new_tokens) for out in outs]
+        uncut_steps = [o.stats.steps - o.stats.cut_steps for o in outs]
+        uncut_tokens = [sum(k for k, cut in zip(o.stats.step_tokens, o.stats.step_cut) if not cut) for o in outs]
         result = {"prompts": len(prompts), "prompt_tokens": [len(x) for x in prompts], "tokens_per_prompt": counts,
-                  "new_tokens": total, "complete": all(c == n for c in counts), "steps": steps,
-                  "tau": total / steps if steps else 0.0, "steps_per_prompt": steps_per_prompt,
-                  # tau over the steps not shortened by the end of generation (stats.Stats.tau_uncut)
-                  "tau_uncut": sum(uncut_tokens) / sum(uncut_steps) if sum(uncut_steps) else 0.0,
+                  "new_tokens": s.new_tokens, "complete": all(c == n for c in counts), "steps": s.steps,
+                  "tau": s.tau, "steps_per_prompt": [o.stats.steps for o in outs], "tau_uncut": s.tau_uncut,
                   "uncut_tokens_per_prompt": uncut_tokens, "uncut_steps_per_prompt": uncut_steps,
-                  "depth_tried": depth_tried, "depth_accepted": depth_accepted, "accepted_hist": hist,
-                  "mean_tree_size": float(np.mean(tree_sizes)) if tree_sizes else 0.0, "drafters": per_drafter,
-                  "output_digests": digests, **info}
-        timing = {"wall_seconds": wall, "per_prompt_seconds": walls,
-                  "tokens_per_second": total / wall if wall else 0.0, **parts}
+                  "depth_tried": s.depth_tried, "depth_accepted": s.depth_accepted, "accepted_hist": s.accepted_hist,
+                  "mean_tree_size": s.mean_tree_size, "drafters": [asdict(d) for d in s.drafters],
+                  "output_digests": [_digest(out.new_tokens) for out in outs], **info}
+        wall = sum(walls)
+        timing = {"wall_seconds": wall, "per_prompt_seconds": walls, "tokens_per_second": s.new_tokens / wall if wall else 0.0,
+                  **{k: getattr(s, k) for k in SECTIONS}}
         return {"result": result, "timing": timing}
 
     def _timed(self, call: Callable[[list[int], int, int], Any], prompts: list[list[int]], n: int, seed: int,
@@ -375,7 +345,7 @@ def sweep(config: str | os.PathLike | dict[str, Any], out_dir: str | os.PathLike
     if device is not None:
         cfg["run"]["device"] = device
     if dtype is not None:
-        check(dtype in DTYPES, f"dtype must be one of {tuple(DTYPES)}")
+        check(dtype in FLOATS, f"dtype must be one of {FLOATS}")
         cfg["run"]["dtype"] = dtype
     check_device_available(cfg["run"]["device"])
     out = Path(out_dir) if out_dir is not None else Path("experiments") / "results" / cfg["name"]

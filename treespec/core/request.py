@@ -1,0 +1,84 @@
+"""One ``generate`` call, validated once: what the eager and the compiled loop both run from."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+
+from . import checks, verifiers
+from .drafting import Drafter
+from .sampling import SamplingParams
+
+OnTokens = Callable[[list[int]], None]
+
+
+@dataclass(frozen=True)
+class Request:
+    """Everything a decoding loop needs, checked: build it with :meth:`checked`.
+
+    ``budget``: tokens per verification pass, root included (None: no cap); ``compile``: False for the
+    eager step, else True or a ``torch.compile`` backend name (``treespec.core.compiled``);
+    ``max_positions``: the target's context length; ``out_device``: where ``sequences`` is returned.
+    """
+
+    target: torch.nn.Module
+    prompt: list[int]
+    drafters: list[Drafter]
+    params: SamplingParams
+    max_new_tokens: int
+    eos: frozenset[int]
+    seed: int
+    budget: int | None
+    on_tokens: OnTokens | None
+    verifier: str
+    compile: bool | str
+    vocab: int
+    max_positions: int
+    out_device: torch.device
+
+    @property
+    def device(self) -> torch.device:
+        """The target's device (where verification runs)."""
+        return next(self.target.parameters()).device
+
+    @property
+    def speculating(self) -> bool:
+        """Whether drafters are asked at all (budget 1 leaves no room for a drafted token)."""
+        return bool(self.drafters) and self.budget != 1
+
+    @classmethod
+    def checked(cls, target: torch.nn.Module, input_ids: torch.Tensor | Sequence[int], drafters: Sequence[Drafter],
+                max_new_tokens: int, temperature: float, top_k: int, top_p: float,
+                eos_token_id: int | Sequence[int] | None, seed: int | None, budget: int | None,
+                on_tokens: OnTokens | None, verifier: str, compile: bool | str) -> "Request":
+        """Validate the arguments of ``treespec.generate`` (see there); each error says how to fix it."""
+        params = SamplingParams(temperature, top_k, top_p)
+        verifiers.get(verifier)  # an unknown name fails before any work
+        compile = checks.check_compile(compile)
+        if compile is not False and verifier != "rrs" and not params.greedy:
+            raise ValueError(f"compile=... runs the token-level verifier only; got verifier={verifier!r}. "
+                             "Use verifier='rrs' with compile, or compile=False with this verifier")
+        checks.check_model(target)
+        vocab = checks.vocab_size(target)
+        drafters = checks.check_drafters(drafters, Drafter)
+        for d in drafters:
+            checks.check_vocab(vocab, d.vocab_size, d.describe())
+            if getattr(d, "model", None) is not None:
+                checks.check_model(d.model, role="draft")
+        prompt = checks.as_prompt(input_ids, vocab)
+        max_positions = getattr(target.config, "max_position_embeddings", None) or 2**62
+        if on_tokens is not None and not callable(on_tokens):
+            raise ValueError(f"on_tokens must be callable (it gets each step's tokens), got {type(on_tokens).__name__}")
+        checks.check_sampling_dtype(target, params.greedy)
+        seed = checks.check_seed(seed)
+        return cls(
+            target=target, prompt=prompt, drafters=drafters, params=params,
+            max_new_tokens=checks.check_lengths(len(prompt), max_new_tokens, max_positions),
+            eos=checks.eos_ids(eos_token_id), budget=checks.check_budget(budget), on_tokens=on_tokens,
+            seed=int.from_bytes(os.urandom(7), "little") if seed is None else seed,
+            verifier=verifier, compile=compile, vocab=vocab, max_positions=max_positions,
+            out_device=input_ids.device if isinstance(input_ids, torch.Tensor) else torch.device("cpu"),
+        )

@@ -1,0 +1,55 @@
+"""A target and its drafts, loaded together: precisions by device, drafts of another tokenizer, EOS ids."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+from .loading import load
+from .precision import parse_precision
+
+
+@dataclass(frozen=True)
+class CrossDraft:
+    """A draft model whose tokenizer differs from the target's (``treespec.drafters.cross_tokenizer``)."""
+
+    model: torch.nn.Module
+    tokenizer: Any
+    target_tokenizer: Any
+
+
+def default_precision(name: str | None, device: str | torch.device) -> str:
+    """A precision name for :func:`treespec.models.load`; None: ``auto`` (measured) on CPU, bfloat16 on CUDA."""
+    if name is None:
+        return "bfloat16" if str(device).startswith("cuda") else "auto"
+    return parse_precision(name)
+
+
+def load_pair(target: str, drafts: Sequence[str], *, device: str = "cpu", target_dtype: str | None = None,
+              draft_dtype: str | None = None) -> tuple[torch.nn.Module, Any, list[torch.nn.Module | CrossDraft]]:
+    """The target, its tokenizer and the drafts: a model where it shares the target's tokenizer, a
+    :class:`CrossDraft` where it does not (it then drafts text, proposed in the target's tokens).
+
+    Precisions: names as in :func:`treespec.models.load` (``"auto"`` times the candidates on this
+    machine and keeps the fastest; the decision is cached); None means ``auto`` on CPU (int8 is among
+    a draft's candidates, not the target's) and bfloat16 on CUDA.
+    """
+    from ..drafters.cross_tokenizer import tokenizers_match
+
+    if str(device).startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: this machine has no CUDA device (torch sees none); use --device cpu")
+    model, tok = load(target, device=device, dtype=default_precision(target_dtype, device), role="target")
+    out: list[torch.nn.Module | CrossDraft] = []
+    for name in drafts:
+        draft, draft_tok = load(name, device=device, dtype=default_precision(draft_dtype, device), role="draft")
+        out.append(draft if tokenizers_match(tok, draft_tok) else CrossDraft(draft, draft_tok, tok))
+    return model, tok, out
+
+
+def eos_ids(model: torch.nn.Module, tok: Any) -> list[int]:
+    """The model's end-of-sequence ids (its generation config's, else the tokenizer's)."""
+    eos = model.generation_config.eos_token_id
+    eos = [eos] if isinstance(eos, int) else list(eos or [])
+    return eos or ([tok.eos_token_id] if tok.eos_token_id is not None else [])
