@@ -72,7 +72,8 @@ from .config import BASELINES, BUILDERS, DEFAULTS, DRAFTER_SETS, calib_eval_prom
 from .points import Point, acceptance_params, enumerate_points, point_key, point_recipe
 from .records import RESULTS, TIMING_FIELDS, append_record, comparable, read_records
 from .report import report
-from .runner import Sweep, load_model, sweep
+from .models import load_model
+from .runner import Sweep, sweep
 
 __all__ = ["BASELINES", "BUILDERS", "DEFAULTS", "DRAFTER_SETS", "RESULTS", "TIMING_FIELDS", "Point", "Sweep",
            "acceptance_params", "append_record", "calib_eval_prompts", "comparable", "enumerate_points",

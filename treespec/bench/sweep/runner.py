@@ -19,9 +19,8 @@ import torch
 from ...common.device import sync
 from ...core.sampling import spread_seed
 from ...core.stats import Stats
-from ...models import check_tokenizers, load
-from ...models.precision import to_precision
-from ...models.tiny import ByteTokenizer, tiny_from_spec
+from ...models import check_tokenizers
+from ...models.tiny import ByteTokenizer
 from ...models.precision import FLOATS
 from ...recipes import Recipe, plan, run
 from ..baselines import hf_generate
@@ -30,6 +29,7 @@ from .config import calib_eval_prompts, check, check_device_available, draft_dty
 from .points import Point, baseline_params, acceptance_params, enumerate_points, point_key, point_recipe, \
     shape_record
 from .lock import claim, exclusive
+from .models import SweepModels, encode, pad_id
 from .records import RESULTS, append_record, machine, machine_of, meta, read_records, repair_tail
 from .report import report
 
@@ -37,36 +37,6 @@ from .report import report
 SECTIONS = ("prefill_seconds", "drafting_seconds", "verifying_seconds", "overhead_seconds")
 #: the acceptance measurement (``treespec.calibrate.acceptance.measure`` or a stand-in with its signature)
 Measure = Callable[..., Any]
-
-
-def load_model(spec: str, device: str, dtype: str) -> tuple[torch.nn.Module, Any]:
-    """Load a model by name (``treespec.models.load``) or build a tiny one; returns (model, tokenizer).
-
-    The model's ``generation_config`` is replaced by a neutral one (every baseline sets its
-    sampling explicitly, and no checkpoint default may leak in).
-    """
-    from transformers import GenerationConfig
-
-    if spec.startswith("tiny:"):
-        model = to_precision(tiny_from_spec(spec).to(device=device), dtype)
-        tokenizer: Any = ByteTokenizer(model.config.vocab_size)
-    else:
-        model, tokenizer = load(spec, device=device, dtype=dtype)
-    model.generation_config = GenerationConfig()
-    return model, tokenizer
-
-
-def encode(tokenizer: Any, text: str, max_tokens: int = 0) -> list[int]:
-    """Raw text -> ids (no chat template); keeps the last ``max_tokens`` ids when ``max_tokens > 0``."""
-    ids = list(tokenizer(text)["input_ids"])
-    return ids[-max_tokens:] if max_tokens > 0 else ids
-
-
-def _pad_id(tokenizer: Any) -> int:
-    pad = getattr(tokenizer, "pad_token_id", None)
-    if pad is None:
-        pad = getattr(tokenizer, "eos_token_id", None)
-    return 0 if pad is None else int(pad)
 
 
 def _digest(tokens: Sequence[int]) -> str:
@@ -86,26 +56,6 @@ def _quiet_transformers() -> Iterator[None]:
         hf_logging.set_verbosity(level)
 
 
-class _Models:
-    """Models of the current pair, loaded once and kept while the pair's points run."""
-
-    def __init__(self, device: str, dtype: str) -> None:
-        self.device, self.dtype = device, dtype
-        self.loaded: dict[tuple[str, str], tuple[torch.nn.Module, Any]] = {}
-
-    def get(self, spec: str, dtype: str | None = None) -> tuple[torch.nn.Module, Any]:
-        """Model ``spec`` in ``dtype`` (default: the run's dtype), loaded once."""
-        key = (spec, dtype or self.dtype)
-        if key not in self.loaded:
-            self.loaded[key] = load_model(spec, self.device, key[1])
-        return self.loaded[key]
-
-    def keep_only(self, specs: set[str]) -> None:
-        for key in list(self.loaded):
-            if key[0] not in specs:
-                del self.loaded[key]
-
-
 class Sweep:
     """State of one sweep run: the config, the output files, loaded models and cached acceptances."""
 
@@ -115,7 +65,7 @@ class Sweep:
         self.results = out_dir / RESULTS
         self.progress = progress
         self._measure = measure
-        self.models = _Models(cfg["run"]["device"], cfg["run"]["dtype"])
+        self.models = SweepModels(cfg["run"]["device"], cfg["run"]["dtype"])
         self.machine = machine(cfg["run"]["device"])  # what meta() will record for this run's points
         self.records: dict[str, dict[str, Any]] = {}
         self.prompts: dict[tuple[str, str, str], list[list[int]]] = {}
@@ -173,7 +123,7 @@ class Sweep:
         prompts = self.token_prompts(p["target"], p["dataset"], "eval")
         if p["kind"] == "baseline":
             draft = self.draft_model(p["target"], p["draft"]) if p["method"] == "assisted" else None
-            out = self._run_baseline(p, target, draft, prompts, _pad_id(tokenizer))
+            out = self._run_baseline(p, target, draft, prompts, pad_id(tokenizer))
         else:
             out = self._run_treespec(p, target, prompts)
         calib, evals = split_ranges(self.cfg, p["dataset"])
