@@ -38,6 +38,14 @@ def test_compiled_greedy_equals_eager(models, budget):
         assert compiled.stats.steps == sum(compiled.stats.accepted_hist)
 
 
+def test_compiled_steps_record_the_verifier_the_call_named(models):
+    """Both steps run under one loop: the stats name the call's verifier (greedy walks ignore it)."""
+    target, draft = models
+    for compile in (False, BACKEND):
+        out = run(target, draft, [1, 5, 7], 6, budget=8, verifier="traversal", compile=compile)
+        assert out.stats.verifier == "traversal"
+
+
 def test_compiled_eos_stops_like_hf(models):
     target, draft = models
     prompt = [1, 5, 7, 9, 3]
