@@ -78,6 +78,38 @@ def test_no_graph_break_and_no_recompile_after_warmup(models, temperature):
     assert sum(1 for c in out.stats.accepted_hist if c) >= 2  # acceptance varied across the steps
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampled"])
+def test_one_compiled_call_per_step_and_no_graph_output_feeds_another(models, monkeypatch, temperature):
+    """Under CUDA graphs (``mode="reduce-overhead"``) replaying one graph may overwrite the outputs of
+    another (pytorch issue 160281), so a step is ONE compiled call whose inputs are never the output
+    of an earlier call. Checked on CPU by watching the calls: outputs are kept alive (their memory
+    cannot be reused) and no later input may share their storage."""
+    target, draft = models
+    kwargs = dict(shape=KARY, mode="topk" if temperature == 0 else "sample", budget=8, temperature=temperature,
+                  compile=BACKEND)
+    run(target, draft, [1, 2, 3], 4, seed=0, **kwargs)  # builds the runner
+    runner = next(r for r in compiled._RUNNERS.values() if r.model is target and r.width == 8)
+    outputs, calls = [], []
+
+    def storages(args):
+        for a in args:
+            for x in (vars(a).values() if hasattr(a, "anc") else [a]):
+                if isinstance(x, torch.Tensor):
+                    yield x.untyped_storage().data_ptr()
+
+    for name in ("step_greedy", "step_sampled", "forward"):
+        def watched(*args, _fn=getattr(runner, name), _name=name):
+            held = {o.untyped_storage().data_ptr() for o in outputs}
+            assert not held & set(storages(args)), f"{_name} was fed the output of an earlier compiled call"
+            calls.append(_name)
+            out = _fn(*args)
+            outputs.append(out)
+            return out
+        monkeypatch.setattr(runner, name, watched)
+    out = run(target, draft, [9, 8, 7, 6], 24, seed=1, **kwargs)
+    assert calls == ["step_greedy" if temperature == 0 else "step_sampled"] * out.stats.steps
+
+
 def test_garbage_in_unused_cache_slots_changes_nothing(models):
     """Stale tree rows, and large junk, beyond the committed length are masked out exactly."""
     target, draft = models

@@ -1,6 +1,7 @@
 """The static-shape step behind ``treespec.generate(..., compile=...)``: one compiled target call per step.
 
-Every step has the same tensor shapes, so ``torch.compile`` (and CUDA graphs under
+Every step has the same tensor shapes and is ONE compiled call (forward, acceptance and commit:
+no compiled output ever feeds another compiled graph), so ``torch.compile`` (and CUDA graphs under
 ``mode="reduce-overhead"``) capture the target's verification forward once and replay it:
 
 * ``StaticTreeCache``: a ``transformers`` ``Cache`` whose layers own zero-filled ``[1, H, C, D]``
@@ -126,7 +127,12 @@ def path_rows(on_path: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class _Runner:
-    """Compiled target forward + acceptance for one (model, capacity, width) and its static cache."""
+    """One compiled step (target forward, acceptance, commit) for one (model, capacity, width) and its
+    static cache. A step is ONE compiled call: no output of a compiled graph is ever the input of
+    another (under CUDA graphs a second graph's replay may overwrite the first one's outputs), and
+    its only output is the small packed path, copied to the host before the next step. ``forward``
+    (the verification forward alone) is compiled separately for timing it (``experiments/bench_gpu.py``).
+    """
 
     def __init__(self, model: torch.nn.Module, capacity: int, width: int, backend: str, mode: str | None) -> None:
         self.model, self.width = model, width
@@ -134,9 +140,9 @@ class _Runner:
         self.dtype_min = torch.finfo(next(model.parameters()).dtype).min
         self.params = SamplingParams()
         opts = dict(fullgraph=True, backend=backend, mode=mode)
-        self.forward = torch.compile(self._forward, **opts)
-        self.accept_greedy = torch.compile(self._accept_greedy, **opts)
-        self.accept_sampled = torch.compile(self._accept_sampled, **opts)
+        self.forward = torch.compile(self.run_eager, **opts)
+        self.step_greedy = torch.compile(self._step_greedy, **opts)
+        self.step_sampled = torch.compile(self._step_sampled, **opts)
 
     def _mask(self, anc: torch.Tensor, n: int) -> torch.Tensor:
         """Additive mask ``[1, 1, n, C]``: committed rows, then the tree block ``anc`` at ``[L, L + n)``."""
@@ -162,19 +168,18 @@ class _Runner:
             self.run_eager(ids, torch.arange(n, device=device), torch.ones(n, n, dtype=torch.bool, device=device).tril())
             self.cache.length.fill_(n)
 
-    def _forward(self, ids: torch.Tensor, depth: torch.Tensor, anc: torch.Tensor) -> torch.Tensor:
-        return self.run_eager(ids, depth, anc)
-
     def _commit(self, on_path: torch.Tensor, extra: torch.Tensor) -> torch.Tensor:
         rows, m = path_rows(on_path)
         self.cache.commit(self.cache.length + rows, m)
         return torch.cat([rows, m[None], extra[None]])
 
-    def _accept_greedy(self, logits, tokens, parent, anc, valid) -> torch.Tensor:
-        return self._commit(*greedy_path(logits, tokens, parent, anc, valid))
+    def _step_greedy(self, tree: "_PaddedTree") -> torch.Tensor:
+        logits = self.run_eager(tree.tokens, tree.depth, tree.anc)
+        return self._commit(*greedy_path(logits, tree.tokens, tree.parent, tree.anc, tree.valid))
 
-    def _accept_sampled(self, logits, q, ptok, pparent, pchild, plast, has_props, uniforms, exponentials):
-        probs = self.params.probs(logits)
+    def _step_sampled(self, tree: "_PaddedTree", q, ptok, pparent, pchild, plast, has_props, uniforms,
+                      exponentials) -> torch.Tensor:
+        probs = self.params.probs(self.run_eager(tree.tokens, tree.depth, tree.anc))
         return self._commit(*sampled_path(probs, q, ptok, pparent, pchild, plast, has_props, uniforms, exponentials))
 
 
@@ -277,11 +282,10 @@ class CompiledStep:
             uniforms = torch.rand(ptok.shape[0], generator=self.gen, device=req.device)
             expo = torch.empty(req.vocab, device=req.device).exponential_(generator=self.gen)
         clock.charge("overhead")
-        logits = runner.forward(padded.tokens, padded.depth, padded.anc)
         if req.params.greedy:
-            packed = runner.accept_greedy(logits, padded.tokens, padded.parent, padded.anc, padded.valid)
+            packed = runner.step_greedy(padded)
         else:
-            packed = runner.accept_sampled(logits, q, ptok, pparent, pchild, plast, has_props, uniforms, expo)
+            packed = runner.step_sampled(padded, q, ptok, pparent, pchild, plast, has_props, uniforms, expo)
         out = packed.tolist()  # the step's one device->host copy
         clock.charge("verifying")
         m, extra = out[w], out[w + 1]
