@@ -217,3 +217,17 @@ def test_compiled_without_drafters_and_with_an_ngram_drafter(models):
     sampled = treespec.generate(target, prompt, drafters=mixed, max_new_tokens=20, budget=8, temperature=1.0, seed=5,
                                 compile=BACKEND)
     assert len(sampled.new_tokens) == 20
+
+
+def test_inductor_with_weight_freezing_keeps_the_output_exact():
+    """Inductor's weight freezing (HF's fastest CPU decoding) folds parameters into constants; the
+    step's mutable state (static cache buffers, committed length) must stay graph inputs, or logits
+    stop following the cache. Greedy output equals HF greedy and the eager step's, tau included."""
+    target = tiny_model("llama", vocab=64, hidden=64, scale=6, seed=0)
+    draft = perturbed_copy(target, 0.3)
+    prompt = [10, 11, 12, 13, 14, 15, 16, 17]
+    eager = run(target, draft, prompt, 30, shape=KARY, budget=8)
+    with torch._inductor.config.patch(freezing=True):
+        frozen = run(target, draft, prompt, 30, shape=KARY, budget=8, compile="inductor")
+    assert frozen.new_tokens == eager.new_tokens == greedy_reference(target, prompt, 30)
+    assert frozen.stats.step_tokens == eager.stats.step_tokens  # the same walk, step by step
