@@ -33,11 +33,11 @@ import torch
 
 from .checks import check_compile
 from .drafting import POINT_MASS
-from .engine import Clock
 from .kv import StaticTreeCache
 from .request import Request
 from .rule import verify_proposals
 from .sampling import SamplingParams
+from .step import Clock
 from .tree import FlatTree, TokenTree
 
 CAPACITY_BUCKET = 256  # cache rows are allocated in multiples of this

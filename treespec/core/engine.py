@@ -1,6 +1,6 @@
 """The speculative loop: draft, merge into a trie, one target forward, verify, commit.
 
-One loop (:func:`decode`) runs every configuration; a *step* object decides where the target's
+One loop (:func:`decode`) runs every configuration; a *step* (``treespec.core.step``) decides where the target's
 forward and the acceptance run: :class:`EagerStep` here (a growable cache, acceptance walked on the
 host by the chosen verifier), ``treespec.core.compiled.CompiledStep`` for ``compile=...`` (static
 shapes, one compiled call per step, acceptance on the device).
@@ -8,47 +8,18 @@ shapes, one compiled call per step, acceptance on the device).
 
 from __future__ import annotations
 
-import time
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Sequence
 
 import torch
 
-from ..common.device import sync
 from . import verifiers
 from .drafting import Drafter, propose_all
 from .kv import TreeCache, causal_allowed, forward_masked
 from .request import Request
 from .sampling import SamplingParams
 from .stats import DrafterStats, GenerateOutput, Stats, emitted_tokens, record_step
+from .step import Clock, Step
 from .tree import FlatTree, TokenTree, flatten
-
-
-class Clock:
-    """Charges wall-clock sections to ``stats`` (``<section>_seconds``); waits for the device first."""
-
-    def __init__(self, stats: Stats, device: torch.device) -> None:
-        self.stats, self.device, self.t = stats, device, time.perf_counter()
-
-    def charge(self, section: str) -> None:
-        """Add the time since the last charge to ``stats.<section>_seconds``."""
-        sync(self.device)
-        now = time.perf_counter()
-        name = f"{section}_seconds"
-        setattr(self.stats, name, getattr(self.stats, name) + now - self.t)
-        self.t = now
-
-
-class Step(Protocol):
-    """Where a step's target forward and acceptance run (:class:`EagerStep`, ``CompiledStep``)."""
-
-    #: the most nodes a tree may have (None: the request's budget, or no cap)
-    width: int | None
-
-    def prefill(self, prompt: list[int], clock: Clock) -> None:
-        """Cache ``prompt[:-1]`` (a step may defer it to its first :meth:`verify`)."""
-
-    def verify(self, tree: TokenTree, flat: FlatTree, clock: Clock) -> tuple[list[int], int]:
-        """Verify ``tree`` and commit its accepted path in the cache: ``(path of tree nodes, extra token)``."""
 
 
 class EagerStep:
