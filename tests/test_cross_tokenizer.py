@@ -12,8 +12,8 @@ import torch
 import treespec
 from stats import ALPHA, exact_joint, g_test
 from treespec.models.tiny import greedy_reference, tiny_model
-from treespec.drafters.cross_tokenizer import (AlignmentError, CrossTokenizerDrafter, TextCodec, common_prefix, load_cross_drafter,
-                                     tokenizers_match)
+from treespec.drafters.cross_tokenizer import AlignmentError, CrossTokenizerDrafter, TextCodec, common_prefix
+from treespec.models.pair import load_cross_drafter, tokenizers_match
 from treespec.core.drafting import DraftProposals, Drafter
 from treespec.core.sampling import spread_seed
 

@@ -30,8 +30,7 @@ tokens added, decoded without skipping or cleaning anything) or any object with
 
 from __future__ import annotations
 
-import os
-from typing import Protocol, Sequence
+from typing import Sequence
 
 import torch
 
@@ -39,18 +38,9 @@ from ..core.drafting import ROOT, DraftProposals, Drafter
 from ..core.kv import TreeCache, causal_allowed, forward_masked
 from ..core.sampling import SamplingParams
 
-__all__ = ["TextTokenizer", "TextCodec", "CrossTokenizerDrafter", "AlignmentError", "common_prefix",
-           "tokenizers_match", "load_cross_drafter"]
+__all__ = ["TextCodec", "CrossTokenizerDrafter", "AlignmentError", "common_prefix"]
 
 LOOKBEHIND = 8  # tokens decoded before a suffix so that the suffix's text comes out as in context
-
-
-class TextTokenizer(Protocol):
-    """The minimal tokenizer protocol (HF tokenizers also qualify, see :class:`TextCodec`)."""
-
-    def encode(self, text: str) -> list[int]: ...
-
-    def decode(self, ids: Sequence[int]) -> str: ...
 
 
 class AlignmentError(ValueError):
@@ -58,7 +48,7 @@ class AlignmentError(ValueError):
 
 
 class TextCodec:
-    """Plain ``encode(text)``/``decode(ids)`` over an HF tokenizer or a :class:`TextTokenizer`.
+    """Plain ``encode(text)``/``decode(ids)`` over an HF tokenizer or any object with those two methods.
 
     HF tokenizers encode without adding special tokens (BOS/EOS) and decode without skipping
     special tokens or cleaning up spaces, so that decode(encode(text)) is text itself.
@@ -254,25 +244,3 @@ class CrossTokenizerDrafter(Drafter):
                     out.parents.append(parent)
                 parent = node[key]
         return out
-
-
-def tokenizers_match(target_tokenizer, draft_tokenizer) -> bool:
-    """True when the two tokenizers share one vocabulary (``models.check_tokenizers`` passes)."""
-    from ..models.loading import check_tokenizers
-
-    try:
-        check_tokenizers(target_tokenizer, draft_tokenizer)
-    except ValueError:
-        return False
-    return True
-
-
-def load_cross_drafter(draft_name: str | os.PathLike, target_tokenizer, *, depth: int = 6, width: int = 1,
-                       device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-                       **load_kwargs) -> CrossTokenizerDrafter:
-    """Load the draft model ``draft_name`` (a built-in name, a directory or a hub id; see
-    ``models.load``) and wrap it as a :class:`CrossTokenizerDrafter` for ``target_tokenizer``."""
-    from ..models.loading import load
-
-    model, tokenizer = load(draft_name, device=device, dtype=dtype, **load_kwargs)
-    return CrossTokenizerDrafter(model, tokenizer, target_tokenizer, depth=depth, width=width)

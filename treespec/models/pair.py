@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
 
-from .loading import load
+from ..drafters.cross_tokenizer import CrossTokenizerDrafter
+from .loading import check_tokenizers, load
 from .precision import parse_precision
 
 
@@ -36,8 +38,6 @@ def load_pair(target: str, drafts: Sequence[str], *, device: str = "cpu", target
     machine and keeps the fastest; the decision is cached); None means ``auto`` on CPU (int8 is among
     a draft's candidates, not the target's) and bfloat16 on CUDA.
     """
-    from ..drafters.cross_tokenizer import tokenizers_match
-
     if str(device).startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"--device {device}: this machine has no CUDA device (torch sees none); use --device cpu")
     model, tok = load(target, device=device, dtype=default_precision(target_dtype, device), role="target")
@@ -46,6 +46,24 @@ def load_pair(target: str, drafts: Sequence[str], *, device: str = "cpu", target
         draft, draft_tok = load(name, device=device, dtype=default_precision(draft_dtype, device), role="draft")
         out.append(draft if tokenizers_match(tok, draft_tok) else CrossDraft(draft, draft_tok, tok))
     return model, tok, out
+
+
+def tokenizers_match(target_tokenizer, draft_tokenizer) -> bool:
+    """True when the two tokenizers share one vocabulary (:func:`treespec.models.check_tokenizers` passes)."""
+    try:
+        check_tokenizers(target_tokenizer, draft_tokenizer)
+    except ValueError:
+        return False
+    return True
+
+
+def load_cross_drafter(draft_name: str | os.PathLike, target_tokenizer, *, depth: int = 6, width: int = 1,
+                       device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+                       **load_kwargs) -> CrossTokenizerDrafter:
+    """Load the draft model ``draft_name`` (a built-in name, a directory or a hub id; see
+    :func:`treespec.models.load`) as a ``CrossTokenizerDrafter`` for ``target_tokenizer``."""
+    model, tokenizer = load(draft_name, device=device, dtype=dtype, **load_kwargs)
+    return CrossTokenizerDrafter(model, tokenizer, target_tokenizer, depth=depth, width=width)
 
 
 def eos_ids(model: torch.nn.Module, tok: Any) -> list[int]:
