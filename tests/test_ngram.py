@@ -371,12 +371,12 @@ def test_per_step_cost_does_not_grow_with_the_context():
     [
         (dict(max_order=1), "n-gram order must be >= 2"),
         (dict(max_order=0), "n-gram order must be >= 2"),
-        (dict(max_tokens=0), "max_tokens must be >= 1"),
-        (dict(width=0), "width must be >= 1"),
+        (dict(max_tokens=0), "max_tokens must be an int >= 1"),
+        (dict(width=0), "width must be an int >= 1"),
         (dict(window=3), "window must be >= max_order"),
         (dict(max_order=5, window=4), "window must be >= max_order"),
         (dict(mode="bogus"), "unknown mode 'bogus'"),
-        (dict(max_nodes=0), "max_nodes must be >= 1"),
+        (dict(max_nodes=0), "max_nodes must be an int >= 1"),
         (dict(width=1.5), "width must be an int"),
     ],
 )
@@ -390,7 +390,7 @@ def test_tables_validation():
         NGramTables(max_order=1)
     with pytest.raises(ValueError, match="window must be >= max_order"):
         PromptLookupIndex(max_order=4, window=2)
-    with pytest.raises(ValueError, match="width must be >= 1"):
+    with pytest.raises(ValueError, match="width must be an int >= 1"):
         NGramTables().predict([1], width=0)
 
 
