@@ -150,7 +150,7 @@ def test_iid_siblings_that_draw_the_same_token_share_one_q(pair, monkeypatch) ->
 
     from tree_builders import kary
 
-    from treespec.core import verifiers
+    from treespec.core import constructions
     from treespec.models.precision import to_precision
 
     target, draft = pair
@@ -163,8 +163,8 @@ def test_iid_siblings_that_draw_the_same_token_share_one_q(pair, monkeypatch) ->
         share(nodes, parent, tokens, q_row)
         shared.append(int((q_row[nodes] != before).sum()))  # copies pointed at an earlier sibling's row
 
-    same_q = verifiers._same_q
-    monkeypatch.setattr(verifiers, "_same_q", lambda a, b, atol=0.0: same_q(a, b, atol=0.0))
+    same_q = constructions._same_q
+    monkeypatch.setattr(constructions, "_same_q", lambda a, b, atol=0.0: same_q(a, b, atol=0.0))
     monkeypatch.setattr(model_drafter, "_share_rows_of_equal_contexts", counting)
     drafter = treespec.ModelDrafter(int8, kary([4, 2]), mode="sample")
     out = treespec.generate(target, PROMPTS[0], [drafter], max_new_tokens=32, temperature=1.0, verifier="spectr",

@@ -17,6 +17,20 @@ from __future__ import annotations
 import torch
 
 
+def residual(r: torch.Tensor, q: torch.Tensor, weight: torch.Tensor | float = 1.0
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``normalize(max(w r - q, 0))`` over the last dimension, and its mass before normalising.
+
+    The distribution left after a rejection (rule 2 above; ``w`` is the path weight of block and
+    traversal verification, 1 for the token-level rule). Where the mass is 0, rejection had
+    probability 0 (``w r <= q`` everywhere) and ``r`` itself is returned. Batched over leading
+    dimensions (``weight`` broadcasts against them with a trailing dimension of 1).
+    """
+    res = (weight * r - q).clamp_min(0.0)
+    mass = res.sum(-1, keepdim=True)
+    return torch.where(mass > 0, res / mass.clamp_min(torch.finfo(res.dtype).tiny), r), mass[..., 0]
+
+
 def verify_proposals(
     r: torch.Tensor, tokens: torch.Tensor, q: torch.Tensor, uniforms: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -45,11 +59,7 @@ def verify_proposals(
         take = active & (uniforms[..., i] * q_x < r_x)
         accepted = torch.where(take, i, accepted)
         reject = active & ~take
-        res = (r - qi).clamp_min_(0.0)
-        mass = res.sum(-1, keepdim=True)
-        # mass == 0 only when r == q exactly, where rejection has probability 0; keep r then.
-        res = torch.where(mass > 0, res / mass.clamp_min(1e-30), r)
-        r = torch.where(reject.unsqueeze(-1), res, r)
+        r = torch.where(reject.unsqueeze(-1), residual(r, qi)[0], r)
     return accepted, r
 
 

@@ -35,8 +35,9 @@ from typing import Callable, Protocol
 
 import torch
 
-from .drafting import POINT_MASS
-from .tree import Proposal, TokenTree
+from .constructions import Construction, chain_only, classify, every_construction, iid_uncut
+from .rule import residual
+from .tree import TokenTree
 
 Target = Callable[[int], torch.Tensor]  # tree node -> target distribution at that node, float64 [V]
 DTYPE = torch.float64
@@ -73,14 +74,6 @@ class TorchCoins:
 Verifier = Callable[[TokenTree, Target, Coins], tuple[list[int], int]]
 
 
-def _residual(r: torch.Tensor, q: torch.Tensor) -> tuple[torch.Tensor, float]:
-    """``normalize(max(r - q, 0))`` and the mass before normalising; ``r`` itself when that mass is 0."""
-    res = (r - q).clamp_min_(0.0)
-    mass = float(res.sum())
-    # mass 0 only where rejection had probability 0 (r <= q everywhere); keep r then.
-    return (res / mass, mass) if mass > 0 else (r, 0.0)
-
-
 # -- rrs ----------------------------------------------------------------------------------------
 
 
@@ -103,7 +96,7 @@ def rrs(tree: TokenTree, target: Target, coins: Coins) -> tuple[list[int], int]:
                 node = p.child
                 path.append(node)
                 break
-            r, _ = _residual(r, q)
+            r = residual(r, q)[0]
         else:
             return path, coins.draw(r)
 
@@ -140,8 +133,7 @@ def block(tree: TokenTree, target: Target, coins: Coins) -> tuple[list[int], int
     log_p = torch.zeros(g + 1, dtype=DTYPE, device=device)
     for i in range(g):
         log_p[i + 1] = torch.clamp(log_p[i] + log_ratio[i], max=0.0)
-    res = (log_p[:g, None].exp() * P[:g] - Q).clamp_min_(0.0)  # [g, V], positions 0..g-1
-    mass = res.sum(-1)
+    res, mass = residual(P[:g], Q, log_p[:g, None].exp())  # [g, V], positions 0..g-1
     one_minus_p = -torch.expm1(log_p[:g])  # 1 - p_i computed separately
     denom = mass + one_minus_p
     h = torch.where(denom > 0, mass / denom.clamp_min(1e-300), torch.ones_like(mass))
@@ -153,8 +145,7 @@ def block(tree: TokenTree, target: Target, coins: Coins) -> tuple[list[int], int
         tau = 0
     if tau == g:
         return nodes, coins.draw(P[g])
-    dist = res[tau] / mass[tau] if mass[tau] > 0 else P[tau]
-    return nodes[: tau + 1], coins.draw(dist)
+    return nodes[: tau + 1], coins.draw(res[tau])
 
 
 # -- traversal ----------------------------------------------------------------------------------
@@ -206,12 +197,8 @@ def traversal(tree: TokenTree, target: Target, coins: Coins) -> tuple[list[int],
             log_wc = _log_weight(log_w, float(P[prop.token]), float(q[prop.token]))
             if log_wc > -math.inf and (found := visit(child, log_wc)) is not None:
                 return [node] + found[0], found[1]
-            w = math.exp(log_w)
-            res = (w * P - q).clamp_min_(0.0)
-            mass = float(res.sum())
-            if mass > 0:
-                P = res / mass
-            w_new = _weight_after_rejection(mass, -math.expm1(log_w))
+            P, mass = residual(P, q, math.exp(log_w))
+            w_new = _weight_after_rejection(float(mass), -math.expm1(log_w))
             log_w = math.log(w_new) if w_new > 0 else -math.inf
         if node == 0 or coins.accept(math.exp(log_w)):  # the root's weight stays 1
             return [node], coins.draw(P)
@@ -280,95 +267,10 @@ def spectr(tree: TokenTree, target: Target, coins: Coins) -> tuple[list[int], in
                     path.append(node)
                     break
             else:
-                r, _ = _residual(r, c * torch.minimum(q, r / rho))
+                r = residual(r, c * torch.minimum(q, r / rho))[0]
                 return path, coins.draw(r)
             continue
         return path, coins.draw(r)
-
-
-# -- what each verifier is exact for ----------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Construction:
-    """How one step's tree was drafted, read off the proposals in the trie.
-
-    ``draws``: ``point_mass`` (every proposal deterministic: top-k, n-gram, dynamic trees),
-    ``without_replacement`` (at every node, draws from one ``q`` with the earlier siblings removed),
-    ``iid`` (at every node, i.i.d. draws from one ``q``; duplicates merged in the trie), ``sampled``
-    (every node has one sampled proposal, so both of the previous readings hold) or ``mixed``.
-    """
-
-    draws: str
-    drafters: int  # drafters with proposals in the tree
-    chain: bool  # every node has at most one proposal
-    merged: bool  # some node's child has several proposals
-    truncated: bool  # the budget dropped proposals
-
-    def describe(self) -> str:
-        draws = {"point_mass": "point-mass proposals", "without_replacement": "draws without replacement",
-                 "iid": "i.i.d. draws", "sampled": "one sampled proposal per node",
-                 "mixed": "a mix of proposal kinds or of draft distributions"}[self.draws]
-        bits = [draws, f"{self.drafters} drafter{'s' * (self.drafters != 1)}"]
-        bits += ["a chain"] if self.chain else []
-        bits += ["merged duplicates"] if self.merged else []
-        bits += ["cut by the budget"] if self.truncated else []
-        return ", ".join(bits)
-
-
-def classify(tree: TokenTree, truncated: bool = False) -> Construction:
-    """The :class:`Construction` of ``tree`` (``truncated``: the budget dropped proposals)."""
-    kinds = {"point_mass", "without_replacement", "iid"}
-    chain, merged, drafters = True, False, set()
-    for props in tree.proposals:
-        if not props:
-            continue
-        chain &= len(props) == 1
-        merged |= len({p.child for p in props}) < len(props)
-        drafters |= {p.drafter for p in props}
-        if all(p.row == POINT_MASS for p in props):
-            kinds &= {"point_mass"}
-            continue
-        if not all(_same_q(props[0], p) for p in props[1:]):
-            kinds = set()
-            continue
-        tokens = [p.token for p in props]
-        node_kinds = {"iid"} if all(not p.exclude for p in props) else set()
-        if all(sorted(p.exclude) == sorted(tokens[:j]) for j, p in enumerate(props)):
-            node_kinds.add("without_replacement")
-        kinds &= node_kinds
-    if kinds == {"without_replacement", "iid"}:
-        draws = "sampled"
-    elif len(kinds) == 1:
-        draws = next(iter(kinds))
-    else:  # empty (mixed), or all three (a tree without proposals: nothing to verify)
-        draws = "mixed" if not kinds else "point_mass"
-    return Construction(draws, len(drafters), chain, merged, truncated)
-
-
-def _same_q(a: Proposal, b: Proposal, atol: float = 1e-6) -> bool:
-    """Both sampled by one drafter from one distribution. A drafter computes the ``q`` of a context
-    once per tree node, so siblings merged into one node carry equal rows computed at different
-    batch positions; they count as one ``q`` when they agree to ``atol`` (float rounding)."""
-    if a.row == POINT_MASS or b.row == POINT_MASS or a.drafter != b.drafter:
-        return False
-    if a.dists is b.dists and a.row == b.row:
-        return True
-    return bool((a.dists[a.row] - b.dists[b.row].to(a.dists.device)).abs().max() <= atol)
-
-
-def _every_construction(c: Construction) -> bool:
-    return True  # every proposal carries the q it was drawn from (docs/design.md, "Exactness rule")
-
-
-def _block_exact(c: Construction) -> bool:
-    return c.chain
-
-
-def _spectr_exact(c: Construction) -> bool:
-    # K-SEQ needs, at every node, a fixed number of i.i.d. draws from one q; a budget cut that
-    # depends on merged duplicates makes that number depend on the draws' values.
-    return c.drafters <= 1 and c.draws in ("iid", "sampled") and not c.truncated
 
 
 @dataclass(frozen=True)
@@ -381,10 +283,10 @@ class VerifierSpec:
 
 
 VERIFIERS: dict[str, VerifierSpec] = {
-    "rrs": VerifierSpec(rrs, _every_construction, "every construction"),
-    "block": VerifierSpec(block, _block_exact, "chains (one proposal per node)"),
-    "traversal": VerifierSpec(traversal, _every_construction, "every construction (each proposal against its own q)"),
-    "spectr": VerifierSpec(spectr, _spectr_exact,
+    "rrs": VerifierSpec(rrs, every_construction, "every construction"),
+    "block": VerifierSpec(block, chain_only, "chains (one proposal per node)"),
+    "traversal": VerifierSpec(traversal, every_construction, "every construction (each proposal against its own q)"),
+    "spectr": VerifierSpec(spectr, iid_uncut,
                            "one drafter's i.i.d. draws with duplicates kept, not cut by the budget"),
 }
 
@@ -402,7 +304,7 @@ def get(name: str) -> VerifierSpec:
 
 def check_tree(name: str, tree: TokenTree, truncated: bool) -> None:
     """Raise :class:`NotExactError` when verifier ``name`` is not exact for ``tree``'s construction."""
-    if get(name).exact_for is not _every_construction:
+    if get(name).exact_for is not every_construction:
         check_exact(name, classify(tree, truncated))
 
 
