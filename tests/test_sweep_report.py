@@ -18,6 +18,7 @@ from tree_builders import chain, kary
 from treespec.bench import intervals
 from treespec.core.stats import Stats
 R = importlib.import_module("treespec.bench.sweep.report")  # the module (the package exports a function of that name)
+F = importlib.import_module("treespec.bench.sweep.figures")
 
 
 def _treespec(tokens, steps, seconds, *, uncut_tokens=None, uncut_steps=None, seed=0, predicted=None,
@@ -38,7 +39,7 @@ def _treespec(tokens, steps, seconds, *, uncut_tokens=None, uncut_steps=None, se
 
 
 def _baseline(record: dict, seconds, method: str = "target", tokens=None) -> dict:
-    params = {k: record["params"][k] for k in R._SAME_RUN}
+    params = {k: record["params"][k] for k in F._SAME_RUN}
     params.update(kind="baseline", method=method)
     tokens = tokens if tokens is not None else record["result"]["tokens_per_prompt"]
     return {"key": f"b-{method}-{params['seed']}", "kind": "baseline", "status": "ok", "params": params,
@@ -51,7 +52,7 @@ def test_tau_interval_is_the_ratio_of_sums_with_the_bootstrap_interval() -> None
     steps = rng.integers(10, 30, size=20)
     tokens = steps * 3 + rng.integers(0, 10, size=20)
     rec = _treespec(tokens, steps, np.ones(20))
-    got = R.tau_interval([rec])
+    got = F.tau_interval([rec])
     want = intervals.ratio_of_sums(tokens, steps)
     assert got.estimate == pytest.approx(tokens.sum() / steps.sum())
     assert (got.low, got.high) == pytest.approx((want.low, want.high))
@@ -60,9 +61,9 @@ def test_tau_interval_is_the_ratio_of_sums_with_the_bootstrap_interval() -> None
 
 def test_a_known_constant_ratio_gives_a_zero_width_interval() -> None:
     rec = _treespec([8, 8, 8, 8], [2, 2, 2, 2], [1.0, 2.0, 0.5, 4.0])
-    tau = R.tau_interval([rec])
+    tau = F.tau_interval([rec])
     assert (tau.estimate, tau.low, tau.high) == (4.0, 4.0, 4.0)
-    speed = R.speed_interval([rec])
+    speed = F.speed_interval([rec])
     assert speed.estimate == pytest.approx(32 / 7.5)
     assert speed.low < speed.estimate < speed.high  # per-prompt speeds differ: a real spread
 
@@ -70,7 +71,7 @@ def test_a_known_constant_ratio_gives_a_zero_width_interval() -> None:
 def test_seeds_are_pooled_prompt_by_prompt() -> None:
     a = _treespec([10, 10], [5, 2], [1, 1], seed=0)
     b = _treespec([10, 10], [2, 5], [1, 1], seed=1)
-    tau = R.tau_interval([a, b])
+    tau = F.tau_interval([a, b])
     assert tau.n == 4 and tau.estimate == pytest.approx(40 / 14)
 
 
@@ -80,24 +81,24 @@ def test_speedup_is_paired_per_prompt() -> None:
     seconds = [1.0, 8.0, 2.0, 4.0, 3.0]
     rec = _treespec([8] * 5, [2] * 5, seconds)
     base = _baseline(rec, [2.5 * s for s in seconds])
-    got = R.speedup_interval([rec], [base], "target")
+    got = F.speedup_interval([rec], [base], "target")
     assert (got.estimate, got.low, got.high) == pytest.approx((2.5, 2.5, 2.5))
 
 
 def test_speedup_is_refused_without_the_same_tokens_or_baseline() -> None:
     rec = _treespec([8, 8], [2, 2], [1.0, 1.0])
-    assert R.speedup_interval([rec], [], "target") is None
+    assert F.speedup_interval([rec], [], "target") is None
     short = _baseline(rec, [2.0, 2.0], tokens=[8, 7])
-    assert R.speedup_interval([rec], [short], "target") is None
+    assert F.speedup_interval([rec], [short], "target") is None
     other_seed = _baseline(_treespec([8, 8], [2, 2], [1.0, 1.0], seed=5), [2.0, 2.0])
-    assert R.speedup_interval([rec], [other_seed], "target") is None
-    assert R.speedup_interval([rec], [_baseline(rec, [2.0, 2.0], method="assisted")], "target") is None
+    assert F.speedup_interval([rec], [other_seed], "target") is None
+    assert F.speedup_interval([rec], [_baseline(rec, [2.0, 2.0], method="assisted")], "target") is None
 
 
 def test_records_without_per_prompt_figures_give_no_interval() -> None:
     rec = _treespec([8, 8], [2, 2], [1.0, 1.0])
     del rec["result"]["steps_per_prompt"]
-    assert R.tau_interval([rec]) is None
+    assert F.tau_interval([rec]) is None
 
 
 def test_the_two_tau_definitions_on_a_run_with_a_cut_last_step() -> None:
@@ -108,9 +109,9 @@ def test_the_two_tau_definitions_on_a_run_with_a_cut_last_step() -> None:
     assert s.cut_steps == 1
     # the same run as a sweep record: tau over all steps vs over uncut steps, per prompt
     rec = _treespec([10, 10], [3, 3], [1.0, 1.0], uncut_tokens=[8, 8], uncut_steps=[2, 2], predicted=4.0)
-    assert R.tau_interval([rec]).estimate == pytest.approx(10 / 3)
-    assert R.tau_interval([rec], uncut=True).estimate == pytest.approx(4.0)
-    a = R.agreement(rec)
+    assert F.tau_interval([rec]).estimate == pytest.approx(10 / 3)
+    assert F.tau_interval([rec], uncut=True).estimate == pytest.approx(4.0)
+    a = F.agreement(rec)
     assert a["gap"] == pytest.approx(0.0) and a["agrees"]
     assert a["cut_cost"] == pytest.approx((10 / 3) / 4 - 1)
 
@@ -119,11 +120,11 @@ def test_agreement_says_when_the_prediction_is_outside_the_interval() -> None:
     rng = np.random.default_rng(0)
     steps = rng.integers(20, 30, size=20)
     tokens = (steps * rng.uniform(2.8, 3.2, size=20)).round().astype(int)
-    inside = R.agreement(_treespec(tokens, steps, np.ones(20), predicted=3.0))
-    outside = R.agreement(_treespec(tokens, steps, np.ones(20), predicted=4.0))
+    inside = F.agreement(_treespec(tokens, steps, np.ones(20), predicted=3.0))
+    outside = F.agreement(_treespec(tokens, steps, np.ones(20), predicted=4.0))
     assert inside["agrees"] and not outside["agrees"]
     assert outside["gap"] == pytest.approx(tokens.sum() / steps.sum() / 4.0 - 1)
-    assert R.agreement(_treespec(tokens, steps, np.ones(20))) is None  # nothing predicted
+    assert F.agreement(_treespec(tokens, steps, np.ones(20))) is None  # nothing predicted
 
 
 def test_predicted_depth_acceptance_of_a_tree() -> None:
@@ -170,18 +171,18 @@ def test_report_shows_intervals_and_locates_a_missed_prediction(tmp_path) -> Non
 
 def test_where_the_gap_is_tells_a_prompt_shift_from_a_gap_that_grows_with_depth() -> None:
     # rows: (depth, steps reaching it, measured rate, predicted rate)
-    shift = R.where_the_gap_is([(1, 500, 0.75, 0.62), (2, 300, 0.76, 0.62), (3, 200, 0.74, 0.62)])
+    shift = F.where_the_gap_is([(1, 500, 0.75, 0.62), (2, 300, 0.76, 0.62), (3, 200, 0.74, 0.62)])
     assert "already +0.130 off at depth 1" in shift and "more often" in shift and "grows" not in shift
-    grows = R.where_the_gap_is([(1, 500, 0.64, 0.62), (2, 300, 0.75, 0.62), (3, 200, 0.90, 0.62)])
+    grows = F.where_the_gap_is([(1, 500, 0.64, 0.62), (2, 300, 0.75, 0.62), (3, 200, 0.90, 0.62)])
     assert "grows with depth (+0.020 at depth 1, +0.205 on average below)" in grows
     assert "underrates deep trees" in grows and "already" not in grows
-    both = R.where_the_gap_is([(1, 500, 0.72, 0.62), (2, 300, 0.85, 0.62)])
+    both = F.where_the_gap_is([(1, 500, 0.72, 0.62), (2, 300, 0.85, 0.62)])
     assert "already +0.100 off" in both and "grows with depth" in both
-    falls = R.where_the_gap_is([(1, 500, 0.80, 0.80), (2, 300, 0.60, 0.80)])
+    falls = F.where_the_gap_is([(1, 500, 0.80, 0.80), (2, 300, 0.60, 0.80)])
     assert "opens below depth 1" in falls and "less often than the vector assumes" in falls
-    small = R.where_the_gap_is([(1, 900, 0.99, 0.97), (2, 800, 0.98, 0.95)])
+    small = F.where_the_gap_is([(1, 900, 0.99, 0.97), (2, 800, 0.98, 0.95)])
     assert "no depth is off by 0.05 or more (largest +0.030 at depth 2)" in small
-    assert R.where_the_gap_is([(1, 0, 0.0, 0.5)]) == ""  # nothing reached: nothing to locate
+    assert F.where_the_gap_is([(1, 0, 0.0, 0.5)]) == ""  # nothing reached: nothing to locate
 
 
 def test_greedy_agreement_is_counted_for_treespec_points_and_speculative_baselines() -> None:
@@ -192,12 +193,12 @@ def test_greedy_agreement_is_counted_for_treespec_points_and_speculative_baselin
     assisted = _baseline(rec, [1.0, 1.0, 1.0], method="assisted")
     assisted["result"]["output_digests"] = ["a", "y", "z"]
     bases = [target, assisted]
-    assert R.same_greedy_outputs(rec, bases) == "2/3"
-    assert R.same_greedy_outputs(assisted, bases) == "1/3"
-    assert R.same_greedy_outputs(target, bases) is None  # the reference itself
+    assert F.same_greedy_outputs(rec, bases) == "2/3"
+    assert F.same_greedy_outputs(assisted, bases) == "1/3"
+    assert F.same_greedy_outputs(target, bases) is None  # the reference itself
     sampled = _treespec([8], [3], [1.0])
     sampled["params"]["temperature"] = 1.0
-    assert R.same_greedy_outputs(sampled, bases) is None  # outputs are random at T > 0
+    assert F.same_greedy_outputs(sampled, bases) is None  # outputs are random at T > 0
 
 
 def test_cpu_model_tells_two_cpu_generations_apart() -> None:
@@ -214,11 +215,11 @@ def test_speedups_pair_only_records_measured_on_the_same_machine(tmp_path) -> No
 
     rec = _treespec([8] * 4, [2] * 4, [1.0] * 4)
     base = _baseline(rec, [2.0] * 4)
-    assert R.speedup_interval([rec], [base], "target").estimate == pytest.approx(2.0)  # neither recorded
+    assert F.speedup_interval([rec], [base], "target").estimate == pytest.approx(2.0)  # neither recorded
     rec["meta"] = {"machine": "AMD EPYC (family 26, model 2, stepping 1), 2 cores"}
-    assert R.speedup_interval([rec], [base], "target") is None  # negative control: another machine
+    assert F.speedup_interval([rec], [base], "target") is None  # negative control: another machine
     base["meta"] = dict(rec["meta"])
-    assert R.speedup_interval([rec], [base], "target").estimate == pytest.approx(2.0)
+    assert F.speedup_interval([rec], [base], "target").estimate == pytest.approx(2.0)
     other = _treespec([8] * 4, [2] * 4, [1.0] * 4)
     other["params"]["temperature"] = 1.0
     other["meta"] = {"machine": "AMD EPYC (family 25, model 17, stepping 1), 2 cores"}
@@ -229,5 +230,5 @@ def test_speedups_pair_only_records_measured_on_the_same_machine(tmp_path) -> No
 
 def test_where_the_gap_is_names_a_single_deep_outlier_without_calling_it_small() -> None:
     rows = [(1, 250, 0.98, 0.958), (2, 245, 0.967, 0.956), (3, 200, 0.98, 0.958), (4, 174, 0.983, 0.91)]
-    text = R.where_the_gap_is(rows)
+    text = F.where_the_gap_is(rows)
     assert "mostly at depth 4 (+0.073)" in text and "no depth is off" not in text

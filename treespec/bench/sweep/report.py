@@ -19,117 +19,13 @@ import numpy as np
 
 from tree_builders import TreeShape
 
-from ..intervals import Interval, ratio_of_sums
+from ..intervals import Interval
 from .config import CITABLE
+from .figures import (agreement, baseline_of, baseline_speedup, depth_rows, same_greedy_outputs, speed_interval,
+                      speedup_interval, tau_interval, where_the_gap_is)
 from .records import machine_of, read_records
 
 # What a baseline shares with the treespec points it is compared with (same prompts, same settings).
-_SAME_RUN = ("target", "dataset", "eval", "max_new_tokens", "max_prompt_tokens", "temperature", "top_p", "seed",
-             "device", "dtype")
-
-
-# -- figures with their spread over prompts (treespec.bench.intervals) ---------------------------------------
-def _pooled(records: list[dict[str, Any]], numerator: Callable[[dict[str, Any]], list[float]],
-            denominator: Callable[[dict[str, Any]], list[float]]) -> Interval | None:
-    """Ratio of sums over the prompts of ``records`` (seeds pooled: each prompt x seed is a unit), with
-    its bootstrap interval; None when a record lacks the per-prompt figures (written before they were)."""
-    try:
-        num = [x for r in records for x in numerator(r)]
-        den = [x for r in records for x in denominator(r)]
-    except KeyError:
-        return None
-    if not num or len(num) != len(den) or sum(den) <= 0:
-        return None
-    return ratio_of_sums(num, den)
-
-
-def tau_interval(records: list[dict[str, Any]], uncut: bool = False) -> Interval | None:
-    """Tokens per step of treespec ``records`` over all steps, or (``uncut=True``) over the steps that
-    the end of generation did not shorten (``treespec.core.stats.Stats.tau_uncut``)."""
-    if uncut:
-        return _pooled(records, lambda r: r["result"]["uncut_tokens_per_prompt"],
-                       lambda r: r["result"]["uncut_steps_per_prompt"])
-    return _pooled(records, lambda r: r["result"]["tokens_per_prompt"], lambda r: r["result"]["steps_per_prompt"])
-
-
-def speed_interval(records: list[dict[str, Any]]) -> Interval | None:
-    """Tokens per second over the prompts of ``records``."""
-    return _pooled(records, lambda r: r["result"]["tokens_per_prompt"], lambda r: r["timing"]["per_prompt_seconds"])
-
-
-def baseline_of(record: dict[str, Any], bases: list[dict[str, Any]], method: str) -> dict[str, Any] | None:
-    """The finished ``method`` baseline measured on the same prompts and settings as ``record``, on the
-    same machine (a speedup across two machines measures the machines, not the method)."""
-    p = record["params"]
-    for b in bases:
-        q = b["params"]
-        if (q["method"] == method and all(q.get(k) == p.get(k) for k in _SAME_RUN) and b is not record
-                and machine_of(b) == machine_of(record)):
-            return b
-    return None
-
-
-def speedup_interval(records: list[dict[str, Any]], bases: list[dict[str, Any]], method: str) -> Interval | None:
-    """Baseline seconds / treespec seconds over the prompts of ``records``, paired per prompt (each
-    record with the ``method`` baseline of its own prompts and seed). None unless every record has that
-    baseline, finished, with exactly the same token count per prompt."""
-    pairs = []
-    for r in records:
-        b = baseline_of(r, bases, method)
-        if (b is None or not (r["result"]["complete"] and b["result"]["complete"])
-                or b["result"]["tokens_per_prompt"] != r["result"]["tokens_per_prompt"]):
-            return None
-        pairs.append((b, r))
-    return _pooled(pairs, lambda br: br[0]["timing"]["per_prompt_seconds"],
-                   lambda br: br[1]["timing"]["per_prompt_seconds"])
-
-
-def depth_rows(record: dict[str, Any]) -> list[tuple[int, int, float, float | None]]:
-    """Per depth d: (d, steps whose walk reached depth d - 1 with children, measured acceptance rate,
-    predicted rate from the calibration vector or None)."""
-    res = record["result"]
-    tried, accepted = res.get("depth_tried", []), res.get("depth_accepted", [])
-    predicted = res.get("predicted_depth_acceptance") or []
-    return [(d + 1, t, a / t if t else 0.0, predicted[d] if d < len(predicted) else None)
-            for d, (t, a) in enumerate(zip(tried, accepted))]
-
-
-def where_the_gap_is(rows: list[tuple[int, int, float, float | None]], *, threshold: float = 0.05) -> str:
-    """One sentence locating a predicted-vs-measured gap from ``depth_rows``: a gap already at depth 1
-    is a shift between calibration and evaluation prompts (the first draft token's acceptance does not
-    depend on the tree); a gap that grows with depth means acceptance is correlated along a path
-    (a walk that got deep is in text the draft predicts well), which a positional vector (one rate
-    per child rank, the same at every depth) cannot express. ``threshold``: the smallest difference
-    in acceptance rate called a gap."""
-    diffs = [(d, rate - pred) for d, tried, rate, pred in rows if pred is not None and tried]
-    if not diffs:
-        return ""
-    first = diffs[0][1]
-    deeper = [x for d, x in diffs[1:]]
-    parts = []
-    if abs(first) >= threshold:
-        parts.append(f"the rate is already {first:+.3f} off at depth 1, where the tree's shape plays no part: "
-                     f"the evaluation prompts accept a first draft token {'more' if first > 0 else 'less'} often "
-                     "than the calibration prompts did")
-    if deeper:
-        mean_deeper = sum(deeper) / len(deeper)
-        if mean_deeper - first >= threshold:
-            parts.append(f"the gap grows with depth ({first:+.3f} at depth 1, {mean_deeper:+.3f} on average below): "
-                         "acceptance is correlated along a path, which the positional vector (the same rate at "
-                         "every depth) cannot express" + (", so it underrates deep trees" if mean_deeper > 0 else ""))
-        elif first - mean_deeper >= threshold:
-            parts.append(f"the gap opens below depth 1 ({first:+.3f} at depth 1, {mean_deeper:+.3f} on average "
-                         "below): deep drafts are accepted less often than the vector assumes")
-    if not parts:
-        d, worst = max(diffs, key=lambda dx: abs(dx[1]))
-        if abs(worst) >= threshold:
-            return (f"Where: mostly at depth {d} ({worst:+.3f}), with no trend over depth: one level's rate, "
-                    f"over {dict((dd, t) for dd, t, _, _ in rows)[d]} steps, is noisier than the tree's tau.")
-        return (f"Where: no depth is off by {threshold:g} or more (largest {worst:+.3f} at depth {d}); small "
-                "differences at every depth add up to a gap the tight interval can tell apart.")
-    return "Where: " + "; ".join(parts) + "."
-
-
 def _figure(ncols: int, nrows: int = 1, width: float = 5.0, height: float = 3.8, legend_space: float = 0.0):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -170,27 +66,6 @@ def _style(line: str) -> dict[str, Any]:
     dash = "--" if name.startswith("both/") else ":" if builder == "ngram" else "-"
     marker = "o" if " d<=" not in line or line.endswith("none") else "s"  # square: a depth limit
     return {"color": _BUILDER_COLOR.get(builder, "k"), "linestyle": dash, "marker": marker, "label": line}
-
-
-def _baseline_speedup(r: dict[str, Any], bases: list[dict[str, Any]]) -> Interval | None:
-    """Speedup of baseline record ``r`` over the target-alone record of the same prompts and settings."""
-    if r["params"]["method"] == "target":
-        return None
-    return speedup_interval([r], bases, "target")
-
-
-def same_greedy_outputs(r: dict[str, Any], bases: list[dict[str, Any]]) -> str | None:
-    """"same/total" prompts on which greedy record ``r`` (a treespec point or a speculative baseline)
-    produced exactly the target-alone baseline's output; None when not greedy or not comparable."""
-    p = r["params"]
-    if p["temperature"] != 0 or p.get("method") == "target":
-        return None
-    target = baseline_of(r, bases, "target")
-    mine = r["result"].get("output_digests")
-    if target is None or not mine or not target["result"].get("output_digests"):
-        return None
-    same = sum(a == b for a, b in zip(mine, target["result"]["output_digests"]))
-    return f"{same}/{len(mine)}"
 
 
 def _fmt(x: Any, digits: int = 2) -> str:
@@ -274,7 +149,7 @@ def report(results_jsonl: str | os.PathLike, out_dir: str | os.PathLike | None =
         lines: dict[str, list[float]] = {}
         for r in bases:
             if _panel(r["params"]) == pn and r["params"]["method"] != "target":
-                v = _baseline_speedup(r, bases)
+                v = baseline_speedup(r, bases)
                 if v is not None:
                     lines.setdefault(f"HF {r['params']['method']}", []).append(v.estimate)
         out_lines = {k: float(np.mean(v)) for k, v in lines.items()}
@@ -426,7 +301,7 @@ def _markdown(path: Path, records: list, tres: list, bases: list, errors: list, 
                          f"{p['method']} | {res['prompts']} | {res['new_tokens']}"
                          f"{'' if res['complete'] else ' (short!)'} | "
                          f"{_fmt(speed_interval([r]) or t['tokens_per_second'])} | "
-                         f"{t['wall_seconds']:.3g} | {_fmt(_baseline_speedup(r, bases))} | "
+                         f"{t['wall_seconds']:.3g} | {_fmt(baseline_speedup(r, bases))} | "
                          f"{_fmt(same_greedy_outputs(r, bases))} |")
         lines.append("")
     if tres:
@@ -479,20 +354,6 @@ def _markdown(path: Path, records: list, tres: list, bases: list, errors: list, 
                   for r in errors]
         lines.append("")
     return "\n".join(lines)
-
-
-def agreement(record: dict[str, Any]) -> dict[str, Any] | None:
-    """Predicted vs measured tau of a treespec record: the measured tau over uncut steps with its
-    interval, the relative gap, whether the prediction lies inside the interval, and how far the
-    tau over all steps sits from the uncut one (the cost of the cut last steps)."""
-    predicted = record["result"].get("predicted_tau")
-    uncut = tau_interval([record], uncut=True)
-    if predicted is None or uncut is None:
-        return None
-    every = tau_interval([record])
-    return {"predicted": float(predicted), "measured": uncut, "gap": uncut.estimate / predicted - 1.0,
-            "agrees": uncut.known and predicted in uncut,
-            "cut_cost": (every.estimate / uncut.estimate - 1.0) if every and uncut.estimate else None}
 
 
 def _prediction_section(tres: list[dict[str, Any]]) -> list[str]:
