@@ -50,7 +50,8 @@ from treespec.bench import intervals
 from treespec.bench.baselines import hf_generate
 from treespec.bench.datasets import DATASETS, dataset_prompts, humaneval_prompts
 from treespec.drafters.model import ModelDrafter
-from treespec.models.precision import cpu_model, precision_of
+from treespec.common.machine import cpu_model
+from treespec.models.precision import precision_of
 import treespec
 from treespec.calibrate.vectors import default_acceptance
 from treespec.models.pair import CrossDraft

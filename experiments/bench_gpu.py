@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import statistics
 import sys
@@ -48,6 +47,7 @@ import treespec  # noqa: E402
 from treespec.calibrate.acceptance import MeasuredAcceptance  # noqa: E402
 from treespec.calibrate.costs import choose_tree, draft_level_cost, measure_latency  # noqa: E402
 from treespec.common.device import sync  # noqa: E402
+from treespec.common.files import write_json  # noqa: E402
 from treespec.core import compiled  # noqa: E402
 
 # Qwen2.5-Coder-{1.5B,0.5B}-Instruct (HF config.json; the GGUF-dequantised copies agree except that
@@ -306,10 +306,7 @@ def phase_predict(b: Bench, done: dict[str, Any]) -> dict[str, Any]:
 
 def save(out: Path, results: dict[str, Any]) -> None:
     """``results.json`` (atomically) and ``README.md`` from whatever phases have finished."""
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = out / f".results.json.tmp-{os.getpid()}"
-    tmp.write_text(json.dumps(results, indent=1, default=float))
-    os.replace(tmp, out / "results.json")
+    write_json(out / "results.json", results, default=float)
     (out / "README.md").write_text(report(results))
 
 

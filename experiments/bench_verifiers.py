@@ -340,7 +340,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     table = markdown(summaries)
     print(table)
 
-    from treespec.models.precision import cpu_model
+    from treespec.common.machine import cpu_model
 
     settings = {
         "target": "tiny qwen2 (random)" if args.smoke else f"qwen2.5-coder-1.5b-instruct ({args.target_dtype})",

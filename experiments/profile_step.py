@@ -24,7 +24,7 @@ import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E402
 
 import treespec  # noqa: E402
-from treespec.models.precision import cpu_model  # noqa: E402
+from treespec.common.machine import cpu_model  # noqa: E402
 from treespec.models.tiny import perturbed_copy, tiny_model  # noqa: E402
 
 #: Tensor methods that read values to the host (a device-to-host copy and a sync on a GPU)

@@ -13,6 +13,7 @@ from treespec.core import checks
 from treespec.models import loading as models
 from treespec.models import packaged
 from treespec.models import precision
+from treespec.common.machine import cpu_model
 from treespec.models.precision import auto_precision, parse_precision, precision_of, to_precision
 
 
@@ -76,7 +77,7 @@ def test_auto_decision_key_names_model_role_device_cpu_and_threads(tmp_path):
     auto_precision(tiny_model("llama"), "draft", name="m", decisions=path,
                    timer=fake_timer({"float32": 1, "bfloat16": 2, "int8": 3}, []))
     (key,) = json.loads(path.read_text())
-    assert key.startswith("m|draft|cpu|") and precision.cpu_model() in key
+    assert key.startswith("m|draft|cpu|") and cpu_model() in key and "threads=" in key
     assert f"threads={torch.get_num_threads()}" in key
     threads = torch.get_num_threads()
     try:  # another thread count is another machine as far as timings go: measure again

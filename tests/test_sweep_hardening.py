@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import treespec.bench.sweep as E
-from treespec.core.checks import check_writable
+from treespec.common.files import check_writable
 from treespec.bench.sweep.lock import FINGERPRINT, LOCK, OutputDirError, claim, exclusive
 from treespec.bench.sweep.records import CorruptRecordError, read_records, repair_tail
 

@@ -202,7 +202,7 @@ def test_greedy_agreement_is_counted_for_treespec_points_and_speculative_baselin
 
 
 def test_cpu_model_tells_two_cpu_generations_apart() -> None:
-    from treespec.bench.sweep.records import cpu_model
+    from treespec.common.machine import cpu_model
 
     block = "processor\t: {n}\nvendor_id\t: AuthenticAMD\ncpu family\t: {f}\nmodel\t\t: {m}\nmodel name\t: AMD EPYC\nstepping\t: 1\n\n"
     zen5 = cpu_model(block.format(n=0, f=26, m=2) + block.format(n=1, f=99, m=9))  # first block only

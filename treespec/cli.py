@@ -18,6 +18,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from .calibrate.vectors import default_acceptance
+from .common.files import check_writable
 from .core import checks
 from .core.sampling import SamplingParams
 from .core.verifiers import VERIFIERS
@@ -316,7 +317,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from .bench.demo import run_demo
 
-    checks.check_writable(args.out, directory=True)  # fail now, not after minutes of loading and profiling
+    check_writable(args.out, directory=True)  # fail now, not after minutes of loading and profiling
     print("loading the target and the draft (the first run builds the model cache: a few minutes) ...", flush=True)
     target, tok, drafts = load_models(args)
     return run_demo(args, target, tok, drafts[0])
@@ -327,7 +328,7 @@ def cmd_accept(args: argparse.Namespace) -> int:
     from .bench.datasets import humaneval_prompts
 
     start, stop = _calib_range(args.calib)
-    checks.check_writable(args.out)  # fail now, not after minutes of measuring
+    check_writable(args.out)  # fail now, not after minutes of measuring
     target, tok, drafts = load_models(args)
     mode = draft_mode("sequoia", args.temperature, args.mode)
     acc = measure(target, drafts[0], encode_prompts(tok, humaneval_prompts(start, stop)), width=args.width,
@@ -343,7 +344,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     from .calibrate.costs import profile
 
     vector = default_acceptance(args.acceptance, 0.0)
-    checks.check_writable(args.out)  # fail now, not after minutes of profiling
+    check_writable(args.out)  # fail now, not after minutes of profiling
     target, _, drafts = load_models(args)
     prof = profile(target, drafts[0], sizes=args.sizes)
     choice = prof.choose(vector, budgets=list(range(2, max(args.sizes) + 1)),

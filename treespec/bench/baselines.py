@@ -7,12 +7,7 @@ from typing import Any, Sequence
 
 import torch
 
-
-def sync(device: torch.device) -> None:
-    """Wait for queued GPU work, so that wall-clock sections measure what they claim."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
+from ..common.device import sync
 
 def hf_generate(model: torch.nn.Module, ids: Sequence[int], max_new_tokens: int, *, temperature: float = 0.0,
                 top_p: float = 1.0, top_k: int = 0, eos_token_id: int | Sequence[int] | None = None,

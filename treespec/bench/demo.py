@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from ..calibrate.vectors import default_acceptance
-from ..core.checks import check_writable
+from ..common.files import check_writable
 from ..models.precision import precision_of
 from ..recipes import Recipe, resolve, run
 from . import compare

@@ -27,9 +27,6 @@ independence across depths that a vector assumes) are then approximations.
 from __future__ import annotations
 
 import datetime
-import importlib.metadata
-import json
-import os
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -39,27 +36,14 @@ from tqdm.auto import tqdm
 
 from ..core import checks
 from ..core.engine import generate
-from ..drafters.model import MODES
+from ..common.files import JSONFile
+from ..common.machine import model_name, version
+from ..drafters.model import STATIC_MODES
 from ..core.sampling import SamplingParams, draw_children, spread_seed
 from ..core.rule import point_masses, verify_proposals
 
 #: floats per chunk of ``[positions, width, V]`` proposal distributions (bounds memory: 32 MiB)
 _CHUNK_FLOATS = 1 << 23
-
-
-class JSONFile:
-    """``save``/``load`` for a class with ``to_dict`` and a ``from_dict`` classmethod."""
-
-    def save(self, path: str | os.PathLike) -> None:
-        """Write as JSON."""
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(self.to_dict(), f, indent=1)  # type: ignore[attr-defined]
-
-    @classmethod
-    def load(cls, path: str | os.PathLike) -> Any:
-        """Read a file written by :meth:`save`."""
-        with open(path, encoding="utf-8") as f:
-            return cls.from_dict(json.load(f))  # type: ignore[attr-defined]
 
 
 @dataclass
@@ -144,18 +128,6 @@ class MeasuredAcceptance(JSONFile):
 def encode_prompts(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
     """Token-id lists for ``measure`` from strings (plain tokenisation, no chat template)."""
     return [list(tokenizer(t).input_ids) for t in texts]
-
-
-def version() -> str:
-    try:
-        return importlib.metadata.version("treespec")
-    except importlib.metadata.PackageNotFoundError:  # pragma: no cover - source checkout
-        return "unknown"
-
-
-def model_name(model: torch.nn.Module) -> str:
-    config = model.config
-    return getattr(config, "_name_or_path", "") or config.model_type
 
 
 def _proposal_q(q: torch.Tensor, tokens: torch.Tensor, mode: str) -> torch.Tensor:
@@ -253,8 +225,8 @@ def measure(
         eos_token_id: stop continuations at this token (as ``generate``).
         prompts_label: free text recorded in ``meta`` (e.g. ``"humaneval[0:100]"``).
     """
-    if mode not in MODES:
-        raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
+    if mode not in STATIC_MODES:  # a dynamic tree grows from point masses; it has no proposal distribution
+        raise ValueError(f"unknown mode {mode!r} for an acceptance measurement; choose one of {', '.join(STATIC_MODES)}")
     if int(width) != width or width < 1 or int(max_depth) != max_depth or max_depth < 1:
         raise ValueError(f"width and max_depth must be ints >= 1, got width={width!r}, max_depth={max_depth!r}")
     if any(isinstance(p, str) for p in prompts):

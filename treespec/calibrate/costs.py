@@ -24,9 +24,6 @@ from __future__ import annotations
 
 import copy
 import datetime
-import json
-import os
-import platform
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -35,7 +32,9 @@ import torch
 
 from tree_builders import SequoiaDP, TreeShape
 
-from .acceptance import MeasuredAcceptance, model_name, version
+from ..common.files import JSONFile
+from ..common.machine import machine, model_name, version
+from .acceptance import MeasuredAcceptance
 from ..models.precision import precision_of, to_precision
 from ..models.timing import DEFAULT_SIZES, measure_latency, random_tree
 
@@ -245,7 +244,7 @@ def choose_tree(
 
 
 @dataclass
-class Profile:
+class Profile(JSONFile):
     """Measured costs of a target (and its draft) on one machine; JSON round trip with save/load.
 
     ``draft_level_latency`` (width -> seconds) is the draft's cost curve; ``draft_level_seconds``
@@ -284,26 +283,11 @@ class Profile:
                    None if curve is None else {int(k): float(v) for k, v in curve.items()},
                    float(d.get("step_overhead_seconds", 0.0)))
 
-    def save(self, path: str | os.PathLike) -> None:
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(self.to_dict(), f, indent=1)
-
-    @classmethod
-    def load(cls, path: str | os.PathLike) -> "Profile":
-        with open(path, encoding="utf-8") as f:
-            return cls.from_dict(json.load(f))
-
-
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return f"{platform.processor() or platform.machine()} ({os.cpu_count()} CPUs, {torch.get_num_threads()} torch threads)"
-
 
 def _meta(target: torch.nn.Module, draft: torch.nn.Module | None, **extra: Any) -> dict[str, Any]:
     device = next(target.parameters()).device
     return {"target": model_name(target), "draft": None if draft is None else model_name(draft),
-            "device": device_name(device), "dtype": str(next(target.parameters()).dtype),
+            "device": machine(device), "threads": torch.get_num_threads(), "dtype": str(next(target.parameters()).dtype),
             "target_precision": precision_of(target), "draft_precision": None if draft is None else precision_of(draft),
             **extra, "torch": torch.__version__, "treespec": version(),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}

@@ -12,16 +12,15 @@ the tree that was chosen); ``why`` is a one-line account to print.
 
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 import torch
 
-from .acceptance import model_name
-from ..models.precision import cpu_model, precision_of
+from ..common.files import read_json_dict, write_json
+from ..common.machine import measurement_key, model_name
+from ..models.precision import precision_of
 from .costs import Choice, Profile, profile
 
 PROFILE_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
@@ -58,33 +57,22 @@ class Tuned:
 
 
 def _key(target: torch.nn.Module, draft: torch.nn.Module) -> str:
-    device = next(target.parameters()).device
-    return "|".join([model_name(target), precision_of(target), model_name(draft), precision_of(draft), str(device),
-                     cpu_model() if device.type == "cpu" else torch.cuda.get_device_name(device),
-                     f"threads={torch.get_num_threads()}", torch.__version__])
+    return measurement_key(model_name(target), precision_of(target), model_name(draft), precision_of(draft),
+                           device=next(target.parameters()).device)
 
 
 def cached_profile(target: torch.nn.Module, draft: torch.nn.Module, cache_file: Path | None,
                    remeasure: bool = False, **kwargs: Any) -> Profile:
     """``profile(target, draft, ...)``, read from / written to ``cache_file`` (None: no cache)."""
     key = _key(target, draft)
-    saved: dict[str, Any] = {}
-    if cache_file is not None and cache_file.exists():
-        try:
-            saved = json.loads(cache_file.read_text())
-        except (OSError, json.JSONDecodeError):
-            saved = {}  # a damaged cache is measured again and rewritten
+    saved = {} if cache_file is None else read_json_dict(cache_file)  # a damaged cache is measured again
     if key in saved and not remeasure:
         return Profile.from_dict(saved[key])
     kwargs.setdefault("sizes", PROFILE_SIZES)
     kwargs.setdefault("draft_widths", PROFILE_WIDTHS)
     prof = profile(target, draft, **kwargs)
     if cache_file is not None:
-        saved[key] = prof.to_dict()
-        cache_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache_file.with_suffix(f".tmp-{os.getpid()}")
-        tmp.write_text(json.dumps(saved, indent=1))
-        os.replace(tmp, cache_file)
+        write_json(cache_file, {**saved, key: prof.to_dict()})
     return prof
 
 

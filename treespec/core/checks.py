@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import math
 import numbers
-import os
-from pathlib import Path
 from typing import Sequence
 
 import numpy as np
@@ -218,32 +216,3 @@ def check_compile(compile: object) -> bool | str:
         return compile
     raise ValueError(f"compile must be False, True or the name of a torch.compile backend (e.g. 'inductor', "
                      f"'aot_eager'), got {compile!r}")
-
-
-def check_writable(path: str | os.PathLike, option: str = "--out", directory: bool = False) -> Path:
-    """Fail now, not after minutes of work, when an output cannot be written; returns ``path``.
-
-    ``directory=False``: ``path`` is a file to (over)write: not a directory, its parent created if
-    missing, and an existing file is left as it is. ``directory=True``: ``path`` is a directory,
-    created if missing, in which a probe file can be created. Raises ValueError naming ``option``.
-    """
-    path = Path(path)
-    try:
-        if directory:
-            path.mkdir(parents=True, exist_ok=True)
-            probe = path / ".treespec-write-test"
-            probe.touch()
-            probe.unlink()
-        elif path.is_dir():
-            raise ValueError(f"{option} {path} is a directory; give a file name, e.g. {path / 'out.json'}")
-        else:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            existed = path.exists()
-            with open(path, "a", encoding="utf-8"):
-                pass
-            if not existed:
-                path.unlink()
-    except OSError as error:
-        raise ValueError(f"{option} {path} is not writable ({error.strerror or error}); choose another {option}") \
-            from None
-    return path

@@ -34,6 +34,7 @@ from typing import Sequence
 
 import torch
 
+from ..common.machine import model_name
 from ..core.drafting import ROOT, DraftProposals, Drafter
 from ..core.kv import TreeCache, causal_allowed, forward_masked
 from ..core.sampling import SamplingParams
@@ -117,7 +118,7 @@ class CrossTokenizerDrafter(Drafter):
         self.draft = TextCodec(draft_tokenizer)
         self.target = TextCodec(target_tokenizer)
         self.device = next(model.parameters()).device
-        self.model_name = getattr(model.config, "_name_or_path", "") or model.config.model_type
+        self.model_name = model_name(model)
         self.reset([], sampling=SamplingParams(), seed=0)
 
     def describe(self) -> str:

@@ -11,6 +11,7 @@ import torch
 
 from tree_builders import TreeShape
 
+from ..common.machine import model_name
 from ..core.checks import vocab_size
 from ..core.drafting import ROOT, DraftProposals, Drafter
 from ..core.kv import TreeCache, causal_allowed, forward_masked
@@ -135,7 +136,7 @@ class ModelDrafter(Drafter):
         self._last: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # parent, tokens, rows
 
     def describe(self) -> str:
-        name = getattr(self.model.config, "_name_or_path", "") or self.model.config.model_type
+        name = model_name(self.model)
         stop = "" if self.min_confidence is None else f", min_confidence={self.min_confidence:g}"
         if self.mode == "dynamic":
             return f"model({name}, dynamic, depth={self.depth}, topk={self.topk}, nodes={self.nodes}{stop})"

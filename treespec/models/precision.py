@@ -19,16 +19,15 @@ from __future__ import annotations
 
 import copy
 import datetime
-import json
 import os
-import platform
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
+from ..common.files import read_json_dict, write_json
+from ..common.machine import measurement_key, model_name
 PRECISIONS = ("float32", "bfloat16", "float16", "int8")
 #: the floating-point precisions (a target may run in any of them; int8 is for drafts only)
 FLOATS = PRECISIONS[:3]
@@ -106,43 +105,6 @@ def to_precision(model: torch.nn.Module, precision: str) -> torch.nn.Module:
     return model.to(_TORCH_DTYPES[precision])
 
 
-def cpu_model() -> str:
-    """The CPU's model name (``/proc/cpuinfo``), or what ``platform`` knows."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.lower().startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def decision_key(name: str, role: str, device: torch.device | str) -> str:
-    """What a cached ``auto`` decision depends on: model, role, device, CPU model, threads, torch."""
-    device = torch.device(device)
-    hw = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model()
-    return f"{name}|{role}|{device}|{hw}|threads={torch.get_num_threads()}|torch={torch.__version__}"
-
-
-def _read_decisions(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}
-
-
-def _write_decision(path: Path, key: str, record: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    data = _read_decisions(path)
-    data[key] = record
-    fd, tmp = tempfile.mkstemp(prefix=path.name, dir=path.parent)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=1, sort_keys=True)
-    os.replace(tmp, path)
-
-
 def default_timer(model: torch.nn.Module, sizes: tuple[int, ...]) -> float:
     """Seconds of one tree forward of each size in ``sizes`` after a 128-token context, summed."""
     from .timing import measure_latency  # timing does not import this module: no circle
@@ -158,7 +120,7 @@ def auto_precision(model: torch.nn.Module, role: str = "target", *, name: str | 
 
     Each candidate of ``AUTO_CANDIDATES[role]`` (int8 on CPU only) is timed with ``timer(model,
     AUTO_SIZES[role])`` (default :func:`default_timer`) on its own copy; the fastest is kept. With ``decisions`` (a JSON file) the
-    choice is cached under ``decision_key(name, role, device)`` and read back by later calls, which
+    choice is cached under ``measurement_key(name, role, device=device)`` and read back by later calls, which
     then only convert. ``record`` holds ``precision``, ``seconds`` (per candidate), ``sizes``,
     ``key`` and ``cached`` (True when read from the file): what was chosen and why.
     """
@@ -167,10 +129,10 @@ def auto_precision(model: torch.nn.Module, role: str = "target", *, name: str | 
     if precision_of(model) != "float32":
         raise ValueError("auto_precision starts from a float32 model (every candidate is converted from it)")
     device = next(model.parameters()).device
-    key = decision_key(name or getattr(model.config, "_name_or_path", "") or type(model).__name__, role, device)
+    key = measurement_key(name or model_name(model), role, device=device)
     path = None if decisions is None else Path(decisions)
     if path is not None:
-        record = _read_decisions(path).get(key)
+        record = read_json_dict(path).get(key)
         if isinstance(record, dict) and record.get("precision") in AUTO_CANDIDATES[role]:
             return to_precision(model, record["precision"]), {**record, "cached": True}
     sizes = AUTO_SIZES[role]
@@ -186,7 +148,7 @@ def auto_precision(model: torch.nn.Module, role: str = "target", *, name: str | 
     record = {"precision": best, "seconds": seconds, "sizes": list(sizes), "key": key,
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     if path is not None:
-        _write_decision(path, key, record)
+        write_json(path, {**read_json_dict(path), key: record}, sort_keys=True)
     return to_precision(model, best), {**record, "cached": False}
 
 

@@ -9,15 +9,11 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from ..common.device import sync
 from ..core.checks import vocab_size
 from ..core.kv import TreeCache, causal_allowed, forward_masked
 
 DEFAULT_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def random_tree(n: int, generator: torch.Generator) -> tuple[np.ndarray, np.ndarray]:
@@ -75,10 +71,10 @@ def measure_latency(
         allowed = allowed.to(device)
         times = []
         for r in range(warmup + repeats):
-            _sync(device)
+            sync(device)
             t0 = time.perf_counter()
             forward_masked(model, cache, ids, pos, allowed)
-            _sync(device)
+            sync(device)
             if r >= warmup:
                 times.append(time.perf_counter() - t0)
             cache.keep(context, [])

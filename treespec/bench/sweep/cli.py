@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from ...core.checks import check_writable
+from ...common.files import check_writable
 from ...recipes import DTYPES
 from .config import check_types, load_config
 from .lock import REPLACED, refusal

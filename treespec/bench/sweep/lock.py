@@ -29,6 +29,7 @@ import sys
 from pathlib import Path
 from typing import Any, Iterator
 
+from ...common.files import write_json
 from .config import DEFAULTS
 from .points import enumerate_points
 from .records import RESULTS, read_records
@@ -185,6 +186,4 @@ def claim(out: Path, cfg: dict[str, Any], new: bool = False) -> None:
     stored = canonical(cfg)
     blob = json.dumps(stored, sort_keys=True, separators=(",", ":"))
     record = {"fingerprint": hashlib.sha256(blob.encode()).hexdigest()[:16], "written_at": _now(), "config": stored}
-    tmp = out / (FINGERPRINT + ".tmp")
-    tmp.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, out / FINGERPRINT)
+    write_json(out / FINGERPRINT, record, sort_keys=True)

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from ...common.machine import machine
 RESULTS = "results.jsonl"
 
 #: fields of a record that depend on the clock or the machine's state, not on the computation
@@ -86,37 +87,6 @@ def append_record(path: Path, record: dict[str, Any]) -> None:
         f.write(json.dumps(record, sort_keys=True) + "\n")
         f.flush()
         os.fsync(f.fileno())
-
-
-def cpu_model(cpuinfo: str | None = None) -> str:
-    """The CPU's model name with its family, model and stepping numbers ("AMD EPYC (family 26, model 2,
-    stepping 1)"), read from ``/proc/cpuinfo`` (or the text given); ``platform.processor()`` elsewhere.
-    Virtual machines often show a bare "AMD EPYC": the numbers tell two CPU generations apart."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            return platform.processor() or platform.machine() or "cpu"
-    fields: dict[str, str] = {}
-    for line in cpuinfo.splitlines():
-        key, sep, value = line.partition(":")
-        if not sep:
-            if fields:
-                break  # the first processor's block is enough
-            continue
-        fields.setdefault(key.strip(), value.strip())
-    name = fields.get("model name") or platform.processor() or platform.machine() or "cpu"
-    numbers = ", ".join(f"{label} {fields[key]}" for key, label in
-                        (("cpu family", "family"), ("model", "model"), ("stepping", "stepping")) if key in fields)
-    return f"{name} ({numbers})" if numbers else name
-
-
-def machine(device: str) -> str:
-    """What a timing was measured on: the GPU's name, or the CPU model and core count. Records made on
-    different machines are never paired for a speedup (a host swap can change speed by 1.7x)."""
-    if str(device).startswith("cuda"):
-        return torch.cuda.get_device_name(device)
-    return f"{cpu_model()}, {os.cpu_count()} cores"
 
 
 def machine_of(record: dict[str, Any]) -> str:

@@ -110,9 +110,7 @@ class Sweep:
                           max_new_tokens=params["max_new_tokens"], max_depth=params["max_depth"],
                           progress=self.progress, prompts_label=f"{params['dataset']}[{params['calib'][0]}:"
                                                                  f"{params['calib'][1]}]")
-            tmp = path.with_suffix(".tmp")
-            acc.save(tmp)
-            os.replace(tmp, path)
+            acc.save(path)  # atomic: a half-written file is never read back
         return MeasuredAcceptance.load(path), path.name
 
     # -- one point ------------------------------------------------------------------------------

@@ -1,0 +1,73 @@
+"""What a measurement was made on, in one place: the machine, the model, treespec's version.
+
+Timings and the decisions cached from them (precision, tree costs, sweep baselines) are only valid
+on the machine that measured them: a cloud VM can come back on a CPU generation 1.7x faster under
+the same bare name ("AMD EPYC"), so the CPU is named with its family, model and stepping numbers.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+from pathlib import Path
+
+import torch
+
+
+def cpu_model(cpuinfo: str | None = None) -> str:
+    """The CPU's model name with its family, model and stepping numbers ("AMD EPYC (family 26, model 2,
+    stepping 1)"), read from ``/proc/cpuinfo`` (or the text given); ``platform.processor()`` elsewhere.
+    Virtual machines often show a bare "AMD EPYC": the numbers tell two CPU generations apart."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return platform.processor() or platform.machine() or "cpu"
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        key, sep, value = line.partition(":")
+        if not sep:
+            if fields:
+                break  # the first processor's block is enough
+            continue
+        fields.setdefault(key.strip(), value.strip())
+    name = fields.get("model name") or platform.processor() or platform.machine() or "cpu"
+    numbers = ", ".join(f"{label} {fields[key]}" for key, label in
+                        (("cpu family", "family"), ("model", "model"), ("stepping", "stepping")) if key in fields)
+    return f"{name} ({numbers})" if numbers else name
+
+
+def device_name(device: torch.device | str) -> str:
+    """The GPU's name, or the CPU model (:func:`cpu_model`)."""
+    device = torch.device(device)
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model()
+
+
+def machine(device: torch.device | str) -> str:
+    """What a timing was measured on: the GPU's name, or the CPU model and core count. Timings made
+    on different machines are never compared (a host swap can change speed by 1.7x)."""
+    name = device_name(device)
+    return name if torch.device(device).type == "cuda" else f"{name}, {os.cpu_count()} cores"
+
+
+def measurement_key(*parts: str, device: torch.device | str) -> str:
+    """The key of a cached measurement: ``parts`` (what was measured), then everything a timing
+    depends on besides them: device, its name, torch's thread count and torch's version."""
+    device = torch.device(device)
+    return "|".join([*parts, str(device), device_name(device), f"threads={torch.get_num_threads()}",
+                     f"torch={torch.__version__}"])
+
+
+def model_name(model: torch.nn.Module) -> str:
+    """A model's name: the id or path it was loaded from, else its architecture."""
+    config = model.config
+    return getattr(config, "_name_or_path", "") or config.model_type
+
+
+def version() -> str:
+    """treespec's installed version ("unknown" in a source checkout that was not installed)."""
+    try:
+        return importlib.metadata.version("treespec")
+    except importlib.metadata.PackageNotFoundError:  # pragma: no cover - source checkout
+        return "unknown"
