@@ -22,7 +22,6 @@ width limit too. ``t_q = 0`` for model-free drafters (n-gram).
 
 from __future__ import annotations
 
-import copy
 import datetime
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
@@ -35,11 +34,11 @@ from tree_builders import SequoiaDP, TreeShape
 from ..common.files import JSONFile
 from ..common.machine import machine, model_name, version
 from .acceptance import MeasuredAcceptance
-from ..models.precision import precision_of, to_precision
+from ..models.precision import precision_of
 from ..models.timing import DEFAULT_SIZES, measure_latency, random_tree
 
-__all__ = ["Choice", "Profile", "choose_among", "choose_tree", "draft_level_cost", "draft_level_latency",
-           "measure_latency", "profile", "profile_precisions", "random_tree"]
+__all__ = ["Choice", "Profile", "choose_tree", "draft_level_cost", "draft_level_latency", "measure_latency", "profile",
+           "random_tree"]
 
 DEFAULT_WIDTHS = (1, 2, 4, 8, 16)  # draft level widths profiled
 
@@ -106,7 +105,6 @@ class Choice:
     widths: np.ndarray | None = None  # [len(depths), len(budgets)]: the width limit of each cell
     step_seconds: float = 0.0  # predicted seconds per step of ``shape``
     plain_seconds: float = 0.0  # seconds per token of plain decoding, t(1) + overhead
-    label: str = ""  # which configuration (e.g. precisions) the costs are of; set by choose_among
 
     @property
     def width(self) -> int:
@@ -128,7 +126,7 @@ class Choice:
         ]
 
     def as_dict(self) -> dict[str, Any]:
-        return {"label": self.label, "budget": self.budget, "depth": self.depth, "max_width": self.width,
+        return {"budget": self.budget, "depth": self.depth, "max_width": self.width,
                 "size": self.shape.size, "paths": [list(p) for p in self.shape.paths], "tau": self.tau,
                 "speedup": self.speedup, "step_seconds": self.step_seconds,
                 "tokens_per_second": self.tokens_per_second, "plain_seconds": self.plain_seconds, "c": self.c,
@@ -137,8 +135,7 @@ class Choice:
                 "widths": self.widths.tolist(), "cost_ratio": self.cost_ratio.tolist()}
 
     def __repr__(self) -> str:
-        label = f"{self.label}: " if self.label else ""
-        return (f"Choice({label}budget={self.budget}, depth={self.depth}, size={self.shape.size}, "
+        return (f"Choice(budget={self.budget}, depth={self.depth}, size={self.shape.size}, "
                 f"widths={self.shape.widths}, tau={self.tau:.3f}, speedup={self.speedup:.3f}, "
                 f"{self.tokens_per_second:.2f} tok/s)")
 
@@ -247,20 +244,18 @@ def choose_tree(
 class Profile(JSONFile):
     """Measured costs of a target (and its draft) on one machine; JSON round trip with save/load.
 
-    ``draft_level_latency`` (width -> seconds) is the draft's cost curve; ``draft_level_seconds``
-    is one point of it (width ``meta["draft_tokens"]``), kept for callers that print one figure.
+    ``draft_level_latency`` (width -> seconds) is the draft's cost curve, None without a draft.
     """
 
     target_latency: dict[int, float]  # tree size -> seconds of one target forward
-    draft_level_seconds: float | None  # one draft forward per tree level; None without a draft
-    meta: dict[str, Any] = field(default_factory=dict)
     draft_level_latency: dict[int, float] | None = None  # level width -> seconds of one draft forward
+    meta: dict[str, Any] = field(default_factory=dict)
     step_overhead_seconds: float = 0.0  # fixed engine seconds per step
 
     @property
-    def draft_cost(self) -> float | dict[int, float] | None:
-        """What ``choose_tree`` is given: the cost curve when measured, else the single figure."""
-        return self.draft_level_latency if self.draft_level_latency else self.draft_level_seconds
+    def draft_cost(self) -> dict[int, float] | None:
+        """What ``choose_tree`` is given: the draft's cost curve (None: a model-free drafter)."""
+        return self.draft_level_latency or None
 
     def choose(self, acceptance: MeasuredAcceptance | Any, **kwargs: Any) -> Choice:
         """:func:`choose_tree` with this profile's costs."""
@@ -270,18 +265,17 @@ class Profile(JSONFile):
     def to_dict(self) -> dict[str, Any]:
         curve = self.draft_level_latency
         return {"target_latency": {str(k): v for k, v in sorted(self.target_latency.items())},
-                "draft_level_seconds": self.draft_level_seconds,
                 "draft_level_latency": None if curve is None else {str(k): v for k, v in sorted(curve.items())},
                 "step_overhead_seconds": self.step_overhead_seconds, "meta": self.meta}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Profile":
         lat = {int(k): float(v) for k, v in d["target_latency"].items()}
-        dc = d.get("draft_level_seconds")
         curve = d.get("draft_level_latency")
-        return cls(lat, None if dc is None else float(dc), dict(d.get("meta", {})),
-                   None if curve is None else {int(k): float(v) for k, v in curve.items()},
-                   float(d.get("step_overhead_seconds", 0.0)))
+        if curve is None and d.get("draft_level_seconds") is not None:  # a file from before the curve: one point,
+            curve = {d.get("meta", {}).get("draft_tokens", 4): d["draft_level_seconds"]}  # the same cost at every width
+        return cls(lat, None if curve is None else {int(k): float(v) for k, v in curve.items()},
+                   dict(d.get("meta", {})), float(d.get("step_overhead_seconds", 0.0)))
 
 
 def _meta(target: torch.nn.Module, draft: torch.nn.Module | None, **extra: Any) -> dict[str, Any]:
@@ -305,9 +299,9 @@ def profile(
 ) -> Profile:
     """Measure the target's tree-forward latency per size and the draft's cost per level width.
 
-    The models are measured in the precision they are in (see :func:`profile_precisions` to
-    compare several). ``draft_tokens`` is the width whose cost is also stored as the single
-    ``draft_level_seconds``; ``step_overhead`` is a fixed per-step cost to add (seconds).
+    The models are measured in the precision they are in (``treespec.models.precision.auto_precision``
+    chooses it). ``draft_tokens`` is one more width measured beside ``draft_widths``;
+    ``step_overhead`` is a fixed per-step cost to add (seconds).
     """
     lat = measure_latency(target, sizes, context=context, repeats=repeats)
     curve = None
@@ -315,60 +309,4 @@ def profile(
         curve = draft_level_latency(draft, sorted({*map(int, draft_widths), int(draft_tokens)}), context=context,
                                     repeats=repeats)
     meta = _meta(target, draft, context=context, repeats=repeats, draft_tokens=draft_tokens)
-    return Profile(lat, None if curve is None else curve[int(draft_tokens)], meta, curve, float(step_overhead))
-
-
-def profile_precisions(
-    target: torch.nn.Module,
-    draft: torch.nn.Module | None = None,
-    target_precisions: Sequence[str] = ("float32", "bfloat16"),
-    draft_precisions: Sequence[str] = ("float32", "bfloat16", "int8"),
-    **kwargs: Any,
-) -> dict[str, Profile]:
-    """One :class:`Profile` per (target precision, draft precision), labelled
-    ``"target=<p>,draft=<q>"`` (``"target=<p>"`` without a draft).
-
-    ``target`` and ``draft`` are float32 models; each precision is measured once on a converted
-    copy (so peak memory is about twice a model), and profiles are combined. ``kwargs`` go to
-    :func:`profile` (sizes, context, repeats, draft_widths, step_overhead). Pick with
-    :func:`choose_among`.
-    """
-    for model in (target, draft):
-        if model is not None and precision_of(model) != "float32":
-            raise ValueError("profile_precisions converts from float32: load the models with dtype=torch.float32")
-    kwargs.setdefault("draft_tokens", 4)
-    targets = {p: profile(to_precision(copy.deepcopy(target), p) if p != "float32" else target, None, **kwargs)
-               for p in target_precisions}
-    out: dict[str, Profile] = {}
-    if draft is None:
-        return {f"target={p}": prof for p, prof in targets.items()}
-    for q in draft_precisions:
-        d = to_precision(copy.deepcopy(draft), q) if q != "float32" else draft
-        dprof = profile(d, d, sizes=(1,), **{k: v for k, v in kwargs.items() if k != "sizes"})
-        for p, tprof in targets.items():
-            meta = {**tprof.meta, "draft": dprof.meta["target"], "draft_precision": q}
-            out[f"target={p},draft={q}"] = Profile(tprof.target_latency, dprof.draft_level_seconds, meta,
-                                                   dprof.draft_level_latency, tprof.step_overhead_seconds)
-        del d
-    return out
-
-
-def choose_among(profiles: Mapping[str, Profile], acceptance: MeasuredAcceptance | Any | Mapping[str, Any],
-                 **kwargs: Any) -> Choice:
-    """The configuration (e.g. precisions, see :func:`profile_precisions`) and tree with the most
-    predicted tokens per second; the returned :class:`Choice` carries its ``label``.
-
-    ``acceptance`` is one acceptance for all, or a dict ``label -> acceptance`` (a quantised draft
-    may be accepted less often). Speedups in each choice are against plain decoding in the same
-    configuration; compare configurations by ``tokens_per_second``.
-    """
-    if not profiles:
-        raise ValueError("choose_among needs at least one profile")
-    best: Choice | None = None
-    for label, prof in profiles.items():
-        acc = acceptance[label] if isinstance(acceptance, Mapping) else acceptance
-        choice = prof.choose(acc, **kwargs)
-        choice.label = label
-        if best is None or choice.tokens_per_second > best.tokens_per_second * (1 + 1e-12):
-            best = choice
-    return best
+    return Profile(lat, curve, meta, float(step_overhead))
