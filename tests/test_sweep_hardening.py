@@ -222,12 +222,13 @@ def test_default_prompt_sets_are_code_and_prose() -> None:
     prose set ships in gensim (the models extra): without it the default config says what to install."""
     import importlib.util
 
-    from treespec.bench.sweep.config import CITABLE, DEFAULTS, parse_range
+    from treespec.bench.datasets import prompt_range
+    from treespec.bench.sweep.config import CITABLE, DEFAULTS
 
     data = DEFAULTS["data"]
     assert data["datasets"] == ["humaneval", "lee-news"] and len(data["datasets"]) >= CITABLE["datasets"]
     assert data["max_new_tokens"] >= CITABLE["tokens"]
-    a, b = parse_range(data["eval"], 164)
+    a, b = prompt_range(data["eval"], 164)
     assert b - a >= CITABLE["prompts"]
     if importlib.util.find_spec("gensim") is None:
         with pytest.raises(ImportError, match="pip install gensim"):
@@ -314,3 +315,17 @@ def test_outputs_are_checked_before_models_load(command: str, tmp_path: Path, ca
     assert cli.main([command, "--out", str(blocker / "out")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("treespec: error: --out ") and "is not writable" in err
+
+
+def test_prompt_ranges_have_one_rule_in_the_cli_and_the_sweep() -> None:
+    """``A:B`` ranges are refused past the dataset by the CLI's --calib and a sweep config alike
+    (clipping would silently run fewer prompts than asked)."""
+    from treespec.bench.datasets import prompt_range
+
+    assert prompt_range("100:", 164) == (100, 164) and prompt_range(":20", 164) == (0, 20)
+    assert prompt_range([3, 5], 164) == (3, 5)
+    for bad, why in (("100:200", "STOP <= 164"), ("20:0", "START < STOP"), ("x", "START:STOP"), ("5", "START:STOP")):
+        with pytest.raises(ValueError, match=why):
+            prompt_range(bad, 164, "--calib")
+    with pytest.raises(ValueError, match="data.eval of humaneval must have 0 <= START < STOP <= 164"):
+        E.load_config({"data": {"datasets": ["humaneval"], "calib": "0:20", "eval": "150:200"}})

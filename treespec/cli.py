@@ -324,10 +324,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_accept(args: argparse.Namespace) -> int:
+    from .bench.datasets import dataset_size, humaneval_prompts, prompt_range
     from .calibrate.acceptance import encode_prompts, measure
-    from .bench.datasets import humaneval_prompts
 
-    start, stop = _calib_range(args.calib)
+    start, stop = prompt_range(args.calib, dataset_size("humaneval"), "--calib")
     check_writable(args.out)  # fail now, not after minutes of measuring
     target, tok, drafts = load_models(args)
     mode = draft_mode("sequoia", args.temperature, args.mode)
@@ -359,20 +359,6 @@ def cmd_profile(args: argparse.Namespace) -> int:
     prof.save(args.out)
     print(f"written to {args.out}")
     return 0
-
-
-#: prompts in HumanEval (``treespec.bench.datasets.humaneval_prompts``)
-HUMANEVAL_SIZE = 164
-
-
-def _calib_range(text: str) -> tuple[int, int]:
-    try:
-        start, stop = (int(x) for x in text.split(":"))
-    except ValueError:
-        raise ValueError(f"--calib must look like START:STOP (e.g. 0:20), got {text!r}") from None
-    if not 0 <= start < stop <= HUMANEVAL_SIZE:
-        raise ValueError(f"--calib must have 0 <= START < STOP <= {HUMANEVAL_SIZE} (HumanEval's prompts), got {text!r}")
-    return start, stop
 
 
 #: errors a user can cause (bad option values, missing or unreadable files and models, malformed JSON, no

@@ -15,12 +15,14 @@
 
 from __future__ import annotations
 
+
 import functools
 import gzip
 import importlib.metadata
 import importlib.resources
 import json
 from pathlib import Path
+from typing import Sequence
 
 DATASETS = ("humaneval", "lee-news", "sharegpt")
 SHAREGPT_MAX_CHARS = 1000  #: longer first turns are skipped (their prefill would dominate a CPU benchmark)
@@ -124,3 +126,22 @@ def dataset_prompts(name: str) -> tuple[str, ...]:
 def dataset_size(name: str) -> int:
     """How many prompts ``name`` has."""
     return len(dataset_prompts(name))
+
+
+def prompt_range(spec: str | Sequence[int], size: int, what: str = "prompt range") -> tuple[int, int]:
+    """``"A:B"`` (or ``(A, B)``; either side of the colon may be left out: ``"A:"`` runs to the end)
+    as ``(A, B)`` with ``0 <= A < B <= size``. Anything else is refused with ``what`` named: a range
+    past the end is not clipped, which would silently run fewer prompts than asked."""
+    try:
+        if isinstance(spec, str):
+            lo, sep, hi = spec.partition(":")
+            if not sep:
+                raise ValueError
+            a, b = int(lo) if lo.strip() else 0, int(hi) if hi.strip() else size
+        else:
+            a, b = (int(x) for x in spec)
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} must look like START:STOP (e.g. 0:20), got {spec!r}") from None
+    if not 0 <= a < b <= size:
+        raise ValueError(f"{what} must have 0 <= START < STOP <= {size} (the dataset's prompts), got {spec!r}")
+    return a, b

@@ -67,7 +67,7 @@ default). Tiny models read text as UTF-8 bytes modulo their vocabulary.
 from __future__ import annotations
 
 from .cli import main
-from .config import BASELINES, BUILDERS, DEFAULTS, DRAFTER_SETS, calib_eval_prompts, load_config, pairs, parse_range, \
+from .config import BASELINES, BUILDERS, DEFAULTS, DRAFTER_SETS, calib_eval_prompts, load_config, pairs, \
     split_ranges
 from .points import Point, acceptance_params, enumerate_points, point_key, point_recipe
 from .records import RESULTS, TIMING_FIELDS, append_record, comparable, read_records
@@ -77,5 +77,5 @@ from .runner import Sweep, sweep
 
 __all__ = ["BASELINES", "BUILDERS", "DEFAULTS", "DRAFTER_SETS", "RESULTS", "TIMING_FIELDS", "Point", "Sweep",
            "acceptance_params", "append_record", "calib_eval_prompts", "comparable", "enumerate_points",
-           "load_config", "load_model", "main", "pairs", "parse_range", "point_key", "point_recipe", "read_records",
+           "load_config", "load_model", "main", "pairs", "point_key", "point_recipe", "read_records",
            "report", "split_ranges", "sweep"]

@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from ..datasets import DATASETS, dataset_prompts, dataset_size
+from ..datasets import DATASETS, dataset_prompts, dataset_size, prompt_range
 from ...models.loading import DEFAULT_DRAFT, DEFAULT_TARGET
 from ...recipes import DTYPES
 from ...core.verifiers import VERIFIERS
@@ -130,25 +130,13 @@ def pairs(cfg: dict[str, Any]) -> list[tuple[str, str]]:
     return [(cfg["models"]["target"], cfg["models"]["draft"])]
 
 
-def parse_range(spec: str | Sequence[int], size: int) -> tuple[int, int]:
-    """``"a:b"`` (either side optional) -> ``(a, b)`` clipped to ``[0, size]``."""
-    if isinstance(spec, str):
-        lo, _, hi = spec.partition(":")
-        a, b = int(lo or 0), int(hi) if hi else size
-    else:
-        a, b = int(spec[0]), int(spec[1])
-    a, b = max(0, min(a, size)), max(0, min(b, size))
-    if b <= a:
-        raise ValueError(f"prompt range {spec!r} is empty for a dataset of {size} prompts")
-    return a, b
-
-
 def split_ranges(cfg: dict[str, Any], dataset: str) -> tuple[tuple[int, int], tuple[int, int]]:
     """Calibration and evaluation ranges of ``dataset`` (per-dataset tables override the defaults)."""
     data = cfg["data"]
     over = data["splits"].get(dataset, {})
     size = dataset_size(dataset)
-    return parse_range(over.get("calib", data["calib"]), size), parse_range(over.get("eval", data["eval"]), size)
+    return (prompt_range(over.get("calib", data["calib"]), size, f"data.calib of {dataset}"),
+            prompt_range(over.get("eval", data["eval"]), size, f"data.eval of {dataset}"))
 
 
 def calib_eval_prompts(cfg: dict[str, Any], dataset: str) -> tuple[list[str], list[str]]:
