@@ -67,7 +67,6 @@ from .models.precision import parse_precision, precision_of
 TREES = (*tree_builders.STATIC_BUILDERS, "dynamic")
 #: the budget of a recipe that leaves it to tuning when tuning does not apply
 DEFAULT_BUDGET = 16
-DTYPES = ("float32", "bfloat16", "float16")  # transitional: the sweep moves to treespec.models.precision.FLOATS
 
 DraftModel = torch.nn.Module | CrossDraft
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ...common.files import check_writable
-from ...recipes import DTYPES
+from ...models.precision import FLOATS
 from .config import check_types, load_config
 from .lock import REPLACED, refusal
 from .points import enumerate_points
@@ -33,7 +33,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "README.md go, default beside the results file)")
     ap.add_argument("--device", default=None,
                     help="torch device for both models, e.g. cpu or cuda (overrides run.device)")
-    ap.add_argument("--dtype", choices=tuple(DTYPES), default=None, help="model dtype (overrides run.dtype)")
+    ap.add_argument("--dtype", choices=FLOATS, default=None, help="model dtype (overrides run.dtype)")
     ap.add_argument("--report", type=Path, default=None, metavar="RESULTS_JSONL",
                     help="only write plots and README.md for an existing results.jsonl")
     ap.add_argument("--dry-run", action="store_true", help="list the points (and which are finished) and exit")

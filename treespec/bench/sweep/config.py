@@ -12,14 +12,13 @@ from typing import Any, Callable, Sequence
 
 from ..datasets import DATASETS, dataset_prompts, dataset_size, prompt_range
 from ...models.loading import DEFAULT_DRAFT, DEFAULT_TARGET
-from ...recipes import DTYPES
+from ...models.precision import FLOATS, PRECISIONS
 from ...core.verifiers import VERIFIERS
 
 BUILDERS = ("sequoia", "kary", "chains", "chain", "dynamic")
 DRAFTER_SETS = ("model", "ngram", "both")
 BASELINES = ("target", "assisted", "prompt_lookup")
 MODEL_MODES = ("auto", "topk", "sample", "sample_without_replacement")
-DRAFT_DTYPES = (*DTYPES, "int8")  # int8: dynamic quantisation of a draft's Linear layers (CPU)
 
 #: the least a sweep needs for a figure worth citing: evaluation prompts per point, tokens per prompt,
 #: prompt sets (the report flags a sweep below it)
@@ -285,7 +284,7 @@ TYPES: dict[str, Checker] = {
     "baselines.methods": _list(_choice(BASELINES), allow_empty=True),
     "baselines.prompt_lookup_num_tokens": _int(1), "baselines.max_matching_ngram_size": _int(1),
     "baselines.assisted": _table,
-    "run.device": _device, "run.dtype": _choice(tuple(DTYPES)), "run.draft_dtype": _choice(("same", *DRAFT_DTYPES)),
+    "run.device": _device, "run.dtype": _choice(FLOATS), "run.draft_dtype": _choice(("same", *PRECISIONS)),
     "run.warmup_tokens": _int(0), "run.threads": _int(0), "run.compile": _compile,
 }
 
