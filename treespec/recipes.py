@@ -166,8 +166,7 @@ class Recipe:
         if self.target_dtype == "int8":
             raise ValueError("target_dtype int8 would change the target's output; quantise drafts only "
                              "(draft_dtype='int8'), and give the target float32, bfloat16 or 'auto'")
-        if self.min_confidence is not None and not 0 <= float(self.min_confidence) <= 1:
-            raise ValueError(f"min_confidence must be a probability in [0, 1] or None, got {self.min_confidence!r}")
+        set_("min_confidence", checks.check_probability("min_confidence", self.min_confidence))
         for name, hint in (("kary_width", "children per node of the k-ary tree"),
                            ("dynamic_depth", "levels of the dynamic tree"), ("dynamic_topk", "children per node")):
             set_(name, checks.check_int(name, getattr(self, name), 1, hint))

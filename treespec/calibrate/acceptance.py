@@ -227,8 +227,8 @@ def measure(
     """
     if mode not in STATIC_MODES:  # a dynamic tree grows from point masses; it has no proposal distribution
         raise ValueError(f"unknown mode {mode!r} for an acceptance measurement; choose one of {', '.join(STATIC_MODES)}")
-    if int(width) != width or width < 1 or int(max_depth) != max_depth or max_depth < 1:
-        raise ValueError(f"width and max_depth must be ints >= 1, got width={width!r}, max_depth={max_depth!r}")
+    width = checks.check_int("width", width, 1, "proposals per position (the vector's length).")
+    max_depth = checks.check_int("max_depth", max_depth, 1, "rows of the per-depth matrix.")
     if any(isinstance(p, str) for p in prompts):
         raise TypeError("prompts must be token-id lists; turn strings into ids with encode_prompts(tokenizer, texts)")
     params = SamplingParams(temperature, top_k, top_p)

@@ -65,14 +65,15 @@ def check_int(name: str, value: object, minimum: int | None = None, hint: str = 
     """
     if isinstance(value, (torch.Tensor, np.ndarray)) and value.ndim == 0 and _is_int_dtype(value):
         value = value.item()
+    at_least = "" if minimum is None else f" >= {minimum}"
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise ValueError(
-            f"{name} must be an int, got {value!r} ({type(value).__name__}); "
+            f"{name} must be an int{at_least}, got {value!r} ({type(value).__name__}); "
             + (hint or f"pass a whole number such as {name}={max(minimum or 0, 1)}.")
         )
     value = int(value)
     if minimum is not None and value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value}" + (f"; {hint}" if hint else "."))
+        raise ValueError(f"{name} must be an int{at_least}, got {value}" + (f"; {hint}" if hint else "."))
     return value
 
 
@@ -164,9 +165,7 @@ def as_prompt(input_ids: torch.Tensor | Sequence[int], vocab: int | None = None)
 
 def check_lengths(prompt_len: int, max_new_tokens: object, max_positions: int | None) -> int:
     """``max_new_tokens`` as an int >= 1 that fits the model's context after the prompt."""
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
-    max_new_tokens = int(max_new_tokens)
+    max_new_tokens = check_int("max_new_tokens", max_new_tokens, 1, "it is the number of tokens to generate.")
     if max_positions is not None and prompt_len + max_new_tokens > max_positions:
         raise ValueError(
             f"the prompt ({prompt_len} tokens) plus max_new_tokens ({max_new_tokens}) exceeds the model's "
@@ -176,12 +175,21 @@ def check_lengths(prompt_len: int, max_new_tokens: object, max_positions: int | 
 
 
 def check_budget(budget: object) -> int | None:
-    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, numbers.Integral) or budget < 1):
-        raise ValueError(
-            f"budget must be an int >= 1 (tokens per verification pass, root included), got {budget!r}; "
-            "budget=1 verifies the root alone (plain decoding), None means no cap."
-        )
-    return None if budget is None else int(budget)
+    """None (no cap), or the tokens per verification pass as an int >= 1."""
+    if budget is None:
+        return None
+    return check_int("budget", budget, 1, "it counts the tokens of one verification pass, root included; "
+                     "budget=1 verifies the root alone (plain decoding), None means no cap.")
+
+
+def check_probability(name: str, value: object) -> float | None:
+    """None, or a probability in [0, 1] as a float."""
+    if value is None:
+        return None
+    p = check_real(name, value, "give a probability in [0, 1], or None.")
+    if not 0 <= p <= 1:
+        raise ValueError(f"{name} must be a probability in [0, 1] or None, got {value!r}")
+    return p
 
 
 def check_drafters(drafters: object, drafter_cls: type) -> list:

@@ -12,7 +12,7 @@ import torch
 from tree_builders import TreeShape
 
 from ..common.machine import model_name
-from ..core.checks import vocab_size
+from ..core.checks import check_int, check_probability, vocab_size
 from ..core.drafting import ROOT, DraftProposals, Drafter
 from ..core.kv import TreeCache, causal_allowed, forward_masked
 from ..core.sampling import SamplingParams, draw_children
@@ -111,18 +111,16 @@ class ModelDrafter(Drafter):
                  min_confidence: float | None = None) -> None:
         if mode not in MODES:
             raise ValueError(f"unknown ModelDrafter mode {mode!r}; choose one of {', '.join(MODES)}")
-        if min_confidence is not None and not (isinstance(min_confidence, (int, float)) and 0 <= min_confidence <= 1):
-            raise ValueError(f"min_confidence must be a probability in [0, 1] or None, got {min_confidence!r}")
         self.model = model
         self.mode = mode
-        self.min_confidence = None if min_confidence is None else float(min_confidence)
+        self.min_confidence = check_probability("min_confidence", min_confidence)
         if mode == "dynamic":
             if shape is not None:
                 raise ValueError("mode='dynamic' grows its own tree: give depth=, topk= and nodes=, not a shape")
-            for name, value in (("depth", depth), ("topk", topk), ("nodes", nodes)):
-                if not isinstance(value, int) or value < 1:
-                    raise ValueError(f"dynamic ModelDrafter: {name} must be an int >= 1, got {value!r}")
-            self.depth, self.topk, self.nodes = depth, topk, nodes
+            self.depth, self.topk, self.nodes = (check_int(name, value, 1, f"the dynamic tree's {what}.") for
+                                                 name, value, what in (("depth", depth, "levels"),
+                                                                       ("topk", topk, "children per expanded node"),
+                                                                       ("nodes", nodes, "drafted nodes")))
         else:
             self.plan = _Layout.of(as_shape(shape))
         self.vocab_size = vocab_size(model)
