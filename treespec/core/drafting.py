@@ -80,8 +80,11 @@ class DraftProposals:
             for j, ex in enumerate(self.exclude):
                 if ex:
                     _check_range("excluded token id", _int_array("exclude", ex), vocab_size, j)
-        if self.dist_rows is None:
-            return
+        if self.dist_rows is not None:
+            self._check_draws(tokens, vocab_size)
+
+    def _check_draws(self, tokens: np.ndarray, vocab_size: int | None) -> None:
+        """The sampled proposals: rows of a ``[rows, V]`` float ``dists``, and ``q(x) > 0`` for each."""
         rows = _int_array("dist_rows", self.dist_rows)
         sampled = np.flatnonzero(rows != POINT_MASS)
         if sampled.size == 0:
