@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import gc
 import importlib.metadata
+import importlib.util
 import json
 import os
 import shutil
@@ -254,6 +255,9 @@ def build_cache(spec: PackagedModel, cache_dir: str | os.PathLike | None = None)
     when complete, so an interrupted build leaves no half-written cache.
     """
     paths = chunk_paths(spec)
+    if importlib.util.find_spec("gguf") is None:
+        raise MissingModelPackageError(f"building the cache of {spec.name!r} reads a GGUF file, which needs the gguf "
+                                       "package: pip install -e '.[models]' (or pip install gguf)")
     root = cache_root(cache_dir)
     final = root / spec.name
     root.mkdir(parents=True, exist_ok=True)
