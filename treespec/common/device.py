@@ -10,3 +10,21 @@ def sync(device: torch.device | str) -> None:
     device = torch.device(device)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def execution_device(model: torch.nn.Module) -> torch.device:
+    """Where a model's inputs go: its parameters' device, or, for a model dispatched over several
+    devices by accelerate (``device_map``, as ``from_pretrained`` does), the execution device of its
+    input embeddings (offloaded weights sit on ``meta`` until their layer runs)."""
+    hook = getattr(model.get_input_embeddings(), "_hf_hook", None)
+    device = getattr(hook, "execution_device", None)
+    if device is not None:
+        return torch.device(f"cuda:{device}" if isinstance(device, int) else device)
+    param = next(model.parameters())
+    return param.device if param.device.type != "meta" else torch.device("cpu")
+
+
+def dispatched(model: torch.nn.Module) -> bool:
+    """Whether accelerate spread ``model`` over several devices (or offloaded part of it)."""
+    device_map = getattr(model, "hf_device_map", None) or {}
+    return len({str(d) for d in device_map.values()}) > 1 or any(d in ("disk", "meta") for d in device_map.values())

@@ -85,11 +85,15 @@ class TreeCache(Cache):
         return self.layers[0].length if self.layers else 0
 
     def keep(self, prefix: int, rows: torch.Tensor | list[int]) -> None:
-        """Keep the first ``prefix`` rows and then ``rows`` (absolute indices, increasing), contiguously."""
-        device = next((layer.device for layer in self.layers if layer.is_initialized), None)
-        rows_t = torch.as_tensor(rows, dtype=torch.long, device=device)  # moved once for all layers
+        """Keep the first ``prefix`` rows and then ``rows`` (absolute indices, increasing), contiguously.
+
+        The index is moved once per device (a target dispatched over several devices keeps each
+        layer's cache on its layer's device)."""
+        on: dict[torch.device, torch.Tensor] = {}
         for layer in self.layers:
-            layer.keep(prefix, rows_t)
+            if layer.is_initialized and layer.device not in on:
+                on[layer.device] = torch.as_tensor(rows, dtype=torch.long, device=layer.device)
+            layer.keep(prefix, on.get(layer.device) if layer.is_initialized else None)
 
 
 def forward_masked(

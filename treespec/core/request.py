@@ -8,6 +8,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from ..common.device import dispatched, execution_device
 from . import checks, verifiers
 from .drafting import Drafter
 from .sampling import SamplingParams
@@ -41,8 +42,8 @@ class Request:
 
     @property
     def device(self) -> torch.device:
-        """The target's device (where verification runs)."""
-        return next(self.target.parameters()).device
+        """Where the target's inputs go (its device; for a dispatched target, its embeddings' execution device)."""
+        return execution_device(self.target)
 
     @property
     def speculating(self) -> bool:
@@ -58,6 +59,10 @@ class Request:
         params = SamplingParams(temperature, top_k, top_p)
         verifiers.get(verifier)  # an unknown name fails before any work
         compile = checks.check_compile(compile)
+        if compile is not False and dispatched(target):
+            raise ValueError("compile=... captures the step on one device, but this target is dispatched over several "
+                             f"({sorted({str(d) for d in target.hf_device_map.values()})}); use compile=False with a "
+                             "device_map, or load the target on one device")
         if compile is not False and verifier != "rrs" and not params.greedy:
             raise ValueError(f"compile=... runs the token-level verifier only; got verifier={verifier!r}. "
                              "Use verifier='rrs' with compile, or compile=False with this verifier")

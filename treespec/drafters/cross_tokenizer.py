@@ -34,6 +34,7 @@ from typing import Sequence
 
 import torch
 
+from ..common.device import execution_device
 from ..common.machine import model_name
 from ..core.drafting import ROOT, DraftProposals, Drafter
 from ..core.kv import TreeCache, causal_allowed, forward_masked
@@ -117,7 +118,7 @@ class CrossTokenizerDrafter(Drafter):
         self.depth, self.width = depth, width
         self.draft = TextCodec(draft_tokenizer)
         self.target = TextCodec(target_tokenizer)
-        self.device = next(model.parameters()).device
+        self.device = execution_device(model)
         self.model_name = model_name(model)
         self.reset([], sampling=SamplingParams(), seed=0)
 

@@ -11,6 +11,7 @@ import torch
 
 from tree_builders import TreeShape
 
+from ..common.device import execution_device
 from ..common.machine import model_name
 from ..core.checks import check_int, check_probability, vocab_size
 from ..core.drafting import ROOT, DraftProposals, Drafter
@@ -124,7 +125,7 @@ class ModelDrafter(Drafter):
         else:
             self.plan = _Layout.of(as_shape(shape))
         self.vocab_size = vocab_size(model)
-        self.device = next(model.parameters()).device
+        self.device = execution_device(model)
         self.sampling = SamplingParams(1.0)
         self.generator = torch.Generator(self.device)
         self.cache = TreeCache()

@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import os
 import random
+import tempfile
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from .packaged import DEFAULT_DRAFT, DEFAULT_TARGET, REGISTRY, build_cache, cache_is_valid, cache_root, log
-from .precision import ROLES, auto_precision, describe_choice, parse_precision, to_precision, torch_dtype
+from .precision import FLOATS, ROLES, auto_precision, describe_choice, parse_precision, to_precision, torch_dtype
 
 
 def _hub_offline() -> bool:
@@ -28,18 +30,19 @@ def _hub_offline() -> bool:
     return any(f.strip().lower() in ("1", "true", "yes", "on") for f in flags)
 
 
-def _from_pretrained(source: str | os.PathLike, dtype: torch.dtype, **kwargs) -> tuple[PreTrainedModel,
-                                                                                          PreTrainedTokenizerBase]:
+def _from_pretrained(source: str | os.PathLike, dtype: torch.dtype, device_map: Any = None,
+                     offload_folder: str | None = None, **kwargs) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    placement = {} if device_map is None else {"device_map": device_map, "offload_folder": offload_folder}
     model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, use_safetensors=True,
-                                                 attn_implementation="sdpa", **kwargs)
+                                                 attn_implementation="sdpa", **placement, **kwargs)
     tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
     return model, tokenizer
 
 
 def _load_other(name: str, dtype: torch.dtype, trust_remote_code: bool, cache_dir: str | os.PathLike | None,
-                allow_download: bool) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+                allow_download: bool, **placement: Any) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """A local directory, or a hub id: from the local HF cache, else (only if allowed) from the hub."""
-    kwargs = {"trust_remote_code": trust_remote_code, "cache_dir": cache_dir}
+    kwargs = {"trust_remote_code": trust_remote_code, "cache_dir": cache_dir, **placement}
     if Path(name).expanduser().is_dir():
         path = Path(name).expanduser()
         if not any(path.glob("*.safetensors")):
@@ -79,8 +82,8 @@ PRECISION_DECISIONS = "precision.json"
 
 def load(name_or_path: str | os.PathLike = DEFAULT_TARGET, device: str | torch.device = "cpu",
          dtype: str | torch.dtype = torch.float32, *, role: str = "target", trust_remote_code: bool = False,
-         cache_dir: str | os.PathLike | None = None,
-         allow_download: bool = False) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+         cache_dir: str | os.PathLike | None = None, allow_download: bool = False,
+         device_map: str | dict[str, Any] | None = None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a causal LM and its tokenizer, in eval mode on ``device`` with SDPA attention.
 
     ``name_or_path``: ``DEFAULT_TARGET`` / ``DEFAULT_DRAFT`` (offline, from the installed chunk
@@ -94,6 +97,10 @@ def load(name_or_path: str | os.PathLike = DEFAULT_TARGET, device: str | torch.d
     ``<cache root>/precision.json`` keyed by model, role, device, CPU model and thread count, so
     later loads do not measure again.
     ``role``: ``"target"`` or ``"draft"`` (which candidates ``auto`` times).
+    ``device_map``: a model larger than one device, dispatched by accelerate as ``from_pretrained``
+    does (``"auto"``, or module name -> device, ``"cpu"`` or ``"disk"`` offload included); ``device``
+    is then ignored and the precision must be a floating one (``auto`` and ``int8`` convert a whole
+    model on one device). ``treespec.generate`` runs such a target eagerly (``compile=`` refuses it).
     ``cache_dir``: for the built-in names and ``auto`` decisions the treespec cache root (default
     ``$TREESPEC_CACHE`` or ``~/.cache/treespec``); for hub ids the Hugging Face cache dir.
     Gradients are switched off. The returned model carries ``treespec_precision``: a dict with the
@@ -102,17 +109,23 @@ def load(name_or_path: str | os.PathLike = DEFAULT_TARGET, device: str | torch.d
     precision = parse_precision(dtype)
     if role not in ROLES:
         raise ValueError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
+    if device_map is not None and precision not in FLOATS:
+        raise ValueError(f"device_map needs a floating precision ({', '.join(FLOATS)}), got {precision!r}: 'auto' "
+                         "and 'int8' convert a whole model on one device")
     load_dtype = torch_dtype(precision)
+    # weights a device_map sends to "disk" are written to a scratch folder (kept while the process runs)
+    placement = {} if device_map is None else {"device_map": device_map,
+                                               "offload_folder": tempfile.mkdtemp(prefix="treespec-offload-")}
     name = os.fspath(name_or_path)
     spec = REGISTRY.get(name.lower())
     if spec is not None:
         path = cache_root(cache_dir) / spec.name
         if not cache_is_valid(path, spec):
             path = build_cache(spec, cache_dir)
-        model, tokenizer = _from_pretrained(path, load_dtype, local_files_only=True)
+        model, tokenizer = _from_pretrained(path, load_dtype, local_files_only=True, **placement)
     else:
-        model, tokenizer = _load_other(name, load_dtype, trust_remote_code, cache_dir, allow_download)
-    model = model.to(device).eval()
+        model, tokenizer = _load_other(name, load_dtype, trust_remote_code, cache_dir, allow_download, **placement)
+    model = (model if device_map is not None else model.to(device)).eval()
     model.requires_grad_(False)
     if precision == "auto":
         decisions = (cache_root(cache_dir if spec is not None else None)) / PRECISION_DECISIONS
