@@ -24,6 +24,7 @@ test: $(VENV)/.installed
 	$(PY) -m pytest -q
 
 slow: $(VENV)/.installed
+	$(PY) -m pip install -q -e '.[test,ray]'
 	TREESPEC_SLOW=1 $(PY) -m pytest -q -m slow
 
 $(VENV)/.models: $(VENV)/.installed

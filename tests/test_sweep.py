@@ -178,7 +178,7 @@ def test_speedup_is_refused_when_token_counts_differ() -> None:
                                                           "output_digests": ["a", "b"]},
                                "timing": {"wall_seconds": 1.0}, "meta": {"machine": state.machine}}
     record = {"result": {"complete": True, "tokens_per_prompt": [12, 12], "output_digests": ["a", "b"]},
-              "timing": {"wall_seconds": 0.5}}
+              "timing": {"wall_seconds": 0.5}, "meta": {"machine": state.machine}}
     state.compare(point.params, record)
     assert record["speedup"] == {"target": None}
     assert "token counts differ" in record["speedup_refused"]["target"]

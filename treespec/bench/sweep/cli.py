@@ -44,11 +44,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help=f"start over: the earlier results in --out are moved (not deleted) into "
                          f"--out/{REPLACED}<UTC time>/. Needed when --out holds the results of a different config "
                          f"(without it such a directory is refused); without a change it re-measures everything")
+    ap.add_argument("--workers", type=int, default=None, metavar="N",
+                    help="run the points on N Ray workers, one device each (a GPU each on a GPU node; default "
+                         "run.workers, 0 = in this process); needs pip install 'treespec[ray]'")
+    ap.add_argument("--ray-address", default=None, metavar="ADDR",
+                    help="join an existing Ray cluster (e.g. one started with `ray start --head`) instead of a local one")
+    ap.add_argument("--share-cpu", action="store_true",
+                    help="allow several CPU workers on one machine (they slow each other: timings are distorted, and "
+                         "the records say shared_cpu)")
     ap.add_argument("--skip-corrupt", action="store_true",
                     help="skip corrupt lines of results.jsonl (each is named on stderr) instead of stopping there")
     args = ap.parse_args(argv)
     if args.report is not None:
-        extra = [f"--{k.replace('_', '-')}" for k in ("config", "device", "dtype", "dry_run", "max_minutes", "new")
+        extra = [f"--{k.replace('_', '-')}" for k in ("config", "device", "dtype", "dry_run", "max_minutes", "new",
+                                                       "workers", "ray_address", "share_cpu")
                  if getattr(args, k) not in (None, False)]
         if extra:
             ap.error(f"--report only writes the report of an existing results file; it takes no {', '.join(extra)}")
@@ -60,6 +69,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error("give --config CONFIG.toml (or --report RESULTS_JSONL)")
     if args.max_minutes is not None and not args.max_minutes > 0:
         ap.error(f"--max-minutes must be > 0, got {args.max_minutes}")
+    if args.workers is not None and args.workers < 0:
+        ap.error(f"--workers must be >= 0 (0: in this process), got {args.workers}")
     if args.dry_run:
         cfg = load_config(args.config)
         if args.device:
@@ -83,7 +94,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.out is not None:
         check_writable(args.out, directory=True)
     results = sweep(args.config, args.out, progress=not args.no_progress, device=args.device, dtype=args.dtype,
-                    max_minutes=args.max_minutes, new=args.new, skip_corrupt=args.skip_corrupt)
+                    max_minutes=args.max_minutes, new=args.new, skip_corrupt=args.skip_corrupt, workers=args.workers,
+                    ray_address=args.ray_address, share_cpu=args.share_cpu)
     print(results)
     print(results.parent / "README.md")
     return 0

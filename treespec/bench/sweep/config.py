@@ -40,7 +40,7 @@ DEFAULTS: dict[str, Any] = {
     "baselines": {"methods": list(BASELINES), "prompt_lookup_num_tokens": 10, "max_matching_ngram_size": 2,
                   "assisted": {}},
     "run": {"device": "cpu", "dtype": "float32", "draft_dtype": "same", "warmup_tokens": 4, "threads": 0,
-            "compile": False},
+            "compile": False, "workers": 0},
 }
 
 
@@ -285,7 +285,7 @@ TYPES: dict[str, Checker] = {
     "baselines.prompt_lookup_num_tokens": _int(1), "baselines.max_matching_ngram_size": _int(1),
     "baselines.assisted": _table,
     "run.device": _device, "run.dtype": _choice(FLOATS), "run.draft_dtype": _choice(("same", *PRECISIONS)),
-    "run.warmup_tokens": _int(0), "run.threads": _int(0), "run.compile": _compile,
+    "run.warmup_tokens": _int(0), "run.threads": _int(0), "run.compile": _compile, "run.workers": _int(0),
 }
 
 

@@ -41,6 +41,9 @@ REPLACED = "replaced-"
 #: config keys that do not change any result (the name only labels the run and its default directory)
 IGNORED = ("name",)
 
+#: config keys that only say where points run: no result depends on them
+PLACEMENT = frozenset(["run.workers"])
+
 #: config keys that only choose which points run: a point's key holds its own value of each, so
 #: changing them adds or drops points without touching what a finished point measured
 AXES = frozenset([*(f"grid.{k}" for k in ("drafters", "builders", "budgets", "max_depths", "temperatures", "top_p",
@@ -101,7 +104,7 @@ def changes(old: dict[str, Any], new: dict[str, Any]) -> dict[str, str]:
     defaults = _leaves(canonical(DEFAULTS))
     out = {}
     for key in sorted(set(a) | set(b)):
-        if key not in a and key in defaults and b[key] == defaults[key]:
+        if key in PLACEMENT or (key not in a and key in defaults and b[key] == defaults[key]):
             continue
         if a.get(key, "(absent)") != b.get(key, "(absent)"):
             out[key] = f"{key}: {json.dumps(a.get(key, '(absent)'))} -> {json.dumps(b.get(key, '(absent)'))}"

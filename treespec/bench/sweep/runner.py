@@ -9,7 +9,6 @@ import json
 import os
 import sys
 import time
-import traceback
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
@@ -24,13 +23,14 @@ from ...models.tiny import ByteTokenizer
 from ...models.precision import FLOATS
 from ...recipes import Recipe, plan, run
 from ..baselines import hf_generate
+from .distributed import run_here, run_points
 from .config import calib_eval_prompts, check, check_device_available, draft_dtype, load_config, pairs, \
     split_ranges
 from .points import Point, baseline_params, acceptance_params, enumerate_points, point_key, point_recipe, \
     shape_record
 from .lock import claim, exclusive
 from .models import SweepModels, encode, pad_id
-from .records import RESULTS, append_record, machine, machine_of, meta, read_records, repair_tail
+from .records import RESULTS, append_record, machine, machine_of, read_records, repair_tail
 from .report import report
 
 #: the seconds per section of a treespec point's timing (``treespec.core.stats.Stats``)
@@ -218,16 +218,20 @@ class Sweep:
         return {"result": result, "timing": timing}
 
     # -- comparisons ----------------------------------------------------------------------------
-    def baselines_for(self, p: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    def paired_draft(self, target: str) -> str:
+        """The draft paired with ``target`` in the config (for the assisted baseline of n-gram points)."""
+        return pairs_draft(self.cfg, target)
+
+    def baselines_for(self, p: dict[str, Any], machine: str) -> dict[str, dict[str, Any]]:
         """Finished baseline records measured on the same prompts and settings as treespec point ``p``,
-        on this machine (a speedup across machines measures the machines)."""
+        on ``machine`` (a speedup across machines measures the machines)."""
         common = {k: p[k] for k in ("target", "dataset", "eval", "max_new_tokens", "max_prompt_tokens",
                                     "temperature", "top_p", "seed", "device", "dtype")}
         out: dict[str, dict[str, Any]] = {}
         for method in self.cfg["baselines"]["methods"]:
             draft = p.get("draft") or pairs_draft(self.cfg, p["target"])
             rec = self.records.get(point_key(baseline_params(self.cfg, common, method, draft)))
-            if rec is not None and rec.get("status") == "ok" and machine_of(rec) == self.machine:
+            if rec is not None and rec.get("status") == "ok" and machine_of(rec) == machine:
                 out[method] = rec
         return out
 
@@ -237,7 +241,7 @@ class Sweep:
         refused: dict[str, str] = {}
         checks: dict[str, Any] = {}
         mine = record["result"]
-        for method, base in self.baselines_for(p).items():
+        for method, base in self.baselines_for(p, machine_of(record)).items():
             theirs = base["result"]
             same_counts = mine["tokens_per_prompt"] == theirs["tokens_per_prompt"]
             if not (mine["complete"] and theirs["complete"] and same_counts):
@@ -268,7 +272,8 @@ def sweep(config: str | os.PathLike | dict[str, Any], out_dir: str | os.PathLike
           progress: bool = True, *, device: str | None = None, dtype: str | None = None,
           on_point: Callable[[dict[str, Any]], None] | None = None, measure: Measure | None = None,
           make_report: bool = True, max_minutes: float | None = None, new: bool = False,
-          skip_corrupt: bool = False) -> Path:
+          skip_corrupt: bool = False, workers: int | None = None, ray_address: str | None = None,
+          share_cpu: bool = False) -> Path:
     """Run (or resume) the sweep of ``config``; returns the path of its ``results.jsonl``.
 
     Args:
@@ -285,6 +290,10 @@ def sweep(config: str | os.PathLike | dict[str, Any], out_dir: str | os.PathLike
         new: start over when ``out_dir`` holds another config's results (they move into
             ``out_dir/replaced-<time>/``); without it such a directory is refused (``treespec.bench.sweep.lock``).
         skip_corrupt: skip (and name) corrupt lines of ``results.jsonl`` instead of refusing.
+        workers: run the points on this many Ray workers, one device each (default ``run.workers``;
+            0: in this process); ``ray_address``: join that Ray cluster (one worker if ``workers`` is not
+            given); ``share_cpu``: allow several CPU workers on one machine (their timings interfere; the
+            records say ``shared_cpu``). See ``treespec.bench.sweep.distributed``.
 
     Only one sweep at a time writes ``out_dir``: a second one is refused with the first one's pid,
     host and start time (:class:`treespec.bench.sweep.lock.OutputDirError`).
@@ -304,7 +313,11 @@ def sweep(config: str | os.PathLike | dict[str, Any], out_dir: str | os.PathLike
     try:
         with exclusive(out):
             claim(out, cfg, new)
-            results = _run_sweep(cfg, out, progress, on_point, measure, max_minutes, skip_corrupt)
+            spread = {"workers": int(cfg["run"]["workers"]) if workers is None else int(workers),
+                      "address": ray_address, "share_cpu": share_cpu}
+            if spread["address"] and not spread["workers"]:
+                spread["workers"] = 1
+            results = _run_sweep(cfg, out, progress, on_point, measure, max_minutes, skip_corrupt, spread)
             if make_report:
                 report(results, skip_corrupt=skip_corrupt)
     finally:
@@ -313,8 +326,9 @@ def sweep(config: str | os.PathLike | dict[str, Any], out_dir: str | os.PathLike
 
 
 def _run_sweep(cfg: dict[str, Any], out: Path, progress: bool, on_point: Callable[[dict[str, Any]], None] | None,
-               measure: Measure | None, max_minutes: float | None = None, skip_corrupt: bool = False) -> Path:
-    """The loop of :func:`sweep`: every unfinished point, one record each."""
+               measure: Measure | None, max_minutes: float | None = None, skip_corrupt: bool = False,
+               spread: dict[str, Any] | None = None) -> Path:
+    """The loop of :func:`sweep`: every unfinished point, one record each, here or on Ray workers."""
     deadline = None if max_minutes is None else time.monotonic() + 60.0 * max_minutes
     state = Sweep(cfg, out, progress, measure)
     repair_tail(state.results)
@@ -333,33 +347,30 @@ def _run_sweep(cfg: dict[str, Any], out: Path, progress: bool, on_point: Callabl
 
     bar = tqdm(total=len(points), initial=len(points) - len(todo), unit="point", desc=cfg["name"],
                disable=not progress, dynamic_ncols=True)
+
+    def finish(pt: Point, outcome: dict[str, Any]) -> None:
+        record: dict[str, Any] = {"key": pt.key, "kind": pt.kind, "params": pt.params, **outcome}
+        if record["status"] != "ok":
+            bar.write(f"[treespec sweep] point {pt.label} failed: {record['error']}", file=sys.stderr)
+        elif pt.kind == "treespec":
+            state.compare(pt.params, record)
+        append_record(state.results, record)
+        if record["status"] == "ok":
+            state.records[pt.key] = record
+        bar.update(1)
+        if on_point is not None:
+            on_point(record)
+
     try:
-        for pt in todo:
+        if spread and spread["workers"]:
+            run_points(state, todo, finish, workers=spread["workers"], address=spread["address"],
+                       share_cpu=spread["share_cpu"], measure=measure, bar=bar, deadline=deadline)
+        for pt in [] if spread and spread["workers"] else todo:
             if deadline is not None and time.monotonic() >= deadline:
                 bar.write(f"[treespec sweep] stopped after {max_minutes:g} min; run again to resume", file=sys.stderr)
                 break
             bar.set_postfix_str(pt.label)
-            specs = {pt.params["target"], pt.params.get("draft") or pairs_draft(cfg, pt.params["target"])}
-            state.models.keep_only(specs)
-            record: dict[str, Any] = {"key": pt.key, "kind": pt.kind, "params": pt.params}
-            try:
-                record.update(state.run_point(pt), status="ok")
-                if pt.kind == "treespec":
-                    state.compare(pt.params, record)
-            except (KeyboardInterrupt, SystemExit):
-                raise
-            except Exception as error:  # a failing point is recorded and retried next time
-                record.update(status="error", error=f"{type(error).__name__}: {error}",
-                              traceback=traceback.format_exc(limit=6))
-                bar.write(f"[treespec sweep] point {pt.label} failed: {record['error']}", file=sys.stderr)
-            record["meta"] = meta(cfg)
-            append_record(state.results, record)
-            if record["status"] == "ok":
-                state.records[pt.key] = record
-            bar.update(1)
-            if on_point is not None:
-                on_point(record)
+            finish(pt, run_here(state, pt))
     finally:
         bar.close()
     return state.results
-

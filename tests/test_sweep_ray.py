@@ -1,0 +1,92 @@
+"""Sweeps over Ray workers (Ray's local cluster, started here): the same points, outputs and tau as one
+process; a killed worker loses no point; a killed driver resumes; the missing extra is named.
+
+The tests that start Ray are slow-marked (about 25 s, and Ray is an optional extra): ``make slow``
+installs it and runs them; the missing-extra test runs everywhere."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+import treespec.bench.sweep as E
+from treespec.bench.sweep import distributed
+from treespec.bench.sweep.records import comparable, read_records
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "experiments" / "configs" / "tiny.toml"
+
+
+def _config() -> dict:
+    cfg = E.load_config(TINY)
+    cfg["grid"].update(builders=["chain"], budgets=[4, 8])  # no acceptance measurement: seconds per point
+    cfg["baselines"]["methods"] = ["target"]
+    return cfg
+
+
+def _by_key(path: Path) -> dict:
+    return {r["key"]: r for r in read_records(path)}
+
+
+@pytest.fixture(scope="module")
+def ray():
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.mark.slow
+def test_two_workers_give_the_points_of_one_process(ray, tmp_path: Path) -> None:
+    here = E.sweep(_config(), tmp_path / "here", progress=False, make_report=False)
+    there = E.sweep(_config(), tmp_path / "there", progress=False, make_report=False, workers=2, share_cpu=True)
+    a, b = _by_key(here), _by_key(there)
+    assert set(a) == set(b) and len(a) == 3
+    for key in a:  # same greedy outputs, tau and counts; timings and where it ran aside
+        assert comparable(a[key])["result"] == comparable(b[key])["result"], key
+    assert {r["meta"]["worker"] for r in b.values()} <= {0, 1} and all(r["meta"]["shared_cpu"] for r in b.values())
+    assert all(r.get("speedup", {}).get("target") for r in b.values() if r["kind"] == "treespec")
+
+
+@pytest.mark.slow
+def test_a_killed_worker_loses_no_point(ray, tmp_path: Path) -> None:
+    killed = []
+
+    def kill_once(record: dict) -> None:
+        if not killed and distributed.ACTIVE:
+            killed.append(distributed.ACTIVE[0])
+            ray.kill(distributed.ACTIVE[0])
+
+    path = E.sweep(_config(), tmp_path, progress=False, make_report=False, workers=2, share_cpu=True,
+                   on_point=kill_once)
+    records = _by_key(path)
+    assert killed and len(records) == 3 and all(r["status"] == "ok" for r in records.values())
+
+
+@pytest.mark.slow
+def test_a_killed_driver_resumes(ray, tmp_path: Path) -> None:
+    def die_after_one(record: dict) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        E.sweep(_config(), tmp_path, progress=False, make_report=False, workers=2, share_cpu=True,
+                on_point=die_after_one)
+    first = _by_key(tmp_path / "results.jsonl")
+    assert len(first) == 1
+    path = E.sweep(_config(), tmp_path, progress=False, make_report=False, workers=2, share_cpu=True)
+    again = _by_key(path)
+    assert len(again) == 3 and all(again[k] == first[k] for k in first)  # the finished point is kept as it was
+
+
+@pytest.mark.slow
+def test_cpu_workers_sharing_one_machine_are_refused_unless_asked(ray, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="share this machine's cores"):
+        E.sweep(_config(), tmp_path, progress=False, make_report=False, workers=2)
+
+
+def test_workers_without_ray_installed_say_how_to_install_it(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)  # what an environment without the extra sees
+    with pytest.raises(ImportError, match=r"pip install 'treespec\[ray\]'"):
+        E.sweep(_config(), tmp_path, progress=False, make_report=False, workers=2, share_cpu=True)
