@@ -21,7 +21,7 @@ $(VENV)/.installed: pyproject.toml
 setup: $(VENV)/.installed
 
 test: $(VENV)/.installed
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n auto
 
 slow: $(VENV)/.installed
 	$(PY) -m pip install -q -e '.[test,ray]'
