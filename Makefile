@@ -21,10 +21,9 @@ $(VENV)/.installed: pyproject.toml
 setup: $(VENV)/.installed
 
 test: $(VENV)/.installed
-	$(PY) -m pytest -q -n auto
+	$(PY) -m pytest -q -n auto --dist loadgroup
 
 slow: $(VENV)/.installed
-	$(PY) -m pip install -q -e '.[test,ray]'
 	TREESPEC_SLOW=1 $(PY) -m pytest -q -m slow
 
 $(VENV)/.models: $(VENV)/.installed

@@ -1,8 +1,8 @@
 """Sweeps over Ray workers (Ray's local cluster, started here): the same points, outputs and tau as one
 process; a killed worker loses no point; a killed driver resumes; the missing extra is named.
 
-The tests that start Ray are slow-marked (about 25 s, and Ray is an optional extra): ``make slow``
-installs it and runs them; the missing-extra test runs everywhere."""
+The tests that start Ray share one local Ray (a module fixture) and one pytest-xdist worker
+(``xdist_group``); they are skipped where the ``ray`` extra is not installed (``make test`` installs it)."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def ray():
     ray.shutdown()
 
 
-@pytest.mark.slow
+@pytest.mark.xdist_group("ray")
 def test_two_workers_give_the_points_of_one_process(ray, tmp_path: Path) -> None:
     here = E.sweep(_config(), tmp_path / "here", progress=False, make_report=False)
     there = E.sweep(_config(), tmp_path / "there", progress=False, make_report=False, workers=2, share_cpu=True)
@@ -50,7 +50,7 @@ def test_two_workers_give_the_points_of_one_process(ray, tmp_path: Path) -> None
     assert all(r.get("speedup", {}).get("target") for r in b.values() if r["kind"] == "treespec")
 
 
-@pytest.mark.slow
+@pytest.mark.xdist_group("ray")
 def test_a_killed_worker_loses_no_point(ray, tmp_path: Path) -> None:
     killed = []
 
@@ -65,7 +65,7 @@ def test_a_killed_worker_loses_no_point(ray, tmp_path: Path) -> None:
     assert killed and len(records) == 3 and all(r["status"] == "ok" for r in records.values())
 
 
-@pytest.mark.slow
+@pytest.mark.xdist_group("ray")
 def test_a_killed_driver_resumes(ray, tmp_path: Path) -> None:
     def die_after_one(record: dict) -> None:
         raise KeyboardInterrupt
@@ -80,7 +80,7 @@ def test_a_killed_driver_resumes(ray, tmp_path: Path) -> None:
     assert len(again) == 3 and all(again[k] == first[k] for k in first)  # the finished point is kept as it was
 
 
-@pytest.mark.slow
+@pytest.mark.xdist_group("ray")
 def test_cpu_workers_sharing_one_machine_are_refused_unless_asked(ray, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="share this machine's cores"):
         E.sweep(_config(), tmp_path, progress=False, make_report=False, workers=2)
