@@ -1,13 +1,15 @@
 """Tree-budget sweeps and comparisons: the research harness behind ``treespec sweep``.
 
 Modules: ``config`` (TOML -> validated dict), ``points`` (the grid, point keys, a point's recipe),
-``runner`` (models, timed calls, the resumable loop), ``records`` (``results.jsonl``), ``report``
-(plots and Markdown), ``cli`` (``treespec sweep``).
+``models`` (the pair's models, loaded once), ``runner`` (timed calls, the resumable loop),
+``distributed`` (the same loop's points on Ray workers, one device each), ``records``
+(``results.jsonl``), ``lock`` (one writer per directory, the config fingerprint), ``figures``
+(intervals and checks over records), ``report`` (plots and Markdown), ``cli`` (``treespec sweep``).
 
 A sweep runs a grid of *points* described by a TOML config (``experiments/configs/*.toml``) and
 appends one JSON record per finished point to ``<out>/results.jsonl``. A point is either
 
-* a **treespec** point: ``treespec.generate`` over every evaluation prompt with one drafter set
+* a **treespec** point: ``treespec.run`` of the point's recipe over every evaluation prompt with one drafter set
   (``model``, ``ngram`` or ``both``), one tree builder and one budget, depth limit, temperature,
   top-p and seed; or
 * a **baseline** point: HuggingFace ``generate`` on the same prompts: the target alone
@@ -31,8 +33,8 @@ prompts produced exactly the target baseline's tokens (an exactness check; in bf
 can legitimately differ).
 
 How a treespec point becomes drafters: its builder, budget ``B``, depth limit ``D`` (``"none"`` =
-no limit), temperature, ``grid.model_mode`` (``"auto"`` = the rule) and n-gram options form a
-``treespec.recipes.Recipe``, the same translation ``treespec generate`` and ``treespec demo`` use
+no limit), temperature, top-p, verifier, compile mode, ``grid.model_mode`` (``"auto"`` = the rule) and n-gram
+options form a ``treespec.recipes.Recipe``, run by ``treespec.run`` as ``treespec generate`` and ``treespec demo`` run theirs
 (see that module for the rules: drafting mode, trees from ``tree_builders.for_budget``, how the
 n-gram drafter shares ``B`` with the model's tree). Options of the builders come from the
 ``shapes`` table (``kary_width``, ``chains``, ``dynamic_depth``, ``dynamic_topk``). In ``both`` the
