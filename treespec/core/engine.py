@@ -38,6 +38,14 @@ class EagerStep:
                            causal_allowed(0, len(ids), device), logits_to_keep=1)
 
     def verify(self, tree: TokenTree, flat: FlatTree, clock: Clock) -> tuple[list[int], int]:
+        past = self.cache.length
+        logits = self.forward(flat, clock)
+        path, extra = self.accept(tree, flat, logits)
+        self.cache.keep(past, past + flat.index[path])
+        return path, extra
+
+    def forward(self, flat: FlatTree, clock: Clock) -> torch.Tensor:
+        """The target over the flattened tree (written to the cache, not yet committed): logits ``[n, V]``."""
         device, past = self.req.device, self.cache.length
         allowed = torch.ones(len(flat), past + len(flat), dtype=torch.bool)
         allowed[:, past:] = torch.from_numpy(flat.ancestors)
@@ -46,12 +54,13 @@ class EagerStep:
         clock.charge("overhead")
         logits = forward_masked(self.req.target, self.cache, ids, pos, allowed)
         clock.charge("verifying")
+        return logits
+
+    def accept(self, tree: TokenTree, flat: FlatTree, logits: torch.Tensor) -> tuple[list[int], int]:
+        """The accepted path and the extra token: the argmax walk, or the request's exact verifier."""
         if self.req.params.greedy:
-            path, extra = walk_greedy(tree, flat, logits)
-        else:
-            path, extra = walk_sampled(tree, flat, logits, self.req.params, self.req.verifier, self.coins)
-        self.cache.keep(past, past + flat.index[path])
-        return path, extra
+            return walk_greedy(tree, flat, logits)
+        return walk_sampled(tree, flat, logits, self.req.params, self.req.verifier, self.coins)
 
 
 def walk_greedy(tree: TokenTree, flat: FlatTree, logits: torch.Tensor) -> tuple[list[int], int]:
@@ -64,9 +73,8 @@ def walk_greedy(tree: TokenTree, flat: FlatTree, logits: torch.Tensor) -> tuple[
     return path, best[flat.index[node]]
 
 
-def walk_sampled(tree: TokenTree, flat: FlatTree, logits: torch.Tensor, params: SamplingParams,
-                 verifier: str, coins: verifiers.Coins) -> tuple[list[int], int]:
-    """Run the chosen exact verifier (``treespec.core.verifiers``) on the tree's target distributions."""
+def node_targets(flat: FlatTree, logits: torch.Tensor, params: SamplingParams) -> verifiers.Target:
+    """``node -> target distribution at that node`` (float64), computed once per node when a walk asks."""
     probs: dict[int, torch.Tensor] = {}
 
     def target(node: int) -> torch.Tensor:
@@ -74,7 +82,13 @@ def walk_sampled(tree: TokenTree, flat: FlatTree, logits: torch.Tensor, params: 
             probs[node] = params.probs(logits[flat.index[node]]).to(verifiers.DTYPE)
         return probs[node]
 
-    return verifiers.get(verifier).verify(tree, target, coins)
+    return target
+
+
+def walk_sampled(tree: TokenTree, flat: FlatTree, logits: torch.Tensor, params: SamplingParams,
+                 verifier: str, coins: verifiers.Coins) -> tuple[list[int], int]:
+    """Run the chosen exact verifier (``treespec.core.verifiers``) on the tree's target distributions."""
+    return verifiers.get(verifier).verify(tree, node_targets(flat, logits, params), coins)
 
 
 def draft_tree(req: Request, committed: list[int], remaining: int, width: int | None,

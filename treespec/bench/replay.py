@@ -1,0 +1,121 @@
+"""Same-tree replay of verifiers: compare exact verification rules on identical steps.
+
+Comparing verifiers by running each one live measures prompt noise: after the first tree each rule
+follows its own sampled continuation. Here one live run records every sampled step (its token tree,
+with the distribution each proposal was drawn from, and the target's logits over it); then every
+verifier that is exact for a step's construction walks the *same* tree against the *same* target
+distributions, with common random numbers (the same seeded coins for every rule at a step). The
+accepted lengths are paired per step, so the comparison keeps only the rules' own difference.
+Exactness of each rule is unchanged: the replay only measures.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+
+from ..core.constructions import classify
+from ..core.engine import EagerStep, decode, node_targets
+from ..core.request import Request
+from ..core.sampling import SamplingParams, spread_seed
+from ..core.stats import GenerateOutput
+from ..core.tree import FlatTree, TokenTree
+from ..core.verifiers import VERIFIERS, TorchCoins
+from . import intervals
+
+
+@dataclass
+class RecordedStep:
+    """One sampled step: its tree, the target's logits over the flattened tree, and the state of the
+    live run's coins before its walk (the live walk is reproduced from it)."""
+
+    tree: TokenTree
+    flat: FlatTree
+    logits: torch.Tensor
+    coins_state: torch.Tensor
+    truncated: bool | None  # whether the budget cut proposals; None when it may have (spectr needs to know)
+
+
+@dataclass
+class Recording:
+    """A live run and its recorded steps."""
+
+    output: GenerateOutput
+    params: SamplingParams
+    steps: list[RecordedStep] = field(default_factory=list)
+
+
+class _RecordingStep(EagerStep):
+    def __init__(self, req: Request, gen: torch.Generator, recording: Recording) -> None:
+        super().__init__(req, gen)
+        self.recording = recording
+
+    def accept(self, tree: TokenTree, flat: FlatTree, logits: torch.Tensor) -> tuple[list[int], int]:
+        if tree.size > 1:
+            self.recording.steps.append(RecordedStep(tree, flat, logits.detach().clone(),
+                                                     self.coins.generator.get_state(),
+                                                     False if self.req.budget is None else None))
+        return super().accept(tree, flat, logits)
+
+
+def record(target: torch.nn.Module, input_ids: Sequence[int], drafters: Sequence[Any], *, max_new_tokens: int,
+           temperature: float, top_k: int = 0, top_p: float = 1.0, seed: int = 0, budget: int | None = None,
+           verifier: str = "rrs") -> Recording:
+    """Run ``treespec.generate`` (eager, sampled) and record every step that verified a tree."""
+    req = Request.checked(target, input_ids, drafters, max_new_tokens, temperature, top_k, top_p, None, seed, budget,
+                          None, verifier, False)
+    if req.params.greedy:
+        raise ValueError("the replay compares sampled verification rules: give temperature > 0 (greedy is one walk)")
+    gen = torch.Generator(req.device).manual_seed(req.seed)
+    for i, d in enumerate(req.drafters):
+        d.reset(req.prompt, sampling=req.params.for_draft(), seed=(req.seed * 1_000_003 + i + 1) % 2**63)
+    recording = Recording(output=None, params=req.params)  # type: ignore[arg-type]
+    recording.output = decode(req, _RecordingStep(req, gen, recording))
+    return recording
+
+
+def exact_verifiers(step: RecordedStep) -> list[str]:
+    """The verifiers proven exact for ``step``'s construction (``spectr`` only when no budget cut it)."""
+    names = []
+    for name, spec in VERIFIERS.items():
+        if step.truncated is None and name == "spectr":
+            continue  # whether the budget cut this tree was not known at recording time
+        if spec.exact_for(classify(step.tree, truncated=bool(step.truncated))):
+            names.append(name)
+    return names
+
+
+def replay(step: RecordedStep, params: SamplingParams, verifier: str, coins: TorchCoins) -> int:
+    """Accepted drafted tokens of ``verifier`` on the recorded ``step`` with ``coins``."""
+    path, _ = VERIFIERS[verifier].verify(step.tree, node_targets(step.flat, step.logits, params), coins)
+    return len(path) - 1
+
+
+def compare(recordings: Sequence[Recording], baseline: str = "rrs", seed: int = 0) -> dict[str, Any]:
+    """Per verifier, over the recorded steps it and ``baseline`` are exact for: the mean accepted
+    length (drafted tokens accepted per step) and ``tau_ratio``, its tokens per step (accepted + 1)
+    over the baseline's on the same steps and coins, with a paired bootstrap 95% interval over steps."""
+    pairs: dict[str, list[tuple[int, int]]] = {}  # verifier -> (its accepted, baseline's accepted) per step
+    for r, rec in enumerate(recordings):
+        for s, step in enumerate(rec.steps):
+            names = exact_verifiers(step)
+            if baseline not in names:
+                continue
+
+            def run(name: str) -> int:  # common random numbers: the same coins for every rule at a step
+                gen = torch.Generator(step.logits.device).manual_seed(spread_seed("replay", seed, r, s))
+                return replay(step, rec.params, name, TorchCoins(gen))
+
+            base = run(baseline)
+            for name in names:
+                pairs.setdefault(name, []).append((run(name) if name != baseline else base, base))
+    out: dict[str, Any] = {"baseline": baseline, "verifiers": {}}
+    for name, both in pairs.items():
+        mine, theirs = [a for a, _ in both], [b for _, b in both]
+        entry: dict[str, Any] = {"steps": len(both), "mean_accepted": sum(mine) / len(mine)}
+        if name != baseline:
+            entry["tau_ratio"] = intervals.ratio_of_sums([a + 1 for a in mine], [b + 1 for b in theirs]).as_dict()
+        out["verifiers"][name] = entry
+    return out
