@@ -4,8 +4,12 @@ greedy agreement with the baselines."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Callable
 
+from tree_builders import TreeShape
+
+from ...calibrate.acceptance import MeasuredAcceptance
 from ..intervals import Interval, ratio_of_sums
 from .records import machine_of
 
@@ -149,3 +153,15 @@ def agreement(record: dict[str, Any]) -> dict[str, Any] | None:
     return {"predicted": float(predicted), "measured": uncut, "gap": uncut.estimate / predicted - 1.0,
             "agrees": uncut.known and predicted in uncut,
             "cut_cost": (every.estimate / uncut.estimate - 1.0) if every and uncut.estimate else None}
+
+
+def per_depth_prediction(record: dict[str, Any], directory: Path) -> float | None:
+    """The record's tree's expected tokens per step under the per-depth acceptance matrix of the same
+    calibration (acceptance conditional on the walk reaching each depth), read from the acceptance file
+    beside the results; None without a static tree or the file."""
+    res = record["result"]
+    name = (res.get("acceptance") or {}).get("file")
+    if "tree" not in res or not name or not (directory / name).is_file():
+        return None
+    matrix = MeasuredAcceptance.load(directory / name).matrix.tolist()
+    return float(TreeShape.from_paths([tuple(p) for p in res["tree"]["paths"]]).expected_tokens(matrix))

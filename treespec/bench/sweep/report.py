@@ -21,8 +21,8 @@ from tree_builders import TreeShape
 
 from ..intervals import Interval
 from .config import CITABLE
-from .figures import (agreement, baseline_of, baseline_speedup, depth_rows, same_greedy_outputs, speed_interval,
-                      speedup_interval, tau_interval, where_the_gap_is)
+from .figures import (agreement, baseline_of, baseline_speedup, depth_rows, per_depth_prediction,
+                      same_greedy_outputs, speed_interval, speedup_interval, tau_interval, where_the_gap_is)
 from .records import machine_of, read_records
 
 # What a baseline shares with the treespec points it is compared with (same prompts, same settings).
@@ -345,7 +345,7 @@ def _markdown(path: Path, records: list, tres: list, bases: list, errors: list, 
             lines += ["Speedups refused (token counts differ):", ""]
             lines += [f"- {r['key']}: {r['speedup_refused']}" for r in refused]
             lines.append("")
-        lines += _prediction_section(sorted(tres, key=order))
+        lines += _prediction_section(sorted(tres, key=order), path.parent)
     if trees:
         lines += ["## Trees", ""] + [f"- [{title}]({name})" for title, name in trees] + [""]
     if errors:
@@ -356,7 +356,7 @@ def _markdown(path: Path, records: list, tres: list, bases: list, errors: list, 
     return "\n".join(lines)
 
 
-def _prediction_section(tres: list[dict[str, Any]]) -> list[str]:
+def _prediction_section(tres: list[dict[str, Any]], directory: Path) -> list[str]:
     """Markdown: predicted vs measured tau per point, then the per-depth table of every point whose
     prediction falls outside the measured interval (where along the tree the tau is lost)."""
     rows = [(r, a) for r in tres if (a := agreement(r)) is not None]
@@ -364,14 +364,18 @@ def _prediction_section(tres: list[dict[str, Any]]) -> list[str]:
         return []
     lines = ["## Predicted vs measured tau", "",
              "Predicted: the tree's expected tokens per step under the positional acceptance vector measured on "
-             "the calibration prompts. Measured: tau over uncut steps on the evaluation prompts, 95% CI. "
-             "*cut cost*: how far tau over all steps sits from it (the steps shortened by max_new_tokens).", "",
-             "| dataset | T | builder | B | predicted | measured (uncut) | gap | inside CI | cut cost |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "the calibration prompts; *per-depth*: under that calibration's per-depth matrix (acceptance given "
+             "that the walk reached each depth), computed when the report is written. Measured: tau over uncut "
+             "steps on the evaluation prompts, 95% CI. *cut cost*: how far tau over all steps sits from it (the "
+             "steps shortened by max_new_tokens).", "",
+             "| dataset | T | builder | B | predicted | per-depth | measured (uncut) | gap | per-depth gap | inside CI | "
+             "cut cost |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r, a in rows:
-        p = r["params"]
+        p, depthwise = r["params"], per_depth_prediction(r, directory)
+        depth_gap = "-" if depthwise is None else f"{a['measured'].estimate / depthwise - 1:+.1%}"
         lines.append(f"| {p['dataset']} | {p['temperature']:g} | {p['builder']} | {p['budget']} | {a['predicted']:.2f} | "
-                     f"{a['measured'].fmt()} | {a['gap']:+.1%} | {'yes' if a['agrees'] else '**no**'} | "
+                     f"{_fmt(depthwise)} | {a['measured'].fmt()} | {a['gap']:+.1%} | {depth_gap} | "
+                     f"{'yes' if a['agrees'] else '**no**'} | "
                      f"{'-' if a['cut_cost'] is None else format(a['cut_cost'], '+.1%')} |")
     lines.append("")
     off = [(r, a) for r, a in rows if not a["agrees"] and depth_rows(r)]
