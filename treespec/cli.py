@@ -303,7 +303,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         record = {"prompt": text, **out.stats.record(), "new_tokens": out.new_tokens,
                   "text": tok.decode(out.new_tokens, skip_special_tokens=True), "configuration": resolved.why,
                   "recipe": {"tree": recipe.tree, "budget": recipe.budget, "depth": recipe.depth,
-                             "max_width": recipe.max_width, "verifier": recipe.verifier,
+                             "max_width": recipe.max_width, "verifier": recipe.verifier, "compile": recipe.compile,
                              "target_dtype": recipe.target_dtype, "draft_dtype": recipe.draft_dtype}}
         if not args.json:
             _print_stats(out.stats)
