@@ -15,7 +15,6 @@ import sys
 import time
 import traceback
 from collections import Counter, deque
-from pathlib import Path
 from typing import Any, Callable
 
 from .points import Point
@@ -54,24 +53,24 @@ def run_here(state: Any, pt: Point) -> dict[str, Any]:
 class _Worker:
     """One worker: its own sweep state (models loaded once, acceptance files shared through ``out``)."""
 
-    def __init__(self, cfg: dict[str, Any], out: str, measure: Callable[..., Any] | None) -> None:
+    def __init__(self, make_state: Callable[[], Any]) -> None:
         import torch
 
-        from .runner import Sweep
-
-        if int(cfg["run"]["threads"]) > 0:
-            torch.set_num_threads(int(cfg["run"]["threads"]))
-        self.state = Sweep(cfg, Path(out), progress=False, measure=measure)
+        self.state = make_state()
+        threads = int(self.state.cfg["run"]["threads"])
+        if threads > 0:
+            torch.set_num_threads(threads)
 
     def run(self, params: dict[str, Any], key: str) -> dict[str, Any]:
         return run_here(self.state, Point(params, key))
 
 
 def run_points(state: Any, todo: list[Point], finish: Callable[[Point, dict[str, Any]], None], *, workers: int,
-               address: str | None, share_cpu: bool, measure: Callable[..., Any] | None, bar: Any,
+               address: str | None, share_cpu: bool, make_state: Callable[[], Any], bar: Any,
                deadline: float | None = None) -> None:
     """Run ``todo`` on ``workers`` Ray actors (baselines first), calling ``finish(point, outcome)`` in the
-    driver as each completes. ``address``: an existing cluster (``ray start --head``), else a local one."""
+    driver as each completes. ``make_state()`` builds a worker's own sweep state (in the worker).
+    ``address``: an existing cluster (``ray start --head``), else a local one."""
     ray = require_ray()
     cfg = state.cfg
     on_gpu = str(cfg["run"]["device"]).startswith("cuda")
@@ -83,7 +82,7 @@ def run_points(state: Any, todo: list[Point], finish: Callable[[Point, dict[str,
         ray.init(address=address, include_dashboard=False, log_to_driver=False,
                  **({} if address else {"num_cpus": max(workers, 1)}))
     actor = ray.remote(num_gpus=1 if on_gpu else 0, num_cpus=1, max_restarts=0)(_Worker)
-    spawn = lambda: actor.remote(cfg, str(state.out), measure)  # noqa: E731
+    spawn = lambda: actor.remote(make_state)  # noqa: E731
     ACTIVE[:] = [spawn() for _ in range(workers)]
     done = Counter()
     try:

@@ -4,6 +4,7 @@ resumable loop that appends one record per point."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -364,7 +365,8 @@ def _run_sweep(cfg: dict[str, Any], out: Path, progress: bool, on_point: Callabl
     try:
         if spread and spread["workers"]:
             run_points(state, todo, finish, workers=spread["workers"], address=spread["address"],
-                       share_cpu=spread["share_cpu"], measure=measure, bar=bar, deadline=deadline)
+                       share_cpu=spread["share_cpu"], make_state=functools.partial(Sweep, cfg, out, False, measure),
+                       bar=bar, deadline=deadline)
         for pt in [] if spread and spread["workers"] else todo:
             if deadline is not None and time.monotonic() >= deadline:
                 bar.write(f"[treespec sweep] stopped after {max_minutes:g} min; run again to resume", file=sys.stderr)
