@@ -369,3 +369,21 @@ def test_classify():
         verifiers.check_exact("block", cls("iid-bushy"))
     with pytest.raises(ValueError, match="unknown verifier 'spectr2'"):
         verifiers.get("spectr2")
+
+
+# -- the residual, the one home of normalize(max(w r - q, 0)) -----------------------------------
+
+
+def test_residual_is_the_normalised_positive_part_and_keeps_r_where_nothing_is_left():
+    from treespec.core.rule import residual
+
+    r = torch.tensor([[0.5, 0.3, 0.2], [0.2, 0.3, 0.5]], dtype=torch.float64)
+    q = torch.tensor([[0.1, 0.6, 0.3], [0.2, 0.3, 0.5]], dtype=torch.float64)  # row 1: q = r, nothing left
+    res, mass = residual(r, q)
+    assert torch.allclose(res[0], torch.tensor([1.0, 0.0, 0.0], dtype=torch.float64))
+    assert torch.allclose(mass, torch.tensor([0.4, 0.0], dtype=torch.float64))
+    assert torch.equal(res[1], r[1])  # mass 0: rejection had probability 0, r is kept
+    w = torch.tensor([[1.0], [2.0]], dtype=torch.float64)  # a path weight per row broadcasts
+    res, mass = residual(r, q, w)
+    assert torch.allclose(mass, torch.tensor([0.4, 1.0], dtype=torch.float64))
+    assert torch.allclose(res[1], r[1])  # 2 r - q = r here, mass 1
