@@ -19,6 +19,7 @@ from treespec.bench import intervals
 from treespec.core.stats import Stats
 R = importlib.import_module("treespec.bench.sweep.report")  # the module (the package exports a function of that name)
 F = importlib.import_module("treespec.bench.sweep.figures")
+M = importlib.import_module("treespec.bench.sweep.markdown")
 
 
 def _treespec(tokens, steps, seconds, *, uncut_tokens=None, uncut_steps=None, seed=0, predicted=None,
@@ -210,9 +211,18 @@ def test_cpu_model_tells_two_cpu_generations_apart() -> None:
     assert zen5 == "AMD EPYC (family 26, model 2, stepping 1)" and zen4 != zen5
 
 
-def test_speedups_pair_only_records_measured_on_the_same_machine(tmp_path) -> None:
-    import json
+def test_records_name_the_device_and_machine_by_the_shared_rule() -> None:
+    """A record's device and machine come from ``treespec.common.machine`` (one home), with the CPU's
+    family/model/stepping numbers where /proc/cpuinfo has them."""
+    from treespec.bench.sweep.records import meta
+    from treespec.common.machine import cpu_model, device_name, machine
 
+    got = meta({"name": "t", "run": {"device": "cpu"}})
+    assert got["device_name"] == device_name("cpu") == cpu_model()
+    assert got["machine"] == machine("cpu") and got["machine"].startswith(got["device_name"] + ", ")
+
+
+def test_speedups_pair_only_records_measured_on_the_same_machine() -> None:
     rec = _treespec([8] * 4, [2] * 4, [1.0] * 4)
     base = _baseline(rec, [2.0] * 4)
     assert F.speedup_interval([rec], [base], "target").estimate == pytest.approx(2.0)  # neither recorded
@@ -223,9 +233,9 @@ def test_speedups_pair_only_records_measured_on_the_same_machine(tmp_path) -> No
     other = _treespec([8] * 4, [2] * 4, [1.0] * 4)
     other["params"]["temperature"] = 1.0
     other["meta"] = {"machine": "AMD EPYC (family 25, model 17, stepping 1), 2 cores"}
-    note = R._machine_note([rec, base, other])
+    note = M._machine_note([rec, base, other])
     assert note.startswith("**Machines:") and "family 25" in note and "d T=1" in note and "not comparable" in note
-    assert R._machine_note([rec, base]).startswith("Machine: AMD EPYC (family 26")
+    assert M._machine_note([rec, base]).startswith("Machine: AMD EPYC (family 26")
 
 
 def test_where_the_gap_is_names_a_single_deep_outlier_without_calling_it_small() -> None:

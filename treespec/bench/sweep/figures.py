@@ -13,9 +13,14 @@ from ...calibrate.acceptance import MeasuredAcceptance
 from ..intervals import Interval, ratio_of_sums
 from .records import machine_of
 
-
+#: what a baseline shares with the treespec points it is compared with (same prompts, same settings)
 _SAME_RUN = ("target", "dataset", "eval", "max_new_tokens", "max_prompt_tokens", "temperature", "top_p", "seed",
              "device", "dtype")
+
+
+def panel(params: dict[str, Any]) -> tuple:
+    """The report panel a point belongs to: (target, dataset, temperature, top-p)."""
+    return (params["target"], params["dataset"], params["temperature"], params["top_p"])
 
 
 # -- figures with their spread over prompts (treespec.bench.intervals) ---------------------------------------

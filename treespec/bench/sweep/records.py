@@ -12,7 +12,8 @@ from typing import Any
 
 import torch
 
-from ...common.machine import machine
+from ...common.machine import device_name, machine
+
 RESULTS = "results.jsonl"
 
 #: fields of a record that depend on the clock or the machine's state, not on the computation
@@ -97,9 +98,8 @@ def machine_of(record: dict[str, Any]) -> str:
 def meta(cfg: dict[str, Any]) -> dict[str, Any]:
     """Where and when a record was made (others' load skews timings)."""
     device = cfg["run"]["device"]
-    name = torch.cuda.get_device_name(device) if str(device).startswith("cuda") else platform.processor() or "cpu"
     return {"config": cfg["name"], "finished_at": datetime.datetime.now(datetime.timezone.utc).isoformat(
-        timespec="seconds"), "host": platform.node(), "device_name": name, "machine": machine(device),
+        timespec="seconds"), "host": platform.node(), "device_name": device_name(device), "machine": machine(device),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(), "cpus": os.cpu_count(),
         "loadavg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}  # others' load skews timings

@@ -1,0 +1,197 @@
+"""The Markdown summary of a sweep report: the machine, load and sample-size notes, the tables of
+baselines and treespec points with their 95% intervals, and predicted vs measured tau with the
+per-depth acceptance where a prediction misses (``report`` writes it beside the plots)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..intervals import Interval
+from .config import CITABLE
+from .figures import (agreement, baseline_of, baseline_speedup, depth_rows, panel, per_depth_prediction,
+                      same_greedy_outputs, speed_interval, speedup_interval, tau_interval, where_the_gap_is)
+from .records import machine_of
+
+
+def _fmt(x: Any, digits: int = 2) -> str:
+    """A table cell: an interval with its bounds, a float rounded, None as "-"."""
+    if x is None:
+        return "-"
+    if isinstance(x, Interval):
+        return x.fmt(digits)
+    if isinstance(x, float):
+        return f"{x:.{digits}f}"
+    return str(x)
+
+
+def _load_note(records: list[dict[str, Any]]) -> str:
+    """The range of 1-minute load averages seen when points finished (timings are only as good as that)."""
+    metas = [r["meta"] for r in records if (r.get("meta") or {}).get("loadavg")]
+    if not metas:
+        return ""
+    loads = [m["loadavg"][0] for m in metas]
+    return (f" 1-minute load average when points finished: {min(loads):.1f} to {max(loads):.1f} on "
+            f"{metas[0].get('cpus', '?')} cores, the sweep's own {metas[0].get('threads', '?')} threads included "
+            "(CPU timings are only trustworthy when nothing else runs).")
+
+
+def _machine_note(records: list[dict[str, Any]]) -> str:
+    """Which machine measured which panels; said loudly when there were several."""
+    panels: dict[str, set[str]] = {}
+    later: dict[str, int] = {}
+    for r in records:
+        m = machine_of(r)
+        panels.setdefault(m, set()).add(f"{r['params']['dataset']} T={r['params']['temperature']:g}")
+        later[m] = later.get(m, 0) + ((r.get("meta") or {}).get("machine_source") == "backfilled")
+    if not panels:
+        return ""
+    def one(m: str) -> str:
+        note = f"; recorded afterwards for {later[m]} points, from the session that ran them" if later[m] else ""
+        return f"{m} ({', '.join(sorted(panels[m]))}{note})"
+    if len(panels) == 1:
+        return f"Machine: {one(next(iter(panels)))}.\n"
+    return (f"**Machines: {'; '.join(one(m) for m in sorted(panels))}.** Speedups pair a point only with "
+            "baselines measured on the same machine; a point whose baselines ran elsewhere shows none, and "
+            "tok/s figures from different machines are not comparable.\n")
+
+
+def _citable_note(records: list[dict[str, Any]]) -> str:
+    """How many prompts, tokens and prompt sets the figures rest on, flagged when below ``CITABLE``."""
+    if not records:
+        return ""
+    prompts = min(len(r["result"]["tokens_per_prompt"]) for r in records)
+    tokens = min(r["params"]["max_new_tokens"] for r in records)
+    datasets = sorted({r["params"]["dataset"] for r in records})
+    splits = sorted({(s["dataset"], tuple(s["calib"]), tuple(s["eval"]))
+                     for r in records if (s := r["result"].get("split"))})
+    split_text = "; ".join(f"{d}: calibration {c[0]}-{c[1] - 1}, evaluation {e[0]}-{e[1] - 1}" for d, c, e in splits)
+    low = (prompts < CITABLE["prompts"] or tokens < CITABLE["tokens"] or len(datasets) < CITABLE["datasets"])
+    flag = (f" **Below the citable minimum ({CITABLE['prompts']} prompts x {CITABLE['tokens']} tokens on "
+            f"{CITABLE['datasets']} prompt sets): read these figures as indicative.**" if low else "")
+    return (f"Each point: {prompts} evaluation prompts x {tokens} new tokens, prompt sets {', '.join(datasets)}"
+            + (f" ({split_text})" if split_text else "") + "." + flag + "\n")
+
+
+def summary(path: Path, records: list[dict[str, Any]], tres: list[dict[str, Any]], bases: list[dict[str, Any]],
+            errors: list[dict[str, Any]], images: list[tuple[str, str]], trees: list[tuple[str, str]]) -> str:
+    """The report's README.md: notes, the plots ``images`` and ``trees`` (title, file), the tables of the
+    finished baselines ``bases`` and treespec points ``tres`` of ``records``, and the ``errors``."""
+    configs = sorted({r.get("meta", {}).get("config", "?") for r in records})
+    devices = sorted({f"{r['params']['device']} ({r.get('meta', {}).get('device_name', '?')}), {r['params']['dtype']}"
+                      for r in records})
+    lines = [f"# treespec sweep: {', '.join(configs) or path.parent.name}", "",
+             f"Results: `{path.name}` ({len(records)} finished points"
+             + (f", {len(errors)} errors" if errors else "") + f"). Device: {'; '.join(devices) or '-'}."
+             + _load_note(records), "",
+             _citable_note(records), _machine_note(records),
+             "tau = tokens committed per target forward (bonus token included); speedup = baseline wall time / "
+             "treespec wall time on the same prompts, same token counts (every method generates exactly "
+             "max_new_tokens per prompt), same temperature, top-p and seed.", ""]
+    for title, name in images:
+        lines += [f"![{title}]({name})", ""]
+    if bases:
+        lines += ["## Baselines (HuggingFace generate)", "",
+                  "| target | dataset | T | top-p | seed | method | prompts | tokens | tok/s [95% CI] | wall s | "
+                  "vs target [95% CI] | greedy = target |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in sorted(bases, key=lambda r: (str(panel(r["params"])), r["params"]["seed"], r["params"]["method"])):
+            p, res, t = r["params"], r["result"], r["timing"]
+            lines.append(f"| {p['target']} | {p['dataset']} | {p['temperature']:g} | {p['top_p']:g} | {p['seed']} | "
+                         f"{p['method']} | {res['prompts']} | {res['new_tokens']}"
+                         f"{'' if res['complete'] else ' (short!)'} | "
+                         f"{_fmt(speed_interval([r]) or t['tokens_per_second'])} | "
+                         f"{t['wall_seconds']:.3g} | {_fmt(baseline_speedup(r, bases))} | "
+                         f"{_fmt(same_greedy_outputs(r, bases))} |")
+        lines.append("")
+    if tres:
+        lines += ["## Treespec points", "",
+                  "Intervals: 95% bootstrap over prompts (`treespec.bench.intervals`; speedups paired per prompt). "
+                  "tau counts every step; tau (uncut) only the steps the end of generation (max_new_tokens or "
+                  "EOS, or the depth cap near it) did not shorten, the quantity the prediction estimates."
+                  + (" greedy = target compares outputs with HF generate's in the same precision; below float32 "
+                     "a batched tree forward can round a near-tie of the top two logits the other way "
+                     "(docs/design.md), so a difference there is not a failure of exactness. HF's own "
+                     "assisted generation verifies a draft chain in one batched forward too: the baselines' "
+                     "greedy = target column shows how often it differs from the target alone."
+                     if any(r["params"]["dtype"] != "float32" for r in tres) else ""), "",
+                  "| dataset | T | top-p | seed | drafters | builder | B | depth | tree size | tau | tau (uncut) | "
+                  "predicted tau | tok/s | vs target | vs assisted | vs prompt lookup | drafting s | verifying s | "
+                  "overhead s | greedy = target |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+
+        def order(r: dict[str, Any]) -> tuple:
+            p = r["params"]
+            return (str(panel(p)), p["seed"], p["drafters"], p["builder"], str(p["max_depth"]), p["budget"])
+
+        for r in sorted(tres, key=order):
+            p, res, t, s = r["params"], r["result"], r["timing"], r.get("speedup", {})
+
+            def vs(method: str) -> Any:  # the stored figure only for records without per-prompt timings
+                return speedup_interval([r], bases, method) or (
+                    s.get(method) if baseline_of(r, bases, method) is not None else None)
+
+            lines.append(
+                f"| {p['dataset']} | {p['temperature']:g} | {p['top_p']:g} | {p['seed']} | {p['drafters']} | "
+                f"{p['builder']} | {p['budget']} | {_fmt(p['max_depth'])} | {res['mean_tree_size']:.1f} | "
+                f"{_fmt(tau_interval([r]) or res['tau'])} | {_fmt(tau_interval([r], uncut=True))} | "
+                f"{_fmt(res.get('predicted_tau'))} | {_fmt(speed_interval([r]) or t['tokens_per_second'])} | "
+                f"{_fmt(vs('target'))} | {_fmt(vs('assisted'))} | {_fmt(vs('prompt_lookup'))} | "
+                f"{t['drafting_seconds']:.3g} | {t['verifying_seconds']:.3g} | {t['overhead_seconds']:.3g} | "
+                f"{_fmt(same_greedy_outputs(r, bases) or r.get('checks', {}).get('greedy_same_as_target'))} |")
+        lines.append("")
+        refused = [r for r in tres if r.get("speedup_refused")]
+        if refused:
+            lines += ["Speedups refused (token counts differ):", ""]
+            lines += [f"- {r['key']}: {r['speedup_refused']}" for r in refused]
+            lines.append("")
+        lines += _prediction_section(sorted(tres, key=order), path.parent)
+    if trees:
+        lines += ["## Trees", ""] + [f"- [{title}]({name})" for title, name in trees] + [""]
+    if errors:
+        lines += ["## Errors (retried on the next run)", ""]
+        lines += [f"- `{r['key']}` {r['params'].get('builder', r['params'].get('method'))}: {r['error']}"
+                  for r in errors]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _prediction_section(tres: list[dict[str, Any]], directory: Path) -> list[str]:
+    """Markdown: predicted vs measured tau per point, then the per-depth table of every point whose
+    prediction falls outside the measured interval (where along the tree the tau is lost)."""
+    rows = [(r, a) for r in tres if (a := agreement(r)) is not None]
+    if not rows:
+        return []
+    lines = ["## Predicted vs measured tau", "",
+             "Predicted: the tree's expected tokens per step under the positional acceptance vector measured on "
+             "the calibration prompts; *per-depth*: under that calibration's per-depth matrix (acceptance given "
+             "that the walk reached each depth), computed when the report is written. Measured: tau over uncut "
+             "steps on the evaluation prompts, 95% CI. *cut cost*: how far tau over all steps sits from it (the "
+             "steps shortened by max_new_tokens).", "",
+             "| dataset | T | builder | B | predicted | per-depth | measured (uncut) | gap | per-depth gap | inside CI | "
+             "cut cost |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r, a in rows:
+        p, depthwise = r["params"], per_depth_prediction(r, directory)
+        depth_gap = "-" if depthwise is None else f"{a['measured'].estimate / depthwise - 1:+.1%}"
+        lines.append(f"| {p['dataset']} | {p['temperature']:g} | {p['builder']} | {p['budget']} | {a['predicted']:.2f} | "
+                     f"{_fmt(depthwise)} | {a['measured'].fmt()} | {a['gap']:+.1%} | {depth_gap} | "
+                     f"{'yes' if a['agrees'] else '**no**'} | "
+                     f"{'-' if a['cut_cost'] is None else format(a['cut_cost'], '+.1%')} |")
+    lines.append("")
+    off = [(r, a) for r, a in rows if not a["agrees"] and depth_rows(r)]
+    if off:
+        lines += ["### Per-depth acceptance where the prediction misses", "",
+                  "Rate at which a step whose walk reached depth d - 1 (with children to try) accepted a child "
+                  "at depth d, measured over uncut steps, next to the rate the calibration vector predicts for "
+                  "this tree. The depths where the two part are where the prediction goes wrong (measured below "
+                  "predicted: tau lost there; above: the calibration vector underrates the draft).", ""]
+        for r, a in off:
+            p = r["params"]
+            lines += [f"**{p['dataset']} T={p['temperature']:g} {p['builder']} B={p['budget']}** "
+                      f"(predicted {a['predicted']:.2f}, measured {a['measured'].fmt()}):", "",
+                      "| depth | steps reaching it | measured | predicted | difference |", "|---|---|---|---|---|"]
+            for d, tried, rate, pred in depth_rows(r):
+                diff = "-" if pred is None else f"{rate - pred:+.3f}"
+                lines.append(f"| {d} | {tried} | {rate:.3f} | {_fmt(pred, 3)} | {diff} |")
+            lines += ["", where_the_gap_is(depth_rows(r)), ""]
+    return lines
