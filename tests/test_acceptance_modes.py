@@ -13,7 +13,8 @@ def test_dynamic_mode_is_refused_not_measured_as_sampling_without_replacement() 
     target = tiny_model("llama", vocab=32, scale=4)
     draft = perturbed_copy(target, 0.3)
     assert "dynamic" in MODES and "dynamic" not in STATIC_MODES
-    with pytest.raises(ValueError, match="unknown mode 'dynamic'.*topk, sample, sample_without_replacement"):
+    with pytest.raises(ValueError, match="unknown mode 'dynamic'.*measure it as 'topk'.*topk, sample, "
+                                         "sample_without_replacement"):
         measure(target, draft, [[1, 2, 3]], width=2, mode="dynamic", max_new_tokens=4, progress=False)
     acc = measure(target, draft, [[1, 2, 3]], width=2, mode="sample_without_replacement", temperature=1.0,
                   max_new_tokens=4, max_depth=2, progress=False)

@@ -34,13 +34,14 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ..core import checks
-from ..core.engine import generate
+from ..common.device import execution_device
 from ..common.files import JSONFile
 from ..common.machine import model_name, version
-from ..drafters.model import STATIC_MODES
-from ..core.sampling import SamplingParams, draw_children, spread_seed
+from ..core import checks
+from ..core.engine import generate
 from ..core.rule import point_masses, verify_proposals
+from ..core.sampling import SamplingParams, draw_children, spread_seed
+from ..drafters.model import STATIC_MODES
 
 #: floats per chunk of ``[positions, width, V]`` proposal distributions (bounds memory: 32 MiB)
 _CHUNK_FLOATS = 1 << 23
@@ -98,9 +99,11 @@ class MeasuredAcceptance(JSONFile):
 
     @property
     def width(self) -> int:
+        """Proposals per position (the vector's length)."""
         return int(self.vector.shape[0])
 
     def to_dict(self) -> dict[str, Any]:
+        """Plain JSON types (lists, numbers), read back by :meth:`from_dict`."""
         return {
             "vector": self.vector.tolist(),
             "matrix": self.matrix.tolist(),
@@ -113,6 +116,7 @@ class MeasuredAcceptance(JSONFile):
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "MeasuredAcceptance":
+        """The inverse of :meth:`to_dict`."""
         return cls(vector=np.asarray(d["vector"], dtype=np.float64), matrix=np.asarray(d["matrix"], dtype=np.float64),
                    counts=np.asarray(d["counts"], dtype=np.int64), totals=np.asarray(d["totals"], dtype=np.int64),
                    beta=float(d["beta"]), positions=int(d["positions"]), meta=dict(d.get("meta", {})))
@@ -122,7 +126,6 @@ class MeasuredAcceptance(JSONFile):
         return (f"MeasuredAcceptance(vector=[{head}{', ...' if self.width > 4 else ''}] "
                 f"(sum {self.vector.sum():.3f}), "
                 f"beta={self.beta:.3f}, positions={self.positions}, depth rows={self.matrix.shape[0]})")
-
 
 
 def encode_prompts(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
@@ -225,8 +228,11 @@ def measure(
         eos_token_id: stop continuations at this token (as ``generate``).
         prompts_label: free text recorded in ``meta`` (e.g. ``"humaneval[0:100]"``).
     """
-    if mode not in STATIC_MODES:  # a dynamic tree grows from point masses; it has no proposal distribution
-        raise ValueError(f"unknown mode {mode!r} for an acceptance measurement; choose one of {', '.join(STATIC_MODES)}")
+    if mode not in STATIC_MODES:
+        why = (" (a dynamic tree's children are point masses chosen by confidence, not draws from a proposal "
+               "distribution: measure it as 'topk')" if mode == "dynamic" else "")
+        raise ValueError(f"unknown mode {mode!r} for an acceptance measurement{why}; choose one of "
+                         f"{', '.join(STATIC_MODES)}")
     width = checks.check_int("width", width, 1, "proposals per position (the vector's length).")
     max_depth = checks.check_int("max_depth", max_depth, 1, "rows of the per-depth matrix.")
     if any(isinstance(p, str) for p in prompts):
@@ -234,8 +240,7 @@ def measure(
     params = SamplingParams(temperature, top_k, top_p)
     draft_params = params.for_draft()
     checks.check_vocab(checks.vocab_size(target), checks.vocab_size(draft), f"model({model_name(draft)})")
-    device = next(target.parameters()).device
-    draft_device = next(draft.parameters()).device
+    device, draft_device = execution_device(target), execution_device(draft)
     counts = np.zeros((max_depth, width), dtype=np.int64)
     totals = np.zeros(max_depth, dtype=np.int64)
     beta_sum, n_tokens = 0.0, 0
