@@ -55,6 +55,10 @@ def test_alpha_one():
         chain_expected_tokens_alpha(1.5, 2)
     with pytest.raises(ValueError):
         chain_expected_tokens_alpha(0.5, -1)
+    with pytest.raises(ValueError, match="gamma must be an int >= 0, got 2.0"):  # never truncated
+        chain_expected_tokens_alpha(0.5, 2.0)
+    with pytest.raises(ValueError, match="alpha must be a probability in \\[0, 1\\], got None"):
+        chain_expected_tokens_alpha(None, 2)
 
 
 # Leviathan et al. 2023, Table 1 (c = c_hat = 0): alpha, gamma, OPERATIONS, SPEED

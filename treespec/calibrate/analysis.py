@@ -1,4 +1,4 @@
-"""Closed-form speculative-decoding math (numpy only).
+"""Closed-form speculative-decoding math (numpy; arguments checked by ``treespec.core.checks``).
 
 Conventions (``docs/design.md``, "Definitions"): *expected tokens* and *tau* include the bonus/correction
 token, so they are always >= 1; ``gamma`` is the number of drafted tokens; ``c`` is the cost of one
@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from ..core.checks import check_int, check_probability
 
 if TYPE_CHECKING:  # pragma: no cover
     from tree_builders import TreeShape
@@ -27,17 +29,12 @@ __all__ = [
 ]
 
 
-def _check_prob(x: float, name: str) -> float:
-    x = float(x)
-    if not 0.0 <= x <= 1.0:
-        raise ValueError(f"{name} must be in [0, 1], got {x}")
-    return x
-
-
-def _check_gamma(gamma: int) -> int:
-    if int(gamma) != gamma or gamma < 0:
-        raise ValueError(f"gamma must be a non-negative int, got {gamma!r}")
-    return int(gamma)
+def _probability(name: str, x: float) -> float:
+    """``x`` as a probability in [0, 1] (:func:`treespec.core.checks.check_probability`, None refused)."""
+    p = check_probability(name, x)
+    if p is None:
+        raise ValueError(f"{name} must be a probability in [0, 1], got None")
+    return p
 
 
 def chain_expected_tokens(betas: Sequence[float], include_bonus: bool = True) -> float:
@@ -61,7 +58,7 @@ def chain_expected_tokens_alpha(alpha: float, gamma: int) -> float:
     Leviathan et al. (2023) Eq. (1): ``(1 - alpha^(gamma+1)) / (1 - alpha)``; ``gamma + 1`` when
     ``alpha = 1``.
     """
-    a, g = _check_prob(alpha, "alpha"), _check_gamma(gamma)
+    a, g = _probability("alpha", alpha), check_int("gamma", gamma, 0)
     if a == 1.0:
         return float(g + 1)
     return (1.0 - a ** (g + 1)) / (1.0 - a)
@@ -76,7 +73,7 @@ def speedup(alpha: float, gamma: int, c: float) -> float:
     """
     if c < 0:
         raise ValueError(f"c must be >= 0, got {c}")
-    g = _check_gamma(gamma)
+    g = check_int("gamma", gamma, 0)
     return chain_expected_tokens_alpha(alpha, g) / (g * float(c) + 1.0)
 
 
@@ -93,7 +90,7 @@ def operations_factor(alpha: float, gamma: int, c_hat: float = 0.0) -> float:
     """
     if c_hat < 0:
         raise ValueError(f"c_hat must be >= 0, got {c_hat}")
-    g = _check_gamma(gamma)
+    g = check_int("gamma", gamma, 0)
     return (g * float(c_hat) + g + 1.0) / chain_expected_tokens_alpha(alpha, g)
 
 
@@ -105,11 +102,10 @@ def optimal_gamma(alpha: float, c: float, max_gamma: int = 100) -> int:
     exactly when ``alpha <= c``. With ``c = 0`` the speedup grows with ``gamma`` for any
     ``alpha > 0``, so the answer is ``max_gamma``.
     """
-    _check_prob(alpha, "alpha")
-    if int(max_gamma) != max_gamma or max_gamma < 0:
-        raise ValueError(f"max_gamma must be a non-negative int, got {max_gamma!r}")
+    _probability("alpha", alpha)
+    max_gamma = check_int("max_gamma", max_gamma, 0)
     best_g, best = 0, 1.0
-    for g in range(1, int(max_gamma) + 1):
+    for g in range(1, max_gamma + 1):
         s = speedup(alpha, g, c)
         if s > best * (1.0 + 1e-12):
             best_g, best = g, s
