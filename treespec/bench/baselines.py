@@ -7,7 +7,8 @@ from typing import Any, Sequence
 
 import torch
 
-from ..common.device import sync
+from ..common.device import execution_device, sync
+
 
 def hf_generate(model: torch.nn.Module, ids: Sequence[int], max_new_tokens: int, *, temperature: float = 0.0,
                 top_p: float = 1.0, top_k: int = 0, eos_token_id: int | Sequence[int] | None = None,
@@ -28,7 +29,7 @@ def hf_generate(model: torch.nn.Module, ids: Sequence[int], max_new_tokens: int,
     if (tokenizer is None) != (assistant_tokenizer is None) or (tokenizer is not None and assistant_model is None):
         raise ValueError("hf_generate: give tokenizer= and assistant_tokenizer= together, with an assistant_model "
                          "whose tokenizer differs from the target's (or none of the three tokenizer arguments)")
-    device = next(model.parameters()).device
+    device = execution_device(model)
     eos = [] if eos_token_id is None else [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
     kw: dict[str, Any] = dict(max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=pad_token_id,
                               do_sample=temperature > 0)

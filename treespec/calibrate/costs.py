@@ -1,5 +1,6 @@
 """Hardware-aware tree sizing (Sequoia, sec. 4): measure what drafting and verifying cost on this
-machine and choose the precision, budget and depth with the best predicted wall-clock speed.
+machine and choose the budget, depth and width limit with the best predicted wall-clock speed (the
+precision is chosen before, per model: ``treespec.models.precision.auto_precision``).
 
 One step with a tree ``T`` of ``n`` nodes and depth ``D`` costs (seconds)
 
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 import datetime
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -33,9 +34,9 @@ from tree_builders import SequoiaDP, TreeShape
 
 from ..common.files import JSONFile
 from ..common.machine import machine, model_name, version
-from .acceptance import MeasuredAcceptance
 from ..models.precision import precision_of
 from ..models.timing import DEFAULT_SIZES, measure_latency, random_tree
+from .acceptance import MeasuredAcceptance
 
 __all__ = ["Choice", "Profile", "choose_tree", "draft_level_cost", "draft_level_latency", "measure_latency", "profile",
            "random_tree"]
@@ -55,7 +56,7 @@ def draft_level_latency(draft: torch.nn.Module, widths: Sequence[int] = DEFAULT_
     return measure_latency(draft, widths, context=context, repeats=repeats)
 
 
-def _curve(points: Mapping[int, float]) -> "callable":
+def _curve(points: Mapping[int, float]) -> Callable[[float | np.ndarray], float | np.ndarray]:
     """``x -> seconds``: linear between measured points, flat below the first, and extended with the
     slope of the last two points beyond the last (a width past the measured ones costs more)."""
     xs = np.array(sorted(int(k) for k in points), dtype=np.float64)
@@ -126,6 +127,7 @@ class Choice:
         ]
 
     def as_dict(self) -> dict[str, Any]:
+        """The choice and its whole table as JSON types (the demo's ``report.json``)."""
         return {"budget": self.budget, "depth": self.depth, "max_width": self.width,
                 "size": self.shape.size, "paths": [list(p) for p in self.shape.paths], "tau": self.tau,
                 "speedup": self.speedup, "step_seconds": self.step_seconds,
@@ -263,6 +265,7 @@ class Profile(JSONFile):
         return choose_tree(acceptance, self.target_latency, self.draft_cost, **kwargs)
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON types (sizes and widths as string keys), read back by :meth:`from_dict`."""
         curve = self.draft_level_latency
         return {"target_latency": {str(k): v for k, v in sorted(self.target_latency.items())},
                 "draft_level_latency": None if curve is None else {str(k): v for k, v in sorted(curve.items())},
@@ -270,6 +273,8 @@ class Profile(JSONFile):
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Profile":
+        """The inverse of :meth:`to_dict`; a file from before the per-width curve (one
+        ``draft_level_seconds``) reads as that cost at every width."""
         lat = {int(k): float(v) for k, v in d["target_latency"].items()}
         curve = d.get("draft_level_latency")
         if curve is None and d.get("draft_level_seconds") is not None:  # a file from before the curve: one point,
@@ -279,6 +284,7 @@ class Profile(JSONFile):
 
 
 def _meta(target: torch.nn.Module, draft: torch.nn.Module | None, **extra: Any) -> dict[str, Any]:
+    """What a profile was measured on and with (models, precisions, machine, threads, versions, date)."""
     device = next(target.parameters()).device
     return {"target": model_name(target), "draft": None if draft is None else model_name(draft),
             "device": machine(device), "threads": torch.get_num_threads(), "dtype": str(next(target.parameters()).dtype),

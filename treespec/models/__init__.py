@@ -2,6 +2,7 @@
 
 from .loading import check_tokenizers, load
 from .packaged import DEFAULT_DRAFT, DEFAULT_TARGET, SMOLLM2, MissingModelPackageError, PackagedModel, cache_root
+from .pair import tokenizers_match
 
 __all__ = ["DEFAULT_DRAFT", "DEFAULT_TARGET", "SMOLLM2", "MissingModelPackageError", "PackagedModel", "cache_root",
-           "check_tokenizers", "load"]
+           "check_tokenizers", "load", "tokenizers_match"]

@@ -9,7 +9,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from ..common.device import sync
+from ..common.device import execution_device, sync
 from ..core.checks import vocab_size
 from ..core.kv import TreeCache, causal_allowed, forward_masked
 
@@ -54,7 +54,7 @@ def measure_latency(
         raise ValueError(f"sizes must be ints >= 1, got {tuple(sizes)!r}")
     if context < 1 or repeats < 1 or warmup < 0:
         raise ValueError("context and repeats must be >= 1 and warmup >= 0")
-    device = next(model.parameters()).device
+    device = execution_device(model)
     gen = torch.Generator().manual_seed(seed)
     vocab = vocab_size(model)
     cache = TreeCache()

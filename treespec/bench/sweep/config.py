@@ -10,15 +10,17 @@ import re
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from ..datasets import DATASETS, dataset_prompts, dataset_size, prompt_range
-from ...models.loading import DEFAULT_DRAFT, DEFAULT_TARGET
-from ...models.precision import FLOATS, PRECISIONS
 from ...core.verifiers import VERIFIERS
+from ...drafters.model import STATIC_MODES
+from ...models.packaged import DEFAULT_DRAFT, DEFAULT_TARGET
+from ...models.precision import FLOATS, PRECISIONS
+from ..datasets import DATASETS, dataset_prompts, dataset_size, prompt_range
 
 BUILDERS = ("sequoia", "kary", "chains", "chain", "dynamic")
 DRAFTER_SETS = ("model", "ngram", "both")
 BASELINES = ("target", "assisted", "prompt_lookup")
-MODEL_MODES = ("auto", "topk", "sample", "sample_without_replacement")
+#: ``grid.model_mode``: "auto" (the recipe's rule) or a static drafting mode
+MODEL_MODES = ("auto", *STATIC_MODES)
 
 #: the least a sweep needs for a figure worth citing: evaluation prompts per point, tokens per prompt,
 #: prompt sets (the report flags a sweep below it)
@@ -117,6 +119,7 @@ def draft_dtype(cfg: dict[str, Any]) -> str:
 
 
 def check(ok: bool, message: str) -> None:
+    """Raise ValueError(``message``) unless ``ok``."""
     if not ok:
         raise ValueError(message)
 
@@ -148,7 +151,6 @@ def calib_eval_prompts(cfg: dict[str, Any], dataset: str) -> tuple[list[str], li
         raise ValueError(f"dataset {dataset}: {len(shared)} prompt text(s) occur in both the calibration and the "
                          "evaluation ranges")
     return calib, evals
-
 
 
 # -- strict types: every key of DEFAULTS checked, nothing coerced -------------------------------------
