@@ -37,7 +37,7 @@ from .kv import StaticTreeCache
 from .request import Request
 from .rule import verify_proposals
 from .sampling import SamplingParams
-from .step import Clock
+from .step import Clock, HostDrafted
 from .tree import FlatTree, TokenTree
 
 CAPACITY_BUCKET = 256  # cache rows are allocated in multiples of this
@@ -137,36 +137,19 @@ class _Runner:
     def __init__(self, model: torch.nn.Module, capacity: int, width: int, backend: str, mode: str | None) -> None:
         self.model, self.width = model, width
         self.cache = StaticTreeCache(model, capacity)
-        self.dtype_min = torch.finfo(next(model.parameters()).dtype).min
         self.params = SamplingParams()
         opts = dict(fullgraph=True, backend=backend, mode=mode)
         self.forward = torch.compile(self.run_eager, **opts)
         self.step_greedy = torch.compile(self._step_greedy, **opts)
         self.step_sampled = torch.compile(self._step_sampled, **opts)
 
-    def _mask(self, anc: torch.Tensor, n: int) -> torch.Tensor:
-        """Additive mask ``[1, 1, n, C]``: committed rows, then the tree block ``anc`` at ``[L, L + n)``."""
-        rel = torch.arange(self.cache.capacity, device=anc.device) - self.cache.length
-        block = anc[:, rel.clamp(0, n - 1)] & (rel >= 0) & (rel < n)
-        allowed = (rel < 0) | block
-        zero = torch.zeros((), dtype=self.model.dtype, device=anc.device)
-        return torch.where(allowed, zero, self.dtype_min)[None, None]
-
     def run_eager(self, ids: torch.Tensor, depth: torch.Tensor, anc: torch.Tensor) -> torch.Tensor:
         """The target over ``ids`` written at ``[L, L + n)`` (not committed); logits ``[n, V]``."""
-        out = self.model(input_ids=ids[None], attention_mask=self._mask(anc, ids.shape[0]),
-                         position_ids=(self.cache.length + depth)[None], past_key_values=self.cache, use_cache=True)
-        return out.logits[0]
+        return self.cache.forward(self.model, ids, self.cache.length + depth, anc)
 
     def prefill(self, prompt: Sequence[int]) -> None:
         """Cache ``prompt[:-1]`` (eager: prompts vary in length and run once)."""
-        self.cache.reset()
-        if len(prompt) > 1:
-            n = len(prompt) - 1
-            device = self.cache.length.device
-            ids = torch.tensor(prompt[:-1], device=device)
-            self.run_eager(ids, torch.arange(n, device=device), torch.ones(n, n, dtype=torch.bool, device=device).tril())
-            self.cache.length.fill_(n)
+        self.cache.prefill(self.model, prompt)
 
     def _commit(self, on_path: torch.Tensor, extra: torch.Tensor) -> torch.Tensor:
         rows, m = path_rows(on_path)
@@ -244,7 +227,7 @@ def proposal_tensors(tree: TokenTree, flat: FlatTree, vocab: int, w: int, device
     return q, t[0], t[1], t[2], t[3].bool(), t[4, :w].bool()
 
 
-class CompiledStep:
+class CompiledStep(HostDrafted):
     """The engine's step (``treespec.core.engine.Step``) as one compiled target call per step.
 
     The tree is padded to the request's budget; without one, to the first step's tree size rounded
@@ -253,6 +236,8 @@ class CompiledStep:
     first step, so the prefill runs then. Seconds: ``overhead`` is the host's padding, ``verifying``
     the target forward, acceptance and commit up to the step's one device->host copy.
     """
+
+    name = "compiled"
 
     def __init__(self, req: Request, gen: torch.Generator) -> None:
         self.req, self.gen, self.width = req, gen, req.budget

@@ -142,6 +142,27 @@ def _describe(x: object) -> str:
     return f"{x!r}" if not isinstance(x, (list, tuple)) or len(x) < 8 else f"a {type(x).__name__} of {len(x)} items"
 
 
+@dataclass(frozen=True)
+class Capture:
+    """What a drafter hands the captured step (``treespec.core.captured``) to draft on the device.
+
+    ``model`` proposes a fixed tree shape: ``parent[i]`` is node ``i``'s parent (node 0 = the root,
+    ``parent[0] == -1``, nodes in BFS order) and ``rank[i]`` its child rank; ``mode`` is how the
+    children of a node are chosen: ``"topk"`` (its most likely tokens, point-mass proposals) or
+    ``"sample_without_replacement"`` (Gumbel-top-k draws from the draft distribution).
+    """
+
+    model: torch.nn.Module
+    parent: np.ndarray
+    rank: np.ndarray
+    mode: str
+
+    @property
+    def size(self) -> int:
+        """Nodes of the shape, root included."""
+        return len(self.parent)
+
+
 class Drafter(abc.ABC):
     """Base class of everything that proposes continuation tokens."""
 
@@ -157,6 +178,10 @@ class Drafter(abc.ABC):
 
     def describe(self) -> str:
         return type(self).__name__
+
+    def capture(self) -> Capture | str:
+        """How to draft this drafter's tree on the device (a :class:`Capture`), or why it cannot be."""
+        return f"{self.describe()} drafts on the host"
 
 
 def propose_all(drafters: Sequence[Drafter], committed: list[int], vocab: int) -> list[DraftProposals]:

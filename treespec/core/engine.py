@@ -13,17 +13,19 @@ from typing import Callable, Sequence
 import torch
 
 from . import verifiers
-from .drafting import Drafter, propose_all
+from .drafting import Drafter
 from .kv import TreeCache, causal_allowed, forward_masked
 from .request import Request
 from .sampling import SamplingParams
 from .stats import DrafterStats, GenerateOutput, Stats, emitted_tokens, record_step
-from .step import Clock, Step
-from .tree import FlatTree, TokenTree, flatten
+from .step import Clock, HostDrafted, Step
+from .tree import FlatTree, TokenTree
 
 
-class EagerStep:
+class EagerStep(HostDrafted):
     """The target's forward on a growable :class:`TreeCache`; the verifier walks the tree on the host."""
+
+    name = "eager"
 
     def __init__(self, req: Request, gen: torch.Generator) -> None:
         self.req, self.width = req, req.budget
@@ -91,38 +93,16 @@ def walk_sampled(tree: TokenTree, flat: FlatTree, logits: torch.Tensor, params: 
     return verifiers.get(verifier).verify(tree, node_targets(flat, logits, params), coins)
 
 
-def draft_tree(req: Request, committed: list[int], remaining: int, width: int | None,
-               clock: Clock) -> tuple[TokenTree, bool]:
-    """This step's tree: every drafter's proposals merged under ``width`` nodes and the depth that can
-    still be emitted; and whether the end of the generation capped it (the step is then *cut*)."""
-    # A path of depth d commits d + 1 tokens (the bonus on top) and its last node sits at position
-    # len(committed) - 1 + d: deeper proposals can never be emitted. Dropping them looks at depth
-    # only, never at a token, so the output stays exact (TokenTree.merge).
-    max_depth = min(remaining - 1, req.max_positions - len(committed))
-    # With no drafted token wanted, drafters are not called; they see the tokens at their next propose().
-    drafts = propose_all(req.drafters, committed, req.vocab) if req.speculating and max_depth >= 1 else []
-    clock.charge("drafting")
-    tree = TokenTree.rooted_at(committed[-1])
-    too_deep = tree.merge(drafts, width, max_depth)
-    if not req.params.greedy and tree.size > 1:  # refuse, before the forward, a tree the verifier is not exact for
-        # only the budget's cut counts as truncation: the depth cap drops whole levels, never siblings
-        kept = sum(len(props) for props in tree.proposals)
-        verifiers.check_tree(req.verifier, tree, truncated=kept + too_deep < sum(len(d) for d in drafts))
-    return tree, too_deep > 0 or (req.speculating and max_depth < 1)
-
-
 def decode(req: Request, step: Step) -> GenerateOutput:
     """The speculative loop over ``step``: draft, merge, flatten, verify, commit, record, stream."""
-    stats = Stats(drafters=[DrafterStats(d.describe()) for d in req.drafters], verifier=req.verifier)
+    stats = Stats(drafters=[DrafterStats(d.describe()) for d in req.drafters], verifier=req.verifier, step=step.name)
     clock = Clock(stats, req.device)
     committed, new = list(req.prompt), []
     with torch.inference_mode():
         step.prefill(req.prompt, clock)
         clock.charge("prefill")
         while len(new) < req.max_new_tokens:
-            tree, capped = draft_tree(req, committed, req.max_new_tokens - len(new), step.width, clock)
-            flat = flatten(tree)
-            path, extra = step.verify(tree, flat, clock)
+            tree, path, extra, capped = step.advance(committed, req.max_new_tokens - len(new), clock)
             tokens = emitted_tokens([tree.tokens[v] for v in path[1:]] + [extra], req.max_new_tokens - len(new),
                                     req.eos)
             committed += tokens
@@ -175,8 +155,11 @@ def generate(
             tree, leaf to root) or ``"spectr"`` (one drafter's i.i.d. draws); see ``docs/verifiers.md``.
             A tree the verifier is not exact for raises ``treespec.core.verifiers.NotExactError``.
             Greedy decoding ignores it (argmax walk).
-        compile: False (eager), True or a ``torch.compile`` backend name: static-shape steps with a
-            compiled target forward and acceptance on the device (``treespec.core.compiled``; ``rrs`` only).
+        compile: False (eager), True or a ``torch.compile`` backend name: static-shape steps compiled,
+            acceptance on the device (``rrs`` only). One model drafter of a static shape (top-k or
+            sampling without replacement, no confidence stop) drafts on the device too
+            (``treespec.core.captured``); any other drafters draft on the host and only the target's
+            forward is compiled (``treespec.core.compiled``). ``stats.step`` says which ran, and why.
     """
     req = Request.checked(target, input_ids, drafters, max_new_tokens, temperature, top_k, top_p, eos_token_id,
                           seed, budget, on_tokens, verifier, compile)
@@ -185,6 +168,13 @@ def generate(
         d.reset(req.prompt, sampling=req.params.for_draft(), seed=(req.seed * 1_000_003 + i + 1) % 2**63)
     if req.compile is False:
         return decode(req, EagerStep(req, gen))
-    from .compiled import CompiledStep  # torch.compile machinery only when asked for
+    # torch.compile machinery only when asked for
+    from .captured import CapturedStep, capture_plan
+    from .compiled import CompiledStep
 
-    return decode(req, CompiledStep(req, gen))
+    plan = capture_plan(req)
+    if isinstance(plan, str):
+        step = CompiledStep(req, gen)
+        step.name = f"compiled, drafted on the host: {plan}"
+        return decode(req, step)
+    return decode(req, CapturedStep(req, gen, plan))

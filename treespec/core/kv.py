@@ -12,6 +12,8 @@ step has the same shapes every time and rollback is an index.
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 from transformers.cache_utils import Cache, DynamicLayer, StaticLayer
 
@@ -146,6 +148,7 @@ class StaticTreeLayer(StaticLayer):
     def __init__(self, capacity: int, length: torch.Tensor) -> None:
         super().__init__(max_cache_len=capacity)
         self.cumulative_length = length  # shared by every layer of the cache (see StaticTreeCache)
+        self.offset = 0  # where a forward writes, past the committed rows (StaticTreeCache.write_at)
 
     def allocate(self, heads: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
         self.dtype, self.device = dtype, device
@@ -161,7 +164,7 @@ class StaticTreeLayer(StaticLayer):
         raise RuntimeError("StaticTreeLayer is allocated by StaticTreeCache, never lazily")
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        slots = self.cumulative_length + torch.arange(key_states.shape[-2], device=self.device)
+        slots = self.cumulative_length + self.offset + torch.arange(key_states.shape[-2], device=self.device)
         self.keys.index_copy_(2, slots, key_states)
         self.values.index_copy_(2, slots, value_states)
         return self.keys, self.values
@@ -184,6 +187,42 @@ class StaticTreeCache(Cache):
         super().__init__(layers=layers)
         for layer in layers:
             layer.allocate(heads, head_dim, param.dtype, param.device)
+
+    def write_at(self, offset: int) -> None:
+        """Let the next forwards write at ``[length + offset, ...)`` (a block of a tree drafted level by level)."""
+        for layer in self.layers:
+            layer.offset = offset
+
+    def forward(self, model: torch.nn.Module, ids: torch.Tensor, positions: torch.Tensor, block: torch.Tensor,
+                offset: int = 0, logits_to_keep: int = 0) -> torch.Tensor:
+        """``model`` over ``ids`` written at slots ``[length + offset, length + offset + n)``, not committed.
+
+        Each token attends to every committed row and, inside the block of rows ``[length, length + S)``,
+        to the columns ``block[i]`` (bool ``[n, S]``, its tree ancestors and itself). The mask is built on
+        the device from ``length``, so the shapes never change. Returns logits ``[n, V]`` (the last
+        ``logits_to_keep`` rows if given).
+        """
+        n_block = block.shape[1]
+        rel = torch.arange(self.capacity, device=block.device) - self.length
+        allowed = (rel < 0) | (block[:, rel.clamp(0, n_block - 1)] & (rel >= 0) & (rel < n_block))
+        zero = torch.zeros((), dtype=model.dtype, device=block.device)
+        mask = torch.where(allowed, zero, torch.finfo(model.dtype).min)[None, None]
+        self.write_at(offset)
+        out = model(input_ids=ids[None], attention_mask=mask, position_ids=positions[None], past_key_values=self,
+                    use_cache=True, logits_to_keep=logits_to_keep)
+        self.write_at(0)
+        return out.logits[0]
+
+    def prefill(self, model: torch.nn.Module, prompt: Sequence[int]) -> None:
+        """Empty the cache and commit ``prompt[:-1]`` (eager: prompts vary in length and run once)."""
+        self.reset()
+        if len(prompt) > 1:
+            n = len(prompt) - 1
+            device = self.length.device
+            causal = torch.ones(n, n, dtype=torch.bool, device=device).tril()
+            self.forward(model, torch.tensor(prompt[:-1], device=device), torch.arange(n, device=device), causal,
+                         logits_to_keep=1)
+            self.length.fill_(n)
 
     def commit(self, src: torch.Tensor, m: torch.Tensor) -> None:
         """Move rows ``src[:m]`` (absolute slots, increasing, ``>= length``) to ``[length, length + m)``.

@@ -51,6 +51,7 @@ class Stats:
     depth_tried: list[int] = field(default_factory=list)  # [d-1]: uncut steps whose walk reached a node at depth d-1 with children
     depth_accepted: list[int] = field(default_factory=list)  # [d-1]: of those, steps that accepted a child at depth d
     verifier: str = "rrs"  # the verification rule (treespec.core.verifiers)
+    step: str = "eager"  # where the steps ran: eager, compiled (host drafting, and why) or captured
 
     @property
     def tau(self) -> float:
@@ -105,13 +106,13 @@ class Stats:
                 "depth_tried": self.depth_tried, "depth_accepted": self.depth_accepted,
                 "prefill_seconds": self.prefill_seconds, "drafting_seconds": self.drafting_seconds,
                 "verifying_seconds": self.verifying_seconds, "engine_seconds": self.overhead_seconds,
-                "seconds": self.seconds, "tokens_per_second": self.tokens_per_second, "verifier": self.verifier,
+                "seconds": self.seconds, "tokens_per_second": self.tokens_per_second, "verifier": self.verifier, "step": self.step,
                 "drafters": [asdict(d) for d in self.drafters]}
 
     @classmethod
     def combined(cls, parts: Sequence["Stats"]) -> "Stats":
         """Several calls' figures as one: counts, seconds and histograms added, per-step lists joined."""
-        out = cls(verifier=parts[0].verifier if parts else "rrs")
+        out = cls(verifier=parts[0].verifier if parts else "rrs", step=parts[0].step if parts else "eager")
         for s in parts:
             for name in ("steps", "new_tokens", "prefill_seconds", "drafting_seconds", "verifying_seconds",
                          "overhead_seconds"):

@@ -1,20 +1,27 @@
 """What a decoding step is to the loop (``treespec.core.engine.decode``), and how its time is charged.
 
-A *step* owns the target's cache and runs one step's verification: the target forward over the
-flattened tree, the acceptance walk and the commit of the accepted path. ``EagerStep``
-(``treespec.core.engine``) and ``CompiledStep`` (``treespec.core.compiled``) are the two kinds.
+A *step* owns the target's cache and advances the generation by one tree: draft it, verify it in
+one target forward, commit the accepted path. Two kinds draft on the host (:class:`HostDrafted`:
+drafters' proposals merged into a trie, flattened, then ``verify``): ``EagerStep``
+(``treespec.core.engine``) and ``CompiledStep`` (``treespec.core.compiled``). ``CapturedStep``
+(``treespec.core.captured``) drafts a static tree on the device as well.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from ..common.device import sync
+from . import verifiers
+from .drafting import propose_all
 from .stats import Stats
-from .tree import FlatTree, TokenTree
+from .tree import FlatTree, TokenTree, flatten
+
+if TYPE_CHECKING:
+    from .request import Request
 
 
 class Clock:
@@ -33,13 +40,50 @@ class Clock:
 
 
 class Step(Protocol):
-    """Where a step's target forward and acceptance run (``EagerStep``, ``CompiledStep``)."""
+    """One kind of step (``EagerStep``, ``CompiledStep``, ``CapturedStep``)."""
 
     #: the most nodes a tree may have (None: the request's budget, or no cap)
     width: int | None
 
     def prefill(self, prompt: list[int], clock: Clock) -> None:
-        """Cache ``prompt[:-1]`` (a step may defer it to its first :meth:`verify`)."""
+        """Cache ``prompt[:-1]`` (a step may defer it to its first :meth:`advance`)."""
+
+    def advance(self, committed: list[int], remaining: int, clock: Clock) -> tuple[TokenTree, list[int], int, bool]:
+        """Draft, verify and commit one tree after ``committed`` (``remaining`` tokens still wanted):
+        ``(tree, accepted path of tree nodes, extra token, whether the end of the generation capped the tree)``."""
+
+
+class HostDrafted:
+    """A step whose tree the drafters propose on the host; subclasses verify it (``verify``)."""
+
+    req: "Request"
+    width: int | None
+
+    def advance(self, committed: list[int], remaining: int, clock: Clock) -> tuple[TokenTree, list[int], int, bool]:
+        tree, capped = draft_tree(self.req, committed, remaining, self.width, clock)
+        path, extra = self.verify(tree, flatten(tree), clock)
+        return tree, path, extra, capped
 
     def verify(self, tree: TokenTree, flat: FlatTree, clock: Clock) -> tuple[list[int], int]:
         """Verify ``tree`` and commit its accepted path in the cache: ``(path of tree nodes, extra token)``."""
+        raise NotImplementedError
+
+
+def draft_tree(req: "Request", committed: list[int], remaining: int, width: int | None,
+               clock: Clock) -> tuple[TokenTree, bool]:
+    """This step's tree: every drafter's proposals merged under ``width`` nodes and the depth that can
+    still be emitted; and whether the end of the generation capped it (the step is then *cut*)."""
+    # A path of depth d commits d + 1 tokens (the bonus on top) and its last node sits at position
+    # len(committed) - 1 + d: deeper proposals can never be emitted. Dropping them looks at depth
+    # only, never at a token, so the output stays exact (TokenTree.merge).
+    max_depth = min(remaining - 1, req.max_positions - len(committed))
+    # With no drafted token wanted, drafters are not called; they see the tokens at their next propose().
+    drafts = propose_all(req.drafters, committed, req.vocab) if req.speculating and max_depth >= 1 else []
+    clock.charge("drafting")
+    tree = TokenTree.rooted_at(committed[-1])
+    too_deep = tree.merge(drafts, width, max_depth)
+    if not req.params.greedy and tree.size > 1:  # refuse, before the forward, a tree the verifier is not exact for
+        # only the budget's cut counts as truncation: the depth cap drops whole levels, never siblings
+        kept = sum(len(props) for props in tree.proposals)
+        verifiers.check_tree(req.verifier, tree, truncated=kept + too_deep < sum(len(d) for d in drafts))
+    return tree, too_deep > 0 or (req.speculating and max_depth < 1)

@@ -14,7 +14,7 @@ from tree_builders import TreeShape
 from ..common.device import execution_device
 from ..common.machine import model_name
 from ..core.checks import check_int, check_probability, vocab_size
-from ..core.drafting import ROOT, DraftProposals, Drafter
+from ..core.drafting import ROOT, Capture, DraftProposals, Drafter
 from ..core.kv import TreeCache, causal_allowed, forward_masked
 from ..core.sampling import SamplingParams, draw_children
 
@@ -140,6 +140,15 @@ class ModelDrafter(Drafter):
         if self.mode == "dynamic":
             return f"model({name}, dynamic, depth={self.depth}, topk={self.topk}, nodes={self.nodes}{stop})"
         return f"model({name}, {self.mode}, size={self.plan.shape.size}, depth={self.plan.shape.depth}{stop})"
+
+    def capture(self) -> Capture | str:
+        """The static shape for the captured step; dynamic trees, i.i.d. sampling (siblings may repeat a
+        token, which the host trie merges) and the confidence stop (a data-dependent depth) draft on the host."""
+        if self.mode not in ("topk", "sample_without_replacement"):
+            return f"mode={self.mode!r} drafts on the host (captured: topk, sample_without_replacement)"
+        if self.min_confidence is not None:
+            return "the confidence stop (min_confidence) drafts on the host"
+        return Capture(self.model, self.plan.parent, self.plan.rank, self.mode)
 
     def reset(self, prompt: Sequence[int], *, sampling: SamplingParams, seed: int) -> None:
         self.sampling = sampling

@@ -1,0 +1,271 @@
+"""The captured step: a static draft tree drafted, verified and committed on the device in two compiled calls.
+
+For one model drafter with a fixed tree shape (``Drafter.capture``: top-k or sampling without
+replacement, no confidence stop), everything a step does is a function of the shape, fixed once
+(``treespec.core.buffers``), and of device tensors:
+
+1. **draft** (one compiled call): the draft model forwards the root (and the *pending* token, the
+   last accepted token of the previous step when it was a leaf the draft never saw), then one
+   fixed-width forward per depth over the nodes that have children, each on its own
+   ``StaticTreeCache`` block; each depth's children are chosen on the device: ``topk`` of the
+   draft logits, or Gumbel-top-k of ``q`` (the key order of the Gumbel trick is the order of
+   sequential draws without replacement). Out: the tree's tokens, which nodes exist (a
+   without-replacement draw that ``q``'s support cannot give drops its subtree) and, when
+   sampling, each proposal's ``q`` with its older siblings removed and renormalised.
+2. **verify** (one compiled call): the target's forward over the whole tree
+   (``StaticTreeCache.forward``), the acceptance on the device (``treespec.core.compiled``:
+   greedy argmax path, or the token-level rule walked proposal by proposal), the commit of both
+   caches (the accepted rows gathered behind the committed ones: rollback is an index), and the
+   next root and pending token written into device buffers.
+
+The draft's outputs are cloned between the two calls on CUDA (CUDA graphs may reuse a graph's
+output memory at its next replay). Random numbers are drawn up front by one seeded eager call per
+step. The step's only device->host copy is the packed result (path rows, its length, the extra
+token, the tree's tokens and which nodes exist), from which the host rebuilds the token tree for
+the statistics. The stock HF forward is driven with a 4D mask, position ids and the cache.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .buffers import ShapeBuffers, shape_buffers
+from .compiled import CAPACITY_BUCKET, compile_options, greedy_path, path_rows, round_up, sampled_path
+from .drafting import Capture, DraftProposals
+from .kv import StaticTreeCache
+from .request import Request
+from .sampling import SamplingParams
+from .step import Clock
+from .tree import TokenTree
+
+MODES = ("topk", "sample_without_replacement")
+
+
+def capture_plan(req: Request) -> Capture | str:
+    """The drafter's :class:`Capture` when ``req`` can run the captured step, else why it cannot."""
+    if len(req.drafters) != 1:
+        return f"{len(req.drafters)} drafters merge into a trie on the host (captured: one model drafter)"
+    spec = req.drafters[0].capture()
+    if isinstance(spec, str):
+        return spec
+    if spec.mode not in MODES:
+        return f"draft mode {spec.mode!r} drafts on the host (captured: {', '.join(MODES)})"
+    if req.budget is not None and spec.size > req.budget:
+        return f"the drafter's shape has {spec.size} nodes, over the budget {req.budget} (the host cuts it)"
+    if next(spec.model.parameters()).device != req.device:
+        return "the draft model is on another device than the target"
+    return spec
+
+
+def _select(scores: torch.Tensor, width: int) -> torch.Tensor:
+    """The ``width`` best columns of each row of ``scores``, best first; -1 where the score is -inf."""
+    top = torch.topk(scores, min(width, scores.shape[-1]), dim=-1)
+    return torch.where(torch.isfinite(top.values), top.indices, -1)
+
+
+class _Buffers:
+    """:class:`ShapeBuffers` on the device (index tensors moved once)."""
+
+    def __init__(self, shape: ShapeBuffers, device: torch.device) -> None:
+        def t(a: np.ndarray) -> torch.Tensor:
+            return torch.as_tensor(a, device=device)
+
+        self.shape = shape
+        self.depth, self.anc, self.flat_parent = t(shape.depth), t(shape.ancestors), t(shape.flat_parent)
+        self.parent = t(shape.parent)
+        self.slot_node, self.slot_anc, self.slot_depth = t(shape.slot_node), t(shape.slot_ancestors), t(shape.slot_depth)
+        self.next_sibling, self.earlier = t(shape.next_sibling), t(shape.earlier_siblings)
+        # per depth, plain Python values and device tensors only (no numpy inside a traced function)
+        self.levels = [(lv.children, lv.width, lv.slots, len(lv.forward), t(lv.parent_row), t(lv.rank), t(lv.forward))
+                       for lv in shape.levels]
+
+
+class _CapturedRunner:
+    """The two compiled calls and the state they share: both static caches, the root and pending tokens."""
+
+    def __init__(self, target: torch.nn.Module, draft: torch.nn.Module, shape: ShapeBuffers, mode: str,
+                 capacity: int, backend: str, mode_compile: str | None) -> None:
+        device = next(target.parameters()).device
+        self.target, self.draft, self.mode = target, draft, mode
+        self.buf = _Buffers(shape, device)
+        self.cache = StaticTreeCache(target, capacity)
+        self.draft_cache = StaticTreeCache(draft, capacity)
+        self.root = torch.zeros(1, dtype=torch.long, device=device)
+        self.pending = torch.zeros(1, dtype=torch.long, device=device)
+        for t in (self.root, self.pending):
+            torch._dynamo.mark_static_address(t)
+        self.params = self.draft_params = SamplingParams()
+        opts = dict(fullgraph=True, backend=backend, mode=mode_compile)
+        self.draft_step = torch.compile(self._draft, **opts)
+        self.verify_step = torch.compile(self._verify, **opts)
+
+    @property
+    def noise_rows(self) -> int:
+        """Rows of uniforms the draft call takes (one per parent per depth; 0 for top-k)."""
+        levels = self.buf.shape.levels
+        return 0 if self.mode == "topk" else 1 + sum(len(lv.forward) for lv in levels[:-1])
+
+    def prefill(self, prompt: list[int]) -> None:
+        self.cache.prefill(self.target, prompt)
+        self.draft_cache.prefill(self.draft, prompt)
+        self.root.fill_(prompt[-1])
+
+    def _draft(self, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Draft the whole tree: ``(tokens [N], exists [N], q of each proposal [N - 1, V] or empty)``."""
+        buf, cache = self.buf, self.draft_cache
+        length = self.cache.length  # the target's committed length: the root sits at position `length`
+        pending_used = cache.length < length
+        # the pending slot is attended to only when it holds a token
+        slot_anc = buf.slot_anc & ((torch.arange(buf.slot_anc.shape[1], device=length.device) != 0) | pending_used)
+        ids = torch.cat([self.pending, self.root])
+        rows = cache.forward(self.draft, ids, (length + buf.slot_depth[:2]).clamp_min(0), slot_anc[:2],
+                             logits_to_keep=1)
+        tokens, exists, proposal_q = [self.root], [torch.ones(1, dtype=torch.bool, device=ids.device)], []
+        noise_at = 0
+        for depth, (children, width, slots, n_forward, parent_row, rank, forward) in enumerate(buf.levels, start=1):
+            if self.mode == "topk":
+                choice = _select(rows, width)
+            else:
+                q = self.draft_params.probs(rows)
+                u = noise[noise_at : noise_at + q.shape[0]]
+                noise_at += q.shape[0]
+                choice = _select(q.log() - (-u.log()).log(), width)  # Gumbel-top-k
+                proposal_q.append(q[parent_row])
+            kids = choice[parent_row, rank]
+            kid_exists = (kids >= 0) & torch.cat(exists)[buf.parent[children]]
+            tokens.append(kids.clamp_min(0))
+            exists.append(kid_exists)
+            if n_forward and depth < len(buf.levels):
+                fwd = torch.cat(tokens)[forward]
+                rows = cache.forward(self.draft, fwd, length + buf.slot_depth[slots], slot_anc[slots],
+                                     offset=slots.start)
+        tokens, exists = torch.cat(tokens), torch.cat(exists)
+        if self.mode == "topk":
+            return tokens, exists, tokens.new_zeros(0)
+        return tokens, exists, self._without_older_siblings(torch.cat(proposal_q), tokens, exists)
+
+    def _without_older_siblings(self, q: torch.Tensor, tokens: torch.Tensor, exists: torch.Tensor) -> torch.Tensor:
+        """Each proposal's ``q`` (rows for nodes 1..N-1) with its older siblings' tokens removed, renormalised
+        (the distribution a draw without replacement came from)."""
+        older = self.buf.earlier[1:]
+        drop = torch.zeros_like(q, dtype=torch.bool).scatter_(1, tokens[older.clamp_min(0)], older >= 0)
+        q = q.masked_fill(drop, 0.0)
+        return q / q.sum(-1, keepdim=True).clamp_min(torch.finfo(q.dtype).tiny)
+
+    def _verify(self, tokens: torch.Tensor, exists: torch.Tensor, proposal_q: torch.Tensor,
+                uniforms: torch.Tensor, exponentials: torch.Tensor) -> torch.Tensor:
+        """Target forward, acceptance, both commits; returns ``[path rows N, m, extra, tokens N, exists N]``."""
+        buf, length = self.buf, self.cache.length
+        logits = self.cache.forward(self.target, tokens, length + buf.depth, buf.anc)
+        if self.params.greedy:
+            on_path, extra = greedy_path(logits, tokens, buf.flat_parent, buf.anc, exists)
+        else:
+            on_path, extra = self._walk(self.params.probs(logits), tokens, exists, proposal_q, uniforms, exponentials)
+        rows, m = path_rows(on_path)
+        self._commit_draft(on_path)
+        self.pending.copy_(tokens.index_select(0, rows.index_select(0, (m - 1).view(1))))  # the deepest accepted
+        self.cache.commit(length + rows, m)
+        self.root.copy_(extra.view(1))
+        return torch.cat([rows, m[None], extra[None], tokens, exists.long()])
+
+    def _walk(self, probs, tokens, exists, proposal_q, uniforms, exponentials):
+        """The token-level rule down the tree (``compiled.sampled_path``); missing nodes are no proposals."""
+        buf = self.buf
+        n = tokens.shape[0]
+        props = exists[1:]
+        pparent = torch.where(props, buf.parent[1:], -1)
+        nxt = buf.next_sibling[1:]
+        plast = props & ~((nxt >= 0) & exists[nxt.clamp_min(0)])
+        has_props = torch.zeros(n, dtype=torch.long, device=tokens.device).index_add_(0, buf.parent[1:],
+                                                                                        props.long()) > 0
+        q = proposal_q if self.mode != "topk" else torch.nn.functional.one_hot(tokens[1:], probs.shape[-1]).float()
+        return sampled_path(probs, q, tokens[1:], pparent, torch.arange(1, n, device=tokens.device), plast, has_props,
+                            uniforms, exponentials)
+
+    def _commit_draft(self, on_path: torch.Tensor) -> None:
+        """Keep the pending row (if used), then the draft rows of the accepted nodes it forwarded."""
+        buf, cache = self.buf, self.draft_cache
+        slot_node = buf.slot_node
+        keep = torch.where(slot_node < 0, cache.length < self.cache.length, on_path[slot_node.clamp_min(0)])
+        rows, m = path_rows(keep)
+        cache.commit(cache.length + rows, m)
+
+
+_RUNNERS: dict[tuple, _CapturedRunner] = {}
+_MAX_RUNNERS = 2  # each holds two full KV caches
+
+
+def _runner_for(req: Request, spec: Capture, capacity: int, backend: str, mode: str | None) -> _CapturedRunner:
+    """The (cached) runner: reusing it reuses its compiled graphs and caches (one compile for many prompts)."""
+    key = (id(req.target), id(spec.model), spec.parent.tobytes(), spec.rank.tobytes(), spec.mode, capacity, backend,
+           mode)
+    runner = _RUNNERS.get(key)
+    if runner is None or runner.target is not req.target or runner.draft is not spec.model:
+        while len(_RUNNERS) >= _MAX_RUNNERS:
+            _RUNNERS.pop(next(iter(_RUNNERS)))
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+        runner = _RUNNERS[key] = _CapturedRunner(req.target, spec.model, shape_buffers(spec.parent, spec.rank),
+                                                 spec.mode, capacity, backend, mode)
+    return runner
+
+
+class CapturedStep:
+    """The engine's step (``treespec.core.step.Step``) with a static draft tree drafted on the device.
+
+    Cache capacity is bucketed (``compiled.CAPACITY_BUCKET``) from prompt + ``max_new_tokens`` + the
+    tree, so prompts of similar length reuse the compiled calls. The tree is never capped by the end
+    of the generation (its shape is fixed): tokens past ``max_new_tokens`` are dropped by the loop,
+    which keeps the output exact (the emitted tokens are a prefix of an exact continuation).
+    Seconds: ``drafting`` the draft call, ``verifying`` the verify call up to the one device->host copy.
+    """
+
+    name = "captured"
+
+    def __init__(self, req: Request, gen: torch.Generator, spec: Capture) -> None:
+        self.req, self.gen, self.spec = req, gen, spec
+        self.width = spec.size
+        self.backend, self.mode = compile_options(req.compile, req.device)
+        capacity = round_up(len(req.prompt) + req.max_new_tokens + spec.size + 2, CAPACITY_BUCKET)
+        self.runner = _runner_for(req, spec, capacity, self.backend, self.mode)
+        self.runner.params, self.runner.draft_params = req.params, req.params.for_draft()
+        self.vocab = req.vocab
+
+    def prefill(self, prompt: list[int], clock: Clock) -> None:
+        self.runner.prefill(prompt)
+
+    def _noise(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """All of a step's random numbers in one seeded draw: Gumbel uniforms, acceptance uniforms, exponentials."""
+        runner, v, n = self.runner, self.vocab, self.spec.size
+        sampled_draft = runner.mode != "topk"
+        rows = runner.noise_rows if sampled_draft else 0
+        if self.req.params.greedy and not sampled_draft:
+            empty = torch.zeros(0, device=self.req.device)
+            return empty, empty, empty
+        u = torch.rand(rows * v + (0 if self.req.params.greedy else n - 1 + v), generator=self.gen,
+                       device=self.req.device).clamp_(torch.finfo(torch.float32).tiny, 1.0)
+        gumbel, rest = u[: rows * v].view(rows, v), u[rows * v :]
+        return gumbel, rest[: n - 1], -rest[n - 1 :].log()
+
+    def advance(self, committed: list[int], remaining: int, clock: Clock) -> tuple[TokenTree, list[int], int, bool]:
+        runner, n = self.runner, self.spec.size
+        gumbel, uniforms, exponentials = self._noise()
+        clock.charge("overhead")
+        drafted = runner.draft_step(gumbel)
+        if self.mode == "reduce-overhead":  # the next replay may overwrite a CUDA graph's outputs
+            drafted = tuple(t.clone() for t in drafted)
+        clock.charge("drafting")
+        out = runner.verify_step(*drafted, uniforms, exponentials).tolist()  # the step's one device->host copy
+        clock.charge("verifying")
+        m, extra, tokens, exists = out[n], out[n + 1], out[n + 2 : 2 * n + 2], out[2 * n + 2 :]
+        tree, node_of = self._tree(committed[-1], tokens, exists)
+        return tree, [node_of[i] for i in out[:m]], extra, False
+
+    def _tree(self, root: int, tokens: list[int], exists: list[int]) -> tuple[TokenTree, dict[int, int]]:
+        """The drafted tree as a host ``TokenTree`` (for statistics); ``node_of``: shape node -> tree node."""
+        parent = self.spec.parent
+        kept = [i for i in range(1, len(tokens)) if exists[i]]
+        index = {v: j for j, v in enumerate(kept)}
+        tree = TokenTree.rooted_at(root)
+        tree.merge([DraftProposals([tokens[v] for v in kept], [index.get(int(parent[v]), -1) for v in kept])])
+        return tree, {0: 0, **{v: j + 1 for j, v in enumerate(kept)}}
