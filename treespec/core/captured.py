@@ -71,7 +71,7 @@ class _Buffers:
         def t(a: np.ndarray) -> torch.Tensor:
             return torch.as_tensor(a, device=device)
 
-        self.shape = shape
+        self.shape, self.size = shape, shape.size
         self.depth, self.anc, self.flat_parent = t(shape.depth), t(shape.ancestors), t(shape.flat_parent)
         self.parent = t(shape.parent)
         self.slot_node, self.slot_anc, self.slot_depth = t(shape.slot_node), t(shape.slot_ancestors), t(shape.slot_depth)
@@ -82,19 +82,21 @@ class _Buffers:
 
 
 class _CapturedRunner:
-    """The two compiled calls and the state they share: both static caches, the root and pending tokens."""
+    """The two compiled calls and the caches they share.
+
+    What one step hands the next is the verify call's packed result, ``[path rows N, m, extra,
+    tokens N, exists N, length]``: the next draft call takes it as an ordinary input and starts by
+    committing the draft rows of that accepted path. Every static tensor a compiled call reads it also
+    mutates (each call owns one cache): inductor's weight freezing folds a static tensor that a graph
+    only reads into a constant.
+    """
 
     def __init__(self, target: torch.nn.Module, draft: torch.nn.Module, shape: ShapeBuffers, mode: str,
                  capacity: int, backend: str, mode_compile: str | None) -> None:
-        device = next(target.parameters()).device
         self.target, self.draft, self.mode = target, draft, mode
-        self.buf = _Buffers(shape, device)
+        self.buf = _Buffers(shape, next(target.parameters()).device)
         self.cache = StaticTreeCache(target, capacity)
         self.draft_cache = StaticTreeCache(draft, capacity)
-        self.root = torch.zeros(1, dtype=torch.long, device=device)
-        self.pending = torch.zeros(1, dtype=torch.long, device=device)
-        for t in (self.root, self.pending):
-            torch._dynamo.mark_static_address(t)
         self.params = self.draft_params = SamplingParams()
         opts = dict(fullgraph=True, backend=backend, mode=mode_compile)
         self.draft_step = torch.compile(self._draft, **opts)
@@ -102,50 +104,67 @@ class _CapturedRunner:
 
     @property
     def noise_rows(self) -> int:
-        """Rows of uniforms the draft call takes (one per parent per depth; 0 for top-k)."""
+        """Rows of uniforms the draft call takes (one per drafted parent; 0 for top-k)."""
         levels = self.buf.shape.levels
         return 0 if self.mode == "topk" else 1 + sum(len(lv.forward) for lv in levels[:-1])
 
-    def prefill(self, prompt: list[int]) -> None:
+    def prefill(self, prompt: list[int]) -> torch.Tensor:
+        """Cache ``prompt[:-1]`` in both models; returns the state the first draft call starts from."""
         self.cache.prefill(self.target, prompt)
         self.draft_cache.prefill(self.draft, prompt)
-        self.root.fill_(prompt[-1])
+        n = self.buf.size
+        state = [*range(n), 0, prompt[-1], *[0] * (2 * n), len(prompt) - 1]  # no path to commit yet
+        return torch.tensor(state, device=self.cache.length.device)
 
-    def _draft(self, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Draft the whole tree: ``(tokens [N], exists [N], q of each proposal [N - 1, V] or empty)``."""
+    def _draft(self, state: torch.Tensor, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Commit the last step's draft rows, then draft the whole tree:
+        ``(tokens [N], exists [N], q of each proposal [N - 1, V] or empty)``."""
         buf, cache = self.buf, self.draft_cache
-        length = self.cache.length  # the target's committed length: the root sits at position `length`
+        n = buf.size
+        rows, m, root, last_tokens, length = state[:n], state[n], state[n + 1 : n + 2], state[n + 2 : 2 * n + 2], state[-1]
+        pending = self._commit_draft(rows, m, last_tokens, length)
         pending_used = cache.length < length
         # the pending slot is attended to only when it holds a token
         slot_anc = buf.slot_anc & ((torch.arange(buf.slot_anc.shape[1], device=length.device) != 0) | pending_used)
-        ids = torch.cat([self.pending, self.root])
-        rows = cache.forward(self.draft, ids, (length + buf.slot_depth[:2]).clamp_min(0), slot_anc[:2],
-                             logits_to_keep=1)
-        tokens, exists, proposal_q = [self.root], [torch.ones(1, dtype=torch.bool, device=ids.device)], []
+        logits = cache.forward(self.draft, torch.cat([pending, root]), (length + buf.slot_depth[:2]).clamp_min(0),
+                               slot_anc[:2], logits_to_keep=1)
+        tokens, exists, proposal_q = [root], [torch.ones(1, dtype=torch.bool, device=root.device)], []
         noise_at = 0
         for depth, (children, width, slots, n_forward, parent_row, rank, forward) in enumerate(buf.levels, start=1):
             if self.mode == "topk":
-                choice = _select(rows, width)
+                choice = _select(logits, width)
             else:
-                q = self.draft_params.probs(rows)
+                q = self.draft_params.probs(logits)
                 u = noise[noise_at : noise_at + q.shape[0]]
                 noise_at += q.shape[0]
                 choice = _select(q.log() - (-u.log()).log(), width)  # Gumbel-top-k
                 proposal_q.append(q[parent_row])
             kids = choice[parent_row, rank]
-            kid_exists = (kids >= 0) & torch.cat(exists)[buf.parent[children]]
+            exists.append((kids >= 0) & torch.cat(exists)[buf.parent[children]])
             tokens.append(kids.clamp_min(0))
-            exists.append(kid_exists)
             if n_forward and depth < len(buf.levels):
-                fwd = torch.cat(tokens)[forward]
-                rows = cache.forward(self.draft, fwd, length + buf.slot_depth[slots], slot_anc[slots],
-                                     offset=slots.start)
+                logits = cache.forward(self.draft, torch.cat(tokens)[forward], length + buf.slot_depth[slots],
+                                       slot_anc[slots], offset=slots.start)
         tokens, exists = torch.cat(tokens), torch.cat(exists)
         if self.mode == "topk":
             return tokens, exists, tokens.new_zeros(0)
-        return tokens, exists, self._without_older_siblings(torch.cat(proposal_q), tokens, exists)
+        return tokens, exists, self._without_older_siblings(torch.cat(proposal_q), tokens)
 
-    def _without_older_siblings(self, q: torch.Tensor, tokens: torch.Tensor, exists: torch.Tensor) -> torch.Tensor:
+    def _commit_draft(self, rows: torch.Tensor, m: torch.Tensor, tokens: torch.Tensor,
+                      length: torch.Tensor) -> torch.Tensor:
+        """Keep the last step's pending row (if it was used) and the rows of the accepted nodes the draft
+        forwarded; returns the new pending token (the deepest accepted node: a leaf the draft never saw
+        when the draft cache is still one row short)."""
+        buf, cache = self.buf, self.draft_cache
+        nodes = torch.arange(buf.size, device=rows.device)
+        on_path = ((rows[:, None] == nodes) & (nodes[:, None] < m)).any(0)
+        slot_node = buf.slot_node
+        keep = torch.where(slot_node < 0, cache.length < length - m, on_path[slot_node.clamp_min(0)])
+        kept, kept_n = path_rows(keep)
+        cache.commit(cache.length + kept, kept_n)
+        return tokens.index_select(0, rows.index_select(0, (m - 1).clamp_min(0).view(1)))
+
+    def _without_older_siblings(self, q: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """Each proposal's ``q`` (rows for nodes 1..N-1) with its older siblings' tokens removed, renormalised
         (the distribution a draw without replacement came from)."""
         older = self.buf.earlier[1:]
@@ -155,7 +174,7 @@ class _CapturedRunner:
 
     def _verify(self, tokens: torch.Tensor, exists: torch.Tensor, proposal_q: torch.Tensor,
                 uniforms: torch.Tensor, exponentials: torch.Tensor) -> torch.Tensor:
-        """Target forward, acceptance, both commits; returns ``[path rows N, m, extra, tokens N, exists N]``."""
+        """Target forward, acceptance, commit; returns the packed state (see the class docstring)."""
         buf, length = self.buf, self.cache.length
         logits = self.cache.forward(self.target, tokens, length + buf.depth, buf.anc)
         if self.params.greedy:
@@ -163,13 +182,11 @@ class _CapturedRunner:
         else:
             on_path, extra = self._walk(self.params.probs(logits), tokens, exists, proposal_q, uniforms, exponentials)
         rows, m = path_rows(on_path)
-        self._commit_draft(on_path)
-        self.pending.copy_(tokens.index_select(0, rows.index_select(0, (m - 1).view(1))))  # the deepest accepted
         self.cache.commit(length + rows, m)
-        self.root.copy_(extra.view(1))
-        return torch.cat([rows, m[None], extra[None], tokens, exists.long()])
+        return torch.cat([rows, m[None], extra[None], tokens, exists.long(), self.cache.length[None]])
 
-    def _walk(self, probs, tokens, exists, proposal_q, uniforms, exponentials):
+    def _walk(self, probs: torch.Tensor, tokens: torch.Tensor, exists: torch.Tensor, proposal_q: torch.Tensor,
+              uniforms: torch.Tensor, exponentials: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The token-level rule down the tree (``compiled.sampled_path``); missing nodes are no proposals."""
         buf = self.buf
         n = tokens.shape[0]
@@ -182,14 +199,6 @@ class _CapturedRunner:
         q = proposal_q if self.mode != "topk" else torch.nn.functional.one_hot(tokens[1:], probs.shape[-1]).float()
         return sampled_path(probs, q, tokens[1:], pparent, torch.arange(1, n, device=tokens.device), plast, has_props,
                             uniforms, exponentials)
-
-    def _commit_draft(self, on_path: torch.Tensor) -> None:
-        """Keep the pending row (if used), then the draft rows of the accepted nodes it forwarded."""
-        buf, cache = self.buf, self.draft_cache
-        slot_node = buf.slot_node
-        keep = torch.where(slot_node < 0, cache.length < self.cache.length, on_path[slot_node.clamp_min(0)])
-        rows, m = path_rows(keep)
-        cache.commit(cache.length + rows, m)
 
 
 _RUNNERS: dict[tuple, _CapturedRunner] = {}
@@ -232,7 +241,7 @@ class CapturedStep:
         self.vocab = req.vocab
 
     def prefill(self, prompt: list[int], clock: Clock) -> None:
-        self.runner.prefill(prompt)
+        self.state = self.runner.prefill(prompt)
 
     def _noise(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """All of a step's random numbers in one seeded draw: Gumbel uniforms, acceptance uniforms, exponentials."""
@@ -251,11 +260,13 @@ class CapturedStep:
         runner, n = self.runner, self.spec.size
         gumbel, uniforms, exponentials = self._noise()
         clock.charge("overhead")
-        drafted = runner.draft_step(gumbel)
+        drafted = runner.draft_step(self.state, gumbel)
         if self.mode == "reduce-overhead":  # the next replay may overwrite a CUDA graph's outputs
             drafted = tuple(t.clone() for t in drafted)
         clock.charge("drafting")
-        out = runner.verify_step(*drafted, uniforms, exponentials).tolist()  # the step's one device->host copy
+        packed = runner.verify_step(*drafted, uniforms, exponentials)
+        self.state = packed.clone() if self.mode == "reduce-overhead" else packed
+        out = packed.tolist()  # the step's one device->host copy
         clock.charge("verifying")
         m, extra, tokens, exists = out[n], out[n + 1], out[n + 2 : 2 * n + 2], out[2 * n + 2 :]
         tree, node_of = self._tree(committed[-1], tokens, exists)
