@@ -1,4 +1,6 @@
-"""compile=...: the static-shape step is exact, captures whole graphs and does not recompile (CPU, aot_eager)."""
+"""compile=... with drafting on the host (treespec.core.compiled): exact, one compiled call per step, no
+recompiles (CPU, aot_eager). Drafters the captured step cannot take (i.i.d. sampling, several drafters, a
+shape over the budget) run here; tests/test_captured.py covers the captured step."""
 
 import pytest
 import torch
@@ -57,15 +59,18 @@ def test_compiled_eos_stops_like_hf(models):
 def test_identical_draft_accepts_whole_path():
     target = tiny_model("llama", vocab=64, hidden=64, scale=6)
     chain = [(0,), (0, 0), (0, 0, 0), (0, 0, 0, 0), (1,), (1, 0)]
-    out = run(target, target, [1, 2, 3], 41, shape=chain, budget=8, compile=BACKEND)
-    assert out.stats.accepted_hist == [1, 0, 0, 0, 8]  # the last step wants only the bonus token: no drafting
+    out = run(target, target, [1, 2, 3], 41, shape=chain, budget=6, compile=BACKEND)  # over the budget: host-drafted
+    assert out.stats.step.startswith("compiled, drafted on the host")
+    # the budget keeps the shape's first 5 nodes in BFS order, a chain of depth 3 (and a sibling);
+    # the last step wants only the bonus token: no drafting
+    assert out.stats.accepted_hist == [1, 0, 0, 10]
     assert out.new_tokens == greedy_reference(target, [1, 2, 3], 41)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampled"])
 def test_no_graph_break_and_no_recompile_after_warmup(models, temperature):
     target, draft = models
-    mode = "topk" if temperature == 0 else "sample"
+    mode = "sample"  # drafted on the host (topk is captured: tests/test_captured.py)
     run(target, draft, [1, 2, 3], 8, shape=KARY, mode=mode, budget=8, temperature=temperature, seed=0,
         compile=BACKEND)  # warm-up: compiles the step's graphs
     graphs = counters["stats"]["unique_graphs"]
@@ -85,8 +90,7 @@ def test_one_compiled_call_per_step_and_no_graph_output_feeds_another(models, mo
     of an earlier call. Checked on CPU by watching the calls: outputs are kept alive (their memory
     cannot be reused) and no later input may share their storage."""
     target, draft = models
-    kwargs = dict(shape=KARY, mode="topk" if temperature == 0 else "sample", budget=8, temperature=temperature,
-                  compile=BACKEND)
+    kwargs = dict(shape=KARY, mode="sample", budget=8, temperature=temperature, compile=BACKEND)
     run(target, draft, [1, 2, 3], 4, seed=0, **kwargs)  # builds the runner
     runner = next(r for r in compiled._RUNNERS.values() if r.model is target and r.width == 8)
     outputs, calls = [], []
@@ -114,7 +118,7 @@ def test_garbage_in_unused_cache_slots_changes_nothing(models):
     """Stale tree rows, and large junk, beyond the committed length are masked out exactly."""
     target, draft = models
     prompt = [1, 5, 7, 9, 3]
-    clean = run(target, draft, prompt, 30, budget=8, compile=BACKEND)
+    clean = run(target, draft, prompt, 30, mode="sample", budget=8, compile=BACKEND, seed=0)
     runner = next(r for r in compiled._RUNNERS.values() if r.model is target and r.width == 8)
     gen = torch.Generator().manual_seed(0)
 
@@ -124,13 +128,14 @@ def test_garbage_in_unused_cache_slots_changes_nothing(models):
             for buf in (layer.keys, layer.values):
                 junk = 1e4 * torch.randn(buf[..., n:, :].shape, generator=gen)
                 buf[..., n:, :] = junk
-    poisoned = run(target, draft, prompt, 30, budget=8, compile=BACKEND, on_tokens=poison)
+    poisoned = run(target, draft, prompt, 30, mode="sample", budget=8, compile=BACKEND, on_tokens=poison, seed=0)
     assert poisoned.new_tokens == clean.new_tokens
     # the control: the same junk inside the committed rows does change the output
     def poison_committed(_tokens):
         for layer in runner.cache.layers:
             layer.keys[..., 2:4, :] = 1e4 * torch.randn(layer.keys[..., 2:4, :].shape, generator=gen)
-    broken = run(target, draft, prompt, 30, budget=8, compile=BACKEND, on_tokens=poison_committed)
+    broken = run(target, draft, prompt, 30, mode="sample", budget=8, compile=BACKEND, on_tokens=poison_committed,
+                 seed=0)
     assert broken.new_tokens != clean.new_tokens
 
 
@@ -226,8 +231,8 @@ def test_inductor_with_weight_freezing_keeps_the_output_exact():
     target = tiny_model("llama", vocab=64, hidden=64, scale=6, seed=0)
     draft = perturbed_copy(target, 0.3)
     prompt = [10, 11, 12, 13, 14, 15, 16, 17]
-    eager = run(target, draft, prompt, 30, shape=KARY, budget=8)
+    eager = run(target, draft, prompt, 30, shape=KARY, mode="sample", budget=8, seed=0)
     with torch._inductor.config.patch(freezing=True):
-        frozen = run(target, draft, prompt, 30, shape=KARY, budget=8, compile="inductor")
+        frozen = run(target, draft, prompt, 30, shape=KARY, mode="sample", budget=8, seed=0, compile="inductor")
     assert frozen.new_tokens == eager.new_tokens == greedy_reference(target, prompt, 30)
     assert frozen.stats.step_tokens == eager.stats.step_tokens  # the same walk, step by step

@@ -1,0 +1,221 @@
+"""The captured step (treespec.core.captured): a static draft tree drafted, verified and committed in two
+compiled calls. Exact (greedy = HF greedy; sampled joint law = the target's), freezing-safe, one graph
+per call with no recompiles, and correct when every compiled output dies at the next compiled call."""
+
+import numpy as np
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+import treespec
+import test_exactness
+from stats import ALPHA, exact_joint, g_test
+from test_exactness import BUSHY, PROMPT, pair, sample_joint  # noqa: F401 (pair is a fixture)
+from treespec.core import captured, compiled
+from treespec.core.buffers import shape_buffers
+from treespec.drafters.model import _Layout, as_shape
+from treespec.models.tiny import greedy_reference, perturbed_copy, tiny_model
+
+BACKEND = "aot_eager"
+KARY = [(0,), (1,), (0, 0), (0, 1), (1, 0), (1, 1)]
+DEEP = [(0,), (1,), (0, 0), (1, 0), (0, 0, 0), (0, 0, 1), (0, 0, 0, 0)]  # a leaf at depth 1 under node 2
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def models(request):
+    target = tiny_model(request.param, vocab=64, hidden=64, scale=6, seed=0)
+    return target, perturbed_copy(target, 0.3)
+
+
+def run(target, draft, prompt, n, shape=KARY, mode="topk", **kwargs):
+    return treespec.generate(target, prompt, drafters=[treespec.ModelDrafter(draft, shape, mode)], max_new_tokens=n,
+                             **kwargs)
+
+
+def test_shape_buffers_lay_out_levels_slots_and_siblings():
+    plan = _Layout.of(as_shape(DEEP))
+    buf = shape_buffers(plan.parent, plan.rank)
+    assert buf.parent.tolist() == [-1, 0, 0, 1, 2, 3, 3, 5]
+    assert buf.depth.tolist() == [0, 1, 1, 2, 2, 3, 3, 4]
+    # slots: pending, root, then the nodes with children depth by depth (node 4, a leaf at depth 2, has none)
+    assert buf.slot_node.tolist() == [-1, 0, 1, 2, 3, 5]
+    assert [(lv.children.start, lv.children.stop) for lv in buf.levels] == [(1, 3), (3, 5), (5, 7), (7, 8)]
+    assert [lv.forward.tolist() for lv in buf.levels] == [[1, 2], [3], [5], []]
+    assert buf.levels[1].parent_row.tolist() == [0, 1] and buf.levels[2].rank.tolist() == [0, 1]
+    assert buf.slot_ancestors[5].tolist() == [True, True, True, False, True, True]  # node 5: pending, 0, 1, 3, self
+    assert buf.next_sibling.tolist() == [-1, 2, -1, -1, -1, 6, -1, -1]
+    assert buf.earlier_siblings[:, 0].tolist() == [-1, -1, 1, -1, -1, -1, 5, -1]
+    with pytest.raises(ValueError, match="BFS"):
+        shape_buffers(np.array([-1, 0, 1, 0]), np.array([0, 0, 0, 1]))
+
+
+@pytest.mark.parametrize("mode", ["topk", "sample_without_replacement"])
+def test_captured_greedy_equals_hf_and_the_eager_step(models, mode):
+    target, draft = models
+    for k, prompt in enumerate([[1, 5, 7, 9, 3], [4], [10, 11, 12, 13, 14, 15, 16, 17]]):
+        for shape in (KARY, DEEP):
+            eager = run(target, draft, prompt, 30, shape=shape, mode=mode, seed=k)
+            out = run(target, draft, prompt, 30, shape=shape, mode=mode, seed=k, compile=BACKEND)
+            assert out.stats.step == "captured"
+            assert out.new_tokens == eager.new_tokens == greedy_reference(target, prompt, 30)
+            assert out.sequences[0].tolist() == prompt + out.new_tokens
+            assert sum(out.stats.step_tokens) == 30
+            if mode == "topk":  # the same deterministic trees: the same walk, step by step
+                assert out.stats.step_tokens[:-1] == eager.stats.step_tokens[: len(out.stats.step_tokens) - 1]
+
+
+def test_an_identical_draft_accepts_every_path(models):
+    target, _ = models
+    chain = [(0,), (0, 0), (0, 0, 0), (0, 0, 0, 0)]
+    out = run(target, target, [1, 2, 3], 40, shape=chain, compile=BACKEND)
+    assert out.stats.step_tokens == [5] * 8 and out.new_tokens == greedy_reference(target, [1, 2, 3], 40)
+
+
+def test_eos_stops_like_hf(models):
+    target, draft = models
+    prompt = [1, 5, 7, 9, 3]
+    eos = greedy_reference(target, prompt, 30)[17]
+    out = run(target, draft, prompt, 30, eos_token_id=eos, compile=BACKEND)
+    assert out.new_tokens == greedy_reference(target, prompt, 30, eos=eos)
+
+
+def test_which_configurations_are_captured_and_why_not(models):
+    target, draft = models
+    kw = dict(max_new_tokens=4, compile=BACKEND)
+    assert treespec.generate(target, [1, 2], [treespec.ModelDrafter(draft, KARY)], **kw).stats.step == "captured"
+    for drafters, why in [([treespec.ModelDrafter(draft, KARY, "sample")], "mode='sample'"),
+                          ([treespec.ModelDrafter(draft, KARY, min_confidence=0.1)], "confidence stop"),
+                          ([treespec.ModelDrafter(draft, KARY), treespec.NGramDrafter()], "2 drafters"),
+                          ([treespec.NGramDrafter()], "drafts on the host")]:
+        step = treespec.generate(target, [1, 2], drafters, **kw).stats.step
+        assert step.startswith("compiled, drafted on the host") and why in step, step
+    over_budget = treespec.generate(target, [1, 2], [treespec.ModelDrafter(draft, KARY)], budget=4, **kw).stats.step
+    assert "over the budget 4" in over_budget
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampled"])
+def test_two_graphs_no_graph_break_and_no_recompile_over_varying_steps(models, temperature):
+    target, draft = models
+    mode = "topk" if temperature == 0 else "sample_without_replacement"
+    run(target, draft, [1, 2, 3], 8, mode=mode, temperature=temperature, seed=0, compile=BACKEND)  # compiles
+    graphs = counters["stats"]["unique_graphs"]
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        out = run(target, draft, [9, 8, 7, 6, 5, 4, 3], 90, mode=mode, temperature=temperature, seed=1,
+                  compile=BACKEND)
+    assert counters["stats"]["unique_graphs"] == graphs
+    assert not counters["graph_break"]
+    assert out.stats.steps >= 30
+    assert sum(1 for c in out.stats.accepted_hist if c) >= 2  # acceptance varied across the steps
+
+
+def test_correct_when_each_compiled_output_dies_at_the_next_compiled_call(models, monkeypatch):
+    """CUDA graphs (``reduce-overhead``) may reuse a graph's output memory at the next replay
+    (pytorch issue 160281). Simulated on CPU at its strictest: every output of a compiled call is
+    overwritten with junk as soon as any compiled call runs again. Output stays HF's greedy."""
+    target, draft = models
+    real_runner_for = captured._runner_for
+    monkeypatch.setattr(captured, "compile_options", lambda compile, device: (BACKEND, "reduce-overhead"))
+    monkeypatch.setattr(captured, "_runner_for", lambda req, spec, cap, backend, mode:
+                        real_runner_for(req, spec, cap, backend, None))
+    captured._RUNNERS.clear()
+    run(target, draft, [1, 2], 2, compile=BACKEND)
+    runner = next(iter(captured._RUNNERS.values()))
+    live: list[torch.Tensor] = []
+
+    def dying(fn):
+        def call(*args):
+            for t in live:
+                t.fill_(-7 if not t.dtype.is_floating_point else float("nan"))
+            live.clear()
+            out = fn(*args)
+            live.extend(out if isinstance(out, tuple) else [out])
+            return out
+        return call
+
+    monkeypatch.setattr(runner, "draft_step", dying(runner.draft_step))
+    monkeypatch.setattr(runner, "verify_step", dying(runner.verify_step))
+    prompt = [10, 11, 12, 13, 14, 15, 16, 17]
+    assert run(target, draft, prompt, 30, compile=BACKEND).new_tokens == greedy_reference(target, prompt, 30)
+
+
+def test_garbage_in_unused_rows_of_both_caches_changes_nothing(models):
+    target, draft = models
+    prompt = [1, 5, 7, 9, 3]
+    clean = run(target, draft, prompt, 30, compile=BACKEND)
+    runner = next(r for r in captured._RUNNERS.values() if r.target is target and r.draft is draft)
+    gen = torch.Generator().manual_seed(0)
+
+    # the draft's next step first commits rows of its last tree: junk goes past that tree's slots
+    tree_slots = {id(runner.cache): 0, id(runner.draft_cache): len(runner.buf.shape.slot_node)}
+
+    def poison(_tokens):
+        for cache in (runner.cache, runner.draft_cache):
+            rows = slice(int(cache.length) + tree_slots[id(cache)], None)
+            for layer in cache.layers:
+                for buf in (layer.keys, layer.values):
+                    buf[..., rows, :] = 1e4 * torch.randn(buf[..., rows, :].shape, generator=gen)
+
+    def poison_committed(_tokens):
+        for layer in runner.cache.layers:
+            layer.keys[..., 2:4, :] = 1e4 * torch.randn(layer.keys[..., 2:4, :].shape, generator=gen)
+    poisoned = run(target, draft, prompt, 30, compile=BACKEND, on_tokens=poison)
+    assert poisoned.new_tokens == clean.new_tokens and poisoned.stats.step_tokens == clean.stats.step_tokens
+    broken = run(target, draft, prompt, 30, compile=BACKEND, on_tokens=poison_committed)
+    assert broken.new_tokens != clean.new_tokens  # the control: junk in committed rows does show
+
+
+def test_inductor_with_weight_freezing_keeps_the_step_exact_and_reuses_it_across_prompts():
+    """Freezing folds a static tensor that a graph only reads into a constant: each call must mutate
+    every static tensor it reads. Greedy output equals HF's and the eager step's walk; a second prompt
+    of another length runs the same compiled calls (no new graph)."""
+    target = tiny_model("qwen2", vocab=64, hidden=64, scale=6, seed=3)
+    draft = perturbed_copy(target, 0.3)
+    with torch._inductor.config.patch(freezing=True):
+        for i, prompt in enumerate([[10, 11, 12, 13, 14, 15, 16, 17], [3, 4, 5]]):
+            eager = run(target, draft, prompt, 30, shape=DEEP)
+            graphs = counters["stats"]["unique_graphs"]
+            frozen = run(target, draft, prompt, 30, shape=DEEP, compile="inductor")
+            assert frozen.stats.step == "captured"
+            assert frozen.new_tokens == eager.new_tokens == greedy_reference(target, prompt, 30)
+            assert frozen.stats.step_tokens[:-1] == eager.stats.step_tokens[: len(frozen.stats.step_tokens) - 1]
+            if i:
+                assert counters["stats"]["unique_graphs"] == graphs
+
+
+@pytest.mark.parametrize("mode,kwargs", [("topk", dict(temperature=1.0)),
+                                         ("sample_without_replacement", dict(temperature=0.7)),
+                                         ("sample_without_replacement", dict(temperature=1.0, top_p=0.6))],
+                         ids=["topk-T1", "wor-T0.7", "wor-topp0.6"])
+def test_captured_joint_distribution_matches_target(pair, mode, kwargs, monkeypatch):  # noqa: F811
+    """1,000 trials of the first 3 tokens (216 cells): enough to catch the controls below at 400.
+    Top-p 0.6 leaves fewer tokens than the root's 3 children: draws that do not exist drop their subtree."""
+    monkeypatch.setattr(test_exactness, "N", 1000)
+    target, draft = pair
+    counts = sample_joint(target, lambda: [treespec.ModelDrafter(draft, BUSHY, mode)], f"captured-{mode}-{kwargs}",
+                          compile=BACKEND, **kwargs)
+    assert g_test(counts, exact_joint(target, PROMPT, 3, **kwargs)) > ALPHA
+
+
+def test_joint_test_detects_a_captured_step_that_ignores_removed_siblings(pair, monkeypatch):  # noqa: F811
+    """Negative control: verifying draws without replacement against ``q`` itself (older siblings not
+    removed) is biased, and the same test must see it."""
+    monkeypatch.setattr(test_exactness, "N", 400)
+    target, draft = pair
+    monkeypatch.setattr(captured._CapturedRunner, "_without_older_siblings", lambda self, q, tokens: q)
+    captured._RUNNERS.clear()
+    counts = sample_joint(target, lambda: [treespec.ModelDrafter(draft, BUSHY, "sample_without_replacement")],
+                          "captured-biased", temperature=1.0, compile=BACKEND)
+    captured._RUNNERS.clear()
+    assert not g_test(counts, exact_joint(target, PROMPT, 3, 1.0)) > ALPHA
+
+
+def test_joint_test_detects_a_captured_step_that_accepts_everything(pair, monkeypatch):  # noqa: F811
+    monkeypatch.setattr(test_exactness, "N", 400)
+    target, draft = pair
+    monkeypatch.setattr(compiled, "verify_proposals",
+                        lambda r, tokens, q, u: (torch.zeros(r.shape[:-1], dtype=torch.long), r))
+    captured._RUNNERS.clear()
+    counts = sample_joint(target, lambda: [treespec.ModelDrafter(draft, BUSHY, "topk")], "captured-accept-all",
+                          temperature=1.0, compile=BACKEND)
+    captured._RUNNERS.clear()
+    assert not g_test(counts, exact_joint(target, PROMPT, 3, 1.0)) > ALPHA
