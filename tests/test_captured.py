@@ -156,8 +156,10 @@ def test_garbage_in_unused_rows_of_both_caches_changes_nothing(models):
                     buf[..., rows, :] = 1e4 * torch.randn(buf[..., rows, :].shape, generator=gen)
 
     def poison_committed(_tokens):
+        rows = slice(0, int(runner.cache.length))
         for layer in runner.cache.layers:
-            layer.keys[..., 2:4, :] = 1e4 * torch.randn(layer.keys[..., 2:4, :].shape, generator=gen)
+            for buf in (layer.keys, layer.values):
+                buf[..., rows, :] = 1e4 * torch.randn(buf[..., rows, :].shape, generator=gen)
     poisoned = run(target, draft, prompt, 30, compile=BACKEND, on_tokens=poison)
     assert poisoned.new_tokens == clean.new_tokens and poisoned.stats.step_tokens == clean.stats.step_tokens
     broken = run(target, draft, prompt, 30, compile=BACKEND, on_tokens=poison_committed)
