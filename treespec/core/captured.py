@@ -1,28 +1,28 @@
-"""The captured step: a static draft tree drafted, verified and committed on the device in two compiled calls.
+"""The captured step: a static draft tree drafted, verified and committed on the device in compiled calls only.
 
 For one model drafter with a fixed tree shape (``Drafter.capture``: top-k or sampling without
 replacement, no confidence stop), everything a step does is a function of the shape, fixed once
-(``treespec.core.buffers``), and of device tensors:
+(``treespec.core.buffers``), and of device tensors. A step is a fixed sequence of compiled calls:
 
-1. **draft** (one compiled call): the draft model forwards the root (and the *pending* token, the
-   last accepted token of the previous step when it was a leaf the draft never saw), then one
-   fixed-width forward per depth over the nodes that have children, each on its own
-   ``StaticTreeCache`` block; each depth's children are chosen on the device: ``topk`` of the
-   draft logits, or Gumbel-top-k of ``q`` (the key order of the Gumbel trick is the order of
-   sequential draws without replacement). Out: the tree's tokens, which nodes exist (a
-   without-replacement draw that ``q``'s support cannot give drops its subtree) and, when
-   sampling, each proposal's ``q`` with its older siblings removed and renormalised.
-2. **verify** (one compiled call): the target's forward over the whole tree
-   (``StaticTreeCache.forward``), the acceptance on the device (``treespec.core.compiled``:
-   greedy argmax path, or the token-level rule walked proposal by proposal), the commit of both
-   caches (the accepted rows gathered behind the committed ones: rollback is an index), and the
-   next root and pending token written into device buffers.
+1. **start**: commit the draft rows of the last step's accepted path (rollback is an index) and
+   forward the root, with the *pending* token before it: the last accepted token of the previous
+   step when it was a leaf the draft never forwarded.
+2. **level**, once per depth: choose each parent's children on the device (``topk`` of the draft
+   logits, or Gumbel-top-k of ``q``: its key order is the order of sequential draws without
+   replacement; a draw ``q``'s support cannot give is marked missing and drops its subtree), then
+   one fixed-width draft forward over the children that have children, on its block of the draft's
+   ``StaticTreeCache``. One compiled function serves every depth: depths of equal widths replay one graph.
+3. **verify**: the target's forward over the whole tree, the acceptance on the device
+   (``treespec.core.compiled``: the greedy argmax path, or the token-level rule walked proposal by
+   proposal; a without-replacement proposal's ``q`` has its older siblings removed), the commit
+   of the target's cache, and the packed result the next **start** takes as input.
 
-The draft's outputs are cloned between the two calls on CUDA (CUDA graphs may reuse a graph's
-output memory at its next replay). Random numbers are drawn up front by one seeded eager call per
-step. The step's only device->host copy is the packed result (path rows, its length, the extra
-token, the tree's tokens and which nodes exist), from which the host rebuilds the token tree for
-the statistics. The stock HF forward is driven with a 4D mask, position ids and the cache.
+No compiled output is read after another compiled call unless cloned first on CUDA (CUDA graphs
+may reuse a graph's output memory at its next replay). Random numbers are drawn up front by one
+seeded eager call per step. The step's only device->host copy is the packed result (path rows,
+its length, the extra token, the tree's tokens and which nodes exist), from which the host
+rebuilds the token tree for the statistics. The stock HF forward is driven with a 4D mask,
+position ids and the cache.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from .buffers import ShapeBuffers, shape_buffers
-from .compiled import CAPACITY_BUCKET, compile_options, greedy_path, path_rows, round_up, sampled_path
+from .compiled import compile_options, greedy_path, path_rows, round_up, sampled_path
 from .drafting import Capture, DraftProposals
 from .kv import StaticTreeCache
 from .request import Request
@@ -40,6 +40,9 @@ from .step import Clock
 from .tree import TokenTree
 
 MODES = ("topk", "sample_without_replacement")
+#: cache rows are allocated in multiples of this: prompts up to ~1k tokens share one set of compiled calls
+#: (a compile costs minutes on a CPU; attending over masked rows costs little next to the weights)
+CAPACITY_BUCKET = 1024
 
 
 def capture_plan(req: Request) -> Capture | str:
@@ -65,7 +68,7 @@ def _select(scores: torch.Tensor, width: int) -> torch.Tensor:
 
 
 class _Buffers:
-    """:class:`ShapeBuffers` on the device (index tensors moved once)."""
+    """:class:`ShapeBuffers` on the device (index tensors moved once), and each depth's arguments."""
 
     def __init__(self, shape: ShapeBuffers, device: torch.device) -> None:
         def t(a: np.ndarray) -> torch.Tensor:
@@ -76,19 +79,25 @@ class _Buffers:
         self.parent = t(shape.parent)
         self.slot_node, self.slot_anc, self.slot_depth = t(shape.slot_node), t(shape.slot_ancestors), t(shape.slot_depth)
         self.next_sibling, self.earlier = t(shape.next_sibling), t(shape.earlier_siblings)
-        # per depth, plain Python values and device tensors only (no numpy inside a traced function)
-        self.levels = [(lv.children, lv.width, lv.slots, len(lv.forward), t(lv.parent_row), t(lv.rank), t(lv.forward))
-                       for lv in shape.levels]
+        last = len(shape.levels)
+        # per depth: (parent_row, rank, forward rows among the children, their slots' depth, slot range,
+        # width, whether the draft forwards anything at this depth)
+        self.levels = [(t(lv.parent_row), t(lv.rank), t(lv.forward - lv.children.start), t(shape.slot_depth[lv.slots]),
+                        lv.slots, lv.width, d < last and len(lv.forward) > 0)
+                       for d, lv in enumerate(shape.levels, start=1)]
 
 
 class _CapturedRunner:
-    """The two compiled calls and the caches they share.
+    """The compiled calls of a captured step and the caches they share.
 
-    What one step hands the next is the verify call's packed result, ``[path rows N, m, extra,
-    tokens N, exists N, length]``: the next draft call takes it as an ordinary input and starts by
-    committing the draft rows of that accepted path. Every static tensor a compiled call reads it also
-    mutates (each call owns one cache): inductor's weight freezing folds a static tensor that a graph
-    only reads into a constant.
+    A step is ``start`` (commit the last step's draft rows, forward the root), one ``level`` call per
+    depth (choose the children, forward those that have children), and ``verify``. ``level`` is one
+    compiled function for all depths: depths of the same widths run the same graph, so a chain's
+    levels compile once (an unrolled tree compiled as one graph took minutes of inductor time per
+    depth for the 0.5B draft on a CPU). What a step hands the next is the verify call's packed result,
+    ``[path rows N, m, extra, tokens N, exists N, length]``, an ordinary input of the next ``start``.
+    Every static tensor a compiled call reads it also mutates, or gets as an input computed by another
+    call: inductor's weight freezing folds a static tensor that a graph only reads into a constant.
     """
 
     def __init__(self, target: torch.nn.Module, draft: torch.nn.Module, shape: ShapeBuffers, mode: str,
@@ -98,15 +107,16 @@ class _CapturedRunner:
         self.cache = StaticTreeCache(target, capacity)
         self.draft_cache = StaticTreeCache(draft, capacity)
         self.params = self.draft_params = SamplingParams()
+        self.clone_between = mode_compile == "reduce-overhead"  # CUDA graphs may reuse an output at the next replay
         opts = dict(fullgraph=True, backend=backend, mode=mode_compile)
-        self.draft_step = torch.compile(self._draft, **opts)
+        self.start_step = torch.compile(self._start, **opts)
+        self.level_step = torch.compile(self._level, **opts)
         self.verify_step = torch.compile(self._verify, **opts)
 
     @property
-    def noise_rows(self) -> int:
-        """Rows of uniforms the draft call takes (one per drafted parent; 0 for top-k)."""
-        levels = self.buf.shape.levels
-        return 0 if self.mode == "topk" else 1 + sum(len(lv.forward) for lv in levels[:-1])
+    def noise_rows(self) -> list[int]:
+        """Rows of uniforms each depth's choice takes (its parents; none for top-k)."""
+        return [0 if self.mode == "topk" else len(lv[0].unique()) for lv in self.buf.levels]
 
     def prefill(self, prompt: list[int]) -> torch.Tensor:
         """Cache ``prompt[:-1]`` in both models; returns the state the first draft call starts from."""
@@ -116,39 +126,56 @@ class _CapturedRunner:
         state = [*range(n), 0, prompt[-1], *[0] * (2 * n), len(prompt) - 1]  # no path to commit yet
         return torch.tensor(state, device=self.cache.length.device)
 
-    def _draft(self, state: torch.Tensor, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Commit the last step's draft rows, then draft the whole tree:
-        ``(tokens [N], exists [N], q of each proposal [N - 1, V] or empty)``."""
+    def draft_tree(self, state: torch.Tensor, noise: list[torch.Tensor]
+              ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+        """The whole tree, depth by depth: ``(tokens, exists, q of each proposal)`` per depth (root first)."""
+        keep = (lambda out: tuple(t.clone() for t in out)) if self.clone_between else (lambda out: out)
+        scores, length, draft_length, slot_anc, root = keep(self.start_step(state))
+        parents_exist = torch.ones(1, dtype=torch.bool, device=root.device)
+        tokens, exists, proposal_q = [root], [parents_exist], []
+        for (parent_row, rank, forward, depth, slots, width, more), u in zip(self.buf.levels, noise):
+            out = keep(self.level_step(scores, u, parents_exist, parent_row, rank, forward, length + depth,
+                                       slot_anc[slots], draft_length, draft_length + slots.start, width, more))
+            tokens.append(out[0])
+            exists.append(out[1])
+            proposal_q.append(out[2])
+            if more:
+                scores, parents_exist = out[3], out[4]
+        return tokens, exists, proposal_q
+
+    def _start(self, state: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Commit the last step's draft rows and forward ``[pending, root]``: ``(root's draft logits [1, V],
+        target length, draft length, the slot mask with the pending column resolved, root)``."""
         buf, cache = self.buf, self.draft_cache
         n = buf.size
         rows, m, root, last_tokens, length = state[:n], state[n], state[n + 1 : n + 2], state[n + 2 : 2 * n + 2], state[-1]
         pending = self._commit_draft(rows, m, last_tokens, length)
-        pending_used = cache.length < length
+        draft_length = cache.length + 0
+        pending_used = draft_length < length
         # the pending slot is attended to only when it holds a token
         slot_anc = buf.slot_anc & ((torch.arange(buf.slot_anc.shape[1], device=length.device) != 0) | pending_used)
         logits = cache.forward(self.draft, torch.cat([pending, root]), (length + buf.slot_depth[:2]).clamp_min(0),
-                               slot_anc[:2], logits_to_keep=1)
-        tokens, exists, proposal_q = [root], [torch.ones(1, dtype=torch.bool, device=root.device)], []
-        noise_at = 0
-        for depth, (children, width, slots, n_forward, parent_row, rank, forward) in enumerate(buf.levels, start=1):
-            if self.mode == "topk":
-                choice = _select(logits, width)
-            else:
-                q = self.draft_params.probs(logits)
-                u = noise[noise_at : noise_at + q.shape[0]]
-                noise_at += q.shape[0]
-                choice = _select(q.log() - (-u.log()).log(), width)  # Gumbel-top-k
-                proposal_q.append(q[parent_row])
-            kids = choice[parent_row, rank]
-            exists.append((kids >= 0) & torch.cat(exists)[buf.parent[children]])
-            tokens.append(kids.clamp_min(0))
-            if n_forward and depth < len(buf.levels):
-                logits = cache.forward(self.draft, torch.cat(tokens)[forward], length + buf.slot_depth[slots],
-                                       slot_anc[slots], offset=slots.start)
-        tokens, exists = torch.cat(tokens), torch.cat(exists)
+                               slot_anc[:2], draft_length, logits_to_keep=1)
+        return logits, length + 0, draft_length, slot_anc, root + 0
+
+    def _level(self, scores: torch.Tensor, noise: torch.Tensor, parents_exist: torch.Tensor, parent_row: torch.Tensor,
+               rank: torch.Tensor, forward: torch.Tensor, positions: torch.Tensor, block: torch.Tensor,
+               draft_length: torch.Tensor, write_start: torch.Tensor, width: int, more: bool) -> tuple[torch.Tensor, ...]:
+        """One depth: choose each parent's children from its draft ``scores`` (logits), then forward the
+        children that have children (``more``): ``(tokens, exists, q of each proposal[, logits, exists])``."""
         if self.mode == "topk":
-            return tokens, exists, tokens.new_zeros(0)
-        return tokens, exists, self._without_older_siblings(torch.cat(proposal_q), tokens)
+            choice, q = _select(scores, width), scores.new_zeros(0)
+        else:
+            p = self.draft_params.probs(scores)
+            choice = _select(p.log() - (-noise.log()).log(), width)  # Gumbel-top-k: draws without replacement
+            q = p[parent_row]
+        kids = choice[parent_row, rank]
+        exists = (kids >= 0) & parents_exist[parent_row]
+        tokens = kids.clamp_min(0)
+        if not more:
+            return tokens, exists, q
+        logits = self.draft_cache.forward(self.draft, tokens[forward], positions, block, draft_length, write_start)
+        return tokens, exists, q, logits, exists[forward]
 
     def _commit_draft(self, rows: torch.Tensor, m: torch.Tensor, tokens: torch.Tensor,
                       length: torch.Tensor) -> torch.Tensor:
@@ -172,10 +199,13 @@ class _CapturedRunner:
         q = q.masked_fill(drop, 0.0)
         return q / q.sum(-1, keepdim=True).clamp_min(torch.finfo(q.dtype).tiny)
 
-    def _verify(self, tokens: torch.Tensor, exists: torch.Tensor, proposal_q: torch.Tensor,
+    def _verify(self, tokens: list[torch.Tensor], exists: list[torch.Tensor], proposal_q: list[torch.Tensor],
                 uniforms: torch.Tensor, exponentials: torch.Tensor) -> torch.Tensor:
         """Target forward, acceptance, commit; returns the packed state (see the class docstring)."""
         buf, length = self.buf, self.cache.length
+        tokens, exists = torch.cat(tokens), torch.cat(exists)
+        if self.mode != "topk" and not self.params.greedy:
+            proposal_q = self._without_older_siblings(torch.cat(proposal_q), tokens)
         logits = self.cache.forward(self.target, tokens, length + buf.depth, buf.anc)
         if self.params.greedy:
             on_path, extra = greedy_path(logits, tokens, buf.flat_parent, buf.anc, exists)
@@ -222,11 +252,12 @@ def _runner_for(req: Request, spec: Capture, capacity: int, backend: str, mode: 
 class CapturedStep:
     """The engine's step (``treespec.core.step.Step``) with a static draft tree drafted on the device.
 
-    Cache capacity is bucketed (``compiled.CAPACITY_BUCKET``) from prompt + ``max_new_tokens`` + the
+    Cache capacity is bucketed (:data:`CAPACITY_BUCKET`) from prompt + ``max_new_tokens`` + the
     tree, so prompts of similar length reuse the compiled calls. The tree is never capped by the end
     of the generation (its shape is fixed): tokens past ``max_new_tokens`` are dropped by the loop,
     which keeps the output exact (the emitted tokens are a prefix of an exact continuation).
-    Seconds: ``drafting`` the draft call, ``verifying`` the verify call up to the one device->host copy.
+    Seconds: ``drafting`` the start and level calls, ``verifying`` the verify call up to the one
+    device->host copy.
     """
 
     name = "captured"
@@ -239,33 +270,32 @@ class CapturedStep:
         self.runner = _runner_for(req, spec, capacity, self.backend, self.mode)
         self.runner.params, self.runner.draft_params = req.params, req.params.for_draft()
         self.vocab = req.vocab
+        self.empty = torch.zeros(0, device=req.device)
 
     def prefill(self, prompt: list[int], clock: Clock) -> None:
         self.state = self.runner.prefill(prompt)
 
-    def _noise(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """All of a step's random numbers in one seeded draw: Gumbel uniforms, acceptance uniforms, exponentials."""
-        runner, v, n = self.runner, self.vocab, self.spec.size
-        sampled_draft = runner.mode != "topk"
-        rows = runner.noise_rows if sampled_draft else 0
-        if self.req.params.greedy and not sampled_draft:
-            empty = torch.zeros(0, device=self.req.device)
-            return empty, empty, empty
-        u = torch.rand(rows * v + (0 if self.req.params.greedy else n - 1 + v), generator=self.gen,
-                       device=self.req.device).clamp_(torch.finfo(torch.float32).tiny, 1.0)
-        gumbel, rest = u[: rows * v].view(rows, v), u[rows * v :]
-        return gumbel, rest[: n - 1], -rest[n - 1 :].log()
+    def _noise(self) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
+        """A step's random numbers from one seeded draw: Gumbel uniforms per depth, the acceptance uniforms and
+        the exponentials of the correction's race (empty where unused)."""
+        runner, v, n, device = self.runner, self.vocab, self.spec.size, self.req.device
+        rows = runner.noise_rows
+        accept = 0 if self.req.params.greedy else n - 1 + v
+        if not sum(rows) and not accept:
+            return [self.empty] * len(rows), self.empty, self.empty
+        u = torch.rand(sum(rows) * v + accept, generator=self.gen, device=device).clamp_(torch.finfo(torch.float32).tiny)
+        gumbel = list(u[: sum(rows) * v].split([r * v for r in rows]))
+        rest = u[sum(rows) * v :]
+        return [g.view(-1, v) for g in gumbel], rest[: n - 1], -rest[n - 1 :].log()
 
     def advance(self, committed: list[int], remaining: int, clock: Clock) -> tuple[TokenTree, list[int], int, bool]:
         runner, n = self.runner, self.spec.size
         gumbel, uniforms, exponentials = self._noise()
         clock.charge("overhead")
-        drafted = runner.draft_step(self.state, gumbel)
-        if self.mode == "reduce-overhead":  # the next replay may overwrite a CUDA graph's outputs
-            drafted = tuple(t.clone() for t in drafted)
+        drafted = runner.draft_tree(self.state, gumbel)
         clock.charge("drafting")
         packed = runner.verify_step(*drafted, uniforms, exponentials)
-        self.state = packed.clone() if self.mode == "reduce-overhead" else packed
+        self.state = packed.clone() if runner.clone_between else packed
         out = packed.tolist()  # the step's one device->host copy
         clock.charge("verifying")
         m, extra, tokens, exists = out[n], out[n + 1], out[n + 2 : 2 * n + 2], out[2 * n + 2 :]

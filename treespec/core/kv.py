@@ -148,7 +148,7 @@ class StaticTreeLayer(StaticLayer):
     def __init__(self, capacity: int, length: torch.Tensor) -> None:
         super().__init__(max_cache_len=capacity)
         self.cumulative_length = length  # shared by every layer of the cache (see StaticTreeCache)
-        self.offset = 0  # where a forward writes, past the committed rows (StaticTreeCache.write_at)
+        self.write_start: torch.Tensor | None = None  # where a forward writes (None: at the committed length)
 
     def allocate(self, heads: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
         self.dtype, self.device = dtype, device
@@ -164,7 +164,8 @@ class StaticTreeLayer(StaticLayer):
         raise RuntimeError("StaticTreeLayer is allocated by StaticTreeCache, never lazily")
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        slots = self.cumulative_length + self.offset + torch.arange(key_states.shape[-2], device=self.device)
+        start = self.cumulative_length if self.write_start is None else self.write_start
+        slots = start + torch.arange(key_states.shape[-2], device=self.device)
         self.keys.index_copy_(2, slots, key_states)
         self.values.index_copy_(2, slots, value_states)
         return self.keys, self.values
@@ -188,29 +189,31 @@ class StaticTreeCache(Cache):
         for layer in layers:
             layer.allocate(heads, head_dim, param.dtype, param.device)
 
-    def write_at(self, offset: int) -> None:
-        """Let the next forwards write at ``[length + offset, ...)`` (a block of a tree drafted level by level)."""
-        for layer in self.layers:
-            layer.offset = offset
-
     def forward(self, model: torch.nn.Module, ids: torch.Tensor, positions: torch.Tensor, block: torch.Tensor,
-                offset: int = 0, logits_to_keep: int = 0) -> torch.Tensor:
-        """``model`` over ``ids`` written at slots ``[length + offset, length + offset + n)``, not committed.
+                committed: torch.Tensor | None = None, write_start: torch.Tensor | None = None,
+                logits_to_keep: int = 0) -> torch.Tensor:
+        """``model`` over ``ids`` written at slots ``[write_start, write_start + n)``, not committed.
 
-        Each token attends to every committed row and, inside the block of rows ``[length, length + S)``,
-        to the columns ``block[i]`` (bool ``[n, S]``, its tree ancestors and itself). The mask is built on
-        the device from ``length``, so the shapes never change. Returns logits ``[n, V]`` (the last
-        ``logits_to_keep`` rows if given).
+        Each token attends to the ``committed`` rows (default: ``length``) and, inside the block of rows
+        ``[committed, committed + S)``, to the columns ``block[i]`` (bool ``[n, S]``: its tree ancestors
+        and itself). ``write_start`` defaults to ``committed`` (a tree drafted level by level writes each
+        level further into its block). The mask is built on the device, so shapes never change. A
+        compiled graph that only reads ``length`` should pass it as ``committed`` (a graph input):
+        inductor's weight freezing folds static tensors a graph does not mutate into constants.
+        Returns logits ``[n, V]`` (the last ``logits_to_keep`` rows if given).
         """
+        committed = self.length if committed is None else committed
         n_block = block.shape[1]
-        rel = torch.arange(self.capacity, device=block.device) - self.length
+        rel = torch.arange(self.capacity, device=block.device) - committed
         allowed = (rel < 0) | (block[:, rel.clamp(0, n_block - 1)] & (rel >= 0) & (rel < n_block))
         zero = torch.zeros((), dtype=model.dtype, device=block.device)
         mask = torch.where(allowed, zero, torch.finfo(model.dtype).min)[None, None]
-        self.write_at(offset)
+        for layer in self.layers:
+            layer.write_start = committed if write_start is None else write_start
         out = model(input_ids=ids[None], attention_mask=mask, position_ids=positions[None], past_key_values=self,
                     use_cache=True, logits_to_keep=logits_to_keep)
-        self.write_at(0)
+        for layer in self.layers:
+            layer.write_start = None
         return out.logits[0]
 
     def prefill(self, model: torch.nn.Module, prompt: Sequence[int]) -> None:
