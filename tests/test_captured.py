@@ -89,6 +89,10 @@ def test_which_configurations_are_captured_and_why_not(models):
                           ([treespec.NGramDrafter()], "drafts on the host")]:
         step = treespec.generate(target, [1, 2], drafters, **kw).stats.step
         assert step.startswith("compiled, drafted on the host") and why in step, step
+    from treespec.models.precision import quantize_int8
+    int8 = quantize_int8(perturbed_copy(target, 0.3))
+    step = treespec.generate(target, [1, 2], [treespec.ModelDrafter(int8, KARY)], **kw).stats.step
+    assert "int8" in step and "bfloat16" in step
     over_budget = treespec.generate(target, [1, 2], [treespec.ModelDrafter(draft, KARY)], budget=4, **kw).stats.step
     assert "over the budget 4" in over_budget
 

@@ -15,7 +15,7 @@ def hf_generate(model: torch.nn.Module, ids: Sequence[int], max_new_tokens: int,
                 pad_token_id: int = 0, seed: int | None = None, assistant_model: torch.nn.Module | None = None,
                 assistant_config: dict[str, Any] | None = None, prompt_lookup_num_tokens: int | None = None,
                 max_matching_ngram_size: int | None = None, tokenizer: Any = None,
-                assistant_tokenizer: Any = None) -> tuple[list[int], float]:
+                assistant_tokenizer: Any = None, static_compiled: bool = False) -> tuple[list[int], float]:
     """HF ``generate`` with an explicit, neutral ``GenerationConfig``; returns (new tokens, seconds).
 
     Nothing is inherited from the checkpoint's own generation settings (a repetition penalty there
@@ -23,6 +23,9 @@ def hf_generate(model: torch.nn.Module, ids: Sequence[int], max_new_tokens: int,
     exactly ``max_new_tokens`` (``eos_token_id=[]`` to HF: passing None lets HF fill in the model's).
     ``tokenizer`` and ``assistant_tokenizer`` (both or neither) run HF's assisted generation with an
     ``assistant_model`` whose tokenizer differs from the target's ("universal assisted generation").
+    ``static_compiled``: HF's fastest plain decoding, a static cache and its ``torch.compile``'d
+    forward (on every device; inductor's weight freezing is the caller's ``torch._inductor.config``).
+    HF keeps the largest cache it has allocated, so after one long call later ones reuse its graphs.
     """
     from transformers import GenerationConfig
 
@@ -37,6 +40,12 @@ def hf_generate(model: torch.nn.Module, ids: Sequence[int], max_new_tokens: int,
         kw["min_new_tokens"] = max_new_tokens
     if temperature > 0:
         kw.update(temperature=temperature, top_p=top_p, top_k=top_k)
+    if static_compiled:
+        from transformers import CompileConfig
+
+        compile_config = CompileConfig(fullgraph=True)
+        compile_config._compile_all_devices = True  # HF compiles on accelerators only unless told
+        kw.update(cache_implementation="static", compile_config=compile_config)
     if prompt_lookup_num_tokens:
         kw["prompt_lookup_num_tokens"] = prompt_lookup_num_tokens
         if max_matching_ngram_size:

@@ -47,6 +47,18 @@ def hf_method(target: torch.nn.Module, name: str | None = None) -> Method:
     return Method(name or f"hf-{precision}", run, precision, True)
 
 
+def hf_compiled_method(target: torch.nn.Module, name: str | None = None) -> Method:
+    """HF ``generate`` with a static cache and ``torch.compile`` (its fastest plain decoding), greedy.
+    Warm it up first (a long prompt: HF then keeps that cache size and its graphs)."""
+    precision = precision_of(target)
+
+    def run(ids: list[int], n: int):
+        tokens, seconds = hf_generate(target, ids, n, static_compiled=True)
+        return tokens, seconds, {}
+
+    return Method(name or f"hf-{precision}-static-compiled", run, precision, True)
+
+
 def hf_assisted_method(target: torch.nn.Module, draft: torch.nn.Module, name: str | None = None) -> Method:
     """HF assisted generation (its own speculative decoding with ``draft``), greedy."""
     precision = precision_of(target)

@@ -58,6 +58,9 @@ def capture_plan(req: Request) -> Capture | str:
         return f"the drafter's shape has {spec.size} nodes, over the budget {req.budget} (the host cuts it)"
     if next(spec.model.parameters()).device != req.device:
         return "the draft model is on another device than the target"
+    if any(isinstance(m, torch.ao.nn.quantized.dynamic.Linear) for m in spec.model.modules()):
+        return ("the draft is int8 through torch.ao's dynamic quantisation, whose packed weights torch.compile "
+                "cannot trace (load the draft in bfloat16 or float32 to draft on the device)")
     return spec
 
 
