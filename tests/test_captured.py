@@ -230,3 +230,23 @@ def test_joint_test_detects_a_captured_step_that_accepts_everything(pair, monkey
                           temperature=1.0, compile=BACKEND)
     captured._RUNNERS.clear()
     assert not g_test(counts, exact_joint(target, PROMPT, 3, 1.0)) > ALPHA
+
+
+@pytest.mark.parametrize("mode", ["topk", "sample"], ids=["captured", "host-drafted"])
+def test_freezing_with_several_runners_in_one_process(mode):
+    """Under weight freezing a compiled graph keeps the static tensors it saw (the caches) as its own
+    attributes; a runner created later (another shape, or the same one after eviction) must compile
+    its own graphs rather than pass the first graph's guards and use the first runner's caches."""
+    target = tiny_model("qwen2", vocab=64, hidden=64, scale=6, seed=0)
+    draft = perturbed_copy(target, 0.3)
+    shapes = [KARY, DEEP, [(0,), (0, 0), (0, 0, 0)], KARY]
+    captured._RUNNERS.clear()
+    compiled._RUNNERS.clear()
+    with torch._inductor.config.patch(freezing=True):
+        for shape in shapes:
+            for prompt in ([1, 2, 3, 4], [5, 9, 11]):
+                eager = run(target, draft, prompt, 24, shape=shape, mode=mode, seed=0)
+                out = run(target, draft, prompt, 24, shape=shape, mode=mode, seed=0, compile="inductor")
+                assert out.new_tokens == eager.new_tokens == greedy_reference(target, prompt, 24)
+                assert out.stats.step_tokens == eager.stats.step_tokens or mode == "topk"
+                assert out.stats.step_tokens[:-1] == eager.stats.step_tokens[: len(out.stats.step_tokens) - 1]

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from .buffers import ShapeBuffers, shape_buffers
-from .compiled import compile_options, greedy_path, path_rows, round_up, sampled_path
+from .compiled import allow_recompiles, compile_options, greedy_path, path_rows, round_up, sampled_path
 from .drafting import Capture, DraftProposals
 from .kv import StaticTreeCache
 from .request import Request
@@ -246,7 +246,7 @@ def _runner_for(req: Request, spec: Capture, capacity: int, backend: str, mode: 
     if runner is None or runner.target is not req.target or runner.draft is not spec.model:
         while len(_RUNNERS) >= _MAX_RUNNERS:
             _RUNNERS.pop(next(iter(_RUNNERS)))
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+        allow_recompiles()
         runner = _RUNNERS[key] = _CapturedRunner(req.target, spec.model, shape_buffers(spec.parent, spec.rank),
                                                  spec.mode, capacity, backend, mode)
     return runner

@@ -61,6 +61,12 @@ def compile_options(compile: bool | str, device: torch.device) -> tuple[str, str
     return compile, None
 
 
+def allow_recompiles() -> None:
+    """Every runner compiles its own graphs of the same code objects (its caches are guarded by identity,
+    see ``StaticTreeCache``): let dynamo keep many of them rather than fall back to eager."""
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 512)
+
+
 # -- acceptance on the device: small pure functions on tensors -----------------------------------
 
 
@@ -177,8 +183,7 @@ def runner_for(model: torch.nn.Module, capacity: int, width: int, backend: str, 
     if runner is None or runner.model is not model:
         while len(_RUNNERS) >= _MAX_RUNNERS:
             _RUNNERS.pop(next(iter(_RUNNERS)))
-        # one graph per (model, width, backend) is compiled for the same code objects
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+        allow_recompiles()
         runner = _RUNNERS[key] = _Runner(model, capacity, width, backend, mode)
     return runner
 

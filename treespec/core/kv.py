@@ -155,9 +155,11 @@ class StaticTreeLayer(StaticLayer):
         self.batch_size, self.num_heads, self.k_head_dim = self.v_head_dim = 1, heads, head_dim
         self.keys = torch.zeros(1, heads, self.max_cache_len, head_dim, dtype=dtype, device=device)
         self.values = torch.zeros_like(self.keys)
-        # fixed data pointers: compiled graphs (and CUDA graphs) may mutate them in place
-        torch._dynamo.mark_static_address(self.keys)
-        torch._dynamo.mark_static_address(self.values)
+        # fixed data pointers: compiled graphs (and CUDA graphs) may mutate them in place. guard=True: under
+        # inductor's weight freezing a static tensor becomes an attribute of the graph, so a graph compiled
+        # for one cache must not pass its guards with another cache (it would read and write the first one)
+        torch._dynamo.mark_static_address(self.keys, guard=True)
+        torch._dynamo.mark_static_address(self.values, guard=True)
         self.is_initialized = True
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
@@ -183,7 +185,7 @@ class StaticTreeCache(Cache):
         param = next(model.parameters())
         self.capacity = capacity
         self.length = torch.zeros((), dtype=torch.long, device=param.device)
-        torch._dynamo.mark_static_address(self.length)
+        torch._dynamo.mark_static_address(self.length, guard=True)
         layers = [StaticTreeLayer(capacity, self.length) for _ in range(n_layers)]
         super().__init__(layers=layers)
         for layer in layers:
