@@ -92,30 +92,9 @@ def main(argv: list[str] | None = None) -> dict:
         f"# treespec vs the target alone, CPU\n\nMachine: {machine}.\nConfiguration (chosen by treespec on this "
         f"machine): {resolved.why}.\n{args.max_new_tokens} greedy tokens per prompt, methods interleaved per prompt.\n"
         f"Command: `python experiments/bench_cpu.py --out {args.out}`.\n\n{text}\n")
-    _plot(summaries, args.out / "tokens_per_second.png")
+    compare.plot(summaries, args.out / "tokens_per_second.png")
     print(text)
     return result
-
-
-def _plot(summaries: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(summaries), figsize=(5 * len(summaries), 3.6), squeeze=False)
-    for ax, s in zip(axes[0], summaries):
-        names = list(s["methods"])
-        est = [s["methods"][n]["tokens_per_second"]["estimate"] for n in names]
-        err = [[e - s["methods"][n]["tokens_per_second"]["low"] for n, e in zip(names, est)],
-               [s["methods"][n]["tokens_per_second"]["high"] - e for n, e in zip(names, est)]]
-        ax.bar(range(len(names)), est, yerr=err, capsize=4, color=["#999"] * (len(names) - 1) + ["#1f77b4"])
-        ax.set_xticks(range(len(names)), names, rotation=20, ha="right", fontsize=8)
-        ax.set_ylabel("tokens / s (95% CI over prompts)")
-        ax.set_title(f"{s['dataset']} ({len(s['prompts'])} prompts)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 if __name__ == "__main__":

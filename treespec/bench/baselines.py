@@ -25,7 +25,9 @@ def hf_generate(model: torch.nn.Module, ids: Sequence[int], max_new_tokens: int,
     ``assistant_model`` whose tokenizer differs from the target's ("universal assisted generation").
     ``static_compiled``: HF's fastest plain decoding, a static cache and its ``torch.compile``'d
     forward (on every device; inductor's weight freezing is the caller's ``torch._inductor.config``).
-    HF keeps the largest cache it has allocated, so after one long call later ones reuse its graphs.
+    The cache is one ``StaticCache`` per model (rows in multiples of 1024), reset before each call
+    and reused: HF's own per-call cache (``cache_implementation="static"``) fails under weight
+    freezing on a later, shorter prompt (its graphs keep the first call's cache as constants).
     """
     from transformers import GenerationConfig
 
@@ -45,12 +47,15 @@ def hf_generate(model: torch.nn.Module, ids: Sequence[int], max_new_tokens: int,
 
         compile_config = CompileConfig(fullgraph=True)
         compile_config._compile_all_devices = True  # HF compiles on accelerators only unless told
-        kw.update(cache_implementation="static", compile_config=compile_config)
+        kw.update(compile_config=compile_config)
+        extra_cache = _static_cache(model, len(ids) + max_new_tokens)
     if prompt_lookup_num_tokens:
         kw["prompt_lookup_num_tokens"] = prompt_lookup_num_tokens
         if max_matching_ngram_size:
             kw["max_matching_ngram_size"] = max_matching_ngram_size
     extra: dict[str, Any] = {}
+    if static_compiled:
+        extra["past_key_values"] = extra_cache
     if assistant_model is not None:
         assistant_model.generation_config = GenerationConfig(**(assistant_config or {}))  # fresh: HF mutates it
         extra["assistant_model"] = assistant_model
@@ -62,6 +67,22 @@ def hf_generate(model: torch.nn.Module, ids: Sequence[int], max_new_tokens: int,
     sync(device)
     t0 = time.perf_counter()
     with torch.inference_mode():
+        if static_compiled:
+            extra_cache.reset()
         out = model.generate(x, attention_mask=torch.ones_like(x), generation_config=GenerationConfig(**kw), **extra)
     sync(device)
     return out[0, len(ids):].tolist(), time.perf_counter() - t0
+
+
+_STATIC_CACHES: dict[int, tuple[int, Any]] = {}  # id(model) -> (rows, cache)
+
+
+def _static_cache(model: torch.nn.Module, length: int) -> Any:
+    """The model's reusable ``StaticCache`` of at least ``length`` rows (a larger one replaces it)."""
+    from transformers import StaticCache
+
+    rows = -(-length // 1024) * 1024
+    held = _STATIC_CACHES.get(id(model))
+    if held is None or held[0] < rows:
+        held = _STATIC_CACHES[id(model)] = (rows, StaticCache(config=model.config, max_cache_len=rows))
+    return held[1]

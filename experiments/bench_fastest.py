@@ -1,0 +1,133 @@
+"""treespec's captured step against each alternative a user would pick, each at its fastest, on this CPU.
+
+The real Qwen2.5-Coder pair (1.5B target, 0.5B draft), greedy, 64 tokens per prompt, on HumanEval
+(code) and the lee-news leads (prose, from the gensim wheel). Per prompt, methods in turn:
+
+* ``hf-bfloat16``: HF ``generate``, eager, bfloat16 (faster than float32 here);
+* ``hf-bfloat16-static-compiled``: HF ``generate`` with a static cache and ``torch.compile``, inductor
+  weight freezing on (HF's fastest plain decoding on a CPU);
+* ``hf-assisted-bfloat16``: HF assisted generation with the draft in the precision treespec's eager
+  default picks for it (int8 here: HF's fastest assisted configuration);
+* ``treespec-eager``: what ``treespec generate`` runs by default (measured precisions, tuned tree);
+* ``treespec-captured``: the captured step (``compile=True``: start, per-depth and verify graphs,
+  weight freezing), both models in bfloat16 (torch.ao's int8 cannot be compiled), the tree below.
+
+Compiles are paid once, before the timed prompts, and reported (both static caches hold 1024 rows,
+so one set of graphs serves every prompt; see ``treespec.bench.baselines.hf_generate`` for why HF's
+cache is kept across calls). The headline is the paired speedup over each baseline with bootstrap 95% intervals. Records
+are appended as they finish; a re-run resumes (compiles are paid again).
+
+    python experiments/bench_fastest.py --out experiments/results/cpu-fastest
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from treespec.bench import compare
+from treespec.bench.datasets import dataset_prompts, prompt_range
+from treespec.calibrate.vectors import default_acceptance
+from treespec.common.machine import machine
+from treespec.models import DEFAULT_DRAFT, DEFAULT_TARGET, cache_root, load
+from treespec.models.precision import precision_of
+from treespec.recipes import Recipe, resolve, run
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=Path("experiments/results/cpu-fastest"))
+    ap.add_argument("--humaneval", default="100:110", metavar="A:B", help="HumanEval problems A..B-1 ('' to skip)")
+    ap.add_argument("--lee-news", default="0:10", metavar="A:B", help="lee-news leads A..B-1 ('' to skip)")
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--budget", type=int, default=16, help="the captured step's sequoia tree budget")
+    ap.add_argument("--depth", type=int, default=6, help="the captured step's sequoia tree depth limit")
+    args = ap.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    torch._inductor.config.freezing = True  # HF's fastest CPU decoding, and the captured step's
+
+    target, tok = load(DEFAULT_TARGET, dtype="bfloat16", role="target")
+    draft_auto, _ = load(DEFAULT_DRAFT, dtype="auto", role="draft")
+    draft16, _ = load(DEFAULT_DRAFT, dtype="bfloat16", role="draft")
+    vector = default_acceptance(None, 0.0)
+    eager = resolve(Recipe(tree="sequoia", acceptance=vector), target, [draft_auto],
+                    cache_file=cache_root() / "profiles.json")
+    captured = Recipe(tree="sequoia", budget=args.budget, depth=args.depth, acceptance=vector, compile=True)
+    print("treespec eager:", eager.why, flush=True)
+
+    compile_seconds = {}
+    t = time.perf_counter()
+    compare.hf_compiled_method(target).run(tok("def f(x):")["input_ids"], 4)  # compiles HF's decoding step
+    compile_seconds["hf-bfloat16-static-compiled"] = time.perf_counter() - t
+    t = time.perf_counter()
+    warm = run(captured, target, [draft16], tok("def f(x):")["input_ids"], max_new_tokens=8)
+    compile_seconds["treespec-captured"] = time.perf_counter() - t
+    print(f"compiles: {compile_seconds} ({warm.stats.step})", flush=True)
+
+    methods = [compare.hf_method(target), compare.hf_compiled_method(target),
+               compare.hf_assisted_method(target, draft_auto),
+               compare.treespec_method(lambda ids, n: run(eager.recipe, target, [draft_auto], ids, max_new_tokens=n),
+                                       precision_of(target), name="treespec-eager"),
+               compare.treespec_method(lambda ids, n: run(captured, target, [draft16], ids, max_new_tokens=n),
+                                       precision_of(target), name="treespec-captured")]
+    prompts = []
+    for name, spec in (("humaneval", args.humaneval), ("lee-news", args.lee_news)):
+        if spec:
+            texts = dataset_prompts(name)
+            a, b = prompt_range(spec, len(texts), name)
+            prompts += [(name, i, tok(texts[i])["input_ids"]) for i in range(a, b)]
+
+    def show(r: dict) -> None:
+        print(f"  {r['dataset']}/{r['prompt']} {r['method']}: {r['tokens_per_second']:.2f} tok/s"
+              + (f", tau {r['tau']:.2f}" if "tau" in r else ""), flush=True)
+
+    records = compare.run(methods, prompts, args.max_new_tokens, args.out / "results.jsonl", on_record=show)
+    summaries = [compare.summarize(records, d) for d in dict.fromkeys(p[0] for p in prompts)]
+    result = {"machine": machine("cpu"), "torch": torch.__version__, "eager_configuration": eager.why,
+              "captured_recipe": {"tree": "sequoia", "budget": args.budget, "depth": args.depth,
+                                  "precisions": "bfloat16 target and draft"},
+              "compile_seconds": compile_seconds, "max_new_tokens": args.max_new_tokens, "summaries": summaries,
+              "per_step": {s["dataset"]: per_step(records, s) for s in summaries}}
+    (args.out / "summary.json").write_text(json.dumps(result, indent=1))
+    text = "\n\n".join(compare.markdown(s) + "\n\n" + breakdown(result["per_step"][s["dataset"]]) for s in summaries)
+    (args.out / "README.md").write_text(
+        f"# The captured step against HF at its fastest, CPU\n\nMachine: {result['machine']}, torch {torch.__version__}."
+        f"\n{args.max_new_tokens} greedy tokens per prompt, methods interleaved per prompt. treespec-eager: "
+        f"{eager.why}. treespec-captured: sequoia tree, budget {args.budget}, depth <= {args.depth}, bfloat16 "
+        f"target and draft, `compile=True` with inductor weight freezing.\nCompile seconds paid once before the "
+        f"timed prompts: {', '.join(f'{k} {v:.0f} s' for k, v in compile_seconds.items())}.\n"
+        f"Command: `python experiments/bench_fastest.py --out {args.out}`.\n\n{text}\n")
+    compare.plot(summaries, args.out / "tokens_per_second.png")
+    print(text)
+    return result
+
+
+def per_step(records: list[dict], summary: dict) -> dict:
+    """Mean seconds per step of each treespec method: drafting, verifying, engine (and the engine's share)."""
+    out = {}
+    for name in (n for n, e in summary["methods"].items() if not e["baseline"]):
+        sel = [r for r in records if r["method"] == name and r["dataset"] == summary["dataset"]
+               and r["prompt"] in summary["prompts"]]
+        steps = sum(r["steps"] for r in sel)
+        split = {k: sum(r[f"{k}_seconds"] for r in sel) / steps for k in ("drafting", "verifying", "engine")}
+        split["engine_share"] = split["engine"] / sum(split.values())
+        split["prefill_share_of_time"] = sum(r["prefill_seconds"] for r in sel) / sum(r["seconds"] for r in sel)
+        out[name] = split
+    return out
+
+
+def breakdown(split: dict) -> str:
+    lines = ["| per step | drafting | verifying | engine | engine share | prefill share of all time |",
+             "|---|---|---|---|---|---|"]
+    for name, s in split.items():
+        lines.append(f"| {name} | {s['drafting'] * 1e3:.0f} ms | {s['verifying'] * 1e3:.0f} ms | "
+                     f"{s['engine'] * 1e3:.1f} ms | {s['engine_share']:.1%} | {s['prefill_share_of_time']:.0%} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
