@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import sys
 import time
@@ -47,6 +46,7 @@ import treespec  # noqa: E402
 from treespec.calibrate.acceptance import MeasuredAcceptance  # noqa: E402
 from treespec.calibrate.costs import choose_tree, draft_level_cost, measure_latency  # noqa: E402
 from treespec.common.device import sync  # noqa: E402
+from treespec.common.machine import device_name  # noqa: E402
 from treespec.common.files import write_json  # noqa: E402
 from treespec.core import compiled  # noqa: E402
 
@@ -149,8 +149,7 @@ class Bench:
 
     def setup(self) -> dict[str, Any]:
         a = self.args
-        return {"device": torch.cuda.get_device_name(self.device) if self.device.type == "cuda"
-                else f"cpu ({platform.machine()})", "torch": torch.__version__, "dtype": str(self.dtype),
+        return {"device": device_name(self.device), "torch": torch.__version__, "dtype": str(self.dtype),
                 "smoke": self.tiny, "backend": self.backend, "mode": self.mode, "prompts": a.prompts,
                 "prompt_len": a.prompt_len, "new_tokens": a.new_tokens, "budget": a.budget,
                 "weights": "random (tiny configs)" if self.tiny else "random (real configs)"}

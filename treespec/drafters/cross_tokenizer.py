@@ -36,6 +36,7 @@ import torch
 
 from ..common.device import execution_device
 from ..common.machine import model_name
+from ..core.checks import check_int
 from ..core.drafting import ROOT, DraftProposals, Drafter
 from ..core.kv import TreeCache, causal_allowed, forward_masked
 from ..core.sampling import SamplingParams
@@ -111,11 +112,9 @@ class CrossTokenizerDrafter(Drafter):
 
     def __init__(self, model: torch.nn.Module, draft_tokenizer: object, target_tokenizer: object, *,
                  depth: int = 6, width: int = 1) -> None:
-        for name, value in (("depth", depth), ("width", width)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"CrossTokenizerDrafter: {name} must be an int >= 1, got {value!r}")
+        self.depth = check_int("depth", depth, 1, "CrossTokenizerDrafter's draft tokens per chain.")
+        self.width = check_int("width", width, 1, "CrossTokenizerDrafter's chains per step.")
         self.model = model
-        self.depth, self.width = depth, width
         self.draft = TextCodec(draft_tokenizer)
         self.target = TextCodec(target_tokenizer)
         self.device = execution_device(model)

@@ -4,7 +4,8 @@ Modules: ``config`` (TOML -> validated dict), ``points`` (the grid, point keys, 
 ``models`` (the pair's models, loaded once), ``runner`` (timed calls, the resumable loop),
 ``distributed`` (the same loop's points on Ray workers, one device each), ``records``
 (``results.jsonl``), ``lock`` (one writer per directory, the config fingerprint), ``figures``
-(intervals and checks over records), ``report`` (plots and Markdown), ``cli`` (``treespec sweep``).
+(intervals and checks over records), ``report`` (the plots), ``markdown`` (the README summary),
+``cli`` (``treespec sweep``).
 
 A sweep runs a grid of *points* described by a TOML config (``experiments/configs/*.toml``) and
 appends one JSON record per finished point to ``<out>/results.jsonl``. A point is either
