@@ -148,7 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--verifier", choices=tuple(VERIFIERS), default="rrs",
                    help="exact verification rule for sampled steps (docs/verifiers.md; default rrs)")
     g.add_argument("--compile", nargs="?", const=True, default=False, metavar="BACKEND",
-                   help="static-shape steps with a torch.compile'd target forward (optionally naming the backend)")
+                   help="compiled static-shape steps (optionally naming the torch.compile backend): one draft model's "
+                        "static tree in bfloat16/float32 is drafted on the device too (captured); other drafters "
+                        "draft on the host. Pays minutes of compilation on a CPU: for long runs")
     g.add_argument("--json", action="store_true",
                    help="print one JSON object per prompt (new_tokens, steps, tau, seconds, tokens_per_second, "
                         "configuration) instead of streaming text")
@@ -260,7 +262,7 @@ def histogram(hist: list[int], width: int = 40) -> str:
 def _print_stats(s) -> None:
     print("\n" + "-" * 60)
     print(f"treespec: {s.new_tokens} tokens in {s.seconds:.2f} s = {s.tokens_per_second:.2f} tok/s, "
-          f"{s.steps} steps, tau {s.tau:.2f}")
+          f"{s.steps} steps, tau {s.tau:.2f}" + ("" if s.step == "eager" else f"; step: {s.step}"))
     print(f"time: prefill {s.prefill_seconds:.2f} s, drafting {s.drafting_seconds:.2f} s, "
           f"verifying {s.verifying_seconds:.2f} s, engine {s.overhead_seconds:.2f} s")
     for d in s.drafters:

@@ -124,7 +124,8 @@ class Recipe:
     the sequoia tree (None: no limit); ``min_confidence``: the model drafter's confidence stop
     (``ModelDrafter``); ``target_dtype``/``draft_dtype``: precision names (module docstring);
     ``verifier``: the exact rule for sampled steps (``treespec.core.verifiers.VERIFIERS``);
-    ``compile``: False, True or a ``torch.compile`` backend name (``treespec.core.compiled``).
+    ``compile``: False, True or a ``torch.compile`` backend name (``treespec.core.captured`` for one
+    draft model's static tree, else ``treespec.core.compiled``).
     """
 
     tree: str = "sequoia"

@@ -1,9 +1,11 @@
 """The speculative loop: draft, merge into a trie, one target forward, verify, commit.
 
-One loop (:func:`decode`) runs every configuration; a *step* (``treespec.core.step``) decides where the target's
-forward and the acceptance run: :class:`EagerStep` here (a growable cache, acceptance walked on the
-host by the chosen verifier), ``treespec.core.compiled.CompiledStep`` for ``compile=...`` (static
-shapes, one compiled call per step, acceptance on the device).
+One loop (:func:`decode`) runs every configuration; a *step* (``treespec.core.step``) decides where the
+drafting, the target's forward and the acceptance run: :class:`EagerStep` here (a growable cache,
+acceptance walked on the host by the chosen verifier); for ``compile=...``,
+``treespec.core.captured.CapturedStep`` (one draft model's static tree drafted on the device too)
+or ``treespec.core.compiled.CompiledStep`` (host drafters; static shapes, one compiled call per
+step, acceptance on the device).
 """
 
 from __future__ import annotations
