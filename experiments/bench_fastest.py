@@ -20,6 +20,10 @@ cache is kept across calls). The headline is the paired speedup over each baseli
 are appended as they finish; a re-run resumes (compiles are paid again).
 
     python experiments/bench_fastest.py --out experiments/results/cpu-fastest
+    python experiments/bench_fastest.py --out experiments/results/cpu-fastest --only treespec-compiled
+
+The second form adds one method to a finished run (in 24 GiB the three frozen compiles of the pair
+do not fit in one process); its prompts then run after, not interleaved with, the others.
 """
 
 from __future__ import annotations
@@ -49,6 +53,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--budget", type=int, default=16, help="the captured step's sequoia tree budget")
     ap.add_argument("--depth", type=int, default=6, help="the captured step's sequoia tree depth limit")
+    ap.add_argument("--only", default=None, metavar="M1,M2",
+                    help="run only these methods (their compiles only: three frozen compiles of the pair do not fit "
+                         "in 24 GiB together); the summary covers every method recorded in --out")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     torch._inductor.config.freezing = True  # HF's fastest CPU decoding, and the captured step's
@@ -62,27 +69,38 @@ def main(argv: list[str] | None = None) -> dict:
     captured = Recipe(tree="sequoia", budget=args.budget, depth=args.depth, acceptance=vector, compile=True)
     print("treespec eager:", eager.why, flush=True)
 
-    compile_seconds = {}
-    t = time.perf_counter()
-    compare.hf_compiled_method(target).run(tok("def f(x):")["input_ids"], 4)  # compiles HF's decoding step
-    compile_seconds["hf-bfloat16-static-compiled"] = time.perf_counter() - t
     host_compiled = replace(eager.recipe, compile=True)
-    t = time.perf_counter()
-    run(host_compiled, target, [draft_auto], tok("def f(x):")["input_ids"], max_new_tokens=8)
-    compile_seconds["treespec-compiled"] = time.perf_counter() - t
-    t = time.perf_counter()
-    warm = run(captured, target, [draft16], tok("def f(x):")["input_ids"], max_new_tokens=8)
-    compile_seconds["treespec-captured"] = time.perf_counter() - t
-    print(f"compiles: {compile_seconds} ({warm.stats.step})", flush=True)
+    makers = {
+        "hf-bfloat16": lambda: compare.hf_method(target),
+        "hf-bfloat16-static-compiled": lambda: compare.hf_compiled_method(target),
+        "hf-assisted-bfloat16": lambda: compare.hf_assisted_method(target, draft_auto),
+        "treespec-eager": lambda: compare.treespec_method(
+            lambda ids, n: run(eager.recipe, target, [draft_auto], ids, max_new_tokens=n), precision_of(target),
+            name="treespec-eager"),
+        "treespec-compiled": lambda: compare.treespec_method(
+            lambda ids, n: run(host_compiled, target, [draft_auto], ids, max_new_tokens=n), precision_of(target),
+            name="treespec-compiled"),
+        "treespec-captured": lambda: compare.treespec_method(
+            lambda ids, n: run(captured, target, [draft16], ids, max_new_tokens=n), precision_of(target),
+            name="treespec-captured"),
+    }
+    chosen = list(makers) if args.only is None else [m for m in args.only.split(",") if m]  # '' = report only
+    unknown = [m for m in chosen if m not in makers]
+    if unknown:
+        ap.error(f"--only: unknown method(s) {', '.join(unknown)}; choose among {', '.join(makers)}")
+    methods = [makers[m]() for m in chosen]
+    summary_file = args.out / "summary.json"
+    before = json.loads(summary_file.read_text()) if summary_file.exists() else {}
+    compile_seconds = before.get("compile_seconds", {})
+    added_later = before.get("added_later", []) + ([m for m in chosen if m not in before.get("added_later", [])]
+                                                   if args.only is not None else [])
+    for m in methods:  # compiles, paid once before the timed prompts
+        if m.name in ("hf-bfloat16-static-compiled", "treespec-compiled", "treespec-captured"):
+            t = time.perf_counter()
+            m.run(tok("def f(x):")["input_ids"], 8)
+            compile_seconds[m.name] = time.perf_counter() - t
+    print(f"compiles: {compile_seconds}", flush=True)
 
-    methods = [compare.hf_method(target), compare.hf_compiled_method(target),
-               compare.hf_assisted_method(target, draft_auto),
-               compare.treespec_method(lambda ids, n: run(eager.recipe, target, [draft_auto], ids, max_new_tokens=n),
-                                       precision_of(target), name="treespec-eager"),
-               compare.treespec_method(lambda ids, n: run(host_compiled, target, [draft_auto], ids, max_new_tokens=n),
-                                       precision_of(target), name="treespec-compiled"),
-               compare.treespec_method(lambda ids, n: run(captured, target, [draft16], ids, max_new_tokens=n),
-                                       precision_of(target), name="treespec-captured")]
     prompts = []
     for name, spec in (("humaneval", args.humaneval), ("lee-news", args.lee_news)):
         if spec:
@@ -99,13 +117,16 @@ def main(argv: list[str] | None = None) -> dict:
     result = {"machine": machine("cpu"), "torch": torch.__version__, "eager_configuration": eager.why,
               "captured_recipe": {"tree": "sequoia", "budget": args.budget, "depth": args.depth,
                                   "precisions": "bfloat16 target and draft"},
-              "compile_seconds": compile_seconds, "max_new_tokens": args.max_new_tokens, "summaries": summaries,
+              "compile_seconds": compile_seconds, "added_later": added_later,
+              "max_new_tokens": args.max_new_tokens, "summaries": summaries,
               "per_step": {s["dataset"]: per_step(records, s) for s in summaries}}
     (args.out / "summary.json").write_text(json.dumps(result, indent=1))
     text = "\n\n".join(compare.markdown(s) + "\n\n" + breakdown(result["per_step"][s["dataset"]]) for s in summaries)
     (args.out / "README.md").write_text(
         f"# The captured step against HF at its fastest, CPU\n\nMachine: {result['machine']}, torch {torch.__version__}."
-        f"\n{args.max_new_tokens} greedy tokens per prompt, methods interleaved per prompt. treespec-eager: "
+        f"\n{args.max_new_tokens} greedy tokens per prompt, methods interleaved per prompt"
+        + (f" (except {', '.join(added_later)}: added by a later run with `--only`, after the others)"
+           if added_later else "") + ". treespec-eager: "
         f"{eager.why}. treespec-compiled: the same with `compile=True` (its int8 draft drafts on the host; the "
         f"target's step is compiled and frozen). treespec-captured: sequoia tree, budget {args.budget}, depth <= "
         f"{args.depth}, bfloat16 target and draft, `compile=True` with inductor weight freezing.\nCompile seconds paid once before the "

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from .buffers import ShapeBuffers, shape_buffers
-from .compiled import allow_recompiles, compile_options, greedy_path, path_rows, round_up, sampled_path
+from .compiled import CAPACITY_BUCKET, allow_recompiles, compile_options, greedy_path, path_rows, round_up, sampled_path
 from .drafting import Capture, DraftProposals
 from .kv import StaticTreeCache
 from .request import Request
@@ -40,9 +40,6 @@ from .step import Clock
 from .tree import TokenTree
 
 MODES = ("topk", "sample_without_replacement")
-#: cache rows are allocated in multiples of this: prompts up to ~1k tokens share one set of compiled calls
-#: (a compile costs minutes on a CPU; attending over masked rows costs little next to the weights)
-CAPACITY_BUCKET = 1024
 
 
 def capture_plan(req: Request) -> Capture | str:
@@ -130,15 +127,16 @@ class _CapturedRunner:
         return torch.tensor(state, device=self.cache.length.device)
 
     def draft_tree(self, state: torch.Tensor, noise: list[torch.Tensor]
-              ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
-        """The whole tree, depth by depth: ``(tokens, exists, q of each proposal)`` per depth (root first)."""
+                   ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+        """The whole tree, depth by depth: ``(tokens, exists, q of each proposal)`` per depth (root first).
+        Nothing runs between the compiled calls but this loop (no eager operator)."""
         keep = (lambda out: tuple(t.clone() for t in out)) if self.clone_between else (lambda out: out)
-        scores, length, draft_length, slot_anc, root = keep(self.start_step(state))
-        parents_exist = torch.ones(1, dtype=torch.bool, device=root.device)
+        scores, draft_length, root, parents_exist, *where = keep(self.start_step(state))
         tokens, exists, proposal_q = [root], [parents_exist], []
-        for (parent_row, rank, forward, depth, slots, width, more), u in zip(self.buf.levels, noise):
-            out = keep(self.level_step(scores, u, parents_exist, parent_row, rank, forward, length + depth,
-                                       slot_anc[slots], draft_length, draft_length + slots.start, width, more))
+        for (parent_row, rank, forward, _, _, width, more), u, (positions, block, write_start) in zip(
+                self.buf.levels, noise, zip(where[0::3], where[1::3], where[2::3])):
+            out = keep(self.level_step(scores, u, parents_exist, parent_row, rank, forward, positions, block,
+                                       draft_length, write_start, width, more))
             tokens.append(out[0])
             exists.append(out[1])
             proposal_q.append(out[2])
@@ -148,7 +146,7 @@ class _CapturedRunner:
 
     def _start(self, state: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Commit the last step's draft rows and forward ``[pending, root]``: ``(root's draft logits [1, V],
-        target length, draft length, the slot mask with the pending column resolved, root)``."""
+        draft length, root, the root's existence, then per depth: positions, mask block, write start)``."""
         buf, cache = self.buf, self.draft_cache
         n = buf.size
         rows, m, root, last_tokens, length = state[:n], state[n], state[n + 1 : n + 2], state[n + 2 : 2 * n + 2], state[-1]
@@ -159,7 +157,10 @@ class _CapturedRunner:
         slot_anc = buf.slot_anc & ((torch.arange(buf.slot_anc.shape[1], device=length.device) != 0) | pending_used)
         logits = cache.forward(self.draft, torch.cat([pending, root]), (length + buf.slot_depth[:2]).clamp_min(0),
                                slot_anc[:2], draft_length, logits_to_keep=1)
-        return logits, length + 0, draft_length, slot_anc, root + 0
+        where = []
+        for _, _, _, depth, slots, _, _ in buf.levels:
+            where += [length + depth, slot_anc[slots], draft_length + slots.start]
+        return (logits, draft_length, root + 0, torch.ones(1, dtype=torch.bool, device=root.device), *where)
 
     def _level(self, scores: torch.Tensor, noise: torch.Tensor, parents_exist: torch.Tensor, parent_row: torch.Tensor,
                rank: torch.Tensor, forward: torch.Tensor, positions: torch.Tensor, block: torch.Tensor,
@@ -255,7 +256,7 @@ def _runner_for(req: Request, spec: Capture, capacity: int, backend: str, mode: 
 class CapturedStep:
     """The engine's step (``treespec.core.step.Step``) with a static draft tree drafted on the device.
 
-    Cache capacity is bucketed (:data:`CAPACITY_BUCKET`) from prompt + ``max_new_tokens`` + the
+    Cache capacity is bucketed (``compiled.CAPACITY_BUCKET``) from prompt + ``max_new_tokens`` + the
     tree, so prompts of similar length reuse the compiled calls. The tree is never capped by the end
     of the generation (its shape is fixed): tokens past ``max_new_tokens`` are dropped by the loop,
     which keeps the output exact (the emitted tokens are a prefix of an exact continuation).

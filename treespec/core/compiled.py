@@ -6,7 +6,7 @@ no compiled output ever feeds another compiled graph), so ``torch.compile`` (and
 
 * ``StaticTreeCache``: a ``transformers`` ``Cache`` whose layers own zero-filled ``[1, H, C, D]``
   key/value buffers at fixed addresses, ``C`` bucketed from prompt + ``max_new_tokens`` + tree
-  width (a multiple of 256, so a sweep reuses its graphs). The committed length is one device
+  width (a multiple of 1024, so prompts and a sweep reuse its graphs). The committed length is one device
   tensor shared by all layers. Step ``t`` writes its tree into slots ``[L, L + W)``; the commit
   gathers the accepted rows into ``[L, L + m)`` with one index tensor for all layers.
 * The tree is padded to a fixed width ``W`` (the budget): padding rows attend only to themselves
@@ -40,7 +40,9 @@ from .sampling import SamplingParams
 from .step import Clock, HostDrafted
 from .tree import FlatTree, TokenTree
 
-CAPACITY_BUCKET = 256  # cache rows are allocated in multiples of this
+#: cache rows are allocated in multiples of this: prompts up to ~1k tokens share one set of compiled graphs
+#: (a compile costs tens of seconds to minutes on a CPU; attending over masked rows costs little next to the weights)
+CAPACITY_BUCKET = 1024
 
 
 def round_up(n: int, multiple: int) -> int:
