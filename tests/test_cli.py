@@ -279,3 +279,18 @@ def test_interrupt_is_one_line(monkeypatch, capsys):
     monkeypatch.delenv("TREESPEC_DEBUG", raising=False)
     assert cli.main(["generate", "--prompt", "x"]) == 130
     assert capsys.readouterr().err == "treespec: interrupted\n"
+
+
+def test_compile_names_the_route_it_took(tiny_dirs, tmp_path, capsys, monkeypatch):
+    """`--compile` with one float32 draft model runs the captured step; the summary line and the JSON say so."""
+    import json
+
+    monkeypatch.setenv("TREESPEC_CACHE", str(tmp_path / "cache"))
+    models = [a.format(**tiny_dirs) for a in MODELS]
+    argv = ["generate", *models, "--prompt", "w1 w2 w3", "--tree", "chain", "--budget", "4", "--max-new-tokens", "6",
+            "--compile", "aot_eager"]
+    assert main(argv) == 0
+    assert "; step: captured" in capsys.readouterr().out
+    assert main([*argv, "--ngram", "--json"]) == 0
+    record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert record["step"].startswith("compiled, drafted on the host: 2 drafters")
