@@ -300,29 +300,6 @@ def agreement_lines(summary: dict) -> str:
     return "\n".join(out)
 
 
-def plot(summaries: Sequence[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(summaries), figsize=(5.5 * len(summaries), 3.8), squeeze=False)
-    for ax, s in zip(axes[0], summaries):
-        names = list(s["methods"])
-        est = [s["methods"][n]["tokens_per_second"]["estimate"] for n in names]
-        err = [[e - s["methods"][n]["tokens_per_second"]["low"] for n, e in zip(names, est)],
-               [s["methods"][n]["tokens_per_second"]["high"] - e for n, e in zip(names, est)]]
-        colors = ["#999" if not s["methods"][n]["baseline"] else "#bbb" for n in names]
-        colors = ["#1f77b4" if n.startswith("treespec") else c for n, c in zip(names, colors)]
-        ax.bar(range(len(names)), est, yerr=err, capsize=4, color=colors)
-        ax.set_xticks(range(len(names)), names, rotation=25, ha="right", fontsize=8)
-        ax.set_ylabel("tokens / s (95% CI over prompts)")
-        ax.set_title(f"{s['dataset']} ({len(s['prompts'])} prompts)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
 # -- main ------------------------------------------------------------------------------------------
 
 
@@ -386,7 +363,7 @@ def main(argv: list[str] | None = None) -> dict:
         f"prompts {meta['prompts']}; the methods run interleaved per prompt. HumanEval prompts are raw "
         f"completions; ShareGPT first turns go through the target's chat template. Intervals: bootstrap 95% "
         f"over prompts (`treespec.bench.intervals`), ratios paired per prompt.\n\n{tables}\n")
-    plot([s for s in summaries if s["prompts"]], args.out / "tokens_per_second.png")
+    compare.plot([s for s in summaries if s["prompts"]], args.out / "tokens_per_second.png")
     print(tables)
     return result
 

@@ -7,7 +7,8 @@ The real Qwen2.5-Coder pair (1.5B target, 0.5B draft), greedy, 64 tokens per pro
 * ``hf-bfloat16-static-compiled``: HF ``generate`` with a static cache and ``torch.compile``, inductor
   weight freezing on (HF's fastest plain decoding on a CPU);
 * ``hf-assisted-bfloat16``: HF assisted generation with the draft in the precision treespec's eager
-  default picks for it (int8 here: HF's fastest assisted configuration);
+  default picks for it (int8 here; the same draft as treespec-eager and treespec-compiled; HF
+  assisted with the captured step's bfloat16 draft is not measured);
 * ``treespec-eager``: what ``treespec generate`` runs by default (measured precisions, tuned tree);
 * ``treespec-compiled``: the eager default's recipe and models with ``compile=True``: its int8 draft
   cannot be traced, so it drafts on the host and only the target's step is compiled (frozen);

@@ -15,6 +15,16 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def models(request):
+    """A peaky tiny target of each family and a correlated draft: the compiled-step tests' pair
+    (a test file may define its own ``models``)."""
+    from treespec.models.tiny import perturbed_copy, tiny_model
+
+    target = tiny_model(request.param, vocab=64, hidden=64, scale=6, seed=0)
+    return target, perturbed_copy(target, 0.3)
+
+
 def pytest_collection_modifyitems(config, items):
     if os.environ.get("TREESPEC_SLOW") == "1" or "slow" in (config.getoption("-m") or ""):
         return

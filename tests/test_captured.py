@@ -21,12 +21,6 @@ KARY = [(0,), (1,), (0, 0), (0, 1), (1, 0), (1, 1)]
 DEEP = [(0,), (1,), (0, 0), (1, 0), (0, 0, 0), (0, 0, 1), (0, 0, 0, 0)]  # a leaf at depth 1 under node 2
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2"])
-def models(request):
-    target = tiny_model(request.param, vocab=64, hidden=64, scale=6, seed=0)
-    return target, perturbed_copy(target, 0.3)
-
-
 def run(target, draft, prompt, n, shape=KARY, mode="topk", **kwargs):
     return treespec.generate(target, prompt, drafters=[treespec.ModelDrafter(draft, shape, mode)], max_new_tokens=n,
                              **kwargs)

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from .buffers import ShapeBuffers, shape_buffers
+from .checks import has_dynamic_int8
 from .compiled import CAPACITY_BUCKET, allow_recompiles, compile_options, greedy_path, path_rows, round_up, sampled_path
 from .drafting import Capture, DraftProposals
 from .kv import StaticTreeCache
@@ -55,7 +56,7 @@ def capture_plan(req: Request) -> Capture | str:
         return f"the drafter's shape has {spec.size} nodes, over the budget {req.budget} (the host cuts it)"
     if next(spec.model.parameters()).device != req.device:
         return "the draft model is on another device than the target"
-    if any(isinstance(m, torch.ao.nn.quantized.dynamic.Linear) for m in spec.model.modules()):
+    if has_dynamic_int8(spec.model):
         return ("the draft is int8 through torch.ao's dynamic quantisation, whose packed weights torch.compile "
                 "cannot trace (load the draft in bfloat16 or float32 to draft on the device)")
     return spec
@@ -107,16 +108,13 @@ class _CapturedRunner:
         self.cache = StaticTreeCache(target, capacity)
         self.draft_cache = StaticTreeCache(draft, capacity)
         self.params = self.draft_params = SamplingParams()
+        # uniforms each depth's Gumbel-top-k takes: one row per parent (none for top-k), fixed by the shape
+        self.noise_rows = [0 if mode == "topk" else int(lv.parent_row.max()) + 1 for lv in shape.levels]
         self.clone_between = mode_compile == "reduce-overhead"  # CUDA graphs may reuse an output at the next replay
         opts = dict(fullgraph=True, backend=backend, mode=mode_compile)
         self.start_step = torch.compile(self._start, **opts)
         self.level_step = torch.compile(self._level, **opts)
         self.verify_step = torch.compile(self._verify, **opts)
-
-    @property
-    def noise_rows(self) -> list[int]:
-        """Rows of uniforms each depth's choice takes (its parents; none for top-k)."""
-        return [0 if self.mode == "topk" else len(lv[0].unique()) for lv in self.buf.levels]
 
     def prefill(self, prompt: list[int]) -> torch.Tensor:
         """Cache ``prompt[:-1]`` in both models; returns the state the first draft call starts from."""

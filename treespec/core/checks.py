@@ -224,3 +224,9 @@ def check_compile(compile: object) -> bool | str:
         return compile
     raise ValueError(f"compile must be False, True or the name of a torch.compile backend (e.g. 'inductor', "
                      f"'aot_eager'), got {compile!r}")
+
+
+def has_dynamic_int8(model: torch.nn.Module) -> bool:
+    """Whether ``model``'s Linear layers are int8 through ``torch.ao``'s dynamic quantisation (packed
+    weights: fast on a CPU, not traceable by ``torch.compile``)."""
+    return any(isinstance(m, torch.ao.nn.quantized.dynamic.Linear) for m in model.modules())

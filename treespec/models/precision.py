@@ -28,6 +28,7 @@ import torch
 
 from ..common.files import read_json_dict, write_json
 from ..common.machine import measurement_key, model_name
+from ..core.checks import has_dynamic_int8
 PRECISIONS = ("float32", "bfloat16", "float16", "int8")
 #: the floating-point precisions (a target may run in any of them; int8 is for drafts only)
 FLOATS = PRECISIONS[:3]
@@ -64,13 +65,9 @@ def torch_dtype(precision: str) -> torch.dtype:
     return _TORCH_DTYPES.get(precision, torch.float32)
 
 
-def _is_dynamic_int8(module: torch.nn.Module) -> bool:
-    return isinstance(module, torch.ao.nn.quantized.dynamic.Linear)
-
-
 def precision_of(model: torch.nn.Module) -> str:
     """The precision of a model: ``int8`` if its Linear layers are dynamically quantised, else its dtype."""
-    if any(_is_dynamic_int8(m) for m in model.modules()):
+    if has_dynamic_int8(model):
         return "int8"
     dtype = next(model.parameters()).dtype
     return parse_precision(dtype) if dtype in _TORCH_DTYPES.values() else str(dtype).removeprefix("torch.")
