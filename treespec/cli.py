@@ -293,7 +293,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     want_draft = not (args.ngram and not args.draft)
     recipe = recipe_from_args(args, with_model=want_draft)  # validates before the models load
     target, tok, drafts = load_models(args, want_draft)
-    resolved = resolve(recipe, target, drafts)
+    resolved = resolve(recipe, target, drafts, tokenizer=tok, max_new_tokens=args.max_new_tokens)
     recipe = resolved.recipe
     print(f"configuration: {resolved.why}", file=sys.stderr if args.json else sys.stdout, flush=True)
     eos = eos_ids(target, tok)

@@ -309,20 +309,78 @@ def tunable(recipe: Recipe, drafts: Sequence[DraftModel]) -> bool:
             and recipe.ngram is None and len(drafts) == 1 and not isinstance(drafts[0], CrossDraft))
 
 
+def _plan_depth(recipe: Recipe, with_model: bool) -> int:
+    """The deepest proposal the recipe's drafters can make (its trees' depth)."""
+    p = plan(recipe, with_model=with_model)
+    model = 0 if p.model is None else (p.shape.depth if p.shape is not None else int(p.model.get("depth", 0)))
+    return max(model, p.ngram["max_tokens"] if p.ngram else 0)
+
+
+def _single_chain(recipe: Recipe, drafters: Sequence[Drafter]) -> bool:
+    """Whether the drafters propose one chain per step (so a depth cap keeps a prefix of each)."""
+    if len(drafters) != 1:
+        return False
+    d = drafters[0]
+    if isinstance(d, (CrossTokenizerDrafter, NGramDrafter)):
+        return d.width == 1
+    return isinstance(d, ModelDrafter) and recipe.tree == "chain"
+
+
+def _pilot_choice(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[DraftModel], models: str,
+                  tokenizer: Any, max_new_tokens: int, cache_file: Path | None) -> Resolved:
+    """A recipe the tuner cannot size, measured by a pilot (``treespec.calibrate.pilot``): the depth
+    predicted fastest on this machine, or plain decoding (budget 1) when no depth is predicted to pay."""
+    from .calibrate import pilot
+    from .common.machine import measurement_key, model_name
+
+    base = replace(recipe, budget=DEFAULT_BUDGET)
+    drafters = build_drafters(base, drafts)
+    if not drafters:
+        return Resolved(base, f"{models}; {recipe.tree} tree, budget {DEFAULT_BUDGET} (no drafter to measure)")
+    depth, chain = _plan_depth(base, bool(drafts)), _single_chain(base, drafters)
+    prompts = [list(tokenizer(text)["input_ids"]) for text in pilot.PILOT_PROMPTS]
+    eager = replace(base, compile=False)  # the pilot times eager steps (compiling costs minutes)
+    key = measurement_key("pilot-v1", model_name(target), precision_of(target),
+                          *(d.describe() for d in drafters), f"T={recipe.temperature}", f"top_p={recipe.top_p}",
+                          f"top_k={recipe.top_k}", recipe.verifier, pilot.prompts_digest(prompts),
+                          device=next(target.parameters()).device)
+    measured = pilot.cached_pilot(key, cache_file, lambda: pilot.run_pilot(
+        lambda ids, n: run(eager, target, drafts, ids, max_new_tokens=n, seed=0),
+        lambda ids, n: run(replace(eager, budget=1), target, drafts, ids, max_new_tokens=n, seed=0),
+        target, prompts, depth=depth, chain=chain))
+    # a depth cap d is only a candidate when the recipe's drafters then really draft d deep
+    chosen, table = pilot.choose(measured, max_new_tokens, allowed=lambda d: d == depth or _plan_depth(
+        replace(base, depth=d), bool(drafts)) == d)
+    why = f"{models}; {pilot.why(measured, chosen, table, max_new_tokens)}"
+    if chosen.depth == 0:
+        return Resolved(replace(recipe, budget=1), why)
+    depth_cap = chosen.depth if chosen.depth < depth else recipe.depth
+    return Resolved(replace(base, depth=depth_cap), why)
+
+
 def resolve(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[DraftModel], *,
-            cache_file: Path | None = None, tuner: Callable[..., Tuned] = tune) -> Resolved:
-    """``recipe`` with a budget: as given, tuned on this machine (:func:`tunable`; the profile is
-    cached in ``cache_file``, default ``<treespec cache>/profiles.json``), or :data:`DEFAULT_BUDGET`."""
+            cache_file: Path | None = None, tuner: Callable[..., Tuned] = tune, tokenizer: Any = None,
+            max_new_tokens: int = 128, pilot_cache: Path | None = None) -> Resolved:
+    """``recipe`` with a budget: as given; tuned on this machine (:func:`tunable`; the profile is
+    cached in ``cache_file``, default ``<treespec cache>/profiles.json``); otherwise, when the target's
+    ``tokenizer`` is given, the depth a short pilot predicts fastest for ``max_new_tokens`` new tokens,
+    or plain decoding when speculation is not predicted to pay (``treespec.calibrate.pilot``; cached
+    in ``pilot_cache``, default ``<treespec cache>/pilots.json``); without a tokenizer,
+    :data:`DEFAULT_BUDGET`."""
     models = _describe_models(target, drafts)
     if recipe.budget is not None:
         return Resolved(recipe, f"{models}; {recipe.tree} tree, budget {recipe.budget} (as given)")
+    from .models import cache_root
+
     if not tunable(recipe, drafts):
+        if tokenizer is not None:
+            return _pilot_choice(recipe, target, drafts, models, tokenizer, max_new_tokens,
+                                 pilot_cache if pilot_cache is not None else cache_root() / "pilots.json")
         return Resolved(replace(recipe, budget=DEFAULT_BUDGET),
                         f"{models}; {recipe.tree} tree, budget {DEFAULT_BUDGET} (the default: tuning needs a "
-                        "Sequoia tree with one draft model of the target's tokenizer and no n-gram)")
+                        "Sequoia tree with one draft model of the target's tokenizer and no n-gram; with the "
+                        "target's tokenizer a pilot measures whether it pays)")
     if cache_file is None:
-        from .models import cache_root
-
         cache_file = cache_root() / "profiles.json"
     tuned = tuner(target, drafts[0], [list(r) if isinstance(r, tuple) else r for r in recipe.acceptance],
                   temperature=recipe.temperature, max_depth=recipe.depth or 8, cache_file=cache_file)

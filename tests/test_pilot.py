@@ -1,0 +1,119 @@
+"""The pilot: a default recipe the tuner cannot size is measured, and plain decoding wins when nothing pays."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from treespec import recipes
+from treespec.calibrate import pilot
+from treespec.calibrate.pilot import Pilot, choose, predict
+from treespec.core.stats import Stats
+from treespec.models.tiny import ByteTokenizer, greedy_reference, perturbed_copy, tiny_model
+from treespec.recipes import NGramSettings, Recipe, resolve, run
+
+
+def make_pilot(**kw) -> Pilot:
+    base = dict(depth=6, chain=True, steps=100, uncut_steps=100, tau=2.0, survival=[0.6, 0.4, 0.25, 0.15, 0.1, 0.05],
+                draft_per_step=0.07, verify_per_step=0.12, engine_per_step=0.001, prefill_per_prompt=0.0,
+                plain_per_token=0.1, plain_verify_per_token=0.099, plain_prefill_per_prompt=0.0,
+                latency={1: 1.0, 4: 1.2, 7: 1.6})
+    return Pilot(**{**base, **kw})
+
+
+def test_chain_depths_follow_the_formula_and_the_best_is_chosen() -> None:
+    p = make_pilot()
+    table = {c.depth: c for c in predict(p, tokens=100)}
+    assert set(table) == set(range(7))
+    d = 3
+    tau = 1 + 0.6 + 0.4 + 0.25
+    step = 0.07 * (d + 1) / 7 + 0.099 * 1.2 / 1.0 + 0.001  # t(4) / t(1) = 1.2 on the curve
+    assert table[d].tau == pytest.approx(tau) and table[d].step_seconds == pytest.approx(step)
+    assert table[d].speedup == pytest.approx(0.1 * tau / step)
+    chosen, _ = choose(p, tokens=100)
+    assert chosen.depth == max(range(1, 7), key=lambda k: table[k].speedup) and chosen.speedup >= pilot.MARGIN
+
+
+def test_a_weak_draft_gives_plain_decoding() -> None:
+    """Nothing accepted and drafting costs time: every depth loses, so the choice is the target alone."""
+    p = make_pilot(survival=[0.0] * 6, tau=1.0)
+    chosen, table = choose(p, tokens=100)
+    assert chosen.depth == 0 and all(c.speedup < 1 for c in table[1:])
+    # the margin: a configuration predicted only 2% faster is not worth the risk of losing
+    close = make_pilot(chain=False, tau=1.02 * (0.07 + 0.12 + 0.001) / 0.1)
+    assert choose(close, tokens=100)[0].depth == 0 and choose(close, tokens=100, margin=1.0)[0].depth == 6
+
+
+def test_prefill_is_charged_to_both_sides() -> None:
+    """A draft's own prefill makes a short run lose what a long run wins."""
+    p = make_pilot(prefill_per_prompt=3.0, plain_prefill_per_prompt=0.5)
+    assert choose(p, tokens=4)[0].depth == 0
+    assert choose(p, tokens=2000)[0].depth > 0
+
+
+def test_non_chain_recipes_are_predicted_at_their_own_depth_only() -> None:
+    p = make_pilot(chain=False, tau=3.0)
+    assert [c.depth for c in predict(p, 50)] == [0, 6]
+
+
+def test_survival_counts_uncut_steps_only() -> None:
+    s = Stats(step_tokens=[1, 3, 2, 5], step_cut=[False, False, False, True])
+    assert pilot._survival(s, 3) == ([2 / 3, 1 / 3, 0.0], 3)
+
+
+@pytest.fixture
+def pair():
+    target = tiny_model("llama", vocab=64, hidden=64, scale=6, seed=0)
+    return target, perturbed_copy(target, 0.3), ByteTokenizer(64)
+
+
+def test_resolve_measures_once_and_caches(pair, tmp_path, monkeypatch) -> None:
+    """An n-gram-only recipe (not tunable) is piloted on the built-in prompts; a second resolve
+    reads the cache; the chosen recipe is still exact."""
+    target, _, tok = pair
+    cache = tmp_path / "pilots.json"
+    recipe = Recipe(tree="sequoia", ngram=NGramSettings())
+    first = resolve(recipe, target, [], tokenizer=tok, max_new_tokens=32, pilot_cache=cache)
+    assert "pilot (" in first.why and cache.exists()
+    assert first.recipe.budget in (1, recipes.DEFAULT_BUDGET)
+    monkeypatch.setattr(pilot, "run_pilot", lambda *a, **k: pytest.fail("measured again despite the cache"))
+    again = resolve(recipe, target, [], tokenizer=tok, max_new_tokens=32, pilot_cache=cache)
+    assert again.recipe == first.recipe
+    prompt = tok("def f(x):")["input_ids"]
+    out = run(again.recipe, target, [], prompt, max_new_tokens=12)
+    assert out.new_tokens == greedy_reference(target, prompt, 12)
+
+
+@pytest.mark.parametrize("survival, expect_plain", [([0.0] * 4, True), ([0.95, 0.9, 0.85, 0.8], False)])
+def test_the_resolved_recipe_is_what_the_pilot_chose(pair, tmp_path, monkeypatch, survival, expect_plain) -> None:
+    target, _, tok = pair
+    measured = make_pilot(depth=4, survival=survival, draft_per_step=0.0, latency={1: 1.0, 5: 1.0})
+    monkeypatch.setattr(pilot, "run_pilot", lambda *a, **k: measured)
+    resolved = resolve(Recipe(tree="sequoia", ngram=NGramSettings()), target, [], tokenizer=tok,
+                       pilot_cache=tmp_path / "p.json")
+    if expect_plain:
+        assert resolved.recipe.budget == 1 and "plain decoding" in resolved.why
+        assert recipes.build_drafters(resolved.recipe, []) == []
+    else:
+        chosen = choose(measured, 128)[0]
+        assert chosen.depth == 4 and resolved.recipe.budget == recipes.DEFAULT_BUDGET
+        assert recipes._plan_depth(resolved.recipe, False) == 4 and "chose depth 4" in resolved.why
+
+
+def test_a_chain_depth_cap_is_applied(pair, tmp_path, monkeypatch) -> None:
+    """A cross-tokenizer-like chain drafter piloted deep, best predicted shallow: the recipe is capped there."""
+    target, draft, tok = pair
+    measured = make_pilot(depth=4, survival=[0.9, 0.1, 0.05, 0.0], draft_per_step=0.1, latency={1: 1.0, 5: 1.4})
+    monkeypatch.setattr(pilot, "run_pilot", lambda *a, **k: measured)
+    best = choose(measured, 128)[0]
+    assert 0 < best.depth < 4
+    resolved = resolve(Recipe(tree="chain", depth=4), target, [draft], tokenizer=tok, pilot_cache=tmp_path / "p.json")
+    assert resolved.recipe.depth == best.depth and recipes._plan_depth(resolved.recipe, True) == best.depth
+
+
+def test_without_a_tokenizer_the_default_budget_stays(pair) -> None:
+    target, draft, _ = pair
+    resolved = resolve(Recipe(tree="kary"), target, [draft])
+    assert resolved.recipe.budget == recipes.DEFAULT_BUDGET and "pilot measures" in resolved.why
+    assert replace(resolved.recipe, budget=None) == Recipe(tree="kary")
