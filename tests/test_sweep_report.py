@@ -242,3 +242,33 @@ def test_where_the_gap_is_names_a_single_deep_outlier_without_calling_it_small()
     rows = [(1, 250, 0.98, 0.958), (2, 245, 0.967, 0.956), (3, 200, 0.98, 0.958), (4, 174, 0.983, 0.91)]
     text = F.where_the_gap_is(rows)
     assert "mostly at depth 4 (+0.073)" in text and "no depth is off" not in text
+
+
+def _point(builder: str, budget: int, seconds, depth: int, size: float, verify: float, draft: float) -> dict:
+    rec = _treespec([16, 16, 16, 16], [4, 4, 4, 4], seconds, predicted=4.0 if builder == "chain" else 3.5)
+    rec["params"].update(builder=builder, budget=budget)
+    rec["key"] = f"{builder}-{budget}"
+    rec["result"].update(steps=16, mean_tree_size=size, tree={"depth": depth, "size": size, "paths": [[0] * (i + 1) for i in range(depth)]
+                               if builder == "chain" else [[i] for i in range(depth)]},
+                         acceptance={"vector": [0.6, 0.2, 0.1], "file": "a.json", "mode": "topk", "beta": 0.6})
+    rec["timing"].update(verifying_seconds=16 * verify, drafting_seconds=16 * draft)
+    return rec
+
+
+def test_tree_or_chain_verdict_pairs_the_fastest_tree_with_the_chain() -> None:
+    chain8 = _point("chain", 8, [1.0, 2.0, 1.5, 3.0], depth=7, size=8, verify=0.2, draft=0.35)
+    kary8 = _point("kary", 8, [1.3, 2.7, 2.0, 3.9], depth=2, size=7, verify=0.25, draft=0.1)  # slower than the chain
+    seq8 = _point("sequoia", 8, [1.1, 2.3, 1.6, 3.4], depth=5, size=8, verify=0.2, draft=0.3)  # the fastest tree
+    tied = _point("sequoia", 16, [1.0, 2.1, 1.4, 3.1], depth=6, size=16, verify=0.3, draft=0.3)
+    chain16 = _point("chain", 16, [1.05, 2.0, 1.5, 3.0], depth=8, size=9, verify=0.2, draft=0.4)
+    rows = F.tree_vs_chain([chain8, kary8, seq8, tied, chain16])
+    assert [(v["budget"], v["tree"]) for v in rows] == [(8, "sequoia"), (16, "sequoia")]
+    first = rows[0]
+    assert first["ratio"].estimate == pytest.approx(7.5 / 8.4) and first["winner"] == "chain"  # paired: CI below 1
+    assert first["draft_level"]["chain"] == pytest.approx(0.05) and first["siblings"] == pytest.approx(0.3)
+    assert rows[1]["winner"].startswith("neither")
+    text = "\n".join(M._verdict_section([chain8, kary8, seq8, tied, chain16]))
+    assert "## Tree or chain?" in text and "chain: 1 (d T=0 B=8)" in text
+    assert F.tree_vs_chain([kary8, seq8]) == []  # no chain: nothing to compare
+    seq8["result"]["tree"]["paths"] = chain8["result"]["tree"]["paths"] = [[0], [0, 0]]  # the DP's tree is the chain
+    assert F.tree_vs_chain([chain8, seq8])[0]["winner"].startswith("same shape")

@@ -170,3 +170,73 @@ def per_depth_prediction(record: dict[str, Any], directory: Path) -> float | Non
         return None
     matrix = MeasuredAcceptance.load(directory / name).matrix.tolist()
     return float(TreeShape.from_paths([tuple(p) for p in res["tree"]["paths"]]).expected_tokens(matrix))
+
+
+# -- tree or chain? -------------------------------------------------------------------------------------------
+def _levels(record: dict[str, Any]) -> int:
+    """Draft forwards per step of a static tree: the root's (with the catch-up) and one per level with children."""
+    tree = record["result"].get("tree")
+    return int(tree["depth"]) if tree else 0
+
+
+def _per_step(record: dict[str, Any], part: str) -> float:
+    return record["timing"][f"{part}_seconds"] / max(record["result"]["steps"], 1)
+
+
+def _sibling_acceptance(record: dict[str, Any]) -> float | None:
+    """How often a child other than the draft's first choice is the accepted one (calibration vector)."""
+    a = record["result"].get("acceptance")
+    return None if not a else float(sum(a["vector"][1:]))
+
+
+def tree_vs_chain(tres: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per panel and budget with a model-drafted chain and at least one model-drafted tree: the chain
+    against the tree measured fastest at that budget, with the paired speed ratio over the same
+    prompts (tree over chain: > 1 means the tree wins; when the builder's best tree *is* the chain, the
+    ratio only measures how much the machine's speed drifted between the two runs), the predicted
+    tau of both, and the facts
+    that decide the winner: verification seconds per step of each (``t(n)`` at the two sizes, as
+    the run paid it), the draft's seconds per forward level, and the calibration's sibling acceptance
+    (the tokens only a tree can win)."""
+    groups: dict[tuple, dict[int, dict[str, list[dict[str, Any]]]]] = {}
+    for r in tres:
+        p = r["params"]
+        if p["drafters"] != "model" or p.get("verifier", "rrs") != "rrs":
+            continue
+        groups.setdefault(panel(p), {}).setdefault(p["budget"], {}).setdefault(p["builder"], []).append(r)
+    rows = []
+    for pn in sorted(groups, key=str):
+        for budget, by_builder in sorted(groups[pn].items()):
+            chains = by_builder.get("chain")
+            trees = {b: rs for b, rs in by_builder.items() if b != "chain"}
+            if not chains or not trees:
+                continue
+            speeds = {b: speed_interval(rs) for b, rs in trees.items()}
+            best = max((b for b in trees if speeds[b] is not None), key=lambda b: speeds[b].estimate, default=None)
+            if best is None:
+                continue
+            tree, chain = trees[best], chains
+            same_prompts = all(t["result"]["tokens_per_prompt"] == c["result"]["tokens_per_prompt"]
+                               for t, c in zip(tree, chain)) and len(tree) == len(chain)
+            ratio = _pooled(list(zip(chain, tree)), lambda ct: ct[0]["timing"]["per_prompt_seconds"],
+                            lambda ct: ct[1]["timing"]["per_prompt_seconds"]) if same_prompts else None
+            t0, c0 = tree[0], chain[0]
+            same_shape = bool(t0["result"].get("tree")) and (t0["result"]["tree"].get("paths")
+                                                               == c0["result"].get("tree", {}).get("paths"))
+            rows.append({
+                "same_shape": same_shape,
+                "panel": pn, "budget": budget, "tree": best, "ratio": ratio,
+                "winner": (None if ratio is None or not ratio.known
+                           else "same shape: the ratio is timing drift between the two runs" if same_shape
+                           else "tree" if ratio.low > 1
+                           else "chain" if ratio.high < 1 else "neither (the interval holds 1)"),
+                "speed": {"tree": speeds[best], "chain": speed_interval(chain)},
+                "tau": {"tree": tau_interval(tree, uncut=True), "chain": tau_interval(chain, uncut=True)},
+                "predicted_tau": {"tree": t0["result"].get("predicted_tau"), "chain": c0["result"].get("predicted_tau")},
+                "size": {"tree": t0["result"]["mean_tree_size"], "chain": c0["result"]["mean_tree_size"]},
+                "verify": {"tree": _per_step(t0, "verifying"), "chain": _per_step(c0, "verifying")},
+                "draft_level": {k: (_per_step(r, "drafting") / _levels(r) if _levels(r) else None)
+                                for k, r in (("tree", t0), ("chain", c0))},
+                "siblings": _sibling_acceptance(t0) or _sibling_acceptance(c0),
+            })
+    return rows

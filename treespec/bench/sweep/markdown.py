@@ -10,7 +10,8 @@ from typing import Any
 from ..intervals import Interval
 from .config import CITABLE
 from .figures import (agreement, baseline_of, baseline_speedup, depth_rows, panel, per_depth_prediction,
-                      same_greedy_outputs, speed_interval, speedup_interval, tau_interval, where_the_gap_is)
+                      same_greedy_outputs, speed_interval, speedup_interval, tau_interval, tree_vs_chain,
+                      where_the_gap_is)
 from .records import machine_of
 
 
@@ -145,6 +146,7 @@ def summary(path: Path, records: list[dict[str, Any]], tres: list[dict[str, Any]
             lines += ["Speedups refused (token counts differ):", ""]
             lines += [f"- {r['key']}: {r['speedup_refused']}" for r in refused]
             lines.append("")
+        lines += _verdict_section(tres)
         lines += _prediction_section(sorted(tres, key=order), path.parent)
     if trees:
         lines += ["## Trees", ""] + [f"- [{title}]({name})" for title, name in trees] + [""]
@@ -194,4 +196,36 @@ def _prediction_section(tres: list[dict[str, Any]], directory: Path) -> list[str
                 diff = "-" if pred is None else f"{rate - pred:+.3f}"
                 lines.append(f"| {d} | {tried} | {rate:.3f} | {_fmt(pred, 3)} | {diff} |")
             lines += ["", where_the_gap_is(depth_rows(r)), ""]
+    return lines
+
+
+def _verdict_section(tres: list[dict[str, Any]]) -> list[str]:
+    """Markdown: per panel and budget, the chain against the fastest tree, measured and predicted, and why."""
+    rows = tree_vs_chain(tres)
+    if not rows:
+        return []
+    lines = ["## Tree or chain?", "",
+             "Per panel and budget: a chain of draft tokens against the tree measured fastest at the same budget "
+             "(both drafted by the model, verified by `rrs`, on the same prompts). *tree / chain*: paired speed "
+             "ratio over prompts (95% CI; > 1: the tree wins). Predicted: expected tokens per step under the "
+             "calibration vector. What decides it: a tree buys the tokens that only siblings can win (*siblings*: "
+             "calibration probability that the accepted child is not the draft's first choice) with a wider "
+             "verification (*verify s/step*: the target's forward at the two sizes, as the run paid it) and, for "
+             "deep chains, more draft levels (*draft s/level*).", "",
+             "| dataset | T | B | tree | tree / chain | winner | tau tree / chain (measured) | predicted | "
+             "size | verify s/step | draft s/level | siblings |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for v in rows:
+        _, dataset, t, _ = v["panel"]
+        pt, pc = v["predicted_tau"]["tree"], v["predicted_tau"]["chain"]
+        dl = v["draft_level"]
+        lines.append(
+            f"| {dataset} | {t:g} | {v['budget']} | {v['tree']} | {_fmt(v['ratio'])} | {v['winner'] or '-'} | "
+            f"{_fmt(v['tau']['tree'])} / {_fmt(v['tau']['chain'])} | "
+            f"{'-' if pt is None or pc is None else f'{pt:.2f} / {pc:.2f}'} | "
+            f"{v['size']['tree']:.1f} / {v['size']['chain']:.1f} | {v['verify']['tree']:.3f} / {v['verify']['chain']:.3f} | "
+            f"{_fmt(dl['tree'], 3)} / {_fmt(dl['chain'], 3)} | {_fmt(v['siblings'], 3)} |")
+    wins = {}
+    for v in rows:
+        wins.setdefault(v["winner"] or "unknown", []).append(f"{v['panel'][1]} T={v['panel'][2]:g} B={v['budget']}")
+    lines += ["", "Verdict: " + "; ".join(f"{w}: {len(c)} ({', '.join(c)})" for w, c in sorted(wins.items())) + ".", ""]
     return lines
