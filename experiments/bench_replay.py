@@ -1,9 +1,10 @@
 """Verifiers compared on the same trees (``treespec.bench.replay``), on the real pair.
 
-One live sampled run per prompt records every step; every verification rule that is exact for a
-step's construction then walks that same tree against the same target distributions with the same
-coins. Reported: accepted drafted tokens per step for each rule, and its tokens per step over
-``rrs`` with a paired bootstrap 95% interval over steps. Constructions: the Sequoia tree drawn
+One live sampled run per prompt records every step; for every verification rule that is exact for a
+step's construction, the expected accepted length on that same tree and the same target distributions
+is computed exactly (every branch of its accept/reject decisions, weighed by its probability: no coin
+noise). Reported: expected accepted drafted tokens per step for each rule, and its expected tokens per
+step over ``rrs`` with a paired bootstrap 95% interval over steps. Constructions: the Sequoia tree drawn
 without replacement (``rrs``, ``traversal``) and a chain of i.i.d. draws (``rrs``, ``block``,
 ``traversal``, ``spectr``), at each temperature.
 
@@ -62,8 +63,11 @@ def main(argv: list[str] | None = None) -> dict:
     lines = [f"# Verifiers on the same trees ({results['machine']}, torch {results['torch']})", "",
              f"Real pair (Qwen2.5-Coder 1.5B bfloat16 target, 0.5B draft), {results['prompts']}, "
              f"{args.max_new_tokens} sampled tokens per prompt; every rule exact for a step replays that step's tree, "
-             "target distributions and coins (`treespec.bench.replay`).", "",
-             "| construction | verifier | steps | accepted per step | tokens per step over rrs (95% CI) |",
+             "target distributions, and its expected accepted length there is computed exactly over all its accept/reject "
+             "branches (`treespec.bench.replay.expected_accepted`): the intervals hold only the spread over steps. "
+             f"Command: `python experiments/bench_replay.py --out {args.out} --prompts {args.prompts} --max-new-tokens "
+             f"{args.max_new_tokens}`.", "",
+             "| construction | verifier | steps | expected accepted per step | tokens per step over rrs (95% CI) |",
              "|---|---|---|---|---|"]
     for run, out in results["runs"].items():
         for name, v in out["verifiers"].items():

@@ -1,5 +1,5 @@
-"""Same-tree replay of verifiers: the recorded steps reproduce the live walk, and the comparison pairs
-every exact rule with the baseline on the same steps and coins."""
+"""Same-tree replay of verifiers: the recorded steps reproduce the live walk, the enumerated expectation
+is the walks' mean, and the comparison pairs every exact rule with the baseline on the same steps."""
 
 import pytest
 import torch
@@ -52,6 +52,24 @@ def test_compare_pairs_each_exact_rule_with_the_baseline(pair) -> None:
     tree = replay.record(target, [1, 2, 3], [treespec.ModelDrafter(draft, BUSHY, "sample_without_replacement")],
                          max_new_tokens=20, temperature=1.0, seed=1, budget=5)
     assert set(replay.compare([tree])["verifiers"]) == {"rrs", "traversal"}  # not block (a tree), not spectr (w/o repl.)
+
+
+def test_expected_accepted_is_the_mean_of_the_walks(pair) -> None:
+    """The enumerated expectation agrees with the average of many seeded walks of the same step (within
+    4 standard errors), for a top-down rule and a leaf-to-root rule."""
+    target, draft = pair
+    rec = replay.record(target, [1, 2, 3, 4], [treespec.ModelDrafter(draft, BUSHY, "sample_without_replacement")],
+                        max_new_tokens=24, temperature=1.0, seed=3)
+    for step in rec.steps[:3]:
+        for name in ("rrs", "traversal"):
+            walks = torch.tensor([float(replay.replay(step, rec.params, name, TorchCoins(torch.Generator().manual_seed(i))))
+                                  for i in range(300)])
+            exact = replay.expected_accepted(step, rec.params, name)
+            assert abs(walks.mean().item() - exact) <= 4 * max(walks.std().item(), 0.05) / 300 ** 0.5, (name, exact)
+    # on sampled trees traversal expects more than rrs (Weng et al.; exhaustively in test_verifiers.py)
+    gain = [replay.expected_accepted(s, rec.params, "traversal") - replay.expected_accepted(s, rec.params, "rrs")
+            for s in rec.steps]
+    assert sum(gain) > 0
 
 
 def test_greedy_is_refused(pair) -> None:

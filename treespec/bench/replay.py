@@ -4,9 +4,15 @@ Comparing verifiers by running each one live measures prompt noise: after the fi
 follows its own sampled continuation. Here one live run records every sampled step (its token tree,
 with the distribution each proposal was drawn from, and the target's logits over it); then every
 verifier that is exact for a step's construction walks the *same* tree against the *same* target
-distributions, with common random numbers (the same seeded coins for every rule at a step). The
-accepted lengths are paired per step, so the comparison keeps only the rules' own difference.
-Exactness of each rule is unchanged: the replay only measures.
+distributions. No coin is tossed in the comparison: for each rule and step, every branch of the rule's
+accept/reject decisions is walked and weighed by its probability (:func:`expected_accepted`), which
+gives the rule's *expected* accepted length on that step exactly (its conditional expectation given the
+tree and the targets). The per-step expectations are paired across rules, so the comparison keeps
+only the rules' own difference plus the spread over steps; the coin noise that a live comparison, or a
+replay with shared seeds, adds on top is gone. (Common random numbers couple poorly here: ``rrs``
+decides top-down and ``block`` from the deepest position, so the uniform that decides one rule's length
+barely moves the other's; keying uniforms by node was measured to couple them even less.) Exactness of
+each rule is unchanged: the replay only measures.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ import torch
 from ..core.constructions import classify
 from ..core.engine import EagerStep, decode, node_targets
 from ..core.request import Request
-from ..core.sampling import SamplingParams, spread_seed
+from ..core.sampling import SamplingParams
 from ..core.stats import GenerateOutput
 from ..core.tree import FlatTree, TokenTree
 from ..core.verifiers import VERIFIERS, TorchCoins
@@ -93,24 +99,68 @@ def replay(step: RecordedStep, params: SamplingParams, verifier: str, coins: Tor
     return len(path) - 1
 
 
-def compare(recordings: Sequence[Recording], baseline: str = "rrs", seed: int = 0) -> dict[str, Any]:
-    """Per verifier, over the recorded steps it and ``baseline`` are exact for: the mean accepted
-    length (drafted tokens accepted per step) and ``tau_ratio``, its tokens per step (accepted + 1)
-    over the baseline's on the same steps and coins, with a paired bootstrap 95% interval over steps."""
-    pairs: dict[str, list[tuple[int, int]]] = {}  # verifier -> (its accepted, baseline's accepted) per step
-    for r, rec in enumerate(recordings):
-        for s, step in enumerate(rec.steps):
+class _Branch:
+    """Coins that follow a fixed prefix of accept/reject answers, then answer "accept", logging each
+    decision's probability; ``draw`` (the extra token, which does not change the accepted path) is
+    answered without branching."""
+
+    def __init__(self, prefix: tuple[bool, ...]) -> None:
+        self.prefix, self.log = prefix, []  # log: (answer, probability of the prefix's answer options)
+
+    def accept(self, prob: float) -> bool:
+        prob = min(max(float(prob), 0.0), 1.0)
+        i = len(self.log)
+        answer = self.prefix[i] if i < len(self.prefix) else prob > 0.0
+        self.log.append((answer, prob))
+        return answer
+
+    def draw(self, dist: torch.Tensor) -> int:
+        return 0
+
+
+def expected_accepted(step: RecordedStep, params: SamplingParams, verifier: str) -> float:
+    """``verifier``'s expected accepted drafted tokens on ``step``, exactly: every branch of its
+    accept/reject decisions is walked (a depth-first search over answer prefixes; a branch of
+    probability 0 is not explored) and weighed by the product of its answers' probabilities."""
+    targets = node_targets(step.flat, step.logits, params)
+    cache: dict[int, torch.Tensor] = {}
+
+    def target(v: int) -> torch.Tensor:  # one softmax per node for all branches
+        if v not in cache:
+            cache[v] = targets(v)
+        return cache[v]
+
+    expected, stack = 0.0, [()]
+    while stack:
+        prefix = stack.pop()
+        coins = _Branch(prefix)
+        path, _ = VERIFIERS[verifier].verify(step.tree, target, coins)
+        weight = 1.0
+        for answer, prob in coins.log:
+            weight *= prob if answer else 1.0 - prob
+        expected += weight * (len(path) - 1)
+        for i in range(len(prefix), len(coins.log)):
+            answer, prob = coins.log[i]
+            if answer and prob < 1.0:  # the other answer to decision i, after the answers taken before it
+                stack.append(tuple(a for a, _ in coins.log[:i]) + (False,))
+    return expected
+
+
+def compare(recordings: Sequence[Recording], baseline: str = "rrs") -> dict[str, Any]:
+    """Per verifier, over the recorded steps it and ``baseline`` are exact for: the mean expected
+    accepted length (drafted tokens per step, :func:`expected_accepted`) and ``tau_ratio``, its expected
+    tokens per step (accepted + 1) over the baseline's on the same steps, with a paired bootstrap 95%
+    interval over steps."""
+    pairs: dict[str, list[tuple[float, float]]] = {}  # verifier -> (its expected accepted, baseline's) per step
+    for rec in recordings:
+        for step in rec.steps:
             names = exact_verifiers(step)
             if baseline not in names:
                 continue
-
-            def run(name: str) -> int:  # common random numbers: the same coins for every rule at a step
-                gen = torch.Generator(step.logits.device).manual_seed(spread_seed("replay", seed, r, s))
-                return replay(step, rec.params, name, TorchCoins(gen))
-
-            base = run(baseline)
+            base = expected_accepted(step, rec.params, baseline)
             for name in names:
-                pairs.setdefault(name, []).append((run(name) if name != baseline else base, base))
+                pairs.setdefault(name, []).append(
+                    (expected_accepted(step, rec.params, name) if name != baseline else base, base))
     out: dict[str, Any] = {"baseline": baseline, "verifiers": {}}
     for name, both in pairs.items():
         mine, theirs = [a for a, _ in both], [b for _, b in both]
