@@ -63,8 +63,10 @@ def summarize(rows: list[dict], out: Path, args: argparse.Namespace) -> None:
              "`generate` eager (the target alone, same process, same prompt): HF's seconds over treespec's, summed "
              "over prompts, with a paired bootstrap 95% interval. Command: `python experiments/bench_defaults.py --out "
              f"{args.out} --prompts {args.prompts} --max-new-tokens {args.max_new_tokens}`.", "",
-             "| configuration | treespec tok/s | target alone tok/s | speedup [95% CI] | tau | greedy = target | "
-             "what the CLI chose |", "|---|---|---|---|---|---|---|"]
+             "*s/step*: measured seconds per step (drafting + verifying + engine), to set beside the seconds per step "
+             "the CLI predicted (in its configuration line).", "",
+             "| configuration | treespec tok/s | target alone tok/s | speedup [95% CI] | tau | s/step | greedy = target | "
+             "what the CLI chose |", "|---|---|---|---|---|---|---|---|"]
     for row in rows:
         recs = row["records"]
         ts = np.array([r["tokens_per_second"] for r in recs])
@@ -72,8 +74,11 @@ def summarize(rows: list[dict], out: Path, args: argparse.Namespace) -> None:
         tokens = np.array([len(r["new_tokens"]) for r in recs], dtype=float)
         ci = intervals.ratio_of_sums(tokens / hf, tokens / ts).fmt()  # paired per prompt: HF seconds / ours
         same = sum(bool(r.get("identical")) for r in recs)
+        steps = sum(r["steps"] for r in recs)
+        per_step = sum(r["drafting_seconds"] + r["verifying_seconds"] + r["engine_seconds"] for r in recs) / max(steps, 1)
         lines.append(f"| {row['label']} (`{' '.join(row['options']) or '(none)'}`) | {ts.mean():.2f} | {hf.mean():.2f} | "
-                     f"{ci} | {np.mean([r['tau'] for r in recs]):.2f} | {same}/{len(recs)} | {row['configuration']} |")
+                     f"{ci} | {np.mean([r['tau'] for r in recs]):.2f} | {per_step:.3f} | {same}/{len(recs)} | "
+                     f"{row['configuration']} |")
     (out / "README.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -117,3 +117,59 @@ def test_without_a_tokenizer_the_default_budget_stays(pair) -> None:
     resolved = resolve(Recipe(tree="kary"), target, [draft])
     assert resolved.recipe.budget == recipes.DEFAULT_BUDGET and "pilot measures" in resolved.why
     assert replace(resolved.recipe, budget=None) == Recipe(tree="kary")
+
+
+def test_a_profile_calibrated_by_real_steps_predicts_those_steps() -> None:
+    from tree_builders import chain, kary
+
+    from treespec.calibrate.costs import Profile
+
+    prof = Profile({1: 0.10, 4: 0.12, 8: 0.16, 16: 0.24}, {1: 0.02, 2: 0.025, 4: 0.03}, {})
+    shape = kary([2, 2, 2])
+    draft, verify = prof.step_parts(shape)
+    cal = prof.calibrated(shape, 2.5 * draft, 1.5 * verify, 0.004, steps=40)
+    assert cal.step_parts(shape) == pytest.approx((2.5 * draft, 1.5 * verify))
+    assert cal.target_latency[1] == pytest.approx(0.15) and cal.step_overhead_seconds == 0.004
+    assert cal.meta["calibration"]["draft_factor"] == pytest.approx(2.5)
+    # other shapes get the same factors
+    other = chain(5)
+    assert cal.step_parts(other)[0] == pytest.approx(2.5 * prof.step_parts(other)[0])
+
+
+def test_calibration_with_costly_drafting_never_chooses_a_deeper_tree() -> None:
+    from treespec.calibrate import tuning
+    from treespec.calibrate.costs import Profile
+
+    prof = Profile({1: 0.10, 2: 0.101, 4: 0.103, 8: 0.11, 16: 0.13, 32: 0.17}, {1: 0.004, 4: 0.005, 16: 0.008}, {})
+    vector = [0.8, 0.1, 0.05]
+    tuned = tuning.Tuned(prof.choose(vector, max_depth=8), prof)
+    draft, verify = prof.step_parts(tuned.choice.shape)
+    measured = make_pilot(depth=tuned.choice.shape.depth, chain=False, draft_per_step=6 * draft,
+                          verify_per_step=verify, engine_per_step=0.0, plain_verify_per_token=0.10,
+                          mean_tree_size=tuned.choice.shape.size)
+    again = tuning.calibrate(tuned, measured, vector, max_depth=8)
+    assert again.choice.shape.depth < tuned.choice.shape.depth  # drafting 6x dearer: a shallower tree pays more
+    assert again.choice.speedup < tuned.choice.speedup
+    assert "calibrated on 100 real steps (drafting x6.00" in again.why
+
+
+def test_resolve_calibrates_a_tuned_recipe_with_real_steps(pair, tmp_path) -> None:
+    from treespec.calibrate.vectors import default_acceptance
+
+    from treespec.calibrate import tuning
+    from treespec.calibrate.costs import Profile
+
+    target, draft, tok = pair
+    vector = default_acceptance(None, 0.0)
+    prof = Profile({1: 0.10, 2: 0.101, 4: 0.103, 8: 0.11, 16: 0.13}, {1: 0.004, 4: 0.005, 16: 0.008}, {})
+    # a profile on which a tree pays (the tiny models' own would choose plain decoding)
+    fake = lambda *a, **k: tuning.Tuned(prof.choose(vector, max_depth=8), prof)  # noqa: E731
+    recipe = Recipe(tree="sequoia", acceptance=vector)
+    resolved = resolve(recipe, target, [draft], tokenizer=tok, max_new_tokens=16, tuner=fake,
+                       pilot_cache=tmp_path / "pilots.json")
+    cal = resolved.tuned.calibration
+    assert cal is not None and cal["steps"] > 0 and "real steps" in resolved.why
+    assert (tmp_path / "pilots.json").exists()
+    prompt = tok("x = 1")["input_ids"]
+    out = run(resolved.recipe, target, [draft], prompt, max_new_tokens=10)
+    assert out.new_tokens == greedy_reference(target, prompt, 10)

@@ -119,15 +119,26 @@ def _at(calls: list[dict[str, Any]], n: int) -> dict[str, Any]:
 
 
 def test_cli_demo_and_python_run_the_same_tuned_recipe(tmp_path: Path, monkeypatch, engine_calls, tiny_dirs) -> None:
-    """No budget given: every route tunes the same Sequoia tree (same costs) and runs it under the same cap."""
+    """No budget given: every route tunes the same Sequoia tree (same costs, same real-step calibration)
+    and runs it under the same cap."""
+    from treespec.calibrate import pilot
+
     prof = Profile.from_dict({"target_latency": {"1": 1.0, "4": 1.02, "16": 1.2}, "draft_level_latency": {"1": 0.05}})
     monkeypatch.setattr(tuning, "cached_profile", lambda *a, **k: prof)
+    steps = pilot.Pilot(depth=8, chain=False, steps=50, uncut_steps=50, tau=4.0, survival=[0.9] * 8,
+                        draft_per_step=0.8, verify_per_step=1.3, engine_per_step=0.01, prefill_per_prompt=0.0,
+                        plain_per_token=1.0, plain_verify_per_token=1.0, plain_prefill_per_prompt=0.0,
+                        latency={1: 1.0, 9: 1.1}, mean_tree_size=12.0)
+    monkeypatch.setattr(pilot, "run_pilot", lambda *a, **k: steps)  # the real steps, the same on every route
     monkeypatch.setenv("TREESPEC_CACHE", str(tmp_path / "cache"))
     target = tiny_model("llama", vocab=128, hidden=64, scale=6)
     draft = perturbed_copy(target, 0.2)
     shipped = default_acceptance(None, 0.0)
 
-    run(Recipe(tree="sequoia", acceptance=shipped), target, [draft], [5, 6, 7], max_new_tokens=16)
+    resolved = resolve(Recipe(tree="sequoia", acceptance=shipped), target, [draft], tokenizer=ByteTokenizer(128),
+                       max_new_tokens=16)
+    assert "real steps" in resolved.why
+    run(resolved.recipe, target, [draft], [5, 6, 7], max_new_tokens=16)
     python = _at(engine_calls, 16)
     engine_calls.clear()
     assert main(["generate", "--target", tiny_dirs["target"], "--draft", tiny_dirs["draft"], "--dtype", "float32",
@@ -138,7 +149,8 @@ def test_cli_demo_and_python_run_the_same_tuned_recipe(tmp_path: Path, monkeypat
     demo.run_demo(args, target, ByteTokenizer(128, max_tokens=48), draft)
     from_demo = _at(engine_calls, 16)
 
-    tuned = tuning.Tuned(prof.choose(shipped, max_depth=8), prof, tuning.MIN_CONFIDENCE)
+    tuned = tuning.calibrate(tuning.Tuned(prof.choose(shipped, max_depth=8), prof, tuning.MIN_CONFIDENCE), steps,
+                             shipped)
     assert python == cli == from_demo
     assert python["budget"] == tuned.settings()["budget"] >= 4 and python["temperature"] == 0.0
     assert python["drafters"] == [("model", "topk", tuple(tuned.choice.shape.paths), tuning.MIN_CONFIDENCE)]

@@ -272,3 +272,27 @@ def test_tree_or_chain_verdict_pairs_the_fastest_tree_with_the_chain() -> None:
     assert F.tree_vs_chain([kary8, seq8]) == []  # no chain: nothing to compare
     seq8["result"]["tree"]["paths"] = chain8["result"]["tree"]["paths"] = [[0], [0, 0]]  # the DP's tree is the chain
     assert F.tree_vs_chain([chain8, seq8])[0]["winner"].startswith("same shape")
+
+
+def test_step_cost_rows_calibrate_on_one_point_and_predict_the_others() -> None:
+    from tree_builders import TreeShape
+
+    from treespec.calibrate.costs import Profile
+
+    prof = Profile({1: 0.1, 4: 0.12, 8: 0.16, 16: 0.24}, {1: 0.02, 2: 0.025, 4: 0.03}, {})
+    c4 = _point("chain", 4, [1, 1, 1, 1], depth=3, size=4, verify=0.0, draft=0.0)
+    k8 = _point("kary", 8, [1, 1, 1, 1], depth=2, size=7, verify=0.0, draft=0.0)
+    c4["result"]["tree"]["paths"] = [[0], [0, 0], [0, 0, 0]]
+    k8["result"]["tree"]["paths"] = [[0], [1], [0, 0], [0, 1], [1, 0], [1, 1]]
+    for rec, d_factor, v_factor in ((c4, 2.0, 1.5), (k8, 2.0, 1.5 * 1.3)):  # k8 verifies 30% slower than the model
+        shape = TreeShape.from_paths([tuple(p) for p in rec["result"]["tree"]["paths"]])
+        draft, _ = prof.step_parts(shape)
+        verify = float(np.interp(rec["result"]["mean_tree_size"], [1, 4, 8, 16], [0.1, 0.12, 0.16, 0.24]))
+        rec["timing"].update(drafting_seconds=16 * d_factor * draft, verifying_seconds=16 * v_factor * verify,
+                             overhead_seconds=0.0)
+    rows = {v["record"]["params"]["builder"]: v for v in F.step_cost_rows([c4, k8], prof)}
+    assert rows["chain"]["calibration"] and rows["chain"]["gap"] == pytest.approx(0.0, abs=1e-12)
+    pred_d, meas_d = rows["kary"]["parts"]["drafting"]
+    assert pred_d == pytest.approx(meas_d)  # the draft factor carries over to another shape
+    pred_v, meas_v = rows["kary"]["parts"]["verifying"]
+    assert meas_v / pred_v == pytest.approx(1.3) and rows["kary"]["gap"] < 0

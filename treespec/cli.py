@@ -132,7 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--budget", type=_budget, default=None, metavar="B",
                    help="tokens per verification pass, root included. Default: for a Sequoia tree with one "
                         "draft model, the budget, depth and width measured fastest on this machine (profile "
-                        "cached under the treespec cache); otherwise 16")
+                        "cached under the treespec cache); otherwise the depth a short pilot measures fastest here, or "
+                        "plain decoding when no depth pays (cached too)")
     g.add_argument("--depth", type=_count("depth"), default=None, metavar="D", help="maximum tree depth")
     g.add_argument("--acceptance", type=Path, default=None, metavar="JSON",
                    help="acceptance vector for --tree sequoia (from `treespec accept`; default: the "

@@ -51,7 +51,7 @@ import torch
 import tree_builders
 from tree_builders import TreeShape
 
-from .calibrate.tuning import Tuned, tune
+from .calibrate.tuning import Tuned, calibrate, tune
 from .core import checks, verifiers
 from .core.drafting import Drafter
 from .core.engine import generate
@@ -326,47 +326,57 @@ def _single_chain(recipe: Recipe, drafters: Sequence[Drafter]) -> bool:
     return isinstance(d, ModelDrafter) and recipe.tree == "chain"
 
 
+def _measured(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[DraftModel], tokenizer: Any,
+              cache_file: Path | None, *, chain: bool = False, tag: str = "pilot-v1") -> Any:
+    """A pilot of ``recipe`` (its eager steps and the target alone on the built-in pilot prompts,
+    ``treespec.calibrate.pilot.run_pilot``), cached per machine, models, drafters and sampling."""
+    from .calibrate import pilot
+    from .common.machine import measurement_key, model_name
+
+    drafters = build_drafters(recipe, drafts)
+    prompts = [list(tokenizer(text)["input_ids"]) for text in pilot.PILOT_PROMPTS]
+    eager = replace(recipe, compile=False)  # the pilot times eager steps (compiling costs minutes)
+    key = measurement_key(tag, model_name(target), precision_of(target), f"budget={recipe.budget}",
+                          *(d.describe() for d in drafters), f"T={recipe.temperature}", f"top_p={recipe.top_p}",
+                          f"top_k={recipe.top_k}", recipe.verifier, pilot.prompts_digest(prompts),
+                          device=next(target.parameters()).device)
+    return pilot.cached_pilot(key, cache_file, lambda: pilot.run_pilot(
+        lambda ids, n: run(eager, target, drafts, ids, max_new_tokens=n, seed=0),
+        lambda ids, n: run(replace(eager, budget=1), target, drafts, ids, max_new_tokens=n, seed=0),
+        target, prompts, depth=_plan_depth(recipe, bool(drafts)), chain=chain))
+
+
 def _pilot_choice(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[DraftModel], models: str,
                   tokenizer: Any, max_new_tokens: int, cache_file: Path | None) -> Resolved:
     """A recipe the tuner cannot size, measured by a pilot (``treespec.calibrate.pilot``): the depth
     predicted fastest on this machine, or plain decoding (budget 1) when no depth is predicted to pay."""
     from .calibrate import pilot
-    from .common.machine import measurement_key, model_name
 
     base = replace(recipe, budget=DEFAULT_BUDGET)
     drafters = build_drafters(base, drafts)
     if not drafters:
         return Resolved(base, f"{models}; {recipe.tree} tree, budget {DEFAULT_BUDGET} (no drafter to measure)")
-    depth, chain = _plan_depth(base, bool(drafts)), _single_chain(base, drafters)
-    prompts = [list(tokenizer(text)["input_ids"]) for text in pilot.PILOT_PROMPTS]
-    eager = replace(base, compile=False)  # the pilot times eager steps (compiling costs minutes)
-    key = measurement_key("pilot-v1", model_name(target), precision_of(target),
-                          *(d.describe() for d in drafters), f"T={recipe.temperature}", f"top_p={recipe.top_p}",
-                          f"top_k={recipe.top_k}", recipe.verifier, pilot.prompts_digest(prompts),
-                          device=next(target.parameters()).device)
-    measured = pilot.cached_pilot(key, cache_file, lambda: pilot.run_pilot(
-        lambda ids, n: run(eager, target, drafts, ids, max_new_tokens=n, seed=0),
-        lambda ids, n: run(replace(eager, budget=1), target, drafts, ids, max_new_tokens=n, seed=0),
-        target, prompts, depth=depth, chain=chain))
+    depth = _plan_depth(base, bool(drafts))
+    measured = _measured(base, target, drafts, tokenizer, cache_file, chain=_single_chain(base, drafters))
     # a depth cap d is only a candidate when the recipe's drafters then really draft d deep
     chosen, table = pilot.choose(measured, max_new_tokens, allowed=lambda d: d == depth or _plan_depth(
         replace(base, depth=d), bool(drafts)) == d)
     why = f"{models}; {pilot.why(measured, chosen, table, max_new_tokens)}"
     if chosen.depth == 0:
         return Resolved(replace(recipe, budget=1), why)
-    depth_cap = chosen.depth if chosen.depth < depth else recipe.depth
-    return Resolved(replace(base, depth=depth_cap), why)
+    return Resolved(replace(base, depth=chosen.depth if chosen.depth < depth else recipe.depth), why)
 
 
 def resolve(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[DraftModel], *,
             cache_file: Path | None = None, tuner: Callable[..., Tuned] = tune, tokenizer: Any = None,
             max_new_tokens: int = 128, pilot_cache: Path | None = None) -> Resolved:
     """``recipe`` with a budget: as given; tuned on this machine (:func:`tunable`; the profile is
-    cached in ``cache_file``, default ``<treespec cache>/profiles.json``); otherwise, when the target's
-    ``tokenizer`` is given, the depth a short pilot predicts fastest for ``max_new_tokens`` new tokens,
-    or plain decoding when speculation is not predicted to pay (``treespec.calibrate.pilot``; cached
-    in ``pilot_cache``, default ``<treespec cache>/pilots.json``); without a tokenizer,
-    :data:`DEFAULT_BUDGET`."""
+    cached in ``cache_file``, default ``<treespec cache>/profiles.json``; given the target's
+    ``tokenizer``, the profile is then corrected by a pilot of the tuned tree's real steps and the
+    tree chosen again); otherwise, given the ``tokenizer``, the depth a short pilot predicts fastest
+    for ``max_new_tokens`` new tokens, or plain decoding when speculation is not predicted to pay
+    (``treespec.calibrate.pilot``; pilots cached in ``pilot_cache``, default
+    ``<treespec cache>/pilots.json``); without a tokenizer, :data:`DEFAULT_BUDGET`."""
     models = _describe_models(target, drafts)
     if recipe.budget is not None:
         return Resolved(recipe, f"{models}; {recipe.tree} tree, budget {recipe.budget} (as given)")
@@ -382,10 +392,18 @@ def resolve(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[DraftModel
                         "target's tokenizer a pilot measures whether it pays)")
     if cache_file is None:
         cache_file = cache_root() / "profiles.json"
-    tuned = tuner(target, drafts[0], [list(r) if isinstance(r, tuple) else r for r in recipe.acceptance],
-                  temperature=recipe.temperature, max_depth=recipe.depth or 8, cache_file=cache_file)
+    acceptance = [list(r) if isinstance(r, tuple) else r for r in recipe.acceptance]
+    tuned = tuner(target, drafts[0], acceptance, temperature=recipe.temperature, max_depth=recipe.depth or 8,
+                  cache_file=cache_file)
     chosen = replace(recipe, **tuned.settings(), target_dtype=precision_of(target),
                      draft_dtype=precision_of(drafts[0]))
+    if tokenizer is not None and chosen.budget > 1:  # correct the isolated-forward costs by real steps
+        measured = _measured(replace(chosen, min_confidence=None), target, drafts, tokenizer,
+                             pilot_cache if pilot_cache is not None else cache_root() / "pilots.json",
+                             tag="calibration-v1")
+        tuned = calibrate(tuned, measured, acceptance, max_depth=recipe.depth or 8)
+        chosen = replace(recipe, **tuned.settings(), target_dtype=precision_of(target),
+                         draft_dtype=precision_of(drafts[0]))
     return Resolved(chosen, tuned.why, tuned)
 
 

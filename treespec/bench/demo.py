@@ -32,7 +32,8 @@ def run_demo(args: argparse.Namespace, target: torch.nn.Module, tok: Any, draft:
     print(f"treespec demo on {platform.machine()} with {torch.get_num_threads()} threads, device {args.device}")
     print("measuring forward latencies on this machine (cached after the first run) ...", flush=True)
     vector = default_acceptance(None, 0.0)
-    resolved = resolve(Recipe(tree="sequoia", acceptance=vector), target, [draft])
+    resolved = resolve(Recipe(tree="sequoia", acceptance=vector), target, [draft], tokenizer=tok,
+                       max_new_tokens=args.max_new_tokens)
     recipe, tuned = resolved.recipe, resolved.tuned
     prof, choice = tuned.profile, tuned.choice
     t1 = prof.target_latency[1]

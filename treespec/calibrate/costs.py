@@ -81,6 +81,13 @@ def forwarded_widths(shape: TreeShape) -> list[int]:
     return [len(per_level.get(level, ())) for level in range(1, shape.depth)]
 
 
+def draft_seconds(t_q: Callable[[Any], Any], shape: TreeShape) -> float:
+    """Draft seconds of one step of ``shape``: the root's forward and one per level with children."""
+    if not shape.depth:
+        return 0.0
+    return float(t_q(1)) + float(np.sum(t_q(np.array(forwarded_widths(shape)))))
+
+
 @dataclass
 class Choice:
     """The tree ``choose_tree`` picked and the table it picked it from.
@@ -224,7 +231,7 @@ def choose_tree(
             dp = SequoiaDP(rows, bs[-1], max_depth=d, max_width=w)
             for j, n in enumerate(bs):
                 shape = dp.shape(n)
-                draft = (float(t_q(1)) + float(np.sum(t_q(np.array(forwarded_widths(shape))))) if shape.depth else 0.0)
+                draft = draft_seconds(t_q, shape)
                 secs = t_of(shape.size) + draft + overhead
                 tau = float(dp.values[n])
                 if tau / secs > best[j] * (1 + 1e-12):
@@ -258,6 +265,40 @@ class Profile(JSONFile):
     def draft_cost(self) -> dict[int, float] | None:
         """What ``choose_tree`` is given: the draft's cost curve (None: a model-free drafter)."""
         return self.draft_level_latency or None
+
+    def step_parts(self, shape: TreeShape) -> tuple[float, float]:
+        """Predicted (drafting, verifying) seconds of one step of ``shape`` under this profile."""
+        sizes = sorted(self.target_latency)
+        verify = float(np.interp(shape.size, sizes, [self.target_latency[s] for s in sizes]))
+        t_q = _curve(self.draft_level_latency) if self.draft_level_latency else (lambda w: np.zeros(np.shape(w)))
+        return draft_seconds(t_q, shape), verify
+
+    def calibrated(self, shape: TreeShape, drafting: float, verifying: float, overhead: float, steps: int,
+                   size: float | None = None) -> "Profile":
+        """This profile corrected by real steps of ``shape``: measured seconds per step of drafting,
+        verifying and engine work.
+
+        The draft's curve is scaled by measured / predicted drafting (what a level really costs in a
+        step: the catch-up of the committed tokens, the real context, the selection over the
+        vocabulary); the target's curve, plain decoding's size 1 included, by measured / predicted
+        verifying (a short run of plain decoding is too noisy to give size 1 a factor of its own:
+        one pilot measured 1.5x where others measured 0.85-1.0x); the engine's seconds per step
+        become ``overhead``. ``size``: the tokens the real steps verified on average (default ``shape.size``;
+        fewer where a confidence stop or the end of generation trimmed trees). The factors are measured
+        on one shape and applied to every shape."""
+        draft, _ = self.step_parts(shape)
+        size = float(size or shape.size)
+        sizes = sorted(self.target_latency)
+        verify = float(np.interp(size, sizes, [self.target_latency[s] for s in sizes]))
+        d_factor = drafting / draft if draft > 0 else 1.0
+        v_factor = verifying / verify if verify > 0 else 1.0
+        lat = {k: v * v_factor for k, v in self.target_latency.items()}
+        curve = None if self.draft_level_latency is None else {
+            k: v * d_factor for k, v in self.draft_level_latency.items()}
+        meta = {**self.meta, "calibration": {"steps": int(steps), "size": size, "draft_factor": d_factor,
+                                             "verify_factor": v_factor,
+                                             "overhead": float(overhead)}}
+        return Profile(lat, curve, meta, float(overhead))
 
     def choose(self, acceptance: MeasuredAcceptance | Any, **kwargs: Any) -> Choice:
         """:func:`choose_tree` with this profile's costs."""

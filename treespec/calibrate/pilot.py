@@ -83,6 +83,7 @@ class Pilot:
     plain_verify_per_token: float
     plain_prefill_per_prompt: float
     latency: dict[int, float]  # t(n) of the target, n = 1 .. D + 1 (measured points)
+    mean_tree_size: float = 0.0  # tokens verified per step, root included
 
     def to_dict(self) -> dict:
         return {**asdict(self), "latency": {str(k): v for k, v in self.latency.items()}}
@@ -170,7 +171,8 @@ def run_pilot(generate_spec: Generate, generate_plain: Generate, target: torch.n
                  prefill_per_prompt=spec.prefill_seconds / n,
                  plain_per_token=(plain.verifying_seconds + plain.overhead_seconds) / max(plain.steps, 1),
                  plain_verify_per_token=plain.verifying_seconds / max(plain.steps, 1),
-                 plain_prefill_per_prompt=plain.prefill_seconds / n, latency=latency)
+                 plain_prefill_per_prompt=plain.prefill_seconds / n, latency=latency,
+                 mean_tree_size=spec.mean_tree_size)
 
 
 def prompts_digest(prompts: Sequence[Sequence[int]]) -> str:

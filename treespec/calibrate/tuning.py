@@ -22,6 +22,7 @@ from ..common.files import read_json_dict, write_json
 from ..common.machine import measurement_key, model_name
 from ..models.precision import precision_of
 from .costs import Choice, Profile, profile
+from .pilot import Pilot
 
 PROFILE_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 PROFILE_WIDTHS = (1, 2, 4, 8, 16)
@@ -38,6 +39,11 @@ class Tuned:
     profile: Profile
     min_confidence: float | None = None
 
+    @property
+    def calibration(self) -> dict[str, Any] | None:
+        """The real-step correction of the profile (:func:`calibrate`), None before it."""
+        return self.profile.meta.get("calibration")
+
     def settings(self) -> dict[str, Any]:
         """The recipe fields of the choice: ``budget``, ``depth``, ``max_width``, ``min_confidence``
         (budget 1 when speculation does not pay here). The same DP call as the choice's cell
@@ -50,10 +56,14 @@ class Tuned:
     @property
     def why(self) -> str:
         c, m, s = self.choice, self.profile.meta, self.settings()
+        cal = self.calibration
+        fixed = "" if cal is None else (
+            f"; costs calibrated on {cal['steps']} real steps (drafting x{cal['draft_factor']:.2f}, target forwards "
+            f"x{cal['verify_factor']:.2f} of the isolated ones)")
         return (f"target {m.get('target_precision')}, draft {m.get('draft_precision')}; Sequoia tree of budget "
                 f"{c.shape.size}, depth {c.shape.depth} (width limit {s['max_width'] or 'none'}): "
                 f"predicted tau {c.tau:.2f}, {c.step_seconds:.3f} s per step vs {c.plain_seconds:.3f} s per token "
-                f"plain, predicted {c.speedup:.2f}x over the target alone in the same precision")
+                f"plain, predicted {c.speedup:.2f}x over the target alone in the same precision{fixed}")
 
 
 def _key(target: torch.nn.Module, draft: torch.nn.Module) -> str:
@@ -74,6 +84,20 @@ def cached_profile(target: torch.nn.Module, draft: torch.nn.Module, cache_file: 
     if cache_file is not None:
         write_json(cache_file, {**saved, key: prof.to_dict()})
     return prof
+
+
+def calibrate(tuned: Tuned, measured: Pilot, acceptance: Sequence[float], max_depth: int = 8) -> Tuned:
+    """``tuned`` with its profile corrected by real steps of its own tree (``measured``: a pilot of
+    the tuned recipe without its confidence stop, so that every level is drafted as the DP assumes, ``treespec.calibrate.pilot.run_pilot``) and the tree chosen again under the
+    corrected costs (``Profile.calibrated``). The isolated forwards the profile times miss what a
+    real step adds (the draft's catch-up over the committed tokens, the real context length, the
+    selection over the vocabulary, the engine), which made predictions optimistic."""
+    if measured.steps == 0:
+        return tuned
+    shape = tuned.choice.shape
+    prof = tuned.profile.calibrated(shape, measured.draft_per_step, measured.verify_per_step,
+                                    measured.engine_per_step, measured.steps, size=measured.mean_tree_size or None)
+    return Tuned(prof.choose(acceptance, max_depth=max_depth), prof, tuned.min_confidence)
 
 
 def tune(target: torch.nn.Module, draft: torch.nn.Module, acceptance: Sequence[float], *, temperature: float = 0.0,

@@ -7,6 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
+
 from tree_builders import TreeShape
 
 from ...calibrate.acceptance import MeasuredAcceptance
@@ -239,4 +241,39 @@ def tree_vs_chain(tres: list[dict[str, Any]]) -> list[dict[str, Any]]:
                                 for k, r in (("tree", t0), ("chain", c0))},
                 "siblings": _sibling_acceptance(t0) or _sibling_acceptance(c0),
             })
+    return rows
+
+
+# -- seconds per step: predicted vs measured -------------------------------------------------------------------
+def measured_step(record: dict[str, Any]) -> tuple[float, float, float]:
+    """Measured (drafting, verifying, engine) seconds per step of a record."""
+    return _per_step(record, "drafting"), _per_step(record, "verifying"), _per_step(record, "overhead")
+
+
+def step_cost_rows(tres: list[dict[str, Any]], profile: Any) -> list[dict[str, Any]]:
+    """Seconds per step predicted by ``profile`` (a ``treespec.calibrate.costs.Profile`` of the sweep's
+    pair) for every static-tree point, calibrated by real steps the way ``treespec generate`` does it
+    (``Profile.calibrated``): per machine, by ONE point's measured steps (the chain of the smallest
+    budget; the first static point if there is no chain), then every other point of that machine is
+    predicted. Rows: the point, predicted and measured seconds per step (total and by part), the
+    relative gap, and whether it is the calibration point."""
+    static = [r for r in tres if r["result"].get("tree") and r["result"]["steps"]]
+    rows = []
+    for machine in sorted({machine_of(r) for r in static}):
+        mine = [r for r in static if machine_of(r) == machine]
+        calib = min(mine, key=lambda r: (r["params"]["builder"] != "chain", r["params"]["budget"], str(panel(r["params"]))))
+        shape = TreeShape.from_paths([tuple(p) for p in calib["result"]["tree"]["paths"]])
+        draft, verify, engine = measured_step(calib)
+        cal = profile.calibrated(shape, draft, verify, engine, calib["result"]["steps"],
+                                 size=calib["result"]["mean_tree_size"])
+        for r in mine:
+            s = TreeShape.from_paths([tuple(p) for p in r["result"]["tree"]["paths"]])
+            d_pred, _ = cal.step_parts(s)
+            sizes = sorted(cal.target_latency)
+            v_pred = float(np.interp(r["result"]["mean_tree_size"], sizes, [cal.target_latency[k] for k in sizes]))
+            predicted = d_pred + v_pred + cal.step_overhead_seconds
+            measured = sum(measured_step(r))
+            rows.append({"record": r, "machine": machine, "calibration": r is calib, "predicted": predicted,
+                         "measured": measured, "gap": predicted / measured - 1.0,
+                         "parts": {"drafting": (d_pred, measured_step(r)[0]), "verifying": (v_pred, measured_step(r)[1])}})
     return rows

@@ -10,7 +10,7 @@ from typing import Any
 from ..intervals import Interval
 from .config import CITABLE
 from .figures import (agreement, baseline_of, baseline_speedup, depth_rows, panel, per_depth_prediction,
-                      same_greedy_outputs, speed_interval, speedup_interval, tau_interval, tree_vs_chain,
+                      same_greedy_outputs, speed_interval, speedup_interval, step_cost_rows, tau_interval, tree_vs_chain,
                       where_the_gap_is)
 from .records import machine_of
 
@@ -147,6 +147,7 @@ def summary(path: Path, records: list[dict[str, Any]], tres: list[dict[str, Any]
             lines += [f"- {r['key']}: {r['speedup_refused']}" for r in refused]
             lines.append("")
         lines += _verdict_section(tres)
+        lines += _step_cost_section(tres, path.parent)
         lines += _prediction_section(sorted(tres, key=order), path.parent)
     if trees:
         lines += ["## Trees", ""] + [f"- [{title}]({name})" for title, name in trees] + [""]
@@ -228,4 +229,44 @@ def _verdict_section(tres: list[dict[str, Any]]) -> list[str]:
     for v in rows:
         wins.setdefault(v["winner"] or "unknown", []).append(f"{v['panel'][1]} T={v['panel'][2]:g} B={v['budget']}")
     lines += ["", "Verdict: " + "; ".join(f"{w}: {len(c)} ({', '.join(c)})" for w, c in sorted(wins.items())) + ".", ""]
+    return lines
+
+
+def _step_cost_section(tres: list[dict[str, Any]], directory: Path) -> list[str]:
+    """Markdown: predicted vs measured seconds per step (needs ``profile.json``, the pair's cost profile,
+    beside the results; ``figures.step_cost_rows``)."""
+    from ...calibrate.costs import Profile
+
+    if not (directory / "profile.json").is_file():
+        return []
+    profile = Profile.load(directory / "profile.json")
+    rows = step_cost_rows(tres, profile)
+    if not rows:
+        return []
+    held = [v for v in rows if not v["calibration"]]
+    worst: dict[tuple, float] = {}
+    for v in held:
+        key = panel(v["record"]["params"])
+        worst[key] = max(worst.get(key, 0.0), abs(v["gap"]))
+    m = profile.meta
+    lines = ["## Predicted vs measured seconds per step", "",
+             f"Predicted from `profile.json` (isolated forwards of the target per tree size and of the draft per "
+             f"level width, {m.get('device', '?')}, {m.get('date', '?')[:10]}), calibrated the way `treespec "
+             "generate` calibrates its tuned tree: on each machine, ONE point's real steps (marked *calibration*) "
+             "scale the draft's curve and the target's curve by measured / predicted; every other point is "
+             "then predicted from its own tree (its draft levels at their widths, its mean verified size) and "
+             "compared with its measured drafting + verifying + engine seconds per step.", "",
+             "Largest gap per panel (held-out points): " + "; ".join(
+                 f"{d} T={t:g}: {g:.0%}" for (_, d, t, _), g in sorted(worst.items(), key=str)) + ". "
+             "Timing drift between points bounds what any cost model can match here: the *Tree or chain?* "
+             "table shows points of identical shape differing by up to 14%.", "",
+             "| machine | dataset | T | builder | B | predicted s/step (draft + verify) | measured (draft + verify) | gap |",
+             "|---|---|---|---|---|---|---|---|"]
+    for v in rows:
+        p, parts = v["record"]["params"], v["parts"]
+        lines.append(f"| {v['machine']} | {p['dataset']} | {p['temperature']:g} | {p['builder']} | {p['budget']} | "
+                     f"{v['predicted']:.3f} ({parts['drafting'][0]:.3f} + {parts['verifying'][0]:.3f}) | "
+                     f"{v['measured']:.3f} ({parts['drafting'][1]:.3f} + {parts['verifying'][1]:.3f}) | "
+                     + ("*calibration*" if v["calibration"] else f"{v['gap']:+.1%}") + " |")
+    lines.append("")
     return lines
