@@ -215,3 +215,18 @@ def test_lee_news_prompts_are_disjoint_text() -> None:
     calib, evals = E.calib_eval_prompts(cfg, "lee-news")
     assert len(calib) == 100 and len(evals) == 190 and not set(calib) & set(evals)
     assert json.dumps(prompts[0]).startswith('"Hundreds of people')
+
+
+def test_calibration_length_follows_the_evaluation_by_default() -> None:
+    """The default calibration continues prompts as far as the evaluation does and sizes trees by the
+    per-depth matrix; an explicit length is kept, and a wrong value says what is accepted."""
+    from treespec.bench.sweep.points import acceptance_params
+
+    cfg = E.load_config({"data": {"max_new_tokens": 72}})
+    assert cfg["acceptance"]["use"] == "matrix"
+    params = acceptance_params(cfg, "t", "d", "humaneval", "topk", 0.0, 1.0)
+    assert params["max_new_tokens"] == 72
+    cfg = E.load_config({"data": {"max_new_tokens": 72}, "acceptance": {"max_new_tokens": 40}})
+    assert acceptance_params(cfg, "t", "d", "humaneval", "topk", 0.0, 1.0)["max_new_tokens"] == 40
+    with pytest.raises(ValueError, match='or "eval"'):
+        E.load_config({"acceptance": {"max_new_tokens": "all"}})

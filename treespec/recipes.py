@@ -44,7 +44,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 
@@ -62,6 +62,9 @@ from .drafters.model import STATIC_MODES, ModelDrafter
 from .drafters.ngram import NGramDrafter
 from .models.pair import CrossDraft
 from .models.precision import parse_precision, precision_of
+
+if TYPE_CHECKING:
+    from .calibrate.pilot import Pilot
 
 #: tree builders a recipe names: ``tree_builders``' static shapes, and the EAGLE-2 dynamic tree
 TREES = (*tree_builders.STATIC_BUILDERS, "dynamic")
@@ -327,7 +330,7 @@ def _single_chain(recipe: Recipe, drafters: Sequence[Drafter]) -> bool:
 
 
 def _measured(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[DraftModel], tokenizer: Any,
-              cache_file: Path | None, *, chain: bool = False, tag: str = "pilot-v1") -> Any:
+              cache_file: Path | None, *, chain: bool = False, tag: str = "pilot-v1") -> "Pilot":
     """A pilot of ``recipe`` (its eager steps and the target alone on the built-in pilot prompts,
     ``treespec.calibrate.pilot.run_pilot``), cached per machine, models, drafters and sampling."""
     from .calibrate import pilot
@@ -337,6 +340,7 @@ def _measured(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[DraftMod
     prompts = [list(tokenizer(text)["input_ids"]) for text in pilot.PILOT_PROMPTS]
     eager = replace(recipe, compile=False)  # the pilot times eager steps (compiling costs minutes)
     key = measurement_key(tag, model_name(target), precision_of(target), f"budget={recipe.budget}",
+                          *(precision_of(m.model if isinstance(m, CrossDraft) else m) for m in drafts),
                           *(d.describe() for d in drafters), f"T={recipe.temperature}", f"top_p={recipe.top_p}",
                           f"top_k={recipe.top_k}", recipe.verifier, pilot.prompts_digest(prompts),
                           device=next(target.parameters()).device)

@@ -49,7 +49,8 @@ def acceptance_params(cfg: dict[str, Any], target: str, draft: str, dataset: str
     return {"target": target, "draft": draft, "dataset": dataset, "calib": list(calib),
             "max_prompt_tokens": int(cfg["data"]["max_prompt_tokens"]), "mode": mode,
             "temperature": float(temperature), "top_p": float(top_p), "width": int(a["width"]),
-            "max_new_tokens": int(a["max_new_tokens"]), "max_depth": int(a["max_depth"]),
+            "max_new_tokens": int(cfg["data"]["max_new_tokens"] if a["max_new_tokens"] == "eval" else a["max_new_tokens"]),
+            "max_depth": int(a["max_depth"]),
             "device": cfg["run"]["device"], "dtype": cfg["run"]["dtype"], **_draft_precision(cfg)}
 
 
