@@ -222,11 +222,12 @@ def test_calibration_length_follows_the_evaluation_by_default() -> None:
     per-depth matrix; an explicit length is kept, and a wrong value says what is accepted."""
     from treespec.bench.sweep.points import acceptance_params
 
-    cfg = E.load_config({"data": {"max_new_tokens": 72}})
+    cfg = E.load_config({"data": {"datasets": ["humaneval"], "max_new_tokens": 72}})
     assert cfg["acceptance"]["use"] == "matrix"
     params = acceptance_params(cfg, "t", "d", "humaneval", "topk", 0.0, 1.0)
     assert params["max_new_tokens"] == 72
-    cfg = E.load_config({"data": {"max_new_tokens": 72}, "acceptance": {"max_new_tokens": 40}})
+    cfg = E.load_config({"data": {"datasets": ["humaneval"], "max_new_tokens": 72},
+                         "acceptance": {"max_new_tokens": 40}})
     assert acceptance_params(cfg, "t", "d", "humaneval", "topk", 0.0, 1.0)["max_new_tokens"] == 40
     with pytest.raises(ValueError, match='or "eval"'):
         E.load_config({"acceptance": {"max_new_tokens": "all"}})
