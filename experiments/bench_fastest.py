@@ -11,20 +11,23 @@ The real Qwen2.5-Coder pair (1.5B target, 0.5B draft), greedy, 64 tokens per pro
   assisted with the captured step's bfloat16 draft is not measured);
 * ``treespec-eager``: what ``treespec generate`` runs by default (measured precisions, tuned tree);
 * ``treespec-compiled``: the eager default's recipe and models with ``compile=True``: its int8 draft
-  cannot be traced, so it drafts on the host and only the target's step is compiled (frozen);
+  cannot be traced, so it drafts on the host and only the target's step is compiled (frozen), its
+  prompt prefilled in compiled chunks (``treespec.core.prefill``);
 * ``treespec-captured``: the captured step (``compile=True``: start, per-depth and verify graphs,
-  weight freezing), both models in bfloat16 (torch.ao's int8 cannot be compiled), the tree below.
+  chunked prefills, weight freezing), both models in bfloat16 (torch.ao's int8 cannot be compiled), the tree below.
 
 Compiles are paid once, before the timed prompts, and reported (both static caches hold 1024 rows,
 so one set of graphs serves every prompt; see ``treespec.bench.baselines.hf_generate`` for why HF's
 cache is kept across calls). The headline is the paired speedup over each baseline with bootstrap 95% intervals. Records
 are appended as they finish; a re-run resumes (compiles are paid again).
 
-    python experiments/bench_fastest.py --out experiments/results/cpu-fastest
-    python experiments/bench_fastest.py --out experiments/results/cpu-fastest --only treespec-compiled
+    python experiments/bench_fastest.py --out experiments/results/cpu-fastest --only \
+        hf-bfloat16,hf-bfloat16-static-compiled,hf-assisted-bfloat16,treespec-eager,treespec-compiled
+    python experiments/bench_fastest.py --out experiments/results/cpu-fastest --only treespec-captured
 
-The second form adds one method to a finished run (in 24 GiB the three frozen compiles of the pair
-do not fit in one process); its prompts then run after, not interleaved with, the others.
+In 24 GiB the frozen compiles of the pair do not all fit in one process: the second command adds one
+method to a finished run, its prompts then run after, not interleaved with, the others (on an empty
+``--out``, ``--only`` just runs fewer methods).
 """
 
 from __future__ import annotations
@@ -44,6 +47,10 @@ from treespec.common.machine import machine
 from treespec.models import DEFAULT_DRAFT, DEFAULT_TARGET, cache_root, load
 from treespec.models.precision import precision_of
 from treespec.recipes import Recipe, resolve, run
+
+
+#: the compiles' warm-up prompt: long enough for the compiled steps' chunked prefill (``treespec.core.prefill``)
+WARMUP = 'def add(a: int, b: int) -> int:\n    """Return the sum of a and b.\n\n    >>> add(2, 3)\n    5\n    """\n'
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -94,11 +101,11 @@ def main(argv: list[str] | None = None) -> dict:
     before = json.loads(summary_file.read_text()) if summary_file.exists() else {}
     compile_seconds = before.get("compile_seconds", {})
     added_later = before.get("added_later", []) + ([m for m in chosen if m not in before.get("added_later", [])]
-                                                   if args.only is not None else [])
+                                                   if args.only is not None and before else [])
     for m in methods:  # compiles, paid once before the timed prompts
         if m.name in ("hf-bfloat16-static-compiled", "treespec-compiled", "treespec-captured"):
             t = time.perf_counter()
-            m.run(tok("def f(x):")["input_ids"], 8)
+            m.run(tok(WARMUP)["input_ids"], 8)
             compile_seconds[m.name] = time.perf_counter() - t
     print(f"compiles: {compile_seconds}", flush=True)
 
@@ -129,7 +136,7 @@ def main(argv: list[str] | None = None) -> dict:
         + (f" (except {', '.join(added_later)}: added by a later run with `--only`, after the others)"
            if added_later else "") + ". treespec-eager: "
         f"{eager.why}. treespec-compiled: the same with `compile=True` (its int8 draft drafts on the host; the "
-        f"target's step is compiled and frozen). treespec-captured: sequoia tree, budget {args.budget}, depth <= "
+        f"target's step and its prompt's prefill, in 64-token chunks, are compiled and frozen). treespec-captured: sequoia tree, budget {args.budget}, depth <= "
         f"{args.depth}, bfloat16 target and draft, `compile=True` with inductor weight freezing.\nCompile seconds paid once before the "
         f"timed prompts: {', '.join(f'{k} {v:.0f} s' for k, v in compile_seconds.items())}.\n"
         f"Command: `python experiments/bench_fastest.py --out {args.out}`.\n\n{text}\n")

@@ -32,9 +32,10 @@ import torch
 
 from .buffers import ShapeBuffers, shape_buffers
 from .checks import has_dynamic_int8
-from .compiled import CAPACITY_BUCKET, allow_recompiles, compile_options, greedy_path, path_rows, round_up, sampled_path
+from .compiled import allow_recompiles, capacity_for, compile_options, greedy_path, path_rows, sampled_path
 from .drafting import Capture, DraftProposals
 from .kv import StaticTreeCache
+from .prefill import ChunkedPrefill
 from .request import Request
 from .sampling import SamplingParams
 from .step import Clock
@@ -107,6 +108,8 @@ class _CapturedRunner:
         self.buf = _Buffers(shape, next(target.parameters()).device)
         self.cache = StaticTreeCache(target, capacity)
         self.draft_cache = StaticTreeCache(draft, capacity)
+        self.prefills = [ChunkedPrefill(target, self.cache, backend, mode_compile),
+                         ChunkedPrefill(draft, self.draft_cache, backend, mode_compile)]
         self.params = self.draft_params = SamplingParams()
         # uniforms each depth's Gumbel-top-k takes: one row per parent (none for top-k), fixed by the shape
         self.noise_rows = [0 if mode == "topk" else int(lv.parent_row.max()) + 1 for lv in shape.levels]
@@ -118,8 +121,8 @@ class _CapturedRunner:
 
     def prefill(self, prompt: list[int]) -> torch.Tensor:
         """Cache ``prompt[:-1]`` in both models; returns the state the first draft call starts from."""
-        self.cache.prefill(self.target, prompt)
-        self.draft_cache.prefill(self.draft, prompt)
+        for fill in self.prefills:
+            fill(prompt)
         n = self.buf.size
         state = [*range(n), 0, prompt[-1], *[0] * (2 * n), len(prompt) - 1]  # no path to commit yet
         return torch.tensor(state, device=self.cache.length.device)
@@ -268,7 +271,7 @@ class CapturedStep:
         self.req, self.gen, self.spec = req, gen, spec
         self.width = spec.size
         self.backend, self.mode = compile_options(req.compile, req.device)
-        capacity = round_up(len(req.prompt) + req.max_new_tokens + spec.size + 2, CAPACITY_BUCKET)
+        capacity = capacity_for(len(req.prompt), req.max_new_tokens + spec.size + 2)
         self.runner = _runner_for(req, spec, capacity, self.backend, self.mode)
         self.runner.params, self.runner.draft_params = req.params, req.params.for_draft()
         self.vocab = req.vocab

@@ -18,6 +18,8 @@ no compiled output ever feeds another compiled graph), so ``torch.compile`` (and
   correction token is an exponential race ``argmax r / E`` with ``E ~ Exp(1)`` drawn up front.
   The accepted path, its length and the extra token come back in one small device->host copy,
   the only sync of a step.
+* The prompt is cached in compiled chunks of fixed width (``treespec.core.prefill``): one more
+  graph, replayed for every prompt length.
 
 Drafters, the trie merge and flattening stay on the host and eager: the loop is ``treespec.core.engine.decode``,
 shared with the eager step; this module is only where the forward and the acceptance run.
@@ -26,7 +28,6 @@ The stock HF forward is driven with a 4D mask, position ids and the cache; no mo
 
 from __future__ import annotations
 
-from typing import Sequence
 
 import numpy as np
 import torch
@@ -34,6 +35,7 @@ import torch
 from .checks import check_compile
 from .drafting import POINT_MASS
 from .kv import StaticTreeCache
+from .prefill import ChunkedPrefill, padded_length
 from .request import Request
 from .rule import verify_proposals
 from .sampling import SamplingParams
@@ -47,6 +49,12 @@ CAPACITY_BUCKET = 1024
 
 def round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
+
+
+def capacity_for(prompt: int, after: int) -> int:
+    """Cache rows for a prompt of ``prompt`` tokens and ``after`` more rows (new tokens, a tree), bucketed;
+    a chunked prefill's padding included."""
+    return round_up(max(prompt + after, padded_length(prompt - 1)), CAPACITY_BUCKET)
 
 
 def next_pow2(n: int, least: int = 8) -> int:
@@ -135,8 +143,9 @@ def path_rows(on_path: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class _Runner:
-    """One compiled step (target forward, acceptance, commit) for one (model, capacity, width) and its
-    static cache. A step is ONE compiled call: no output of a compiled graph is ever the input of
+    """One compiled step (target forward, acceptance, commit) for one (model, capacity, width), its
+    static cache and its prompt's prefill (``prefill(prompt)``: compiled chunks, ``treespec.core.prefill``).
+    A step is ONE compiled call: no output of a compiled graph is ever the input of
     another (under CUDA graphs a second graph's replay may overwrite the first one's outputs), and
     its only output is the small packed path, copied to the host before the next step. ``forward``
     (the verification forward alone) is compiled separately for timing it (``experiments/bench_gpu.py``).
@@ -145,6 +154,7 @@ class _Runner:
     def __init__(self, model: torch.nn.Module, capacity: int, width: int, backend: str, mode: str | None) -> None:
         self.model, self.width = model, width
         self.cache = StaticTreeCache(model, capacity)
+        self.prefill = ChunkedPrefill(model, self.cache, backend, mode)
         self.params = SamplingParams()
         opts = dict(fullgraph=True, backend=backend, mode=mode)
         self.forward = torch.compile(self.run_eager, **opts)
@@ -154,10 +164,6 @@ class _Runner:
     def run_eager(self, ids: torch.Tensor, depth: torch.Tensor, anc: torch.Tensor) -> torch.Tensor:
         """The target over ``ids`` written at ``[L, L + n)`` (not committed); logits ``[n, V]``."""
         return self.cache.forward(self.model, ids, self.cache.length + depth, anc)
-
-    def prefill(self, prompt: Sequence[int]) -> None:
-        """Cache ``prompt[:-1]`` (eager: prompts vary in length and run once)."""
-        self.cache.prefill(self.model, prompt)
 
     def _commit(self, on_path: torch.Tensor, extra: torch.Tensor) -> torch.Tensor:
         rows, m = path_rows(on_path)
@@ -258,7 +264,7 @@ class CompiledStep(HostDrafted):
         clock.charge("overhead")
         req = self.req
         width = req.budget or next_pow2(first_tree_size)
-        capacity = round_up(len(req.prompt) + req.max_new_tokens + width, CAPACITY_BUCKET)
+        capacity = capacity_for(len(req.prompt), req.max_new_tokens + width)
         self.runner = runner_for(req.target, capacity, width, self.backend, self.mode)
         self.runner.params, self.width = req.params, width
         self.runner.prefill(req.prompt)

@@ -94,13 +94,15 @@ _GREEDY: dict[tuple, list[int]] = {}
 
 
 def greedy_reference(model: torch.nn.Module, prompt: list[int], n: int, eos: int | None = None) -> list[int]:
-    """The target's own greedy decoding through HF ``generate`` (cached by :func:`model_key`)."""
+    """The target's own greedy decoding through HF ``generate`` (cached by :func:`model_key`). The attention
+    mask is given: HF infers one from the pad token otherwise, and would mask a prompt's own token 0."""
     model.generation_config.eos_token_id = eos
     model.generation_config.pad_token_id = eos if eos is not None else 0
     key = (model_key(model), tuple(int(t) for t in prompt), int(n), eos)
     if key not in _GREEDY:
         with torch.no_grad():
-            out = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=n)
+            ids = torch.tensor([prompt])
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=n)
         _GREEDY[key] = out[0, len(prompt):].tolist()
     return list(_GREEDY[key])
 
