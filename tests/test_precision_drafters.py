@@ -95,13 +95,15 @@ def small_pair():
     torch.set_num_threads(threads)
 
 
-@pytest.mark.parametrize("case", ["sample", "sample-confidence-stop"])
+@pytest.mark.parametrize("case", ["sample", "sample-confidence-stop", "sample_without_replacement-confidence-stop"])
 def test_quantised_sampling_drafter_keeps_the_joint_law(small_pair, case):
+    """The confidence stop at T=1 (tuned recipes use 0.1 when sampling), i.i.d. and without replacement."""
     target, draft = small_pair
-    stop = 0.3 if case == "sample-confidence-stop" else None
+    stop = 0.3 if case.endswith("confidence-stop") else None
+    mode = case.removesuffix("-confidence-stop")
     counts = Counter()
     for i in range(N):
-        drafter = treespec.ModelDrafter(draft, SMALL_BUSHY, "sample", min_confidence=stop)
+        drafter = treespec.ModelDrafter(draft, SMALL_BUSHY, mode, min_confidence=stop)
         out = treespec.generate(target, PROMPT, drafters=[drafter], max_new_tokens=K, temperature=1.0,
                                 seed=spread_seed("int8", case, i))
         counts[tuple(out.new_tokens)] += 1
