@@ -8,7 +8,7 @@ the sweep's own evaluation prompts with its seeds and token count:
   resolves it (``treespec.recipes.resolve`` with the tokenizer: the measured-fastest Sequoia tree under
   the shipped acceptance vector, costs calibrated by real steps);
 * ``tuned-panel``: the same tuner given the acceptance vector the sweep measured on the panel's own
-  calibration prompts (disjoint from the evaluation's), as ``treespec accept`` gives a user;
+  calibration prompts (disjoint from the evaluation's), as ``treespec accept --prompts-jsonl`` gives a user;
 * ``grid-best``: the sweep's fastest measured point of the panel, rebuilt from its parameters (its
   Sequoia tree from the sweep's own acceptance file, which must give the recorded tree).
 
@@ -164,8 +164,8 @@ def write(args: argparse.Namespace, summaries: list[dict]) -> None:
              "sweep's first evaluation prompts, its seeds and 96 new tokens, bfloat16 target and int8 draft. Methods: "
              "*tuned*, what `treespec generate` runs by default (the tree sized from the shipped acceptance vector, "
              "measured on HumanEval, costs calibrated by real steps); *tuned-panel*, the same tuner given the "
-             "acceptance the sweep measured on the panel's own calibration prompts (as `treespec accept` on a user's "
-             "prompts, then `--acceptance FILE`); *grid-best*, the sweep's fastest point. *x / grid-best*: paired "
+             "acceptance the sweep measured on the panel's own calibration prompts (as `treespec accept --prompts-jsonl` "
+             "on a user's prompts, then `--acceptance FILE`); *grid-best*, the sweep's fastest point. *x / grid-best*: paired "
              "speed ratio (grid-best seconds over x's; > 1: x is faster), bootstrap 95% interval over prompts.", "",
              "| dataset | T | grid best (sweep tok/s) | method | tree | tok/s now | tau | x / grid-best | within 5%? |",
              "|---|---|---|---|---|---|---|---|---|"]

@@ -192,6 +192,11 @@ ADVERSARIAL = [
     ("accept calib past HumanEval", ["accept", *MODELS, "--calib", "100:200"], 2, "STOP <= 164"),
     ("accept calib negative", ["accept", *MODELS, "--calib=-5:3"], 2, "START < STOP"),
     ("accept width 0", ["accept", *MODELS, "--width", "0"], 2, "width must be an int >= 1"),
+    ("accept own prompts and calib", ["accept", *MODELS, "--calib", "0:2", "--prompt-file", "{prompts.txt}"], 2,
+     "not allowed with argument --calib"),
+    ("accept own prompts, bad line", ["accept", *MODELS, "--prompts-jsonl", "{bad.jsonl}"], 2,
+     "line 2: expected a JSON object"),
+    ("accept own prompts, none", ["accept", *MODELS, "--prompt-file", "{blank.txt}"], 2, "holds no prompt"),
     ("accept out is a directory", ["accept", *MODELS, "--out", "{tmp}"], 2, "is a directory; give a file name"),
     ("accept out under a file", ["accept", *MODELS, "--out", "{a-file}/acc.json"], 2, "is not writable"),
     ("profile sizes 0", ["profile", *MODELS, "--sizes", "0"], 2, "size must be an int >= 1"),
@@ -262,6 +267,11 @@ def test_tiny_models_run_end_to_end(tiny_dirs, tmp_path, capsys, monkeypatch):
     assert main(["accept", *models, "--calib", "0:2", "--width", "2", "--max-new-tokens", "4", "--max-depth", "2",
                  "--out", str(tmp_path / "acc" / "acc.json")]) == 0
     assert len(json.loads((tmp_path / "acc" / "acc.json").read_text())["vector"]) == 2
+    (tmp_path / "own.jsonl").write_text('{"prompt": "w1 w2"}\n{"prompt": "w5 w9 w3"}\n')
+    assert main(["accept", *models, "--prompts-jsonl", str(tmp_path / "own.jsonl"), "--width", "2",
+                 "--max-new-tokens", "4", "--max-depth", "2", "--out", str(tmp_path / "own.json")]) == 0
+    own = json.loads((tmp_path / "own.json").read_text())
+    assert len(own["vector"]) == 2 and "own.jsonl (2 prompts)" in json.dumps(own)
     assert main(["generate", *models, "--prompt", "w1", "--tree", "sequoia", "--budget", "4", "--max-new-tokens",
                  "3", "--acceptance", str(tmp_path / "acc" / "acc.json"), "--json"]) == 0
     assert main(["profile", *models, "--sizes", "1", "2", "--max-depth", "2", "--out", str(tmp_path / "p.json")]) == 0

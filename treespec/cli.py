@@ -170,10 +170,17 @@ def build_parser() -> argparse.ArgumentParser:
     a = _model_command(sub, "accept", cmd_accept, "acceptance.json", "the JSON file written",
                        help="measure a draft's positional acceptance vector",
                        description="Measure the positional acceptance vector (and per-depth matrix, beta) of "
-                                   "a draft against the target on the target's own continuations of HumanEval "
-                                   "calibration prompts; writes JSON usable by --acceptance.")
-    a.add_argument("--calib", default="0:20", metavar="A:B", help="HumanEval prompts A..B-1 (default 0:20; keep "
-                   "them disjoint from the prompts you evaluate on, e.g. 100-163)")
+                                   "a draft against the target on the target's own continuations of calibration "
+                                   "prompts (HumanEval by default, or your own); writes JSON usable by "
+                                   "--acceptance.")
+    calib = a.add_mutually_exclusive_group()
+    calib.add_argument("--calib", default="0:20", metavar="A:B", help="HumanEval prompts A..B-1 (default 0:20; keep "
+                       "them disjoint from the prompts you evaluate on, e.g. 100-163)")
+    calib.add_argument("--prompt-file", type=Path, metavar="F",
+                       help="calibrate on your own prompts instead: a text file, one prompt per line (prompts like "
+                            "the ones you will generate from, but not the same ones)")
+    calib.add_argument("--prompts-jsonl", type=Path, metavar="F",
+                       help="calibrate on your own prompts instead: a JSONL file, one object with a 'prompt' per line")
     a.add_argument("--width", type=_count("width"), default=8, help="proposals per position (vector length)")
     a.add_argument("--mode", choices=STATIC_MODES, default=None,
                    help="how the draft proposes (default: topk when greedy, else sample_without_replacement)")
@@ -210,7 +217,7 @@ def recipe_from_args(args: argparse.Namespace, with_model: bool = True) -> Recip
 
 def read_prompts(args: argparse.Namespace) -> list[str]:
     """``--prompt``, the lines of ``--prompt-file`` (blank lines skipped) or the ``prompt`` fields of ``--prompts-jsonl``."""
-    if args.prompt is not None:
+    if getattr(args, "prompt", None) is not None:
         return [args.prompt]
     if args.prompt_file is not None:
         prompts = [line.replace("\\n", "\n") for line in args.prompt_file.read_text().splitlines() if line.strip()]
@@ -330,13 +337,18 @@ def cmd_accept(args: argparse.Namespace) -> int:
     from .bench.datasets import dataset_size, humaneval_prompts, prompt_range
     from .calibrate.acceptance import encode_prompts, measure
 
-    start, stop = prompt_range(args.calib, dataset_size("humaneval"), "--calib")
+    if args.prompt_file is not None or args.prompts_jsonl is not None:
+        texts = read_prompts(args)
+        label = f"{(args.prompt_file or args.prompts_jsonl).name} ({len(texts)} prompts)"
+    else:
+        start, stop = prompt_range(args.calib, dataset_size("humaneval"), "--calib")
+        texts, label = humaneval_prompts(start, stop), f"humaneval[{start}:{stop}]"
     check_writable(args.out)  # fail now, not after minutes of measuring
     target, tok, drafts = load_models(args)
     mode = draft_mode("sequoia", args.temperature, args.mode)
-    acc = measure(target, drafts[0], encode_prompts(tok, humaneval_prompts(start, stop)), width=args.width,
+    acc = measure(target, drafts[0], encode_prompts(tok, texts), width=args.width,
                   mode=mode, temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
-                  max_depth=args.max_depth, prompts_label=f"humaneval[{start}:{stop}]")
+                  max_depth=args.max_depth, prompts_label=label)
     acc.save(args.out)
     print(acc)
     print(f"written to {args.out}")
