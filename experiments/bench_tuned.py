@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from treespec.bench import compare, intervals
+from treespec.bench import compare
 from treespec.bench.datasets import dataset_prompts
 from treespec.bench.sweep.models import encode
 from treespec.bench.sweep.points import point_recipe
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> dict:
                            args.out / f"{dataset}-T{temperature:g}.jsonl",
                            on_record=lambda r: print(f"  {r['prompt']} {r['method']}: {r['tokens_per_second']:.2f} "
                                                      f"tok/s, tau {r.get('tau', 0):.2f}", flush=True))
-        summaries.append(summarize(recs, [i for _, i, _ in prompts], dataset, temperature, tuned, best))
+        summaries.append(summarize(recs, dataset, temperature, tuned, best))
         for name in tuned:
             print(f"  {name} / grid-best: {compare.fmt(summaries[-1]['methods'][name]['ratio'])}", flush=True)
     write(args, summaries)
@@ -120,31 +120,29 @@ def panel_acceptance(records: list[dict], dataset: str, temperature: float) -> M
     return MeasuredAcceptance.load(SWEEP / point["result"]["acceptance"]["file"])
 
 
-def summarize(recs: list[dict], order: list[int], dataset: str, temperature: float, tuned: dict, best: dict) -> dict:
-    """Per method: tok/s, tau, the paired ratio over grid-best; per tuned method: its prediction against its steps."""
-    by = {(r["prompt"], r["method"]): r for r in recs}
-    names = [*tuned, "grid-best"]
-    done = [i for i in order if all((i, m) in by for m in names)]
+def summarize(recs: list[dict], dataset: str, temperature: float, tuned: dict, best: dict) -> dict:
+    """``compare.summarize`` with grid-best as the baseline (tok/s, tau, paired ratios), and per tuned
+    method what the tuner said and its prediction against what its steps cost here."""
+    recs = [{**r, "baseline": r["method"] == "grid-best"} for r in recs]  # what the tuned methods are compared with
+    base = compare.summarize(recs, dataset)
     methods = {}
-    for m in names:
-        sel = [by[i, m] for i in done]
-        entry = {"tokens_per_second": sum(r["tokens"] for r in sel) / sum(r["seconds"] for r in sel),
-                 "tau": sum(r["tokens"] for r in sel) / sum(r["steps"] for r in sel),
-                 "ratio": intervals.ratio_of_sums([by[i, "grid-best"]["seconds"] for i in done],
-                                                  [r["seconds"] for r in sel]).as_dict()}
+    for m in [*tuned, "grid-best"]:
+        entry = base["methods"][m]
+        out = {"tokens_per_second": entry["tokens_per_second"]["estimate"], "tau": entry["tau"]["estimate"]}
         if m in tuned:
-            uncut = [(sum(t for t, c in zip(r["step_tokens"], r["step_cut"]) if not c),
-                      sum(1 for c in r["step_cut"] if not c)) for r in sel]
-            choice = tuned[m].tuned.choice if tuned[m].tuned is not None else None
-            entry.update(why=tuned[m].why, budget=tuned[m].recipe.budget, depth=tuned[m].recipe.depth)
-            if choice is not None:  # the tuner's own prediction of its tree against what its steps cost here
-                entry["prediction"] = {
-                    "tau": choice.tau, "measured_tau_uncut": sum(t for t, _ in uncut) / max(1, sum(n for _, n in uncut)),
+            sel = [r for r in recs if r["method"] == m and r["prompt"] in base["prompts"]]
+            split = entry["seconds_split"]
+            out.update(ratio=base["speedups"][f"{m} vs grid-best"], why=tuned[m].why, budget=tuned[m].recipe.budget,
+                       depth=tuned[m].recipe.depth)
+            if tuned[m].tuned is not None:
+                choice = tuned[m].tuned.choice
+                out["prediction"] = {
+                    "tau": choice.tau, "measured_tau_uncut": entry["tau_uncut"]["estimate"],
                     "step_seconds": choice.step_seconds,
-                    "measured_step_seconds": sum(r["drafting_seconds"] + r["verifying_seconds"] + r["engine_seconds"]
-                                                 for r in sel) / sum(r["steps"] for r in sel)}
-        methods[m] = entry
-    return {"dataset": dataset, "temperature": temperature, "prompts": len(done), "methods": methods,
+                    "measured_step_seconds": (split["drafting_seconds"] + split["verifying_seconds"]
+                                              + split["engine_seconds"]) / sum(r["steps"] for r in sel)}
+        methods[m] = out
+    return {"dataset": dataset, "temperature": temperature, "prompts": len(base["prompts"]), "methods": methods,
             "grid_best": {k: best["params"][k] for k in ("builder", "budget", "max_depth")},
             "grid_best_sweep_tokens_per_second": best["timing"]["tokens_per_second"]}
 
