@@ -12,9 +12,12 @@ re-run):
 * ``sweep``: the sweep's own calibration files (prompts 0-9, 48 tokens);
 * ``long``: prompts 0-9, 96 tokens (the evaluation's length; Lee news T=0 only);
 * ``more``: prompts 0-19, 96 tokens (twice the prompts, the evaluation's length; every panel);
-* ``oracle``: the evaluation prompts themselves, 100-119, 96 tokens (Lee news T=0 only). A
-  diagnostic, not a prediction (it sees the prompts it predicts): what is left of the gap there is
-  the acceptance model's own.
+* ``random``: 20 prompts drawn at random (seed 0) from the whole set minus the evaluation prompts
+  100-119, 96 tokens (HumanEval and Lee news at T=0): disjoint, and from the same distribution as
+  the evaluation, where prompts 0-19 are one corner of it;
+* ``oracle``: the evaluation prompts themselves, 100-119, 96 tokens (every panel). A diagnostic,
+  not a prediction (it sees the prompts it predicts): what is left of the gap there is the
+  acceptance model's own; what ``more`` misses beyond it is the difference between prompt sets.
 
 Writes ``acceptance-<dataset>-T<t>-<mode>-<variant>.json`` and ``README.md`` (vector and per-depth
 predictions against the measured tau over uncut steps, per panel) to ``--out``; a re-run reuses the
@@ -29,6 +32,8 @@ import argparse
 import json
 from pathlib import Path
 
+import numpy as np
+
 from tree_builders import TreeShape
 
 from treespec.bench.datasets import dataset_prompts
@@ -37,14 +42,26 @@ from treespec.calibrate.acceptance import MeasuredAcceptance, encode_prompts, me
 from treespec.common.machine import machine
 
 SWEEP = Path(__file__).resolve().parent / "results" / "cpu-qwen-coder"
-VARIANTS = {"long": (0, 10, 96), "more": (0, 20, 96), "oracle": (100, 120, 96)}
+MEASURED_ON = "machine.txt"  # the machine the acceptance files were measured on
+VARIANTS = {"long": (0, 10, 96), "more": (0, 20, 96), "random": (None, 20, 96), "oracle": (100, 120, 96)}
+EVAL = (100, 120)  # the sweep's evaluation prompts
 #: (dataset, temperature) -> the variants measured there (each panel pays for "more"; the rest is a diagnosis)
-PANELS = {("lee-news", 0.0): ("long", "more", "oracle"), ("humaneval", 0.0): ("more",),
-          ("lee-news", 1.0): ("more",), ("humaneval", 1.0): ("more",)}
+PANELS = {("lee-news", 0.0): ("long", "more", "random", "oracle"), ("humaneval", 0.0): ("more", "random", "oracle"),
+          ("lee-news", 1.0): ("more", "oracle"), ("humaneval", 1.0): ("more", "oracle")}
 
 
 def name(dataset: str, t: float, mode: str, variant: str) -> str:
     return f"acceptance-{dataset}-T{t:g}-{mode}-{variant}.json"
+
+
+def calibration(dataset: str, variant: str) -> tuple[list[int], str, int]:
+    """The prompt indices, their label and the tokens per prompt of a calibration ``variant``."""
+    a, b, n = VARIANTS[variant]
+    if a is not None:
+        return list(range(a, b)), f"{dataset}[{a}:{b}]", n
+    pool = [i for i in range(len(dataset_prompts(dataset))) if not EVAL[0] <= i < EVAL[1]]
+    ids = sorted(int(i) for i in np.random.default_rng(0).choice(pool, size=b, replace=False))
+    return ids, f"{dataset}{ids} (random, seed 0, evaluation prompts {EVAL[0]}-{EVAL[1] - 1} left out)", n
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,12 +81,17 @@ def main(argv: list[str] | None = None) -> int:
         target, tok = load(DEFAULT_TARGET, dtype="bfloat16")
         draft, _ = load(DEFAULT_DRAFT, dtype="int8", role="draft")
         for dataset, t, mode, v in missing:
-            a, b, n = VARIANTS[v]
-            acc = measure(target, draft, encode_prompts(tok, dataset_prompts(dataset)[a:b]), width=8, mode=mode,
-                          temperature=t, max_new_tokens=n, max_depth=8, prompts_label=f"{dataset}[{a}:{b}]")
+            ids, label, n = calibration(dataset, v)
+            acc = measure(target, draft, encode_prompts(tok, [dataset_prompts(dataset)[i] for i in ids]), width=8,
+                          mode=mode, temperature=t, max_new_tokens=n, max_depth=8, prompts_label=label)
             acc.save(args.out / name(dataset, t, mode, v))  # after each: a re-run keeps what finished
+            seen = (args.out / MEASURED_ON).read_text().splitlines() if (args.out / MEASURED_ON).exists() else []
+            (args.out / MEASURED_ON).write_text("\n".join(dict.fromkeys([*seen, machine("cpu")])) + "\n")
 
-    lines = [f"# Acceptance predictions against the CPU sweep's measured tau ({machine('cpu')})", "",
+    # the acceptance files are measured once; a later report names the machine they were measured on
+    measured_on = ("; ".join((args.out / MEASURED_ON).read_text().split("\n")).strip("; ")
+                   if (args.out / MEASURED_ON).exists() else machine("cpu"))
+    lines = [f"# Acceptance predictions against the CPU sweep's measured tau (acceptance measured on {measured_on})", "",
              __doc__.split("\n\n")[1].replace("\n", " "), "",
              "Cells: predicted tau under the vector / under the per-depth matrix (measured over predicted - 1).", ""]
     summary = []
@@ -82,27 +104,39 @@ def main(argv: list[str] | None = None) -> int:
         lines += [f"## {dataset}, T={t:g}", "", f"| builder | B | mode | measured tau (uncut) | {' | '.join(columns)} |",
                   "|---|---|---|---|" + "---|" * len(columns)]
         worst = {v: [0.0, 0.0] for v in columns}
+        inside = {v: [0, 0] for v in columns}  # per-depth predictions inside the measured 95% interval, of all
+        half_widths = []
         for r in mine:
             mode = r["result"]["acceptance"]["mode"]
             files = {"sweep": SWEEP / r["result"]["acceptance"]["file"],
                      **{v: args.out / name(dataset, t, mode, v) for v in variants}}
             shape = TreeShape.from_paths([tuple(x) for x in r["result"]["tree"]["paths"]])
             measured = tau_interval([r], uncut=True)
+            half_widths.append((measured.high - measured.low) / 2 / measured.estimate)
             cells = []
             for v in columns:
                 acc = MeasuredAcceptance.load(files[v])
                 vec, mat = shape.expected_tokens(acc.vector.tolist()), shape.expected_tokens(acc.matrix.tolist())
                 gv, gm = measured.estimate / vec - 1, measured.estimate / mat - 1
                 worst[v] = [max(worst[v][0], abs(gv)), max(worst[v][1], abs(gm))]
+                inside[v] = [inside[v][0] + (mat in measured), inside[v][1] + 1]
                 cells.append(f"{vec:.2f} / {mat:.2f} ({gv:+.0%} / {gm:+.0%})")
             lines.append(f"| {r['params']['builder']} | {r['params']['budget']} | {mode} | {measured.fmt()} | "
                          f"{' | '.join(cells)} |")
         worst_text = "; ".join(f"{v}: {w[0]:.0%} / {w[1]:.0%}" for v, w in worst.items())
-        lines += ["", f"Largest gap, vector / per-depth: {worst_text}.", ""]
+        inside_text = "; ".join(f"{v}: {k} of {n}" for v, (k, n) in inside.items())
+        lines += ["", f"Largest gap, vector / per-depth: {worst_text}.",
+                  f"Per-depth predictions inside the measured 95% interval: {inside_text}. The measured intervals' "
+                  f"half-width is {np.median(half_widths):.0%} of tau at the median (up to {max(half_widths):.0%}).", ""]
         summary.append(f"| {dataset} | {t:g} | " + " | ".join(
-            f"{worst[v][0]:.0%} / {worst[v][1]:.0%}" if v in worst else "-" for v in ("sweep", *VARIANTS)) + " |")
-    lines[6:6] = ["Largest gap per panel (vector / per-depth), over its static points:", "",
-                  "| dataset | T | sweep | long | more | oracle |", "|---|---|---|---|---|---|", *summary, ""]
+            f"{worst[v][0]:.0%} / {worst[v][1]:.0%} ({inside[v][0]}/{inside[v][1]})" if v in worst else "-"
+            for v in ("sweep", *VARIANTS)) + f" | {np.median(half_widths):.0%} |")
+    lines[6:6] = ["Largest gap per panel (vector / per-depth) over its static points, and in parentheses how many "
+                  "per-depth predictions fall inside the measured tau's 95% interval; the last column is the median "
+                  "half-width of those intervals (20 prompts): a gap smaller than it cannot be told from prompt "
+                  "sampling noise.", "",
+                  "| dataset | T | sweep | long | more | random | oracle | measured ± |", "|---|---|---|---|---|---|---|---|", *summary,
+                  ""]
     lines += [f"Command: `python experiments/bench_acceptance_fit.py --out {args.out}`.", ""]
     (args.out / "README.md").write_text("\n".join(lines))
     print("\n".join(lines))
