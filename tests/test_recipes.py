@@ -206,8 +206,8 @@ def test_the_documented_route_sizes_and_caps_with_one_budget(engine_calls) -> No
 
 def test_the_recipe_carries_sampling_verifier_and_compile(engine_calls) -> None:
     target = tiny_model("llama", vocab=32, scale=4)
-    recipe = Recipe(tree="chain", budget=4, temperature=0.8, top_k=5, top_p=0.95, verifier="block", compile="aot_eager")
-    with pytest.raises(ValueError, match="compile=... runs the token-level verifier only"):
+    recipe = Recipe(tree="chain", budget=4, temperature=0.8, top_k=5, top_p=0.95, verifier="spectr", compile="aot_eager")
+    with pytest.raises(ValueError, match="verifier='spectr' runs on the host only"):
         run(recipe, target, [perturbed_copy(target, 0.3)], [1, 2], max_new_tokens=6)
     out = run(Recipe(tree="chain", budget=4, temperature=0.8, top_k=5, verifier="block"), target,
               [perturbed_copy(target, 0.3)], [1, 2], max_new_tokens=6, seed=0)

@@ -50,6 +50,7 @@ class ShapeBuffers:
     slot_depth: np.ndarray  # [S] depth below the root (-1: the pending token)
     next_sibling: np.ndarray  # [N] the next younger sibling of each node, -1 for the last one
     earlier_siblings: np.ndarray  # [N, K - 1] the older siblings of each node, -1 padding
+    post_order: np.ndarray  # [N] each node's rank in post-order (traversal verification's leaf tests)
 
     @property
     def size(self) -> int:
@@ -109,4 +110,23 @@ def shape_buffers(parent: np.ndarray, rank: np.ndarray) -> ShapeBuffers:
         older = sibs[sibs < i]
         earlier[i, : len(older)] = older
     return ShapeBuffers(parent, depth, ancestors, tuple(levels), slot_node, slot_ancestors, slot_depth, next_sibling,
-                        earlier)
+                        earlier, post_order(parent))
+
+
+def post_order(parent: np.ndarray) -> np.ndarray:
+    """Each node's rank in the post-order of the tree ``parent`` (node 0 the root, its parent entry ignored;
+    every parent before its children), siblings in index order: the order in which traversal verification
+    tests its nodes as leaves (``compiled.traversal_path``). Serves a static shape (BFS) and a flat tree (DFS)."""
+    n = len(parent)
+    children: list[list[int]] = [[] for _ in range(n)]
+    for i in range(1, n):
+        children[int(parent[i])].append(i)
+    # pre-order with the last child first, reversed, is post-order with the first child first
+    order, stack = [], [0]
+    while stack:
+        v = stack.pop()
+        order.append(v)
+        stack.extend(children[v])
+    rank = np.empty(n, dtype=np.int64)
+    rank[order[::-1]] = np.arange(n)
+    return rank

@@ -13,8 +13,9 @@ replacement, no confidence stop), everything a step does is a function of the sh
    one fixed-width draft forward over the children that have children, on its block of the draft's
    ``StaticTreeCache``. One compiled function serves every depth: depths of equal widths replay one graph.
 3. **verify**: the target's forward over the whole tree, the acceptance on the device
-   (``treespec.core.compiled``: the greedy argmax path, or the token-level rule walked proposal by
-   proposal; a without-replacement proposal's ``q`` has its older siblings removed), the commit
+   (``treespec.core.compiled``: the greedy argmax path, the token-level rule walked proposal by
+   proposal, or traversal verification's leaf tests; a without-replacement proposal's ``q`` has its
+   older siblings removed), the commit
    of the target's cache, and the packed result the next **start** takes as input.
 
 No compiled output is read after another compiled call unless cloned first on CUDA (CUDA graphs
@@ -30,9 +31,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from . import verifiers
 from .buffers import ShapeBuffers, shape_buffers
 from .checks import has_dynamic_int8
-from .compiled import allow_recompiles, capacity_for, compile_options, greedy_path, path_rows, sampled_path
+from .compiled import (allow_recompiles, capacity_for, compile_options, greedy_path, path_rows, sampled_path,
+                       traversal_path)
+from .constructions import Construction
 from .drafting import Capture, DraftProposals
 from .kv import StaticTreeCache
 from .prefill import ChunkedPrefill
@@ -63,6 +67,14 @@ def capture_plan(req: Request) -> Capture | str:
     return spec
 
 
+def construction(spec: Capture) -> Construction:
+    """The construction (``constructions.classify``) of the shape's drafted trees: one drafter, no merged
+    duplicates, no budget cut; point masses (top-k), or draws without replacement (one per node on a chain)."""
+    chain = bool(np.bincount(spec.parent[1:], minlength=spec.size).max() <= 1)
+    draws = "point_mass" if spec.mode == "topk" else "sampled" if chain else "without_replacement"
+    return Construction(draws, 1, chain, merged=False, truncated=False)
+
+
 def _select(scores: torch.Tensor, width: int) -> torch.Tensor:
     """The ``width`` best columns of each row of ``scores``, best first; -1 where the score is -inf."""
     top = torch.topk(scores, min(width, scores.shape[-1]), dim=-1)
@@ -81,6 +93,7 @@ class _Buffers:
         self.parent = t(shape.parent)
         self.slot_node, self.slot_anc, self.slot_depth = t(shape.slot_node), t(shape.slot_ancestors), t(shape.slot_depth)
         self.next_sibling, self.earlier = t(shape.next_sibling), t(shape.earlier_siblings)
+        self.post = t(shape.post_order)
         last = len(shape.levels)
         # per depth: (parent_row, rank, forward rows among the children, their slots' depth, slot range,
         # width, whether the draft forwards anything at this depth)
@@ -111,6 +124,7 @@ class _CapturedRunner:
         self.prefills = [ChunkedPrefill(target, self.cache, backend, mode_compile),
                          ChunkedPrefill(draft, self.draft_cache, backend, mode_compile)]
         self.params = self.draft_params = SamplingParams()
+        self.verifier = "rrs"  # the request's rule for sampled steps (set like params; dynamo guards on both)
         # uniforms each depth's Gumbel-top-k takes: one row per parent (none for top-k), fixed by the shape
         self.noise_rows = [0 if mode == "topk" else int(lv.parent_row.max()) + 1 for lv in shape.levels]
         self.clone_between = mode_compile == "reduce-overhead"  # CUDA graphs may reuse an output at the next replay
@@ -222,18 +236,22 @@ class _CapturedRunner:
 
     def _walk(self, probs: torch.Tensor, tokens: torch.Tensor, exists: torch.Tensor, proposal_q: torch.Tensor,
               uniforms: torch.Tensor, exponentials: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The token-level rule down the tree (``compiled.sampled_path``); missing nodes are no proposals."""
+        """The request's rule over the tree: the token-level rule down it (``compiled.sampled_path``) or
+        traversal verification (``compiled.traversal_path``; ``block`` on a chain); node ``v``'s proposal is
+        entry ``v - 1``, and missing nodes are no proposals."""
         buf = self.buf
         n = tokens.shape[0]
         props = exists[1:]
         pparent = torch.where(props, buf.parent[1:], -1)
+        pchild = torch.arange(1, n, device=tokens.device)
+        q = proposal_q if self.mode != "topk" else torch.nn.functional.one_hot(tokens[1:], probs.shape[-1]).float()
+        if self.verifier != "rrs":  # one uniform per leaf test of a non-root node
+            return traversal_path(probs, q, tokens[1:], pparent, pchild, buf.anc, buf.post, uniforms, exponentials)
         nxt = buf.next_sibling[1:]
         plast = props & ~((nxt >= 0) & exists[nxt.clamp_min(0)])
         has_props = torch.zeros(n, dtype=torch.long, device=tokens.device).index_add_(0, buf.parent[1:],
                                                                                         props.long()) > 0
-        q = proposal_q if self.mode != "topk" else torch.nn.functional.one_hot(tokens[1:], probs.shape[-1]).float()
-        return sampled_path(probs, q, tokens[1:], pparent, torch.arange(1, n, device=tokens.device), plast, has_props,
-                            uniforms, exponentials)
+        return sampled_path(probs, q, tokens[1:], pparent, pchild, plast, has_props, uniforms, exponentials)
 
 
 _RUNNERS: dict[tuple, _CapturedRunner] = {}
@@ -268,12 +286,15 @@ class CapturedStep:
     name = "captured"
 
     def __init__(self, req: Request, gen: torch.Generator, spec: Capture) -> None:
+        if not req.params.greedy:  # refuse a verifier not exact for the shape before any work, as the eager step does
+            verifiers.check_exact(req.verifier, construction(spec))
         self.req, self.gen, self.spec = req, gen, spec
         self.width = spec.size
         self.backend, self.mode = compile_options(req.compile, req.device)
         capacity = capacity_for(len(req.prompt), req.max_new_tokens + spec.size + 2)
         self.runner = _runner_for(req, spec, capacity, self.backend, self.mode)
         self.runner.params, self.runner.draft_params = req.params, req.params.for_draft()
+        self.runner.verifier = req.verifier
         self.vocab = req.vocab
         self.empty = torch.zeros(0, device=req.device)
 
@@ -281,8 +302,9 @@ class CapturedStep:
         self.state = self.runner.prefill(prompt)
 
     def _noise(self) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
-        """A step's random numbers from one seeded draw: Gumbel uniforms per depth, the acceptance uniforms and
-        the exponentials of the correction's race (empty where unused)."""
+        """A step's random numbers from one seeded draw: Gumbel uniforms per depth, the acceptance uniforms (one
+        per non-root node: its proposal's test under ``rrs``, its leaf test under traversal) and the exponentials
+        of the correction's race (empty where unused)."""
         runner, v, n, device = self.runner, self.vocab, self.spec.size, self.req.device
         rows = runner.noise_rows
         accept = 0 if self.req.params.greedy else n - 1 + v

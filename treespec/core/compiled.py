@@ -14,7 +14,8 @@ no compiled output ever feeds another compiled graph), so ``torch.compile`` (and
   the device from the committed length and the tree's ancestor matrix; positions = ``L + depth``.
 * Acceptance runs on the device. Greedy: the deepest node whose whole path matches the target's
   argmax. Sampled: the fixed tree is walked proposal by proposal with ``verify_proposals`` (the
-  engine's one rule, see ``docs/design.md``, "Exactness rule") on uniforms drawn up front; the
+  engine's one rule, see ``docs/design.md``, "Exactness rule") on uniforms drawn up front, or, for
+  ``verifier="traversal"`` / ``"block"``, by :func:`traversal_path` (``docs/verifiers.md``); the
   correction token is an exponential race ``argmax r / E`` with ``E ~ Exp(1)`` drawn up front.
   The accepted path, its length and the extra token come back in one small device->host copy,
   the only sync of a step.
@@ -28,6 +29,7 @@ The stock HF forward is driven with a 4D mask, position ids and the cache; no mo
 
 from __future__ import annotations
 
+import math
 
 import numpy as np
 import torch
@@ -37,7 +39,8 @@ from .drafting import POINT_MASS
 from .kv import StaticTreeCache
 from .prefill import ChunkedPrefill, padded_length
 from .request import Request
-from .rule import verify_proposals
+from .buffers import post_order
+from .rule import child_log_weight, log_weight_after_rejection, residual, verify_proposals
 from .sampling import SamplingParams
 from .step import Clock, HostDrafted
 from .tree import FlatTree, TokenTree
@@ -133,6 +136,56 @@ def sampled_path(probs: torch.Tensor, q: torch.Tensor, ptok: torch.Tensor, ppare
     return on_path, torch.argmax(r / exponentials)
 
 
+def traversal_path(probs: torch.Tensor, q: torch.Tensor, ptok: torch.Tensor, pparent: torch.Tensor,
+                   pchild: torch.Tensor, anc: torch.Tensor, post: torch.Tensor, uniforms: torch.Tensor,
+                   exponentials: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Traversal verification (``verifiers.traversal``; ``block`` on a chain) over a padded flat tree:
+    ``(on_path [W] bool, extra token)``.
+
+    The proposals come as for :func:`sampled_path` (each parent's proposals contiguous, in proposal
+    order, parents before their children; ``pparent == -1``: no proposal), with the ancestor matrix
+    ``anc [W, W]`` and ``post [W]``, each node's rank in post-order (``buffers.post_order``).
+    The walk's only random decisions are its leaf tests (Weng et al., NeurIPS 2025, Algorithm 1): a node's
+    test is reached only once all of its children's subtrees were rejected, i.e. after every update of
+    its proposals, so each node's weight and target at its test follow from the tree alone. One pass
+    over the proposals computes them (per proposal: the child's entry weight ``min(1, w P(x)/q(x))``,
+    then the parent's update ``P <- normalize(max(wP - q, 0))``, ``w <- R/(R + 1 - w)``, in float64 logs)
+    and each node's extra token from its final ``P`` (exponential race, one ``E`` for every node: only
+    the accepted node's is used). Node ``v >= 1`` passes its test with ``uniforms[v - 1] < w_v``, the
+    root always; the accepted node is the first to pass in post-order. Weight-0 subtrees stay at
+    ``-inf`` (no NaN). A merged duplicate (a later proposal of an already proposed child) only updates
+    the parent: the child had weight ``< 1`` when it was rejected (a weight-1 node is always accepted),
+    so ``P(x)`` was zeroed and the host walk's re-visit has weight 0.
+    """
+    w, device = probs.shape[0], probs.device
+    nodes = torch.arange(w, device=device)
+    j = torch.arange(ptok.shape[0], device=device)
+    valid = pparent >= 0
+    first = valid & ~((pchild[:, None] == pchild) & valid & (j < j[:, None])).any(-1)
+    log_w = torch.zeros(w, dtype=torch.float64, device=device).masked_fill(nodes > 0, -math.inf)
+    extra = torch.argmax(probs / exponentials, -1)  # nodes without proposals: their target's draw
+    cur = torch.full((1,), -1, dtype=pparent.dtype, device=device)  # the parent whose proposals run
+    r, lw = probs[0].double(), log_w[:1]  # its current P and log weight
+    for p in range(ptok.shape[0]):
+        par, here = pparent[p : p + 1], valid[p : p + 1]
+        start = here & (par != cur)
+        r = torch.where(start, _at(probs, par.clamp_min(0)).double(), r)
+        lw = torch.where(start, log_w.index_select(0, par.clamp_min(0)), lw)
+        cur = torch.where(here, par, cur)
+        x, qp = ptok[p : p + 1], q[p].double()
+        entry = child_log_weight(lw, r.index_select(0, x), qp.index_select(0, x))
+        log_w = torch.where(here & first[p] & (nodes == pchild[p]), entry, log_w)
+        r_after, mass = residual(r, qp, lw.exp())
+        lw = torch.where(here, log_weight_after_rejection(lw, mass), lw)
+        r = torch.where(here, r_after, r)
+        mine = here & (nodes == par)
+        log_w = torch.where(mine, lw, log_w)
+        extra = torch.where(mine, torch.argmax(r / exponentials), extra)
+    passed = torch.cat([nodes[:1] == 0, uniforms[: w - 1].double() < log_w[1:].exp()])
+    node = torch.argmin(torch.where(passed, post, w)).view(1)
+    return _at(anc, node), _at(extra, node)
+
+
 def path_rows(on_path: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Flat indices of the path nodes first (increasing), then ``j`` at position ``j``; and the path length."""
     w = on_path.shape[0]
@@ -156,6 +209,7 @@ class _Runner:
         self.cache = StaticTreeCache(model, capacity)
         self.prefill = ChunkedPrefill(model, self.cache, backend, mode)
         self.params = SamplingParams()
+        self.verifier = "rrs"  # the request's rule for sampled steps (set like params; dynamo guards on both)
         opts = dict(fullgraph=True, backend=backend, mode=mode)
         self.forward = torch.compile(self.run_eager, **opts)
         self.step_greedy = torch.compile(self._step_greedy, **opts)
@@ -174,10 +228,14 @@ class _Runner:
         logits = self.run_eager(tree.tokens, tree.depth, tree.anc)
         return self._commit(*greedy_path(logits, tree.tokens, tree.parent, tree.anc, tree.valid))
 
-    def _step_sampled(self, tree: "_PaddedTree", q, ptok, pparent, pchild, plast, has_props, uniforms,
+    def _step_sampled(self, tree: "_PaddedTree", q, ptok, pparent, pchild, plast, has_props, post, uniforms,
                       exponentials) -> torch.Tensor:
         probs = self.params.probs(self.run_eager(tree.tokens, tree.depth, tree.anc))
-        return self._commit(*sampled_path(probs, q, ptok, pparent, pchild, plast, has_props, uniforms, exponentials))
+        if self.verifier == "rrs":
+            return self._commit(*sampled_path(probs, q, ptok, pparent, pchild, plast, has_props, uniforms,
+                                              exponentials))
+        # traversal, and block (the same rule on a chain; the request refuses it on other trees)
+        return self._commit(*traversal_path(probs, q, ptok, pparent, pchild, tree.anc, post, uniforms, exponentials))
 
 
 _RUNNERS: dict[tuple, _Runner] = {}
@@ -214,16 +272,18 @@ class _PaddedTree:
 
 
 def proposal_tensors(tree: TokenTree, flat: FlatTree, vocab: int, w: int, device: torch.device):
-    """The tree's proposals as fixed-size device tensors for ``sampled_path``.
+    """The tree's proposals as fixed-size device tensors for ``sampled_path`` and ``traversal_path``.
 
     ``P`` is a power of two >= ``w`` (so a fixed shape keeps one graph). Returns ``q [P, V]``, ``ptok``,
     ``pparent``, ``pchild`` (flat indices; ``pparent == -1`` marks padding), ``plast`` (the last
-    proposal of its parent) and ``has_props [w]``.
+    proposal of its parent), ``has_props [w]`` and ``post [w]`` (post-order ranks, padding last).
     """
     props = [(i, p) for i, node in enumerate(flat.order) for p in tree.proposals[node]]
     n, size = len(props), next_pow2(len(props), w)
-    ints = np.zeros((5, size), dtype=np.int64)  # token, parent, child, last, (has_props of flat node)
+    ints = np.zeros((6, size), dtype=np.int64)  # token, parent, child, last, (per flat node: has_props, post)
     ints[1] = -1
+    ints[5, :w] = np.arange(w)
+    ints[5, : len(flat)] = post_order(flat.parent)
     for j, (i, p) in enumerate(props):
         ints[:3, j] = (p.token, i, flat.index[p.child])
     if n:
@@ -237,7 +297,7 @@ def proposal_tensors(tree: TokenTree, flat: FlatTree, vocab: int, w: int, device
         q[torch.tensor(point, device=device), t[0, point]] = 1.0
     if dense:
         q[torch.tensor(dense, device=device)] = torch.stack([props[j][1].q(vocab, device) for j in dense])
-    return q, t[0], t[1], t[2], t[3].bool(), t[4, :w].bool()
+    return q, t[0], t[1], t[2], t[3].bool(), t[4, :w].bool(), t[5, :w]
 
 
 class CompiledStep(HostDrafted):
@@ -266,7 +326,7 @@ class CompiledStep(HostDrafted):
         width = req.budget or next_pow2(first_tree_size)
         capacity = capacity_for(len(req.prompt), req.max_new_tokens + width)
         self.runner = runner_for(req.target, capacity, width, self.backend, self.mode)
-        self.runner.params, self.width = req.params, width
+        self.runner.params, self.runner.verifier, self.width = req.params, req.verifier, width
         self.runner.prefill(req.prompt)
         clock.charge("prefill")
         return self.runner
@@ -276,14 +336,14 @@ class CompiledStep(HostDrafted):
         req, w = self.req, runner.width
         padded = _PaddedTree(flat, w, req.device)
         if not req.params.greedy:
-            q, ptok, pparent, pchild, plast, has_props = proposal_tensors(tree, flat, req.vocab, w, req.device)
-            uniforms = torch.rand(ptok.shape[0], generator=self.gen, device=req.device)
+            props = proposal_tensors(tree, flat, req.vocab, w, req.device)
+            uniforms = torch.rand(props[1].shape[0], generator=self.gen, device=req.device)
             expo = torch.empty(req.vocab, device=req.device).exponential_(generator=self.gen)
         clock.charge("overhead")
         if req.params.greedy:
             packed = runner.step_greedy(padded)
         else:
-            packed = runner.step_sampled(padded, q, ptok, pparent, pchild, plast, has_props, uniforms, expo)
+            packed = runner.step_sampled(padded, *props, uniforms, expo)
         out = packed.tolist()  # the step's one device->host copy
         clock.charge("verifying")
         m, extra = out[w], out[w + 1]

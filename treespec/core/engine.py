@@ -158,7 +158,7 @@ def generate(
             A tree the verifier is not exact for raises ``treespec.core.verifiers.NotExactError``.
             Greedy decoding ignores it (argmax walk).
         compile: False (eager), True or a ``torch.compile`` backend name: static-shape steps compiled,
-            acceptance on the device (``rrs`` only). One model drafter of a static shape (top-k or
+            acceptance on the device (``rrs``, ``traversal`` and ``block``; ``spectr`` is refused). One model drafter of a static shape (top-k or
             sampling without replacement, no confidence stop) drafts on the device too
             (``treespec.core.captured``); any other drafters draft on the host and only the target's
             forward is compiled (``treespec.core.compiled``). ``stats.step`` says which ran, and why.

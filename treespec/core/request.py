@@ -14,6 +14,8 @@ from .drafting import Drafter
 from .sampling import SamplingParams
 
 OnTokens = Callable[[list[int]], None]
+#: the verifiers the compiled steps run on the device when sampling (``treespec.core.compiled``)
+ON_DEVICE = ("rrs", "block", "traversal")
 
 
 @dataclass(frozen=True)
@@ -63,9 +65,10 @@ class Request:
             raise ValueError("compile=... captures the step on one device, but this target is dispatched over several "
                              f"({sorted({str(d) for d in target.hf_device_map.values()})}); use compile=False with a "
                              "device_map, or load the target on one device")
-        if compile is not False and verifier != "rrs" and not params.greedy:
-            raise ValueError(f"compile=... runs the token-level verifier only; got verifier={verifier!r}. "
-                             "Use verifier='rrs' with compile, or compile=False with this verifier")
+        if compile is not False and verifier not in ON_DEVICE and not params.greedy:
+            raise ValueError(f"compile=... verifies on the device with {', '.join(map(repr, ON_DEVICE))}; "
+                             f"verifier={verifier!r} runs on the host only. Use one of those with compile, or "
+                             "compile=False with this verifier")
         checks.check_model(target)
         vocab = checks.vocab_size(target)
         drafters = checks.check_drafters(drafters, Drafter)

@@ -14,6 +14,8 @@ run many trials at once; the engine calls it with no batch dimension.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 
@@ -29,6 +31,24 @@ def residual(r: torch.Tensor, q: torch.Tensor, weight: torch.Tensor | float = 1.
     res = (weight * r - q).clamp_min(0.0)
     mass = res.sum(-1, keepdim=True)
     return torch.where(mass > 0, res / mass.clamp_min(torch.finfo(res.dtype).tiny), r), mass[..., 0]
+
+
+def child_log_weight(log_w: torch.Tensor, p_x: torch.Tensor, q_x: torch.Tensor) -> torch.Tensor:
+    """``log min(1, w p(x) / q(x))``: the weight traversal (and block) verification gives a child ``x ~ q``
+    under a node of weight ``w`` and target ``p`` (Weng et al., NeurIPS 2025, Algorithm 1; the tensor form of
+    ``verifiers._log_weight``). ``-inf`` where ``p(x) = 0`` or ``w = 0``; ``q(x) = 0`` (never for a genuine
+    draw) counts as ratio 1. Never NaN."""
+    tiny = torch.finfo(log_w.dtype).tiny
+    ratio = (log_w + p_x.clamp_min(tiny).log() - q_x.clamp_min(tiny).log()).clamp_max(0.0)
+    return torch.where((p_x > 0) & (log_w > -math.inf), torch.where(q_x > 0, ratio, 0.0), -math.inf)
+
+
+def log_weight_after_rejection(log_w: torch.Tensor, mass: torch.Tensor) -> torch.Tensor:
+    """A node's new log weight once a child (with its subtree) was rejected: ``log R / (R + 1 - w)``, ``R`` the
+    mass of ``max(w p - q, 0)`` (the tensor form of ``verifiers._weight_after_rejection``; ``1 - w`` as
+    ``-expm1(log w)``). Where ``R + 1 - w = 0`` the rejection had probability 0 and the weight stays 1."""
+    denom = mass - torch.expm1(log_w)
+    return torch.where(denom > 0, (mass / denom.clamp_min(torch.finfo(denom.dtype).tiny)).log(), 0.0)
 
 
 def verify_proposals(
