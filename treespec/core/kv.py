@@ -5,7 +5,8 @@
 of a few rows plus a new length. ``forward_masked`` runs an unmodified model over new tokens with
 an explicit 4D additive mask and explicit position ids (``docs/design.md``, "Tree attention on HuggingFace models").
 
-``StaticTreeCache`` is the compiled step's cache (``treespec.core.compiled``): zero-filled
+Both run the model through ``attention.tree_forward`` (grouped-query SDPA without copying the
+key/value heads). ``StaticTreeCache`` is the compiled step's cache (``treespec.core.compiled``): zero-filled
 ``[1, H, C, D]`` buffers at fixed addresses and a committed length that is a device tensor, so a
 step has the same shapes every time and rollback is an index.
 """
@@ -16,6 +17,8 @@ from typing import Sequence
 
 import torch
 from transformers.cache_utils import Cache, DynamicLayer, StaticLayer
+
+from .attention import tree_forward
 
 
 class TreeKVLayer(DynamicLayer):
@@ -117,7 +120,8 @@ def forward_masked(
     dtype = model.dtype
     allowed = allowed.to(device, non_blocking=True)
     mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, torch.finfo(dtype).min)
-    out = model(
+    out = tree_forward(
+        model,
         input_ids=input_ids[None],
         attention_mask=mask[None, None],
         position_ids=position_ids[None],
@@ -212,8 +216,8 @@ class StaticTreeCache(Cache):
         mask = torch.where(allowed, zero, torch.finfo(model.dtype).min)[None, None]
         for layer in self.layers:
             layer.write_start = committed if write_start is None else write_start
-        out = model(input_ids=ids[None], attention_mask=mask, position_ids=positions[None], past_key_values=self,
-                    use_cache=True, logits_to_keep=logits_to_keep)
+        out = tree_forward(model, input_ids=ids[None], attention_mask=mask, position_ids=positions[None],
+                           past_key_values=self, use_cache=True, logits_to_keep=logits_to_keep)
         for layer in self.layers:
             layer.write_start = None
         return out.logits[0]

@@ -1,0 +1,115 @@
+"""Grouped-query SDPA (``treespec.core.attention``): the same numbers as HF's own ``sdpa`` path, used only
+for the call and only for ``sdpa`` models, traced by ``torch.compile`` without a graph break."""
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
+
+from treespec.core import attention
+from treespec.core.kv import StaticTreeCache
+from treespec.models.tiny import tiny_model
+
+
+class _Module(torch.nn.Module):  # what HF's attention functions read from their module
+    def __init__(self, groups: int) -> None:
+        super().__init__()
+        self.num_key_value_groups, self.is_causal = groups, True
+        self.eval()
+
+
+def _inputs(q: int, k: int = 11, heads: int = 6, kv: int = 2, boolean: bool = False, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    query, key = torch.randn(1, heads, q, 8, generator=g), torch.randn(1, kv, k, 8, generator=g)
+    value = torch.randn(1, kv, k, 8, generator=g)
+    allowed = torch.rand(q, k, generator=g) < 0.6
+    allowed[:, 0] = True  # every row attends somewhere
+    mask = allowed if boolean else torch.zeros(q, k).masked_fill(~allowed, torch.finfo(torch.float32).min)
+    return query, key, value, mask[None, None]
+
+
+@pytest.mark.parametrize("q", [1, 5])
+@pytest.mark.parametrize("boolean", [False, True], ids=["additive", "bool"])
+def test_grouped_equals_hf_sdpa_with_copied_heads(q, boolean):
+    query, key, value, mask = _inputs(q, boolean=boolean)
+    module = _Module(3)
+    ours, _ = attention.grouped_sdpa(module, query, key, value, mask, scaling=0.3)
+    # HF's path with the key/value heads copied (what it runs for a 4D mask under torch.compile)
+    ref = torch.nn.functional.scaled_dot_product_attention(query, repeat_kv(key, 3), repeat_kv(value, 3),
+                                                           attn_mask=mask, scale=0.3).transpose(1, 2)
+    torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-6)
+    hf, _ = sdpa_attention_forward(module, query, key, value, mask, scaling=0.3)
+    torch.testing.assert_close(ours, hf, rtol=1e-5, atol=1e-6)
+
+
+def test_negative_control_another_head_order_differs():
+    """Stacking the query heads in the other order (head h -> key/value head h mod Hkv) is wrong, and the
+    comparison above sees it."""
+    query, key, value, mask = _inputs(3)
+    ref = torch.nn.functional.scaled_dot_product_attention(query, repeat_kv(key, 3), repeat_kv(value, 3),
+                                                           attn_mask=mask).transpose(1, 2)
+    swapped = query.view(1, 3, 2, 3, 8).transpose(1, 2).reshape(1, 6, 3, 8)
+    wrong, _ = attention.grouped_sdpa(_Module(3), swapped, key, value, mask)
+    wrong = wrong.view(1, 3, 2, 3, 8).transpose(2, 3).reshape(1, 3, 6, 8)
+    assert not torch.allclose(wrong, ref, atol=1e-3)
+
+
+def test_without_mask_or_groups_it_is_hf_sdpa():
+    query, key, value, _ = _inputs(4, heads=2, kv=2)
+    for mask in (None, _inputs(4, heads=2, kv=2)[3]):
+        ours, _ = attention.grouped_sdpa(_Module(1), query, key, value, mask)
+        hf, _ = sdpa_attention_forward(_Module(1), query, key, value, mask)
+        assert torch.equal(ours, hf)
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    seen = []
+    original = attention.grouped_sdpa
+
+    def counting(*args, **kwargs):
+        seen.append(args[1].shape)
+        return original(*args, **kwargs)
+
+    from transformers import AttentionInterface
+    monkeypatch.setitem(AttentionInterface._global_mapping, attention.GROUPED_SDPA, counting)
+    return seen
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_tree_forward_gives_the_models_own_logits_and_restores_its_setting(family, calls):
+    model = tiny_model(family, vocab=40, seed=3)  # 4 query heads over 2 key/value heads
+    ids = torch.tensor([[3, 9, 1, 7, 22]])
+    with torch.inference_mode():
+        ref = model(input_ids=ids).logits
+        ours = attention.tree_forward(model, input_ids=ids, attention_mask=torch.zeros(1, 1, 5, 5).masked_fill(
+            ~torch.ones(5, 5, dtype=torch.bool).tril(), torch.finfo(torch.float32).min))
+    torch.testing.assert_close(ours.logits, ref, rtol=1e-5, atol=1e-5)
+    assert len(calls) == model.config.num_hidden_layers
+    assert model.config._attn_implementation == "sdpa"
+
+
+def test_eager_models_keep_their_attention_and_errors_restore_the_setting(calls):
+    eager = tiny_model("llama", vocab=40, attn="eager")
+    with torch.inference_mode():
+        attention.tree_forward(eager, input_ids=torch.tensor([[1, 2]]))
+    assert not calls and eager.config._attn_implementation == "eager"
+    model = tiny_model("llama", vocab=40)
+    with pytest.raises(Exception):
+        attention.tree_forward(model, input_ids=torch.tensor([[1, 2]]), position_ids=torch.zeros(1, 5, 7))
+    assert model.config._attn_implementation == "sdpa"
+
+
+def test_compiled_static_forward_uses_it_without_a_graph_break(calls):
+    model = tiny_model("qwen2", vocab=40, seed=2)
+    cache = StaticTreeCache(model, 64)
+    block = torch.ones(3, 3, dtype=torch.bool).tril()
+    args = (torch.tensor([4, 5, 6]), torch.arange(3), block)
+    counters.clear()
+    compiled = torch.compile(lambda ids, pos, blk, at: cache.forward(model, ids, pos, blk, at), fullgraph=True,
+                             backend="aot_eager")
+    with torch.inference_mode():
+        out = compiled(*args, cache.length + 0)
+        ref = cache.forward(model, *args, cache.length + 0)
+    torch.testing.assert_close(out, ref)
+    assert calls and not counters["graph_break"] and model.config._attn_implementation == "sdpa"
