@@ -20,12 +20,13 @@ from treespec.models.precision import auto_precision, parse_precision, precision
 @pytest.mark.parametrize("given,name", [
     ("auto", "auto"), ("float32", "float32"), ("bf16", "bfloat16"), (torch.bfloat16, "bfloat16"),
     (torch.float16, "float16"), ("INT8", "int8"), ("torch.float32", "float32"), (torch.float32, "float32"),
+    ("int4", "int4"), ("qint4", "int4"),
 ])
 def test_parse_precision(given, name):
     assert parse_precision(given) == name
 
 
-@pytest.mark.parametrize("bad", ["int4", torch.int8, 3, "fp8"])
+@pytest.mark.parametrize("bad", ["int2", torch.int8, 3, "fp8"])
 def test_parse_precision_refuses_with_the_choices(bad):
     with pytest.raises(ValueError, match="auto"):
         parse_precision(bad)
@@ -55,8 +56,9 @@ def fake_timer(costs, calls):
 @pytest.mark.parametrize("role,costs,expected", [
     ("target", {"float32": 0.3, "bfloat16": 0.1}, "bfloat16"),
     ("target", {"float32": 0.1, "bfloat16": 0.3}, "float32"),
-    ("draft", {"float32": 0.3, "bfloat16": 0.2, "int8": 0.1}, "int8"),
-    ("draft", {"float32": 0.3, "bfloat16": 0.05, "int8": 0.1}, "bfloat16"),
+    ("draft", {"float32": 0.3, "bfloat16": 0.2, "int8": 0.1, "int4": 0.15}, "int8"),
+    ("draft", {"float32": 0.3, "bfloat16": 0.05, "int8": 0.1, "int4": 0.15}, "bfloat16"),
+    ("draft", {"float32": 0.3, "bfloat16": 0.2, "int8": 0.1, "int4": 0.05}, "int4"),
 ])
 def test_auto_keeps_the_fastest_measured(role, costs, expected, tmp_path):
     calls: list[str] = []
@@ -75,7 +77,7 @@ def test_auto_keeps_the_fastest_measured(role, costs, expected, tmp_path):
 def test_auto_decision_key_names_model_role_device_cpu_and_threads(tmp_path):
     path = tmp_path / "d.json"
     auto_precision(tiny_model("llama"), "draft", name="m", decisions=path,
-                   timer=fake_timer({"float32": 1, "bfloat16": 2, "int8": 3}, []))
+                   timer=fake_timer({"float32": 1, "bfloat16": 2, "int8": 3, "int4": 4}, []))
     (key,) = json.loads(path.read_text())
     assert key.startswith("m|draft|cpu|") and cpu_model() in key and "threads=" in key
     assert f"threads={torch.get_num_threads()}" in key
@@ -84,7 +86,7 @@ def test_auto_decision_key_names_model_role_device_cpu_and_threads(tmp_path):
         torch.set_num_threads(threads + 1)
         calls: list[str] = []
         auto_precision(tiny_model("llama"), "draft", name="m", decisions=path,
-                       timer=fake_timer({"float32": 1, "bfloat16": 2, "int8": 3}, calls))
+                       timer=fake_timer({"float32": 1, "bfloat16": 2, "int8": 3, "int4": 4}, calls))
         assert calls and len(json.loads(path.read_text())) == 2
     finally:
         torch.set_num_threads(threads)
@@ -94,7 +96,7 @@ def test_auto_with_the_real_timer_measures(tmp_path):
     torch.manual_seed(0)
     model, record = auto_precision(tiny_model("llama", vocab=64, hidden=32), "draft", name="tiny",
                                    decisions=tmp_path / "d.json")
-    assert set(record["seconds"]) == {"float32", "bfloat16", "int8"}
+    assert set(record["seconds"]) == {"float32", "bfloat16", "int8", "int4"}
     assert all(s > 0 for s in record["seconds"].values())
     assert record["precision"] == min(record["seconds"], key=record["seconds"].get) == precision_of(model)
 
@@ -111,6 +113,9 @@ def test_load_with_dtype_auto_and_int8(tmp_path, monkeypatch):
     draft, _ = models.load(tmp_path / "ckpt", dtype="int8", role="draft")
     assert precision_of(draft) == "int8" and draft.treespec_precision["precision"] == "int8"
     assert torch.allclose(logits(draft), logits(model), atol=0.5)
+    draft4, _ = models.load(tmp_path / "ckpt", dtype="int4", role="draft")
+    assert precision_of(draft4) == "int4" and draft4.treespec_precision["precision"] == "int4"
+    assert torch.allclose(logits(draft4), logits(model), atol=0.5)
     with pytest.raises(ValueError, match="role"):
         models.load(tmp_path / "ckpt", role="drafter")
 

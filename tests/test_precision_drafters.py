@@ -1,4 +1,4 @@
-"""bfloat16 and int8 drafters through ``generate`` with a float32 target, and the confidence stop."""
+"""bfloat16, int8 and int4 drafters through ``generate`` with a float32 target, and the confidence stop."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def pair():
     return target, perturbed_copy(target, 0.3)
 
 
-@pytest.mark.parametrize("precision", ["bfloat16", "int8"])
+@pytest.mark.parametrize("precision", ["bfloat16", "int8", "int4"])
 @pytest.mark.parametrize("mode", ["topk", "sample", "dynamic"])
 def test_low_precision_drafter_greedy_equals_hf_greedy(pair, precision, mode):
     target, draft = pair
@@ -39,7 +39,7 @@ def test_low_precision_drafter_greedy_equals_hf_greedy(pair, precision, mode):
             assert out.stats.tau > 1.2  # the low-precision draft still gets its guesses accepted
 
 
-@pytest.mark.parametrize("precision", ["bfloat16", "int8"])
+@pytest.mark.parametrize("precision", ["bfloat16", "int8", "int4"])
 def test_low_precision_draft_probabilities_are_float32(pair, precision):
     low = to_precision(copy.deepcopy(pair[1]), precision)
     drafter = treespec.ModelDrafter(low, BUSHY, "sample")

@@ -83,7 +83,8 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
                    help="target precision; auto times float32 and bfloat16 here and keeps the faster (the "
                         "decision is cached). Default: auto on CPU, bfloat16 on CUDA")
     p.add_argument("--draft-dtype", choices=CHOICES["draft"], default=None,
-                   help="draft precision; int8 is dynamic int8 quantisation (CPU), auto also times it. "
+                   help="draft precision; int8 is dynamic int8 quantisation, int4 weight-only 4-bit (both CPU), "
+                        "auto also times them. "
                         "Default: auto on CPU, bfloat16 on CUDA")
 
 

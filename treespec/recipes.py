@@ -35,8 +35,8 @@ Rules (also in the README):
 
 Precision: ``target_dtype`` / ``draft_dtype`` are names for ``treespec.models.load``
 (``treespec.models.precision.CHOICES``: ``auto``, ``float32``, ``bfloat16``, ``float16``, and
-``int8`` for drafts only); None means ``auto`` on CPU (measured here; int8 is among a draft's
-candidates) and bfloat16 on CUDA (``treespec.models.pair.default_precision``).
+``int8`` and ``int4`` for drafts only); None means ``auto`` on CPU (measured here; int8 and int4 are
+among a draft's candidates) and bfloat16 on CUDA (``treespec.models.pair.default_precision``).
 """
 
 from __future__ import annotations
@@ -167,9 +167,9 @@ class Recipe:
         for name in ("target_dtype", "draft_dtype"):
             if getattr(self, name) is not None:
                 set_(name, parse_precision(getattr(self, name)))
-        if self.target_dtype == "int8":
-            raise ValueError("target_dtype int8 would change the target's output; quantise drafts only "
-                             "(draft_dtype='int8'), and give the target float32, bfloat16 or 'auto'")
+        if self.target_dtype in ("int8", "int4"):
+            raise ValueError(f"target_dtype {self.target_dtype} would change the target's output; quantise drafts "
+                             f"only (draft_dtype='{self.target_dtype}'), and give the target float32, bfloat16 or 'auto'")
         set_("min_confidence", checks.check_probability("min_confidence", self.min_confidence))
         for name, hint in (("kary_width", "children per node of the k-ary tree"),
                            ("dynamic_depth", "levels of the dynamic tree"), ("dynamic_topk", "children per node")):

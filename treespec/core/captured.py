@@ -63,7 +63,7 @@ def capture_plan(req: Request) -> Capture | str:
         return "the draft model is on another device than the target"
     if has_dynamic_int8(spec.model):
         return ("the draft is int8 through torch.ao's dynamic quantisation, whose packed weights torch.compile "
-                "cannot trace (load the draft in bfloat16 or float32 to draft on the device)")
+                "cannot trace (load the draft in int4, bfloat16 or float32 to draft on the device)")
     return spec
 
 

@@ -91,15 +91,16 @@ def load(name_or_path: str | os.PathLike = DEFAULT_TARGET, device: str | torch.d
     safetensors weights, or a Hugging Face model id found in the local HF cache (the hub is only
     contacted with ``allow_download=True``).
     ``dtype``: ``"float32"``, ``"bfloat16"``, ``"float16"``, ``"int8"`` (dynamic int8 quantisation
-    of the Linear layers, CPU only, for drafts; see ``treespec.models.precision``), a ``torch.dtype``, or
+    of the Linear layers, CPU only, for drafts; see ``treespec.models.precision``), ``"int4"`` (weight-only
+    4-bit Linear layers, CPU only, for drafts; ``treespec.models.int4``), a ``torch.dtype``, or
     ``"auto"``: time one forward in each candidate precision on this machine (float32 and bfloat16;
-    int8 too for ``role="draft"``) and keep the fastest. The decision is cached in
+    int8 and int4 too for ``role="draft"``) and keep the fastest. The decision is cached in
     ``<cache root>/precision.json`` keyed by model, role, device, CPU model and thread count, so
     later loads do not measure again.
     ``role``: ``"target"`` or ``"draft"`` (which candidates ``auto`` times).
     ``device_map``: a model larger than one device, dispatched by accelerate as ``from_pretrained``
     does (``"auto"``, or module name -> device, ``"cpu"`` or ``"disk"`` offload included); ``device``
-    is then ignored and the precision must be a floating one (``auto`` and ``int8`` convert a whole
+    is then ignored and the precision must be a floating one (``auto``, ``int8`` and ``int4`` convert a whole
     model on one device). ``treespec.generate`` runs such a target eagerly (``compile=`` refuses it).
     ``cache_dir``: for the built-in names and ``auto`` decisions the treespec cache root (default
     ``$TREESPEC_CACHE`` or ``~/.cache/treespec``); for hub ids the Hugging Face cache dir.
@@ -111,7 +112,7 @@ def load(name_or_path: str | os.PathLike = DEFAULT_TARGET, device: str | torch.d
         raise ValueError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
     if device_map is not None and precision not in FLOATS:
         raise ValueError(f"device_map needs a floating precision ({', '.join(FLOATS)}), got {precision!r}: 'auto' "
-                         "and 'int8' convert a whole model on one device")
+                         "'int8' and 'int4' convert a whole model on one device")
     load_dtype = torch_dtype(precision)
     # weights a device_map sends to "disk" are written to a scratch folder (kept while the process runs)
     placement = {} if device_map is None else {"device_map": device_map,

@@ -1,9 +1,11 @@
 """Model precision: name a precision, convert a float32 model to it, and pick the fastest one here.
 
-Four precisions: ``float32``, ``bfloat16``, ``float16`` and ``int8``. ``int8`` is weight int8 with
-dynamic (per-token-batch) activation quantisation of every ``nn.Linear``, the LM head included,
-through ``torch.ao.quantization.quantize_dynamic`` with per-channel weight scales (fbgemm kernels,
-CPU only); embeddings, norms and attention stay float32. It is meant for draft models: a quantised
+Five precisions: ``float32``, ``bfloat16``, ``float16``, ``int8`` and ``int4``. ``int8`` is weight
+int8 with dynamic (per-token-batch) activation quantisation of every ``nn.Linear``, the LM head
+included, through ``torch.ao.quantization.quantize_dynamic`` with per-channel weight scales (fbgemm
+kernels, CPU only); embeddings, norms and attention stay float32. ``int4`` is weight-only,
+group-wise 4-bit (``treespec.models.int4``: torch's int4 CPU kernel, which ``torch.compile`` can
+trace, unlike ``torch.ao``'s packed int8 weights). Both are meant for draft models: a quantised
 draft is still an exact drafter, its proposals are point masses or draws from its own ``q``.
 
 Why ``torch.ao`` and not ``torchao``: torchao 0.18 installs for torch 2.13, but in eager mode on
@@ -29,19 +31,23 @@ import torch
 from ..common.files import read_json_dict, write_json
 from ..common.machine import measurement_key, model_name
 from ..core.checks import has_dynamic_int8
-PRECISIONS = ("float32", "bfloat16", "float16", "int8")
-#: the floating-point precisions (a target may run in any of them; int8 is for drafts only)
+from .int4 import has_int4, quantize_int4
+
+PRECISIONS = ("float32", "bfloat16", "float16", "int8", "int4")
+#: the floating-point precisions (a target may run in any of them; int8 and int4 are for drafts only)
 FLOATS = PRECISIONS[:3]
 ROLES = ("target", "draft")
 #: the names a user may give per role (``auto`` measures; see :func:`auto_precision`)
 CHOICES = {"target": ("auto", *FLOATS), "draft": ("auto", *PRECISIONS)}
-#: precisions ``auto`` times, per role: int8 only for drafts (a quantised target changes the output)
-AUTO_CANDIDATES = {"target": ("float32", "bfloat16"), "draft": ("float32", "bfloat16", "int8")}
+#: precisions ``auto`` times, per role: int8 and int4 only for drafts (a quantised target changes the output)
+AUTO_CANDIDATES = {"target": ("float32", "bfloat16"), "draft": ("float32", "bfloat16", "int8", "int4")}
+#: the precisions that run on the CPU only
+CPU_ONLY = ("int8", "int4")
 #: tree sizes ``auto`` times (seconds summed): a decode token plus a verification tree / draft level
 AUTO_SIZES = {"target": (1, 16), "draft": (1, 4)}
 _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _ALIASES = {"fp32": "float32", "float": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16",
-            "qint8": "int8"}
+            "qint8": "int8", "qint4": "int4"}
 
 
 def parse_precision(dtype: str | torch.dtype) -> str:
@@ -61,14 +67,16 @@ def parse_precision(dtype: str | torch.dtype) -> str:
 
 
 def torch_dtype(precision: str) -> torch.dtype:
-    """The dtype a model of ``precision`` is loaded in before conversion (float32 for int8)."""
+    """The dtype a model of ``precision`` is loaded in before conversion (float32 for int8 and int4)."""
     return _TORCH_DTYPES.get(precision, torch.float32)
 
 
 def precision_of(model: torch.nn.Module) -> str:
-    """The precision of a model: ``int8`` if its Linear layers are dynamically quantised, else its dtype."""
+    """The precision of a model: ``int8`` / ``int4`` if its Linear layers are quantised, else its dtype."""
     if has_dynamic_int8(model):
         return "int8"
+    if has_int4(model):
+        return "int4"
     dtype = next(model.parameters()).dtype
     return parse_precision(dtype) if dtype in _TORCH_DTYPES.values() else str(dtype).removeprefix("torch.")
 
@@ -99,6 +107,8 @@ def to_precision(model: torch.nn.Module, precision: str) -> torch.nn.Module:
         return model
     if precision == "int8":
         return quantize_int8(model)
+    if precision == "int4":
+        return quantize_int4(model)
     return model.to(_TORCH_DTYPES[precision])
 
 
@@ -115,8 +125,9 @@ def auto_precision(model: torch.nn.Module, role: str = "target", *, name: str | 
                    ) -> tuple[torch.nn.Module, dict[str, Any]]:
     """Convert a float32 ``model`` to the precision that runs fastest here; returns ``(model, record)``.
 
-    Each candidate of ``AUTO_CANDIDATES[role]`` (int8 on CPU only) is timed with ``timer(model,
-    AUTO_SIZES[role])`` (default :func:`default_timer`) on its own copy; the fastest is kept. With ``decisions`` (a JSON file) the
+    Each candidate of ``AUTO_CANDIDATES[role]`` is timed with ``timer(model,
+    AUTO_SIZES[role])`` (default :func:`default_timer`) on its own copy (int8 and int4 on CPU only); the fastest
+    is kept. With ``decisions`` (a JSON file) the
     choice is cached under ``measurement_key(name, role, device=device)`` and read back by later calls, which
     then only convert. ``record`` holds ``precision``, ``seconds`` (per candidate), ``sizes``,
     ``key`` and ``cached`` (True when read from the file): what was chosen and why.
@@ -136,7 +147,7 @@ def auto_precision(model: torch.nn.Module, role: str = "target", *, name: str | 
     timer = default_timer if timer is None else timer
     seconds: dict[str, float] = {}
     for precision in AUTO_CANDIDATES[role]:
-        if precision == "int8" and device.type != "cpu":
+        if precision in CPU_ONLY and device.type != "cpu":
             continue
         candidate = model if precision == "float32" else to_precision(copy.deepcopy(model), precision)
         seconds[precision] = timer(candidate, sizes)

@@ -1,0 +1,109 @@
+"""int4 drafts (``treespec.models.int4``): the kernel computes with the quantised weights it was given, layers
+the kernel cannot take stay float, and an int4 draft runs in every step (eager, host-drafted compiled, captured)
+with the target's greedy output."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import treespec
+from treespec.core import checks
+from treespec.models import int4
+from treespec.models.precision import precision_of, to_precision
+from treespec.models.tiny import greedy_reference, perturbed_copy, tiny_model
+
+
+def _dequantised(layer: int4.Int4Linear, linear: torch.nn.Linear) -> torch.Tensor:
+    """The weight the codes stand for, rebuilt independently of the kernel's packed layout: each group's
+    minimum plus its code times its step, codes recomputed from the float weight."""
+    w = linear.weight.detach().float()
+    n, k = w.shape
+    g = w.view(n, k // layer.group_size, layer.group_size)
+    low, high = g.amin(-1, keepdim=True), g.amax(-1, keepdim=True)
+    step = (high - low) / 15
+    codes = ((g - low) / step).round().clamp(0, 15)
+    scale, zero = layer.scales_and_zeros.float().unbind(-1)  # [k / group, n] each, bfloat16-rounded
+    return ((codes - 8) * scale.t()[..., None] + zero.t()[..., None]).view(n, k)
+
+
+@pytest.mark.parametrize("group", [32, 64, 128])
+def test_the_kernel_multiplies_by_the_quantised_weight(group):
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(256, 48, bias=True)
+    layer = int4.Int4Linear.from_linear(linear, group)
+    x = torch.randn(5, 256)
+    expected = x.bfloat16().float() @ _dequantised(layer, linear).t() + linear.bias
+    out = layer(x)
+    assert out.dtype == torch.float32 and out.shape == (5, 48)
+    torch.testing.assert_close(out, expected, rtol=2e-2, atol=2e-2)  # bfloat16 accumulation and output
+    # and the quantised weight is within half a step of the float one
+    w = _dequantised(layer, linear)
+    steps = (layer.scales_and_zeros[..., 0].float().t().repeat_interleave(group, 1))
+    assert ((w - linear.weight).abs() <= 0.5 * steps + 1e-2).all()
+    # a negative control: another group size's codes would not match
+    other = int4.Int4Linear.from_linear(linear, 64 if group != 64 else 32)
+    assert not torch.allclose(other(x), expected, rtol=2e-3, atol=2e-3)
+
+
+def test_batched_rows_are_independent():
+    torch.manual_seed(1)
+    layer = int4.Int4Linear.from_linear(torch.nn.Linear(64, 32, bias=False))
+    x = torch.randn(2, 3, 64)
+    out = layer(x)
+    assert out.shape == (2, 3, 32)
+    torch.testing.assert_close(out[1, 2], layer(x[1, 2:3])[0])
+
+
+def test_quantize_int4_keeps_layers_the_kernel_cannot_take_in_float():
+    model = tiny_model("qwen2", vocab=40, hidden=64)  # a 40-token head: not a multiple of 16
+    ref = model(torch.tensor([[1, 2, 3, 4]])).logits
+    to_precision(model, "int4")
+    assert precision_of(model) == "int4"
+    assert isinstance(model.lm_head, torch.nn.Linear) and checks.vocab_size(model) == 40
+    assert isinstance(model.model.layers[0].mlp.down_proj, int4.Int4Linear)
+    assert model.model.layers[0].self_attn.k_proj.group_size == 64
+    out = model(torch.tensor([[1, 2, 3, 4]])).logits
+    assert out.dtype == torch.float32 and (out - ref).abs().max() < 0.15 * ref.abs().max()
+    assert int4.group_size_for(torch.nn.Linear(96, 32)) == 32 and int4.group_size_for(torch.nn.Linear(64, 24)) is None
+
+
+def test_int4_refusals():
+    with pytest.raises(ValueError, match="float32"):
+        to_precision(tiny_model("llama").to(torch.bfloat16), "int4")
+    with pytest.raises(ValueError, match="group_size"):
+        int4.quantize_int4(tiny_model("llama"), group_size=48)
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target = tiny_model("qwen2", vocab=64, hidden=64, scale=6, seed=0)
+    return target, to_precision(perturbed_copy(target, 0.3), "int4")
+
+
+@pytest.mark.parametrize("compile", [False, "aot_eager"], ids=["eager", "captured"])
+def test_int4_draft_greedy_equals_the_target(pair, compile):
+    target, draft = pair
+    prompt = [1, 5, 7, 9, 3]
+    out = treespec.generate(target, prompt, [treespec.ModelDrafter(draft, [(0,), (1,), (0, 0), (0, 0, 0)], "topk")],
+                            max_new_tokens=24, compile=compile)
+    assert out.new_tokens == greedy_reference(target, prompt, 24)
+    assert out.stats.tau > 1.5
+    if compile:
+        assert out.stats.step == "captured"  # an int4 draft is traced (torch.ao's int8 is refused)
+        int8 = to_precision(perturbed_copy(target, 0.3), "int8")
+        host = treespec.generate(target, prompt, [treespec.ModelDrafter(int8, [(0,), (0, 0)], "topk")],
+                                 max_new_tokens=8, compile=compile)
+        assert host.stats.step.startswith("compiled, drafted on the host")
+
+
+def test_int4_draft_under_inductor_with_freezing(pair):
+    """The CPU configuration of the captured step: inductor, weights frozen into constants."""
+    target, draft = pair
+    prompt = [2, 4, 6, 8]
+    with torch._inductor.config.patch(freezing=True):
+        out = treespec.generate(target, prompt, [treespec.ModelDrafter(copy.deepcopy(draft), [(0,), (0, 0)], "topk")],
+                                max_new_tokens=12, compile=True)
+    assert out.stats.step == "captured" and out.new_tokens == greedy_reference(target, prompt, 12)

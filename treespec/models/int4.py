@@ -1,0 +1,102 @@
+"""Weight-only int4 Linear layers for CPU drafts, on torch's own int4 kernel.
+
+A draft model's forward over a few tree tokens reads every weight once and does little arithmetic
+with it: on a CPU its speed is the memory traffic of its weights. ``int4`` stores each
+``nn.Linear`` weight (the LM head included) in 4 bits with one scale and one offset per group of
+``group_size`` input columns (asymmetric round-to-nearest: a group's minimum to maximum in 15
+steps), and multiplies with ``torch.ops.aten._weight_int4pack_mm_for_cpu`` (bfloat16 activations,
+dequantised inside the kernel). Embeddings, norms, attention and the KV cache stay float32, as in
+the ``int8`` draft. Unlike ``torch.ao``'s int8 modules, whose packed weights are opaque script
+objects, the kernel is an ordinary aten operator: ``torch.compile`` traces it, so an int4 draft can
+run inside the captured step (``treespec.core.captured``).
+
+A quantised draft is still an exact drafter: its proposals are point masses or draws from its
+own ``q``. What quantisation changes is how often the target accepts them, which the benchmarks
+measure (``experiments/bench_draft_level.py``).
+
+The kernel's constraints: the output size a multiple of 16 and the input size a multiple of the group
+size (32, 64, 128 or 256). A layer that does not fit keeps its float32 weights.
+"""
+
+from __future__ import annotations
+
+import torch
+
+#: columns per scale/offset pair (32, 64, 128 or 256; see ``experiments/bench_draft_level.py``)
+GROUP_SIZE = 64
+_GROUPS = (32, 64, 128, 256)
+
+
+class Int4Linear(torch.nn.Module):
+    """``y = x W^T + b`` with ``W`` in 4 bits per entry (``from_linear``); ``x`` of any float dtype, ``y`` of
+    the same dtype. Buffers: ``packed`` (the kernel's layout, ``[out, in / 2]`` uint8),
+    ``scales_and_zeros`` (``[in / group, out, 2]`` bfloat16: ``W = (code - 8) * scale + zero``)."""
+
+    def __init__(self, packed: torch.Tensor, scales_and_zeros: torch.Tensor, group_size: int, in_features: int,
+                 out_features: int, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.in_features, self.out_features, self.group_size = in_features, out_features, group_size
+        self.register_buffer("packed", packed)
+        self.register_buffer("scales_and_zeros", scales_and_zeros)
+        self.register_buffer("bias", bias)
+
+    @classmethod
+    def from_linear(cls, linear: torch.nn.Linear, group_size: int = GROUP_SIZE) -> "Int4Linear":
+        """Quantise ``linear``'s weight group-wise (``group_size`` input columns per scale and offset)."""
+        w = linear.weight.detach().float()
+        n, k = w.shape
+        groups = w.view(n, k // group_size, group_size)
+        low, high = groups.amin(-1), groups.amax(-1)
+        scale = ((high - low) / 15).clamp_min(torch.finfo(torch.float32).tiny)
+        codes = ((groups - low[..., None]) / scale[..., None]).round().clamp(0, 15).to(torch.int32).view(n, k)
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
+        zero = low + 8 * scale  # the kernel dequantises (code - 8) * scale + zero
+        scales_and_zeros = torch.stack([scale.t(), zero.t()], -1).to(torch.bfloat16).contiguous()
+        bias = None if linear.bias is None else linear.bias.detach().float().clone()
+        return cls(packed, scales_and_zeros, group_size, k, n, bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.in_features).to(torch.bfloat16)
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, self.group_size, self.scales_and_zeros)
+        y = y.to(x.dtype)
+        if self.bias is not None:
+            y = y + self.bias.to(x.dtype)
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, group_size={self.group_size}"
+
+
+def group_size_for(linear: torch.nn.Linear, preferred: int = GROUP_SIZE) -> int | None:
+    """The group size ``linear`` is quantised with: ``preferred`` if the kernel takes the layer with it, else
+    the largest smaller one it takes; None when none fits (the layer stays float)."""
+    if linear.out_features % 16:
+        return None
+    fits = [g for g in _GROUPS if g <= preferred and linear.in_features % g == 0]
+    return max(fits) if fits else None
+
+
+def quantize_int4(model: torch.nn.Module, group_size: int = GROUP_SIZE) -> torch.nn.Module:
+    """Replace every ``nn.Linear`` of a float32 CPU model that the kernel takes by an :class:`Int4Linear`, in
+    place; returns ``model``. Tied weights (an LM head sharing the embeddings) are copied, not shared: the
+    embeddings stay float32."""
+    if group_size not in _GROUPS:
+        raise ValueError(f"group_size must be one of {_GROUPS} (the int4 kernel's), got {group_size!r}")
+    param = next(model.parameters())
+    if param.device.type != "cpu":
+        raise ValueError(f"int4 weights run on the CPU only (the model is on {param.device}); use "
+                         "dtype='bfloat16' or 'float16' on an accelerator")
+    if param.dtype != torch.float32:
+        raise ValueError("int4 quantisation starts from a float32 model; load it with dtype=torch.float32 first")
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, torch.nn.Linear):
+                group = group_size_for(child, group_size)
+                if group is not None:
+                    setattr(module, name, Int4Linear.from_linear(child, group))
+    return model
+
+
+def has_int4(model: torch.nn.Module) -> bool:
+    """Whether any Linear layer of ``model`` is an :class:`Int4Linear`."""
+    return any(isinstance(m, Int4Linear) for m in model.modules())
