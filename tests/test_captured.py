@@ -13,6 +13,7 @@ from stats import ALPHA, exact_joint, g_test
 from test_exactness import BUSHY, PROMPT, pair, sample_joint  # noqa: F401 (pair is a fixture)
 from treespec.core import captured, compiled
 from treespec.core.buffers import shape_buffers
+from treespec.core.request import Request
 from treespec.drafters.model import _Layout, as_shape
 from treespec.models.tiny import greedy_reference, perturbed_copy, tiny_model
 
@@ -77,8 +78,9 @@ def test_which_configurations_are_captured_and_why_not(models):
     target, draft = models
     kw = dict(max_new_tokens=4, compile=BACKEND)
     assert treespec.generate(target, [1, 2], [treespec.ModelDrafter(draft, KARY)], **kw).stats.step == "captured"
+    assert treespec.generate(target, [1, 2], [treespec.ModelDrafter(draft, KARY, min_confidence=0.1)],
+                             **kw).stats.step == "captured"  # the confidence stop is read on the host (CPU)
     for drafters, why in [([treespec.ModelDrafter(draft, KARY, "sample")], "mode='sample'"),
-                          ([treespec.ModelDrafter(draft, KARY, min_confidence=0.1)], "confidence stop"),
                           ([treespec.ModelDrafter(draft, KARY), treespec.NGramDrafter()], "2 drafters"),
                           ([treespec.NGramDrafter()], "drafts on the host")]:
         step = treespec.generate(target, [1, 2], drafters, **kw).stats.step
@@ -87,6 +89,11 @@ def test_which_configurations_are_captured_and_why_not(models):
     int8 = quantize_int8(perturbed_copy(target, 0.3))
     step = treespec.generate(target, [1, 2], [treespec.ModelDrafter(int8, KARY)], **kw).stats.step
     assert "int8" in step and "bfloat16" in step
+    # on a GPU the stop would copy the confidence to the host after every level: host drafting there
+    req = Request.checked(target, [1, 2], [treespec.ModelDrafter(draft, KARY, min_confidence=0.1)],
+                                                4, 0.0, 0, 1.0, None, 0, None, None, "rrs", BACKEND)
+    cuda = type("CudaRequest", (), {"drafters": req.drafters, "budget": None, "device": torch.device("cuda")})()
+    assert "CPU only" in captured.capture_plan(cuda)
     over_budget = treespec.generate(target, [1, 2], [treespec.ModelDrafter(draft, KARY)], budget=4, **kw).stats.step
     assert "over the budget 4" in over_budget
 
@@ -244,3 +251,42 @@ def test_freezing_with_several_runners_in_one_process(mode):
                 assert out.new_tokens == eager.new_tokens == greedy_reference(target, prompt, 24)
                 assert out.stats.step_tokens == eager.stats.step_tokens or mode == "topk"
                 assert out.stats.step_tokens[:-1] == eager.stats.step_tokens[: len(out.stats.step_tokens) - 1]
+
+
+CHAIN5 = [(0,), (0, 0), (0, 0, 0), (0, 0, 0, 0), (0, 0, 0, 0, 0)]
+
+
+@pytest.mark.parametrize("shape", [CHAIN5, DEEP], ids=["chain", "tree"])
+def test_the_confidence_stop_drafts_less_and_walks_the_eager_steps_trees(models, shape):
+    """With ``min_confidence`` the captured step stops where ``ModelDrafter`` stops: the same trees step by
+    step as the eager step (greedy: the same accepted lengths), HF's output, fewer draft forwards; a stop of
+    0 never stops and 1 always stops after the first depth (no recompile between thresholds)."""
+    target, draft = models
+    prompt = [1, 5, 7, 9, 3]
+    ref = greedy_reference(target, prompt, 40)
+    forwards = {}
+    for stop in (None, 0.0, 0.05, 1.0):
+        eager = treespec.generate(target, prompt, [treespec.ModelDrafter(draft, shape, min_confidence=stop)],
+                                  max_new_tokens=40)
+        with torch._dynamo.config.patch(error_on_recompile=stop in (0.05, 1.0)):  # 0.0 compiled every depth's graph
+            out = treespec.generate(target, prompt, [treespec.ModelDrafter(draft, shape, min_confidence=stop)],
+                                    max_new_tokens=40, compile=BACKEND)
+        assert out.stats.step == "captured" and out.new_tokens == eager.new_tokens == ref
+        # the eager step shortens the trees near the end to what is left to generate (the captured shape is
+        # fixed): compare the steps that start with more than the tree's depth + 1 tokens left
+        done = np.cumsum([0] + eager.stats.step_tokens)
+        k = int(np.sum(40 - done[:-1] > max(map(len, shape)) + 1))
+        assert out.stats.step_tokens[:k] == eager.stats.step_tokens[:k]
+        assert out.stats.tree_sizes[:k] == eager.stats.tree_sizes[:k] and k >= 5
+        forwards[stop] = sum(out.stats.tree_sizes[:k])
+    assert forwards[0.05] < forwards[None] == forwards[0.0]
+    assert forwards[1.0] < forwards[0.05]
+
+
+def test_captured_confidence_stop_keeps_the_joint_law(pair, monkeypatch):  # noqa: F811
+    """Draws without replacement at T=1 with a stop of 0.3 (tuned recipes use 0.1 when sampling)."""
+    monkeypatch.setattr(test_exactness, "N", 1000)
+    target, draft = pair
+    make = lambda: [treespec.ModelDrafter(draft, BUSHY, "sample_without_replacement", min_confidence=0.3)]  # noqa: E731
+    counts = sample_joint(target, make, "captured-stop", compile=BACKEND, temperature=1.0)
+    assert g_test(counts, exact_joint(target, PROMPT, 3, 1.0)) > ALPHA

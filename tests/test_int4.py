@@ -1,4 +1,4 @@
-"""int4 drafts (``treespec.models.int4``): the kernel computes with the quantised weights it was given, layers
+"""int4 drafts (``treespec.models.quantized``): the kernel computes with the quantised weights it was given, layers
 the kernel cannot take stay float, and an int4 draft runs in every step (eager, host-drafted compiled, captured)
 with the target's greedy output."""
 
@@ -11,7 +11,7 @@ import torch
 
 import treespec
 from treespec.core import checks
-from treespec.models import int4
+from treespec.models import quantized as int4
 from treespec.models.precision import precision_of, to_precision
 from treespec.models.tiny import greedy_reference, perturbed_copy, tiny_model
 
@@ -57,6 +57,20 @@ def test_batched_rows_are_independent():
     torch.testing.assert_close(out[1, 2], layer(x[1, 2:3])[0])
 
 
+def test_wide_inputs_take_the_int8_twin_outside_compile_only():
+    torch.manual_seed(2)
+    linear = torch.nn.Linear(128, 32)
+    layer = int4.Int4Linear.from_linear(linear)
+    x = torch.randn(int4.WIDE_ROWS, 128)
+    assert torch.equal(layer(x), layer.wide(x))  # a prompt-wide input: fbgemm int8
+    narrow = layer(x[:4])
+    assert not torch.equal(narrow, layer.wide(x[:4]))  # a few rows: the int4 kernel
+    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")(x)  # traced: always the int4 kernel
+    torch.testing.assert_close(compiled[:4], narrow)
+    torch.testing.assert_close(layer(x), linear(x), rtol=0.05, atol=0.05)
+    assert not any(type(m).__module__.startswith("torch.ao") for m in layer.modules())  # still traceable
+
+
 def test_quantize_int4_keeps_layers_the_kernel_cannot_take_in_float():
     model = tiny_model("qwen2", vocab=40, hidden=64)  # a 40-token head: not a multiple of 16
     ref = model(torch.tensor([[1, 2, 3, 4]])).logits
@@ -97,6 +111,22 @@ def test_int4_draft_greedy_equals_the_target(pair, compile):
         host = treespec.generate(target, prompt, [treespec.ModelDrafter(int8, [(0,), (0, 0)], "topk")],
                                  max_new_tokens=8, compile=compile)
         assert host.stats.step.startswith("compiled, drafted on the host")
+
+
+def test_captured_int4_draft_prefills_a_long_prompt_eagerly(pair, monkeypatch):
+    """A prompt of 30 tokens: the target in compiled chunks, the int4 draft in one eager forward whose wide
+    layers take their int8 twin; the output is still the target's greedy one."""
+    from treespec.core import prefill
+
+    target, draft = pair
+    used = []
+    monkeypatch.setattr(prefill.EagerPrefill, "__call__", lambda self, prompt: (
+        used.append(len(prompt)), self.cache.prefill(self.model, prompt))[-1])
+    prompt = [(7 * i + 3) % 64 for i in range(30)]
+    out = treespec.generate(target, prompt, [treespec.ModelDrafter(draft, [(0,), (0, 0)], "topk")],
+                            max_new_tokens=10, compile="aot_eager")
+    assert used == [30] and out.stats.step == "captured"
+    assert out.new_tokens == greedy_reference(target, prompt, 10)
 
 
 def test_int4_draft_under_inductor_with_freezing(pair):

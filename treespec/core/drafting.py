@@ -149,13 +149,15 @@ class Capture:
     ``model`` proposes a fixed tree shape: ``parent[i]`` is node ``i``'s parent (node 0 = the root,
     ``parent[0] == -1``, nodes in BFS order) and ``rank[i]`` its child rank; ``mode`` is how the
     children of a node are chosen: ``"topk"`` (its most likely tokens, point-mass proposals) or
-    ``"sample_without_replacement"`` (Gumbel-top-k draws from the draft distribution).
+    ``"sample_without_replacement"`` (Gumbel-top-k draws from the draft distribution);
+    ``min_confidence``: the drafter's confidence stop (None: every depth is drafted).
     """
 
     model: torch.nn.Module
     parent: np.ndarray
     rank: np.ndarray
     mode: str
+    min_confidence: float | None = None
 
     @property
     def size(self) -> int:

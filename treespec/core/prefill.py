@@ -12,6 +12,8 @@ HumanEval prompt against 1.52 s in the eager step (0.48 s against 1.21 s per lee
 
 A short prompt prefills eagerly: its eager forward costs a fraction of a second, a compile tens of
 seconds on a CPU (the chunk graph is compiled at the first prompt of at least ``CHUNKED_MIN`` tokens).
+So does every prompt of a model whose fastest prompt forward cannot be traced (:func:`prefill_for`:
+an int4 draft, which takes its int8 weights for wide inputs, ``treespec.models.quantized``).
 """
 
 from __future__ import annotations
@@ -72,3 +74,22 @@ class ChunkedPrefill:
         for start in range(0, n, self.chunk):
             m = torch.tensor(min(self.chunk, n - start), device=device)
             self.step(ids[start : start + self.chunk], m, self.offsets, self.causal, self.no_logits)
+
+
+class EagerPrefill:
+    """Fills ``cache`` with a prompt in one eager forward (``StaticTreeCache.prefill``)."""
+
+    def __init__(self, model: torch.nn.Module, cache: StaticTreeCache) -> None:
+        self.model, self.cache = model, cache
+
+    def __call__(self, prompt: Sequence[int]) -> None:
+        self.cache.prefill(self.model, prompt)
+
+
+def prefill_for(model: torch.nn.Module, cache: StaticTreeCache, backend: str,
+                mode: str | None) -> ChunkedPrefill | EagerPrefill:
+    """How ``model``'s prompt is cached: compiled chunks, or eagerly for a model whose Linear layers keep
+    int8 weights for wide inputs that only run outside ``torch.compile`` (an int4 draft)."""
+    if any(getattr(m, "wide", None) is not None for m in model.modules()):
+        return EagerPrefill(model, cache)
+    return ChunkedPrefill(model, cache, backend, mode)

@@ -142,13 +142,11 @@ class ModelDrafter(Drafter):
         return f"model({name}, {self.mode}, size={self.plan.shape.size}, depth={self.plan.shape.depth}{stop})"
 
     def capture(self) -> Capture | str:
-        """The static shape for the captured step; dynamic trees, i.i.d. sampling (siblings may repeat a
-        token, which the host trie merges) and the confidence stop (a data-dependent depth) draft on the host."""
+        """The static shape for the captured step; dynamic trees and i.i.d. sampling (siblings may repeat a
+        token, which the host trie merges) draft on the host."""
         if self.mode not in ("topk", "sample_without_replacement"):
             return f"mode={self.mode!r} drafts on the host (captured: topk, sample_without_replacement)"
-        if self.min_confidence is not None:
-            return "the confidence stop (min_confidence) drafts on the host"
-        return Capture(self.model, self.plan.parent, self.plan.rank, self.mode)
+        return Capture(self.model, self.plan.parent, self.plan.rank, self.mode, self.min_confidence)
 
     def reset(self, prompt: Sequence[int], *, sampling: SamplingParams, seed: int) -> None:
         self.sampling = sampling

@@ -92,7 +92,7 @@ def load(name_or_path: str | os.PathLike = DEFAULT_TARGET, device: str | torch.d
     contacted with ``allow_download=True``).
     ``dtype``: ``"float32"``, ``"bfloat16"``, ``"float16"``, ``"int8"`` (dynamic int8 quantisation
     of the Linear layers, CPU only, for drafts; see ``treespec.models.precision``), ``"int4"`` (weight-only
-    4-bit Linear layers, CPU only, for drafts; ``treespec.models.int4``), a ``torch.dtype``, or
+    4-bit Linear layers, CPU only, for drafts; ``treespec.models.quantized``), a ``torch.dtype``, or
     ``"auto"``: time one forward in each candidate precision on this machine (float32 and bfloat16;
     int8 and int4 too for ``role="draft"``) and keep the fastest. The decision is cached in
     ``<cache root>/precision.json`` keyed by model, role, device, CPU model and thread count, so

@@ -4,7 +4,7 @@ Five precisions: ``float32``, ``bfloat16``, ``float16``, ``int8`` and ``int4``. 
 int8 with dynamic (per-token-batch) activation quantisation of every ``nn.Linear``, the LM head
 included, through ``torch.ao.quantization.quantize_dynamic`` with per-channel weight scales (fbgemm
 kernels, CPU only); embeddings, norms and attention stay float32. ``int4`` is weight-only,
-group-wise 4-bit (``treespec.models.int4``: torch's int4 CPU kernel, which ``torch.compile`` can
+group-wise 4-bit (``treespec.models.quantized``: torch's int4 CPU kernel, which ``torch.compile`` can
 trace, unlike ``torch.ao``'s packed int8 weights). Both are meant for draft models: a quantised
 draft is still an exact drafter, its proposals are point masses or draws from its own ``q``.
 
@@ -22,7 +22,6 @@ from __future__ import annotations
 import copy
 import datetime
 import os
-import warnings
 from pathlib import Path
 from typing import Any, Callable
 
@@ -31,7 +30,7 @@ import torch
 from ..common.files import read_json_dict, write_json
 from ..common.machine import measurement_key, model_name
 from ..core.checks import has_dynamic_int8
-from .int4 import has_int4, quantize_int4
+from .quantized import has_int4, quantize_int4, quantize_int8
 
 PRECISIONS = ("float32", "bfloat16", "float16", "int8", "int4")
 #: the floating-point precisions (a target may run in any of them; int8 and int4 are for drafts only)
@@ -79,23 +78,6 @@ def precision_of(model: torch.nn.Module) -> str:
         return "int4"
     dtype = next(model.parameters()).dtype
     return parse_precision(dtype) if dtype in _TORCH_DTYPES.values() else str(dtype).removeprefix("torch.")
-
-
-def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
-    """Quantise every ``nn.Linear`` of a float32 CPU model in place (int8 weights, per-channel scales,
-    dynamic int8 activations); returns ``model``."""
-    device = next(model.parameters()).device
-    if device.type != "cpu":
-        raise ValueError(f"int8 dynamic quantisation runs on the CPU only (the model is on {device}); use "
-                         "dtype='bfloat16' or 'float16' on an accelerator")
-    if next(model.parameters()).dtype != torch.float32:
-        raise ValueError("int8 quantisation starts from a float32 model; load it with dtype=torch.float32 first")
-    with warnings.catch_warnings():  # torch.ao's eager quantisation API warns that it is deprecated
-        warnings.simplefilter("ignore")
-        torch.ao.quantization.quantize_dynamic(
-            model, {torch.nn.Linear: torch.ao.quantization.per_channel_dynamic_qconfig}, dtype=torch.qint8,
-            inplace=True)
-    return model
 
 
 def to_precision(model: torch.nn.Module, precision: str) -> torch.nn.Module:

@@ -1,14 +1,18 @@
-"""Weight-only int4 Linear layers for CPU drafts, on torch's own int4 kernel.
+"""Quantised Linear layers for CPU drafts: ``int8`` (``torch.ao``'s dynamic quantisation) and ``int4``.
 
 A draft model's forward over a few tree tokens reads every weight once and does little arithmetic
-with it: on a CPU its speed is the memory traffic of its weights. ``int4`` stores each
-``nn.Linear`` weight (the LM head included) in 4 bits with one scale and one offset per group of
+with it: on a CPU its speed is the memory traffic of its weights. Both precisions quantise every
+``nn.Linear`` (the LM head included); embeddings, norms, attention and the KV cache stay float32.
+
+``int8`` (:func:`quantize_int8`): int8 weights with per-channel scales and dynamic int8 activations,
+through ``torch.ao.quantization.quantize_dynamic`` (fbgemm kernels). Its packed weights are opaque
+script objects that ``torch.compile`` cannot trace.
+
+``int4`` (:func:`quantize_int4`): each weight in 4 bits with one scale and one offset per group of
 ``group_size`` input columns (asymmetric round-to-nearest: a group's minimum to maximum in 15
-steps), and multiplies with ``torch.ops.aten._weight_int4pack_mm_for_cpu`` (bfloat16 activations,
-dequantised inside the kernel). Embeddings, norms, attention and the KV cache stay float32, as in
-the ``int8`` draft. Unlike ``torch.ao``'s int8 modules, whose packed weights are opaque script
-objects, the kernel is an ordinary aten operator: ``torch.compile`` traces it, so an int4 draft can
-run inside the captured step (``treespec.core.captured``).
+steps), multiplied with ``torch.ops.aten._weight_int4pack_mm_for_cpu`` (bfloat16 activations,
+dequantised inside the kernel). The kernel is an ordinary aten operator: ``torch.compile`` traces
+it, so an int4 draft can run inside the captured step (``treespec.core.captured``).
 
 A quantised draft is still an exact drafter: its proposals are point masses or draws from its
 own ``q``. What quantisation changes is how often the target accepts them, which the benchmarks
@@ -16,12 +20,25 @@ measure (``experiments/bench_draft_level.py``).
 
 The kernel's constraints: the output size a multiple of 16 and the input size a multiple of the group
 size (32, 64, 128 or 256). A layer that does not fit keeps its float32 weights.
+
+The kernel dequantises for every row it multiplies: at one to four rows (draft levels) it is the
+fastest traceable draft here, but a prompt's prefill is compute-bound, where it ran the 0.5B draft's
+Linear layers 3.2x slower than ``torch.ao``'s int8 (415 against 128 ms for 64 rows, cache-cold,
+``experiments/bench_draft_level.py``'s machine). So each layer also keeps int8 weights (fbgemm, as
+the ``int8`` precision): inputs of at least :data:`WIDE_ROWS` rows outside ``torch.compile`` take
+them (the captured step prefills an int4 draft eagerly, ``treespec.core.prefill.prefill_for``).
+The draft's cache of the prompt then holds int8 results and its drafting int4 ones: both are the
+draft's own forwards, so its proposals stay exact drafts; only their acceptance could differ.
 """
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
+#: inputs with at least this many rows (a prompt) take the int8 weights outside ``torch.compile``
+WIDE_ROWS = 16
 #: columns per scale/offset pair (32, 64, 128 or 256). 128: the fastest compiled draft level of the three
 #: measured (22.2 ms against 24.9 and 26.8 for 64 and 32, one token) at the same agreement with the target
 #: (0.939 code / 0.520 prose, int8 0.931 / 0.485; ``experiments/results/draft-level-cpu.md``)
@@ -35,12 +52,15 @@ class Int4Linear(torch.nn.Module):
     ``scales_and_zeros`` (``[in / group, out, 2]`` bfloat16: ``W = (code - 8) * scale + zero``)."""
 
     def __init__(self, packed: torch.Tensor, scales_and_zeros: torch.Tensor, group_size: int, in_features: int,
-                 out_features: int, bias: torch.Tensor | None) -> None:
+                 out_features: int, bias: torch.Tensor | None, wide: torch.nn.Module | None = None) -> None:
         super().__init__()
         self.in_features, self.out_features, self.group_size = in_features, out_features, group_size
         self.register_buffer("packed", packed)
         self.register_buffer("scales_and_zeros", scales_and_zeros)
         self.register_buffer("bias", bias)
+        # the int8 twin for wide inputs: a plain attribute, not a submodule (torch.compile never sees it, and
+        # model.modules() lists no torch.ao layer, so the model still counts as traceable)
+        self.__dict__["wide"] = wide
 
     @classmethod
     def from_linear(cls, linear: torch.nn.Linear, group_size: int | None = None) -> "Int4Linear":
@@ -61,9 +81,11 @@ class Int4Linear(torch.nn.Module):
         zero = low + 8 * scale  # the kernel dequantises (code - 8) * scale + zero
         scales_and_zeros = torch.stack([scale.t(), zero.t()], -1).to(torch.bfloat16).contiguous()
         bias = None if linear.bias is None else linear.bias.detach().float().clone()
-        return cls(packed, scales_and_zeros, group_size, k, n, bias)
+        return cls(packed, scales_and_zeros, group_size, k, n, bias, _int8_twin(linear))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.wide is not None and x.numel() >= WIDE_ROWS * self.in_features and not torch.compiler.is_compiling():
+            return self.wide(x.float()).to(x.dtype)
         flat = x.reshape(-1, self.in_features).to(torch.bfloat16)
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, self.group_size, self.scales_and_zeros)
         y = y.to(x.dtype)
@@ -73,6 +95,30 @@ class Int4Linear(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, group_size={self.group_size}"
+
+
+def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
+    """Quantise every ``nn.Linear`` of a float32 CPU model in place (int8 weights, per-channel scales,
+    dynamic int8 activations); returns ``model``."""
+    device = next(model.parameters()).device
+    if device.type != "cpu":
+        raise ValueError(f"int8 dynamic quantisation runs on the CPU only (the model is on {device}); use "
+                         "dtype='bfloat16' or 'float16' on an accelerator")
+    if next(model.parameters()).dtype != torch.float32:
+        raise ValueError("int8 quantisation starts from a float32 model; load it with dtype=torch.float32 first")
+    with warnings.catch_warnings():  # torch.ao's eager quantisation API warns that it is deprecated
+        warnings.simplefilter("ignore")
+        torch.ao.quantization.quantize_dynamic(
+            model, {torch.nn.Linear: torch.ao.quantization.per_channel_dynamic_qconfig}, dtype=torch.qint8,
+            inplace=True)
+    return model
+
+
+def _int8_twin(linear: torch.nn.Linear) -> torch.nn.Module:
+    """``linear`` as ``torch.ao``'s dynamic int8 Linear (per-channel weight scales), the ``int8`` precision's."""
+    copy = torch.nn.Linear(linear.in_features, linear.out_features, bias=linear.bias is not None)
+    copy.load_state_dict({k: v.detach().float() for k, v in linear.state_dict().items()})
+    return quantize_int8(torch.nn.Sequential(copy))[0]
 
 
 def group_size_for(linear: torch.nn.Linear, preferred: int = GROUP_SIZE) -> int | None:
