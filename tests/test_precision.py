@@ -74,6 +74,17 @@ def test_auto_keeps_the_fastest_measured(role, costs, expected, tmp_path):
     assert expected in precision.describe_choice(record2)
 
 
+def test_auto_for_a_compiled_step_times_traceable_precisions_only(tmp_path):
+    calls: list[str] = []
+    costs = {"float32": 0.3, "bfloat16": 0.2, "int8": 0.05, "int4": 0.1}
+    model, record = auto_precision(tiny_model("llama"), "draft", name="m", decisions=tmp_path / "d.json",
+                                   timer=fake_timer(costs, calls), traceable=True)
+    assert "int8" not in calls and precision_of(model) == "int4" and "traceable" in record["key"]
+    eager, record2 = auto_precision(tiny_model("llama"), "draft", name="m", decisions=tmp_path / "d.json",
+                                    timer=fake_timer(costs, calls))  # decided apart: int8 wins the eager step
+    assert precision_of(eager) == "int8" and not record2["cached"]
+
+
 def test_auto_decision_key_names_model_role_device_cpu_and_threads(tmp_path):
     path = tmp_path / "d.json"
     auto_precision(tiny_model("llama"), "draft", name="m", decisions=path,

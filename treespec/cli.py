@@ -99,7 +99,7 @@ def load_models(args: argparse.Namespace, want_draft: bool = True):
 
     names = args.draft if args.draft else ([DEFAULT_DRAFT] if want_draft else [])
     return load_pair(args.target, names, device=args.device, target_dtype=args.dtype,
-                     draft_dtype=getattr(args, "draft_dtype", None))
+                     draft_dtype=getattr(args, "draft_dtype", None), compile=getattr(args, "compile", False))
 
 
 def _model_command(sub, name: str, func, out: str, out_help: str, **kwargs) -> argparse.ArgumentParser:

@@ -83,7 +83,8 @@ PRECISION_DECISIONS = "precision.json"
 def load(name_or_path: str | os.PathLike = DEFAULT_TARGET, device: str | torch.device = "cpu",
          dtype: str | torch.dtype = torch.float32, *, role: str = "target", trust_remote_code: bool = False,
          cache_dir: str | os.PathLike | None = None, allow_download: bool = False,
-         device_map: str | dict[str, Any] | None = None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+         device_map: str | dict[str, Any] | None = None, traceable: bool = False
+         ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a causal LM and its tokenizer, in eval mode on ``device`` with SDPA attention.
 
     ``name_or_path``: ``DEFAULT_TARGET`` / ``DEFAULT_DRAFT`` (offline, from the installed chunk
@@ -97,7 +98,8 @@ def load(name_or_path: str | os.PathLike = DEFAULT_TARGET, device: str | torch.d
     int8 and int4 too for ``role="draft"``) and keep the fastest. The decision is cached in
     ``<cache root>/precision.json`` keyed by model, role, device, CPU model and thread count, so
     later loads do not measure again.
-    ``role``: ``"target"`` or ``"draft"`` (which candidates ``auto`` times).
+    ``role``: ``"target"`` or ``"draft"`` (which candidates ``auto`` times); ``traceable``: ``auto`` keeps
+    only precisions ``torch.compile`` can trace (a draft for the captured step: int8 is left out).
     ``device_map``: a model larger than one device, dispatched by accelerate as ``from_pretrained``
     does (``"auto"``, or module name -> device, ``"cpu"`` or ``"disk"`` offload included); ``device``
     is then ignored and the precision must be a floating one (``auto``, ``int8`` and ``int4`` convert a whole
@@ -131,7 +133,7 @@ def load(name_or_path: str | os.PathLike = DEFAULT_TARGET, device: str | torch.d
     if precision == "auto":
         decisions = (cache_root(cache_dir if spec is not None else None)) / PRECISION_DECISIONS
         model, record = auto_precision(model, role, name=spec.name if spec is not None else name,
-                                       decisions=decisions)
+                                       decisions=decisions, traceable=traceable)
         log(f"{name} ({role}) precision: {describe_choice(record)}")
     else:
         model = to_precision(model, precision)

@@ -30,20 +30,23 @@ def default_precision(name: str | None, device: str | torch.device) -> str:
 
 
 def load_pair(target: str, drafts: Sequence[str], *, device: str = "cpu", target_dtype: str | None = None,
-              draft_dtype: str | None = None) -> tuple[torch.nn.Module, Any, list[torch.nn.Module | CrossDraft]]:
+              draft_dtype: str | None = None, compile: bool | str = False
+              ) -> tuple[torch.nn.Module, Any, list[torch.nn.Module | CrossDraft]]:
     """The target, its tokenizer and the drafts: a model where it shares the target's tokenizer, a
     :class:`CrossDraft` where it does not (it then drafts text, proposed in the target's tokens).
 
     Precisions: names as in :func:`treespec.models.load` (``"auto"`` times the candidates on this
     machine and keeps the fastest; the decision is cached); None means ``auto`` on CPU (int8 is among
-    a draft's candidates, not the target's) and bfloat16 on CUDA.
+    a draft's candidates, not the target's) and bfloat16 on CUDA. With ``compile`` (the captured step
+    drafts in compiled calls) ``auto`` times only the draft precisions ``torch.compile`` can trace.
     """
     if str(device).startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"--device {device}: this machine has no CUDA device (torch sees none); use --device cpu")
     model, tok = load(target, device=device, dtype=default_precision(target_dtype, device), role="target")
     out: list[torch.nn.Module | CrossDraft] = []
     for name in drafts:
-        draft, draft_tok = load(name, device=device, dtype=default_precision(draft_dtype, device), role="draft")
+        draft, draft_tok = load(name, device=device, dtype=default_precision(draft_dtype, device), role="draft",
+                                traceable=compile is not False)
         out.append(draft if tokenizers_match(tok, draft_tok) else CrossDraft(draft, draft_tok, tok))
     return model, tok, out
 

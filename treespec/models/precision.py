@@ -42,6 +42,8 @@ CHOICES = {"target": ("auto", *FLOATS), "draft": ("auto", *PRECISIONS)}
 AUTO_CANDIDATES = {"target": ("float32", "bfloat16"), "draft": ("float32", "bfloat16", "int8", "int4")}
 #: the precisions that run on the CPU only
 CPU_ONLY = ("int8", "int4")
+#: precisions ``torch.compile`` cannot trace (``auto`` for a compiled step leaves them out)
+UNTRACEABLE = ("int8",)
 #: tree sizes ``auto`` times (seconds summed): a decode token plus a verification tree / draft level
 AUTO_SIZES = {"target": (1, 16), "draft": (1, 4)}
 _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -103,8 +105,8 @@ def default_timer(model: torch.nn.Module, sizes: tuple[int, ...]) -> float:
 
 def auto_precision(model: torch.nn.Module, role: str = "target", *, name: str | None = None,
                    decisions: str | os.PathLike | None = None,
-                   timer: Callable[[torch.nn.Module, tuple[int, ...]], float] | None = None
-                   ) -> tuple[torch.nn.Module, dict[str, Any]]:
+                   timer: Callable[[torch.nn.Module, tuple[int, ...]], float] | None = None,
+                   traceable: bool = False) -> tuple[torch.nn.Module, dict[str, Any]]:
     """Convert a float32 ``model`` to the precision that runs fastest here; returns ``(model, record)``.
 
     Each candidate of ``AUTO_CANDIDATES[role]`` is timed with ``timer(model,
@@ -113,22 +115,25 @@ def auto_precision(model: torch.nn.Module, role: str = "target", *, name: str | 
     choice is cached under ``measurement_key(name, role, device=device)`` and read back by later calls, which
     then only convert. ``record`` holds ``precision``, ``seconds`` (per candidate), ``sizes``,
     ``key`` and ``cached`` (True when read from the file): what was chosen and why.
+    ``traceable``: only precisions ``torch.compile`` can trace (for the captured step: int8 is left out, int4
+    stays), decided and cached apart.
     """
     if role not in ROLES:
         raise ValueError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
     if precision_of(model) != "float32":
         raise ValueError("auto_precision starts from a float32 model (every candidate is converted from it)")
     device = next(model.parameters()).device
-    key = measurement_key(name or model_name(model), role, device=device)
+    key = measurement_key(name or model_name(model), role, *(["traceable"] if traceable else []), device=device)
+    candidates = [p for p in AUTO_CANDIDATES[role] if not (traceable and p in UNTRACEABLE)]
     path = None if decisions is None else Path(decisions)
     if path is not None:
         record = read_json_dict(path).get(key)
-        if isinstance(record, dict) and record.get("precision") in AUTO_CANDIDATES[role]:
+        if isinstance(record, dict) and record.get("precision") in candidates:
             return to_precision(model, record["precision"]), {**record, "cached": True}
     sizes = AUTO_SIZES[role]
     timer = default_timer if timer is None else timer
     seconds: dict[str, float] = {}
-    for precision in AUTO_CANDIDATES[role]:
+    for precision in candidates:
         if precision in CPU_ONLY and device.type != "cpu":
             continue
         candidate = model if precision == "float32" else to_precision(copy.deepcopy(model), precision)
