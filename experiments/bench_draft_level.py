@@ -1,8 +1,8 @@
 """One draft level per draft precision, how often each precision's guess is the target's, and one attention call.
 
 The captured step drafts with compiled forwards, so the draft's precision must be one
-``torch.compile`` can trace: ``torch.ao``'s int8 (the eager step's fastest on a CPU) is not,
-``bfloat16`` and ``int4`` (``treespec.models.int4``) are. Three tables:
+``torch.compile`` can trace: ``torch.ao``'s int8 is not, ``bfloat16`` and ``int4``
+(``treespec.models.quantized``) are. Four tables:
 
 1. **Draft level**: one forward of the real 0.5B draft (Qwen2.5-Coder) over ``w`` tree tokens after
    a 200-token context, milliseconds (median of 20 calls after 3 warm-ups), for the eager step's
@@ -14,7 +14,11 @@ The captured step drafts with compiled forwards, so the draft's precision must b
    and Lee news articles 200-207 (prose), positions after each prompt. This is the acceptance rate
    of a one-token chain at T=0, the figure quantisation moves; both sets are disjoint from the
    benchmarks' evaluation prompts (HumanEval 100+, Lee news 0-9).
-3. **Attention**: one attention call as in the draft (14 query heads over 2 key/value heads, head
+3. **Linear kernels**: the draft's Linear layers alone (24 layers' projections and the LM head, each
+   with its own weights, so they stream from memory as in a forward), milliseconds per forward over
+   1, 4 and 64 rows, per kernel: ``torch.ao`` int8 (fbgemm), torch's int4 kernel (``int4`` with 128
+   columns per scale, as ``treespec.models.quantized`` packs it) and bfloat16 ``F.linear``; eager.
+4. **Attention**: one attention call as in the draft (14 query heads over 2 key/value heads, head
    dimension 64) over 1024 cached rows, microseconds, HF's ``sdpa`` path with the key/value heads
    copied (what it runs under ``torch.compile`` given a 4D mask) against ``grouped_sdpa``.
 
@@ -42,7 +46,7 @@ from treespec.common.machine import machine  # noqa: E402
 from treespec.core.attention import grouped_sdpa  # noqa: E402
 from treespec.core.kv import StaticTreeCache, TreeCache, causal_allowed, forward_masked  # noqa: E402
 from treespec.models import DEFAULT_DRAFT, DEFAULT_TARGET, load  # noqa: E402
-from treespec.models.int4 import quantize_int4  # noqa: E402
+from treespec.models.quantized import quantize_int4  # noqa: E402
 from treespec.models.precision import to_precision  # noqa: E402
 
 CONTEXT = 200
@@ -108,6 +112,46 @@ def agreement_texts(tokenizer) -> dict[str, list[tuple[list[int], list[int]]]]:
     return {name: [(ids(p), ids(c)[:96]) for p, c in pairs] for name, pairs in (("code", code), ("prose", prose))}
 
 
+def kernel_table(rows: tuple[int, ...] = (1, 4, 64)) -> list[str]:
+    from treespec.models.quantized import Int4Linear, quantize_int8
+
+    shapes = [(896, 896), (128, 896), (128, 896), (896, 896), (4864, 896), (4864, 896), (896, 4864)]
+    lines = ["| kernel | " + " | ".join(f"{r} rows" for r in rows) + " |", "|---|" + "---|" * len(rows)]
+    torch.manual_seed(0)
+    for kernel in ("int8-fbgemm", "int4-g128", "bfloat16"):
+        def make(n: int, k: int):
+            linear = torch.nn.Linear(k, n, bias=False)
+            if kernel == "int8-fbgemm":
+                return quantize_int8(torch.nn.Sequential(linear))[0]
+            if kernel == "int4-g128":
+                layer = Int4Linear.from_linear(linear, 128)
+                layer.__dict__["wide"] = None  # the int4 kernel at every width
+                return layer
+            return linear.to(torch.bfloat16)
+
+        layers = [make(n, k) for _ in range(24) for n, k in shapes] + [make(151936, 896)]
+        cells = []
+        for r in rows:
+            x = {896: torch.randn(r, 896), 4864: torch.randn(r, 4864)}
+            if kernel == "bfloat16":
+                x = {k: v.bfloat16() for k, v in x.items()}
+            with torch.inference_mode():
+                def forward():
+                    for layer in layers:
+                        layer(x[layer.in_features])
+                forward()
+                times = []
+                for _ in range(5):
+                    t = time.perf_counter()
+                    forward()
+                    times.append(time.perf_counter() - t)
+            cells.append(f"{statistics.median(times) * 1e3:.1f} ms")
+        lines.append(f"| {kernel} | " + " | ".join(cells) + " |")
+        print(lines[-1], flush=True)
+        del layers
+    return lines
+
+
 def attention_table() -> list[str]:
     from transformers.integrations.sdpa_attention import repeat_kv
 
@@ -142,7 +186,7 @@ def main(argv: list[str] | None = None) -> str:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=None, help="write the tables here (markdown)")
     ap.add_argument("--widths", default="1,4")
-    ap.add_argument("--skip", default="", help="comma-separated tables to skip: levels, agreement, attention")
+    ap.add_argument("--skip", default="", help="comma-separated tables to skip: levels, agreement, kernels, attention")
     args = ap.parse_args(argv)
     skip = set(filter(None, args.skip.split(",")))
     torch._inductor.config.freezing = True
@@ -186,6 +230,11 @@ def main(argv: list[str] | None = None) -> str:
                     cells.append(f"{hits / sum(len(c) for _, c in pairs):.3f}")
             lines.append(f"| {precision} | " + " | ".join(cells) + " |")
             print(lines[-1], flush=True)
+    if "kernels" not in skip:
+        lines += ["", "## Linear kernels", "",
+                  "The 0.5B draft's Linear layers alone (24 layers + the LM head, each with its own weights), "
+                  "milliseconds per forward (median of 5), eager.", ""]
+        lines += kernel_table()
     if "attention" not in skip:
         lines += ["", "## One attention call", "",
                   "14 query heads over 2 key/value heads, head dimension 64, 1024 cached rows (700 masked), "

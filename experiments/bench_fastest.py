@@ -7,27 +7,31 @@ The real Qwen2.5-Coder pair (1.5B target, 0.5B draft), greedy, 64 tokens per pro
 * ``hf-bfloat16-static-compiled``: HF ``generate`` with a static cache and ``torch.compile``, inductor
   weight freezing on (HF's fastest plain decoding on a CPU);
 * ``hf-assisted-bfloat16``: HF assisted generation with the draft in the precision treespec's eager
-  default picks for it (int8 here; the same draft as treespec-eager and treespec-compiled; HF
-  assisted with the captured step's bfloat16 draft is not measured);
-* ``treespec-eager``: what ``treespec generate`` runs by default (measured precisions, tuned tree);
-* ``treespec-compiled``: the eager default's recipe and models with ``compile=True``: its int8 draft
-  cannot be traced, so it drafts on the host and only the target's step is compiled (frozen), its
-  prompt prefilled in compiled chunks (``treespec.core.prefill``);
-* ``treespec-captured``: the captured step (``compile=True``: start, per-depth and verify graphs,
-  chunked prefills, weight freezing), both models in bfloat16 (torch.ao's int8 cannot be compiled), the tree below.
+  default picks for it (int8 here: the same draft as treespec-eager and treespec-compiled);
+* ``hf-assisted-<p>-draft``: HF assisted generation with the captured step's draft (``auto`` among the
+  precisions ``torch.compile`` can trace), so each treespec method meets HF assisted with its own draft
+  (left out when both drafts have one precision);
+* ``treespec-eager``: what ``treespec generate`` runs by default (measured precisions, tuned tree, its
+  confidence stop);
+* ``treespec-captured``: what ``treespec generate --compile`` runs: the same tuned recipe with
+  ``compile=True``, its draft loaded for compiled steps (``load(..., traceable=True)``); one draft model
+  of a static shape, so the whole step runs in compiled calls (``treespec.core.captured``: start,
+  per-depth and verify graphs, the confidence stop read between depths, weight freezing);
+* ``treespec-compiled`` (only with ``--only``): the eager default's recipe and int8 draft with
+  ``compile=True``: torch.ao's int8 cannot be traced, so it drafts on the host and only the target's
+  step is compiled.
 
 Compiles are paid once, before the timed prompts, and reported (both static caches hold 1024 rows,
 so one set of graphs serves every prompt; see ``treespec.bench.baselines.hf_generate`` for why HF's
-cache is kept across calls). The headline is the paired speedup over each baseline with bootstrap 95% intervals. Records
-are appended as they finish; a re-run resumes (compiles are paid again).
+cache is kept across calls). The headline is the paired speedup over each baseline with bootstrap 95%
+intervals, and the per-step split (drafting / verifying / engine). Records are appended as they
+finish; a re-run resumes (compiles are paid again).
 
-    python experiments/bench_fastest.py --out experiments/results/cpu-fastest --only \
-        hf-bfloat16,hf-bfloat16-static-compiled,hf-assisted-bfloat16,treespec-eager,treespec-compiled
-    python experiments/bench_fastest.py --out experiments/results/cpu-fastest --only treespec-captured
+    python experiments/bench_fastest.py --out experiments/results/cpu-fastest-zen4
 
-In 24 GiB the frozen compiles of the pair do not all fit in one process: the second command adds one
-method to a finished run, its prompts then run after, not interleaved with, the others (on an empty
-``--out``, ``--only`` just runs fewer methods).
+In 24 GiB three frozen compiles of the pair do not fit in one process: ``--only`` adds a method to a
+finished run (its prompts then run after, not interleaved with, the others; on an empty ``--out``,
+``--only`` just runs fewer methods).
 """
 
 from __future__ import annotations
@@ -59,8 +63,6 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--humaneval", default="100:110", metavar="A:B", help="HumanEval problems A..B-1 ('' to skip)")
     ap.add_argument("--lee-news", default="0:10", metavar="A:B", help="lee-news leads A..B-1 ('' to skip)")
     ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--budget", type=int, default=16, help="the captured step's sequoia tree budget")
-    ap.add_argument("--depth", type=int, default=6, help="the captured step's sequoia tree depth limit")
     ap.add_argument("--only", default=None, metavar="M1,M2",
                     help="run only these methods (their compiles only: three frozen compiles of the pair do not fit "
                          "in 24 GiB together); the summary covers every method recorded in --out")
@@ -70,29 +72,36 @@ def main(argv: list[str] | None = None) -> dict:
 
     target, tok = load(DEFAULT_TARGET, dtype="bfloat16", role="target")
     draft_auto, _ = load(DEFAULT_DRAFT, dtype="auto", role="draft")
-    draft16, _ = load(DEFAULT_DRAFT, dtype="bfloat16", role="draft")
+    draft_traced, _ = load(DEFAULT_DRAFT, dtype="auto", role="draft", traceable=True)
+    traced = precision_of(draft_traced)
     vector = default_acceptance(None, 0.0)
-    eager = resolve(Recipe(tree="sequoia", acceptance=vector), target, [draft_auto],
-                    cache_file=cache_root() / "profiles.json")
-    captured = Recipe(tree="sequoia", budget=args.budget, depth=args.depth, acceptance=vector, compile=True)
-    print("treespec eager:", eager.why, flush=True)
+    profiles = cache_root() / "profiles.json"
+    eager = resolve(Recipe(tree="sequoia", acceptance=vector), target, [draft_auto], cache_file=profiles)
+    captured = resolve(Recipe(tree="sequoia", acceptance=vector, compile=True), target, [draft_traced],
+                       cache_file=profiles)
+    print("treespec eager:", eager.why, "\ntreespec captured:", captured.why, flush=True)
 
     host_compiled = replace(eager.recipe, compile=True)
     makers = {
         "hf-bfloat16": lambda: compare.hf_method(target),
         "hf-bfloat16-static-compiled": lambda: compare.hf_compiled_method(target),
         "hf-assisted-bfloat16": lambda: compare.hf_assisted_method(target, draft_auto),
+        f"hf-assisted-{traced}-draft": lambda: compare.hf_assisted_method(target, draft_traced,
+                                                                          name=f"hf-assisted-{traced}-draft"),
         "treespec-eager": lambda: compare.treespec_method(
             lambda ids, n: run(eager.recipe, target, [draft_auto], ids, max_new_tokens=n), precision_of(target),
             name="treespec-eager"),
+        "treespec-captured": lambda: compare.treespec_method(
+            lambda ids, n: run(captured.recipe, target, [draft_traced], ids, max_new_tokens=n),
+            precision_of(target), name="treespec-captured"),
         "treespec-compiled": lambda: compare.treespec_method(
             lambda ids, n: run(host_compiled, target, [draft_auto], ids, max_new_tokens=n), precision_of(target),
             name="treespec-compiled"),
-        "treespec-captured": lambda: compare.treespec_method(
-            lambda ids, n: run(captured, target, [draft16], ids, max_new_tokens=n), precision_of(target),
-            name="treespec-captured"),
     }
-    chosen = list(makers) if args.only is None else [m for m in args.only.split(",") if m]  # '' = report only
+    # the captured step's own assisted baseline, unless its draft is the eager default's (then it is hf-assisted-*)
+    same_draft = traced == precision_of(draft_auto)
+    default = [m for m in makers if m != "treespec-compiled" and not (same_draft and m.endswith("-draft"))]
+    chosen = default if args.only is None else [m for m in args.only.split(",") if m]  # '' = report only
     unknown = [m for m in chosen if m not in makers]
     if unknown:
         ap.error(f"--only: unknown method(s) {', '.join(unknown)}; choose among {', '.join(makers)}")
@@ -123,8 +132,7 @@ def main(argv: list[str] | None = None) -> dict:
     records = compare.run(methods, prompts, args.max_new_tokens, args.out / "results.jsonl", on_record=show)
     summaries = [compare.summarize(records, d) for d in dict.fromkeys(p[0] for p in prompts)]
     result = {"machine": machine("cpu"), "torch": torch.__version__, "eager_configuration": eager.why,
-              "captured_recipe": {"tree": "sequoia", "budget": args.budget, "depth": args.depth,
-                                  "precisions": "bfloat16 target and draft"},
+              "captured_configuration": captured.why,
               "compile_seconds": compile_seconds, "added_later": added_later,
               "max_new_tokens": args.max_new_tokens, "summaries": summaries,
               "per_step": {s["dataset"]: per_step(records, s) for s in summaries}}
@@ -135,9 +143,9 @@ def main(argv: list[str] | None = None) -> dict:
         f"\n{args.max_new_tokens} greedy tokens per prompt, methods interleaved per prompt"
         + (f" (except {', '.join(added_later)}: added by a later run with `--only`, after the others)"
            if added_later else "") + ". treespec-eager: "
-        f"{eager.why}. treespec-compiled: the same with `compile=True` (its int8 draft drafts on the host; the "
-        f"target's step and its prompt's prefill, in 64-token chunks, are compiled and frozen). treespec-captured: sequoia tree, budget {args.budget}, depth <= "
-        f"{args.depth}, bfloat16 target and draft, `compile=True` with inductor weight freezing.\nCompile seconds paid once before the "
+        f"{eager.why}. treespec-captured (`treespec generate --compile`): {captured.why}; `compile=True` with "
+        f"inductor weight freezing, the whole step in compiled calls. treespec-compiled (if present): the eager "
+        f"default with `compile=True` (its int8 draft drafts on the host).\nCompile seconds paid once before the "
         f"timed prompts: {', '.join(f'{k} {v:.0f} s' for k, v in compile_seconds.items())}.\n"
         f"Command: `python experiments/bench_fastest.py --out {args.out}`.\n\n{text}\n")
     compare.plot(summaries, args.out / "tokens_per_second.png")

@@ -176,7 +176,7 @@ def test_cli_help_says_what_new_does(capsys) -> None:
     ({"models": {"pairs": [{"target": "a"}]}}, r"models.pairs\[0\] must be a table with exactly the keys"),
     ({"run": {"device": "gpu0"}}, "run.device must be a torch device name"),
     ({"run": {"dtype": "fp32"}}, "run.dtype must be one of"),
-    ({"run": {"draft_dtype": "int4"}}, "run.draft_dtype must be one of"),
+    ({"run": {"draft_dtype": "int2"}}, "run.draft_dtype must be one of"),
     ({"run": {"threads": 1.0}}, "run.threads must be an integer >= 0"),
     ({"run": {"warmup_tokens": True}}, "run.warmup_tokens must be an integer >= 0"),
     ({"run": {"compile": 1}}, "run.compile must be false, true or a torch.compile backend name"),

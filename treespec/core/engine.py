@@ -159,8 +159,8 @@ def generate(
             Greedy decoding ignores it (argmax walk).
         compile: False (eager), True or a ``torch.compile`` backend name: static-shape steps compiled,
             acceptance on the device (``rrs``, ``traversal`` and ``block``; ``spectr`` is refused). One model drafter of a static shape (top-k or
-            sampling without replacement, no confidence stop) drafts on the device too
-            (``treespec.core.captured``); any other drafters draft on the host and only the target's
+            sampling without replacement; its confidence stop on a CPU only) in a precision ``torch.compile``
+            can trace (float, int4; not torch.ao int8) drafts on the device too (``treespec.core.captured``); any other drafters draft on the host and only the target's
             forward is compiled (``treespec.core.compiled``). ``stats.step`` says which ran, and why.
     """
     req = Request.checked(target, input_ids, drafters, max_new_tokens, temperature, top_k, top_p, eos_token_id,

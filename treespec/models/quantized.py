@@ -23,8 +23,8 @@ size (32, 64, 128 or 256). A layer that does not fit keeps its float32 weights.
 
 The kernel dequantises for every row it multiplies: at one to four rows (draft levels) it is the
 fastest traceable draft here, but a prompt's prefill is compute-bound, where it ran the 0.5B draft's
-Linear layers 3.2x slower than ``torch.ao``'s int8 (415 against 128 ms for 64 rows, cache-cold,
-``experiments/bench_draft_level.py``'s machine). So each layer also keeps int8 weights (fbgemm, as
+Linear layers 2.8x slower than ``torch.ao``'s int8 (383 against 139 ms for 64 rows, against 17.8 and
+26.2 ms for one row; ``experiments/results/draft-level-cpu.md``). So each layer also keeps int8 weights (fbgemm, as
 the ``int8`` precision): inputs of at least :data:`WIDE_ROWS` rows outside ``torch.compile`` take
 them (the captured step prefills an int4 draft eagerly, ``treespec.core.prefill.prefill_for``).
 The draft's cache of the prompt then holds int8 results and its drafting int4 ones: both are the
