@@ -20,6 +20,8 @@ models that use ``sdpa`` (an ``eager`` model keeps its own attention: the two ro
 
 from __future__ import annotations
 
+import functools
+import inspect
 from typing import Any
 
 import torch
@@ -58,12 +60,22 @@ AttentionInterface.register(GROUPED_SDPA, grouped_sdpa)
 AttentionMaskInterface.register(GROUPED_SDPA, sdpa_mask)  # masks are passed in 4D: never built through it
 
 
+@functools.cache
+def _cache_argument(forward: Any) -> str:
+    """The name the model's forward takes its KV cache under: ``cache`` (transformers >= 5.2x, where
+    ``past_key_values`` is deprecated) or ``past_key_values``."""
+    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
+
+
 def tree_forward(model: torch.nn.Module, **inputs: Any) -> Any:
     """``model(**inputs)`` with :func:`grouped_sdpa` as its attention when it uses ``sdpa``.
 
     The choice is the config's ``_attn_implementation`` (what HF's ``set_attn_implementation``
     writes), switched for the call and restored after it; under ``torch.compile`` the switch is traced
-    as well (no graph break; the graph guards on the model's own setting)."""
+    as well (no graph break; the graph guards on the model's own setting). A ``past_key_values`` input
+    is passed under the name this transformers version's forward takes."""
+    if "past_key_values" in inputs:
+        inputs[_cache_argument(type(model).forward)] = inputs.pop("past_key_values")
     config = model.config
     previous = config._attn_implementation
     if previous != "sdpa":
