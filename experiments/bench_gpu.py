@@ -48,7 +48,7 @@ from treespec.calibrate.costs import choose_tree, draft_level_cost, measure_late
 from treespec.common.device import sync  # noqa: E402
 from treespec.common.machine import device_name  # noqa: E402
 from treespec.common.files import write_json  # noqa: E402
-from treespec.core import compiled  # noqa: E402
+from treespec.core import compiled, compiling  # noqa: E402
 
 # Qwen2.5-Coder-{1.5B,0.5B}-Instruct (HF config.json; the GGUF-dequantised copies agree except that
 # they untie the LM head, which does not change the cost of a forward).
@@ -127,7 +127,7 @@ class Bench:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args, self.tiny, self.device = args, args.smoke, torch.device(args.device)
         self.dtype = torch.float32 if self.tiny else torch.bfloat16
-        self.backend, self.mode = ("aot_eager", None) if self.tiny else compiled.compile_options(True, self.device)
+        self.backend, self.mode = ("aot_eager", None) if self.tiny else compiling.compile_options(True, self.device)
         self.compile = self.backend if self.tiny else True
         self._models: dict[str, torch.nn.Module] = {}
         g = torch.Generator().manual_seed(0)

@@ -20,7 +20,6 @@ models that use ``sdpa`` (an ``eager`` model keeps its own attention: the two ro
 
 from __future__ import annotations
 
-import functools
 import inspect
 from typing import Any
 
@@ -60,11 +59,17 @@ AttentionInterface.register(GROUPED_SDPA, grouped_sdpa)
 AttentionMaskInterface.register(GROUPED_SDPA, sdpa_mask)  # masks are passed in 4D: never built through it
 
 
-@functools.cache
-def _cache_argument(forward: Any) -> str:
+_CACHE_ARGUMENT: dict[type, str] = {}  # model class -> its forward's name for the KV cache
+
+
+def _cache_argument(model_class: type) -> str:
     """The name the model's forward takes its KV cache under: ``cache`` (transformers >= 5.2x, where
-    ``past_key_values`` is deprecated) or ``past_key_values``."""
-    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
+    ``past_key_values`` is deprecated) or ``past_key_values``. Memoised in a plain dict, which
+    ``torch.compile`` reads without a graph break (it warns on ``functools`` caches)."""
+    if model_class not in _CACHE_ARGUMENT:
+        names = inspect.signature(model_class.forward).parameters
+        _CACHE_ARGUMENT[model_class] = "cache" if "cache" in names else "past_key_values"
+    return _CACHE_ARGUMENT[model_class]
 
 
 def tree_forward(model: torch.nn.Module, **inputs: Any) -> Any:
@@ -75,7 +80,7 @@ def tree_forward(model: torch.nn.Module, **inputs: Any) -> Any:
     as well (no graph break; the graph guards on the model's own setting). A ``past_key_values`` input
     is passed under the name this transformers version's forward takes."""
     if "past_key_values" in inputs:
-        inputs[_cache_argument(type(model).forward)] = inputs.pop("past_key_values")
+        inputs[_cache_argument(type(model))] = inputs.pop("past_key_values")
     config = model.config
     previous = config._attn_implementation
     if previous != "sdpa":

@@ -40,8 +40,8 @@ import torch
 from . import verifiers
 from .buffers import ShapeBuffers, shape_buffers
 from .checks import has_dynamic_int8
-from .compiled import (allow_recompiles, capacity_for, compile_options, greedy_path, path_rows, sampled_path,
-                       traversal_path)
+from .compiled import capacity_for, greedy_path, path_rows, sampled_path, traversal_path
+from .compiling import allow_recompiles, compile_graph, compile_options
 from .constructions import Construction
 from .drafting import Capture, DraftProposals
 from .kv import StaticTreeCache
@@ -158,10 +158,9 @@ class _CapturedRunner:
         self.clone_between = mode_compile == "reduce-overhead"  # CUDA graphs may reuse an output at the next replay
         device = self.cache.length.device
         self.depth_counts = [torch.tensor(d, device=device) for d in range(len(shape.levels) + 1)]
-        opts = dict(fullgraph=True, backend=backend, mode=mode_compile)
-        self.start_step = torch.compile(self._start, **opts)
-        self.level_step = torch.compile(self._level, **opts)
-        self.verify_step = torch.compile(self._verify, **opts)
+        self.start_step = compile_graph(self._start, backend, mode_compile)
+        self.level_step = compile_graph(self._level, backend, mode_compile)
+        self.verify_step = compile_graph(self._verify, backend, mode_compile)
 
     def prefill(self, prompt: list[int]) -> torch.Tensor:
         """Cache ``prompt[:-1]`` in both models; returns the state the first draft call starts from."""

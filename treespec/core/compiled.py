@@ -34,7 +34,7 @@ import math
 import numpy as np
 import torch
 
-from .checks import check_compile
+from .compiling import allow_recompiles, compile_graph, compile_options
 from .drafting import POINT_MASS
 from .kv import StaticTreeCache
 from .prefill import ChunkedPrefill, padded_length
@@ -62,22 +62,6 @@ def capacity_for(prompt: int, after: int) -> int:
 
 def next_pow2(n: int, least: int = 8) -> int:
     return max(least, 1 << (max(n, 1) - 1).bit_length())
-
-
-def compile_options(compile: bool | str, device: torch.device) -> tuple[str, str | None]:
-    """``(backend, mode)``: ``compile=True`` is inductor, with CUDA graphs (``reduce-overhead``) on
-    CUDA; a string names the backend."""
-    if check_compile(compile) is True:
-        return "inductor", "reduce-overhead" if device.type == "cuda" else None
-    if compile is False:
-        raise ValueError("compile=False runs the eager step (treespec.core.engine.EagerStep), not this one")
-    return compile, None
-
-
-def allow_recompiles() -> None:
-    """Every runner compiles its own graphs of the same code objects (its caches are guarded by identity,
-    see ``StaticTreeCache``): let dynamo keep many of them rather than fall back to eager."""
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 512)
 
 
 # -- acceptance on the device: small pure functions on tensors -----------------------------------
@@ -210,10 +194,9 @@ class _Runner:
         self.prefill = ChunkedPrefill(model, self.cache, backend, mode)
         self.params = SamplingParams()
         self.verifier = "rrs"  # the request's rule for sampled steps (set like params; dynamo guards on both)
-        opts = dict(fullgraph=True, backend=backend, mode=mode)
-        self.forward = torch.compile(self.run_eager, **opts)
-        self.step_greedy = torch.compile(self._step_greedy, **opts)
-        self.step_sampled = torch.compile(self._step_sampled, **opts)
+        self.forward = compile_graph(self.run_eager, backend, mode)
+        self.step_greedy = compile_graph(self._step_greedy, backend, mode)
+        self.step_sampled = compile_graph(self._step_sampled, backend, mode)
 
     def run_eager(self, ids: torch.Tensor, depth: torch.Tensor, anc: torch.Tensor) -> torch.Tensor:
         """The target over ``ids`` written at ``[L, L + n)`` (not committed); logits ``[n, V]``."""

@@ -22,6 +22,7 @@ from typing import Sequence
 
 import torch
 
+from .compiling import compile_graph
 from .kv import StaticTreeCache
 
 #: tokens per compiled prefill chunk (a longer chunk costs less per token but pads more of the prompt's
@@ -48,7 +49,7 @@ class ChunkedPrefill:
         self.offsets = torch.arange(chunk, device=device)
         self.causal = torch.ones(chunk, chunk, dtype=torch.bool, device=device).tril()
         self.no_logits = torch.zeros(0, dtype=torch.long, device=device)
-        self.step = torch.compile(self._chunk, fullgraph=True, backend=backend, mode=mode)
+        self.step = compile_graph(self._chunk, backend, mode)
 
     def _chunk(self, ids: torch.Tensor, m: torch.Tensor, offsets: torch.Tensor, causal: torch.Tensor,
                no_logits: torch.Tensor) -> None:

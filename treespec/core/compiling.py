@@ -1,0 +1,39 @@
+"""How treespec compiles a step's functions: backend, mode and options, in one place.
+
+``compile=True`` is inductor: on CUDA with CUDA graphs (``reduce-overhead``), on a CPU with inductor's
+weight freezing (``freezing``: the graph's weights become constants, prepacked for oneDNN's bfloat16
+matmuls; on this project's CPU the captured step verified a budget-8 tree in 163 ms per step with it
+and ~233 ms without, ``experiments/results/cpu-fastest-zen4``). Freezing folds every tensor a graph only
+reads into a constant, which is why the compiled steps pass what they do not mutate as inputs
+(``treespec.core.kv.StaticTreeCache``). A string names another backend, compiled without options.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from .checks import check_compile
+
+
+def compile_options(compile: bool | str, device: torch.device) -> tuple[str, str | None]:
+    """``(backend, mode)``: ``compile=True`` is inductor, with CUDA graphs (``reduce-overhead``) on
+    CUDA; a string names the backend."""
+    if check_compile(compile) is True:
+        return "inductor", "reduce-overhead" if device.type == "cuda" else None
+    if compile is False:
+        raise ValueError("compile=False runs the eager step (treespec.core.engine.EagerStep), not this one")
+    return compile, None
+
+
+def compile_graph(fn: Callable, backend: str, mode: str | None) -> Callable:
+    """``fn`` compiled as one graph (``fullgraph=True``): inductor without a mode (the CPU's) freezes weights."""
+    options = {"freezing": True} if backend == "inductor" and mode is None else None
+    return torch.compile(fn, fullgraph=True, backend=backend, mode=mode, options=options)
+
+
+def allow_recompiles() -> None:
+    """Every runner compiles its own graphs of the same code objects (its caches are guarded by identity,
+    see ``StaticTreeCache``): let dynamo keep many of them rather than fall back to eager."""
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 512)
