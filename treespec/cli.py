@@ -25,7 +25,7 @@ from .core.verifiers import VERIFIERS
 from .drafters.model import STATIC_MODES
 from .models.pair import eos_ids, load_pair
 from .models.precision import CHOICES
-from .recipes import TREES, NGramSettings, Recipe, draft_mode, resolve, run
+from .recipes import TREES, NGramSettings, Recipe, draft_mode, resolve, resolve_compile, run
 
 
 def _arg(convert: Callable[[str], Any], check: Callable[[Any], Any]) -> Callable[[str], Any]:
@@ -99,7 +99,7 @@ def load_models(args: argparse.Namespace, want_draft: bool = True):
 
     names = args.draft if args.draft else ([DEFAULT_DRAFT] if want_draft else [])
     return load_pair(args.target, names, device=args.device, target_dtype=args.dtype,
-                     draft_dtype=getattr(args, "draft_dtype", None), compile=getattr(args, "compile", False))
+                     draft_dtype=getattr(args, "draft_dtype", None), compile=getattr(args, "compile", None) or False)
 
 
 def _model_command(sub, name: str, func, out: str, out_help: str, **kwargs) -> argparse.ArgumentParser:
@@ -149,10 +149,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
     g.add_argument("--verifier", choices=tuple(VERIFIERS), default="rrs",
                    help="exact verification rule for sampled steps (docs/verifiers.md; default rrs)")
-    g.add_argument("--compile", nargs="?", const=True, default=False, metavar="BACKEND",
+    g.add_argument("--compile", nargs="?", const=True, default=None, metavar="BACKEND",
                    help="compiled static-shape steps (optionally naming the torch.compile backend): one draft model's "
-                        "static tree in bfloat16/float32 is drafted on the device too (captured); other drafters "
-                        "draft on the host. Pays minutes of compilation on a CPU: for long runs")
+                        "static tree is drafted on the device too (captured; the draft is loaded in a precision "
+                        "torch.compile traces); other drafters draft on the host. Pays a compile (1-2 minutes on a "
+                        "CPU the first time). Default: compiled when measured here to pay back its compile for "
+                        "this run's prompts x --max-new-tokens (measured for runs of 4096+ new tokens, cached)")
+    g.add_argument("--no-compile", dest="compile", action="store_const", const=False,
+                   help="eager steps, without measuring whether compiling pays")
     g.add_argument("--json", action="store_true",
                    help="print one JSON object per prompt (new_tokens, steps, tau, seconds, tokens_per_second, "
                         "configuration) instead of streaming text")
@@ -213,7 +217,7 @@ def recipe_from_args(args: argparse.Namespace, with_model: bool = True) -> Recip
                   ngram=NGramSettings() if args.ngram else None,
                   acceptance=default_acceptance(args.acceptance, args.temperature) if sequoia else None,
                   target_dtype=args.dtype, draft_dtype=args.draft_dtype, verifier=args.verifier,
-                  compile=args.compile)
+                  compile=args.compile or False)  # None (decided after resolving, resolve_compile): eager until then
 
 
 def read_prompts(args: argparse.Namespace) -> list[str]:
@@ -303,6 +307,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     recipe = recipe_from_args(args, with_model=want_draft)  # validates before the models load
     target, tok, drafts = load_models(args, want_draft)
     resolved = resolve(recipe, target, drafts, tokenizer=tok, max_new_tokens=args.max_new_tokens)
+    if args.compile is None:
+        resolved = resolve_compile(resolved, target, drafts, tok, prompts=len(prompts),
+                                   max_new_tokens=args.max_new_tokens)
     recipe = resolved.recipe
     print(f"configuration: {resolved.why}", file=sys.stderr if args.json else sys.stdout, flush=True)
     eos = eos_ids(target, tok)

@@ -329,21 +329,36 @@ def _single_chain(recipe: Recipe, drafters: Sequence[Drafter]) -> bool:
     return isinstance(d, ModelDrafter) and recipe.tree == "chain"
 
 
+def _pilot_prompts(tokenizer: Any) -> list[list[int]]:
+    """The built-in pilot prompts (``treespec.calibrate.pilot.PILOT_PROMPTS``) in the target's tokens."""
+    from .calibrate.pilot import PILOT_PROMPTS
+
+    return [list(tokenizer(text)["input_ids"]) for text in PILOT_PROMPTS]
+
+
+def _measurement_key(tag: str, recipe: Recipe, target: torch.nn.Module, drafts: Sequence[DraftModel],
+                     prompts: Sequence[Sequence[int]]) -> str:
+    """The cache key of a measurement of ``recipe`` on ``prompts``: machine, models, precisions, drafters,
+    budget and sampling."""
+    from .calibrate.pilot import prompts_digest
+    from .common.machine import measurement_key, model_name
+
+    return measurement_key(tag, model_name(target), precision_of(target), f"budget={recipe.budget}",
+                           *(precision_of(m.model if isinstance(m, CrossDraft) else m) for m in drafts),
+                           *(d.describe() for d in build_drafters(recipe, drafts)), f"T={recipe.temperature}",
+                           f"top_p={recipe.top_p}", f"top_k={recipe.top_k}", recipe.verifier, prompts_digest(prompts),
+                           device=next(target.parameters()).device)
+
+
 def _measured(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[DraftModel], tokenizer: Any,
               cache_file: Path | None, *, chain: bool = False, tag: str = "pilot-v1") -> "Pilot":
     """A pilot of ``recipe`` (its eager steps and the target alone on the built-in pilot prompts,
     ``treespec.calibrate.pilot.run_pilot``), cached per machine, models, drafters and sampling."""
     from .calibrate import pilot
-    from .common.machine import measurement_key, model_name
 
-    drafters = build_drafters(recipe, drafts)
-    prompts = [list(tokenizer(text)["input_ids"]) for text in pilot.PILOT_PROMPTS]
+    prompts = _pilot_prompts(tokenizer)
     eager = replace(recipe, compile=False)  # the pilot times eager steps (compiling costs minutes)
-    key = measurement_key(tag, model_name(target), precision_of(target), f"budget={recipe.budget}",
-                          *(precision_of(m.model if isinstance(m, CrossDraft) else m) for m in drafts),
-                          *(d.describe() for d in drafters), f"T={recipe.temperature}", f"top_p={recipe.top_p}",
-                          f"top_k={recipe.top_k}", recipe.verifier, pilot.prompts_digest(prompts),
-                          device=next(target.parameters()).device)
+    key = _measurement_key(tag, recipe, target, drafts, prompts)
     return pilot.cached_pilot(key, cache_file, lambda: pilot.run_pilot(
         lambda ids, n: run(eager, target, drafts, ids, max_new_tokens=n, seed=0),
         lambda ids, n: run(replace(eager, budget=1), target, drafts, ids, max_new_tokens=n, seed=0),
@@ -409,6 +424,36 @@ def resolve(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[DraftModel
         chosen = replace(recipe, **tuned.settings(), target_dtype=precision_of(target),
                          draft_dtype=precision_of(drafts[0]))
     return Resolved(chosen, tuned.why, tuned)
+
+
+def resolve_compile(resolved: Resolved, target: torch.nn.Module, drafts: Sequence[DraftModel], tokenizer: Any, *,
+                    prompts: int, max_new_tokens: int, cache_file: Path | None = None,
+                    measure_from_tokens: int | None = None, backend: bool | str = True) -> Resolved:
+    """``resolved`` with ``compile`` chosen for a run of ``prompts`` prompts of ``max_new_tokens`` new
+    tokens: the compiled step when it is measured to pay back its compile on this machine
+    (``treespec.calibrate.compile_choice``; measured on the built-in pilot prompts when the run has at
+    least ``measure_from_tokens`` new tokens, default ``compile_choice.MEASURE_FROM_TOKENS``, and cached
+    in ``cache_file``, default ``<treespec cache>/compile.json``). ``backend``: the compiled recipe's
+    ``compile`` (True: the device's default backend). Plain decoding (budget 1) stays eager."""
+    from .calibrate import compile_choice
+    from .models import cache_root
+
+    recipe = replace(resolved.recipe, compile=False)
+    if recipe.budget == 1:
+        return Resolved(recipe, f"{resolved.why}; eager steps (plain decoding)", resolved.tuned)
+    compiled = replace(recipe, compile=backend)
+    prompt_ids = _pilot_prompts(tokenizer)
+    key = _measurement_key(f"compile-v3|backend={backend}", recipe, target, drafts, prompt_ids)
+    threshold = compile_choice.MEASURE_FROM_TOKENS if measure_from_tokens is None else measure_from_tokens
+    measure_now = None
+    if prompts * max_new_tokens >= threshold:
+        measure_now = lambda: compile_choice.measure(  # noqa: E731
+            lambda ids, n: run(recipe, target, drafts, ids, max_new_tokens=n, seed=0),
+            lambda ids, n: run(compiled, target, drafts, ids, max_new_tokens=n, seed=0), prompt_ids)
+    timing = compile_choice.cached(key, cache_file if cache_file is not None else cache_root() / "compile.json",
+                                   measure_now)
+    chosen, why = compile_choice.decide(timing, prompts, max_new_tokens)
+    return Resolved(compiled if chosen else recipe, f"{resolved.why}; {why}", resolved.tuned)
 
 
 def run(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[DraftModel], input_ids: torch.Tensor | Sequence[int],

@@ -20,7 +20,7 @@ import torch
 from ..calibrate.vectors import default_acceptance
 from ..common.files import check_writable
 from ..models.precision import precision_of
-from ..recipes import Recipe, resolve, run
+from ..recipes import Recipe, resolve, resolve_compile, run
 from . import compare
 from .datasets import humaneval_prompts
 
@@ -34,6 +34,7 @@ def run_demo(args: argparse.Namespace, target: torch.nn.Module, tok: Any, draft:
     vector = default_acceptance(None, 0.0)
     resolved = resolve(Recipe(tree="sequoia", acceptance=vector), target, [draft], tokenizer=tok,
                        max_new_tokens=args.max_new_tokens)
+    resolved = resolve_compile(resolved, target, [draft], tok, prompts=args.prompts, max_new_tokens=args.max_new_tokens)
     recipe, tuned = resolved.recipe, resolved.tuned
     prof, choice = tuned.profile, tuned.choice
     t1 = prof.target_latency[1]

@@ -1,0 +1,116 @@
+"""Whether a compiled step pays: the run-length rule, the measurement, its cache, and the CLI's default."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from treespec import cli
+from treespec.calibrate import compile_choice
+from treespec.calibrate.compile_choice import RouteTiming, decide
+from treespec.core.stats import GenerateOutput, Stats
+from treespec.models.tiny import ByteTokenizer, greedy_reference, perturbed_copy, tiny_model
+from treespec.recipes import Recipe, resolve, resolve_compile, run
+
+# compile 100 s, then 80 ms per token against 125 ms eager; prefill 1.0 s compiled, 1.5 s eager
+TIMING = RouteTiming(compile=100.0, prefill_eager=1.5, token_eager=0.125, prefill_compiled=1.0, token_compiled=0.08)
+
+
+def test_a_short_run_stays_eager_and_a_long_run_compiles() -> None:
+    eager, compiled = TIMING.run_seconds(prompts=3, tokens=64)
+    assert eager == pytest.approx(3 * (1.5 + 64 * 0.125)) and compiled == pytest.approx(100 + 3 * (1.0 + 64 * 0.08))
+    assert decide(TIMING, prompts=3, tokens=64)[0] is False
+    chosen, why = decide(TIMING, prompts=50, tokens=128)
+    assert chosen and why.startswith("compiled steps") and "compile 100 s" in why
+    # the break-even: compile / (saving per prompt) = 100 / (0.5 + 64 * 0.045) prompts of 64 tokens
+    prompts = 100 / (0.5 + 64 * 0.045)
+    assert not decide(TIMING, int(prompts), 64, margin=1.0)[0] and decide(TIMING, int(prompts) + 1, 64, margin=1.0)[0]
+
+
+def test_a_compiled_route_that_is_slower_never_compiles() -> None:
+    slower = RouteTiming(compile=0.0, prefill_eager=1.0, token_eager=0.1, prefill_compiled=1.0, token_compiled=0.11)
+    assert not decide(slower, prompts=1000, tokens=1000)[0]
+
+
+def test_without_a_measurement_the_run_stays_eager_and_says_how_to_measure() -> None:
+    chosen, why = decide(None, prompts=1000, tokens=1000)
+    assert not chosen and str(compile_choice.MEASURE_FROM_TOKENS) in why and "--compile" in why
+
+
+def _fake(seconds_per_token: float, prefill: float, sleep_first: float = 0.0):
+    calls = []
+
+    def generate(ids: list[int], n: int) -> GenerateOutput:
+        calls.append(n)
+        if sleep_first and len(calls) == 2:
+            time.sleep(sleep_first)  # a graph compiled when a step first reaches it, in the second prompt
+        stats = Stats(steps=n, new_tokens=n, prefill_seconds=prefill, verifying_seconds=n * seconds_per_token)
+        return GenerateOutput(sequences=None, new_tokens=[0] * n, stats=stats)
+
+    return generate, calls
+
+
+def test_measure_times_both_routes_and_the_compile() -> None:
+    eager, eager_calls = _fake(0.1, 0.5)
+    compiled, compiled_calls = _fake(0.05, 0.2, sleep_first=0.3)
+    timing = compile_choice.measure(eager, compiled, [[1, 2], [3, 4]], tokens=8, progress=False)
+    assert eager_calls == [compile_choice.WARMUP_TOKENS, 8, 8]  # an untimed warm-up, then each prompt
+    assert compiled_calls == [8, 8, 8, 8]  # two passes
+    assert timing.token_eager == pytest.approx(0.1) and timing.token_compiled == pytest.approx(0.05)
+    assert timing.prefill_eager == pytest.approx(0.5) and timing.prefill_compiled == pytest.approx(0.2)
+    assert 0.3 - 0.02 < timing.compile < 0.3 + 0.1  # the first pass's wall time less the second's
+    with pytest.raises(ValueError, match="at least one prompt"):
+        compile_choice.measure(eager, compiled, [])
+
+
+def test_the_measurement_is_cached(tmp_path) -> None:
+    cache = tmp_path / "compile.json"
+    assert compile_choice.cached("k", cache, None) is None and not cache.exists()
+    assert compile_choice.cached("k", cache, lambda: TIMING) == TIMING
+    assert compile_choice.cached("k", cache, lambda: pytest.fail("measured again despite the cache")) == TIMING
+    cache.write_text('{"k": {"compile": 1.0}}')  # an older layout is measured again
+    assert compile_choice.cached("k", cache, lambda: TIMING) == TIMING
+
+
+@pytest.fixture
+def pair():
+    target = tiny_model("llama", vocab=64, hidden=64, scale=6, seed=0)
+    return target, perturbed_copy(target, 0.1), ByteTokenizer(64)
+
+
+def test_resolve_compile_measures_long_runs_only_and_the_choice_is_exact(pair, tmp_path) -> None:
+    """A short run without a measurement stays eager and measures nothing; a long one measures both
+    routes on the tiny pair (aot_eager), caches them, and whichever route it picks gives HF's greedy output."""
+    target, draft, tok = pair
+    cache = tmp_path / "compile.json"
+    resolved = resolve(Recipe(tree="chain", budget=4), target, [draft])
+    short = resolve_compile(resolved, target, [draft], tok, prompts=1, max_new_tokens=8, cache_file=cache,
+                            backend="aot_eager")
+    assert short.recipe.compile is False and "eager steps" in short.why and not cache.exists()
+    long = resolve_compile(resolved, target, [draft], tok, prompts=10, max_new_tokens=100, cache_file=cache,
+                           backend="aot_eager", measure_from_tokens=1000)
+    assert cache.exists() and "measured here" in long.why
+    assert long.recipe.compile in (False, "aot_eager")
+    again = resolve_compile(resolved, target, [draft], tok, prompts=10, max_new_tokens=100, cache_file=cache,
+                            backend="aot_eager", measure_from_tokens=1000)
+    assert again.recipe == long.recipe  # read from the cache (a new measurement could decide otherwise)
+    prompt = tok("def f(x):")["input_ids"]
+    for recipe in (long.recipe, short.recipe):
+        assert run(recipe, target, [draft], prompt, max_new_tokens=10).new_tokens == greedy_reference(target, prompt, 10)
+
+
+def test_plain_decoding_stays_eager(pair, tmp_path) -> None:
+    target, draft, tok = pair
+    plain = resolve(Recipe(tree="chain", budget=1), target, [draft])
+    out = resolve_compile(plain, target, [draft], tok, prompts=100, max_new_tokens=100, cache_file=tmp_path / "c.json",
+                          measure_from_tokens=0)
+    assert out.recipe.compile is False and "plain decoding" in out.why
+
+
+@pytest.mark.parametrize("argv, expect", [([], None), (["--compile"], True), (["--compile", "aot_eager"], "aot_eager"),
+                                          (["--no-compile"], False)])
+def test_the_cli_compiles_by_measurement_unless_told(argv, expect) -> None:
+    args = cli.build_parser().parse_args(["generate", "--prompt", "x", *argv])
+    assert args.compile == expect
+    assert cli.recipe_from_args(args).compile == (expect or False)
