@@ -2,8 +2,8 @@
 
 ``compile=True`` is inductor: on CUDA with CUDA graphs (``reduce-overhead``), on a CPU with inductor's
 weight freezing (``freezing``: the graph's weights become constants, prepacked for oneDNN's bfloat16
-matmuls; on this project's CPU the captured step verified a budget-8 tree in 163 ms per step with it
-and ~233 ms without, ``experiments/results/cpu-fastest-zen4``). Freezing folds every tensor a graph only
+matmuls; what HF's fastest CPU decoding uses, and what ``experiments/results/cpu-fastest-zen4`` measured
+the captured step with). Freezing folds every tensor a graph only
 reads into a constant, which is why the compiled steps pass what they do not mutate as inputs
 (``treespec.core.kv.StaticTreeCache``). A string names another backend, compiled without options.
 """
