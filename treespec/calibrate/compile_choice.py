@@ -2,8 +2,9 @@
 
 A compiled step (``treespec.core.compiled``; ``treespec.core.captured`` when one draft model's static
 tree is drafted on the device too) costs less per token than the eager step, but its graphs are
-compiled before the first token: on this project's 2-core CPU about 100 s the first time and ~20 s
-once inductor's on-disk cache holds them. Whether that pays depends on the run's length. For ``P``
+compiled before the first token: on this project's 2-core CPU 106 s the first time
+(``experiments/results/cpu-fastest-zen4``), less once inductor's on-disk cache holds some of the graphs
+(``experiments/results/compile-choice-cpu``). Whether that pays depends on the run's length. For ``P``
 prompts of ``N`` new tokens::
 
     eager    = P (prefill_e + N token_e)
@@ -29,7 +30,7 @@ from typing import Callable, Sequence
 
 from tqdm.auto import tqdm
 
-from ..common.files import read_json_dict, write_json
+from ..common.files import cached_entry
 from ..core.stats import GenerateOutput, Stats
 
 #: new tokens per pilot prompt and route
@@ -37,8 +38,8 @@ TOKENS = 32
 #: tokens of the eager route's untimed warm-up
 WARMUP_TOKENS = 4
 #: a run this long (prompts x new tokens) measures the routes when no measurement is cached: on this
-#: project's CPU the eager default makes ~8 tokens/s, so it is about 8 minutes of eager generation,
-#: against a first compile of ~100 s
+#: project's CPU the eager default made 8.26 tokens/s on HumanEval (``experiments/results/cpu-fastest-zen4``),
+#: so about 8 minutes of eager generation, against a first compile of 106 s there
 MEASURE_FROM_TOKENS = 4096
 #: the compiled route is chosen when it is predicted at least this much faster for the whole run
 MARGIN = 1.05
@@ -102,18 +103,7 @@ def measure(generate_eager: Generate, generate_compiled: Generate, prompts: Sequ
 def cached(key: str, cache_file: Path | None, measure_now: Callable[[], RouteTiming] | None) -> RouteTiming | None:
     """The timing cached under ``key`` in ``cache_file``; else ``measure_now()`` (cached), or None when
     ``measure_now`` is None."""
-    saved = {} if cache_file is None else read_json_dict(cache_file)
-    if key in saved:
-        try:
-            return RouteTiming(**saved[key])
-        except TypeError:
-            pass  # an entry of an older layout: measured again
-    if measure_now is None:
-        return None
-    timing = measure_now()
-    if cache_file is not None:
-        write_json(cache_file, {**saved, key: asdict(timing)})
-    return timing
+    return cached_entry(cache_file, key, measure_now, lambda saved: RouteTiming(**saved), asdict)
 
 
 def decide(timing: RouteTiming | None, prompts: int, tokens: int, margin: float = MARGIN) -> tuple[bool, str]:

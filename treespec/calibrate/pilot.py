@@ -41,7 +41,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ..common.files import read_json_dict, write_json
+from ..common.files import cached_entry
 from ..core.stats import GenerateOutput, Stats
 from ..models.timing import measure_latency
 
@@ -181,16 +181,7 @@ def prompts_digest(prompts: Sequence[Sequence[int]]) -> str:
 
 def cached_pilot(key: str, cache_file: Path | None, measure: Callable[[], Pilot], remeasure: bool = False) -> Pilot:
     """``measure()``, read from / written to ``cache_file`` under ``key`` (None: no cache)."""
-    saved = {} if cache_file is None else read_json_dict(cache_file)
-    if key in saved and not remeasure:
-        try:
-            return Pilot.from_dict(saved[key])
-        except (KeyError, TypeError, ValueError):
-            pass  # an entry of an older layout: measured again
-    pilot = measure()
-    if cache_file is not None:
-        write_json(cache_file, {**saved, key: pilot.to_dict()})
-    return pilot
+    return cached_entry(cache_file, key, measure, Pilot.from_dict, Pilot.to_dict, remeasure)
 
 
 def why(p: Pilot, chosen: Prediction, table: list[Prediction], tokens: int) -> str:

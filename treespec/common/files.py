@@ -6,7 +6,9 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
+
+T = TypeVar("T")
 
 
 def write_json(path: str | os.PathLike, data: Any, **dump_kwargs: Any) -> None:
@@ -32,6 +34,26 @@ def read_json_dict(path: str | os.PathLike) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
+
+
+def cached_entry(cache_file: str | os.PathLike | None, key: str, measure: Callable[[], T] | None,
+                 decode: Callable[[Any], T], encode: Callable[[T], Any], remeasure: bool = False) -> T | None:
+    """The measurement cached under ``key`` in the JSON object ``cache_file`` (``decode``d); else
+    ``measure()``, written there (``encode``d) beside the other keys. An entry ``decode`` rejects (an
+    older layout: KeyError, TypeError or ValueError) is measured again. ``cache_file`` None: no cache;
+    ``measure`` None: None when nothing is cached."""
+    saved = {} if cache_file is None else read_json_dict(cache_file)
+    if key in saved and not remeasure:
+        try:
+            return decode(saved[key])
+        except (KeyError, TypeError, ValueError):
+            pass
+    if measure is None:
+        return None
+    value = measure()
+    if cache_file is not None:
+        write_json(cache_file, {**saved, key: encode(value)})
+    return value
 
 
 class JSONFile:

@@ -97,15 +97,20 @@ class Int4Linear(torch.nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, group_size={self.group_size}"
 
 
+def _check_cpu_float32(model: torch.nn.Module, what: str) -> None:
+    """Refuse a model the quantiser ``what`` cannot take: one off the CPU, or not in float32."""
+    param = next(model.parameters())
+    if param.device.type != "cpu":
+        raise ValueError(f"{what} runs on the CPU only (the model is on {param.device}); use "
+                         "dtype='bfloat16' or 'float16' on an accelerator")
+    if param.dtype != torch.float32:
+        raise ValueError(f"{what} starts from a float32 model; load it with dtype=torch.float32 first")
+
+
 def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
     """Quantise every ``nn.Linear`` of a float32 CPU model in place (int8 weights, per-channel scales,
     dynamic int8 activations); returns ``model``."""
-    device = next(model.parameters()).device
-    if device.type != "cpu":
-        raise ValueError(f"int8 dynamic quantisation runs on the CPU only (the model is on {device}); use "
-                         "dtype='bfloat16' or 'float16' on an accelerator")
-    if next(model.parameters()).dtype != torch.float32:
-        raise ValueError("int8 quantisation starts from a float32 model; load it with dtype=torch.float32 first")
+    _check_cpu_float32(model, "int8 dynamic quantisation")
     with warnings.catch_warnings():  # torch.ao's eager quantisation API warns that it is deprecated
         warnings.simplefilter("ignore")
         torch.ao.quantization.quantize_dynamic(
@@ -136,12 +141,7 @@ def quantize_int4(model: torch.nn.Module, group_size: int = GROUP_SIZE) -> torch
     embeddings stay float32."""
     if group_size not in _GROUPS:
         raise ValueError(f"group_size must be one of {_GROUPS} (the int4 kernel's), got {group_size!r}")
-    param = next(model.parameters())
-    if param.device.type != "cpu":
-        raise ValueError(f"int4 weights run on the CPU only (the model is on {param.device}); use "
-                         "dtype='bfloat16' or 'float16' on an accelerator")
-    if param.dtype != torch.float32:
-        raise ValueError("int4 quantisation starts from a float32 model; load it with dtype=torch.float32 first")
+    _check_cpu_float32(model, "int4 quantisation")
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
             if isinstance(child, torch.nn.Linear):
