@@ -192,6 +192,7 @@ ADVERSARIAL = [
     ("accept calib past HumanEval", ["accept", *MODELS, "--calib", "100:200"], 2, "STOP <= 164"),
     ("accept calib negative", ["accept", *MODELS, "--calib=-5:3"], 2, "START < STOP"),
     ("accept width 0", ["accept", *MODELS, "--width", "0"], 2, "width must be an int >= 1"),
+    ("accept unknown context", ["accept", *MODELS, "--context", "teacher"], 2, "invalid choice: 'teacher'"),
     ("accept own prompts and calib", ["accept", *MODELS, "--calib", "0:2", "--prompt-file", "{prompts.txt}"], 2,
      "not allowed with argument --calib"),
     ("accept own prompts, bad line", ["accept", *MODELS, "--prompts-jsonl", "{bad.jsonl}"], 2,
@@ -272,6 +273,10 @@ def test_tiny_models_run_end_to_end(tiny_dirs, tmp_path, capsys, monkeypatch):
                  "--max-new-tokens", "4", "--max-depth", "2", "--out", str(tmp_path / "own.json")]) == 0
     own = json.loads((tmp_path / "own.json").read_text())
     assert len(own["vector"]) == 2 and "own.jsonl (2 prompts)" in json.dumps(own)
+    assert main(["accept", *models, "--calib", "0:2", "--width", "2", "--max-new-tokens", "4", "--max-depth", "2",
+                 "--temperature", "1", "--context", "walk", "--out", str(tmp_path / "walk.json")]) == 0
+    walk = json.loads((tmp_path / "walk.json").read_text())
+    assert walk["meta"]["context"].endswith("(walk)") and len(walk["ranks"]) == 2
     assert main(["generate", *models, "--prompt", "w1", "--tree", "sequoia", "--budget", "4", "--max-new-tokens",
                  "3", "--acceptance", str(tmp_path / "acc" / "acc.json"), "--json"]) == 0
     assert main(["profile", *models, "--sizes", "1", "2", "--max-depth", "2", "--out", str(tmp_path / "p.json")]) == 0

@@ -17,6 +17,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from .calibrate.acceptance import CONTEXTS
 from .calibrate.vectors import default_acceptance
 from .common.files import check_writable
 from .core import checks
@@ -192,6 +193,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_sampling_options(a)
     a.add_argument("--max-new-tokens", type=_count("max-new-tokens"), default=48, metavar="N")
     a.add_argument("--max-depth", type=_count("max-depth"), default=8, metavar="D", help="rows of the per-depth matrix")
+    a.add_argument("--context", choices=CONTEXTS, default="auto",
+                   help="how the continuation is written: 'target' (the target alone, scored teacher-forced) or "
+                        "'walk' (by the acceptance rule, so an accepted child is the next context, as in a real "
+                        "step); default auto: target when greedy (the same ranks), walk when sampling")
 
     pr = _model_command(sub, "profile", cmd_profile, "profile.json", "the JSON file written",
                         help="measure latencies and pick a tree for this machine",
@@ -356,7 +361,7 @@ def cmd_accept(args: argparse.Namespace) -> int:
     mode = draft_mode("sequoia", args.temperature, args.mode)
     acc = measure(target, drafts[0], encode_prompts(tok, texts), width=args.width,
                   mode=mode, temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
-                  max_depth=args.max_depth, prompts_label=label)
+                  max_depth=args.max_depth, prompts_label=label, context=args.context)
     acc.save(args.out)
     print(acc)
     print(f"written to {args.out}")

@@ -1,9 +1,9 @@
 """Positional acceptance vectors, measured on the target's own continuations (docs/design.md, "Definitions").
 
-For each calibration prompt the target first writes its own continuation (greedy, or sampled at
-the requested temperature). The draft and the target then each run ONE teacher-forced forward over
-prompt + continuation, which gives the draft distribution ``q`` and the target distribution ``r``
-at every continuation position. At each position the draft proposes ``width`` children the way a
+For each calibration prompt a continuation distributed as the target's own is written (greedy,
+or sampled at the requested temperature; two ways, below), which gives the draft distribution
+``q`` and the target distribution ``r`` at every continuation position. At each position the draft
+proposes ``width`` children the way a
 ``ModelDrafter`` would (``topk``: its ``width`` most likely tokens as point masses; ``sample``:
 ``width`` i.i.d. draws from ``q``; ``sample_without_replacement``: Gumbel-top-k), and the exact
 acceptance rule (``verify_proposals`` with fresh uniforms; under greedy decoding: the child equal
@@ -17,11 +17,24 @@ to ``argmax r``) says which rank, if any, is accepted.
   standardised by the same ``SamplingParams``; under greedy decoding it is the fraction of
   positions where the draft's argmax equals the target's.
 
-Approximation: the context at depth ``d + 1`` is the target's own continuation. Under greedy
-decoding that is exactly the context a real step sees (the accepted child is the target's argmax).
-When sampling, the token a real step accepts is distributed as ``r`` overall but, given that a
-proposal was accepted, it leans towards the draft's likely tokens; deeper rows (and the
-independence across depths that a vector assumes) are then approximations.
+Two ways to write the continuation (``context``):
+
+* ``"target"``: the target writes it alone (greedy or sampled), and both models score it in one
+  teacher-forced forward each. Under greedy decoding this is exactly the context a real step sees
+  (an accepted child is the target's argmax, and so is the correction token).
+* ``"walk"``: the continuation is written by the acceptance rule itself, one position at a time:
+  the draft proposes, the rule accepts a proposal (which becomes the next token) or draws the
+  correction token from the residual. The rule is exact, so the continuation is still distributed
+  as the target's own; and given that a proposal was accepted, the next position's context holds
+  *that* proposal, as in a real step. When sampling, an accepted token leans towards the draft's
+  likely tokens, so with ``"target"`` contexts the rows below the first mix in contexts a real
+  walk would not have reached (``tests/test_acceptance_walk.py`` builds a pair where this moves
+  row 1 from 2/3 to 3/4). It costs one incremental forward of each model per token instead of one
+  teacher-forced forward. The default, ``"auto"``, is ``"target"`` under greedy decoding (where
+  the two give the same ranks) and ``"walk"`` when sampling.
+
+``ranks`` keeps every position's accepted rank per prompt, so that other conditionings (e.g. only
+the positions right after a rejection, where real steps start) can be computed from the file.
 """
 
 from __future__ import annotations
@@ -39,10 +52,13 @@ from ..common.files import JSONFile
 from ..common.machine import model_name, version
 from ..core import checks
 from ..core.engine import generate
+from ..core.kv import TreeCache, causal_allowed, forward_masked
 from ..core.rule import point_masses, verify_proposals
 from ..core.sampling import SamplingParams, draw_children, spread_seed
 from ..drafters.model import STATIC_MODES
 
+#: how a continuation is written (module doc)
+CONTEXTS = ("auto", "target", "walk")
 #: floats per chunk of ``[positions, width, V]`` proposal distributions (bounds memory: 32 MiB)
 _CHUNK_FLOATS = 1 << 23
 
@@ -63,10 +79,11 @@ class MeasuredAcceptance(JSONFile):
     beta: float
     positions: int
     meta: dict[str, Any] = field(default_factory=dict)
+    ranks: list[list[int]] = field(default_factory=list)  # per prompt, every position's accepted rank (-1: none)
 
     @classmethod
     def from_counts(cls, counts: np.ndarray, totals: np.ndarray, beta: float,
-                    meta: dict[str, Any] | None = None) -> "MeasuredAcceptance":
+                    meta: dict[str, Any] | None = None, ranks: Sequence[Sequence[int]] = ()) -> "MeasuredAcceptance":
         """Build from raw counts (rows with ``totals == 0`` repeat the previous row)."""
         counts = np.asarray(counts, dtype=np.int64)
         totals = np.asarray(totals, dtype=np.int64)
@@ -77,7 +94,21 @@ class MeasuredAcceptance(JSONFile):
             elif d > 0:
                 matrix[d] = matrix[d - 1]
         return cls(vector=matrix[0].copy(), matrix=matrix, counts=counts, totals=totals, beta=float(beta),
-                   positions=int(totals[0]), meta=dict(meta or {}))
+                   positions=int(totals[0]), meta=dict(meta or {}), ranks=[list(map(int, r)) for r in ranks])
+
+    def restarted(self) -> "MeasuredAcceptance":
+        """The rows recounted over the step roots a real run restarts from (``depth_counts(...,
+        restart=True)``), from the kept ``ranks``. Every position as a root also counts positions inside
+        an accepted run, whose context a real step reaches but rarely starts from."""
+        if not self.ranks:
+            raise ValueError("this measurement keeps no per-position ranks (written before they were kept): "
+                             "measure it again with `treespec accept` to recount its roots")
+        counts, totals = np.zeros_like(self.counts), np.zeros_like(self.totals)
+        for ranks in self.ranks:
+            c, t = depth_counts(np.asarray(ranks, dtype=np.int64), self.width, len(self.totals), restart=True)
+            counts += c
+            totals += t
+        return MeasuredAcceptance.from_counts(counts, totals, self.beta, {**self.meta, "roots": "restarts"}, self.ranks)
 
     @classmethod
     def merge(cls, parts: Sequence["MeasuredAcceptance"]) -> "MeasuredAcceptance":
@@ -95,7 +126,7 @@ class MeasuredAcceptance(JSONFile):
         meta = dict(parts[0].meta)
         if all("prompts" in p.meta for p in parts):
             meta["prompts"] = sum(int(p.meta["prompts"]) for p in parts)
-        return cls.from_counts(counts, totals, beta, meta)
+        return cls.from_counts(counts, totals, beta, meta, [r for p in parts for r in p.ranks])
 
     @property
     def width(self) -> int:
@@ -112,6 +143,7 @@ class MeasuredAcceptance(JSONFile):
             "beta": self.beta,
             "positions": self.positions,
             "meta": self.meta,
+            "ranks": self.ranks,
         }
 
     @classmethod
@@ -119,7 +151,8 @@ class MeasuredAcceptance(JSONFile):
         """The inverse of :meth:`to_dict`."""
         return cls(vector=np.asarray(d["vector"], dtype=np.float64), matrix=np.asarray(d["matrix"], dtype=np.float64),
                    counts=np.asarray(d["counts"], dtype=np.int64), totals=np.asarray(d["totals"], dtype=np.int64),
-                   beta=float(d["beta"]), positions=int(d["positions"]), meta=dict(d.get("meta", {})))
+                   beta=float(d["beta"]), positions=int(d["positions"]), meta=dict(d.get("meta", {})),
+                   ranks=[list(map(int, r)) for r in d.get("ranks", [])])
 
     def __repr__(self) -> str:
         head = ", ".join(f"{x:.3f}" for x in self.vector[:4])
@@ -167,12 +200,20 @@ def accepted_ranks(r: torch.Tensor, q: torch.Tensor, width: int, mode: str, gree
     return out
 
 
-def depth_counts(ranks: np.ndarray, width: int, max_depth: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per-depth counts of one continuation's ranks (every position a step root; see module doc)."""
+def depth_counts(ranks: np.ndarray, width: int, max_depth: int, restart: bool = False
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """Per-depth counts of one continuation's ranks (every position a step root; see module doc).
+
+    ``restart``: only the positions a real run restarts from are roots: the first, and each one
+    right after a position where the rank-0 child was not accepted (where a chain's step ends with
+    its correction token)."""
+    ranks = np.asarray(ranks)
     n = len(ranks)
     counts = np.zeros((max_depth, width), dtype=np.int64)
     totals = np.zeros(max_depth, dtype=np.int64)
     alive = np.ones(n, dtype=bool)  # alive[i]: the step rooted at i reached depth d + 1
+    if restart:
+        alive[1:] = ranks[:-1] != 0
     for d in range(max_depth):
         m = n - d
         if m <= 0:
@@ -184,6 +225,45 @@ def depth_counts(ranks: np.ndarray, width: int, max_depth: int) -> tuple[np.ndar
         counts[d] = np.bincount(got[got >= 0], minlength=width)[:width]
         alive = reached & (here >= 0)
     return counts, totals
+
+
+@torch.inference_mode()
+def walk_ranks(target: torch.nn.Module, draft: torch.nn.Module, prompt: list[int], n: int, params: SamplingParams,
+               width: int, mode: str, gen: torch.Generator, eos: frozenset[int] = frozenset()
+               ) -> tuple[torch.Tensor, list[int], float]:
+    """The ``"walk"`` continuation (module doc): ``n`` positions (fewer at an EOS), each written by the
+    acceptance rule over ``width`` proposals of the draft. Returns every position's accepted rank
+    (``[n]``, -1: the correction token was drawn), the tokens written and the sum over positions of
+    ``sum_x min(r, q)``."""
+    device = execution_device(target)
+    draft_params = params.for_draft()
+    caches = (TreeCache(), TreeCache())
+    context = torch.tensor(prompt, device=device)
+
+    def last_logits(model: torch.nn.Module, cache: TreeCache, ids: torch.Tensor) -> torch.Tensor:
+        ids = ids.to(execution_device(model))
+        positions = torch.arange(cache.length, cache.length + len(ids), device=ids.device)
+        allowed = causal_allowed(cache.length, len(ids), ids.device)
+        return forward_masked(model, cache, ids, positions, allowed, logits_to_keep=1)[-1].float().to(device)
+
+    ranks, written, overlap = [], [], 0.0
+    for _ in range(n):
+        r = params.probs(last_logits(target, caches[0], context))[None]
+        d_logits = last_logits(draft, caches[1], context)[None]
+        q = draft_params.probs(d_logits)
+        overlap += float(torch.minimum(r, params.probs(d_logits)).sum())
+        tokens = draw_children(q, width, mode, gen)
+        u = torch.rand(tokens.shape, generator=gen, device=device)
+        u = torch.where(tokens >= 0, u, torch.inf)  # a missing draw is never accepted
+        k, left = verify_proposals(r, tokens.clamp_min(0), _proposal_q(q, tokens, mode), u)
+        rank = int(k[0])
+        token = int(tokens[0, rank]) if rank >= 0 else int(torch.multinomial(left[0], 1, generator=gen))
+        ranks.append(rank)
+        written.append(token)
+        if token in eos:
+            break
+        context = torch.tensor([token], device=device)
+    return torch.tensor(ranks, dtype=torch.long), written, overlap
 
 
 @torch.inference_mode()
@@ -209,6 +289,7 @@ def measure(
     *,
     eos_token_id: int | Sequence[int] | None = None,
     prompts_label: str | None = None,
+    context: str = "auto",
 ) -> MeasuredAcceptance:
     """Measure the positional acceptance vector of ``draft`` against ``target`` (see module doc).
 
@@ -227,6 +308,8 @@ def measure(
         progress: show a tqdm bar over prompts.
         eos_token_id: stop continuations at this token (as ``generate``).
         prompts_label: free text recorded in ``meta`` (e.g. ``"humaneval[0:100]"``).
+        context: how the continuation is written (module doc): ``"target"``, ``"walk"`` or ``"auto"``
+            (``"target"`` under greedy decoding, ``"walk"`` when sampling).
     """
     if mode not in STATIC_MODES:
         why = (" (a dynamic tree's children are point masses chosen by confidence, not draws from a proposal "
@@ -237,31 +320,44 @@ def measure(
     max_depth = checks.check_int("max_depth", max_depth, 1, "rows of the per-depth matrix.")
     if any(isinstance(p, str) for p in prompts):
         raise TypeError("prompts must be token-id lists; turn strings into ids with encode_prompts(tokenizer, texts)")
+    if context not in CONTEXTS:
+        raise ValueError(f"unknown context {context!r}; choose one of {', '.join(CONTEXTS)} (module doc of "
+                         "treespec.calibrate.acceptance)")
     params = SamplingParams(temperature, top_k, top_p)
     draft_params = params.for_draft()
+    if context == "auto":
+        context = "target" if params.greedy else "walk"
     checks.check_vocab(checks.vocab_size(target), checks.vocab_size(draft), f"model({model_name(draft)})")
     device, draft_device = execution_device(target), execution_device(draft)
     counts = np.zeros((max_depth, width), dtype=np.int64)
     totals = np.zeros(max_depth, dtype=np.int64)
-    beta_sum, n_tokens = 0.0, 0
+    beta_sum, n_tokens, all_ranks = 0.0, 0, []
     for j, prompt in enumerate(tqdm(prompts, desc="acceptance", unit="prompt", disable=not progress)):
         prompt = [int(t) for t in prompt]
-        cont = generate(target, prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
-                        top_p=top_p, eos_token_id=eos_token_id, seed=spread_seed(seed, "continuation", j)).new_tokens
-        n = len(cont)
-        if n == 0:
-            continue
-        ids = prompt + cont
-        t_logits = _continuation_logits(target, ids, n, device)
-        d_logits = _continuation_logits(draft, ids, n, draft_device).to(device)
-        r = params.probs(t_logits)
-        beta_sum += float(torch.minimum(r, params.probs(d_logits)).sum(-1).sum())
         gen = torch.Generator(device).manual_seed(spread_seed(seed, "verify", j))
-        ranks = accepted_ranks(r, draft_params.probs(d_logits), width, mode, params.greedy, gen)
+        if context == "walk":
+            if not prompt or max_new_tokens < 1:
+                continue
+            ranks, _, overlap = walk_ranks(target, draft, prompt, max_new_tokens, params, width, mode, gen,
+                                        checks.eos_ids(eos_token_id))
+        else:
+            cont = generate(target, prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+                            top_p=top_p, eos_token_id=eos_token_id,
+                            seed=spread_seed(seed, "continuation", j)).new_tokens
+            if not cont:
+                continue
+            ids = prompt + cont
+            t_logits = _continuation_logits(target, ids, len(cont), device)
+            d_logits = _continuation_logits(draft, ids, len(cont), draft_device).to(device)
+            r = params.probs(t_logits)
+            overlap = float(torch.minimum(r, params.probs(d_logits)).sum(-1).sum())
+            ranks = accepted_ranks(r, draft_params.probs(d_logits), width, mode, params.greedy, gen)
         c, t = depth_counts(ranks.cpu().numpy(), width, max_depth)
         counts += c
         totals += t
-        n_tokens += n
+        beta_sum += overlap
+        n_tokens += len(ranks)
+        all_ranks.append(ranks.tolist())
     if n_tokens == 0:
         raise ValueError("no continuation tokens were generated: give at least one prompt (and max_new_tokens >= 1)")
     meta = {
@@ -278,8 +374,9 @@ def measure(
         "prompts_label": prompts_label,
         "max_new_tokens": int(max_new_tokens),
         "seed": int(seed),
-        "context": "target's own continuation (teacher forced)",
+        "context": ("target's own continuation (teacher forced)" if context == "target" else
+                    "written by the acceptance rule (walk)"),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "treespec": version(),
     }
-    return MeasuredAcceptance.from_counts(counts, totals, beta_sum / n_tokens, meta)
+    return MeasuredAcceptance.from_counts(counts, totals, beta_sum / n_tokens, meta, all_ranks)

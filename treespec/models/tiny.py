@@ -81,6 +81,28 @@ def cycle_model(cycle: list[int], vocab: int = 64) -> torch.nn.Module:
     return model
 
 
+def bigram_model(logits: torch.Tensor) -> torch.nn.Module:
+    """A Llama whose next-token logits depend only on the current token: ``logits[t]`` after token ``t``.
+
+    As in :func:`cycle_model`, attention and MLP outputs are zeroed and the embedding is one-hot, so
+    the last hidden state is ``sqrt(hidden)`` times the current token's unit vector (RMS norm); the LM
+    head divides that back out. Lets a test write the exact conditional laws of a target and a draft."""
+    vocab = logits.shape[0]
+    if logits.shape != (vocab, vocab):
+        raise ValueError(f"bigram logits must be a square [vocab, vocab] table, got {tuple(logits.shape)}")
+    hidden = max(8, -(-vocab // 8) * 8)
+    model = tiny_model("llama", vocab=vocab, hidden=hidden, seed=0)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        model.model.embed_tokens.weight.copy_(torch.eye(vocab, hidden))
+        head = torch.zeros(vocab, hidden)
+        head[:, :vocab] = logits.float().T / hidden**0.5
+        model.lm_head.weight.copy_(head)
+    return model
+
+
 def model_key(model: torch.nn.Module) -> str:
     """A stable key of a model's architecture and weights (equal weights, equal key)."""
     h = hashlib.sha1(model.config.to_json_string(use_diff=False).encode())
