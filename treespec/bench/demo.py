@@ -25,6 +25,29 @@ from . import compare
 from .datasets import humaneval_prompts
 
 
+def predicted_and_measured(choice: Any, records: list[dict[str, Any]], target_alone: str) -> str:
+    """A markdown table of the tuner's prediction beside the demo's measurement: tokens per step, seconds
+    per step, and the speedup over the target alone with each prompt's prefill charged to both sides
+    (the treespec runs' mean prefill; plain decoding costs ``choice.plain_seconds`` per token in the
+    prediction and is ``target_alone``, HF ``generate`` in the target's precision, in the measurement)."""
+    mine = [r for r in records if r["method"] == "treespec"]
+    alone = [r for r in records if r["method"] == target_alone]
+    if not mine or not alone:
+        return ""
+    steps = sum(r["steps"] for r in mine)
+    step_seconds = sum(r["drafting_seconds"] + r["verifying_seconds"] + r["engine_seconds"] for r in mine) / steps
+    tokens = sum(r["tokens"] for r in mine) / len(mine)  # per prompt
+    prefill = sum(r["prefill_seconds"] for r in mine) / len(mine)
+    predicted_run = (prefill + tokens * choice.plain_seconds) / (prefill + tokens / choice.tau * choice.step_seconds)
+    measured_run = (sum(r["tokens"] for r in mine) / sum(r["seconds"] for r in mine)) / (
+        sum(r["tokens"] for r in alone) / sum(r["seconds"] for r in alone))
+    rows = [("tokens per step (tau)", f"{choice.tau:.2f}", f"{sum(r['tokens'] for r in mine) / steps:.2f}"),
+            ("seconds per step", f"{choice.step_seconds:.3f}", f"{step_seconds:.3f}"),
+            (f"speedup over the target alone, {prefill:.2f} s of prefill per prompt charged to both",
+             f"{predicted_run:.2f}x", f"{measured_run:.2f}x")]
+    return "\n".join(["| | predicted | measured |", "|---|---|---|", *(f"| {a} | {b} | {c} |" for a, b, c in rows)])
+
+
 def run_demo(args: argparse.Namespace, target: torch.nn.Module, tok: Any, draft: torch.nn.Module) -> int:
     """The demo on a loaded pair (``args``: ``out``, ``prompts``, ``max_new_tokens``, ``device``,
     ``target`` for the float32 baseline); returns 0 when every greedy output equals HF's."""
@@ -65,6 +88,11 @@ def run_demo(args: argparse.Namespace, target: torch.nn.Module, tok: Any, draft:
     all_same = agreement["identical"] == agreement["of"] == len(prompts)
     headline = summary["headline"]["treespec"]
     report = compare.markdown(summary)
+    versus = predicted_and_measured(choice, records, compare.hf_method(target).name)
+    if versus:
+        stop = ("" if recipe.min_confidence is None else f" (the prediction drafts every level; the run stops drafting "
+                f"below confidence {recipe.min_confidence}, which drafts fewer)")
+        report += f"\n\nThe tuner's prediction beside this run{stop}:\n\n{versus}"
     print("\n" + report)
     print(f"\nspeedup over the fastest HF generate ({summary['fastest_baseline']}): {compare.fmt(headline)}x")
     (out_dir / "report.md").write_text(
