@@ -16,6 +16,8 @@ import pytest
 import torch
 from scipy import stats
 
+import treespec
+from tree_builders import TreeShape
 from treespec.calibrate.acceptance import MeasuredAcceptance, depth_counts, measure, walk_ranks
 from treespec.core.engine import generate
 from treespec.core.sampling import SamplingParams
@@ -74,18 +76,18 @@ def test_the_walk_writes_the_targets_law():
 
 
 def test_under_greedy_decoding_the_walk_gives_the_teacher_forced_ranks():
-    """Greedy: an accepted child and a correction token are both the target's argmax, so the walk's
-    continuation is the target's greedy one. On a random model with attention this checks the walk's
-    incremental caches and positions against one teacher-forced forward."""
+    """Greedy, float32: an accepted child and a correction token are both the target's argmax, so the
+    walk's continuation is the target's greedy one. On a random model with attention this checks the
+    walk's incremental caches and positions against one teacher-forced forward."""
     target = tiny_model("llama", vocab=256, hidden=64, scale=6, seed=0)
     draft = perturbed_copy(target, 0.3)
     prompts = [np.random.default_rng(i).integers(0, 256, 5).tolist() for i in range(4)]
     runs = {c: measure(target, draft, prompts, width=4, max_new_tokens=24, max_depth=4, context=c, progress=False)
-            for c in ("walk", "target", "auto")}
-    assert runs["walk"].ranks == runs["target"].ranks == runs["auto"].ranks
+            for c in ("walk", "target")}
+    assert runs["walk"].ranks == runs["target"].ranks
     assert np.array_equal(runs["walk"].counts, runs["target"].counts) and 0 < runs["walk"].vector[0] < 1
     assert runs["walk"].beta == pytest.approx(runs["target"].beta)
-    assert runs["auto"].meta["context"] == runs["target"].meta["context"]
+    assert runs["walk"].meta["context"] != runs["target"].meta["context"]
 
 
 def test_ranks_are_kept_merged_and_saved(measured, tmp_path):
@@ -103,25 +105,43 @@ def test_ranks_are_kept_merged_and_saved(measured, tmp_path):
 
 def test_an_unknown_context_is_refused():
     target, draft = bigram_pair()
-    with pytest.raises(ValueError, match="unknown context 'teacher'.*auto, target, walk"):
+    with pytest.raises(ValueError, match="unknown context 'teacher'.*walk, target"):
         measure(target, draft, [[0]], context="teacher", progress=False)
 
 
-def test_restart_roots_follow_a_missed_rank_zero():
-    """Hand-made ranks: only the first position and those after a rank other than 0 are roots."""
-    ranks = np.array([0, 1, -1, 0, 0, 2, -1])
-    counts, totals = depth_counts(ranks, width=3, max_depth=3, restart=True)
-    # roots 0, 2 (after rank 1), 3 (after -1), 6 (after rank 2); root 0 -> 0, 1, -1; root 3 -> 0, 0, 2
-    assert totals.tolist() == [4, 2, 2]
-    assert counts.tolist() == [[2, 0, 0], [1, 1, 0], [0, 0, 1]]
-    assert np.array_equal(depth_counts(ranks, 3, 3)[1], [7, 5, 3])  # every position a root
-
-
-def test_restarted_recounts_the_kept_ranks(measured):
-    walk = measured["walk"]
-    again = walk.restarted()
-    assert again.meta["roots"] == "restarts" and again.totals[0] < walk.totals[0]
-    # after a rejection the bigram walk writes a 1, whose next proposal is always accepted
-    assert again.vector[0] > 0.9 > walk.vector[0]
+def test_replay_decodes_the_ranks_like_a_run_of_the_tree(measured):
+    """Hand-made ranks through a 2-token chain: steps end at a missed rank or after a leaf."""
+    chain = TreeShape.from_paths([(0,), (0, 0)])
+    a = MeasuredAcceptance.from_counts(np.zeros((2, 3)), np.zeros(2), 0.5, ranks=[[0, 1, -1, 0, 0, 2, -1, 0]])
+    # steps: [0 accepted, 1 ends] 2 tokens; [-1] 1; [0, 0 accepted, leaf: 2 is the bonus] 3; [-1] 1; [0 cut]
+    assert a.replayed_tau(chain) == pytest.approx(7 / 4)
+    wide = TreeShape.from_paths([(0,), (1,), (0, 0)])  # rank 1 at the root is a child now
+    b = MeasuredAcceptance.from_counts(np.zeros((2, 3)), np.zeros(2), 0.5, ranks=[[1, 2, 0, 0, -1]])
+    assert b.replayed_tau(chain) == pytest.approx((1 + 1 + 3) / 3)  # [1] [2] [0, 0, leaf: -1 is the bonus]
+    assert b.replayed_tau(wide) == pytest.approx((2 + 3) / 2)  # [1, leaf: 2 is the bonus] [0, 0, leaf]
     with pytest.raises(ValueError, match="keeps no per-position ranks"):
-        MeasuredAcceptance.from_counts(walk.counts, walk.totals, walk.beta).restarted()
+        MeasuredAcceptance.from_counts(np.zeros((2, 3)), np.zeros(2), 0.5).replayed_tau(chain)
+    with pytest.raises(ValueError, match="drew 1 proposals per position; measure with --width 2"):
+        measured["walk"].replayed_tau(wide)
+
+
+def test_replay_predicts_the_engine_where_the_rows_cannot(measured):
+    """A 3-token chain run by the engine on the bigram pair: a step that ends in a rejection leaves a 1
+    (the residual after the draft's sure 0), so steps start at the easy context more often than a
+    random position does; the replay of the walk's ranks sees that, the rows (every position a root)
+    do not."""
+    target, draft = bigram_pair()
+    chain = TreeShape.from_paths([(0,), (0, 0), (0, 0, 0)])
+    tokens, steps = [], []
+    for i in range(20):
+        out = treespec.generate(target, [i % 2], drafters=[treespec.ModelDrafter(draft, chain, "sample")],
+                                max_new_tokens=150, temperature=1.0, seed=4000 + i)
+        full = [n for n, cut in zip(out.stats.step_tokens, out.stats.step_cut) if not cut]
+        tokens.append(sum(full))
+        steps.append(len(full))
+    tokens_a, steps_a = np.array(tokens, float), np.array(steps, float)
+    tau = tokens_a.sum() / steps_a.sum()
+    se = float(np.sqrt(((tokens_a - tau * steps_a) ** 2).sum() / (20 * 19)) / steps_a.mean())  # clustered by prompt
+    replayed, rows = measured["walk"].replayed_tau(chain), chain.expected_tokens(measured["walk"].matrix.tolist())
+    assert abs(replayed - tau) < 4 * se + 0.02, (replayed, tau, se)
+    assert abs(rows - tau) > 4 * se + 0.02, (rows, tau, se)  # negative control

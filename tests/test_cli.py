@@ -274,9 +274,10 @@ def test_tiny_models_run_end_to_end(tiny_dirs, tmp_path, capsys, monkeypatch):
     own = json.loads((tmp_path / "own.json").read_text())
     assert len(own["vector"]) == 2 and "own.jsonl (2 prompts)" in json.dumps(own)
     assert main(["accept", *models, "--calib", "0:2", "--width", "2", "--max-new-tokens", "4", "--max-depth", "2",
-                 "--temperature", "1", "--context", "walk", "--out", str(tmp_path / "walk.json")]) == 0
-    walk = json.loads((tmp_path / "walk.json").read_text())
-    assert walk["meta"]["context"].endswith("(walk)") and len(walk["ranks"]) == 2
+                 "--temperature", "1", "--context", "target", "--out", str(tmp_path / "forced.json")]) == 0
+    forced = json.loads((tmp_path / "forced.json").read_text())
+    assert "teacher forced" in forced["meta"]["context"] and len(forced["ranks"]) == 2
+    assert own["meta"]["context"].endswith("(walk)")  # the default
     assert main(["generate", *models, "--prompt", "w1", "--tree", "sequoia", "--budget", "4", "--max-new-tokens",
                  "3", "--acceptance", str(tmp_path / "acc" / "acc.json"), "--json"]) == 0
     assert main(["profile", *models, "--sizes", "1", "2", "--max-depth", "2", "--out", str(tmp_path / "p.json")]) == 0

@@ -19,22 +19,26 @@ to ``argmax r``) says which rank, if any, is accepted.
 
 Two ways to write the continuation (``context``):
 
-* ``"target"``: the target writes it alone (greedy or sampled), and both models score it in one
-  teacher-forced forward each. Under greedy decoding this is exactly the context a real step sees
-  (an accepted child is the target's argmax, and so is the correction token).
-* ``"walk"``: the continuation is written by the acceptance rule itself, one position at a time:
-  the draft proposes, the rule accepts a proposal (which becomes the next token) or draws the
-  correction token from the residual. The rule is exact, so the continuation is still distributed
-  as the target's own; and given that a proposal was accepted, the next position's context holds
-  *that* proposal, as in a real step. When sampling, an accepted token leans towards the draft's
-  likely tokens, so with ``"target"`` contexts the rows below the first mix in contexts a real
-  walk would not have reached (``tests/test_acceptance_walk.py`` builds a pair where this moves
-  row 1 from 2/3 to 3/4). It costs one incremental forward of each model per token instead of one
-  teacher-forced forward. The default, ``"auto"``, is ``"target"`` under greedy decoding (where
-  the two give the same ranks) and ``"walk"`` when sampling.
+* ``"walk"`` (the default): the continuation is written by the acceptance rule itself, one
+  position at a time: the draft proposes, the rule accepts a proposal (which becomes the next
+  token) or draws the correction token from the residual. The rule is exact, so the continuation is
+  still distributed as the target's own. Two things make it the measurement of a real step:
+  (1) given that a proposal was accepted, the next position's context holds *that* proposal, as in
+  a real step; when sampling, an accepted token leans towards the draft's likely tokens, so with
+  ``"target"`` contexts the rows below the first mix in contexts a real walk would not have reached
+  (``tests/test_acceptance_walk.py`` builds a pair where this moves row 1 from 2/3 to 3/4);
+  (2) both models run one incremental forward per token, as a step runs them. A draft whose output
+  depends on how many rows one forward holds is measured as it drafts: the ``int8`` precision
+  quantises activations with one scale per forward, so one teacher-forced forward over a whole
+  prompt and continuation (whose first token's activations are far larger than the rest) scores a
+  coarser draft than the engine runs (``experiments/results/acceptance-fit``).
+* ``"target"``: the target writes its continuation alone (greedy or sampled), and both models
+  score it in one teacher-forced forward each: cheaper, and under greedy decoding with a draft in
+  a floating-point precision the same ranks as the walk (an accepted child and a correction token
+  are both the target's argmax). Kept for comparison with measurements made that way.
 
-``ranks`` keeps every position's accepted rank per prompt, so that other conditionings (e.g. only
-the positions right after a rejection, where real steps start) can be computed from the file.
+``ranks`` keeps every position's accepted rank per prompt: a tree can then be run over them
+(:meth:`MeasuredAcceptance.replayed_tau`), which predicts its tau without the rows' assumptions.
 """
 
 from __future__ import annotations
@@ -58,7 +62,7 @@ from ..core.sampling import SamplingParams, draw_children, spread_seed
 from ..drafters.model import STATIC_MODES
 
 #: how a continuation is written (module doc)
-CONTEXTS = ("auto", "target", "walk")
+CONTEXTS = ("walk", "target")
 #: floats per chunk of ``[positions, width, V]`` proposal distributions (bounds memory: 32 MiB)
 _CHUNK_FLOATS = 1 << 23
 
@@ -96,19 +100,42 @@ class MeasuredAcceptance(JSONFile):
         return cls(vector=matrix[0].copy(), matrix=matrix, counts=counts, totals=totals, beta=float(beta),
                    positions=int(totals[0]), meta=dict(meta or {}), ranks=[list(map(int, r)) for r in ranks])
 
-    def restarted(self) -> "MeasuredAcceptance":
-        """The rows recounted over the step roots a real run restarts from (``depth_counts(...,
-        restart=True)``), from the kept ``ranks``. Every position as a root also counts positions inside
-        an accepted run, whose context a real step reaches but rarely starts from."""
+    def replayed_tau(self, shape: Any) -> float:
+        """Tokens per step (uncut) of ``shape`` (a ``tree_builders.TreeShape``) run over the kept ranks.
+
+        The walk's ranks decode like a real run of that tree: a step starts at the first position;
+        at a node with ``b`` children, rank ``k < b`` moves to child ``k`` (the walk wrote that child's
+        token) and anything else ends the step there, as does a leaf; the position that ends it is
+        the step's correction or bonus token, and the next step starts after it. This is exact for
+        measurements with ``context="walk"`` (module doc), whatever the correlations along a path:
+        the walk's token at a position where ranks ``0..b-1`` were not accepted is distributed as the
+        correction token after those ``b`` rejections, and at a leaf as the target's own (the bonus),
+        and the next position's proposals are fresh draws in that context. Unlike the rows, whose
+        every position is a root, the replay starts steps only where a run of this tree starts them.
+        Steps that the end of a continuation would cut are left out (as ``tau_uncut``)."""
         if not self.ranks:
             raise ValueError("this measurement keeps no per-position ranks (written before they were kept): "
-                             "measure it again with `treespec accept` to recount its roots")
-        counts, totals = np.zeros_like(self.counts), np.zeros_like(self.totals)
+                             "measure it again with `treespec accept` to replay a tree over it")
+        if shape.max_width > self.width:
+            raise ValueError(f"the tree has a node with {shape.max_width} children but the measurement drew "
+                             f"{self.width} proposals per position; measure with --width {shape.max_width} or more")
+        nodes = set(shape.paths)
+        tokens = steps = 0
         for ranks in self.ranks:
-            c, t = depth_counts(np.asarray(ranks, dtype=np.int64), self.width, len(self.totals), restart=True)
-            counts += c
-            totals += t
-        return MeasuredAcceptance.from_counts(counts, totals, self.beta, {**self.meta, "roots": "restarts"}, self.ranks)
+            pos, n = 0, len(ranks)
+            while pos < n:
+                node: tuple[int, ...] = ()
+                while pos < n and ranks[pos] >= 0 and node + (ranks[pos],) in nodes:
+                    node += (ranks[pos],)
+                    pos += 1
+                if pos >= n:
+                    break  # cut by the end of the continuation
+                tokens += len(node) + 1
+                steps += 1
+                pos += 1
+        if steps == 0:
+            raise ValueError("no complete step fits in the kept continuations; measure longer ones")
+        return tokens / steps
 
     @classmethod
     def merge(cls, parts: Sequence["MeasuredAcceptance"]) -> "MeasuredAcceptance":
@@ -200,20 +227,12 @@ def accepted_ranks(r: torch.Tensor, q: torch.Tensor, width: int, mode: str, gree
     return out
 
 
-def depth_counts(ranks: np.ndarray, width: int, max_depth: int, restart: bool = False
-                 ) -> tuple[np.ndarray, np.ndarray]:
-    """Per-depth counts of one continuation's ranks (every position a step root; see module doc).
-
-    ``restart``: only the positions a real run restarts from are roots: the first, and each one
-    right after a position where the rank-0 child was not accepted (where a chain's step ends with
-    its correction token)."""
-    ranks = np.asarray(ranks)
+def depth_counts(ranks: np.ndarray, width: int, max_depth: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per-depth counts of one continuation's ranks (every position a step root; see module doc)."""
     n = len(ranks)
     counts = np.zeros((max_depth, width), dtype=np.int64)
     totals = np.zeros(max_depth, dtype=np.int64)
     alive = np.ones(n, dtype=bool)  # alive[i]: the step rooted at i reached depth d + 1
-    if restart:
-        alive[1:] = ranks[:-1] != 0
     for d in range(max_depth):
         m = n - d
         if m <= 0:
@@ -289,7 +308,7 @@ def measure(
     *,
     eos_token_id: int | Sequence[int] | None = None,
     prompts_label: str | None = None,
-    context: str = "auto",
+    context: str = "walk",
 ) -> MeasuredAcceptance:
     """Measure the positional acceptance vector of ``draft`` against ``target`` (see module doc).
 
@@ -308,8 +327,7 @@ def measure(
         progress: show a tqdm bar over prompts.
         eos_token_id: stop continuations at this token (as ``generate``).
         prompts_label: free text recorded in ``meta`` (e.g. ``"humaneval[0:100]"``).
-        context: how the continuation is written (module doc): ``"target"``, ``"walk"`` or ``"auto"``
-            (``"target"`` under greedy decoding, ``"walk"`` when sampling).
+        context: how the continuation is written (module doc): ``"walk"`` or ``"target"``.
     """
     if mode not in STATIC_MODES:
         why = (" (a dynamic tree's children are point masses chosen by confidence, not draws from a proposal "
@@ -325,8 +343,6 @@ def measure(
                          "treespec.calibrate.acceptance)")
     params = SamplingParams(temperature, top_k, top_p)
     draft_params = params.for_draft()
-    if context == "auto":
-        context = "target" if params.greedy else "walk"
     checks.check_vocab(checks.vocab_size(target), checks.vocab_size(draft), f"model({model_name(draft)})")
     device, draft_device = execution_device(target), execution_device(draft)
     counts = np.zeros((max_depth, width), dtype=np.int64)
