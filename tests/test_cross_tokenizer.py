@@ -11,7 +11,7 @@ import torch
 
 import treespec
 from stats import ALPHA, exact_joint, g_test
-from treespec.models.tiny import greedy_reference, tiny_model
+from treespec.models.tiny import bigram_model, greedy_reference, tiny_model
 from treespec.drafters.cross_tokenizer import AlignmentError, CrossTokenizerDrafter, TextCodec, common_prefix
 from treespec.models.pair import load_cross_drafter, tokenizers_match
 from treespec.core.drafting import DraftProposals, Drafter
@@ -52,19 +52,11 @@ D = DRAFT_TOK.ids
 
 
 def successor_model(successor: dict[int, int], vocab: int) -> torch.nn.Module:
-    """A Llama whose greedy next token after ``t`` is ``successor[t]`` (attention and MLP zeroed)."""
-    model = tiny_model("llama", vocab=vocab, hidden=8 * ((vocab + 7) // 8), seed=0)
-    hidden = model.config.hidden_size
-    with torch.no_grad():
-        for layer in model.model.layers:
-            layer.self_attn.o_proj.weight.zero_()
-            layer.mlp.down_proj.weight.zero_()
-        model.model.embed_tokens.weight.copy_(torch.eye(vocab, hidden))
-        head = torch.zeros(vocab, hidden)
-        for a, b in successor.items():
-            head[b, a] = 4.0
-        model.lm_head.weight.copy_(head)
-    return model
+    """A Llama whose greedy next token after ``t`` is ``successor[t]`` (a logit gap of 4 sqrt(8))."""
+    table = torch.zeros(vocab, vocab)
+    for a, b in successor.items():
+        table[a, b] = 4.0 * 8**0.5
+    return bigram_model(table)
 
 
 @pytest.fixture(scope="module")

@@ -61,32 +61,22 @@ def opposite_copy(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def cycle_model(cycle: list[int], vocab: int = 64) -> torch.nn.Module:
-    """A Llama whose greedy continuation follows ``cycle`` (t -> the token after t in it).
-
-    Attention and MLP outputs are zeroed, so the last hidden state is the normalised embedding of
-    the current token; the LM head maps it to its successor. Tokens off the cycle map to 0.
-    """
-    model = tiny_model("llama", vocab=vocab, hidden=vocab, seed=0)
-    with torch.no_grad():
-        for layer in model.model.layers:
-            layer.self_attn.o_proj.weight.zero_()
-            layer.mlp.down_proj.weight.zero_()
-        model.model.embed_tokens.weight.copy_(torch.eye(vocab))
-        head = torch.zeros(vocab, vocab)
-        head[0, :] = 0.5
-        for a, b in zip(cycle, cycle[1:] + cycle[:1]):
-            head[:, a] = 0.0
-            head[b, a] = 1.0
-        model.lm_head.weight.copy_(head)
-    return model
+    """A Llama whose greedy continuation follows ``cycle`` (t -> the token after t in it; a logit gap
+    of 8, :func:`bigram_model`). Tokens off the cycle map to 0 (a gap of 4)."""
+    table = torch.zeros(vocab, vocab)
+    table[:, 0] = 4.0
+    for a, b in zip(cycle, cycle[1:] + cycle[:1]):
+        table[a] = 0.0
+        table[a, b] = 8.0
+    return bigram_model(table)
 
 
 def bigram_model(logits: torch.Tensor) -> torch.nn.Module:
     """A Llama whose next-token logits depend only on the current token: ``logits[t]`` after token ``t``.
 
-    As in :func:`cycle_model`, attention and MLP outputs are zeroed and the embedding is one-hot, so
-    the last hidden state is ``sqrt(hidden)`` times the current token's unit vector (RMS norm); the LM
-    head divides that back out. Lets a test write the exact conditional laws of a target and a draft."""
+    Attention and MLP outputs are zeroed and the embedding is one-hot, so the last hidden state is
+    ``sqrt(hidden)`` times the current token's unit vector (RMS norm); the LM head divides that back
+    out. Lets a test write the exact conditional laws of a target and a draft."""
     vocab = logits.shape[0]
     if logits.shape != (vocab, vocab):
         raise ValueError(f"bigram logits must be a square [vocab, vocab] table, got {tuple(logits.shape)}")
