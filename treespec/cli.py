@@ -176,9 +176,10 @@ def build_parser() -> argparse.ArgumentParser:
     a = _model_command(sub, "accept", cmd_accept, "acceptance.json", "the JSON file written",
                        help="measure a draft's positional acceptance vector",
                        description="Measure the positional acceptance vector (and per-depth matrix, beta) of "
-                                   "a draft against the target on the target's own continuations of calibration "
-                                   "prompts (HumanEval by default, or your own); writes JSON usable by "
-                                   "--acceptance.")
+                                   "a draft against the target along the verification walk, on continuations of "
+                                   "calibration prompts (HumanEval by default, or your own) distributed as the "
+                                   "target's own; writes JSON usable by --acceptance (it keeps every position's "
+                                   "rank, so MeasuredAcceptance.replayed_tau can run a tree over it).")
     calib = a.add_mutually_exclusive_group()
     calib.add_argument("--calib", default="0:20", metavar="A:B", help="HumanEval prompts A..B-1 (default 0:20; keep "
                        "them disjoint from the prompts you evaluate on, e.g. 100-163)")

@@ -1,4 +1,5 @@
-"""Positional acceptance vectors, measured on the target's own continuations (docs/design.md, "Definitions").
+"""Positional acceptance vectors, measured along the verification walk on continuations distributed as
+the target's own (docs/design.md, "Definitions").
 
 For each calibration prompt a continuation distributed as the target's own is written (greedy,
 or sampled at the requested temperature; two ways, below), which gives the draft distribution
