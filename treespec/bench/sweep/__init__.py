@@ -46,7 +46,8 @@ verifies more than ``B`` tokens. For ``drafters = "ngram"`` the builder axis doe
 Acceptance vectors (``treespec.calibrate.acceptance.measure``) are measured once per (pair, dataset, mode,
 temperature, top-p) on the calibration prompts, cached as ``acceptance-<hash>.json`` in the output
 directory, and always read back from that file. Static-shape points record the tau the vector
-predicts (``TreeShape.expected_tokens``) beside the measured tau.
+predicts (``TreeShape.expected_tokens``) beside the measured tau, and ``replayed_tau``: the point's
+tree run over the calibration walk's ranks (``MeasuredAcceptance.replayed_tau``).
 
 Datasets (``treespec.bench.datasets``): ``humaneval`` (164 code prompts) and ``lee-news`` (leads of the
 Lee news articles shipped in the PyPI package ``gensim``).
