@@ -274,7 +274,8 @@ def walk_ranks(target: torch.nn.Module, draft: torch.nn.Module, prompt: list[int
         r = params.probs(last_logits(target, caches[0], context))[None]
         d_logits = last_logits(draft, caches[1], context)[None]
         q = draft_params.probs(d_logits)
-        overlap += float(torch.minimum(r, params.probs(d_logits)).sum())
+        # beta compares both under the target's parameters (the draft's differ only under greedy decoding)
+        overlap += float(torch.minimum(r, q if draft_params == params else params.probs(d_logits)).sum())
         tokens = draw_children(q, width, mode, gen)
         u = torch.rand(tokens.shape, generator=gen, device=device)
         u = torch.where(tokens >= 0, u, torch.inf)  # a missing draw is never accepted
