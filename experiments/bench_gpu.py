@@ -11,11 +11,14 @@ ends (a crash later loses nothing; a phase run again replaces only its own entry
 * ``costs``: the target's tree forward t(n), eager for n = 1..128 and compiled for a few sizes, and
   the draft's cost per tree level, eager and compiled.
 * ``hf``: HF ``generate``, eager and with a static cache + ``torch.compile``.
-* ``treespec``: treespec eager and compiled with a weak draft (the target's first layers and head:
-  partial agreement, low acceptance) and a random draft (chance acceptance); the share of a step
-  spent outside model forwards.
-* ``validate``: draft = target in float32 (bf16 random logits have near-ties): the share of steps
-  accepting the whole chain, eager and compiled, and compiled == eager greedy output.
+* ``treespec``: seconds per step of Sequoia trees (``--step-budgets``; the shipped T=0 vector's DP
+  trees) captured (``compile=True``), and eager at the first budget (``--no-eager``: not), each with a
+  ``torch.profiler`` count of launches, copies and syncs per step and the device's busy time per step;
+  saved after every run. A random draft: a step costs the same whatever is accepted, so the real
+  pair's tok/s is predicted from the shapes' tau at report time.
+* ``validate``: float32 (bf16 random logits have near-ties): draft = target, the share of steps
+  accepting the whole chain, eager and compiled, and compiled == eager greedy output; a weak draft
+  (the target's first layers, perturbed: varying acceptance), compiled == eager == HF greedy.
 * ``predict``: the real pair's speedup predicted from the measured costs and the shipped
   acceptance vectors (``treespec/data/acceptance-*.json``) through ``treespec.calibrate.costs``;
   needs ``costs`` and ``hf``. Predicted, NOT measured: the README says which is which.
@@ -44,6 +47,7 @@ from transformers.generation import CompileConfig  # noqa: E402
 
 import treespec  # noqa: E402
 from treespec.calibrate.acceptance import MeasuredAcceptance  # noqa: E402
+from tree_builders.budgeted import for_budget  # noqa: E402
 from treespec.calibrate.costs import choose_tree, draft_level_cost, measure_latency  # noqa: E402
 from treespec.common.device import sync  # noqa: E402
 from treespec.common.machine import device_name  # noqa: E402
@@ -134,6 +138,9 @@ class Bench:
         vocab = (TINY_COMMON if self.tiny else COMMON)["vocab_size"]
         self.prompts = [torch.randint(0, vocab, (args.prompt_len,), generator=g).tolist() for _ in range(args.prompts)]
 
+    def checkpoint(self, phase: str, partial: dict[str, Any]) -> None:
+        """Save a phase's finished part now (``main`` sets the real one)."""
+
     def model(self, name: str) -> torch.nn.Module:
         if name not in self._models:
             if name == "target":
@@ -141,8 +148,8 @@ class Bench:
             elif name == "draft":
                 self._models[name] = build("draft", self.tiny, self.dtype, self.device, 1)
             elif name == "weak":
-                target = self.model("target")
-                self._models[name] = weak_draft(target, max(1, target.config.num_hidden_layers // 4))
+                target = self.model("target32")
+                self._models[name] = weak_draft(target, max(1, target.config.num_hidden_layers // 4), noise=0.1)
             elif name == "target32":
                 self._models[name] = build("target", self.tiny, torch.float32, self.device, 0)
         return self._models[name]
@@ -161,10 +168,10 @@ class Bench:
 def phase_first(b: Bench) -> dict[str, Any]:
     """A tiny float32 model through the real compiled step on the device: equal to eager and to HF."""
     model = build("target", True, torch.float32, b.device, 0)
-    weak = weak_draft(model, 1)  # partial agreement: steps of several lengths
+    weak = weak_draft(model, 2, noise=0.1)  # partial agreement: steps of several accepted lengths
     drafter = lambda: [treespec.ModelDrafter(weak, CHECK_SHAPE)]  # noqa: E731
     out: dict[str, Any] = {"cases": []}
-    for prompt in ([1, 2, 3, 4, 5], list(range(20, 60))):
+    for prompt in ([1, 2, 3, 4, 5], list(range(20, 60)), list(range(100, 107))):
         t = time.perf_counter()
         comp = treespec.generate(model, prompt, drafter(), max_new_tokens=24, budget=8, compile=b.compile)
         seconds = time.perf_counter() - t
@@ -174,7 +181,8 @@ def phase_first(b: Bench) -> dict[str, Any]:
                                 min_new_tokens=24, pad_token_id=0, eos_token_id=None)[0, len(prompt):].tolist()
         out["cases"].append({"prompt_len": len(prompt), "compiled_equals_eager": comp.new_tokens == eager.new_tokens,
                              "compiled_equals_hf": comp.new_tokens == hf, "seconds_with_compile": seconds,
-                             "tau": comp.stats.tau})
+                             "tau": comp.stats.tau, "accepted_hist": comp.stats.accepted_hist,
+                             "step": comp.stats.step})
     out["ok"] = all(c["compiled_equals_eager"] and c["compiled_equals_hf"] for c in out["cases"])
     return out
 
@@ -197,10 +205,12 @@ def compiled_latency(b: Bench, model: torch.nn.Module, sizes: list[int], repeats
 def phase_costs(b: Bench) -> dict[str, Any]:
     a, target, draft = b.args, b.model("target"), b.model("draft")
     eager_sizes = [1, 2, 4, 8] if b.tiny else list(range(1, 129))
-    return {"t_eager": measure_latency(target, eager_sizes, context=a.prompt_len, repeats=a.repeats),
-            "t_compiled": compiled_latency(b, target, a.compiled_sizes, a.repeats),
-            "draft_level_eager": draft_level_cost(draft, tokens=4, context=a.prompt_len, repeats=a.repeats),
-            "draft_level_compiled": compiled_latency(b, draft, [4], a.repeats)[4]}
+    out = {"t_eager": measure_latency(target, eager_sizes, context=a.prompt_len, repeats=a.repeats),
+           "draft_level_eager": draft_level_cost(draft, tokens=4, context=a.prompt_len, repeats=a.repeats)}
+    b.checkpoint("costs", out)
+    out["t_compiled"] = compiled_latency(b, target, a.compiled_sizes, a.repeats)  # {} with --compiled-sizes 0
+    out["draft_level_compiled"] = compiled_latency(b, draft, [4], a.repeats)[4] if a.compiled_sizes else None
+    return out
 
 
 def hf_generate(b: Bench, model: torch.nn.Module, compile: bool) -> dict[str, Any]:
@@ -228,54 +238,130 @@ def phase_hf(b: Bench) -> dict[str, Any]:
             "hf_generate_static_compiled": hf_generate(b, b.model("target"), True)}
 
 
-def treespec_run(b: Bench, target: torch.nn.Module, draft: torch.nn.Module, shape, compile) -> dict[str, Any]:
-    """treespec on every prompt (one warm-up call first): tok/s, tau, sections, whole-chain steps."""
-    n, budget = b.args.new_tokens, b.args.budget
+def treespec_run(b: Bench, target: torch.nn.Module, draft: torch.nn.Module, shape, compile,
+                 profile: bool = False, budget: int | None = None) -> dict[str, Any]:
+    """treespec on every prompt (one warm-up call first): tok/s, tau, sections per step, whole-chain steps;
+    with ``profile``, one more call under ``torch.profiler`` (:func:`launch_profile`). ``budget``: the
+    request's (default ``--budget``)."""
+    n, budget = b.args.new_tokens, budget or b.args.budget
 
     def one(p):
         return treespec.generate(target, p, [treespec.ModelDrafter(draft, shape)], max_new_tokens=n, budget=budget,
                                  compile=compile)
 
-    one(b.prompts[0])
+    t = time.perf_counter()
+    first = one(b.prompts[0])
+    first_seconds = time.perf_counter() - t
+    print(f"  {first.stats.step}: first call (compiles included) {first_seconds:.1f} s", flush=True)
     sync(b.device)
     t = time.perf_counter()
     outs = [one(p) for p in b.prompts]
     sync(b.device)
     seconds = time.perf_counter() - t
+    print(f"  timed calls {seconds:.1f} s", flush=True)
     s = treespec.Stats.combined([o.stats for o in outs])
     depth = max(len(path) for path in shape)
     kept = [k for k, cut in zip(s.step_tokens, s.step_cut) if not cut]
     models = s.drafting_seconds + s.verifying_seconds
-    return {"tokens": s.new_tokens, "steps": s.steps, "tau": s.tau, "seconds": seconds, "tok_s": s.new_tokens / seconds,
-            "sections_seconds": {k: getattr(s, f"{k}_seconds") for k in ("prefill", "drafting", "verifying", "overhead")},
-            "accepted_hist": s.accepted_hist, "uncut_steps": len(kept),
-            "uncut_steps_committing_whole_chain": sum(k == depth + 1 for k in kept),
-            # drafting includes the draft model's host loop: the engine's own share is overhead / step time
-            "engine_share_of_step": s.overhead_seconds / max(models + s.overhead_seconds, 1e-12)}
+    per_step = {k: getattr(s, f"{k}_seconds") / s.steps for k in ("drafting", "verifying", "overhead")}
+    run = {"step": first.stats.step, "tokens": s.new_tokens, "steps": s.steps, "tau": s.tau, "seconds": seconds,
+           "tok_s": s.new_tokens / seconds, "first_call_seconds": first_seconds,
+           "sections_seconds": {k: getattr(s, f"{k}_seconds") for k in ("prefill", "drafting", "verifying", "overhead")},
+           "step_seconds": sum(per_step.values()), "per_step_seconds": per_step,
+           "accepted_hist": s.accepted_hist, "uncut_steps": len(kept),
+           "uncut_steps_committing_whole_chain": sum(k == depth + 1 for k in kept),
+           # drafting includes the draft model's host loop: the engine's own share is overhead / step time
+           "engine_share_of_step": s.overhead_seconds / max(models + s.overhead_seconds, 1e-12)}
+    if profile:
+        try:
+            run["profile"] = launch_profile(lambda: one(b.prompts[0]), b.device)
+        except Exception as e:  # the profiler is a measurement aid: its failure must not lose the run
+            run["profile"] = {"error": f"{type(e).__name__}: {e}"}
+    return run
+
+
+#: host-side runtime calls that launch work on, copy from or wait for a CUDA device
+RUNTIME_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx", "cudaGraphLaunch",
+                 "cudaMemcpyAsync", "cudaMemsetAsync", "cudaStreamSynchronize", "cudaDeviceSynchronize",
+                 "cudaEventSynchronize")
+
+
+def launch_profile(call: Callable[[], Any], device: torch.device) -> dict[str, Any]:
+    """One ``generate`` call under ``torch.profiler``, per decoding step: the runtime calls the host made
+    (kernel launches, graph launches, copies, syncs), the aten operators dispatched outside compiled
+    regions, and the device's busy time (kernels and copies; the profiler slows the host, so compare
+    the busy time with the unprofiled step time, not with this call's)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=acts) as prof:
+        out = call()
+        sync(device)
+    steps = max(out.stats.steps, 1)
+    calls = {name: 0 for name in RUNTIME_CALLS}
+    aten_outside, busy_us = 0, 0.0
+    for e in prof.events():
+        if e.name in calls:
+            calls[e.name] += 1
+        elif e.device_type == torch.autograd.DeviceType.CUDA:
+            busy_us += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+        elif e.name.startswith("aten::") and e.cpu_parent is None:
+            aten_outside += 1
+    return {"steps": out.stats.steps, "per_step_runtime_calls": {k: v / steps for k, v in calls.items() if v},
+            "per_step_top_level_aten_ops": aten_outside / steps, "per_step_device_busy_seconds": busy_us * 1e-6 / steps}
+
+
+def step_shapes(b: Bench) -> dict[int, Any]:
+    """The product's kind of tree for each ``--step-budgets`` budget: Sequoia's DP on the shipped T=0 vector."""
+    acc = MeasuredAcceptance.load(ROOT / "treespec" / "data" / "acceptance-qwen2.5-coder-t0.json")
+    return {n: for_budget("sequoia", n, acc.vector, max_depth=b.args.max_depth) for n in b.args.step_budgets}
 
 
 def phase_treespec(b: Bench) -> dict[str, Any]:
-    shape = CHAIN + [(1,), (0, 1)]
+    """Seconds per step of Sequoia trees (budgets ``--step-budgets``): captured (``compile=True``) at each
+    budget, eager at the first. The draft is random: a step costs the same whatever is accepted (no
+    confidence stop on CUDA), so these are the real pair's step costs; acceptance comes from the
+    shipped vectors at report time."""
+    acc = MeasuredAcceptance.load(ROOT / "treespec" / "data" / "acceptance-qwen2.5-coder-t0.json")
     runs = {}
-    for name in ("weak", "draft"):
-        for mode, comp in (("eager", False), ("compiled", b.compile)):
-            runs[f"treespec_{mode}_{'weak' if name == 'weak' else 'random'}_draft"] = treespec_run(
-                b, b.model("target"), b.model(name), shape, comp)
+    for i, (budget, shape) in enumerate(step_shapes(b).items()):
+        for mode, comp in (("compiled", b.compile), ("eager", False)):
+            if mode == "eager" and (i or b.args.no_eager):
+                continue
+            run = treespec_run(b, b.model("target"), b.model("draft"), shape, comp, profile=True, budget=shape.size)
+            run.update(budget=budget, size=shape.size, depth=shape.depth, widths=list(shape.widths),
+                       predicted_tau_t0=shape.expected_tokens(acc.vector))
+            runs[f"{mode}_budget{budget}"] = run
+            b.checkpoint("treespec", runs)  # a later run's crash or timeout keeps this one
     return runs
 
 
 def phase_validate(b: Bench) -> dict[str, Any]:
-    """draft = target, float32: every uncut step accepts the whole chain; compiled output == eager."""
+    """Float32 (bf16 random logits have near-ties). draft = target: every uncut step accepts the whole
+    chain, eager and compiled. A weak draft (the target's first quarter of layers, perturbed): steps of
+    varying accepted length, compiled output == eager == HF greedy."""
     target = b.model("target32")
     out: dict[str, Any] = {}
     for mode, comp in (("eager", False), ("compiled", b.compile)):
         r = treespec_run(b, target, target, CHECK_SHAPE, comp)
         share = r["uncut_steps_committing_whole_chain"] / max(r["uncut_steps"], 1)
-        out[mode] = {"tau": r["tau"], "expected_tau": 5.0, "steps_accepting_whole_chain": share, "ok": share == 1.0}
+        out[mode] = {"tau": r["tau"], "expected_tau": 5.0, "steps_accepting_whole_chain": share, "ok": share == 1.0,
+                     "step": r["step"]}
     same = [treespec.generate(target, b.prompts[0], [treespec.ModelDrafter(target, CHECK_SHAPE)],
                               max_new_tokens=b.args.new_tokens, budget=b.args.budget, compile=c).new_tokens
             for c in (False, b.compile)]
     out["compiled_equals_eager_greedy"] = same[0] == same[1]
+    weak = b.model("weak")
+    prompt, n = b.prompts[0], b.args.new_tokens
+    runs = [treespec.generate(target, prompt, [treespec.ModelDrafter(weak, CHECK_SHAPE)], max_new_tokens=n,
+                              budget=b.args.budget, compile=c) for c in (False, b.compile)]
+    with torch.inference_mode():
+        hf = target.generate(torch.tensor([prompt], device=b.device), do_sample=False, max_new_tokens=n,
+                             min_new_tokens=n, pad_token_id=0, eos_token_id=None)[0, len(prompt):].tolist()
+    out["weak_draft"] = {"tau_eager": runs[0].stats.tau, "tau_compiled": runs[1].stats.tau,
+                         "accepted_hist_compiled": runs[1].stats.accepted_hist, "step": runs[1].stats.step,
+                         "compiled_equals_eager": runs[0].new_tokens == runs[1].new_tokens,
+                         "compiled_equals_hf": runs[1].new_tokens == hf}
     return out
 
 
@@ -292,7 +378,9 @@ def phase_predict(b: Bench, done: dict[str, Any]) -> dict[str, Any]:
         acc, rows = MeasuredAcceptance.load(path), {}
         for name, lat, level in (("eager", lat_e, c["draft_level_eager"]),
                                  ("compiled target, eager draft levels", lat_c, c["draft_level_eager"]),
-                                 ("compiled target and draft levels", lat_c, c["draft_level_compiled"])):
+                                 ("compiled target and draft levels", lat_c, c.get("draft_level_compiled"))):
+            if not lat or level is None:  # that cost model was not measured (--compiled-sizes 0)
+                continue
             ch = choose_tree(acc, lat, level, budgets=[x for x in budgets if x <= max(lat)], max_depth=10)
             rows[name] = {"budget": ch.budget, "depth": ch.depth, "tau": ch.tau, "speedup_vs_own_decode": ch.speedup,
                           "tok_s": ch.speedup / lat[1], "c": ch.c}
@@ -321,18 +409,40 @@ def report(r: dict[str, Any]) -> str:
                   f"({json.dumps(ph['first']['cases'])})", ""]
     if "costs" in ph:
         c = ph["costs"]
+        t_c = c.get("t_compiled", {})
         lines += ["## Measured costs", "", "| t(n) | eager ms | compiled ms |", "|---|---|---|"]
-        lines += [f"| {k} | {c['t_eager'].get(k, float('nan')) * 1e3:.2f} | {v * 1e3:.2f} |"
-                  for k, v in c["t_compiled"].items()]
-        lines += ["", f"Draft level (4 nodes): eager {c['draft_level_eager'] * 1e3:.2f} ms, compiled "
-                  f"{c['draft_level_compiled'] * 1e3:.2f} ms.", ""]
-    runs = {**ph.get("hf", {}), **ph.get("treespec", {})}
-    if runs:
-        lines += ["## Measured tok/s", "", "| run | tok/s | tau | engine share of a step |", "|---|---|---|---|"]
-        lines += [f"| {k} | {v['tok_s']:.1f} | {v.get('tau', 1.0):.2f} | {v.get('engine_share_of_step', float('nan')):.3f} |"
-                  for k, v in runs.items()]
-        lines += ["", "Random weights: the random draft is accepted at about chance and the weak draft (the target's "
-                  "first layers) partly; these rows measure cost, not the real pair's speed-up.", ""]
+        lines += [f"| {k} | {v * 1e3:.2f} | {t_c[k] * 1e3:.2f} |" if k in t_c else f"| {k} | {v * 1e3:.2f} | |"
+                  for k, v in c["t_eager"].items()]
+        level_c = c.get("draft_level_compiled")
+        lines += ["", f"Draft level (4 nodes): eager {c['draft_level_eager'] * 1e3:.2f} ms"
+                  + (f", compiled {level_c * 1e3:.2f} ms." if level_c else "."), ""]
+    if "hf" in ph:
+        lines += ["## HF generate (measured)", "", "| run | tok/s | ms per token |", "|---|---|---|"]
+        lines += [f"| {k} | {v['tok_s']:.1f} | {1e3 / v['tok_s']:.2f} |" for k, v in ph["hf"].items()]
+        lines.append("")
+    if ph.get("treespec"):
+        hf_c = ph.get("hf", {}).get("hf_generate_static_compiled", {}).get("tok_s")
+        lines += ["## treespec steps (measured cost; random draft, so tau is about 1)", "",
+                  "| run | step | size | depth | first call s | ms per step | drafting / verifying / engine ms | "
+                  "launches + graph launches per step | syncs per step | device busy ms per step | predicted tau "
+                  "(shipped T=0 vector) | predicted real-pair tok/s | vs HF static+compile |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for k, v in ph["treespec"].items():
+            sec, prof = v["per_step_seconds"], v.get("profile", {})
+            calls = prof.get("per_step_runtime_calls", {})
+            launches = sum(n for c, n in calls.items() if "Launch" in c)
+            syncs = sum(n for c, n in calls.items() if "Synchronize" in c)
+            tok_s = v["predicted_tau_t0"] / v["step_seconds"]
+            lines.append(f"| {k} | {v['step']} | {v['size']} | {v['depth']} | {v['first_call_seconds']:.0f} | "
+                         f"{v['step_seconds'] * 1e3:.2f} | {sec['drafting'] * 1e3:.2f} / {sec['verifying'] * 1e3:.2f} / "
+                         f"{sec['overhead'] * 1e3:.2f} | {launches:.0f} | {syncs:.1f} | "
+                         f"{prof.get('per_step_device_busy_seconds', float('nan')) * 1e3:.2f} | "
+                         f"{v['predicted_tau_t0']:.2f} | {tok_s:.0f} | "
+                         + (f"{tok_s / hf_c:.2f}x |" if hf_c else "|"))
+        lines += ["", "A step costs the same whatever the draft proposes (no confidence stop on CUDA), so the measured "
+                  "seconds per step are the real pair's; predicted real-pair tok/s = the shape's predicted tau from "
+                  "the shipped HumanEval T=0 acceptance vector / measured seconds per step (PREDICTED, not measured).",
+                  ""]
     if "validate" in ph:
         lines += [f"Validation (draft = target, float32): {json.dumps(ph['validate'])}", ""]
     if "predict" in ph and "hf" in ph:
@@ -360,23 +470,41 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--budget", type=int, default=32, help="tree budget of the treespec tok/s runs")
-    ap.add_argument("--compiled-sizes", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 128])
+    ap.add_argument("--compiled-sizes", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 128],
+                    help="tree sizes whose compiled forward phase costs times (one compile each); 0: none")
+    ap.add_argument("--no-eager", action="store_true", help="phase treespec: captured steps only")
     ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--step-budgets", type=int, nargs="+", default=None,
+                    help="budgets of the Sequoia trees whose captured steps phase treespec times (default: 16 32 64; "
+                         "smoke: 8 12)")
+    ap.add_argument("--max-depth", type=int, default=8, help="depth limit of those trees (the CLI's default)")
     args = ap.parse_args(argv)
     args.device = args.device or ("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
     if args.smoke:
         args.prompts, args.prompt_len, args.new_tokens, args.budget, args.repeats = 2, 16, 12, 8, 2
         args.compiled_sizes = [1, 4, 8]
+    args.step_budgets = args.step_budgets or ([8, 12] if args.smoke else [16, 32, 64])
+    args.compiled_sizes = [n for n in args.compiled_sizes if n > 0]
     b, out = Bench(args), Path(args.out)
     results = json.loads((out / "results.json").read_text()) if (out / "results.json").exists() else {}
     results = {"setup": b.setup(), "phases": results.get("phases", {})}
     phases = {"first": phase_first, "costs": phase_costs, "hf": phase_hf, "treespec": phase_treespec,
               "validate": phase_validate, "predict": lambda bench: phase_predict(bench, results["phases"])}
+    def checkpoint(phase: str, partial: dict[str, Any]) -> None:
+        old = results["phases"].get(phase)
+        results["phases"][phase] = {**old, **partial} if phase == "treespec" and isinstance(old, dict) else dict(partial)
+        save(out, results)
+
+    b.checkpoint = checkpoint  # type: ignore[method-assign]
     for name in PHASES if args.phase == "all" else (args.phase,):
         t = time.perf_counter()
         print(f"phase {name} ...", flush=True)
-        results["phases"][name] = phases[name](b)
+        new = phases[name](b)
+        old = results["phases"].get(name)
+        # phase treespec adds its budgets' runs to earlier ones (a run with other --step-budgets extends it)
+        results["phases"][name] = {**old, **new} if name == "treespec" and isinstance(old, dict) else new
         results["phases"][name + "_seconds"] = time.perf_counter() - t
+        results["phases"][name + "_settings"] = {k: results["setup"][k] for k in ("prompts", "prompt_len", "new_tokens")}
         save(out, results)
         print(f"phase {name} done in {time.perf_counter() - t:.0f} s; written to {out}", flush=True)
     return results
