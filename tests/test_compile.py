@@ -230,3 +230,29 @@ def test_inductor_with_weight_freezing_keeps_the_output_exact():
         frozen = run(target, draft, prompt, 30, shape=KARY, mode="sample", budget=8, seed=0, compile="inductor")
     assert frozen.new_tokens == eager.new_tokens == greedy_reference(target, prompt, 30)
     assert frozen.stats.step_tokens == eager.stats.step_tokens  # the same walk, step by step
+
+
+def test_a_compiled_prefill_compiles_once_even_before_the_cache_argument_is_known(monkeypatch):
+    """The forward's cache-argument name is looked up in a memo: a graph traced while the lookup fills
+    it would guard on the memo being empty and compile again at its next call (a wasted compile, tens of
+    seconds on a GPU for a real model). The cache resolves it before any trace."""
+    from treespec.core import attention
+    from treespec.core.prefill import ChunkedPrefill
+
+    monkeypatch.setattr(attention, "_CACHE_ARGUMENT", {})  # as in a fresh process
+    model = tiny_model(seed=3)
+    prefill = ChunkedPrefill(model, StaticTreeCache(model, 256), "aot_eager", None, chunk=16)
+    torch._dynamo.reset()  # no graph of another test's runner to fall back on
+    counters.clear()
+    for n in (40, 70):
+        prefill([i % 40 + 1 for i in range(n)])
+    assert counters["stats"]["unique_graphs"] == 1
+    monkeypatch.setattr(attention, "_CACHE_ARGUMENT", {})
+    cache = StaticTreeCache.__new__(StaticTreeCache)  # negative control: a cache that skipped the lookup
+    cache.__dict__.update(prefill.cache.__dict__)
+    unresolved = ChunkedPrefill(model, cache, "aot_eager", None, chunk=16)
+    torch._dynamo.reset()
+    counters.clear()
+    for n in (40, 70):
+        unresolved([i % 40 + 1 for i in range(n)])
+    assert counters["stats"]["unique_graphs"] == 2

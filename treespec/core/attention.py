@@ -62,10 +62,12 @@ AttentionMaskInterface.register(GROUPED_SDPA, sdpa_mask)  # masks are passed in 
 _CACHE_ARGUMENT: dict[type, str] = {}  # model class -> its forward's name for the KV cache
 
 
-def _cache_argument(model_class: type) -> str:
+def cache_argument(model_class: type) -> str:
     """The name the model's forward takes its KV cache under: ``cache`` (transformers >= 5.2x, where
     ``past_key_values`` is deprecated) or ``past_key_values``. Memoised in a plain dict, which
-    ``torch.compile`` reads without a graph break (it warns on ``functools`` caches)."""
+    ``torch.compile`` reads without a graph break (it warns on ``functools`` caches). Call it once
+    eagerly before compiling (``StaticTreeCache`` does): a graph traced while this fills the memo
+    guards on the memo being empty and is compiled again at its next call."""
     if model_class not in _CACHE_ARGUMENT:
         names = inspect.signature(model_class.forward).parameters
         _CACHE_ARGUMENT[model_class] = "cache" if "cache" in names else "past_key_values"
@@ -80,7 +82,7 @@ def tree_forward(model: torch.nn.Module, **inputs: Any) -> Any:
     as well (no graph break; the graph guards on the model's own setting). A ``past_key_values`` input
     is passed under the name this transformers version's forward takes."""
     if "past_key_values" in inputs:
-        inputs[_cache_argument(type(model))] = inputs.pop("past_key_values")
+        inputs[cache_argument(type(model))] = inputs.pop("past_key_values")
     config = model.config
     previous = config._attn_implementation
     if previous != "sdpa":

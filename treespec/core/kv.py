@@ -18,7 +18,7 @@ from typing import Sequence
 import torch
 from transformers.cache_utils import Cache, DynamicLayer, StaticLayer
 
-from .attention import tree_forward
+from .attention import cache_argument, tree_forward
 
 
 class TreeKVLayer(DynamicLayer):
@@ -194,6 +194,7 @@ class StaticTreeCache(Cache):
         super().__init__(layers=layers)
         for layer in layers:
             layer.allocate(heads, head_dim, param.dtype, param.device)
+        cache_argument(type(model))  # resolved before any compiled forward traces it (no wasted recompile)
 
     def forward(self, model: torch.nn.Module, ids: torch.Tensor, positions: torch.Tensor, block: torch.Tensor,
                 committed: torch.Tensor | None = None, write_start: torch.Tensor | None = None,
