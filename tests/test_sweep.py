@@ -113,6 +113,10 @@ def test_report_writes_plots_and_table(full: Path, tmp_path: Path) -> None:
     assert "## Baselines" in text and "## Treespec points" in text
     assert text.count("| humaneval | 0 | 1 | 0 | model |") == 4
     assert "](tau_vs_budget.png)" in text and "[" in text.split("| model |")[1]  # intervals in the table
+    header = next(line for line in text.splitlines() if line.startswith("| dataset | T | top-p | seed | drafters"))
+    column = header.split(" | ").index("replayed tau")
+    replayed = {line.split(" | ")[column] for line in text.splitlines() if line.startswith("| humaneval | 0 | 1 | 0 | model |")}
+    assert replayed and "-" not in replayed  # every static point's replay, from the walk's ranks
 
 
 def test_ngram_both_and_the_other_builders(tmp_path: Path) -> None:

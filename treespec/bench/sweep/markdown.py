@@ -109,7 +109,10 @@ def summary(path: Path, records: list[dict[str, Any]], tres: list[dict[str, Any]
         lines += ["## Treespec points", "",
                   "Intervals: 95% bootstrap over prompts (`treespec.bench.intervals`; speedups paired per prompt). "
                   "tau counts every step; tau (uncut) only the steps the end of generation (max_new_tokens or "
-                  "EOS, or the depth cap near it) did not shorten, the quantity the prediction estimates."
+                  "EOS, or the depth cap near it) did not shorten, the quantity the prediction estimates. "
+                  "predicted tau: the calibration's acceptance rows through the tree (Sequoia's model); "
+                  "replayed tau: the tree run over the calibration walk's ranks (exact for that calibration's "
+                  "prompts; '-' where the calibration kept no ranks)."
                   + (" greedy = target compares outputs with HF generate's in the same precision; below float32 "
                      "a batched tree forward can round a near-tie of the top two logits the other way "
                      "(docs/design.md), so a difference there is not a failure of exactness. HF's own "
@@ -117,9 +120,9 @@ def summary(path: Path, records: list[dict[str, Any]], tres: list[dict[str, Any]
                      "greedy = target column shows how often it differs from the target alone."
                      if any(r["params"]["dtype"] != "float32" for r in tres) else ""), "",
                   "| dataset | T | top-p | seed | drafters | builder | B | depth | tree size | tau | tau (uncut) | "
-                  "predicted tau | tok/s | vs target | vs assisted | vs prompt lookup | drafting s | verifying s | "
-                  "overhead s | greedy = target |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "predicted tau | replayed tau | tok/s | vs target | vs assisted | vs prompt lookup | drafting s | "
+                  "verifying s | overhead s | greedy = target |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
         def order(r: dict[str, Any]) -> tuple:
             p = r["params"]
@@ -136,7 +139,8 @@ def summary(path: Path, records: list[dict[str, Any]], tres: list[dict[str, Any]
                 f"| {p['dataset']} | {p['temperature']:g} | {p['top_p']:g} | {p['seed']} | {p['drafters']} | "
                 f"{p['builder']} | {p['budget']} | {_fmt(p['max_depth'])} | {res['mean_tree_size']:.1f} | "
                 f"{_fmt(tau_interval([r]) or res['tau'])} | {_fmt(tau_interval([r], uncut=True))} | "
-                f"{_fmt(res.get('predicted_tau'))} | {_fmt(speed_interval([r]) or t['tokens_per_second'])} | "
+                f"{_fmt(res.get('predicted_tau'))} | {_fmt(res.get('replayed_tau'))} | "
+                f"{_fmt(speed_interval([r]) or t['tokens_per_second'])} | "
                 f"{_fmt(vs('target'))} | {_fmt(vs('assisted'))} | {_fmt(vs('prompt_lookup'))} | "
                 f"{t['drafting_seconds']:.3g} | {t['verifying_seconds']:.3g} | {t['overhead_seconds']:.3g} | "
                 f"{_fmt(same_greedy_outputs(r, bases) or r.get('checks', {}).get('greedy_same_as_target'))} |")
