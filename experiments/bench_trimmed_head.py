@@ -21,10 +21,18 @@ one. Measured here, for K in ``--keep``:
 
 The projection (printed, labelled): a chain of ``--depth`` tokens, every position accepted with the
 agreement rate ``a`` (tau = (1 - a^(d+1)) / (1 - a)), a step = d levels of width 1 plus a verification
-of ``--verify-ms``; tokens per second trimmed / full. Not a measured speedup: a run with the trimmed
-draft in the engine is what would measure one.
+of ``--verify-ms``; tokens per second trimmed / full.
+
+``--engine K`` measures instead: ``treespec generate --compile``'s recipe (the captured step, tuned
+for the built-in pair) run with two int4 drafts built the same way from the float32 draft, one with
+the full head and one with the K-token head (HumanEval 100-109, Lee news leads 0-9, 64 greedy
+tokens), records appended to ``--records`` (a re-run resumes); the paired speedup of the trimmed
+draft with its bootstrap interval. Two captured runners with frozen weights do not fit in 24 GiB
+together, so each draft runs in its own process (``--engine-draft``, one after the other, not
+interleaved per prompt); the report is written from whatever records exist.
 
     python experiments/bench_trimmed_head.py --out experiments/results/trimmed-head-cpu.md
+    python experiments/bench_trimmed_head.py --engine 32768 --out experiments/results/trimmed-head-engine.md
 """
 
 from __future__ import annotations
@@ -83,6 +91,80 @@ def kept_tokens(counts: Counter, k: int, vocab: int) -> np.ndarray:
     return np.sort(np.array(keep))
 
 
+def calibration_counts(tok) -> Counter:
+    """Token counts of the calibration corpus (HumanEval 0-99 with solutions, Lee news articles 10-299)."""
+    counts = Counter()
+    for text in [t["prompt"] + t["canonical_solution"] for t in humaneval()[:100]] + _lee_articles()[10:300]:
+        counts.update(tok(text)["input_ids"])
+    return counts
+
+
+def engine(args: argparse.Namespace) -> str:
+    """The captured step with the full head and with a ``args.engine``-token head, side by side."""
+    from treespec.bench import compare, intervals
+    from treespec.bench.datasets import dataset_prompts
+    from treespec.calibrate.vectors import default_acceptance
+    from treespec.models import cache_root
+    from treespec.models.precision import precision_of, to_precision
+    from treespec.recipes import Recipe, resolve, run
+
+    k = args.engine
+    target, tok = load(DEFAULT_TARGET, dtype="bfloat16", role="target")
+    base, _ = load(DEFAULT_DRAFT, dtype="float32", role="draft")
+    traced, _ = load(DEFAULT_DRAFT, dtype="auto", role="draft", traceable=True)
+    precision = precision_of(traced)
+    captured = resolve(Recipe(tree="sequoia", acceptance=default_acceptance(None, 0.0), compile=True), target,
+                       [traced], cache_file=cache_root() / "profiles.json")
+    del traced
+    keep = torch.as_tensor(kept_tokens(calibration_counts(tok), k, base.lm_head.out_features))
+    trimmed = copy.deepcopy(base)
+    trimmed.lm_head = TrimmedHead(trimmed.lm_head, keep)
+    names = {"full": "full-head", "trimmed": f"head-{k}"}
+    wanted = list(names) if args.engine_draft == "both" else [args.engine_draft]
+    drafts = {names[w]: to_precision(copy.deepcopy(base) if w == "full" else trimmed, precision) for w in wanted}
+    del base, trimmed
+    methods = [compare.treespec_method(lambda ids, n, d=d: run(captured.recipe, target, [d], ids, max_new_tokens=n),
+                                       precision_of(target), name=name) for name, d in drafts.items()]
+    # compiles, once, before the timed prompts: a prompt long enough for the compiled prefill chunk, and as many
+    # new tokens as the timed calls (fewer would cap the tree: another shape, another runner)
+    warmup = 'def add(a: int, b: int) -> int:\n    """Return the sum of a and b.\n\n    >>> add(2, 3)\n    5\n    """\n'
+    for m in methods:
+        m.run(tok(warmup)["input_ids"], 64)
+    prompts = [(name, i, tok(dataset_prompts(name)[i])["input_ids"]) for name in ("humaneval", "lee-news")
+               for i in (range(100, 110) if name == "humaneval" else range(10))]
+    records_file = args.records or (args.out or Path("trimmed-head-engine.md")).with_suffix(".jsonl")
+    records = compare.run(methods, prompts, 64, records_file, on_record=lambda r: print(
+        f"  {r['dataset']}/{r['prompt']} {r['method']}: {r['tokens_per_second']:.2f} tok/s, tau {r['tau']:.2f}",
+        flush=True))
+    lines = [f"# The captured step with a trimmed draft head (K = {k}) against the full head "
+             f"({machine('cpu')}, torch {torch.__version__})", "",
+             f"Command: `python experiments/bench_trimmed_head.py --engine {k} --out {args.out}`. Recipe: "
+             f"{captured.why}. Both drafts {precision}, built the same way from the float32 draft; 64 greedy tokens; "
+             + ("methods interleaved per prompt" if args.engine_draft == "both" else
+                "each draft in its own process (`--engine-draft full`, then `--engine-draft trimmed`), one after "
+                "the other") + "; intervals: 95% bootstrap over prompts, paired.", "",
+             "| dataset | full head tok/s | trimmed tok/s | tau full | tau trimmed | speedup (paired) | "
+             "identical outputs |", "|---|---|---|---|---|---|---|"]
+    for dataset in ("humaneval", "lee-news"):
+        by = {name: {r["prompt"]: r for r in records if r["dataset"] == dataset and r["method"] == name}
+              for name in names.values()}
+        if not all(by.values()):
+            continue  # the other draft's process has not run yet
+        shared = sorted(set.intersection(*(set(v) for v in by.values())))
+        full, cut = ([by[name][p] for p in shared] for name in names.values())
+        speed = lambda rs: intervals.ratio_of_sums([r["tokens"] for r in rs], [r["seconds"] for r in rs])  # noqa: E731
+        tau = lambda rs: sum(r["tokens"] for r in rs) / sum(r["steps"] for r in rs)  # noqa: E731
+        ratio = intervals.ratio_of_sums([r["seconds"] for r in full], [r["seconds"] for r in cut])
+        same = sum(a["output"] == b["output"] for a, b in zip(full, cut))
+        lines.append(f"| {dataset} ({len(shared)} prompts) | {speed(full).fmt(2)} | {speed(cut).fmt(2)} | "
+                     f"{tau(full):.2f} | {tau(cut):.2f} | {ratio.fmt(3)}x | {same}/{len(shared)} |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        args.out.write_text(text)
+    return text
+
+
 def main(argv: list[str] | None = None) -> str:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=None, help="write the tables here (markdown)")
@@ -91,8 +173,15 @@ def main(argv: list[str] | None = None) -> str:
     ap.add_argument("--depth", type=int, default=7, help="the projected chain's depth (the captured default's)")
     ap.add_argument("--verify-ms", type=float, default=163.0,
                     help="verification ms per step in the projection (experiments/results/cpu-fastest-zen4)")
+    ap.add_argument("--engine", type=int, default=None, metavar="K",
+                    help="measure the captured step with a K-token head against the full head instead")
+    ap.add_argument("--engine-draft", choices=("full", "trimmed", "both"), default="both",
+                    help="--engine: which draft(s) this process runs (both: interleaved, needs the memory of two)")
+    ap.add_argument("--records", type=Path, default=None, help="--engine's per-prompt records (default: beside --out)")
     args = ap.parse_args(argv)
     torch._inductor.config.freezing = True
+    if args.engine is not None:
+        return engine(args)
     ks = [int(k) for k in args.keep.split(",")]
     widths = [int(w) for w in args.widths.split(",")]
     base, tok = load(DEFAULT_DRAFT, dtype="float32", role="draft")
@@ -100,9 +189,7 @@ def main(argv: list[str] | None = None) -> str:
     ids = lambda text: tok(text)["input_ids"]  # noqa: E731
     tasks, lee = humaneval(), _lee_articles()
 
-    calibration = Counter()
-    for text in [t["prompt"] + t["canonical_solution"] for t in tasks[:100]] + lee[10:300]:
-        calibration.update(ids(text))
+    calibration = calibration_counts(tok)
     evaluation = {"code": np.concatenate([ids(t["prompt"] + t["canonical_solution"]) for t in tasks[100:]]),
                   "prose": np.concatenate([ids(a) for a in lee[:10]])}
     keeps = {k: kept_tokens(calibration, k, vocab) for k in ks}
