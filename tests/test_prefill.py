@@ -1,6 +1,7 @@
-"""The compiled steps' prefill in fixed-width compiled chunks (treespec.core.prefill): the cache it fills
-equals the eager prefill's, long prompts keep greedy output equal to HF's (compiled and captured
-steps, weight freezing included), one graph serves every prompt length, short prompts stay eager."""
+"""The compiled steps' prefill (treespec.core.prefill), in exact pieces of a dynamic token count or in fixed
+chunks: the cache it fills equals the eager prefill's, long prompts keep greedy output equal to HF's
+(compiled and captured steps, weight freezing included), one graph serves every prompt length, short
+prompts stay eager."""
 
 import pytest
 import torch
@@ -18,11 +19,11 @@ def prompt_of(n: int, seed: int = 0) -> list[int]:
     return torch.randint(0, 64, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2"])
-def test_chunks_fill_the_cache_as_the_eager_prefill_does(family):
+@pytest.mark.parametrize("family,fixed", [("llama", True), ("qwen2", True), ("qwen2", False)])
+def test_chunks_fill_the_cache_as_the_eager_prefill_does(family, fixed):
     model = tiny_model(family, vocab=64, hidden=64, scale=6, seed=0)
     chunked, eager = StaticTreeCache(model, 256), StaticTreeCache(model, 256)
-    fill = prefill.ChunkedPrefill(model, chunked, "aot_eager", None)
+    fill = prefill.ChunkedPrefill(model, chunked, "aot_eager", None, chunk=64 if fixed else 100, fixed=fixed)
     with torch.inference_mode():
         for n in (prefill.CHUNKED_MIN, prefill.CHUNK, prefill.CHUNK + 1, 2 * prefill.CHUNK + 30):
             prompt = prompt_of(n + 1, seed=n)
@@ -39,17 +40,48 @@ def test_chunks_fill_the_cache_as_the_eager_prefill_does(family):
             assert not torch.allclose(chunked.layers[0].keys[..., :n, :], eager.layers[0].keys[..., :n, :])
 
 
-def test_short_prompts_prefill_eagerly_long_ones_in_chunks(monkeypatch):
+@pytest.mark.parametrize("mode,calls_of_74", [("reduce-overhead", [(64, 64), (64, 10)]), (None, [(74, 74)])])
+def test_short_prompts_prefill_eagerly_long_ones_in_chunks_or_exact_pieces(monkeypatch, mode, calls_of_74):
+    """CUDA graphs' mode pads fixed chunks; every other mode sends the prompt as it is (no padding)."""
     model = tiny_model("llama", vocab=64, hidden=64, scale=6, seed=0)
     fill = prefill.ChunkedPrefill(model, StaticTreeCache(model, 256), "aot_eager", None)
+    fill.fixed = mode == "reduce-overhead"  # the mode's cutting, run under aot_eager on the CPU
+    fill.chunk = prefill.CHUNK if fill.fixed else prefill.PIECE
     calls = []
     step = fill.step
-    monkeypatch.setattr(fill, "step", lambda *args: calls.append(args[1].item()) or step(*args))
+    monkeypatch.setattr(fill, "step", lambda ids, m, *rest: calls.append((len(ids), m.item())) or step(ids, m, *rest))
     with torch.inference_mode():
         fill(prompt_of(prefill.CHUNKED_MIN))  # CHUNKED_MIN - 1 tokens to cache
         assert calls == []
-        fill(prompt_of(prefill.CHUNK + 11))
-    assert calls == [prefill.CHUNK, 10]
+        fill(prompt_of(75))
+    assert calls == calls_of_74
+
+
+def test_pieces_are_near_equal_and_never_longer_than_allowed():
+    for n in (16, 511, 512, 513, 1030, 5000):
+        sizes = prefill.pieces(n)
+        assert sum(sizes) == n and max(sizes) <= prefill.PIECE and max(sizes) - min(sizes) <= 1
+        assert len(sizes) == -(-n // prefill.PIECE)
+    assert prefill.pieces(513) == [257, 256]
+
+
+def test_exact_pieces_compile_one_graph_for_every_length():
+    """The token count is dynamic: prompts of many lengths, one and several pieces, add no graph after the
+    first; the cache equals the eager prefill's."""
+    model = tiny_model("qwen2", vocab=64, hidden=64, scale=6, seed=0)
+    compiled_cache, eager = StaticTreeCache(model, 1100), StaticTreeCache(model, 1100)
+    fill = prefill.ChunkedPrefill(model, compiled_cache, "aot_eager", None)
+    with torch.inference_mode():
+        fill(prompt_of(40))
+        graphs = counters["stats"]["unique_graphs"]
+        for n in (17, 99, 512, 513, 1030):
+            prompt = prompt_of(n + 1, seed=n)
+            fill(prompt)
+            eager.prefill(model, prompt)
+            assert int(compiled_cache.length) == n
+            torch.testing.assert_close(compiled_cache.layers[-1].keys[..., :n, :], eager.layers[-1].keys[..., :n, :],
+                                       atol=1e-5, rtol=1e-5)
+    assert counters["stats"]["unique_graphs"] == graphs
 
 
 @pytest.mark.parametrize("mode", ["topk", "sample"], ids=["captured", "host-drafted"])

@@ -19,8 +19,8 @@ no compiled output ever feeds another compiled graph), so ``torch.compile`` (and
   correction token is an exponential race ``argmax r / E`` with ``E ~ Exp(1)`` drawn up front.
   The accepted path, its length and the extra token come back in one small device->host copy,
   the only sync of a step.
-* The prompt is cached in compiled chunks of fixed width (``treespec.core.prefill``): one more
-  graph, replayed for every prompt length.
+* The prompt is cached through one more compiled graph, for every prompt length
+  (``treespec.core.prefill``: exact pieces of a dynamic token count, fixed chunks under CUDA graphs).
 
 Drafters, the trie merge and flattening stay on the host and eager: the loop is ``treespec.core.engine.decode``,
 shared with the eager step; this module is only where the forward and the acceptance run.

@@ -1,17 +1,25 @@
-"""The prompt's prefill in fixed-width compiled chunks, for the static caches of the compiled steps.
+"""The prompt's prefill through one compiled graph, for the static caches of the compiled steps.
 
 A prompt's length varies, so an eager forward caches it (``StaticTreeCache.prefill``): on a CPU that
 eager forward is the slowest part of a short run (a third of a 64-token HumanEval run with the 1.5B
-target in bfloat16). Cut into chunks of a fixed width ``C``, every chunk is one call of the *same*
-compiled graph: token ``j`` of a chunk sits at position ``length + j`` and attends to the committed
-rows and to the chunk's tokens up to itself (a causal block); the last chunk is padded, and its
-padding rows land beyond the committed length, where the cache never reads them. No logits are kept
-(the first step forwards the prompt's last token itself).
-Measured on this project's CPU (``experiments/results/cpu-fastest``, weight freezing on): 0.75 s per
-HumanEval prompt against 1.52 s in the eager step (0.48 s against 1.21 s per lee-news lead).
+target in bfloat16). One compiled graph serves every prompt instead, cut into pieces: token ``j`` of a
+piece sits at position ``length + j`` and attends to the committed rows and to the piece's tokens up
+to itself (a causal block). No logits are kept (the first step forwards the prompt's last token itself).
+
+How a prompt is cut depends on the backend:
+
+* **exact pieces** (a CPU, and every backend without CUDA graphs): the graph's token dimension is
+  dynamic, so a prompt is cut into as few near-equal pieces as :data:`PIECE` allows and nothing is
+  padded. On this project's CPU a compiled call of the 1.5B target in bfloat16 costs ~70 ms (its
+  weights stream through once) plus ~7 ms per token, so one exact call beats fixed 64-token chunks by
+  the padding (up to 63 tokens) and by the calls it saves: 21% less prefill time on HumanEval 100-109,
+  36% on Lee news leads 0-9 (``experiments/results/prefill-cpu.md``).
+* **fixed chunks** (CUDA graphs, ``mode="reduce-overhead"``: a graph is recorded per shape): every
+  chunk has :data:`CHUNK` tokens, the last one padded; the padding rows land beyond the committed
+  length, where the cache never reads them.
 
 A short prompt prefills eagerly: its eager forward costs a fraction of a second, a compile tens of
-seconds on a CPU (the chunk graph is compiled at the first prompt of at least ``CHUNKED_MIN`` tokens).
+seconds on a CPU (the graph is compiled at the first prompt of at least ``CHUNKED_MIN`` tokens).
 So does every prompt of a model whose fastest prompt forward cannot be traced (:func:`prefill_for`:
 an int4 draft, which takes its int8 weights for wide inputs, ``treespec.models.quantized``).
 """
@@ -25,36 +33,47 @@ import torch
 from .compiling import compile_graph
 from .kv import StaticTreeCache
 
-#: tokens per compiled prefill chunk (a longer chunk costs less per token but pads more of the prompt's
-#: last chunk)
+#: tokens per fixed chunk under CUDA graphs (a longer chunk costs less per token but pads more of the
+#: prompt's last chunk)
 CHUNK = 64
+#: most tokens per exact piece (bounds the ``[n, capacity]`` attention mask of one call)
+PIECE = 512
 #: prompts with fewer tokens to cache prefill eagerly
 CHUNKED_MIN = 16
 
 
 def padded_length(n: int, chunk: int = CHUNK) -> int:
-    """The cache rows a chunked prefill of ``n`` tokens writes (the last chunk's padding included)."""
+    """The cache rows a fixed-chunk prefill of ``n`` tokens writes (the last chunk's padding included)."""
     return -(-n // chunk) * chunk
 
 
+def pieces(n: int, longest: int = PIECE) -> list[int]:
+    """``n`` tokens cut into the fewest pieces of at most ``longest``, of near-equal sizes (so that no
+    piece is much shorter than the others: a graph dynamic in the token count still specialises 1)."""
+    k = -(-n // longest)
+    return [n // k + (i < n % k) for i in range(k)]
+
+
 class ChunkedPrefill:
-    """Fills ``cache`` with a prompt through one compiled graph of ``chunk`` tokens (``__call__``)."""
+    """Fills ``cache`` with a prompt through one compiled graph (``__call__``): exact pieces of a dynamic
+    token count, or fixed chunks of ``chunk`` tokens under CUDA graphs (module doc)."""
 
     def __init__(self, model: torch.nn.Module, cache: StaticTreeCache, backend: str, mode: str | None,
-                 chunk: int = CHUNK) -> None:
-        self.model, self.cache, self.chunk = model, cache, chunk
-        device = cache.length.device
-        # graph inputs, not attributes: under weight freezing a graph folds what it only reads into
-        # constants, which is right for these two (they never change) and for nothing it mutates
-        self.offsets = torch.arange(chunk, device=device)
-        self.causal = torch.ones(chunk, chunk, dtype=torch.bool, device=device).tril()
-        self.no_logits = torch.zeros(0, dtype=torch.long, device=device)
-        self.step = compile_graph(self._chunk, backend, mode)
+                 chunk: int | None = None, fixed: bool | None = None) -> None:
+        self.model, self.cache = model, cache
+        # CUDA graphs record one graph per shape, so one shape there (``fixed``: force either way, to compare)
+        self.fixed = mode == "reduce-overhead" if fixed is None else fixed
+        self.chunk = chunk or (CHUNK if self.fixed else PIECE)
+        # a graph input, not an attribute: under weight freezing a graph folds what it only reads into constants
+        self.no_logits = torch.zeros(0, dtype=torch.long, device=cache.length.device)
+        self.step = compile_graph(self._piece, backend, mode)
 
-    def _chunk(self, ids: torch.Tensor, m: torch.Tensor, offsets: torch.Tensor, causal: torch.Tensor,
-               no_logits: torch.Tensor) -> None:
-        """Write ``ids`` (``chunk`` tokens, the first ``m`` real) at ``[length, length + chunk)``, commit ``m``."""
+    def _piece(self, ids: torch.Tensor, m: torch.Tensor, no_logits: torch.Tensor) -> None:
+        """Write ``ids`` (the first ``m`` real) at ``[length, length + len(ids))``, commit ``m``."""
         length = self.cache.length
+        n = ids.shape[0]
+        offsets = torch.arange(n, device=ids.device)
+        causal = torch.ones(n, n, dtype=torch.bool, device=ids.device).tril()
         self.cache.forward(self.model, ids, length + offsets, causal, length, logits_to_keep=no_logits)
         length.add_(m)
 
@@ -64,17 +83,21 @@ class ChunkedPrefill:
         if n < CHUNKED_MIN:
             self.cache.prefill(self.model, prompt)
             return
-        if padded_length(n, self.chunk) > self.cache.capacity:
-            raise ValueError(f"a prompt of {n + 1} tokens does not fit a cache of {self.cache.capacity} rows "
-                             f"in chunks of {self.chunk}")
+        rows = padded_length(n, self.chunk) if self.fixed else n
+        if rows > self.cache.capacity:
+            raise ValueError(f"a prompt of {n + 1} tokens does not fit a cache of {self.cache.capacity} rows")
         self.cache.reset()
         device = self.cache.length.device
-        ids = torch.zeros(padded_length(n, self.chunk), dtype=torch.long)
-        ids[:n] = torch.as_tensor(list(prompt[:-1]), dtype=torch.long)
-        ids = ids.to(device)
-        for start in range(0, n, self.chunk):
-            m = torch.tensor(min(self.chunk, n - start), device=device)
-            self.step(ids[start : start + self.chunk], m, self.offsets, self.causal, self.no_logits)
+        sizes = [min(self.chunk, n - s) for s in range(0, n, self.chunk)] if self.fixed else pieces(n, self.chunk)
+        start = 0
+        for size in sizes:
+            ids = torch.zeros(self.chunk if self.fixed else size, dtype=torch.long)
+            ids[:size] = torch.as_tensor(list(prompt[start : start + size]), dtype=torch.long)
+            ids = ids.to(device)
+            if not self.fixed:  # one graph for every token count (never 1: pieces are near-equal, n >= CHUNKED_MIN)
+                torch._dynamo.mark_dynamic(ids, 0, min=2, max=self.chunk)
+            self.step(ids, torch.tensor(size, device=device), self.no_logits)
+            start += size
 
 
 class EagerPrefill:
@@ -89,7 +112,7 @@ class EagerPrefill:
 
 def prefill_for(model: torch.nn.Module, cache: StaticTreeCache, backend: str,
                 mode: str | None) -> ChunkedPrefill | EagerPrefill:
-    """How ``model``'s prompt is cached: compiled chunks, or eagerly for a model whose Linear layers keep
+    """How ``model``'s prompt is cached: compiled pieces, or eagerly for a model whose Linear layers keep
     int8 weights for wide inputs that only run outside ``torch.compile`` (an int4 draft)."""
     if any(getattr(m, "wide", None) is not None for m in model.modules()):
         return EagerPrefill(model, cache)
