@@ -52,11 +52,35 @@ LEVELS = ("eager-int8", "eager-int4-g64", "compiled-bfloat16", "compiled-int4-g3
 AGREEMENT = ("float32", "bfloat16", "int8", "int4-g32", "int4-g64", "int4-g128")
 
 
+#: torchao's quantisations (``--levels compiled-torchao-...``; torchao is not a dependency: ``pip install torchao``)
+TORCHAO = ("torchao-int8wo", "torchao-int8da", "torchao-int4wo")
+
+
+def _torchao(model: torch.nn.Module, precision: str) -> torch.nn.Module:
+    """``model`` quantised in place by torchao: int8 weights (``int8wo``), int8 weights and per-token int8
+    activations (``int8da``), or int4 weights in groups of 128 packed for the CPU (``int4wo``), on bfloat16."""
+    try:
+        from torchao.quantization import (Int4WeightOnlyConfig, Int8DynamicActivationInt8WeightConfig,
+                                          Int8WeightOnlyConfig, quantize_)
+    except ImportError as error:
+        raise SystemExit(f"{precision} needs torchao ({error}); install it with `pip install torchao`") from None
+    model = model.to(torch.bfloat16)
+    if precision == "torchao-int4wo":
+        config = Int4WeightOnlyConfig(group_size=128, int4_packing_format="opaque")  # the CPU's packing
+    else:
+        config = Int8WeightOnlyConfig() if precision == "torchao-int8wo" else Int8DynamicActivationInt8WeightConfig()
+    quantize_(model, config)
+    return model
+
+
 def convert(base: torch.nn.Module, precision: str) -> torch.nn.Module:
-    """A copy of the float32 draft in ``precision`` (``int4-gN``: int4 with group size N)."""
+    """A copy of the float32 draft in ``precision`` (``int4-gN``: int4 with group size N; ``torchao-*``:
+    :data:`TORCHAO`)."""
     model = copy.deepcopy(base)
     if precision.startswith("int4-g"):
         return quantize_int4(model, int(precision.removeprefix("int4-g")))
+    if precision in TORCHAO:
+        return _torchao(model, precision)
     return to_precision(model, precision)
 
 
@@ -181,12 +205,18 @@ def main(argv: list[str] | None = None) -> str:
     ap.add_argument("--out", type=Path, default=None, help="write the tables here (markdown)")
     ap.add_argument("--widths", default="1,4")
     ap.add_argument("--skip", default="", help="comma-separated tables to skip: levels, agreement, kernels, attention")
+    ap.add_argument("--levels", default=",".join(LEVELS),
+                    help="comma-separated draft variants of the level table, HOW-PRECISION with HOW eager or compiled "
+                         f"(default: %(default)s); torchao's: compiled-{', compiled-'.join(TORCHAO)}")
+    ap.add_argument("--agreement", default=",".join(AGREEMENT),
+                    help="comma-separated precisions of the agreement table (default: %(default)s; torchao's too)")
     args = ap.parse_args(argv)
     skip = set(filter(None, args.skip.split(",")))
     torch._inductor.config.freezing = True
     widths = [int(w) for w in args.widths.split(",")]
+    command = " ".join(["python experiments/bench_draft_level.py", *(argv if argv is not None else sys.argv[1:])])
     lines = [f"# Draft level, agreement and attention per draft precision ({machine('cpu')}, torch {torch.__version__})",
-             "", "Command: `python experiments/bench_draft_level.py --out experiments/results/draft-level-cpu.md`", ""]
+             "", f"Command: `{command}`", ""]
     base, tokenizer = load(DEFAULT_DRAFT, dtype="float32", role="draft")
     if "levels" not in skip:
         lines += ["## One draft level", "",
@@ -195,8 +225,10 @@ def main(argv: list[str] | None = None) -> str:
                   "first call = compile).", "",
                   "| draft | " + " | ".join(f"w={w}" for w in widths) + " | first call |",
                   "|---|" + "---|" * (len(widths) + 1)]
-        for variant in LEVELS:
+        for variant in filter(None, args.levels.split(",")):
             how, precision = variant.split("-", 1)
+            if how not in ("eager", "compiled"):
+                ap.error(f"--levels: {variant!r} should start with eager- or compiled-")
             time_it = level_timer(convert(base, precision), how == "compiled")
             results = [time_it(w) for w in widths]
             lines.append(f"| {variant} | " + " | ".join(f"{s * 1e3:.1f} ms" for s, _ in results)
@@ -214,7 +246,7 @@ def main(argv: list[str] | None = None) -> str:
                   "Share of positions where the draft's argmax is the target's (bfloat16) argmax, teacher-forced: "
                   + ", ".join(f"{name} {sum(len(c) for _, c in pairs)} positions" for name, pairs in texts.items())
                   + ".", "", "| draft | " + " | ".join(texts) + " |", "|---|" + "---|" * len(texts)]
-        for precision in AGREEMENT:
+        for precision in filter(None, args.agreement.split(",")):
             draft = convert(base, precision)
             cells = []
             with torch.inference_mode():

@@ -2,7 +2,7 @@
 
 A compiled step (``treespec.core.compiled``; ``treespec.core.captured`` when one draft model's static
 tree is drafted on the device too) costs less per token than the eager step, but its graphs are
-compiled before the first token: on this project's 2-core CPU 106 s the first time
+compiled before the first token: on this project's 2-core CPU 148 s the first time
 (``experiments/results/cpu-fastest-zen4``), less once inductor's on-disk cache holds some of the graphs
 (``experiments/results/compile-choice-cpu``). Whether that pays depends on the run's length. For ``P``
 prompts of ``N`` new tokens::
@@ -38,8 +38,8 @@ TOKENS = 32
 #: tokens of the eager route's untimed warm-up
 WARMUP_TOKENS = 4
 #: a run this long (prompts x new tokens) measures the routes when no measurement is cached: on this
-#: project's CPU the eager default made 8.26 tokens/s on HumanEval (``experiments/results/cpu-fastest-zen4``),
-#: so about 8 minutes of eager generation, against a first compile of 106 s there
+#: project's CPU the eager default made 7.8-8.3 tokens/s on HumanEval (``experiments/results/cpu-fastest-zen4``),
+#: so about 8-9 minutes of eager generation, against a first compile of 148 s there
 MEASURE_FROM_TOKENS = 4096
 #: the compiled route is chosen when it is predicted at least this much faster for the whole run
 MARGIN = 1.05
