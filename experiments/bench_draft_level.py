@@ -52,24 +52,21 @@ LEVELS = ("eager-int8", "eager-int4-g64", "compiled-bfloat16", "compiled-int4-g3
 AGREEMENT = ("float32", "bfloat16", "int8", "int4-g32", "int4-g64", "int4-g128")
 
 
-#: torchao's quantisations (``--levels compiled-torchao-...``; torchao is not a dependency: ``pip install torchao``)
-TORCHAO = ("torchao-int8wo", "torchao-int8da", "torchao-int4wo")
+#: torchao's quantisations (``--levels compiled-torchao-...``; torchao is not a dependency: ``pip install torchao``).
+#: Its int4 weight-only config is not among them: torchao 0.18 packs int4 for CUDA, XPU and NPU kernels only
+#: (no CPU packing format); on a CPU ``int4-gN`` runs torch's own CPU int4 kernel (``treespec.models.quantized``).
+TORCHAO = ("torchao-int8wo", "torchao-int8da")
 
 
 def _torchao(model: torch.nn.Module, precision: str) -> torch.nn.Module:
-    """``model`` quantised in place by torchao: int8 weights (``int8wo``), int8 weights and per-token int8
-    activations (``int8da``), or int4 weights in groups of 128 packed for the CPU (``int4wo``), on bfloat16."""
+    """``model`` in bfloat16, quantised in place by torchao: int8 weights (``int8wo``), or int8 weights and
+    per-token int8 activations (``int8da``)."""
     try:
-        from torchao.quantization import (Int4WeightOnlyConfig, Int8DynamicActivationInt8WeightConfig,
-                                          Int8WeightOnlyConfig, quantize_)
+        from torchao.quantization import Int8DynamicActivationInt8WeightConfig, Int8WeightOnlyConfig, quantize_
     except ImportError as error:
         raise SystemExit(f"{precision} needs torchao ({error}); install it with `pip install torchao`") from None
     model = model.to(torch.bfloat16)
-    if precision == "torchao-int4wo":
-        config = Int4WeightOnlyConfig(group_size=128, int4_packing_format="opaque")  # the CPU's packing
-    else:
-        config = Int8WeightOnlyConfig() if precision == "torchao-int8wo" else Int8DynamicActivationInt8WeightConfig()
-    quantize_(model, config)
+    quantize_(model, Int8WeightOnlyConfig() if precision == "torchao-int8wo" else Int8DynamicActivationInt8WeightConfig())
     return model
 
 

@@ -12,6 +12,9 @@ Why ``torch.ao`` and not ``torchao``: torchao 0.18 installs for torch 2.13, but 
 this project's CPU its ``Int8DynamicActivationInt8WeightConfig`` ran a 896x4864 + 4864x896 Linear
 pair 30x slower than ``quantize_dynamic`` (4.0 vs 0.13 ms for 1 token, 3.9 vs 0.58 ms for 16;
 slower than float32, 3.0 / 5.7 ms): its CPU path dequantises and needs ``torch.compile`` to fuse.
+Compiled as the captured step compiles its draft, torchao's int8 (weight-only, or with int8
+activations) runs a one-token level of the 0.5B draft at 38-46 ms against 22 ms for ``int4``
+(``experiments/results/draft-level-torchao-cpu.md``), so the compiled draft is ``int4`` here too.
 
 ``auto_precision`` times one forward at a representative size in each candidate precision and
 keeps the fastest: precision is a measured property of the machine, not of its CPU flags.
