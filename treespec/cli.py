@@ -138,8 +138,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "plain decoding when no depth pays (cached too)")
     g.add_argument("--depth", type=_count("depth"), default=None, metavar="D", help="maximum tree depth")
     g.add_argument("--acceptance", type=Path, default=None, metavar="JSON",
-                   help="acceptance vector for --tree sequoia (from `treespec accept`; default: the "
-                        "vector shipped for the built-in pair)")
+                   help="acceptance for --tree sequoia (from `treespec accept`; default: the one shipped for the "
+                        "built-in pair); its per-depth rows size the tree unless --positional-acceptance")
+    g.add_argument("--positional-acceptance", action="store_true",
+                   help="size the Sequoia tree from the positional vector (Sequoia's published model: the same "
+                        "acceptance at every depth) instead of the per-depth rows")
     g.add_argument("--draft-mode", choices=STATIC_MODES, default=None,
                    help="how model drafters pick children (default: topk when greedy; when sampling "
                         "sample_without_replacement, or sample for --tree chains)")
@@ -208,7 +211,10 @@ def build_parser() -> argparse.ArgumentParser:
                                     "at their widths + the engine's time per step).")
     pr.add_argument("--sizes", type=_count("size"), nargs="+", default=[1, 2, 4, 8, 16, 32], metavar="N")
     pr.add_argument("--acceptance", type=Path, default=None, metavar="JSON",
-                    help="acceptance vector (default: the one shipped for the built-in pair)")
+                    help="acceptance (default: the one shipped for the built-in pair); its per-depth rows unless "
+                         "--positional-acceptance")
+    pr.add_argument("--positional-acceptance", action="store_true",
+                    help="the positional vector instead of the per-depth rows")
     pr.add_argument("--max-depth", type=_count("max-depth"), default=8, metavar="D")
 
     sub.add_parser("sweep", help="run a tree-budget sweep from a TOML config (see `treespec sweep --help`)",
@@ -222,7 +228,8 @@ def recipe_from_args(args: argparse.Namespace, with_model: bool = True) -> Recip
     return Recipe(tree=args.tree, budget=args.budget, depth=args.depth, temperature=args.temperature,
                   top_k=args.top_k, top_p=args.top_p, draft_mode=args.draft_mode,
                   ngram=NGramSettings() if args.ngram else None,
-                  acceptance=default_acceptance(args.acceptance, args.temperature) if sequoia else None,
+                  acceptance=default_acceptance(args.acceptance, args.temperature,
+                                                per_depth=not getattr(args, "positional_acceptance", False)) if sequoia else None,
                   target_dtype=args.dtype, draft_dtype=args.draft_dtype, verifier=args.verifier,
                   compile=args.compile or False)  # None (decided after resolving, resolve_compile): eager until then
 
@@ -373,11 +380,11 @@ def cmd_accept(args: argparse.Namespace) -> int:
 def cmd_profile(args: argparse.Namespace) -> int:
     from .calibrate.costs import profile
 
-    vector = default_acceptance(args.acceptance, 0.0)
+    acceptance = default_acceptance(args.acceptance, 0.0, per_depth=not args.positional_acceptance)
     check_writable(args.out)  # fail now, not after minutes of profiling
     target, _, drafts = load_models(args)
     prof = profile(target, drafts[0], sizes=args.sizes)
-    choice = prof.choose(vector, budgets=list(range(2, max(args.sizes) + 1)),
+    choice = prof.choose(acceptance, budgets=list(range(2, max(args.sizes) + 1)),
                          max_depth=args.max_depth)
     t1 = prof.target_latency[1]
     print("tree size | target forward s | relative to 1 token")

@@ -2,7 +2,7 @@
 
 Loads the built-in Qwen2.5-Coder pair (1.5B target, 0.5B draft) in the precisions measured fastest
 here, measures this machine's forward latencies (``treespec.calibrate.tuning``; cached), sizes a Sequoia tree
-for them from the shipped acceptance vector, then decodes a few HumanEval evaluation prompts (100
+for them from the shipped acceptance, then decodes a few HumanEval evaluation prompts (100
 onwards: disjoint from the calibration prompts) greedily with the target alone (HF ``generate`` in
 float32 and in the target's precision) and with treespec, interleaved per prompt
 (``treespec.bench.compare``), and reports the speedup over the fastest with its interval.
@@ -54,8 +54,8 @@ def run_demo(args: argparse.Namespace, target: torch.nn.Module, tok: Any, draft:
     out_dir = check_writable(args.out, directory=True)
     print(f"treespec demo on {platform.machine()} with {torch.get_num_threads()} threads, device {args.device}")
     print("measuring forward latencies on this machine (cached after the first run) ...", flush=True)
-    vector = default_acceptance(None, 0.0)
-    resolved = resolve(Recipe(tree="sequoia", acceptance=vector), target, [draft], tokenizer=tok,
+    acceptance = default_acceptance(None, 0.0)
+    resolved = resolve(Recipe(tree="sequoia", acceptance=acceptance), target, [draft], tokenizer=tok,
                        max_new_tokens=args.max_new_tokens)
     resolved = resolve_compile(resolved, target, [draft], tok, prompts=args.prompts, max_new_tokens=args.max_new_tokens)
     recipe, tuned = resolved.recipe, resolved.tuned
@@ -66,7 +66,7 @@ def run_demo(args: argparse.Namespace, target: torch.nn.Module, tok: Any, draft:
           f"draft level: {levels} (c = {choice.c:.2f})")
     print(f"  chosen: {resolved.why}")
     png = out_dir / "tree.png"
-    choice.shape.draw(str(png), acceptance=vector, title=f"treespec demo tree (budget {choice.shape.size})")
+    choice.shape.draw(str(png), acceptance=acceptance, title=f"treespec demo tree (budget {choice.shape.size})")
     print(f"  tree drawn to {png}\n{choice.shape}")
 
     methods = [compare.hf_method(target)]

@@ -1,0 +1,49 @@
+"""The acceptance shipped for the built-in pair is a walked measurement with per-depth rows and ranks, and
+``default_acceptance`` gives the rows (what the tuner's Sequoia DP sizes trees with) or, asked, the vector."""
+
+import json
+
+import numpy as np
+import pytest
+
+from tree_builders import TreeShape, acceptance_rows
+from treespec.calibrate.acceptance import MeasuredAcceptance
+from treespec.calibrate.vectors import default_acceptance
+from treespec.cli import build_parser, recipe_from_args
+
+
+@pytest.mark.parametrize("temperature,mode", [(0.0, "topk"), (1.0, "sample_without_replacement")])
+def test_the_shipped_files_are_walked_with_rows_and_ranks(temperature, mode):
+    rows = np.asarray(default_acceptance(None, temperature))
+    vector = np.asarray(default_acceptance(None, temperature, per_depth=False))
+    assert rows.shape == (8, 8) and vector.shape == (8,)
+    np.testing.assert_allclose(rows[0], vector)  # row 0 is the vector (every position a step root)
+    assert not np.allclose(rows[-1], vector)  # the control: deeper rows differ (acceptance given the depth)
+    acceptance_rows(rows)
+    from importlib import resources
+    saved = MeasuredAcceptance.from_dict(json.loads(resources.files("treespec").joinpath(
+        f"data/acceptance-qwen2.5-coder-t{int(temperature)}.json").read_text()))
+    assert saved.meta["context"].endswith("(walk)") and saved.meta["mode"] == mode
+    assert saved.meta["prompts_label"] == "humaneval[0:20]" and len(saved.ranks) == 20
+    chain = TreeShape.from_paths([(0,) * d for d in range(1, 8)])
+    assert 1.0 < saved.replayed_tau(chain) <= 8.0
+
+
+def test_a_file_without_rows_gives_its_vector(tmp_path):
+    path = tmp_path / "acc.json"
+    path.write_text(json.dumps({"vector": [0.5, 0.2]}))
+    assert default_acceptance(path, 0.0) == [0.5, 0.2]
+    path.write_text(json.dumps({"vector": [0.5, 0.2], "matrix": [[0.5, 0.2], [0.7, 0.1]]}))
+    assert default_acceptance(path, 0.0) == [[0.5, 0.2], [0.7, 0.1]]
+    assert default_acceptance(path, 0.0, per_depth=False) == [0.5, 0.2]
+    path.write_text(json.dumps({"vector": [0.5, 0.2], "matrix": [[0.5, 0.2], [0.9, 0.3]]}))
+    with pytest.raises(ValueError, match="sum"):  # every row is checked
+        default_acceptance(path, 0.0)
+
+
+def test_the_cli_sizes_trees_from_the_rows_unless_asked_for_the_vector():
+    parser = build_parser()
+    rows = recipe_from_args(parser.parse_args(["generate", "--prompt", "x"])).acceptance
+    vector = recipe_from_args(parser.parse_args(["generate", "--prompt", "x", "--positional-acceptance"])).acceptance
+    assert len(rows) == 8 and all(len(r) == 8 for r in rows)
+    assert np.allclose(vector, default_acceptance(None, 0.0, per_depth=False))
