@@ -11,8 +11,8 @@ ends (a crash later loses nothing; a phase run again replaces only its own entry
 * ``costs``: the target's tree forward t(n), eager for n = 1..128 and compiled for a few sizes, and
   the draft's cost per tree level, eager and compiled.
 * ``hf``: HF ``generate``, eager and with a static cache + ``torch.compile``.
-* ``treespec``: seconds per step of Sequoia trees (``--step-budgets``; the shipped T=0 vector's DP
-  trees) captured (``compile=True``), and eager at the first budget (``--no-eager``: not), each with a
+* ``treespec``: seconds per step of Sequoia trees (``--step-budgets``; the DP trees of the shipped T=0
+  acceptance's per-depth rows) captured (``compile=True``), and eager at the first budget (``--no-eager``: not), each with a
   ``torch.profiler`` count of launches, copies and syncs per step and the device's busy time per step;
   saved after every run. A random draft: a step costs the same whatever is accepted, so the real
   pair's tok/s is predicted from the shapes' tau at report time.
@@ -20,7 +20,7 @@ ends (a crash later loses nothing; a phase run again replaces only its own entry
   accepting the whole chain, eager and compiled, and compiled == eager greedy output; a weak draft
   (the target's first layers, perturbed: varying acceptance), compiled == eager == HF greedy.
 * ``predict``: the real pair's speedup predicted from the measured costs and the shipped
-  acceptance vectors (``treespec/data/acceptance-*.json``) through ``treespec.calibrate.costs``;
+  acceptance's per-depth rows (``treespec/data/acceptance-*.json``) through ``treespec.calibrate.costs``;
   needs ``costs`` and ``hf``. Predicted, NOT measured: the README says which is which.
 
     python experiments/bench_gpu.py --out experiments/results/gpu-h100 --phase first      # seconds
@@ -312,15 +312,15 @@ def launch_profile(call: Callable[[], Any], device: torch.device) -> dict[str, A
 
 
 def step_shapes(b: Bench, acc: MeasuredAcceptance) -> dict[int, Any]:
-    """The product's kind of tree for each ``--step-budgets`` budget: Sequoia's DP on ``acc``'s vector."""
-    return {n: for_budget("sequoia", n, acc.vector, max_depth=b.args.max_depth) for n in b.args.step_budgets}
+    """The product's kind of tree for each ``--step-budgets`` budget: Sequoia's DP on ``acc``'s per-depth rows."""
+    return {n: for_budget("sequoia", n, acc.matrix, max_depth=b.args.max_depth) for n in b.args.step_budgets}
 
 
 def phase_treespec(b: Bench) -> dict[str, Any]:
     """Seconds per step of Sequoia trees (budgets ``--step-budgets``): captured (``compile=True``) at each
     budget, eager at the first. The draft is random: a step costs the same whatever is accepted (no
     confidence stop on CUDA), so these are the real pair's step costs; acceptance comes from the
-    shipped vectors at report time."""
+    shipped acceptance at report time."""
     acc = MeasuredAcceptance.load(ROOT / "treespec" / "data" / "acceptance-qwen2.5-coder-t0.json")
     runs = {}
     for i, (budget, shape) in enumerate(step_shapes(b, acc).items()):
@@ -329,7 +329,7 @@ def phase_treespec(b: Bench) -> dict[str, Any]:
                 continue
             run = treespec_run(b, b.model("target"), b.model("draft"), shape, comp, profile=True, budget=shape.size)
             run.update(budget=budget, size=shape.size, depth=shape.depth, widths=list(shape.widths),
-                       predicted_tau_t0=shape.expected_tokens(acc.vector))
+                       predicted_tau_t0=shape.expected_tokens(acc.matrix))
             runs[f"{mode}_budget{budget}"] = run
             b.checkpoint("treespec", runs)  # a later run's crash or timeout keeps this one
     return runs
@@ -365,7 +365,8 @@ def phase_validate(b: Bench) -> dict[str, Any]:
 
 
 def phase_predict(b: Bench, done: dict[str, Any]) -> dict[str, Any]:
-    """choose_tree on each shipped acceptance vector with each cost model (predicted, NOT measured)."""
+    """choose_tree on each shipped acceptance (its per-depth rows, as the tuner) with each cost model
+    (predicted, NOT measured)."""
     if "costs" not in done or "hf" not in done:
         raise SystemExit("phase predict needs the results of phases costs and hf: run them first")
     c = done["costs"]
@@ -380,7 +381,7 @@ def phase_predict(b: Bench, done: dict[str, Any]) -> dict[str, Any]:
                                  ("compiled target and draft levels", lat_c, c.get("draft_level_compiled"))):
             if not lat or level is None:  # that cost model was not measured (--compiled-sizes 0)
                 continue
-            ch = choose_tree(acc, lat, level, budgets=[x for x in budgets if x <= max(lat)], max_depth=10)
+            ch = choose_tree(acc, lat, level, budgets=[x for x in budgets if x <= max(lat)], max_depth=10, per_depth=True)
             rows[name] = {"budget": ch.budget, "depth": ch.depth, "tau": ch.tau, "speedup_vs_own_decode": ch.speedup,
                           "tok_s": ch.speedup / lat[1], "c": ch.c}
         out[path.stem] = rows
@@ -424,7 +425,7 @@ def report(r: dict[str, Any]) -> str:
         lines += ["## treespec steps (measured cost; random draft, so tau is about 1)", "",
                   "| run | step | size | depth | first call s | ms per step | drafting / verifying / engine ms | "
                   "launches + graph launches per step | syncs per step | device busy ms per step | predicted tau "
-                  "(shipped T=0 vector) | predicted real-pair tok/s | vs HF static+compile |",
+                  "(shipped T=0 rows) | predicted real-pair tok/s | vs HF static+compile |",
                   "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for k, v in ph["treespec"].items():
             sec, prof = v["per_step_seconds"], v.get("profile", {})
@@ -440,13 +441,13 @@ def report(r: dict[str, Any]) -> str:
                          + (f"{tok_s / hf_c:.2f}x |" if hf_c else "|"))
         lines += ["", "A step costs the same whatever the draft proposes (no confidence stop on CUDA), so the measured "
                   "seconds per step are the real pair's; predicted real-pair tok/s = the shape's predicted tau from "
-                  "the shipped HumanEval T=0 acceptance vector / measured seconds per step (PREDICTED, not measured).",
+                  "the shipped HumanEval T=0 acceptance (per-depth rows) / measured seconds per step (PREDICTED, not measured).",
                   ""]
     if "validate" in ph:
         lines += [f"Validation (draft = target, float32): {json.dumps(ph['validate'])}", ""]
     if "predict" in ph and "hf" in ph:
         hf_e, hf_c = ph["hf"]["hf_generate_eager"]["tok_s"], ph["hf"]["hf_generate_static_compiled"]["tok_s"]
-        lines += ["## Predicted for the real pair (shipped acceptance vectors, measured costs; NOT measured)", "",
+        lines += ["## Predicted for the real pair (shipped acceptance, per-depth rows, measured costs; NOT measured)", "",
                   "| acceptance | cost model | budget | depth | tau | speedup vs own decode | tok/s | vs HF eager | "
                   "vs HF static+compile |", "|---|---|---|---|---|---|---|---|---|"]
         for acc, rows in ph["predict"].items():

@@ -1,7 +1,7 @@
 """How many graphs the captured step compiles for a tree shape (each one a compile: tens of seconds on a
 GPU for the real pair), counted on CPU with tiny models (``aot_eager``; the count does not depend on the
 models' size): dynamo's ``unique_graphs`` over one ``treespec.generate(compile=...)`` call, whose prompt
-is long enough for the compiled prefill chunk.
+is long enough for the compiled prefill (one graph for every length on a CPU).
 
     python experiments/count_graphs.py --budget 16     # the Sequoia tree the GPU protocol times
 """
@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-depth", type=int, default=8)
     args = ap.parse_args(argv)
     acc = MeasuredAcceptance.load(ROOT / "treespec" / "data" / "acceptance-qwen2.5-coder-t0.json")
-    shape = for_budget("sequoia", args.budget, acc.vector, max_depth=args.max_depth)
+    shape = for_budget("sequoia", args.budget, acc.matrix, max_depth=args.max_depth)
     target = tiny_model(seed=0)
     draft = perturbed_copy(target, 0.05, seed=1)
     counters.clear()
