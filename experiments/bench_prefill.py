@@ -75,14 +75,14 @@ def main(argv: list[str] | None = None) -> str:
                     sums[name][dataset] = sums[name].get(dataset, 0.0) + secs[name]
                 rows.append((dataset, i, n, padded_length(n) // 64, len(pieces(n)), secs))
                 print(dataset, i, n, {k: round(v, 3) for k, v in secs.items()}, flush=True)
-        per_token = {}
+        per_call = {}  # seconds of one call of a static graph of each width
         for width in (16, 64, 256):
             fill = ChunkedPrefill(target, cache, "inductor", None, chunk=width, fixed=True)
-            fill(list(range(1000, 1000 + width + 1)))  # compiles
-            per_token[width] = statistics.median(best_of(fill, list(range(1000, 1000 + width + 1)), 1)
-                                                 for _ in range(3))
+            prompt = list(range(1000, 1000 + width + 1))
+            fill(prompt)  # compiles
+            per_call[width] = statistics.median(best_of(fill, prompt, 1) for _ in range(3))
             del fill
-    fixed = (per_token[256] - per_token[16]) / 240
+    slope = (per_call[256] - per_call[16]) / 240  # seconds per token
     lines = [f"# Compiled prefill: fixed 64-token chunks against exact pieces ({machine('cpu')}, torch {torch.__version__})",
              "", f"Command: `python experiments/bench_prefill.py --out {args.out}`. Target {DEFAULT_TARGET}, bfloat16, "
              f"inductor with weight freezing; seconds to cache each prompt (best of {args.repeats}, cuttings interleaved "
@@ -97,9 +97,9 @@ def main(argv: list[str] | None = None) -> str:
         a, b = sums["chunks-64"][dataset], sums["exact"][dataset]
         lines.append(f"| {dataset} | {a:.2f} | {b:.2f} | {b / a:.2f} |")
     lines += ["", "One static graph per width, seconds per call (median of 3): "
-              + ", ".join(f"{w} tokens {s * 1e3:.0f} ms ({s / w * 1e3:.1f} ms per token)" for w, s in per_token.items())
-              + f". A straight line through 16 and 256: {fixed * 1e3:.1f} ms per token plus "
-              f"{(per_token[16] - 16 * fixed) * 1e3:.0f} ms per call.", ""]
+              + ", ".join(f"{w} tokens {s * 1e3:.0f} ms ({s / w * 1e3:.1f} ms per token)" for w, s in per_call.items())
+              + f". A straight line through 16 and 256: {slope * 1e3:.1f} ms per token plus "
+              f"{(per_call[16] - 16 * slope) * 1e3:.0f} ms per call.", ""]
     text = "\n".join(lines)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)

@@ -229,7 +229,7 @@ def recipe_from_args(args: argparse.Namespace, with_model: bool = True) -> Recip
                   top_k=args.top_k, top_p=args.top_p, draft_mode=args.draft_mode,
                   ngram=NGramSettings() if args.ngram else None,
                   acceptance=default_acceptance(args.acceptance, args.temperature,
-                                                per_depth=not getattr(args, "positional_acceptance", False)) if sequoia else None,
+                                                per_depth=not args.positional_acceptance) if sequoia else None,
                   target_dtype=args.dtype, draft_dtype=args.draft_dtype, verifier=args.verifier,
                   compile=args.compile or False)  # None (decided after resolving, resolve_compile): eager until then
 

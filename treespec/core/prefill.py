@@ -91,12 +91,12 @@ class ChunkedPrefill:
         sizes = [min(self.chunk, n - s) for s in range(0, n, self.chunk)] if self.fixed else pieces(n, self.chunk)
         start = 0
         for size in sizes:
-            ids = torch.zeros(self.chunk if self.fixed else size, dtype=torch.long)
-            ids[:size] = torch.as_tensor(list(prompt[start : start + size]), dtype=torch.long)
-            ids = ids.to(device)
-            if not self.fixed:  # one graph for every token count (never 1: pieces are near-equal, n >= CHUNKED_MIN)
+            ids = torch.as_tensor(list(prompt[start : start + size]), dtype=torch.long)
+            if self.fixed:  # the last chunk padded to the graph's one width
+                ids = torch.nn.functional.pad(ids, (0, self.chunk - size))
+            else:  # one graph for every token count (never 1: pieces are near-equal, n >= CHUNKED_MIN)
                 torch._dynamo.mark_dynamic(ids, 0, min=2, max=self.chunk)
-            self.step(ids, torch.tensor(size, device=device), self.no_logits)
+            self.step(ids.to(device), torch.tensor(size, device=device), self.no_logits)
             start += size
 
 
