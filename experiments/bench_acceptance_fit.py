@@ -18,7 +18,8 @@ re-run):
 * ``oracle``: the evaluation prompts themselves, 100-119, 96 tokens (every panel). A diagnostic,
   not a prediction (it sees the prompts it predicts): what is left of the gap there is the
   acceptance model's own; what ``more`` misses beyond it is the difference between prompt sets;
-* ``more-walk``, ``oracle-walk``: as ``more`` and ``oracle``, measured the way ``measure`` now
+* ``more-walk``, ``random-walk``, ``oracle-walk``: as ``more``, ``random`` (with 40 prompts) and
+  ``oracle``, measured the way ``measure`` now
   does by default (``context="walk"``): the continuation is written by the acceptance rule, one
   token at a time, so the context below an accepted child holds that child, and both models run
   one incremental forward per token, as a step runs them. The variants above score the target's
@@ -58,10 +59,11 @@ SWEEP = Path(__file__).resolve().parent / "results" / "cpu-qwen-coder"
 MEASURED_ON = "machine.txt"  # the machine the acceptance files were measured on
 #: variant -> (first prompt or None for random, end or count, tokens per prompt, context)
 VARIANTS = {"long": (0, 10, 96, "target"), "more": (0, 20, 96, "target"), "random": (None, 20, 96, "target"),
-            "oracle": (100, 120, 96, "target"), "more-walk": (0, 20, 96, "walk"), "oracle-walk": (100, 120, 96, "walk")}
+            "oracle": (100, 120, 96, "target"), "more-walk": (0, 20, 96, "walk"), "random-walk": (None, 40, 96, "walk"),
+            "oracle-walk": (100, 120, 96, "walk")}
 EVAL = (100, 120)  # the sweep's evaluation prompts
 #: (dataset, temperature) -> the variants measured there (each panel pays for "more"; the rest is a diagnosis)
-WALKS = ("more-walk", "oracle-walk")
+WALKS = ("more-walk", "random-walk", "oracle-walk")
 PANELS = {("lee-news", 0.0): ("long", "more", "random", "oracle", *WALKS),
           ("humaneval", 0.0): ("more", "random", "oracle", *WALKS),
           ("lee-news", 1.0): ("more", "oracle", *WALKS), ("humaneval", 1.0): ("more", "oracle", *WALKS)}

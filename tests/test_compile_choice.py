@@ -59,6 +59,7 @@ def test_measure_times_both_routes_and_the_compile() -> None:
     assert compiled_calls == [8, 8, 8, 8]  # two passes
     assert timing.token_eager == pytest.approx(0.1) and timing.token_compiled == pytest.approx(0.05)
     assert timing.prefill_eager == pytest.approx(0.5) and timing.prefill_compiled == pytest.approx(0.2)
+    assert timing.step_compiled == pytest.approx(0.05)  # one token per fake step
     assert 0.3 - 0.02 < timing.compile < 0.3 + 0.1  # the first pass's wall time less the second's
     with pytest.raises(ValueError, match="at least one prompt"):
         compile_choice.measure(eager, compiled, [])
@@ -114,3 +115,46 @@ def test_the_cli_compiles_by_measurement_unless_told(argv, expect) -> None:
     args = cli.build_parser().parse_args(["generate", "--prompt", "x", *argv])
     assert args.compile == expect
     assert cli.recipe_from_args(args).compile == (expect or False)
+
+
+def _tuned(vector):
+    from treespec.calibrate import tuning
+    from treespec.calibrate.costs import Profile
+
+    prof = Profile({1: 0.10, 2: 0.101, 4: 0.103, 8: 0.11, 16: 0.13}, {1: 0.004, 4: 0.005, 16: 0.008}, {})
+    return tuning.Tuned(prof.choose(vector, max_depth=8), prof)
+
+
+def test_a_tuned_prediction_recosted_by_compiled_steps_keeps_its_tree() -> None:
+    tuned = _tuned([0.8, 0.1, 0.05])
+    compiled = tuned.on_compiled_steps(0.5 * tuned.choice.step_seconds)
+    assert compiled.choice.shape == tuned.choice.shape and compiled.choice.tau == tuned.choice.tau
+    assert compiled.choice.step_seconds == pytest.approx(0.5 * tuned.choice.step_seconds)
+    assert compiled.choice.speedup == pytest.approx(2 * tuned.choice.speedup)  # plain decoding's cost is kept
+    assert "per compiled step" in compiled.why and "per compiled step" not in tuned.why
+    with pytest.raises(ValueError, match="> 0 seconds"):
+        tuned.on_compiled_steps(0.0)
+
+
+def test_a_compiled_run_prints_the_compiled_steps_prediction(pair, tmp_path) -> None:
+    """Measured once (cached); a run that compiles as asked reads the measurement and its why-line
+    costs the tuned tree by its compiled steps; without a measurement the eager prediction stays."""
+    from treespec.recipes import Resolved
+
+    target, draft, tok = pair
+    tuned = _tuned([0.8, 0.1, 0.05])
+    resolved = Resolved(Recipe(tree="sequoia", acceptance=[0.8, 0.1, 0.05], **tuned.settings()), tuned.why, tuned)
+    cache = tmp_path / "compile.json"
+    bare = resolve_compile(resolved, target, [draft], tok, prompts=1, max_new_tokens=8, cache_file=cache,
+                           backend="aot_eager", asked=True)
+    assert bare.recipe.compile == "aot_eager" and bare.tuned is tuned and not cache.exists()
+    assert bare.why.endswith("compiled steps (as asked)")
+    resolve_compile(resolved, target, [draft], tok, prompts=1, max_new_tokens=8, cache_file=cache,
+                    backend="aot_eager", measure_from_tokens=0)  # measures both routes and caches them
+    (timing,) = [RouteTiming(**v) for v in __import__("json").loads(cache.read_text()).values()]
+    assert timing.step_compiled > 0
+    asked = resolve_compile(resolved, target, [draft], tok, prompts=1, max_new_tokens=8, cache_file=cache,
+                            backend="aot_eager", asked=True)
+    assert asked.recipe.compile == "aot_eager" and asked.tuned.choice.shape == tuned.choice.shape
+    assert asked.tuned.choice.step_seconds == pytest.approx(timing.step_compiled)
+    assert "per compiled step" in asked.why and "(as asked; measured here: compile" in asked.why

@@ -321,9 +321,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
     recipe = recipe_from_args(args, with_model=want_draft)  # validates before the models load
     target, tok, drafts = load_models(args, want_draft)
     resolved = resolve(recipe, target, drafts, tokenizer=tok, max_new_tokens=args.max_new_tokens)
-    if args.compile is None:
+    if args.compile is not False:  # by measurement, or as asked (a cached measurement still costs the why-line)
         resolved = resolve_compile(resolved, target, drafts, tok, prompts=len(prompts),
-                                   max_new_tokens=args.max_new_tokens)
+                                   max_new_tokens=args.max_new_tokens, backend=args.compile or True,
+                                   asked=args.compile is not None)
     recipe = resolved.recipe
     print(f"configuration: {resolved.why}", file=sys.stderr if args.json else sys.stdout, flush=True)
     eos = eos_ids(target, tok)

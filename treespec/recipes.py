@@ -428,32 +428,47 @@ def resolve(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[DraftModel
 
 def resolve_compile(resolved: Resolved, target: torch.nn.Module, drafts: Sequence[DraftModel], tokenizer: Any, *,
                     prompts: int, max_new_tokens: int, cache_file: Path | None = None,
-                    measure_from_tokens: int | None = None, backend: bool | str = True) -> Resolved:
+                    measure_from_tokens: int | None = None, backend: bool | str = True,
+                    asked: bool = False) -> Resolved:
     """``resolved`` with ``compile`` chosen for a run of ``prompts`` prompts of ``max_new_tokens`` new
     tokens: the compiled step when it is measured to pay back its compile on this machine
     (``treespec.calibrate.compile_choice``; measured on the built-in pilot prompts when the run has at
     least ``measure_from_tokens`` new tokens, default ``compile_choice.MEASURE_FROM_TOKENS``, and cached
     in ``cache_file``, default ``<treespec cache>/compile.json``). ``backend``: the compiled recipe's
-    ``compile`` (True: the device's default backend). Plain decoding (budget 1) stays eager."""
+    ``compile`` (True: the device's default backend). ``asked``: the user asked for compiled steps, so
+    nothing is measured and the run compiles. Plain decoding (budget 1) stays eager unless asked.
+
+    When the run compiles and the measurement holds the tuned tree's compiled steps, the tuning's
+    prediction is re-costed by them (:meth:`Tuned.on_compiled_steps`): the seconds per step it
+    prints are the compiled step's, not the eager step's it was chosen with."""
     from .calibrate import compile_choice
     from .models import cache_root
 
     recipe = replace(resolved.recipe, compile=False)
-    if recipe.budget == 1:
-        return Resolved(recipe, f"{resolved.why}; eager steps (plain decoding)", resolved.tuned)
     compiled = replace(recipe, compile=backend)
+    if recipe.budget == 1:
+        return (Resolved(compiled, f"{resolved.why}; compiled steps (as asked)", resolved.tuned) if asked else
+                Resolved(recipe, f"{resolved.why}; eager steps (plain decoding)", resolved.tuned))
     prompt_ids = _pilot_prompts(tokenizer)
-    key = _measurement_key(f"compile-v3|backend={backend}", recipe, target, drafts, prompt_ids)
+    key = _measurement_key(f"compile-v4|backend={backend}", recipe, target, drafts, prompt_ids)
     threshold = compile_choice.MEASURE_FROM_TOKENS if measure_from_tokens is None else measure_from_tokens
     measure_now = None
-    if prompts * max_new_tokens >= threshold:
+    if prompts * max_new_tokens >= threshold and not asked:
         measure_now = lambda: compile_choice.measure(  # noqa: E731
             lambda ids, n: run(recipe, target, drafts, ids, max_new_tokens=n, seed=0),
             lambda ids, n: run(compiled, target, drafts, ids, max_new_tokens=n, seed=0), prompt_ids)
     timing = compile_choice.cached(key, cache_file if cache_file is not None else cache_root() / "compile.json",
                                    measure_now)
     chosen, why = compile_choice.decide(timing, prompts, max_new_tokens)
-    return Resolved(compiled if chosen else recipe, f"{resolved.why}; {why}", resolved.tuned)
+    if asked:
+        chosen = True
+        why = "compiled steps (as asked" + ("" if timing is None else
+                                           f"; {compile_choice.figures(timing, prompts, max_new_tokens)}") + ")"
+    tuned = resolved.tuned
+    if not chosen or tuned is None or timing is None or timing.step_compiled <= 0:
+        return Resolved(compiled if chosen else recipe, f"{resolved.why}; {why}", tuned)
+    tuned = tuned.on_compiled_steps(timing.step_compiled)
+    return Resolved(compiled, f"{tuned.why}; {why}", tuned)
 
 
 def run(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[DraftModel], input_ids: torch.Tensor | Sequence[int],

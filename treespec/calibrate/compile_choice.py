@@ -18,7 +18,9 @@ seconds of the steps per new token; ``prefill_*``: per prompt). ``compile`` is t
 first compiled pass less the second's (:func:`measure`). Measuring costs a compile, which the run then
 reuses (the compiled graphs are cached in the process), so it is only done for a run of at least
 :data:`MEASURE_FROM_TOKENS` new tokens, where the compile is paid back when the compiled step is a
-little faster; a shorter run without a measurement stays eager and says so.
+little faster; a shorter run without a measurement stays eager and says so. The compiled pass's
+seconds per step (``step_compiled``) also cost the tuned tree's printed prediction when the run
+compiles (``treespec.recipes.resolve_compile``).
 """
 
 from __future__ import annotations
@@ -56,6 +58,9 @@ class RouteTiming:
     token_eager: float
     prefill_compiled: float
     token_compiled: float
+    #: seconds per step of the compiled pass (drafting, verifying and engine; what a tuned tree's
+    #: prediction is re-costed with when the run compiles); 0.0: not recorded
+    step_compiled: float = 0.0
 
     def run_seconds(self, prompts: int, tokens: int) -> tuple[float, float]:
         """Predicted seconds of ``prompts`` prompts of ``tokens`` new tokens: (eager, compiled)."""
@@ -64,11 +69,12 @@ class RouteTiming:
         return eager, compiled
 
 
-def _per_token_and_prefill(parts: Sequence[Stats]) -> tuple[float, float]:
-    """(seconds of the steps per new token, prefill seconds per prompt) over ``parts``."""
+def _per_token_prefill_and_step(parts: Sequence[Stats]) -> tuple[float, float, float]:
+    """(seconds of the steps per new token, prefill seconds per prompt, seconds per step) over ``parts``."""
     total = Stats.combined(list(parts))
     steps = total.drafting_seconds + total.verifying_seconds + total.overhead_seconds
-    return steps / max(total.new_tokens, 1), total.prefill_seconds / max(len(parts), 1)
+    return (steps / max(total.new_tokens, 1), total.prefill_seconds / max(len(parts), 1),
+            steps / max(total.steps, 1))
 
 
 def _timed_pass(generate: Generate, prompts: Sequence[list[int]], tokens: int, desc: str, progress: bool
@@ -86,7 +92,7 @@ def measure(generate_eager: Generate, generate_compiled: Generate, prompts: Sequ
     eager pass, and two identical compiled passes (seeded: the same steps). The first compiled pass
     compiles every graph the run needs (a graph is compiled when a step first reaches it, so a short
     warm-up would leave some to the timed prompts); ``compile`` is its wall time less the second's, and
-    the second pass gives ``prefill_compiled`` and ``token_compiled``."""
+    the second pass gives ``prefill_compiled``, ``token_compiled`` and ``step_compiled``."""
     if not prompts:
         raise ValueError("measuring the routes needs at least one prompt")
     generate_eager(list(prompts[0]), WARMUP_TOKENS)  # untimed
@@ -94,10 +100,10 @@ def measure(generate_eager: Generate, generate_compiled: Generate, prompts: Sequ
     first_wall, _ = _timed_pass(generate_compiled, prompts, tokens, "does compiling pay here: compiling", progress)
     second_wall, compiled = _timed_pass(generate_compiled, prompts, tokens, "does compiling pay here: compiled",
                                         progress)
-    token_e, prefill_e = _per_token_and_prefill(eager)
-    token_c, prefill_c = _per_token_and_prefill(compiled)
+    token_e, prefill_e, _ = _per_token_prefill_and_step(eager)
+    token_c, prefill_c, step_c = _per_token_prefill_and_step(compiled)
     return RouteTiming(compile=max(first_wall - second_wall, 0.0), prefill_eager=prefill_e, token_eager=token_e,
-                       prefill_compiled=prefill_c, token_compiled=token_c)
+                       prefill_compiled=prefill_c, token_compiled=token_c, step_compiled=step_c)
 
 
 def cached(key: str, cache_file: Path | None, measure_now: Callable[[], RouteTiming] | None) -> RouteTiming | None:
@@ -112,9 +118,14 @@ def decide(timing: RouteTiming | None, prompts: int, tokens: int, margin: float 
         return False, (f"eager steps: whether compiling pays is measured here for runs of {MEASURE_FROM_TOKENS}+ "
                        "new tokens (pass --compile to compile anyway)")
     eager, compiled = timing.run_seconds(prompts, tokens)
-    figures = (f"measured here: compile {timing.compile:.0f} s, then {timing.token_compiled * 1e3:.0f} ms per token "
-               f"against {timing.token_eager * 1e3:.0f} ms eager; this run predicted {compiled:.0f} s compiled, "
-               f"{eager:.0f} s eager")
     if eager >= margin * compiled:
-        return True, f"compiled steps ({figures})"
-    return False, f"eager steps ({figures})"
+        return True, f"compiled steps ({figures(timing, prompts, tokens)})"
+    return False, f"eager steps ({figures(timing, prompts, tokens)})"
+
+
+def figures(timing: RouteTiming, prompts: int, tokens: int) -> str:
+    """The measured figures behind a decision, and the run's predicted seconds on each route."""
+    eager, compiled = timing.run_seconds(prompts, tokens)
+    return (f"measured here: compile {timing.compile:.0f} s, then {timing.token_compiled * 1e3:.0f} ms per token "
+            f"against {timing.token_eager * 1e3:.0f} ms eager; this run predicted {compiled:.0f} s compiled, "
+            f"{eager:.0f} s eager")

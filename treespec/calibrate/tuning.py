@@ -12,7 +12,7 @@ the tree that was chosen); ``why`` is a one-line account to print.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -44,6 +44,8 @@ class Tuned:
     choice: Choice
     profile: Profile
     min_confidence: float | None = None
+    #: the chosen tree's seconds per step measured compiled (:meth:`on_compiled_steps`); None: eager steps
+    compiled_step_seconds: float | None = None
 
     @property
     def calibration(self) -> dict[str, Any] | None:
@@ -59,6 +61,17 @@ class Tuned:
                 "max_width": int(c.width) if c.depth and c.width > 0 else None,
                 "min_confidence": self.min_confidence}
 
+    def on_compiled_steps(self, step_seconds: float) -> "Tuned":
+        """This choice costed by its compiled steps: ``step_seconds`` measured per step of the chosen tree
+        on the compiled route (``treespec.calibrate.compile_choice``). The tree is kept (it was chosen
+        with the eager costs); its predicted seconds per step and speedup over plain (eager) decoding
+        become the compiled ones, so the prediction printed beside a compiled run is that run's."""
+        if step_seconds <= 0:
+            raise ValueError(f"a compiled step takes > 0 seconds, got {step_seconds}")
+        c = self.choice
+        choice = replace(c, step_seconds=float(step_seconds), speedup=c.tau * c.plain_seconds / step_seconds)
+        return replace(self, choice=choice, compiled_step_seconds=float(step_seconds))
+
     @property
     def why(self) -> str:
         c, m, s = self.choice, self.profile.meta, self.settings()
@@ -66,10 +79,12 @@ class Tuned:
         fixed = "" if cal is None else (
             f"; costs calibrated on {cal['steps']} real steps (drafting x{cal['draft_factor']:.2f}, target forwards "
             f"x{cal['verify_factor']:.2f} of the isolated ones)")
+        step = ("s per step" if self.compiled_step_seconds is None else
+                "s per compiled step (this tree's compiled steps on the pilot prompts)")
         return (f"target {m.get('target_precision')}, draft {m.get('draft_precision')}; Sequoia tree of budget "
                 f"{c.shape.size}, depth {c.shape.depth} (width limit {s['max_width'] or 'none'}): "
-                f"predicted tau {c.tau:.2f}, {c.step_seconds:.3f} s per step vs {c.plain_seconds:.3f} s per token "
-                f"plain, predicted {c.speedup:.2f}x over the target alone in the same precision{fixed}")
+                f"predicted tau {c.tau:.2f}, {c.step_seconds:.3f} {step} vs {c.plain_seconds:.3f} s per token "
+                f"plain (eager), predicted {c.speedup:.2f}x over the target alone in the same precision{fixed}")
 
 
 def _key(target: torch.nn.Module, draft: torch.nn.Module) -> str:
