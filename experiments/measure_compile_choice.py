@@ -5,7 +5,9 @@ recipe (tuned Sequoia tree, calibrated), and measures its eager and compiled rou
 pilot prompts (``treespec.recipes.resolve_compile`` with ``measure_from_tokens=0``;
 ``treespec.calibrate.compile_choice``). The measurement is written to ``<out>/compile.json`` in the
 cache's own format (a re-run reads it instead of measuring again), and ``<out>/README.md`` gives the
-figures and the choice for a few run sizes.
+figures and the choice for a few run sizes, the line a compiled run prints (the tuned tree's
+prediction costed by its compiled steps, ``Tuned.on_compiled_steps``) and, beside that prediction,
+the compiled steps measured on HumanEval 100-102 (64 new tokens each).
 
     python experiments/measure_compile_choice.py --out experiments/results/compile-choice-cpu
 
@@ -20,11 +22,13 @@ from pathlib import Path
 
 from treespec.calibrate import compile_choice
 from treespec.calibrate.compile_choice import RouteTiming
+from treespec.bench.datasets import humaneval_prompts
 from treespec.calibrate.vectors import default_acceptance
 from treespec.common.machine import device_name, machine
 from treespec.models import DEFAULT_DRAFT, DEFAULT_TARGET
 from treespec.models.pair import load_pair
-from treespec.recipes import Recipe, resolve, resolve_compile
+from treespec.core.stats import Stats
+from treespec.recipes import Recipe, resolve, resolve_compile, run
 
 #: (prompts, new tokens per prompt) the README reports the choice for
 RUNS = ((1, 64), (10, 64), (50, 64), (100, 64), (100, 256), (1000, 128))
@@ -43,8 +47,13 @@ def main(argv: list[str] | None = None) -> None:
     resolve_compile(resolved, target, drafts, tok, prompts=1, max_new_tokens=64, cache_file=cache,
                     measure_from_tokens=0)
     here = device_name("cpu")
-    (key, saved), = [(k, v) for k, v in json.loads(cache.read_text()).items() if here in k]
+    (key, saved), = [(k, v) for k, v in json.loads(cache.read_text()).items()
+                     if here in k and k.startswith("compile-v4|")]
     timing = RouteTiming(**saved)
+    asked = resolve_compile(resolved, target, drafts, tok, prompts=1, max_new_tokens=64, cache_file=cache, asked=True)
+    check = Stats.combined([run(asked.recipe, target, drafts, tok(text)["input_ids"], max_new_tokens=64, seed=0).stats
+                            for text in humaneval_prompts(100, 103)])
+    measured_step = (check.drafting_seconds + check.verifying_seconds + check.overhead_seconds) / check.steps
 
     rows = []
     for prompts, tokens in RUNS:
@@ -62,7 +71,13 @@ def main(argv: list[str] | None = None) -> None:
         f"| prefill per prompt, eager | {timing.prefill_eager:.3f} |",
         f"| prefill per prompt, compiled | {timing.prefill_compiled:.3f} |",
         f"| steps per new token, eager | {timing.token_eager:.4f} |",
-        f"| steps per new token, compiled | {timing.token_compiled:.4f} |", "",
+        f"| steps per new token, compiled | {timing.token_compiled:.4f} |",
+        f"| seconds per compiled step | {timing.step_compiled:.4f} |", "",
+        f"A compiled run prints: {asked.why}.", "",
+        f"Beside it, the compiled steps ({check.step}) on HumanEval 100-102, 64 new tokens each: "
+        f"{measured_step:.3f} s per step measured against {asked.tuned.choice.step_seconds:.3f} s predicted "
+        f"({asked.tuned.choice.step_seconds / measured_step - 1:+.0%}); tau {check.tau:.2f} measured against "
+        f"{asked.tuned.choice.tau:.2f} predicted.", "",
         f"The choice for a run (compiled when predicted {compile_choice.MARGIN:.2f}x faster, compile included):", "",
         "| prompts | new tokens each | eager (predicted) | compiled (predicted) | chosen |", "|---|---|---|---|---|",
         *rows, "", f"Cache key: `{key}`", ""])

@@ -29,6 +29,19 @@ def test_latency_is_measured_for_each_size(model):
     assert lat[256] > lat[1]  # 256 tokens through every layer and the LM head cost more than one
 
 
+def test_sizes_are_measured_in_alternating_rounds(model, monkeypatch):
+    """Every size warms up, then each round times every size once, every other round in reverse: a
+    slowdown while measuring falls on all sizes alike instead of bending the curve."""
+    from treespec.models import timing
+
+    widths = []
+    monkeypatch.setattr(timing, "forward_masked", lambda m, cache, ids, *a, **k: widths.append(len(ids)))
+    monkeypatch.setattr(timing.TreeCache, "keep", lambda self, *a: None)
+    lat = measure_latency(model, sizes=(8, 1, 4), context=32, repeats=3, warmup=1)
+    assert widths == [32, 1, 4, 8, 1, 4, 8, 8, 4, 1, 1, 4, 8]  # the context, the warm-up, three rounds
+    assert list(lat) == [1, 4, 8]
+
+
 def test_random_tree_is_a_tree():
     depth, anc = random_tree(40, torch.Generator().manual_seed(1))
     assert depth[0] == 0 and np.all(depth[1:] >= 1)
@@ -178,3 +191,25 @@ def test_profile_curve_round_trip(model, tmp_path):
     assert q == p and q.draft_cost == p.draft_level_latency
     old = {"target_latency": {"1": 0.1, "4": 0.2}, "draft_level_seconds": 0.01, "meta": {}}  # written before the curve
     assert Profile.from_dict(old).draft_cost == {4: 0.01} and Profile.from_dict(old).choose(VECTOR).budget >= 1
+
+
+def test_a_context_slope_moves_every_point_and_survives_calibration_and_json(model, tmp_path):
+    prof = profile(model, model, sizes=(1, 4), draft_widths=(1, 2), context=16, second_context=64, repeats=1)
+    assert set(prof.context_slope) == {"target", "draft"} and set(prof.context_slope["target"]) == {1, 4}
+    assert prof.meta["second_context"] == 64
+    prof.save(tmp_path / "p.json")
+    assert Profile.load(tmp_path / "p.json") == prof
+    fixed = Profile({1: 0.1, 4: 0.2}, {1: 0.01}, {"context": 100}, 0.0, {"target": {1: 1e-3, 4: 2e-3}, "draft": {1: 1e-4}})
+    far = fixed.at_context(150)
+    assert far.target_latency == pytest.approx({1: 0.15, 4: 0.3}) and far.draft_level_latency == pytest.approx({1: 0.015})
+    assert far.meta["context"] == 150 and far.at_context(100).target_latency == pytest.approx(fixed.target_latency)
+    assert fixed.at_context(-10_000).target_latency[1] == pytest.approx(0.01)  # floored at a tenth, never negative
+    assert Profile({1: 0.1}).at_context(10_000) == Profile({1: 0.1})  # no slope: the context changes nothing
+    from tree_builders import TreeShape
+
+    chain = TreeShape.from_paths([(0,)])
+    cal = fixed.calibrated(chain, drafting=2 * fixed.step_parts(chain)[0], verifying=3 * 0.1, overhead=0.0, steps=10,
+                           size=1)
+    assert cal.context_slope["target"][4] == pytest.approx(3 * 2e-3) and cal.context_slope["draft"][1] == pytest.approx(2e-4)
+    with pytest.raises(ValueError, match="second_context must differ"):
+        profile(model, None, sizes=(1,), context=16, second_context=16)

@@ -296,3 +296,32 @@ def test_step_cost_rows_calibrate_on_one_point_and_predict_the_others() -> None:
     assert pred_d == pytest.approx(meas_d)  # the draft factor carries over to another shape
     pred_v, meas_v = rows["kary"]["parts"]["verifying"]
     assert meas_v / pred_v == pytest.approx(1.3) and rows["kary"]["gap"] < 0
+
+
+def test_step_cost_rows_cost_each_point_at_its_own_context() -> None:
+    """With a context slope, a point at a longer context is predicted dearer by exactly its slope times
+    the context difference (after the calibration's factors); without one the context is not read."""
+    from tree_builders import TreeShape
+
+    from treespec.calibrate.costs import Profile
+
+    base = Profile({1: 0.1, 4: 0.12, 8: 0.16}, {1: 0.02, 2: 0.025}, {"context": 128})
+    slope = {"target": {1: 1e-4, 4: 2e-4, 8: 3e-4}, "draft": {1: 1e-5, 2: 2e-5}}
+    sloped = Profile(base.target_latency, base.draft_level_latency, {"context": 128}, 0.0, slope)
+    short = _point("chain", 4, [1, 1, 1, 1], depth=3, size=4, verify=0.0, draft=0.0)
+    long = _point("sequoia", 4, [1, 1, 1, 1], depth=3, size=4, verify=0.0, draft=0.0)
+    chain = [[0], [0, 0], [0, 0, 0]]
+    short["result"]["tree"]["paths"] = long["result"]["tree"]["paths"] = chain
+    shape = TreeShape.from_paths([tuple(p) for p in chain])
+    for rec, prompt in ((short, 100), (long, 400)):
+        rec["result"].update(prompt_tokens=[prompt], tokens_per_prompt=[56])  # mean context: prompt + 28
+        parts = sloped.at_context(prompt + 28)
+        draft, _ = parts.step_parts(shape)
+        rec["timing"].update(drafting_seconds=16 * 2.0 * draft, verifying_seconds=16 * parts.target_latency[4],
+                             overhead_seconds=0.0)
+    rows = {v["record"]["params"]["builder"]: v for v in F.step_cost_rows([short, long], sloped)}
+    assert rows["chain"]["calibration"] and rows["sequoia"]["gap"] == pytest.approx(0.0, abs=1e-9)
+    flat = {v["record"]["params"]["builder"]: v for v in F.step_cost_rows([short, long], base)}
+    assert flat["sequoia"]["gap"] < -0.01  # the same steps, costed at one context: the longer one is under-predicted
+    del short["result"]["prompt_tokens"], long["result"]["prompt_tokens"]
+    assert len(F.step_cost_rows([short, long], base)) == 2  # no slope: the context is never asked for

@@ -24,7 +24,7 @@ width limit too. ``t_q = 0`` for model-free drafters (n-gram).
 from __future__ import annotations
 
 import datetime
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -260,6 +260,9 @@ class Profile(JSONFile):
     draft_level_latency: dict[int, float] | None = None  # level width -> seconds of one draft forward
     meta: dict[str, Any] = field(default_factory=dict)
     step_overhead_seconds: float = 0.0  # fixed engine seconds per step
+    #: seconds per cached token by which each point grows with the context ("target": size -> slope,
+    #: "draft": width -> slope), measured at a second context (:func:`profile`); None: not measured
+    context_slope: dict[str, dict[int, float]] | None = None
 
     @property
     def draft_cost(self) -> dict[int, float] | None:
@@ -272,6 +275,22 @@ class Profile(JSONFile):
         verify = float(np.interp(shape.size, sizes, [self.target_latency[s] for s in sizes]))
         t_q = _curve(self.draft_level_latency) if self.draft_level_latency else (lambda w: np.zeros(np.shape(w)))
         return draft_seconds(t_q, shape), verify
+
+    def at_context(self, context: float) -> "Profile":
+        """This profile's costs after ``context`` cached tokens: each point moved along its measured
+        slope from the context it was measured at (``meta["context"]``); itself without a slope.
+        A floor of a tenth of the measured cost keeps a far extrapolation positive."""
+        if not self.context_slope:
+            return self
+        shift = float(context) - float(self.meta.get("context", 128))
+
+        def moved(points: dict[int, float], slopes: dict[int, float]) -> dict[int, float]:
+            return {k: max(v + slopes.get(k, 0.0) * shift, 0.1 * v) for k, v in points.items()}
+
+        curve = self.draft_level_latency
+        return replace(self, target_latency=moved(self.target_latency, self.context_slope.get("target", {})),
+                       draft_level_latency=None if curve is None else moved(curve, self.context_slope.get("draft", {})),
+                       meta={**self.meta, "context": float(context)})
 
     def calibrated(self, shape: TreeShape, drafting: float, verifying: float, overhead: float, steps: int,
                    size: float | None = None) -> "Profile":
@@ -298,7 +317,10 @@ class Profile(JSONFile):
         meta = {**self.meta, "calibration": {"steps": int(steps), "size": size, "draft_factor": d_factor,
                                              "verify_factor": v_factor,
                                              "overhead": float(overhead)}}
-        return Profile(lat, curve, meta, float(overhead))
+        slope = None if self.context_slope is None else {  # the factors scale the growth with the context too
+            "target": {k: v * v_factor for k, v in self.context_slope.get("target", {}).items()},
+            "draft": {k: v * d_factor for k, v in self.context_slope.get("draft", {}).items()}}
+        return Profile(lat, curve, meta, float(overhead), slope)
 
     def choose(self, acceptance: MeasuredAcceptance | Any, **kwargs: Any) -> Choice:
         """:func:`choose_tree` with this profile's costs."""
@@ -307,10 +329,12 @@ class Profile(JSONFile):
 
     def to_dict(self) -> dict[str, Any]:
         """JSON types (sizes and widths as string keys), read back by :meth:`from_dict`."""
-        curve = self.draft_level_latency
+        curve, slope = self.draft_level_latency, self.context_slope
         return {"target_latency": {str(k): v for k, v in sorted(self.target_latency.items())},
                 "draft_level_latency": None if curve is None else {str(k): v for k, v in sorted(curve.items())},
-                "step_overhead_seconds": self.step_overhead_seconds, "meta": self.meta}
+                "step_overhead_seconds": self.step_overhead_seconds, "meta": self.meta,
+                **({} if slope is None else {"context_slope": {
+                    part: {str(k): v for k, v in sorted(points.items())} for part, points in slope.items()}})}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Profile":
@@ -320,8 +344,11 @@ class Profile(JSONFile):
         curve = d.get("draft_level_latency")
         if curve is None and d.get("draft_level_seconds") is not None:  # a file from before the curve: one point,
             curve = {d.get("meta", {}).get("draft_tokens", 4): d["draft_level_seconds"]}  # the same cost at every width
+        slope = d.get("context_slope")
         return cls(lat, None if curve is None else {int(k): float(v) for k, v in curve.items()},
-                   dict(d.get("meta", {})), float(d.get("step_overhead_seconds", 0.0)))
+                   dict(d.get("meta", {})), float(d.get("step_overhead_seconds", 0.0)),
+                   None if slope is None else {part: {int(k): float(v) for k, v in points.items()}
+                                               for part, points in slope.items()})
 
 
 def _meta(target: torch.nn.Module, draft: torch.nn.Module | None, **extra: Any) -> dict[str, Any]:
@@ -339,21 +366,33 @@ def profile(
     draft: torch.nn.Module | None = None,
     sizes: Sequence[int] = DEFAULT_SIZES,
     context: int = 128,
-    repeats: int = 3,
+    repeats: int = 5,
     draft_tokens: int = 4,
     draft_widths: Sequence[int] = DEFAULT_WIDTHS,
     step_overhead: float = 0.0,
+    second_context: int | None = None,
 ) -> Profile:
     """Measure the target's tree-forward latency per size and the draft's cost per level width.
 
     The models are measured in the precision they are in (``treespec.models.precision.auto_precision``
     chooses it). ``draft_tokens`` is one more width measured beside ``draft_widths``;
-    ``step_overhead`` is a fixed per-step cost to add (seconds).
+    ``step_overhead`` is a fixed per-step cost to add (seconds). ``second_context``: every point is
+    measured again after that many cached tokens, and the profile keeps each point's growth per
+    cached token (``Profile.context_slope``, read by ``Profile.at_context``).
     """
+    widths = sorted({*map(int, draft_widths), int(draft_tokens)})
     lat = measure_latency(target, sizes, context=context, repeats=repeats)
-    curve = None
-    if draft is not None:
-        curve = draft_level_latency(draft, sorted({*map(int, draft_widths), int(draft_tokens)}), context=context,
-                                    repeats=repeats)
-    meta = _meta(target, draft, context=context, repeats=repeats, draft_tokens=draft_tokens)
-    return Profile(lat, curve, meta, float(step_overhead))
+    curve = None if draft is None else draft_level_latency(draft, widths, context=context, repeats=repeats)
+    slope = None
+    if second_context is not None:
+        if second_context == context:
+            raise ValueError(f"second_context must differ from context ({context}) to give a slope")
+        span = float(second_context - context)
+        far = measure_latency(target, sizes, context=second_context, repeats=repeats)
+        slope = {"target": {n: (far[n] - lat[n]) / span for n in lat}}
+        if draft is not None:
+            far_q = draft_level_latency(draft, widths, context=second_context, repeats=repeats)
+            slope["draft"] = {w: (far_q[w] - curve[w]) / span for w in curve}
+    meta = _meta(target, draft, context=context, repeats=repeats, draft_tokens=draft_tokens,
+                 second_context=second_context)
+    return Profile(lat, curve, meta, float(step_overhead), slope)

@@ -88,8 +88,9 @@ class Tuned:
 
 
 def _key(target: torch.nn.Module, draft: torch.nn.Module) -> str:
-    return measurement_key(model_name(target), precision_of(target), model_name(draft), precision_of(draft),
-                           device=next(target.parameters()).device)
+    # v2: sizes timed in alternating rounds, 5 of them (``measure_latency``); older profiles are measured again
+    return measurement_key("profile-v2", model_name(target), precision_of(target), model_name(draft),
+                           precision_of(draft), device=next(target.parameters()).device)
 
 
 def cached_profile(target: torch.nn.Module, draft: torch.nn.Module, cache_file: Path | None,

@@ -46,8 +46,11 @@ def measure_latency(
     """Seconds of one tree forward of ``n`` tokens after ``context`` cached tokens, for each ``n``.
 
     The new tokens carry a random tree-shaped ancestor mask and tree position ids (as in a
-    verification pass, logits for every node included). Median of ``repeats`` timed runs after
-    ``warmup`` untimed ones; CUDA is synchronised around each run. The cache is cropped back to
+    verification pass, logits for every node included). Every size runs ``warmup`` untimed times,
+    then ``repeats`` rounds each time every size once (alternate rounds in reverse order), and a
+    size's figure is the median of its rounds: a slowdown of the machine while measuring falls on
+    all sizes alike instead of on a few neighbouring ones, which would bend the curve the tree
+    sizing reads ratios from. CUDA is synchronised around each run; the cache is cropped back to
     the context after every run.
     """
     if not sizes or any(int(n) != n or n < 1 for n in sizes):
@@ -61,22 +64,27 @@ def measure_latency(
     ctx = torch.randint(vocab, (context,), generator=gen).to(device)
     forward_masked(model, cache, ctx, torch.arange(context, device=device), causal_allowed(0, context, device),
                    logits_to_keep=1)
-    out: dict[int, float] = {}
+    inputs = {}
     for n in sorted({int(s) for s in sizes}):
         depth, anc = random_tree(n, gen)
-        ids = torch.randint(vocab, (n,), generator=gen).to(device)
-        pos = torch.as_tensor(context + depth, device=device)
         allowed = torch.ones(n, context + n, dtype=torch.bool)
         allowed[:, context:] = torch.from_numpy(anc)
-        allowed = allowed.to(device)
-        times = []
-        for r in range(warmup + repeats):
-            sync(device)
-            t0 = time.perf_counter()
-            forward_masked(model, cache, ids, pos, allowed)
-            sync(device)
-            if r >= warmup:
-                times.append(time.perf_counter() - t0)
-            cache.keep(context, [])
-        out[n] = statistics.median(times)
-    return out
+        inputs[n] = (torch.randint(vocab, (n,), generator=gen).to(device), torch.as_tensor(context + depth, device=device),
+                     allowed.to(device))
+
+    def timed(n: int) -> float:
+        sync(device)
+        t0 = time.perf_counter()
+        forward_masked(model, cache, *inputs[n])
+        sync(device)
+        cache.keep(context, [])
+        return time.perf_counter() - t0
+
+    for _ in range(warmup):
+        for n in inputs:
+            timed(n)
+    times: dict[int, list[float]] = {n: [] for n in inputs}
+    for r in range(repeats):
+        for n in (list(inputs) if r % 2 == 0 else list(inputs)[::-1]):
+            times[n].append(timed(n))
+    return {n: statistics.median(t) for n, t in times.items()}

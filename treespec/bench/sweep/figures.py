@@ -250,13 +250,28 @@ def measured_step(record: dict[str, Any]) -> tuple[float, float, float]:
     return _per_step(record, "drafting"), _per_step(record, "verifying"), _per_step(record, "overhead")
 
 
+def mean_context(record: dict[str, Any]) -> float:
+    """The tokens cached before a step of ``record``, on average: its prompts' mean length plus half
+    the tokens generated per prompt."""
+    r = record["result"]
+    prompts, made = r["prompt_tokens"], r["tokens_per_prompt"]
+    return sum(prompts) / max(len(prompts), 1) + sum(made) / max(len(made), 1) / 2
+
+
+def _at_context(profile: Any, record: dict[str, Any]) -> Any:
+    """``profile`` at ``record``'s mean context (itself where no context slope was measured)."""
+    return profile.at_context(mean_context(record)) if profile.context_slope else profile
+
+
 def step_cost_rows(tres: list[dict[str, Any]], profile: Any) -> list[dict[str, Any]]:
     """Seconds per step predicted by ``profile`` (a ``treespec.calibrate.costs.Profile`` of the sweep's
     pair) for every static-tree point, calibrated by real steps the way ``treespec generate`` does it
     (``Profile.calibrated``): per machine, by ONE point's measured steps (the chain of the smallest
     budget; the first static point if there is no chain), then every other point of that machine is
-    predicted. Rows: the point, predicted and measured seconds per step (total and by part), the
-    relative gap, and whether it is the calibration point."""
+    predicted. A profile with context slopes (``Profile.at_context``) is moved to each point's
+    :func:`mean_context` (the calibration's factors found at the calibration point's). Rows: the point,
+    predicted and measured seconds per step (total and by part), the relative gap, and whether it is
+    the calibration point."""
     static = [r for r in tres if r["result"].get("tree") and r["result"]["steps"]]
     rows = []
     for machine in sorted({machine_of(r) for r in static}):
@@ -264,14 +279,15 @@ def step_cost_rows(tres: list[dict[str, Any]], profile: Any) -> list[dict[str, A
         calib = min(mine, key=lambda r: (r["params"]["builder"] != "chain", r["params"]["budget"], str(panel(r["params"]))))
         shape = TreeShape.from_paths([tuple(p) for p in calib["result"]["tree"]["paths"]])
         draft, verify, engine = measured_step(calib)
-        cal = profile.calibrated(shape, draft, verify, engine, calib["result"]["steps"],
-                                 size=calib["result"]["mean_tree_size"])
+        cal = _at_context(profile, calib).calibrated(shape, draft, verify, engine, calib["result"]["steps"],
+                                            size=calib["result"]["mean_tree_size"])
         for r in mine:
             s = TreeShape.from_paths([tuple(p) for p in r["result"]["tree"]["paths"]])
-            d_pred, _ = cal.step_parts(s)
-            sizes = sorted(cal.target_latency)
-            v_pred = float(np.interp(r["result"]["mean_tree_size"], sizes, [cal.target_latency[k] for k in sizes]))
-            predicted = d_pred + v_pred + cal.step_overhead_seconds
+            here = _at_context(cal, r)
+            d_pred, _ = here.step_parts(s)
+            sizes = sorted(here.target_latency)
+            v_pred = float(np.interp(r["result"]["mean_tree_size"], sizes, [here.target_latency[k] for k in sizes]))
+            predicted = d_pred + v_pred + here.step_overhead_seconds
             measured = sum(measured_step(r))
             rows.append({"record": r, "machine": machine, "calibration": r is calib, "predicted": predicted,
                          "measured": measured, "gap": predicted / measured - 1.0,

@@ -129,7 +129,7 @@ class Sweep:
         out["result"]["split"] = {"dataset": p["dataset"], "calib": list(calib), "eval": list(evals)}
         return out
 
-    def _recipe(self, p: dict[str, Any]) -> tuple[Recipe, list[torch.nn.Module], dict[str, Any]]:
+    def recipe_of(self, p: dict[str, Any]) -> tuple[Recipe, list[torch.nn.Module], dict[str, Any]]:
         """The recipe of a treespec point (``treespec.recipes``), its draft models, and what the record
         says about its tree."""
         info: dict[str, Any] = {}
@@ -163,7 +163,7 @@ class Sweep:
         return recipe, drafts, info
 
     def _run_treespec(self, p: dict[str, Any], target: torch.nn.Module, prompts: list[list[int]]) -> dict[str, Any]:
-        recipe, drafts, info = self._recipe(p)
+        recipe, drafts, info = self.recipe_of(p)
         n = p["max_new_tokens"]
 
         def call(ids: list[int], tokens: int, seed: int):
