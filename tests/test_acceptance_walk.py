@@ -145,3 +145,14 @@ def test_replay_predicts_the_engine_where_the_rows_cannot(measured):
     replayed, rows = measured["walk"].replayed_tau(chain), chain.expected_tokens(measured["walk"].matrix.tolist())
     assert abs(replayed - tau) < 4 * se + 0.02, (replayed, tau, se)
     assert abs(rows - tau) > 4 * se + 0.02, (rows, tau, se)  # negative control
+
+
+def test_replayed_steps_are_the_replay_per_prompt():
+    """Per prompt, the replay's tokens and steps; their sums give replayed_tau (what a bootstrap over the
+    calibration prompts resamples)."""
+    chain = TreeShape.from_paths([(0,), (0, 0)])
+    a = MeasuredAcceptance.from_counts(np.zeros((2, 3)), np.zeros(2), 0.5,
+                                       ranks=[[0, 1, -1, 0, 0, 2, -1, 0], [1, 2, 0, 0, -1], [0]])
+    tokens, steps = a.replayed_steps(chain)
+    assert tokens == [7, 5, 0] and steps == [4, 3, 0]  # the last prompt's only step is cut
+    assert a.replayed_tau(chain) == pytest.approx(12 / 7)

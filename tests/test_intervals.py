@@ -54,3 +54,31 @@ def test_degenerate_inputs():
 def test_bad_input_is_a_clear_error(num, den, fragment):
     with pytest.raises(ValueError, match=fragment):
         intervals.ratio_of_sums(num, den)
+
+
+def test_ratio_of_ratios_covers_the_truth_and_resamples_both_sets():
+    """Two independent prompt sets with the same true rate: the interval of their ratio holds 1 about as
+    often as it should; resampling only one set (the negative control) covers much less often."""
+    rng = np.random.default_rng(11)
+    hits = one_sided = 0
+    trials = 120
+    for t in range(trials):
+        a_den, b_den = rng.uniform(20, 40, size=20), rng.uniform(20, 40, size=40)
+        a_num, b_num = 3.0 * a_den + rng.normal(0, 8, 20), 3.0 * b_den + rng.normal(0, 8, 40)
+        iv = intervals.ratio_of_ratios(a_num, a_den, b_num, b_den, resamples=600, seed=t)
+        assert iv.estimate == pytest.approx(a_num.sum() / a_den.sum() / (b_num.sum() / b_den.sum()))
+        hits += 1.0 in iv
+        single = intervals.ratio_of_sums(a_num, a_den, resamples=600, seed=t)  # b's spread ignored
+        ref = b_num.sum() / b_den.sum()
+        one_sided += single.low / ref <= 1.0 <= single.high / ref
+    assert 0.88 <= hits / trials <= 1.0
+    assert one_sided < hits - 5
+
+
+def test_ratio_of_ratios_degenerate_and_bad_input():
+    assert intervals.ratio_of_ratios([6, 6], [2, 2], [3, 3, 3], [1, 1, 1]).fmt() == "1.00 [1.00, 1.00]"
+    assert not intervals.ratio_of_ratios([6], [2], [3, 3], [1, 1]).known
+    with pytest.raises(ValueError, match="its denominator's length"):
+        intervals.ratio_of_ratios([1, 2], [1], [1], [1])
+    with pytest.raises(ValueError, match="positive sums"):
+        intervals.ratio_of_ratios([1, 2], [1, 1], [0, 0], [1, 1])

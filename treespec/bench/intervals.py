@@ -101,3 +101,38 @@ def mean(values: Sequence[float], **kwargs) -> Interval:
     """The mean of per-prompt values with a bootstrap interval (``ratio_of_sums`` over ones)."""
     v = np.asarray(values, dtype=np.float64)
     return ratio_of_sums(v, np.ones_like(v), **kwargs)
+
+
+def ratio_of_ratios(numerator: Sequence[float], denominator: Sequence[float], ref_numerator: Sequence[float],
+                    ref_denominator: Sequence[float], *, confidence: float = CONFIDENCE, resamples: int = RESAMPLES,
+                    seed: int = 0) -> Interval:
+    """``(sum(numerator) / sum(denominator)) / (sum(ref_numerator) / sum(ref_denominator))`` over two
+    *independent* sets of prompts, with a percentile bootstrap interval that resamples each set on its own.
+
+    What it is for: a measured figure over the evaluation prompts against a prediction made from other
+    (calibration) prompts, e.g. measured tau over the tau a tree replays to on the calibration walk. Both
+    carry the spread of their own prompts; an interval that holds 1 says the two cannot be told apart.
+    """
+    a_num, a_den = (_check(np.asarray(x, dtype=np.float64), name) for x, name in
+                    ((numerator, "numerator"), (denominator, "denominator")))
+    b_num, b_den = (_check(np.asarray(x, dtype=np.float64), name) for x, name in
+                    ((ref_numerator, "ref_numerator"), (ref_denominator, "ref_denominator")))
+    if a_num.shape != a_den.shape or b_num.shape != b_den.shape or not a_num.size or not b_num.size:
+        raise ValueError("each numerator needs its denominator's length, and both sets at least one prompt")
+    if a_den.sum() <= 0 or b_den.sum() <= 0 or b_num.sum() <= 0:
+        raise ValueError("denominators (and the reference's numerator) must have positive sums")
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    estimate = float(a_num.sum() / a_den.sum() / (b_num.sum() / b_den.sum()))
+    if a_num.size < 2 or b_num.size < 2:
+        return Interval(estimate, float("nan"), float("nan"), confidence, int(a_num.size))
+
+    def statistic(ia: np.ndarray, ib: np.ndarray, axis: int = -1) -> np.ndarray:
+        ia, ib = ia.astype(np.int64), ib.astype(np.int64)  # the prompts of each resample
+        return (a_num[ia].sum(axis) / a_den[ia].sum(axis)) / (b_num[ib].sum(axis) / b_den[ib].sum(axis))
+
+    res = stats.bootstrap((np.arange(a_num.size), np.arange(b_num.size)), statistic, paired=False, vectorized=True,
+                          n_resamples=resamples, confidence_level=confidence, method="percentile",
+                          rng=np.random.default_rng(seed))
+    low, high = float(res.confidence_interval.low), float(res.confidence_interval.high)
+    return Interval(estimate, low, high, confidence, int(a_num.size))

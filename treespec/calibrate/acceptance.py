@@ -117,6 +117,15 @@ class MeasuredAcceptance(JSONFile):
         and the next position's proposals are fresh draws in that context. Unlike the rows, whose
         every position is a root, the replay starts steps only where a run of this tree starts them.
         Steps that the end of a continuation would cut are left out (as ``tau_uncut``)."""
+        tokens, steps = self.replayed_steps(shape)
+        if sum(steps) == 0:
+            raise ValueError("no complete step fits in the kept continuations; measure longer ones")
+        return sum(tokens) / sum(steps)
+
+    def replayed_steps(self, shape: Any) -> tuple[list[int], list[int]]:
+        """Per calibration prompt, the committed tokens and the steps of ``shape`` run over its ranks
+        (:meth:`replayed_tau`; uncut steps only): what a bootstrap over the calibration prompts resamples
+        (``treespec.bench.intervals.ratio_of_sums``) for the spread a prediction carries."""
         if not self.ranks:
             raise ValueError("this measurement keeps no per-position ranks (written before they were kept): "
                              "measure it again with `treespec accept` to replay a tree over it")
@@ -124,8 +133,9 @@ class MeasuredAcceptance(JSONFile):
             raise ValueError(f"the tree has a node with {shape.max_width} children but the measurement drew "
                              f"{self.width} proposals per position; measure with --width {shape.max_width} or more")
         nodes = set(shape.paths)
-        tokens = steps = 0
+        per_tokens, per_steps = [], []
         for ranks in self.ranks:
+            tokens = steps = 0
             pos, n = 0, len(ranks)
             while pos < n:
                 node: tuple[int, ...] = ()
@@ -137,9 +147,9 @@ class MeasuredAcceptance(JSONFile):
                 tokens += len(node) + 1
                 steps += 1
                 pos += 1
-        if steps == 0:
-            raise ValueError("no complete step fits in the kept continuations; measure longer ones")
-        return tokens / steps
+            per_tokens.append(tokens)
+            per_steps.append(steps)
+        return per_tokens, per_steps
 
     @classmethod
     def merge(cls, parts: Sequence["MeasuredAcceptance"]) -> "MeasuredAcceptance":
