@@ -132,24 +132,7 @@ class MeasuredAcceptance(JSONFile):
         if shape.max_width > self.width:
             raise ValueError(f"the tree has a node with {shape.max_width} children but the measurement drew "
                              f"{self.width} proposals per position; measure with --width {shape.max_width} or more")
-        nodes = set(shape.paths)
-        per_tokens, per_steps = [], []
-        for ranks in self.ranks:
-            tokens = steps = 0
-            pos, n = 0, len(ranks)
-            while pos < n:
-                node: tuple[int, ...] = ()
-                while pos < n and ranks[pos] >= 0 and node + (ranks[pos],) in nodes:
-                    node += (ranks[pos],)
-                    pos += 1
-                if pos >= n:
-                    break  # cut by the end of the continuation
-                tokens += len(node) + 1
-                steps += 1
-                pos += 1
-            per_tokens.append(tokens)
-            per_steps.append(steps)
-        return per_tokens, per_steps
+        return replay(self.ranks, shape)
 
     @classmethod
     def merge(cls, parts: Sequence["MeasuredAcceptance"]) -> "MeasuredAcceptance":
@@ -205,6 +188,31 @@ class MeasuredAcceptance(JSONFile):
 def encode_prompts(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
     """Token-id lists for ``measure`` from strings (plain tokenisation, no chat template)."""
     return [list(tokenizer(t).input_ids) for t in texts]
+
+
+def replay(ranks: Sequence[Sequence[int]], shape: Any) -> tuple[list[int], list[int]]:
+    """Run a tree over walked ranks (:meth:`MeasuredAcceptance.replayed_tau`): per continuation, the
+    committed tokens and the steps, uncut ones only. ``ranks``: per continuation, every position's
+    accepted rank (-1: none); ``shape``: a ``tree_builders.TreeShape``. About a millisecond for 40
+    continuations of 96 positions."""
+    nodes = set(shape.paths)
+    per_tokens, per_steps = [], []
+    for walk in ranks:
+        tokens = steps = 0
+        pos, n = 0, len(walk)
+        while pos < n:
+            node: tuple[int, ...] = ()
+            while pos < n and walk[pos] >= 0 and node + (walk[pos],) in nodes:
+                node += (walk[pos],)
+                pos += 1
+            if pos >= n:
+                break  # cut by the end of the continuation
+            tokens += len(node) + 1  # the accepted nodes and the correction (or bonus) token
+            steps += 1
+            pos += 1
+        per_tokens.append(tokens)
+        per_steps.append(steps)
+    return per_tokens, per_steps
 
 
 def _proposal_q(q: torch.Tensor, tokens: torch.Tensor, mode: str) -> torch.Tensor:
