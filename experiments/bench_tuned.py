@@ -6,9 +6,11 @@ the sweep's own evaluation prompts with its seeds and token count:
 
 * ``tuned``: what ``treespec generate`` runs by default at that temperature, resolved the way the CLI
   resolves it (``treespec.recipes.resolve`` with the tokenizer: the measured-fastest Sequoia tree under
-  the shipped acceptance vector, costs calibrated by real steps);
-* ``tuned-panel``: the same tuner given the acceptance vector the sweep measured on the panel's own
-  calibration prompts (disjoint from the evaluation's), as ``treespec accept --prompts-jsonl`` gives a user;
+  the shipped acceptance's per-depth rows, costs calibrated by real steps);
+* ``tuned-panel``: the same tuner given the panel's own acceptance, measured on prompts disjoint from
+  the evaluation's (the ``random-walk`` calibration of ``experiments/results/acceptance-fit``: 40
+  prompts drawn at random from the rest of the set, walked, 96 tokens), as ``treespec accept
+  --prompts-jsonl`` gives a user; its per-depth rows, as the CLI passes them;
 * ``grid-best``: the sweep's fastest measured point of the panel, rebuilt from its parameters (its
   Sequoia tree from the sweep's own acceptance file, which must give the recorded tree).
 
@@ -40,6 +42,7 @@ from treespec.models import DEFAULT_DRAFT, DEFAULT_TARGET, load
 from treespec.recipes import Recipe, plan, resolve, run
 
 SWEEP = Path("experiments/results/cpu-qwen-coder")
+CALIBRATION = Path("experiments/results/acceptance-fit")  # bench_acceptance_fit.py's files
 PANELS = (("humaneval", 0.0), ("humaneval", 1.0), ("lee-news", 0.0), ("lee-news", 1.0))
 
 
@@ -84,9 +87,10 @@ def main(argv: list[str] | None = None) -> dict:
         dataset, temperature = spec.split(":")[0], float(spec.split(":")[1])
         best = grid_best(records, dataset, temperature)
         own = panel_acceptance(records, dataset, temperature)
-        tuned = {name: resolve(Recipe(tree="sequoia", temperature=temperature, acceptance=vector), target, [draft],
+        tuned = {name: resolve(Recipe(tree="sequoia", temperature=temperature, acceptance=rows), target, [draft],
                                tokenizer=tok, max_new_tokens=n_tokens)
-                 for name, vector in (("tuned", default_acceptance(None, temperature)), ("tuned-panel", own.vector))}
+                 for name, rows in (("tuned", default_acceptance(None, temperature)),
+                                    ("tuned-panel", own.matrix.tolist()))}
         recipes = {**{name: r.recipe for name, r in tuned.items()}, "grid-best": grid_recipe(best)}
         print(f"{dataset} T={temperature:g}: grid best: {best['params']['builder']} B={best['params']['budget']} "
               f"({best['timing']['tokens_per_second']:.2f} tok/s in the sweep)", flush=True)
@@ -113,11 +117,15 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def panel_acceptance(records: list[dict], dataset: str, temperature: float) -> MeasuredAcceptance:
-    """The acceptance the sweep measured for the panel's Sequoia points (its calibration prompts, disjoint
-    from the evaluation's), as ``treespec accept`` would measure it on a user's own prompts."""
+    """The panel's own acceptance for its Sequoia points' drafting mode: the ``random-walk`` calibration
+    (40 prompts disjoint from the evaluation's, walked), as ``treespec accept`` would measure it on a
+    user's own prompts."""
     point = next(r for r in records if r["params"].get("kind") == "treespec" and r["params"]["builder"] == "sequoia"
                  and r["params"]["dataset"] == dataset and r["params"]["temperature"] == temperature)
-    return MeasuredAcceptance.load(SWEEP / point["result"]["acceptance"]["file"])
+    path = CALIBRATION / f"acceptance-{dataset}-T{temperature:g}-{point['result']['acceptance']['mode']}-random-walk.json"
+    if not path.exists():
+        raise SystemExit(f"{path} is missing: measure it with python experiments/bench_acceptance_fit.py")
+    return MeasuredAcceptance.load(path)
 
 
 def summarize(recs: list[dict], dataset: str, temperature: float, tuned: dict, best: dict) -> dict:
@@ -160,10 +168,11 @@ def write(args: argparse.Namespace, summaries: list[dict]) -> None:
              f"torch {torch.__version__})", "",
              f"Command: `python experiments/bench_tuned.py --out {args.out} --prompts {args.prompts}`. Per panel: the "
              "sweep's first evaluation prompts, its seeds and 96 new tokens, bfloat16 target and int8 draft. Methods: "
-             "*tuned*, what `treespec generate` runs by default (the tree sized from the shipped acceptance vector, "
-             "measured on HumanEval, costs calibrated by real steps); *tuned-panel*, the same tuner given the "
-             "acceptance the sweep measured on the panel's own calibration prompts (as `treespec accept --prompts-jsonl` "
-             "on a user's prompts, then `--acceptance FILE`); *grid-best*, the sweep's fastest point. *x / grid-best*: paired "
+             "*tuned*, what `treespec generate` runs by default (the tree sized from the per-depth rows of the "
+             "shipped acceptance, measured on HumanEval calibration prompts, costs calibrated by real steps); "
+             "*tuned-panel*, the same tuner given the panel's own acceptance rows, measured on 40 prompts drawn at "
+             "random from outside the evaluation prompts (as `treespec accept --prompts-jsonl` on a user's prompts, "
+             "then `--acceptance FILE`); *grid-best*, the sweep's fastest point. *x / grid-best*: paired "
              "speed ratio (grid-best seconds over x's; > 1: x is faster), bootstrap 95% interval over prompts.", "",
              "| dataset | T | grid best (sweep tok/s) | method | tree | tok/s now | tau | x / grid-best | within 5%? |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -177,7 +186,7 @@ def write(args: argparse.Namespace, summaries: list[dict]) -> None:
                          + (f"{compare.fmt(m['ratio'])} | {verdict(m['ratio'])} |" if name != "grid-best" else "- | - |"))
     lines += ["", "Each tuner's prediction for its own tree against its steps here (tau over uncut steps; seconds per "
               "step = drafting + verifying + engine). The tuned recipes' confidence stop (0.3 greedy, 0.1 sampled) "
-              "drafts fewer levels than the tree the prediction costs, and the shipped vector is HumanEval's: on "
+              "drafts fewer levels than the tree the prediction costs, and the shipped acceptance is HumanEval's: on "
               "prose the *tuned* prediction misses, as expected; *tuned-panel* is the tuner's prediction with the "
               "workload's acceptance. `without-sampled-stop/` keeps the T=1 records from before the sampled stop "
               "existed (tuned / grid-best on lee-news T=1: 0.75 [0.70, 0.80]).", "",

@@ -73,8 +73,11 @@ def measure(points: list[dict], out: Path, prompts: int, tokens: int, progress: 
             raise SystemExit(f"the recipe of {point_key(r['params'])} builds another tree than the sweep recorded; "
                              "the sweep's acceptance files or the builders changed")
         recipes[point_key(r["params"])] = (recipe, drafts)
+    # untimed warm-up on a real prompt: the first timed run of a process paid for its allocations and
+    # cold caches (one run here measured its point 12% slower than the identical tree timed later)
     recipe, drafts = next(iter(recipes.values()))
-    run(recipe, target, drafts, [1, 2, 3, 4], max_new_tokens=4, seed=0)  # untimed warm-up
+    warm_ids = sweep.token_prompts(cfg["models"]["target"], points[0]["params"]["dataset"], "eval")[0]
+    run(recipe, target, drafts, warm_ids, max_new_tokens=tokens, seed=0)
     for i, r in tqdm(todo, desc="re-timing the sweep's static points", disable=not progress):
         key = point_key(r["params"])
         recipe, drafts = recipes[key]
@@ -143,7 +146,7 @@ def report(points: list[dict], out: Path, profile, command: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True, help="directory for steps.jsonl, profile.json and README.md")
-    ap.add_argument("--prompts", type=int, default=2, help="evaluation prompts per point (the sweep's first ones)")
+    ap.add_argument("--prompts", type=int, default=4, help="evaluation prompts per point (the sweep's first ones)")
     ap.add_argument("--new-tokens", type=int, default=48, help="new tokens per prompt")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
@@ -169,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
                                   second_context=SECOND_CONTEXT)
         profile.save(profile_file)
     command = f"python experiments/retime_sweep.py --out {args.out}" + (
-        f" --prompts {args.prompts}" if args.prompts != 2 else "") + (
+        f" --prompts {args.prompts}" if args.prompts != 4 else "") + (
         f" --new-tokens {args.new_tokens}" if args.new_tokens != 48 else "")
     text = report(points, args.out, profile, command)
     (args.out / "README.md").write_text(text)
