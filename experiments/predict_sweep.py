@@ -16,8 +16,9 @@ tau measured over 20 evaluation prompts x 96 tokens, prompts 100-119):
   (``treespec.bench.intervals.ratio_of_ratios``), so a gap whose interval holds 0 cannot be told from
   prompt sampling.
 * **seconds per step** are predicted the way ``treespec generate`` predicts them: this machine's
-  profile of isolated forwards at each point's mean context (``Profile.at_context``), calibrated by
-  ONE point's real steps (``treespec.bench.sweep.figures.step_cost_rows``), and set beside the steps
+  profile of isolated forwards at each point's mean context (``Profile.at_context``), calibrated per
+  temperature by the pooled real steps of the points running one tree, the budget-4 chain, on code and
+  prose (``treespec.bench.sweep.figures.step_cost_rows``), and set beside the steps
   ``experiments/retime_sweep.py`` timed again on a quiet machine (the sweep's own timings ran under
   load on two hosts: identical trees differ there by up to 14%).
 * **speed** (tokens per second) is predicted tau / predicted seconds per step, and measured as the
@@ -215,14 +216,16 @@ def plot(records: list[dict], out: Path) -> None:
             marker = ["o" if r["dataset"] == "humaneval" else "s" for r in mine]
             for xi, yi, mk, r in zip(x, y, marker, mine):
                 ax.scatter(xi, yi, color=color, marker=mk, facecolors=color if r["temperature"] == 0 else "none",
-                           s=28, label=None)
+                           s=28, label=None, zorder=3)
+                if isinstance(r[meas], dict):  # the measured figure's 95% interval over prompts
+                    ax.plot([xi, xi], [r[meas]["low"], r[meas]["high"]], color=color, linewidth=0.8, zorder=2)
             ax.scatter([], [], color=color, label=b)
         if not xs_all:
             continue
         lo, hi = min(xs_all) * 0.95, max(xs_all) * 1.05
         grid = np.array([lo, hi])
-        ax.plot(grid, grid, color="0.4", linewidth=1, label="measured = predicted")
-        ax.fill_between(grid, grid * (1 - tol), grid * (1 + tol), color="0.85", label=f"within {tol:.0%}")
+        ax.plot(grid, grid, color="0.4", linewidth=1, label="measured = predicted", zorder=1)
+        ax.fill_between(grid, grid * (1 - tol), grid * (1 + tol), color="0.88", label=f"within {tol:.0%}", zorder=0)
         ax.set_xlabel(f"predicted {label}")
         ax.set_ylabel(f"measured {label}")
         ax.grid(alpha=0.3)

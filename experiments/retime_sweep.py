@@ -11,8 +11,9 @@ and compares each point's measured seconds per step (drafting + verifying + engi
 prediction ``treespec generate`` would make: this machine's profile of isolated forwards
 (``treespec.calibrate.costs.profile``, saved as ``profile.json``; measured after 128 and after 512
 cached tokens, so each point is costed at its own mean context: ``Profile.at_context``), calibrated
-on ONE point's real steps (the HumanEval T=0 chain of budget 4, the report's rule:
-``treespec.bench.sweep.figures.step_cost_rows``), every other point predicted from its own tree.
+per temperature on the pooled real steps of the points that run the budget-4 chain (the chain and
+the Sequoia tree of budget 4 on both prompt sets: code and prose, as the tuner's pilot; the report's
+rule, ``treespec.bench.sweep.figures.step_cost_rows``), every other point predicted from its own tree.
 
 Each (point, prompt) is appended to ``steps.jsonl`` as it finishes; a re-run resumes. Writes
 ``README.md`` (per panel: predicted and measured seconds per step, gap; largest gap per panel).

@@ -309,19 +309,48 @@ def test_step_cost_rows_cost_each_point_at_its_own_context() -> None:
     slope = {"target": {1: 1e-4, 4: 2e-4, 8: 3e-4}, "draft": {1: 1e-5, 2: 2e-5}}
     sloped = Profile(base.target_latency, base.draft_level_latency, {"context": 128}, 0.0, slope)
     short = _point("chain", 4, [1, 1, 1, 1], depth=3, size=4, verify=0.0, draft=0.0)
-    long = _point("sequoia", 4, [1, 1, 1, 1], depth=3, size=4, verify=0.0, draft=0.0)
-    chain = [[0], [0, 0], [0, 0, 0]]
-    short["result"]["tree"]["paths"] = long["result"]["tree"]["paths"] = chain
-    shape = TreeShape.from_paths([tuple(p) for p in chain])
+    long = _point("sequoia", 4, [1, 1, 1, 1], depth=2, size=4, verify=0.0, draft=0.0)
+    short["result"]["tree"]["paths"] = [[0], [0, 0], [0, 0, 0]]
+    long["result"]["tree"]["paths"] = [[0], [1], [0, 0]]  # another tree: held out
     for rec, prompt in ((short, 100), (long, 400)):
         rec["result"].update(prompt_tokens=[prompt], tokens_per_prompt=[56])  # mean context: prompt + 28
         parts = sloped.at_context(prompt + 28)
-        draft, _ = parts.step_parts(shape)
+        draft, _ = parts.step_parts(TreeShape.from_paths([tuple(p) for p in rec["result"]["tree"]["paths"]]))
         rec["timing"].update(drafting_seconds=16 * 2.0 * draft, verifying_seconds=16 * parts.target_latency[4],
                              overhead_seconds=0.0)
     rows = {v["record"]["params"]["builder"]: v for v in F.step_cost_rows([short, long], sloped)}
-    assert rows["chain"]["calibration"] and rows["sequoia"]["gap"] == pytest.approx(0.0, abs=1e-9)
+    assert rows["chain"]["calibration"] and not rows["sequoia"]["calibration"]
+    assert rows["sequoia"]["gap"] == pytest.approx(0.0, abs=1e-9)
     flat = {v["record"]["params"]["builder"]: v for v in F.step_cost_rows([short, long], base)}
     assert flat["sequoia"]["gap"] < -0.01  # the same steps, costed at one context: the longer one is under-predicted
     del short["result"]["prompt_tokens"], long["result"]["prompt_tokens"]
     assert len(F.step_cost_rows([short, long], base)) == 2  # no slope: the context is never asked for
+
+
+def test_step_cost_rows_pool_the_calibration_tree_per_temperature() -> None:
+    """Every point running the calibration tree at a temperature is a calibration point and their steps
+    are pooled (one noisy run no longer sets every factor); each temperature is calibrated on its own
+    steps, as the tuner's pilot runs at the run's temperature."""
+    from treespec.calibrate.costs import Profile
+
+    prof = Profile({1: 0.1, 4: 0.12, 8: 0.16}, {1: 0.02, 2: 0.025, 4: 0.03}, {})
+    chain = [[0], [0, 0], [0, 0, 0]]
+    fast = _point("chain", 4, [1, 1, 1, 1], depth=3, size=4, verify=0.10, draft=0.05)
+    slow = _point("sequoia", 4, [1, 1, 1, 1], depth=3, size=4, verify=0.14, draft=0.07)  # the same tree, slower run
+    kary = _point("kary", 8, [1, 1, 1, 1], depth=2, size=7, verify=0.18, draft=0.06)
+    hot = _point("chain", 4, [1, 1, 1, 1], depth=3, size=4, verify=0.30, draft=0.05)  # T=1 verifies dearer
+    hot_kary = _point("kary", 8, [1, 1, 1, 1], depth=2, size=7, verify=0.18, draft=0.06)
+    fast["result"]["tree"]["paths"] = slow["result"]["tree"]["paths"] = hot["result"]["tree"]["paths"] = chain
+    kary["result"]["tree"]["paths"] = hot_kary["result"]["tree"]["paths"] = [[0], [1], [0, 0], [0, 1], [1, 0], [1, 1]]
+    for rec in (hot, hot_kary):
+        rec["params"]["temperature"] = 1.0
+    for rec in (fast, slow, kary, hot, hot_kary):
+        rec["timing"]["overhead_seconds"] = 0.0
+    rows = {(v["record"]["params"]["temperature"], v["record"]["params"]["builder"]): v
+            for v in F.step_cost_rows([fast, slow, kary, hot, hot_kary], prof)}
+    assert sorted(k for k, v in rows.items() if v["calibration"]) == [(0.0, "chain"), (0.0, "sequoia"), (1.0, "chain")]
+    pooled = rows[0.0, "chain"]["predicted"]
+    assert pooled == pytest.approx(rows[0.0, "sequoia"]["predicted"])  # one prediction for the shared tree
+    assert pooled == pytest.approx((0.10 + 0.05 + 0.14 + 0.07) / 2)  # ... at the mean of the two runs
+    hot_factor = rows[1.0, "kary"]["parts"]["verifying"][0] / rows[0.0, "kary"]["parts"]["verifying"][0]
+    assert hot_factor == pytest.approx(0.30 / 0.12)  # T=1's own verify factor (0.30 against the two runs' 0.12)

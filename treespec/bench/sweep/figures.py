@@ -266,21 +266,32 @@ def _at_context(profile: Any, record: dict[str, Any]) -> Any:
 def step_cost_rows(tres: list[dict[str, Any]], profile: Any) -> list[dict[str, Any]]:
     """Seconds per step predicted by ``profile`` (a ``treespec.calibrate.costs.Profile`` of the sweep's
     pair) for every static-tree point, calibrated by real steps the way ``treespec generate`` does it
-    (``Profile.calibrated``): per machine, by ONE point's measured steps (the chain of the smallest
-    budget; the first static point if there is no chain), then every other point of that machine is
-    predicted. A profile with context slopes (``Profile.at_context``) is moved to each point's
-    :func:`mean_context` (the calibration's factors found at the calibration point's). Rows: the point,
+    (``Profile.calibrated``, from a pilot of real steps of one tree on code and prose prompts at the
+    run's temperature): per machine and temperature, by the pooled steps of every point that runs the
+    tree of the smallest-budget chain (the first static point's tree if there is no chain), then every
+    other point of that machine and temperature is predicted. Pooling the points that share the
+    calibration tree (e.g. the chain and the Sequoia tree of budget 4, on each prompt set) gives the
+    calibration the steps of several runs: one run alone was measured up to 7% off an identical tree's.
+    A profile with context slopes (``Profile.at_context``) is moved to each point's :func:`mean_context`
+    (the calibration's factors found at the calibration steps' mean context). Rows: the point,
     predicted and measured seconds per step (total and by part), the relative gap, and whether it is
-    the calibration point."""
+    a calibration point."""
     static = [r for r in tres if r["result"].get("tree") and r["result"]["steps"]]
     rows = []
-    for machine in sorted({machine_of(r) for r in static}):
-        mine = [r for r in static if machine_of(r) == machine]
-        calib = min(mine, key=lambda r: (r["params"]["builder"] != "chain", r["params"]["budget"], str(panel(r["params"]))))
-        shape = TreeShape.from_paths([tuple(p) for p in calib["result"]["tree"]["paths"]])
-        draft, verify, engine = measured_step(calib)
-        cal = _at_context(profile, calib).calibrated(shape, draft, verify, engine, calib["result"]["steps"],
-                                            size=calib["result"]["mean_tree_size"])
+    groups = sorted({(machine_of(r), r["params"]["temperature"]) for r in static}, key=str)
+    for machine, temperature in groups:
+        mine = [r for r in static if (machine_of(r), r["params"]["temperature"]) == (machine, temperature)]
+        first = min(mine, key=lambda r: (r["params"]["builder"] != "chain", r["params"]["budget"], str(panel(r["params"]))))
+        calib = [r for r in mine if r["result"]["tree"]["paths"] == first["result"]["tree"]["paths"]]
+        shape = TreeShape.from_paths([tuple(p) for p in first["result"]["tree"]["paths"]])
+        steps = sum(r["result"]["steps"] for r in calib)
+        parts = [sum(_per_step(r, part) * r["result"]["steps"] for r in calib) / steps
+                 for part in ("drafting", "verifying", "overhead")]
+        size = sum(r["result"]["mean_tree_size"] * r["result"]["steps"] for r in calib) / steps
+        at = profile
+        if profile.context_slope:
+            at = profile.at_context(sum(mean_context(r) * r["result"]["steps"] for r in calib) / steps)
+        cal = at.calibrated(shape, *parts, steps, size=size)
         for r in mine:
             s = TreeShape.from_paths([tuple(p) for p in r["result"]["tree"]["paths"]])
             here = _at_context(cal, r)
@@ -289,7 +300,7 @@ def step_cost_rows(tres: list[dict[str, Any]], profile: Any) -> list[dict[str, A
             v_pred = float(np.interp(r["result"]["mean_tree_size"], sizes, [here.target_latency[k] for k in sizes]))
             predicted = d_pred + v_pred + here.step_overhead_seconds
             measured = sum(measured_step(r))
-            rows.append({"record": r, "machine": machine, "calibration": r is calib, "predicted": predicted,
-                         "measured": measured, "gap": predicted / measured - 1.0,
+            rows.append({"record": r, "machine": machine, "calibration": any(r is c for c in calib),
+                         "predicted": predicted, "measured": measured, "gap": predicted / measured - 1.0,
                          "parts": {"drafting": (d_pred, measured_step(r)[0]), "verifying": (v_pred, measured_step(r)[1])}})
     return rows

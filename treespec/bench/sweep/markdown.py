@@ -256,7 +256,8 @@ def _step_cost_section(tres: list[dict[str, Any]], directory: Path) -> list[str]
     lines = ["## Predicted vs measured seconds per step", "",
              f"Predicted from `profile.json` (isolated forwards of the target per tree size and of the draft per "
              f"level width, {m.get('device', '?')}, {m.get('date', '?')[:10]}), calibrated the way `treespec "
-             "generate` calibrates its tuned tree: on each machine, ONE point's real steps (marked *calibration*) "
+             "generate` calibrates its tuned tree: on each machine and temperature, the pooled real steps of the "
+             "points that run the smallest chain's tree (marked *calibration*) "
              "scale the draft's curve and the target's curve by measured / predicted; every other point is "
              "then predicted from its own tree (its draft levels at their widths, its mean verified size) and "
              "compared with its measured drafting + verifying + engine seconds per step.", "",
