@@ -2,6 +2,8 @@
 ``default_acceptance`` gives the rows (what the tuner's Sequoia DP sizes trees with) or, asked, the vector."""
 
 import json
+import runpy
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,6 +12,8 @@ from tree_builders import TreeShape, acceptance_rows
 from treespec.calibrate.acceptance import MeasuredAcceptance
 from treespec.calibrate.vectors import default_acceptance
 from treespec.cli import build_parser, recipe_from_args
+
+CALIBRATE = runpy.run_path(str(Path(__file__).resolve().parents[1] / "experiments" / "calibrate_default.py"))
 
 
 @pytest.mark.parametrize("temperature,mode", [(0.0, "topk"), (1.0, "sample_without_replacement")])
@@ -24,7 +28,10 @@ def test_the_shipped_files_are_walked_with_rows_and_ranks(temperature, mode):
     saved = MeasuredAcceptance.from_dict(json.loads(resources.files("treespec").joinpath(
         f"data/acceptance-qwen2.5-coder-t{int(temperature)}.json").read_text()))
     assert saved.meta["context"].endswith("(walk)") and saved.meta["mode"] == mode
-    assert saved.meta["prompts_label"] == "humaneval[0:20]" and len(saved.ranks) == 20
+    # 40 prompts drawn at random from HumanEval 0-99 (experiments/calibrate_default.py): none is an evaluation prompt
+    ids = CALIBRATE["calibration_prompts"](40, 0)
+    assert saved.meta["prompts_label"].startswith(f"humaneval{ids} (random, seed 0") and len(saved.ranks) == 40
+    assert max(ids) < 100 and len(set(ids)) == 40
     chain = TreeShape.from_paths([(0,) * d for d in range(1, 8)])
     assert 1.0 < saved.replayed_tau(chain) <= 8.0
 

@@ -1,8 +1,9 @@
 """Acceptance rows from files: one written by ``treespec accept``, or the one shipped for the built-in pair.
 
 The shipped files (``treespec/data/acceptance-qwen2.5-coder-t{0,1}.json``) are walked measurements
-(``treespec.calibrate.acceptance``, ``context="walk"``) of the built-in pair on HumanEval prompts 0-19,
-96 tokens each, bfloat16 target and int8 draft, 8 proposals per position (``experiments/calibrate_default.py``).
+(``treespec.calibrate.acceptance``, ``context="walk"``) of the built-in pair on 40 HumanEval prompts
+drawn at random from 0-99 (the evaluations use prompts from 100 on), 96 tokens each, bfloat16 target
+and int8 draft, 8 proposals per position (``experiments/calibrate_default.py``).
 """
 
 from __future__ import annotations
