@@ -107,7 +107,8 @@ def point_record(r: dict, taus: dict, costs: dict) -> dict:
     key, p = point_key(r["params"]), r["params"]
     t, c = taus.get(key), costs.get(key)
     row = {"key": key, "dataset": p["dataset"], "temperature": p["temperature"], "builder": p["builder"],
-           "budget": p["budget"], "tree_size": r["result"]["tree"]["size"], "depth": r["result"]["tree"]["depth"]}
+           "budget": p["budget"], "tree_size": r["result"]["tree"]["size"], "depth": r["result"]["tree"]["depth"],
+           "tree": r["result"]["tree"]["paths"]}
     if t:
         row.update(measured_tau=t["measured"].as_dict(), replayed_tau=t["replay"].as_dict(),
                    tau_gap=t["gap"].estimate - 1, tau_gap_low=t["gap"].low - 1, tau_gap_high=t["gap"].high - 1,
@@ -150,8 +151,10 @@ def panel_summary(rows: list[dict]) -> tuple[str, str]:
     if fast:
         best = max(fast, key=lambda x: x["measured_speed"])
         picked = max(fast, key=lambda x: x["predicted_speed"])
+        twin = picked is not best and picked["tree"] == best["tree"]  # two builders' identical trees: timing spread
         choice = (f"{picked['builder']} B={picked['budget']}"
-                  + ("" if picked is best else f" (measured fastest: {best['builder']} B={best['budget']})")
+                  + ("" if picked is best else f" (measured fastest: {best['builder']} B={best['budget']}"
+                     + (", the same tree" if twin else "") + ")")
                   + f": {picked['measured_speed'] / best['measured_speed']:.2f}x of the fastest")
     x = rows[0]
     line = (f"| {x['dataset']} | {x['temperature']:g} | {worst(v['tau_gap'] for v in with_tau):.1%} "
