@@ -476,14 +476,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--step-budgets", type=int, nargs="+", default=None,
                     help="budgets of the Sequoia trees whose captured steps phase treespec times (default: 16 32 64; "
-                         "smoke: 8 12)")
+                         "smoke: 8)")
     ap.add_argument("--max-depth", type=int, default=8, help="depth limit of those trees (the CLI's default)")
     args = ap.parse_args(argv)
     args.device = args.device or ("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
     if args.smoke:
         args.prompts, args.prompt_len, args.new_tokens, args.budget, args.repeats = 2, 16, 12, 8, 2
-        args.compiled_sizes = [1, 4, 8]
-    args.step_budgets = args.step_budgets or ([8, 12] if args.smoke else [16, 32, 64])
+        args.compiled_sizes = [1, 8]
+    args.step_budgets = args.step_budgets or ([8] if args.smoke else [16, 32, 64])
     args.compiled_sizes = [n for n in args.compiled_sizes if n > 0]
     out = Path(args.out)
 

@@ -44,7 +44,9 @@ def test_shape_buffers_lay_out_levels_slots_and_siblings():
         shape_buffers(np.array([-1, 0, 1, 0]), np.array([0, 0, 0, 1]))
 
 
-@pytest.mark.parametrize("mode", ["topk", "sample_without_replacement"])
+# each family with one drafting mode (the modes share the step; the families share nothing but it)
+@pytest.mark.parametrize("models,mode", [("llama", "topk"), ("qwen2", "sample_without_replacement")],
+                         indirect=["models"])
 def test_captured_greedy_equals_hf_and_the_eager_step(models, mode):
     target, draft = models
     for k, prompt in enumerate([[1, 5, 7, 9, 3], [4], [10, 11, 12, 13, 14, 15, 16, 17]]):
@@ -234,13 +236,18 @@ def test_joint_test_detects_a_captured_step_that_accepts_everything(pair, monkey
 
 
 @pytest.mark.parametrize("mode", ["topk", "sample"], ids=["captured", "host-drafted"])
-def test_freezing_with_several_runners_in_one_process(mode):
+def test_freezing_with_several_runners_in_one_process(mode, monkeypatch):
     """Under weight freezing a compiled graph keeps the static tensors it saw (the caches) as its own
     attributes; a runner created later (another shape, or the same one after eviction) must compile
-    its own graphs rather than pass the first graph's guards and use the first runner's caches."""
+    its own graphs rather than pass the first graph's guards and use the first runner's caches.
+    One runner at a time: the second shape (whose first level is the first shape) evicts the first,
+    whose shape then comes back."""
     target = tiny_model("qwen2", vocab=64, hidden=64, scale=6, seed=0)
     draft = perturbed_copy(target, 0.3)
-    shapes = [KARY, DEEP, [(0,), (0, 0), (0, 0, 0)], KARY]
+    fan = [(0,), (1,)]
+    shapes = [fan, KARY, fan]
+    monkeypatch.setattr(captured, "_MAX_RUNNERS", 1)
+    monkeypatch.setattr(compiled, "_MAX_RUNNERS", 1)
     captured._RUNNERS.clear()
     compiled._RUNNERS.clear()
     with torch._inductor.config.patch(freezing=True):
@@ -256,7 +263,8 @@ def test_freezing_with_several_runners_in_one_process(mode):
 CHAIN5 = [(0,), (0, 0), (0, 0, 0), (0, 0, 0, 0), (0, 0, 0, 0, 0)]
 
 
-@pytest.mark.parametrize("shape", [CHAIN5, DEEP], ids=["chain", "tree"])
+@pytest.mark.parametrize("models,shape", [("qwen2", CHAIN5), ("llama", DEEP)], ids=["qwen2-chain", "llama-tree"],
+                         indirect=["models"])
 def test_the_confidence_stop_drafts_less_and_walks_the_eager_steps_trees(models, shape):
     """With ``min_confidence`` the captured step stops where ``ModelDrafter`` stops: the same trees step by
     step as the eager step (greedy: the same accepted lengths), HF's output, fewer draft forwards; a stop of
