@@ -20,7 +20,7 @@ tau measured over 20 evaluation prompts x 96 tokens, prompts 100-119):
   temperature by the pooled real steps of the points running one tree, the budget-4 chain, on code and
   prose (``treespec.bench.sweep.figures.step_cost_rows``), and set beside the steps
   ``experiments/retime_sweep.py`` timed again on a quiet machine (the sweep's own timings ran under
-  load on two hosts: identical trees differ there by up to 14%).
+  load on two hosts: identical trees differ there by up to 18% in seconds per step).
 * **speed** (tokens per second) is predicted tau / predicted seconds per step, and measured as the
   sweep's tau / the re-timed seconds per step. Per panel: whether the tree predicted fastest is the
   one measured fastest, and what choosing by prediction loses.

@@ -1,7 +1,7 @@
 """The CPU sweep's static trees timed again on a quiet machine, and the step-cost model checked on them.
 
 The committed sweep (``experiments/results/cpu-qwen-coder``, 48 static-tree points) ran for hours
-at load averages of 1.9-3.2, on two hosts; points of identical shape differ there by up to 14% in
+at load averages of 1.9-3.2, on two hosts; points of identical shape differ there by up to 18% in
 seconds per step, so no cost model can be checked against it within 10%. Its tau needs its 20
 prompts x 96 tokens; a step's *cost* does not. This script runs every static point again (same
 recipe: its builder, budget, drafting mode, temperature, the sweep's acceptance files and models:

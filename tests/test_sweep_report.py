@@ -354,3 +354,22 @@ def test_step_cost_rows_pool_the_calibration_tree_per_temperature() -> None:
     assert pooled == pytest.approx((0.10 + 0.05 + 0.14 + 0.07) / 2)  # ... at the mean of the two runs
     hot_factor = rows[1.0, "kary"]["parts"]["verifying"][0] / rows[0.0, "kary"]["parts"]["verifying"][0]
     assert hot_factor == pytest.approx(0.30 / 0.12)  # T=1's own verify factor (0.30 against the two runs' 0.12)
+
+
+def test_the_cost_section_reports_how_far_runs_of_one_tree_drifted(tmp_path) -> None:
+    """The bound the section states is computed from the records (two runs of one tree, 0.15 and 0.21 s
+    per step: 40%); without two runs of one tree it states none."""
+    from treespec.calibrate.costs import Profile
+
+    Profile({1: 0.1, 4: 0.12, 8: 0.16}, {1: 0.02, 2: 0.025, 4: 0.03}, {}).save(tmp_path / "profile.json")
+    chain = [[0], [0, 0], [0, 0, 0]]
+    fast = _point("chain", 4, [1, 1, 1, 1], depth=3, size=4, verify=0.10, draft=0.05)
+    slow = _point("sequoia", 4, [1, 1, 1, 1], depth=3, size=4, verify=0.14, draft=0.07)
+    kary = _point("kary", 8, [1, 1, 1, 1], depth=2, size=7, verify=0.18, draft=0.06)
+    fast["result"]["tree"]["paths"] = slow["result"]["tree"]["paths"] = chain
+    kary["result"]["tree"]["paths"] = [[0], [1], [0, 0], [0, 1], [1, 0], [1, 1]]
+    for rec in (fast, slow, kary):
+        rec["timing"]["overhead_seconds"] = 0.0
+    text = "\n".join(M._step_cost_section([fast, slow, kary], tmp_path))
+    assert "identical tree on one panel differ by up to 40%" in text
+    assert "Timing drift" not in "\n".join(M._step_cost_section([fast, kary], tmp_path))

@@ -252,6 +252,12 @@ def _step_cost_section(tres: list[dict[str, Any]], directory: Path) -> list[str]
     for v in held:
         key = panel(v["record"]["params"])
         worst[key] = max(worst.get(key, 0.0), abs(v["gap"]))
+    # runs of one tree on one panel: how far apart their measured steps are bounds what a model can match
+    same_tree: dict[tuple, list[float]] = {}
+    for v in rows:
+        paths = tuple(map(tuple, v["record"]["result"]["tree"]["paths"]))
+        same_tree.setdefault((v["machine"], panel(v["record"]["params"]), paths), []).append(v["measured"])
+    drift = max((max(ms) / min(ms) - 1.0 for ms in same_tree.values() if len(ms) > 1), default=None)
     m = profile.meta
     lines = ["## Predicted vs measured seconds per step", "",
              f"Predicted from `profile.json` (isolated forwards of the target per tree size and of the draft per "
@@ -262,9 +268,10 @@ def _step_cost_section(tres: list[dict[str, Any]], directory: Path) -> list[str]
              "then predicted from its own tree (its draft levels at their widths, its mean verified size) and "
              "compared with its measured drafting + verifying + engine seconds per step.", "",
              "Largest gap per panel (held-out points): " + "; ".join(
-                 f"{d} T={t:g}: {g:.0%}" for (_, d, t, _), g in sorted(worst.items(), key=str)) + ". "
-             "Timing drift between points bounds what any cost model can match here: the *Tree or chain?* "
-             "table shows points of identical shape differing by up to 14%.", "",
+                 f"{d} T={t:g}: {g:.0%}" for (_, d, t, _), g in sorted(worst.items(), key=str)) + "."
+             + ("" if drift is None else
+                " Timing drift between runs bounds what any cost model can match here: points that ran an "
+                f"identical tree on one panel differ by up to {drift:.0%} in measured seconds per step."), "",
              "| machine | dataset | T | builder | B | predicted s/step (draft + verify) | measured (draft + verify) | gap |",
              "|---|---|---|---|---|---|---|---|"]
     for v in rows:
