@@ -258,9 +258,14 @@ def mean_context(record: dict[str, Any]) -> float:
     return sum(prompts) / max(len(prompts), 1) + sum(made) / max(len(made), 1) / 2
 
 
-def _at_context(profile: Any, record: dict[str, Any]) -> Any:
-    """``profile`` at ``record``'s mean context (itself where no context slope was measured)."""
-    return profile.at_context(mean_context(record)) if profile.context_slope else profile
+def _step_weighted(records: list[dict[str, Any]], value: Any) -> float:
+    """``value(record)`` averaged over ``records``' steps (each record weighted by its step count)."""
+    return sum(value(r) * r["result"]["steps"] for r in records) / sum(r["result"]["steps"] for r in records)
+
+
+def _at_context(profile: Any, records: list[dict[str, Any]]) -> Any:
+    """``profile`` at the mean context of ``records``' steps (itself where no context slope was measured)."""
+    return profile.at_context(_step_weighted(records, mean_context)) if profile.context_slope else profile
 
 
 def step_cost_rows(tres: list[dict[str, Any]], profile: Any) -> list[dict[str, Any]]:
@@ -284,23 +289,21 @@ def step_cost_rows(tres: list[dict[str, Any]], profile: Any) -> list[dict[str, A
         first = min(mine, key=lambda r: (r["params"]["builder"] != "chain", r["params"]["budget"], str(panel(r["params"]))))
         calib = [r for r in mine if r["result"]["tree"]["paths"] == first["result"]["tree"]["paths"]]
         shape = TreeShape.from_paths([tuple(p) for p in first["result"]["tree"]["paths"]])
-        steps = sum(r["result"]["steps"] for r in calib)
-        parts = [sum(_per_step(r, part) * r["result"]["steps"] for r in calib) / steps
+        parts = [_step_weighted(calib, lambda r, part=part: _per_step(r, part))
                  for part in ("drafting", "verifying", "overhead")]
-        size = sum(r["result"]["mean_tree_size"] * r["result"]["steps"] for r in calib) / steps
-        at = profile
-        if profile.context_slope:
-            at = profile.at_context(sum(mean_context(r) * r["result"]["steps"] for r in calib) / steps)
-        cal = at.calibrated(shape, *parts, steps, size=size)
+        size = _step_weighted(calib, lambda r: r["result"]["mean_tree_size"])
+        cal = _at_context(profile, calib).calibrated(shape, *parts, sum(r["result"]["steps"] for r in calib),
+                                                     size=size)
         for r in mine:
             s = TreeShape.from_paths([tuple(p) for p in r["result"]["tree"]["paths"]])
-            here = _at_context(cal, r)
+            here = _at_context(cal, [r])
             d_pred, _ = here.step_parts(s)
             sizes = sorted(here.target_latency)
             v_pred = float(np.interp(r["result"]["mean_tree_size"], sizes, [here.target_latency[k] for k in sizes]))
             predicted = d_pred + v_pred + here.step_overhead_seconds
-            measured = sum(measured_step(r))
+            d_meas, v_meas, e_meas = measured_step(r)
+            measured = d_meas + v_meas + e_meas
             rows.append({"record": r, "machine": machine, "calibration": any(r is c for c in calib),
                          "predicted": predicted, "measured": measured, "gap": predicted / measured - 1.0,
-                         "parts": {"drafting": (d_pred, measured_step(r)[0]), "verifying": (v_pred, measured_step(r)[1])}})
+                         "parts": {"drafting": (d_pred, d_meas), "verifying": (v_pred, v_meas)}})
     return rows
