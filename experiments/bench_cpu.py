@@ -26,7 +26,8 @@ from treespec.models import DEFAULT_DRAFT, DEFAULT_TARGET, cache_root, load
 from treespec.models.precision import to_precision
 from treespec.calibrate.vectors import default_acceptance
 from treespec.models.precision import precision_of
-from treespec.recipes import Recipe, resolve, run
+from treespec.recipes import Recipe, run
+from treespec.calibrate.choices import resolve
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -55,7 +55,8 @@ from treespec.models.precision import precision_of
 import treespec
 from treespec.calibrate.vectors import default_acceptance
 from treespec.models.pair import CrossDraft
-from treespec.recipes import Recipe, build_drafters, resolve
+from treespec.recipes import Recipe, build_drafters
+from treespec.calibrate.choices import resolve
 
 CHAT_DATASETS = ("sharegpt",)  #: prompts that are a user's chat turn: wrapped in the target's chat template
 SAME, CROSS = "same", "cross"  # the two draft roles

@@ -50,7 +50,8 @@ from treespec.calibrate.vectors import default_acceptance
 from treespec.common.machine import machine
 from treespec.models import DEFAULT_DRAFT, DEFAULT_TARGET, cache_root, load
 from treespec.models.precision import precision_of
-from treespec.recipes import Recipe, resolve, run
+from treespec.recipes import Recipe, run
+from treespec.calibrate.choices import resolve
 
 
 #: the compiles' warm-up prompt: long enough for the compiled steps' chunked prefill (``treespec.core.prefill``)

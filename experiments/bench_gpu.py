@@ -53,6 +53,8 @@ from treespec.common.device import sync  # noqa: E402
 from treespec.common.machine import device_name  # noqa: E402
 from treespec.common.files import write_json  # noqa: E402
 from treespec.core import compiled, compiling  # noqa: E402
+from treespec.core.buffers import Envelope  # noqa: E402
+from treespec.core.kv import StaticTreeCache  # noqa: E402
 
 # Qwen2.5-Coder-{1.5B,0.5B}-Instruct (HF config.json; the GGUF-dequantised copies agree except that
 # they untie the LM head, which does not change the cost of a forward).
@@ -74,7 +76,7 @@ TINY = {
 TINY_COMMON = dict(COMMON, vocab_size=512, max_position_embeddings=2048, tie_word_embeddings=False)
 CHAIN = [(0,) * k for k in range(1, 5)]  # a rank-0 chain of depth 4 ...
 CHECK_SHAPE = CHAIN + [(1,)]  # ... and a branch: draft = target accepts the whole chain every step
-PHASES = ("first", "costs", "hf", "treespec", "validate", "predict")
+PHASES = ("first", "costs", "hf", "treespec", "validate", "predict", "sweep", "levels")
 
 
 def build(kind: str, tiny: bool, dtype: torch.dtype, device: torch.device, seed: int,
@@ -166,24 +168,32 @@ class Bench:
 
 
 def phase_first(b: Bench) -> dict[str, Any]:
-    """A tiny float32 model through the real compiled step on the device: equal to eager and to HF."""
+    """A tiny float32 model through the real compiled step on the device: equal to eager and to HF; then a
+    second tree shape in the same envelope compiles nothing and is exact too."""
     model = build("target", True, torch.float32, b.device, 0)
     weak = weak_draft(model, 2, noise=0.1)  # partial agreement: steps of several accepted lengths
-    drafter = lambda: [treespec.ModelDrafter(weak, CHECK_SHAPE)]  # noqa: E731
-    out: dict[str, Any] = {"cases": []}
-    for prompt in ([1, 2, 3, 4, 5], list(range(20, 60)), list(range(100, 107))):
-        t = time.perf_counter()
-        comp = treespec.generate(model, prompt, drafter(), max_new_tokens=24, budget=8, compile=b.compile)
-        seconds = time.perf_counter() - t
-        eager = treespec.generate(model, prompt, drafter(), max_new_tokens=24, budget=8)
-        with torch.inference_mode():
-            hf = model.generate(torch.tensor([prompt], device=b.device), do_sample=False, max_new_tokens=24,
-                                min_new_tokens=24, pad_token_id=0, eos_token_id=None)[0, len(prompt):].tolist()
-        out["cases"].append({"prompt_len": len(prompt), "compiled_equals_eager": comp.new_tokens == eager.new_tokens,
-                             "compiled_equals_hf": comp.new_tokens == hf, "seconds_with_compile": seconds,
-                             "tau": comp.stats.tau, "accepted_hist": comp.stats.accepted_hist,
-                             "step": comp.stats.step})
+    second = [(0,), (1,), (2,), (0, 0), (1, 0)]
+    env = envelope_of([CHECK_SHAPE, second])
+    out: dict[str, Any] = {"cases": [], "envelope": env.describe()}
+    for shape, prompts in ((CHECK_SHAPE, ([1, 2, 3, 4, 5], list(range(20, 60)), list(range(100, 107)))),
+                           (second, ([7, 3, 9, 1], list(range(30, 90))))):
+        for prompt in prompts:
+            graphs = unique_graphs()
+            t = time.perf_counter()
+            comp = treespec.generate(model, prompt, [treespec.ModelDrafter(weak, shape)], max_new_tokens=24, budget=8,
+                                     compile=b.compile, envelope=env)
+            seconds = time.perf_counter() - t
+            eager = treespec.generate(model, prompt, [treespec.ModelDrafter(weak, shape)], max_new_tokens=24, budget=8)
+            with torch.inference_mode():
+                hf = model.generate(torch.tensor([prompt], device=b.device), do_sample=False, max_new_tokens=24,
+                                    min_new_tokens=24, pad_token_id=0, eos_token_id=None)[0, len(prompt):].tolist()
+            out["cases"].append({"shape": len(shape) + 1, "prompt_len": len(prompt), "new_graphs": unique_graphs() - graphs,
+                                 "compiled_equals_eager": comp.new_tokens == eager.new_tokens,
+                                 "compiled_equals_hf": comp.new_tokens == hf, "seconds_with_compile": seconds,
+                                 "tau": comp.stats.tau, "accepted_hist": comp.stats.accepted_hist,
+                                 "step": comp.stats.step})
     out["ok"] = all(c["compiled_equals_eager"] and c["compiled_equals_hf"] for c in out["cases"])
+    out["second_shape_compiled_nothing"] = all(c["new_graphs"] == 0 for c in out["cases"][3:])
     return out
 
 
@@ -239,15 +249,15 @@ def phase_hf(b: Bench) -> dict[str, Any]:
 
 
 def treespec_run(b: Bench, target: torch.nn.Module, draft: torch.nn.Module, shape, compile,
-                 profile: bool = False, budget: int | None = None) -> dict[str, Any]:
+                 profile: bool = False, budget: int | None = None, envelope: Envelope | None = None) -> dict[str, Any]:
     """treespec on every prompt (one warm-up call first): tok/s, tau, sections per step, whole-chain steps;
     with ``profile``, one more call under ``torch.profiler`` (:func:`launch_profile`). ``budget``: the
-    request's (default ``--budget``)."""
+    request's (default ``--budget``); ``envelope``: the captured step's (``treespec.core.buffers``)."""
     n, budget = b.args.new_tokens, budget or b.args.budget
 
     def one(p):
         return treespec.generate(target, p, [treespec.ModelDrafter(draft, shape)], max_new_tokens=n, budget=budget,
-                                 compile=compile)
+                                 compile=compile, envelope=envelope if compile else None)
 
     t = time.perf_counter()
     first = one(b.prompts[0])
@@ -388,6 +398,177 @@ def phase_predict(b: Bench, done: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+SWEEP_FAMILIES = {  # name -> (builder, for_budget keyword arguments)
+    "sequoia-d8": ("sequoia", dict(max_depth=8)),  # the CPU's kind of tree (deep)
+    "sequoia-d4": ("sequoia", dict(max_depth=4)),
+    "chain": ("chain", dict(max_depth=8)),
+    "kary-2": ("kary", dict(kary_width=2, max_depth=8)),
+    "kary-4": ("kary", dict(kary_width=4, max_depth=8)),
+    "sequoia-w2": ("sequoia", dict(max_depth=6, max_width=2)),
+}
+
+
+def envelope_of(shapes) -> Envelope:
+    """The padded envelope of ``shapes`` (one row count per level): one set of graphs for all of them."""
+    return Envelope.for_shapes(shapes)
+
+
+def unique_graphs() -> int:
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+def kernel_table(call: Callable[[], Any], device: torch.device, top: int = 15) -> dict[str, Any]:
+    """One ``generate`` call under ``torch.profiler``: the kernels (CUDA; on a CPU the operators) with the most
+    device time, per step, and the kernel launches per step."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+        out = call()
+        sync(device)
+    steps = max(out.stats.steps, 1)
+    rows, kernels = [], 0
+    for e in prof.key_averages():
+        us = (getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0.0)) if cuda \
+            else e.self_cpu_time_total
+        if cuda and e.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        if cuda:
+            kernels += e.count
+        rows.append({"name": e.key[:90], "calls_per_step": e.count / steps, "us_per_step": us / steps})
+    rows.sort(key=lambda r: -r["us_per_step"])
+    return {"steps": out.stats.steps, "kernels_per_step": kernels / steps if cuda else None,
+            "device_us_per_step": sum(r["us_per_step"] for r in rows) if cuda else None, "top": rows[:top]}
+
+
+def phase_sweep(b: Bench) -> dict[str, Any]:
+    """Tree shapes x budgets on ONE set of compiled graphs (a padded envelope), sized by this device's costs.
+
+    1. The device's own costs: compiled t(n) of the target and the compiled draft forward per level of ``r``
+       rows (one graph each, dynamic in the token count: ``measure_latency(compiled=...)``).
+    2. The device-sized tree: ``choose_tree`` on them with the shipped T=0 acceptance (per-depth rows).
+    3. Every family of ``SWEEP_FAMILIES`` at each ``--sweep-budgets`` budget, and the device-sized tree, in
+       the envelope of them all: the first tree compiles (its seconds recorded apart), the others must not
+       (dynamo's graph count is recorded per shape). Measured: seconds per step and its sections. Predicted
+       (NOT measured: random weights): tau from the shipped acceptance's replay, hence real-pair tok/s and
+       the speedup over HF static+compile (phase hf, same machine).
+    4. The kernel table of the device-sized tree's step (``torch.profiler``)."""
+    a, target, draft = b.args, b.model("target"), b.model("draft")
+    acc = MeasuredAcceptance.load(ROOT / "treespec" / "data" / "acceptance-qwen2.5-coder-t0.json")
+    out: dict[str, Any] = {}
+    t = time.perf_counter()
+    sizes = [1, 2, 4, 8] if b.tiny else [1, 2, 4, 8, 16, 24, 32, 48, 64]
+    if a.sweep_costs:  # costs measured by an earlier run (its results.json): no compile for them
+        earlier = json.loads(Path(a.sweep_costs).read_text())["phases"]["sweep"]
+        out.update({k: {int(n): v for n, v in earlier[k].items()} for k in ("t_compiled", "level_compiled")},
+                   costs_seconds=earlier["costs_seconds"], costs_from=a.sweep_costs)
+        sizes = sorted(out["t_compiled"])
+    else:
+        out["t_compiled"] = measure_latency(target, sizes, context=a.prompt_len, repeats=a.repeats, compiled=b.compile)
+        out["level_compiled"] = measure_latency(draft, [2, 4, 8] if b.tiny else [2, 4, 8, 16], context=a.prompt_len,
+                                                repeats=a.repeats, compiled=b.compile)
+        out["costs_seconds"] = time.perf_counter() - t
+    b.checkpoint("sweep", out)
+    choice = choose_tree(acc, out["t_compiled"], out["level_compiled"], budgets=[x for x in range(1, max(sizes) + 1)],
+                         max_depth=8, max_width=8, per_depth=True)
+    out["device_sized"] = {"budget": choice.budget, "depth": choice.depth, "size": choice.shape.size,
+                           "widths": list(choice.shape.widths), "predicted_tau_rows": choice.tau,
+                           "predicted_step_seconds": choice.step_seconds, "paths": [list(p) for p in choice.shape.paths]}
+    shapes = {f"{name}-B{budget}": for_budget(builder, budget, acc.matrix, **kw)
+              for budget in a.sweep_budgets for name, (builder, kw) in SWEEP_FAMILIES.items()
+              if not a.sweep_families or name in a.sweep_families}
+    if choice.shape.size > 1:
+        shapes["device-sized"] = choice.shape
+    env = envelope_of(shapes.values())
+    out["envelope"] = {"nodes": env.nodes, "rows": list(env.rows), "children": env.children, "describe": env.describe()}
+    runs = out["runs"] = {}
+    graphs = unique_graphs()
+    for i, (name, shape) in enumerate(shapes.items()):
+        print(f"  sweep {name}: size {shape.size}, depth {shape.depth}", flush=True)
+        run = treespec_run(b, target, draft, shape, b.compile, budget=env.nodes, envelope=env)
+        tau = acc.replayed_tau(shape)
+        run.update(size=shape.size, depth=shape.depth, widths=list(shape.widths), new_graphs=unique_graphs() - graphs,
+                   predicted_tau_t0=tau, predicted_tau_rows_t0=shape.expected_tokens(acc.matrix))
+        graphs = unique_graphs()
+        runs[name] = run
+        b.checkpoint("sweep", out)
+    if "device-sized" in shapes:
+        shape = shapes["device-sized"]
+        out["kernel_table"] = kernel_table(
+            lambda: treespec.generate(target, b.prompts[0], [treespec.ModelDrafter(draft, shape)],
+                                      max_new_tokens=a.new_tokens, compile=b.compile, envelope=env), b.device)
+    return out
+
+
+#: the draft level's levers (phase levels): name -> (static cache rows, torch.compile mode, inductor options)
+LEVERS = {
+    "baseline: 1024 cache rows": (1024, None, {}),
+    "attention over 256 rows (the used length, bucketed)": (256, None, {}),
+    "inductor freezing (weights as constants)": (1024, None, {"freezing": True}),
+    "max-autotune (GEMM autotuning)": (1024, "max-autotune", {}),
+}
+
+
+def phase_levels(b: Bench) -> dict[str, Any]:
+    """Where a draft level's time goes, and what each lever saves: one level (a forward of ``r`` rows after
+    ``--prompt-len`` cached tokens on a static cache, then the top-8 choices of every row: the captured
+    step's level) compiled per lever of ``LEVERS``, milliseconds (median of 50 calls) and kernels per call
+    (``torch.profiler``). Saved after every lever (max-autotune compiles longest: last)."""
+    a, draft = b.args, b.model("draft")
+    out: dict[str, Any] = {"rows": a.level_rows, "context": a.prompt_len, "levers": {}}
+    g = torch.Generator().manual_seed(0)
+    vocab = draft.config.vocab_size
+    ctx = torch.randint(0, vocab, (a.prompt_len + 1,), generator=g).tolist()
+    ids = torch.randint(0, vocab, (a.level_rows,), generator=g).to(b.device)
+    for name, (capacity, mode, options) in LEVERS.items():
+        if b.tiny and mode == "max-autotune":
+            continue
+        cache = StaticTreeCache(draft, capacity)
+        cache.prefill(draft, ctx)
+        committed = cache.length.clone()
+        positions = committed + torch.arange(a.level_rows, device=b.device)
+        block = torch.ones(a.level_rows, a.level_rows, dtype=torch.bool, device=b.device).tril()
+
+        def level(ids, positions, block, committed, cache=cache):
+            return torch.topk(cache.forward(draft, ids, positions, block, committed), 8, dim=-1).indices
+
+        backend, cmode = (b.backend, mode or b.mode) if not b.tiny else (b.backend, None)
+        fn = torch.compile(level, fullgraph=True, backend=backend, mode=cmode, options=options or None)
+        t = time.perf_counter()
+        fn(ids, positions, block, committed)
+        sync(b.device)
+        compile_s = time.perf_counter() - t
+        ms = timed(lambda: fn(ids, positions, block, committed), b.device, 3 if b.tiny else 50, warmup=3) * 1e3
+        table = kernel_count(lambda: fn(ids, positions, block, committed), b.device)
+        out["levers"][name] = {"ms": ms, "compile_seconds": compile_s, **table}
+        print(f"  {name}: {ms:.3f} ms per level, {table['kernels']} kernels, compile {compile_s:.0f} s", flush=True)
+        b.checkpoint("levels", out)
+    return out
+
+
+def kernel_count(call: Callable[[], Any], device: torch.device, top: int = 12) -> dict[str, Any]:
+    """Kernels one call runs (CUDA; on a CPU none are counted) and its kernels with the most device time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    if device.type != "cuda":
+        call()
+        return {"kernels": None, "top": []}
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        call()
+        sync(device)
+    rows, kernels = [], 0
+    for e in prof.key_averages():
+        if e.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        kernels += e.count
+        us = getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0.0)
+        rows.append({"name": e.key[:90], "calls": e.count, "us": us})
+    rows.sort(key=lambda r: -r["us"])
+    return {"kernels": kernels, "device_us": sum(r["us"] for r in rows), "top": rows[:top]}
+
+
 # -- results: written after every phase -----------------------------------------------------------
 
 
@@ -457,13 +638,64 @@ def report(r: dict[str, Any]) -> str:
                              f"{p['tok_s'] / hf_c:.2f}x |")
         lines += ["", "Predicted tok/s = G(n, d) / (t(n) + draft levels), from this machine's measured costs; the "
                   "engine's own time is not in the prediction (see the measured engine share).", ""]
+    if ph.get("sweep"):
+        lines += sweep_report(ph["sweep"], ph.get("hf", {}).get("hf_generate_static_compiled", {}).get("tok_s"))
+    if ph.get("levels"):
+        lv = ph["levels"]
+        lines += [f"## Draft level levers ({lv['rows']} rows after {lv['context']} cached tokens, then top-8 per row)", "",
+                  "| lever | ms per level (measured) | kernels per level | device us | compile s |", "|---|---|---|---|---|"]
+        lines += [f"| {k} | {v['ms']:.3f} | {v['kernels']} | {v.get('device_us', float('nan')):.0f} | "
+                  f"{v['compile_seconds']:.0f} |" for k, v in lv["levers"].items()]
+        lines.append("")
     return "\n".join(lines)
+
+
+def sweep_report(sw: dict[str, Any], hf_c: float | None) -> list[str]:
+    """The sweep phase's section of README.md."""
+    lines = ["## Sweep: tree shapes x budgets on one set of compiled graphs", ""]
+    if "t_compiled" in sw:
+        t = {int(k): v for k, v in sw["t_compiled"].items()}
+        lv = {int(k): v for k, v in sw["level_compiled"].items()}
+        lines += ["Measured compiled costs (one graph each, dynamic token count): target t(n) "
+                  + ", ".join(f"t({n}) {v * 1e3:.2f}" for n, v in t.items()) + " ms; draft forward per level of r rows "
+                  + ", ".join(f"{r}: {v * 1e3:.2f}" for r, v in lv.items()) + f" ms ({sw['costs_seconds']:.0f} s with "
+                  "their compiles).", ""]
+    if "device_sized" in sw:
+        d = sw["device_sized"]
+        lines += [f"Device-sized tree (`choose_tree` on these costs, shipped T=0 per-depth rows): budget {d['budget']}, "
+                  f"depth {d['depth']}, widths {d['widths']}; predicted {d['predicted_tau_rows']:.2f} tokens per step "
+                  f"(rows) at {d['predicted_step_seconds'] * 1e3:.2f} ms per step (PREDICTED).", ""]
+    if "envelope" in sw:
+        lines += [f"Envelope of all shapes: {sw['envelope']['describe']}.", ""]
+    if sw.get("runs"):
+        lines += ["| shape | size | depth | widths | first call s | new graphs | ms per step (measured) | drafting / "
+                  "verifying / engine ms | predicted tau (T=0 replay) | predicted real-pair tok/s | vs HF static+compile |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for name, r in sw["runs"].items():
+            sec = r["per_step_seconds"]
+            tok_s = r["predicted_tau_t0"] / r["step_seconds"]
+            lines.append(f"| {name} | {r['size']} | {r['depth']} | {r['widths']} | {r['first_call_seconds']:.1f} | "
+                         f"{r['new_graphs']} | {r['step_seconds'] * 1e3:.2f} | {sec['drafting'] * 1e3:.2f} / "
+                         f"{sec['verifying'] * 1e3:.2f} / {sec['overhead'] * 1e3:.2f} | {r['predicted_tau_t0']:.2f} | "
+                         f"{tok_s:.0f} | " + (f"{tok_s / hf_c:.2f}x |" if hf_c else "|"))
+        lines += ["", "Seconds per step are measured (a step costs the same whatever a random draft proposes); tau is "
+                  "PREDICTED from the shipped HumanEval T=0 acceptance (replay over its ranks), so tok/s and the ratio "
+                  "are predictions for the real pair, not measurements.", ""]
+    if sw.get("kernel_table"):
+        k = sw["kernel_table"]
+        lines += [f"Kernel table of the device-sized tree's step ({k['kernels_per_step']} kernels and "
+                  f"{k['device_us_per_step']} us of device time per step):", "", "| kernel | calls per step | us per step |",
+                  "|---|---|---|"]
+        lines += [f"| `{r['name']}` | {r['calls_per_step']:.1f} | {r['us_per_step']:.1f} |" for r in k["top"]]
+        lines.append("")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="directory for results.json and README.md (resumed)")
-    ap.add_argument("--phase", choices=(*PHASES, "all"), default="all", help="which phase to run (default: all)")
+    ap.add_argument("--phase", choices=(*PHASES, "all"), nargs="+", default=["all"],
+                    help="which phases to run, in the protocol's order (default: all)")
     ap.add_argument("--smoke", action="store_true", help="tiny models (CPU by default, aot_eager): checks the script")
     ap.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     ap.add_argument("--prompts", type=int, default=4)
@@ -478,12 +710,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     help="budgets of the Sequoia trees whose captured steps phase treespec times (default: 16 32 64; "
                          "smoke: 8)")
     ap.add_argument("--max-depth", type=int, default=8, help="depth limit of those trees (the CLI's default)")
+    ap.add_argument("--level-rows", type=int, default=4, help="rows of phase levels' draft level")
+    ap.add_argument("--sweep-costs", default=None, help="phase sweep: take the compiled costs from this results.json")
+    ap.add_argument("--sweep-families", nargs="+", default=None, help="phase sweep: only these of SWEEP_FAMILIES")
+    ap.add_argument("--sweep-budgets", type=int, nargs="+", default=None,
+                    help="budgets of phase sweep's tree families (default: 16 32; smoke: 6 8)")
     args = ap.parse_args(argv)
     args.device = args.device or ("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
     if args.smoke:
         args.prompts, args.prompt_len, args.new_tokens, args.budget, args.repeats = 2, 16, 12, 8, 2
         args.compiled_sizes = [1, 8]
     args.step_budgets = args.step_budgets or ([8] if args.smoke else [16, 32, 64])
+    args.sweep_budgets = args.sweep_budgets or ([6, 8] if args.smoke else [16, 32])
     args.compiled_sizes = [n for n in args.compiled_sizes if n > 0]
     out = Path(args.out)
 
@@ -498,8 +736,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     results = json.loads((out / "results.json").read_text()) if (out / "results.json").exists() else {}
     results = {"setup": b.setup(), "phases": results.get("phases", {})}
     phases = {"first": phase_first, "costs": phase_costs, "hf": phase_hf, "treespec": phase_treespec,
-              "validate": phase_validate, "predict": lambda bench: phase_predict(bench, results["phases"])}
-    for name in PHASES if args.phase == "all" else (args.phase,):
+              "validate": phase_validate, "predict": lambda bench: phase_predict(bench, results["phases"]),
+              "sweep": phase_sweep, "levels": phase_levels}
+    for name in [p for p in PHASES if "all" in args.phase or p in args.phase]:
         t = time.perf_counter()
         print(f"phase {name} ...", flush=True)
         checkpoint(name, phases[name](b))

@@ -97,7 +97,8 @@ def engine(args: argparse.Namespace) -> str:
     from treespec.calibrate.vectors import default_acceptance
     from treespec.models import cache_root
     from treespec.models.precision import precision_of, to_precision
-    from treespec.recipes import Recipe, resolve, run
+    from treespec.recipes import Recipe, run
+    from treespec.calibrate.choices import resolve
 
     k = args.engine
     target, tok = load(DEFAULT_TARGET, dtype="bfloat16", role="target")

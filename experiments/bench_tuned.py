@@ -5,7 +5,7 @@ T=0 and T=1; bfloat16 target, int8 draft), three methods run side by side, inter
 the sweep's own evaluation prompts with its seeds and token count:
 
 * ``tuned``: what ``treespec generate`` runs by default at that temperature, resolved the way the CLI
-  resolves it (``treespec.recipes.resolve`` with the tokenizer: the measured-fastest Sequoia tree under
+  resolves it (``treespec.calibrate.choices.resolve`` with the tokenizer: the measured-fastest Sequoia tree under
   the shipped acceptance's per-depth rows, costs calibrated by real steps);
 * ``tuned-panel``: the same tuner given the panel's own acceptance, measured on prompts disjoint from
   the evaluation's (the ``random-walk`` calibration of ``experiments/results/acceptance-fit``: 40
@@ -39,7 +39,8 @@ from treespec.calibrate.vectors import default_acceptance
 from treespec.common.machine import machine
 from treespec.core.sampling import spread_seed
 from treespec.models import DEFAULT_DRAFT, DEFAULT_TARGET, load
-from treespec.recipes import Recipe, plan, resolve, run
+from treespec.recipes import Recipe, plan, run
+from treespec.calibrate.choices import resolve
 
 SWEEP = Path("experiments/results/cpu-qwen-coder")
 CALIBRATION = Path("experiments/results/acceptance-fit")  # bench_acceptance_fit.py's files

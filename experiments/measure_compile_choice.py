@@ -2,7 +2,7 @@
 
 Loads the built-in pair as the CLI does (``load_pair``, measured precisions), resolves the default
 recipe (tuned Sequoia tree, calibrated), and measures its eager and compiled routes on the built-in
-pilot prompts (``treespec.recipes.resolve_compile`` with ``measure_from_tokens=0``;
+pilot prompts (``treespec.calibrate.choices.resolve_compile`` with ``measure_from_tokens=0``;
 ``treespec.calibrate.compile_choice``). The measurement is written to ``<out>/compile.json`` in the
 cache's own format (a re-run reads it instead of measuring again), and ``<out>/README.md`` gives the
 figures and the choice for a few run sizes, the line a compiled run prints (the tuned tree's
@@ -28,7 +28,8 @@ from treespec.common.machine import device_name, machine
 from treespec.models import DEFAULT_DRAFT, DEFAULT_TARGET
 from treespec.models.pair import load_pair
 from treespec.core.stats import Stats
-from treespec.recipes import Recipe, resolve, resolve_compile, run
+from treespec.recipes import Recipe, run
+from treespec.calibrate.choices import resolve, resolve_compile
 
 #: (prompts, new tokens per prompt) the README reports the choice for
 RUNS = ((1, 64), (10, 64), (50, 64), (100, 64), (100, 256), (1000, 128))

@@ -95,8 +95,8 @@ def measure(compile, capture: bool, temperature: float, new_tokens: int, stop: f
     target = tiny_model("llama", vocab=64, hidden=64, scale=6)
     draft = perturbed_copy(target, 0.3)
     shape = [(0,), (1,), (0, 0), (0, 1), (1, 0), (1, 1), (0, 0, 0)]
-    real_plan = captured.capture_plan
-    captured.capture_plan = real_plan if capture else (lambda req: "drafted on the host for this profile")
+    real_plan = captured.capturable
+    captured.capturable = real_plan if capture else (lambda req: "drafted on the host for this profile")
     real_draft = captured._CapturedRunner.draft_tree
 
     def run(n: int, prof: bool):
@@ -113,7 +113,7 @@ def measure(compile, capture: bool, temperature: float, new_tokens: int, stop: f
         with profile(activities=[ProfilerActivity.CPU]) as prof, host_reads() as reads:
             out = run(new_tokens, True)
     finally:
-        captured.capture_plan, captured._CapturedRunner.draft_tree = real_plan, real_draft
+        captured.capturable, captured._CapturedRunner.draft_tree = real_plan, real_draft
     ops = count(prof)
     steps = out.stats.steps
     return {"steps": steps, "ops_per_step": {k: v / steps for k, v in ops.items()},

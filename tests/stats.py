@@ -17,7 +17,9 @@ def g_test(observed: Counter, expected_p: dict, min_expected: float = 5.0) -> fl
     """G-test p-value of ``observed`` counts against probabilities ``expected_p``.
 
     Cells whose expected count is below ``min_expected`` are pooled into one cell; a sample that
-    lands on a cell of probability 0 fails outright (returns 0.0).
+    lands on a cell of probability 0 fails outright (returns 0.0). Too few samples to leave two cells
+    after pooling is an error, not a p-value: such a test would check nothing (scipy's p-value of one
+    cell is NaN, which ``p > ALPHA`` reads as a rejection and ``p < ALPHA`` as an acceptance).
     """
     n = sum(observed.values())
     if any(expected_p.get(k, 0.0) <= 0.0 for k in observed):
@@ -33,6 +35,9 @@ def g_test(observed: Counter, expected_p: dict, min_expected: float = 5.0) -> fl
         i = int(np.argmax(exp))
         obs[i] += rest_obs
         exp[i] += rest_exp
+    if len(obs) < 2:
+        raise ValueError(f"{n} samples leave one cell after pooling cells expected fewer than {min_expected:g} "
+                         "times: the G-test checks nothing; sample more")
     return float(stats.power_divergence(obs, exp, lambda_="log-likelihood").pvalue)
 
 

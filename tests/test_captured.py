@@ -12,7 +12,8 @@ import test_exactness
 from stats import ALPHA, exact_joint, g_test
 from test_exactness import BUSHY, PROMPT, pair, sample_joint  # noqa: F401 (pair is a fixture)
 from treespec.core import captured, compiled
-from treespec.core.buffers import shape_buffers
+from treespec.core import rule
+from treespec.core.buffers import Envelope, tree_buffers
 from treespec.core.request import Request
 from treespec.drafters.model import _Layout, as_shape
 from treespec.models.tiny import greedy_reference, perturbed_copy, tiny_model
@@ -27,21 +28,40 @@ def run(target, draft, prompt, n, shape=KARY, mode="topk", **kwargs):
                              **kwargs)
 
 
-def test_shape_buffers_lay_out_levels_slots_and_siblings():
-    plan = _Layout.of(as_shape(DEEP))
-    buf = shape_buffers(plan.parent, plan.rank)
+def test_tree_buffers_lay_out_levels_slots_and_siblings():
+    layout = _Layout.of(as_shape(DEEP))
+    buf = tree_buffers(layout.parent, layout.rank)
+    assert buf.envelope == Envelope(8, (2, 2, 1, 1), 2)
     assert buf.parent.tolist() == [-1, 0, 0, 1, 2, 3, 3, 5]
     assert buf.depth.tolist() == [0, 1, 1, 2, 2, 3, 3, 4]
-    # slots: pending, root, then the nodes with children depth by depth (node 4, a leaf at depth 2, has none)
-    assert buf.slot_node.tolist() == [-1, 0, 1, 2, 3, 5]
-    assert [(lv.children.start, lv.children.stop) for lv in buf.levels] == [(1, 3), (3, 5), (5, 7), (7, 8)]
-    assert [lv.forward.tolist() for lv in buf.levels] == [[1, 2], [3], [5], []]
-    assert buf.levels[1].parent_row.tolist() == [0, 1] and buf.levels[2].rank.tolist() == [0, 1]
-    assert buf.slot_ancestors[5].tolist() == [True, True, True, False, True, True]  # node 5: pending, 0, 1, 3, self
+    # slots: pending (id 8), root, then the nodes with children level by level (node 4, a leaf at depth 2, has none)
+    assert buf.slot_node.tolist() == [8, 0, 1, 2, 3, 5]
+    assert [lv.nodes.tolist() for lv in buf.levels] == [[8, 0], [1, 2], [3], [5]]
+    assert buf.chosen_at.tolist() == [-1, 0, 0, 1, 1, 2, 2, 3]
+    # level 0 keeps the root's logits only (its pending row is no parent): depth-1 nodes read row 0
+    assert buf.row.tolist() == [0, 0, 0, 0, 1, 0, 0, 0] and buf.rank.tolist() == [0, 0, 1, 0, 0, 0, 1, 0]
+    assert buf.q_row.tolist() == [0, 0, 0, 1, 2, 3, 3, 4]
+    assert buf.levels[3].block[0].tolist() == [True, True, True, False, True, True]  # node 5: pending, 0, 1, 3, self
     assert buf.next_sibling.tolist() == [-1, 2, -1, -1, -1, 6, -1, -1]
     assert buf.earlier_siblings[:, 0].tolist() == [-1, -1, 1, -1, -1, -1, 5, -1]
     with pytest.raises(ValueError, match="BFS"):
-        shape_buffers(np.array([-1, 0, 1, 0]), np.array([0, 0, 0, 1]))
+        tree_buffers(np.array([-1, 0, 1, 0]), np.array([0, 0, 0, 1]))
+
+
+def test_tree_buffers_in_a_padded_envelope():
+    """Padding nodes never exist and attend to themselves; every level forwards the envelope's rows, the
+    pending row's logits kept (one graph for every level); a tree outside the envelope is refused."""
+    layout = _Layout.of(as_shape(DEEP))
+    env = Envelope.padded([Envelope.exact(layout.parent, layout.rank), Envelope(10, (2, 3), 3)])
+    assert env == Envelope(10, (3, 3, 3, 3), 3) and env.covers(Envelope(8, (2, 2, 1, 1), 2))
+    buf = tree_buffers(layout.parent, layout.rank, env)
+    assert buf.size == 8 and buf.parent.tolist()[8:] == [-1, -1] and buf.chosen_at.tolist()[8:] == [-1, -1]
+    assert not buf.ancestors[8:, :8].any() and buf.ancestors[8:, 8:].diagonal().all()
+    assert [lv.nodes.tolist() for lv in buf.levels] == [[10, 0, 11], [1, 2, 11], [3, 11, 11], [5, 11, 11]]
+    assert buf.row.tolist()[:8] == [0, 1, 1, 0, 1, 0, 0, 0]  # the root is row 1 of level 0
+    assert buf.post_order.tolist()[8:] == [8, 9]
+    with pytest.raises(ValueError, match="does not fit the envelope"):
+        tree_buffers(layout.parent, layout.rank, Envelope(8, (2, 2, 1), 2))
 
 
 # each family with one drafting mode (the modes share the step; the families share nothing but it)
@@ -95,7 +115,7 @@ def test_which_configurations_are_captured_and_why_not(models):
     req = Request.checked(target, [1, 2], [treespec.ModelDrafter(draft, KARY, min_confidence=0.1)],
                                                 4, 0.0, 0, 1.0, None, 0, None, None, "rrs", BACKEND)
     cuda = type("CudaRequest", (), {"drafters": req.drafters, "budget": None, "device": torch.device("cuda")})()
-    assert "CPU only" in captured.capture_plan(cuda)
+    assert "CPU only" in captured.capturable(cuda)
     over_budget = treespec.generate(target, [1, 2], [treespec.ModelDrafter(draft, KARY)], budget=4, **kw).stats.step
     assert "over the budget 4" in over_budget
 
@@ -122,9 +142,9 @@ def test_correct_when_each_compiled_output_dies_at_the_next_compiled_call(models
     overwritten with junk as soon as any compiled call runs again. With the clones the runner makes
     under CUDA graphs, output stays HF's greedy; without them (the control) it breaks."""
     target, draft = models
-    captured._RUNNERS.clear()
+    captured.RUNNERS.clear()
     run(target, draft, [1, 2], 2, compile=BACKEND)
-    (runner,) = captured._RUNNERS.values()
+    (runner,) = captured.RUNNERS.values()
     monkeypatch.setattr(runner, "clone_between", clone)
     live: list[torch.Tensor] = []
 
@@ -134,11 +154,11 @@ def test_correct_when_each_compiled_output_dies_at_the_next_compiled_call(models
                 t.fill_(-7 if not t.dtype.is_floating_point else float("nan"))
             live.clear()
             out = fn(*args)
-            live.extend(out if isinstance(out, tuple) else [out])
+            live.extend(t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor))
             return out
         return call
 
-    for name in ("start_step", "level_step", "verify_step"):
+    for name in ("level_step", "verify_step"):
         monkeypatch.setattr(runner, name, dying(getattr(runner, name)))
     prompt = [10, 11, 12, 13, 14, 15, 16, 17]
     try:
@@ -146,19 +166,19 @@ def test_correct_when_each_compiled_output_dies_at_the_next_compiled_call(models
     except (IndexError, RuntimeError):  # junk indices
         ok = False
     assert ok == clone
-    captured._RUNNERS.clear()
+    captured.RUNNERS.clear()
 
 
 def test_garbage_in_unused_rows_of_both_caches_changes_nothing(models):
     target, draft = models
     prompt = [1, 5, 7, 9, 3]
-    captured._RUNNERS.clear()
+    captured.RUNNERS.clear()
     clean = run(target, draft, prompt, 30, compile=BACKEND)
-    (runner,) = captured._RUNNERS.values()
+    (runner,) = captured.RUNNERS.values()
     gen = torch.Generator().manual_seed(0)
 
     # the draft's next step first commits rows of its last tree: junk goes past that tree's slots
-    tree_slots = {id(runner.cache): 0, id(runner.draft_cache): len(runner.buf.shape.slot_node)}
+    tree_slots = {id(runner.cache): 0, id(runner.draft_cache): sum(runner.envelope.rows)}
 
     def poison(_tokens):
         for cache in (runner.cache, runner.draft_cache):
@@ -210,28 +230,33 @@ def test_captured_joint_distribution_matches_target(pair, mode, kwargs, monkeypa
     assert g_test(counts, exact_joint(target, PROMPT, 3, **kwargs)) > ALPHA
 
 
-def test_joint_test_detects_a_captured_step_that_ignores_removed_siblings(pair, monkeypatch):  # noqa: F811
-    """Negative control: verifying draws without replacement against ``q`` itself (older siblings not
-    removed) is biased, and the same test must see it."""
-    monkeypatch.setattr(test_exactness, "N", 400)
-    target, draft = pair
-    monkeypatch.setattr(captured._CapturedRunner, "_without_older_siblings", lambda self, q, tokens: q)
-    captured._RUNNERS.clear()
-    counts = sample_joint(target, lambda: [treespec.ModelDrafter(draft, BUSHY, "sample_without_replacement")],
-                          "captured-biased", temperature=1.0, compile=BACKEND)
-    captured._RUNNERS.clear()
-    assert not g_test(counts, exact_joint(target, PROMPT, 3, 1.0)) > ALPHA
+def test_older_siblings_are_removed_as_the_host_proposals_do():
+    """Each without-replacement proposal is verified against ``q`` with its older siblings' tokens removed and
+    renormalised: the captured step's tensor form equals the host proposals' (``rule.draw_without_replacement_q``),
+    also where the root's token (what a padding entry reads) is an older sibling's token, and the control (``q``
+    itself) does not. (A joint-distribution control of this fault was vacuous: at 400 trials of this pair's 216
+    cells the G-test pooled everything into one cell, and at 1,500 trials its bias still gives p = 0.1.)"""
+    g = torch.Generator().manual_seed(0)
+    q = torch.softmax(torch.randn(5, 9, generator=g), -1)  # rows: the proposals of nodes 1..5
+    tokens = torch.tensor([7, 7, 2, 5, 1, 8])  # node v's token; the root and node 1 share token 7
+    earlier = torch.tensor([[-1, -1], [1, -1], [1, 2], [-1, -1], [4, -1]])  # each proposal's older siblings
+    runner = captured._CapturedRunner.__new__(captured._CapturedRunner)
+    got = runner._without_older_siblings(q, tokens, earlier)
+    for row in range(5):
+        exclude = tuple(int(tokens[v]) for v in earlier[row] if v >= 0)
+        assert torch.allclose(got[row], rule.draw_without_replacement_q(q[row], exclude))
+    assert not torch.allclose(q[1], rule.draw_without_replacement_q(q[1], (7,)))  # the control differs
 
 
 def test_joint_test_detects_a_captured_step_that_accepts_everything(pair, monkeypatch):  # noqa: F811
-    monkeypatch.setattr(test_exactness, "N", 400)
+    monkeypatch.setattr(test_exactness, "N", 1000)
     target, draft = pair
-    monkeypatch.setattr(compiled, "verify_proposals",
+    monkeypatch.setattr(rule, "verify_proposals",
                         lambda r, tokens, q, u: (torch.zeros(r.shape[:-1], dtype=torch.long), r))
-    captured._RUNNERS.clear()
+    captured.RUNNERS.clear()
     counts = sample_joint(target, lambda: [treespec.ModelDrafter(draft, BUSHY, "topk")], "captured-accept-all",
                           temperature=1.0, compile=BACKEND)
-    captured._RUNNERS.clear()
+    captured.RUNNERS.clear()
     assert not g_test(counts, exact_joint(target, PROMPT, 3, 1.0)) > ALPHA
 
 
@@ -246,10 +271,10 @@ def test_freezing_with_several_runners_in_one_process(mode, monkeypatch):
     draft = perturbed_copy(target, 0.3)
     fan = [(0,), (1,)]
     shapes = [fan, KARY, fan]
-    monkeypatch.setattr(captured, "_MAX_RUNNERS", 1)
-    monkeypatch.setattr(compiled, "_MAX_RUNNERS", 1)
-    captured._RUNNERS.clear()
-    compiled._RUNNERS.clear()
+    monkeypatch.setattr(captured.RUNNERS, "limit", 1)
+    monkeypatch.setattr(compiled.RUNNERS, "limit", 1)
+    captured.RUNNERS.clear()
+    compiled.RUNNERS.clear()
     with torch._inductor.config.patch(freezing=True):
         for shape in shapes:
             for prompt in ([1, 2, 3, 4], [5, 9, 11]):

@@ -71,6 +71,24 @@ def test_bad_acceptance_file_is_a_user_error(tmp_path, capsys, monkeypatch, cont
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize("bug", [TypeError("unsupported operand"), KeyError("budget"), AttributeError("x")])
+def test_a_programming_error_keeps_its_traceback(monkeypatch, bug):
+    """Only what a user can cause (ValueError, OSError, ImportError) is printed as ``treespec: error: ...``; a
+    TypeError or KeyError raised inside treespec is a bug and reaches the caller with its traceback."""
+    import argparse
+
+    import treespec.cli as cli
+
+    def command(args):
+        raise bug
+
+    parser = argparse.ArgumentParser()
+    parser.set_defaults(func=command)
+    monkeypatch.setattr(cli, "build_parser", lambda: parser)
+    with pytest.raises(type(bug)):
+        cli.main([])
+
+
 def test_debug_shows_the_traceback(tmp_path, capsys, monkeypatch):
     argv = ["generate", "--prompt", "x", "--acceptance", str(tmp_path / "missing.json")]
     with pytest.raises(FileNotFoundError):

@@ -11,7 +11,7 @@ from stats import ALPHA, exact_joint, g_test
 import test_exactness
 from test_exactness import BUSHY, PROMPT, pair, sample_joint  # noqa: F401 (pair is a fixture)
 from treespec.models.tiny import greedy_reference, perturbed_copy, tiny_model
-from treespec.core import compiled
+from treespec.core import compiled, rule
 from treespec.core.kv import StaticTreeCache
 
 KARY = [(0,), (1,), (0, 0), (0, 1), (1, 0), (1, 1)]
@@ -86,16 +86,16 @@ def test_one_compiled_call_per_step_and_no_graph_output_feeds_another(models, mo
     target, draft = models
     kwargs = dict(shape=KARY, mode="sample", budget=8, temperature=temperature, compile=BACKEND)
     run(target, draft, [1, 2, 3], 4, seed=0, **kwargs)  # builds the runner
-    runner = next(r for r in compiled._RUNNERS.values() if r.model is target and r.width == 8)
+    runner = next(r for r in compiled.RUNNERS.values() if r.model is target and r.width == 8)
     outputs, calls = [], []
 
     def storages(args):
         for a in args:
-            for x in (vars(a).values() if hasattr(a, "anc") else [a]):
+            for x in (a if isinstance(a, tuple) else [a]):
                 if isinstance(x, torch.Tensor):
                     yield x.untyped_storage().data_ptr()
 
-    for name in ("step_greedy", "step_sampled", "forward"):
+    for name in ("step", "forward"):
         def watched(*args, _fn=getattr(runner, name), _name=name):
             held = {o.untyped_storage().data_ptr() for o in outputs}
             assert not held & set(storages(args)), f"{_name} was fed the output of an earlier compiled call"
@@ -105,7 +105,7 @@ def test_one_compiled_call_per_step_and_no_graph_output_feeds_another(models, mo
             return out
         monkeypatch.setattr(runner, name, watched)
     out = run(target, draft, [9, 8, 7, 6], 24, seed=1, **kwargs)
-    assert calls == ["step_greedy" if temperature == 0 else "step_sampled"] * out.stats.steps
+    assert calls == ["step"] * out.stats.steps
 
 
 def test_garbage_in_unused_cache_slots_changes_nothing(models):
@@ -113,7 +113,7 @@ def test_garbage_in_unused_cache_slots_changes_nothing(models):
     target, draft = models
     prompt = [1, 5, 7, 9, 3]
     clean = run(target, draft, prompt, 30, mode="sample", budget=8, compile=BACKEND, seed=0)
-    runner = next(r for r in compiled._RUNNERS.values() if r.model is target and r.width == 8)
+    runner = next(r for r in compiled.RUNNERS.values() if r.model is target and r.width == 8)
     gen = torch.Generator().manual_seed(0)
 
     def poison(_tokens):
@@ -157,12 +157,12 @@ def test_greedy_path_is_the_deepest_matching_node():
     anc[1, 0] = anc[2, 0] = anc[2, 1] = anc[3, 0] = True
     logits = torch.zeros(5, 10)
     logits[0, 4] = logits[1, 5] = logits[2, 7] = 1.0  # target argmax: 4 after root, 5 after node 1, then 7
-    on_path, extra = compiled.greedy_path(logits, tokens, parent, anc, valid)
+    on_path, extra = rule.greedy_path(logits, tokens, parent, anc, valid)
     assert on_path.tolist() == [True, True, True, False, False] and int(extra) == 7
     logits[1, 5], logits[1, 1] = 0.0, 1.0  # now node 2 does not match: stop at node 1, extra = 1
-    on_path, extra = compiled.greedy_path(logits, tokens, parent, anc, valid)
+    on_path, extra = rule.greedy_path(logits, tokens, parent, anc, valid)
     assert on_path.tolist() == [True, True, False, False, False] and int(extra) == 1
-    rows, m = compiled.path_rows(on_path)
+    rows, m = rule.path_rows(on_path)
     assert rows.tolist() == [0, 1, 2, 3, 4] and int(m) == 2
 
 
@@ -178,13 +178,13 @@ def test_compiled_joint_distribution_matches_target(pair, mode, monkeypatch):  #
 
 def test_compiled_exactness_test_detects_a_biased_verifier(pair, monkeypatch):  # noqa: F811
     """Negative control: accepting every proposal makes the compiled output start with the draft's top-1 chain."""
-    monkeypatch.setattr(test_exactness, "N", 400)
+    monkeypatch.setattr(test_exactness, "N", 1000)
     target, draft = pair
 
     def always_accept(r, tokens, q, u):
         return torch.zeros(r.shape[:-1], dtype=torch.long, device=r.device), r
 
-    monkeypatch.setattr(compiled, "verify_proposals", always_accept)
+    monkeypatch.setattr(rule, "verify_proposals", always_accept)
     counts = sample_joint(target, lambda: [treespec.ModelDrafter(draft, BUSHY, "topk")], "compiled-biased",
                           temperature=1.0, budget=8, compile=BACKEND)
     # every trial emits the draft's top-1 chain (the depth cap leaves the last token to the target)

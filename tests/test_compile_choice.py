@@ -11,7 +11,8 @@ from treespec.calibrate import compile_choice
 from treespec.calibrate.compile_choice import RouteTiming, decide
 from treespec.core.stats import GenerateOutput, Stats
 from treespec.models.tiny import ByteTokenizer, greedy_reference, perturbed_copy, tiny_model
-from treespec.recipes import Recipe, resolve, resolve_compile, run
+from treespec.recipes import Recipe, run
+from treespec.calibrate.choices import resolve, resolve_compile
 
 # compile 100 s, then 80 ms per token against 125 ms eager; prefill 1.0 s compiled, 1.5 s eager
 TIMING = RouteTiming(compile=100.0, prefill_eager=1.5, token_eager=0.125, prefill_compiled=1.0, token_compiled=0.08)
@@ -139,7 +140,7 @@ def test_a_tuned_prediction_recosted_by_compiled_steps_keeps_its_tree() -> None:
 def test_a_compiled_run_prints_the_compiled_steps_prediction(pair, tmp_path) -> None:
     """Measured once (cached); a run that compiles as asked reads the measurement and its why-line
     costs the tuned tree by its compiled steps; without a measurement the eager prediction stays."""
-    from treespec.recipes import Resolved
+    from treespec.calibrate.choices import Resolved
 
     target, draft, tok = pair
     tuned = _tuned([0.8, 0.1, 0.05])

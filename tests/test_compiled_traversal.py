@@ -1,4 +1,4 @@
-"""Traversal (and block) verification on the device: ``compiled.traversal_path`` and both compiled steps.
+"""Traversal (and block) verification on the device: ``rule.traversal_path`` and both compiled steps.
 
 1. The pure function against the host rule (``verifiers.traversal``) on hand-made trees over a 5-token
    vocabulary: the host's law of (accepted node, extra token) computed exactly by enumerating its
@@ -23,7 +23,7 @@ import treespec
 from stats import ALPHA, exact_joint, g_test
 from test_exactness import BUSHY, PROMPT, sample_joint
 from test_verifiers import decisions
-from treespec.core import compiled, verifiers
+from treespec.core import padded as padded_tree, rule, verifiers
 from treespec.core.drafting import ROOT, DraftProposals
 from treespec.core.tree import TokenTree, flatten
 from treespec.models.tiny import greedy_reference, perturbed_copy, tiny_model
@@ -89,7 +89,7 @@ def host_law(tree: TokenTree, target: torch.Tensor, verify=verifiers.traversal) 
     return law
 
 
-def device_counts(tree: TokenTree, target: torch.Tensor, walk=compiled.traversal_path, seed: int = 0,
+def device_counts(tree: TokenTree, target: torch.Tensor, walk=rule.traversal_path, seed: int = 0,
                   q_rows=None) -> Counter:
     """(accepted node, extra token) of ``SAMPLES`` runs of the device walk on the padded tree (2 padding
     nodes); ``q_rows``: replace the proposals' ``q`` (negative controls)."""
@@ -97,14 +97,14 @@ def device_counts(tree: TokenTree, target: torch.Tensor, walk=compiled.traversal
     w, cpu = len(flat) + 2, torch.device("cpu")
     probs = torch.full((w, V), 1.0 / V)
     probs[: len(flat)] = target[flat.order]
-    padded = compiled._PaddedTree(flat, w, cpu)
-    q, ptok, pparent, pchild, plast, has_props, post = compiled.proposal_tensors(tree, flat, V, w, cpu)
+    padded = padded_tree.PaddedTree.of(flat, w, cpu)
+    q, ptok, pparent, pchild, plast, has_props, post = padded_tree.Proposals.of(tree, flat, V, w, cpu)
     if q_rows is not None:
         q = q_rows(q, flat)
     g = torch.Generator().manual_seed(seed)
     uniforms = torch.rand(SAMPLES, ptok.shape[0], generator=g)
     exponentials = torch.empty(SAMPLES, V).exponential_(generator=g)
-    if walk is compiled.traversal_path:
+    if walk is rule.traversal_path:
         run = lambda u, e: walk(probs, q, ptok, pparent, pchild, padded.anc, post, u, e)  # noqa: E731
     else:
         run = lambda u, e: walk(probs, q, ptok, pparent, pchild, plast, has_props, u, e)  # noqa: E731
@@ -131,7 +131,7 @@ def test_device_traversal_has_the_host_law(case):
 
 def test_the_harness_sees_the_device_rrs_walk_agree_with_the_host_rrs():
     tree, target, _ = hand_tree("wor")
-    assert g_test(device_counts(tree, target, compiled.sampled_path), host_law(tree, target, verifiers.rrs)) > ALPHA
+    assert g_test(device_counts(tree, target, rule.sampled_path), host_law(tree, target, verifiers.rrs)) > ALPHA
     # and that traversal's law is another one (it accepts more)
     assert g_test(device_counts(tree, target), host_law(tree, target, verifiers.rrs)) < ALPHA
 
@@ -153,7 +153,7 @@ def test_negative_control_top_k_children_weighed_against_the_draft_q():
 def test_negative_control_no_parent_update(monkeypatch):
     """A rejected child leaves its parent's weight as it was (the update of Algorithm 1 skipped)."""
     tree, target, _ = hand_tree("wor")
-    monkeypatch.setattr(compiled, "log_weight_after_rejection", lambda log_w, mass: log_w)
+    monkeypatch.setattr(rule, "log_weight_after_rejection", lambda log_w, mass: log_w)
     assert g_test(device_counts(tree, target), host_law(tree, target)) < ALPHA
 
 
@@ -171,14 +171,14 @@ def test_compiles_fullgraph_and_matches_eager():
     tree, target, _ = hand_tree("duplicates")
     flat = flatten(tree)
     w, cpu = len(flat), torch.device("cpu")
-    padded = compiled._PaddedTree(flat, w, cpu)
-    q, ptok, pparent, pchild, _, _, post = compiled.proposal_tensors(tree, flat, V, w, cpu)
+    padded = padded_tree.PaddedTree.of(flat, w, cpu)
+    q, ptok, pparent, pchild, _, _, post = padded_tree.Proposals.of(tree, flat, V, w, cpu)
     args = (target[flat.order], q, ptok, pparent, pchild, padded.anc, post)
-    fn = torch.compile(compiled.traversal_path, fullgraph=True, backend=BACKEND)
+    fn = torch.compile(rule.traversal_path, fullgraph=True, backend=BACKEND)
     g = torch.Generator().manual_seed(0)
     for _ in range(20):
         u, e = torch.rand(ptok.shape[0], generator=g), torch.empty(V).exponential_(generator=g)
-        eager, traced = compiled.traversal_path(*args, u, e), fn(*args, u, e)
+        eager, traced = rule.traversal_path(*args, u, e), fn(*args, u, e)
         assert torch.equal(eager[0], traced[0]) and torch.equal(eager[1], traced[1])
 
 
@@ -226,7 +226,7 @@ def test_negative_control_leaf_tests_in_dfs_order(pair, monkeypatch):
     biased, and the same test at the same size must see it."""
     monkeypatch.setattr(test_exactness, "N", N)
     target, draft = pair
-    monkeypatch.setattr(compiled, "post_order", lambda parent: np.arange(len(parent)))
+    monkeypatch.setattr(padded_tree, "post_order", lambda parent: np.arange(len(parent)))
     counts = joint(target, lambda: [treespec.ModelDrafter(draft, BUSHY, "sample")], "traversal-dfs",
                    verifier="traversal")
     assert g_test(counts, exact_joint(target, PROMPT, 3, 1.0)) < ALPHA

@@ -11,7 +11,8 @@ from treespec.calibrate import pilot
 from treespec.calibrate.pilot import Pilot, choose, predict
 from treespec.core.stats import Stats
 from treespec.models.tiny import ByteTokenizer, greedy_reference, perturbed_copy, tiny_model
-from treespec.recipes import NGramSettings, Recipe, resolve, run
+from treespec.recipes import NGramSettings, Recipe, run
+from treespec.calibrate.choices import resolve
 
 
 def make_pilot(**kw) -> Pilot:
@@ -98,7 +99,7 @@ def test_the_resolved_recipe_is_what_the_pilot_chose(pair, tmp_path, monkeypatch
     else:
         chosen = choose(measured, 128)[0]
         assert chosen.depth == 4 and resolved.recipe.budget == recipes.DEFAULT_BUDGET
-        assert recipes._plan_depth(resolved.recipe, False) == 4 and "chose depth 4" in resolved.why
+        assert recipes.plan_depth(resolved.recipe, False) == 4 and "chose depth 4" in resolved.why
 
 
 def test_a_chain_depth_cap_is_applied(pair, tmp_path, monkeypatch) -> None:
@@ -109,7 +110,7 @@ def test_a_chain_depth_cap_is_applied(pair, tmp_path, monkeypatch) -> None:
     best = choose(measured, 128)[0]
     assert 0 < best.depth < 4
     resolved = resolve(Recipe(tree="chain", depth=4), target, [draft], tokenizer=tok, pilot_cache=tmp_path / "p.json")
-    assert resolved.recipe.depth == best.depth and recipes._plan_depth(resolved.recipe, True) == best.depth
+    assert resolved.recipe.depth == best.depth and recipes.plan_depth(resolved.recipe, True) == best.depth
 
 
 def test_without_a_tokenizer_the_default_budget_stays(pair) -> None:

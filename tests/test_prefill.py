@@ -101,8 +101,8 @@ def test_weight_freezing_keeps_long_prompts_exact_and_reuses_the_chunk_graph():
     constants); a second prompt of another length adds no graph."""
     target = tiny_model("llama", vocab=64, hidden=64, scale=6, seed=2)
     draft = perturbed_copy(target, 0.3)
-    captured._RUNNERS.clear()
-    compiled._RUNNERS.clear()
+    captured.RUNNERS.clear()
+    compiled.RUNNERS.clear()
     with torch._inductor.config.patch(freezing=True):
         for i, n in enumerate((70, 100)):
             prompt = prompt_of(n, seed=n)
@@ -113,8 +113,8 @@ def test_weight_freezing_keeps_long_prompts_exact_and_reuses_the_chunk_graph():
                 assert out.new_tokens == greedy_reference(target, prompt, 20)
             if i:
                 assert counters["stats"]["unique_graphs"] == graphs
-    captured._RUNNERS.clear()
-    compiled._RUNNERS.clear()
+    captured.RUNNERS.clear()
+    compiled.RUNNERS.clear()
 
 
 def test_the_cache_holds_the_last_chunk_padding():

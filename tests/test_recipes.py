@@ -23,7 +23,8 @@ from treespec.calibrate.vectors import default_acceptance
 from treespec.cli import main
 from treespec.drafters.model import ModelDrafter
 from treespec.models.tiny import ByteTokenizer, perturbed_copy, tiny_model
-from treespec.recipes import NGramSettings, Recipe, build_drafters, draft_mode, plan, resolve, run, shape_for
+from treespec.recipes import NGramSettings, Recipe, build_drafters, draft_mode, plan, run, shape_for
+from treespec.calibrate.choices import resolve
 
 from test_cli import tiny_dirs  # noqa: F401  (a fixture: tiny local model directories for the CLI)
 
@@ -90,7 +91,7 @@ def test_depth_is_capped_by_the_tokens_wanted() -> None:
 def _drafter_key(d: Any) -> tuple:
     """What a drafter will propose, whatever model it drives: mode, static shape or dynamic settings."""
     if isinstance(d, ModelDrafter):
-        tree = (d.depth, d.topk, d.nodes) if d.mode == "dynamic" else tuple(d.plan.shape.paths)
+        tree = (d.depth, d.topk, d.nodes) if d.mode == "dynamic" else tuple(d.layout.shape.paths)
         return "model", d.mode, tree, d.min_confidence
     return type(d).__name__, d.describe()
 
@@ -213,4 +214,8 @@ def test_the_recipe_carries_sampling_verifier_and_compile(engine_calls) -> None:
               [perturbed_copy(target, 0.3)], [1, 2], max_new_tokens=6, seed=0)
     assert out.stats.verifier == "block"
     assert engine_calls[-1]["top_k"] == 5 and engine_calls[-1]["temperature"] == 0.8
-    assert isinstance(treespec.run, type(run)) and treespec.run is run
+    # treespec.run is recipes.run after resolving a budget left to tuning (here given: the same engine call)
+    calls = len(engine_calls)
+    treespec.run(Recipe(tree="chain", budget=4, temperature=0.8, top_k=5, verifier="block"), target,
+                 [perturbed_copy(target, 0.3)], [1, 2], max_new_tokens=6, seed=0)
+    assert engine_calls[calls:] == engine_calls[calls - 1 : calls]

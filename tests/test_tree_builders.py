@@ -202,9 +202,9 @@ def test_sequoia_large_budget_builds():
 
 
 def test_sequoia_rejects_bad_input():
-    with pytest.raises(ValueError, match="budget must be >= 1"):
+    with pytest.raises(ValueError, match="budget must be an int >= 1"):
         sequoia((0.5,), 0)
-    with pytest.raises(ValueError, match="budget must be >= 1"):
+    with pytest.raises(ValueError, match="budget must be an int >= 1"):
         sequoia((0.5,), -3)
     with pytest.raises(ValueError, match="in \\[0, 1\\]"):
         sequoia((0.5, -0.1), 4)
@@ -384,5 +384,5 @@ def test_greedy_best_first_basic():
     assert greedy_best_first(acc, 1) == TreeShape()
     assert greedy_best_first(acc, 10, max_depth=1) == from_paths([(0,), (1,)])
     assert greedy_best_first(acc, 4, max_width=1) == chain(3)
-    with pytest.raises(ValueError, match="budget must be >= 1"):
+    with pytest.raises(ValueError, match="budget must be an int >= 1"):
         greedy_best_first(acc, 0)

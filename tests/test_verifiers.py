@@ -325,10 +325,12 @@ def test_biased_when_proposals_are_misdescribed(name, case):
 def test_a_wrong_weight_formula_is_caught(monkeypatch, wrong):
     """Weight update off by the ``1 - w`` term, or the ``min(1, R / (1 - q(x)))`` seen in public code."""
     world = World(11, 2)
+    # the host walk's update is the shared one (rule.log_weight_after_rejection), in logs
     if wrong == "no-residual-term":
-        monkeypatch.setattr(verifiers, "_weight_after_rejection", lambda mass, one_minus_w: min(1.0, mass))
+        monkeypatch.setattr(verifiers, "log_weight_after_rejection", lambda log_w, mass: mass.clamp_max(1.0).log())
     else:
-        monkeypatch.setattr(verifiers, "_weight_after_rejection", lambda mass, one_minus_w: min(1.0, mass / 0.6))
+        monkeypatch.setattr(verifiers, "log_weight_after_rejection",
+                            lambda log_w, mass: (mass / 0.6).clamp_max(1.0).log())
     law, _ = step_law(world, draft_sets(world, "wor-deep" if wrong == "no-residual-term" else "chain2-sample"),
                       verifiers.traversal)
     assert tv(world, law, 3 if wrong == "no-residual-term" else 2) > 1e-3

@@ -2,13 +2,14 @@
 
 Layers, each importing only the ones before it: ``common`` (rules every layer shares), ``core``
 (the decoding loop, trees, caches, acceptance, verifiers), ``drafters``, ``models`` (loading,
-precision, timing), ``calibrate`` (acceptance, costs, tuning), ``recipes`` (settings -> drafters,
-``run``), ``bench`` (comparisons, demo, sweeps) and ``cli``.
+precision, timing), ``recipes`` (settings -> drafters, ``run``), ``calibrate`` (acceptance, costs,
+tuning, and the choices a recipe leaves to measurement: ``resolve``), ``bench`` (comparisons, demo,
+sweeps) and ``cli``.
 """
 
-from . import _moved
 from .calibrate import acceptance, analysis
 from .core import verifiers
+from .core.buffers import Envelope
 from .core.drafting import DraftProposals, Drafter
 from .core.engine import generate
 from .core.sampling import SamplingParams, standardize
@@ -16,19 +17,8 @@ from .core.stats import GenerateOutput, Stats
 from .drafters.cross_tokenizer import CrossTokenizerDrafter
 from .drafters.model import ModelDrafter
 from .drafters.ngram import NGramDrafter
-from .recipes import Recipe, resolve, run
-
-_moved.install()
-
-
-def __getattr__(name: str):
-    """``treespec.<old module name>`` (e.g. ``treespec.profile``): the moved module, with a DeprecationWarning."""
-    if _moved.new_name(name) is None:
-        raise AttributeError(f"module 'treespec' has no attribute {name!r}")
-    import importlib
-
-    return importlib.import_module(f"treespec.{name}")
-
+from .calibrate.choices import resolve, run
+from .recipes import Recipe
 
 __all__ = [
     "acceptance",
@@ -36,6 +26,7 @@ __all__ = [
     "verifiers",
     "CrossTokenizerDrafter",
     "DraftProposals",
+    "Envelope",
     "Drafter",
     "GenerateOutput",
     "ModelDrafter",

@@ -26,7 +26,8 @@ from .core.verifiers import VERIFIERS
 from .drafters.model import STATIC_MODES
 from .models.pair import eos_ids, load_pair
 from .models.precision import CHOICES
-from .recipes import TREES, NGramSettings, Recipe, draft_mode, resolve, resolve_compile, run
+from .recipes import TREES, NGramSettings, Recipe, draft_mode, run
+from .calibrate.choices import resolve, resolve_compile
 
 
 def _arg(convert: Callable[[str], Any], check: Callable[[Any], Any]) -> Callable[[str], Any]:
@@ -399,9 +400,10 @@ def cmd_profile(args: argparse.Namespace) -> int:
     return 0
 
 
-#: errors a user can cause (bad option values, missing or unreadable files and models, malformed JSON, no
-#: CUDA, a missing optional package, a busy or mismatched sweep directory): no traceback
-USER_ERRORS = (ValueError, TypeError, KeyError, OSError, ImportError)
+#: errors a user can cause (bad option values and files, raised as ValueError where they are read; missing or
+#: unreadable files and models; a missing optional package): no traceback. Anything else (a TypeError, a
+#: KeyError, ...) is a programming error and keeps its traceback.
+USER_ERRORS = (ValueError, OSError, ImportError)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -422,8 +424,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except USER_ERRORS as error:
         if debug:
             raise
-        message = error.args[0] if isinstance(error, KeyError) and error.args else error
-        print(f"treespec: error: {message}", file=sys.stderr)
+        print(f"treespec: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         if debug:

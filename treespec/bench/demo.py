@@ -20,7 +20,8 @@ import torch
 from ..calibrate.vectors import default_acceptance
 from ..common.files import check_writable
 from ..models.precision import precision_of
-from ..recipes import Recipe, resolve, resolve_compile, run
+from ..recipes import Recipe, run
+from ..calibrate.choices import resolve, resolve_compile
 from . import compare
 from .datasets import humaneval_prompts
 

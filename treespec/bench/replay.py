@@ -23,24 +23,25 @@ from typing import Any, Sequence
 import torch
 
 from ..core.constructions import classify
-from ..core.engine import EagerStep, decode, node_targets
+from ..core.engine import EagerStep, decode
+from ..core.padded import Noise, PaddedTree, Proposals, accept
 from ..core.request import Request
 from ..core.sampling import SamplingParams
 from ..core.stats import GenerateOutput
 from ..core.tree import FlatTree, TokenTree
-from ..core.verifiers import VERIFIERS, TorchCoins
+from ..core.verifiers import VERIFIERS, TorchCoins, node_targets
 from . import intervals
 
 
 @dataclass
 class RecordedStep:
-    """One sampled step: its tree, the target's logits over the flattened tree, and the state of the
-    live run's coins before its walk (the live walk is reproduced from it)."""
+    """One sampled step: its tree, the target's logits over the flattened tree, and the live walk's random
+    numbers (``padded.Noise``; the live walk is reproduced from them)."""
 
     tree: TokenTree
     flat: FlatTree
     logits: torch.Tensor
-    coins_state: torch.Tensor
+    noise: Noise | None
     truncated: bool | None  # whether the budget cut proposals; None when it may have (spectr needs to know)
 
 
@@ -58,10 +59,15 @@ class _RecordingStep(EagerStep):
         super().__init__(req, gen)
         self.recording = recording
 
+    def noise(self, props: Proposals) -> Noise:
+        noise = super().noise(props)
+        if self.recording.steps and self.recording.steps[-1].noise is None:
+            self.recording.steps[-1].noise = noise
+        return noise
+
     def accept(self, tree: TokenTree, flat: FlatTree, logits: torch.Tensor) -> tuple[list[int], int]:
         if tree.size > 1:
-            self.recording.steps.append(RecordedStep(tree, flat, logits.detach().clone(),
-                                                     self.coins.generator.get_state(),
+            self.recording.steps.append(RecordedStep(tree, flat, logits.detach().clone(), None,
                                                      False if self.req.budget is None else None))
         return super().accept(tree, flat, logits)
 
@@ -91,6 +97,14 @@ def exact_verifiers(step: RecordedStep) -> list[str]:
         if spec.exact_for(classify(step.tree, truncated=bool(step.truncated))):
             names.append(name)
     return names
+
+
+def live(step: RecordedStep, params: SamplingParams, verifier: str) -> int:
+    """Accepted drafted tokens of the live run's walk on ``step``, redone with its recorded random numbers."""
+    padded = PaddedTree.of(step.flat, len(step.flat), step.logits.device)
+    props = Proposals.of(step.tree, step.flat, step.logits.shape[-1], len(step.flat), step.logits.device)
+    on_path, _ = accept(step.logits, padded, props, step.noise, params, verifier)
+    return int(on_path.sum()) - 1
 
 
 def replay(step: RecordedStep, params: SamplingParams, verifier: str, coins: TorchCoins) -> int:

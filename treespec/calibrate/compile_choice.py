@@ -20,7 +20,7 @@ reuses (the compiled graphs are cached in the process), so it is only done for a
 :data:`MEASURE_FROM_TOKENS` new tokens, where the compile is paid back when the compiled step is a
 little faster; a shorter run without a measurement stays eager and says so. The compiled pass's
 seconds per step (``step_compiled``) also cost the tuned tree's printed prediction when the run
-compiles (``treespec.recipes.resolve_compile``).
+compiles (``treespec.calibrate.choices.resolve_compile``).
 """
 
 from __future__ import annotations

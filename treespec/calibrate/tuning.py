@@ -5,7 +5,7 @@ dtype="auto")`` already kept the fastest precision per model), then ``profile.ch
 the Sequoia tree (budget, depth, width limit) with the most predicted tokens per second under the
 acceptance vector. Profiles are cached per (models, precisions, device, CPU, threads) in
 ``<cache root>/profiles.json`` so a second run does not measure again; ``remeasure=True`` forces it.
-The result's :meth:`Tuned.settings` are the recipe fields it chose (``treespec.recipes.resolve``
+The result's :meth:`Tuned.settings` are the recipe fields it chose (``treespec.calibrate.choices.resolve``
 puts them into the run's recipe, so the CLI, the demo, the sweep and ``treespec.run`` run exactly
 the tree that was chosen); ``why`` is a one-line account to print.
 """

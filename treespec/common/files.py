@@ -65,9 +65,15 @@ class JSONFile:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Any:
-        """Read a file written by :meth:`save`."""
+        """Read a file written by :meth:`save`; a file that is not one (bad JSON, missing or mistyped fields)
+        raises ``ValueError`` naming it."""
         with open(path, encoding="utf-8") as f:
-            return cls.from_dict(json.load(f))  # type: ignore[attr-defined]
+            try:
+                return cls.from_dict(json.load(f))  # type: ignore[attr-defined]
+            except (KeyError, TypeError, ValueError, AttributeError) as error:
+                what = f"missing field {error}" if isinstance(error, KeyError) else str(error)
+                raise ValueError(f"{path} is not a {cls.__name__} file written by treespec ({what}); give a file "
+                                 "that treespec saved, or measure one again") from None
 
 
 def check_writable(path: str | os.PathLike, option: str = "--out", directory: bool = False) -> Path:

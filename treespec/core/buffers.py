@@ -1,132 +1,223 @@
-"""Every index a captured step needs, from a fixed tree shape: one pure function, computed once.
+"""Every index a captured step needs, from a tree shape and the envelope it runs in: one pure function.
 
-A static shape (node 0 = the root, nodes in BFS order, ``parent``/``rank`` per node) fixes the
-whole step: which nodes each draft level forwards, where their draft K/V rows go, which rows the
-target's mask lets each node see, where each child's token is read from the level's selection, and
-the proposal lists the verifier walks. :func:`shape_buffers` turns the shape into those arrays
-(Medusa keeps its tree in the same kind of buffers); ``treespec.core.captured`` moves them to the
-device once and indexes with them every step.
+A static shape (node 0 = the root, nodes in BFS order, ``parent``/``rank`` per node) fixes the whole
+step: which nodes each draft level forwards, where their draft K/V rows go, which rows the target's
+mask lets each node see, where each child's token is read from its level's selection, and the proposal
+lists the verifier walks. :func:`tree_buffers` turns the shape into those arrays (Medusa keeps its tree
+in the same kind of buffers); ``treespec.core.captured`` moves them to the device and passes them to
+its compiled calls as *data*: the graphs depend only on the :class:`Envelope`, so every tree inside
+one envelope replays the same graphs.
 
-The draft's tree rows, the *slots*, are laid out as: slot 0 the *pending* token (the last accepted
-token of the previous step when the draft never forwarded it, a leaf; otherwise unused), slot 1 the
-root, then the forwarded nodes (those with children) depth by depth.
+**Envelope.** ``nodes`` (root included), ``rows`` (how many rows each draft level forwards; its length
+is the depth) and ``children`` (the most children of one node). The shape's nodes come first, then
+padding nodes (never chosen, never existing, attending to themselves only). Level ``d`` forwards
+``rows[d]`` rows: level 0 the *pending* token (the last accepted token of the previous step when the
+draft never forwarded it; otherwise unused) and the root, level ``d >= 1`` the depth-``d`` nodes that
+have children; the rest of a level's rows are padding. Node ``v`` at depth ``d + 1`` is choice
+``rank[v]`` of row ``row[v]`` of level ``d``. An *exact* envelope (:meth:`Envelope.exact`) is the
+shape's own; a *padded* one (:meth:`Envelope.padded`) gives every level the same rows, so that one
+level graph serves every depth and every tree inside it.
+
+**Draft slots.** Level ``d``'s rows write slots ``[start_d, start_d + rows[d])`` of the draft's tree block
+(slot 0 the pending token, slot 1 the root).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Iterable
 
 import numpy as np
 
+from tree_builders import TreeShape
 
-@dataclass(frozen=True)
-class Level:
-    """Drafting depth ``d``: choose the children at depth ``d`` from the previous forward's rows.
-
-    ``children`` are the nodes at depth ``d`` (a contiguous BFS range); child ``i`` is the
-    ``rank[i]``-th choice of row ``parent_row[i]`` of the previous forward; ``width`` the most
-    children of one parent. ``forward`` are the children that have children of their own (also a
-    contiguous range of slots, ``slots``): the draft forwards them next, unless ``d`` is the last depth.
-    """
-
-    children: slice
-    parent_row: np.ndarray
-    rank: np.ndarray
-    width: int
-    forward: np.ndarray
-    slots: slice
+from .tree import layout, post_order
 
 
 @dataclass(frozen=True)
-class ShapeBuffers:
-    """The arrays of one static tree shape (see the module docstring)."""
+class Envelope:
+    """The largest tree one set of compiled graphs serves (see the module docstring)."""
 
-    parent: np.ndarray  # [N] parent node, -1 for the root
-    depth: np.ndarray  # [N]
-    ancestors: np.ndarray  # [N, N] bool: node i may attend to node j (j is i or an ancestor of i)
-    levels: tuple[Level, ...]  # depths 1..D
-    slot_node: np.ndarray  # [S] node held by each draft slot (-1: the pending slot)
-    slot_ancestors: np.ndarray  # [S, S] bool: slot i may attend to slot j (the pending slot: every row)
-    slot_depth: np.ndarray  # [S] depth below the root (-1: the pending token)
-    next_sibling: np.ndarray  # [N] the next younger sibling of each node, -1 for the last one
-    earlier_siblings: np.ndarray  # [N, K - 1] the older siblings of each node, -1 padding
-    post_order: np.ndarray  # [N] each node's rank in post-order (traversal verification's leaf tests)
+    nodes: int
+    rows: tuple[int, ...]
+    children: int
 
     @property
-    def size(self) -> int:
-        return len(self.parent)
+    def depth(self) -> int:
+        return len(self.rows)
+
+    @classmethod
+    def exact(cls, parent: np.ndarray, rank: np.ndarray) -> "Envelope":
+        """The shape's own envelope: no padding anywhere."""
+        parent, rank = np.asarray(parent), np.asarray(rank)
+        depth, _ = layout(parent)
+        has_children = np.bincount(parent[1:], minlength=len(parent)) > 0
+        rows = [2] + [int(np.sum((depth == d) & has_children)) for d in range(1, int(depth.max()))]
+        return cls(len(parent), tuple(rows), int(rank.max()) + 1)
+
+    @classmethod
+    def for_shapes(cls, shapes: Iterable[Any]) -> "Envelope":
+        """The padded envelope of tree shapes (``tree_builders.TreeShape``s, or their child-rank paths): what a
+        sweep passes ``generate(envelope=...)`` so that all its trees replay one set of graphs."""
+        exact = []
+        for shape in shapes:
+            shape = shape if isinstance(shape, TreeShape) else TreeShape.from_paths(getattr(shape, "paths", shape))
+            parent = np.array([-1] + [i + 1 for i in shape.parents()], dtype=np.int64)
+            exact.append(cls.exact(parent, np.array([0] + [p[-1] for p in shape.paths], dtype=np.int64)))
+        return cls.padded(exact)
+
+    @classmethod
+    def padded(cls, envelopes: Iterable["Envelope"]) -> "Envelope":
+        """The smallest envelope with one row count for every level that covers all of ``envelopes``."""
+        envelopes = list(envelopes)
+        depth = max(e.depth for e in envelopes)
+        return cls(max(e.nodes for e in envelopes), (max(max(e.rows) for e in envelopes),) * depth,
+                   max(e.children for e in envelopes))
+
+    def keep_from(self, d: int) -> int:
+        """The first row of level ``d`` whose logits are kept: level 0's pending row is never a parent, so where
+        level 0 has a graph of its own (levels of different rows) its LM head skips that row."""
+        return 1 if d == 0 and len(set(self.rows)) > 1 else 0
+
+    def kept_rows(self, d: int) -> int:
+        """Rows of level ``d``'s logits (and of its draft distributions ``q``)."""
+        return self.rows[d] - self.keep_from(d)
+
+    def covers(self, other: "Envelope") -> bool:
+        """Whether a tree of envelope ``other`` runs in this one."""
+        return (self.nodes >= other.nodes and self.depth >= other.depth and self.children >= other.children
+                and all(a >= b for a, b in zip(self.rows, other.rows)))
+
+    def describe(self) -> str:
+        rows = f"{self.rows[0]} rows per level" if len(set(self.rows)) == 1 else f"level rows {list(self.rows)}"
+        return f"{self.nodes} nodes, depth {self.depth}, {rows}, {self.children} children per node"
+
+
+#: row node ids of a level beyond the tree's nodes ``[0, N)``: the pending token and padding
+def pending_id(envelope: Envelope) -> int:
+    return envelope.nodes
+
+
+def padding_id(envelope: Envelope) -> int:
+    return envelope.nodes + 1
+
+
+@dataclass(frozen=True)
+class LevelBuffers:
+    """One draft level: the node each row forwards (``pending_id``, ``padding_id`` beyond the tree), the rows'
+    depth below the root (their positions; the pending token -1), the slot columns each row attends to
+    (``[rows, S]``), and the level's first slot."""
+
+    nodes: np.ndarray
+    slot_depth: np.ndarray
+    block: np.ndarray
+    start: int
+    forwarded: np.ndarray  # the tree nodes among the rows (what the confidence stop reads before forwarding them)
+
+
+@dataclass(frozen=True)
+class TreeBuffers:
+    """The arrays of one tree shape in one envelope (see the module docstring); node arrays are ``[N]``."""
+
+    envelope: Envelope
+    size: int  # the shape's nodes (the rest are padding)
+    parent: np.ndarray  # parent node; -1 for the root and padding
+    depth: np.ndarray  # padding: 0
+    ancestors: np.ndarray  # [N, N] bool: node i may attend to node j (j is i or an ancestor; padding: itself)
+    chosen_at: np.ndarray  # the level whose choices give the node its token; -1: the root and padding
+    row: np.ndarray  # the node's parent's row among that level's kept rows (``Envelope.keep_from``)
+    rank: np.ndarray  # which of that row's choices is the node
+    q_row: np.ndarray  # the row of the levels' stacked draft distributions the node was drawn from
+    post_order: np.ndarray  # rank in post-order (traversal verification's leaf tests; padding last)
+    next_sibling: np.ndarray  # the next younger sibling, -1 for the last one (and padding)
+    earlier_siblings: np.ndarray  # [N, K - 1] the older siblings, -1 padding
+    levels: tuple[LevelBuffers, ...]
+    slot_node: np.ndarray  # [S] node held by each draft slot (``pending_id``, ``padding_id``)
+    slot_level: np.ndarray  # [S] the level that forwards the slot
 
     @property
     def flat_parent(self) -> np.ndarray:
-        """Parents with the root pointing at itself (what the greedy walk indexes with)."""
+        """Parents with the root and padding pointing at the root (what the greedy walk indexes with)."""
         return np.maximum(self.parent, 0)
 
+    @property
+    def depth_of_shape(self) -> int:
+        """Draft levels this shape needs (its depth)."""
+        return int(self.depth.max())
 
-def shape_buffers(parent: np.ndarray, rank: np.ndarray) -> ShapeBuffers:
-    """Every buffer of the captured step for the shape ``parent``/``rank`` (BFS order, node 0 the root)."""
+
+def tree_buffers(parent: np.ndarray, rank: np.ndarray, envelope: Envelope | None = None) -> TreeBuffers:
+    """Every buffer of the captured step for the shape ``parent``/``rank`` (BFS order, node 0 the root) in
+    ``envelope`` (default: the shape's own, :meth:`Envelope.exact`)."""
     parent = np.asarray(parent, dtype=np.int64)
     rank = np.asarray(rank, dtype=np.int64)
     n = len(parent)
     if n < 2 or parent[0] != -1 or np.any(parent[1:] < 0) or np.any(parent[1:] >= np.arange(1, n)):
         raise ValueError("a captured tree shape needs a root (parent -1) and at least one child, every parent "
                          "before its children")
-    depth = np.zeros(n, dtype=np.int64)
-    ancestors = np.eye(n, dtype=bool)
-    for i in range(1, n):
-        depth[i] = depth[parent[i]] + 1
-        ancestors[i] |= ancestors[parent[i]]
+    depth, ancestors = layout(parent)
     if np.any(np.diff(depth) < 0):
         raise ValueError("a captured tree shape must list its nodes in BFS order (depth never decreasing)")
-    n_children = np.bincount(parent[1:], minlength=n)
-    # draft slots: pending, root, then forwarded nodes depth by depth
-    slot_node = [-1, 0]
+    own = Envelope.exact(parent, rank)
+    env = envelope or own
+    if not env.covers(own):
+        raise ValueError(f"the tree shape ({own.describe()}) does not fit the envelope ({env.describe()}); "
+                         "give an envelope that covers it (Envelope.padded over every shape it should run)")
+    N, K, pending, pad = env.nodes, env.children, pending_id(env), padding_id(env)
+    has_children = np.bincount(parent[1:], minlength=n) > 0
+
+    def node_array(real: np.ndarray, fill: int) -> np.ndarray:
+        out = np.full(N, fill, dtype=real.dtype)
+        out[:n] = real
+        return out
+
+    # levels: rows, slots; the row each node's parent sits in
+    starts = np.r_[0, np.cumsum(env.rows)[:-1]].astype(np.int64)
+    S = int(sum(env.rows))
+    slot_node = np.full(S, pad, dtype=np.int64)
+    slot_level = np.repeat(np.arange(env.depth), env.rows)
+    row_of = np.zeros(n, dtype=np.int64)  # a forwarded node's row in its level
+    level_nodes = []
+    for d in range(env.depth):
+        nodes = np.full(env.rows[d], pad, dtype=np.int64)
+        real = np.array([pending, 0]) if d == 0 else np.flatnonzero((depth == d) & has_children)
+        nodes[: len(real)] = real
+        row_of[real[real < n]] = np.flatnonzero(real < n)
+        slot_node[starts[d] : starts[d] + env.rows[d]] = nodes
+        level_nodes.append(nodes)
+    slot_of = {int(v): s for s, v in enumerate(slot_node) if v < n}
     levels = []
-    prev_forward = np.array([0])
-    for d in range(1, int(depth.max()) + 1):
-        kids = np.flatnonzero(depth == d)
-        row_of = {int(v): j for j, v in enumerate(prev_forward)}
-        forward = kids[n_children[kids] > 0]
-        start = len(slot_node)
-        slot_node += [int(v) for v in forward]
-        levels.append(Level(slice(int(kids[0]), int(kids[-1]) + 1), np.array([row_of[int(p)] for p in parent[kids]]),
-                            rank[kids], int(rank[kids].max()) + 1, forward, slice(start, len(slot_node))))
-        prev_forward = forward
-    slot_node = np.array(slot_node, dtype=np.int64)
-    s = len(slot_node)
-    slot_of = np.full(n, -1)
-    slot_of[slot_node[1:]] = np.arange(1, s)
-    slot_ancestors = np.eye(s, dtype=bool)
-    slot_ancestors[:, 0] = True  # the pending token precedes the root (rows ignore it when it is unused)
-    nodes = slot_node[1:]
-    slot_ancestors[1:, 1:] = ancestors[np.ix_(nodes, nodes)]
-    slot_depth = np.r_[-1, depth[nodes]]
+    for d, nodes in enumerate(level_nodes):
+        block = np.zeros((len(nodes), S), dtype=bool)
+        slot_depth = np.zeros(len(nodes), dtype=np.int64)
+        for j, v in enumerate(nodes):
+            s = starts[d] + j
+            block[j, s] = True  # itself (padding rows: only that)
+            if v < n:
+                block[j, 0] = True  # the pending token precedes the root (ignored when unused)
+                block[j, [slot_of[int(a)] for a in np.flatnonzero(ancestors[v])]] = True
+                slot_depth[j] = depth[v]
+            elif v == pending:
+                slot_depth[j] = -1
+        levels.append(LevelBuffers(nodes, slot_depth, block, int(starts[d]), nodes[nodes < n]))
+    # per node: which level chose it, from which row and rank, and which stacked row of q it was drawn from
+    chosen_at = np.where(np.arange(n) > 0, depth - 1, -1)
+    kept_from = np.array([env.keep_from(d) for d in range(env.depth)])
+    q_starts = np.r_[0, np.cumsum([env.kept_rows(d) for d in range(env.depth)])[:-1]].astype(np.int64)
+    row = np.where(np.arange(n) > 0, row_of[np.maximum(parent, 0)] - kept_from[np.maximum(chosen_at, 0)], 0)
+    q_row = np.where(np.arange(n) > 0, q_starts[np.maximum(chosen_at, 0)] + row, 0)
     next_sibling = np.full(n, -1)
-    width = int(rank.max()) + 1
-    earlier = np.full((n, max(width - 1, 1)), -1)
+    earlier = np.full((N, max(K - 1, 1)), -1)
     for i in range(1, n):
         sibs = np.flatnonzero(parent == parent[i])
         later = sibs[sibs > i]
         next_sibling[i] = later[0] if later.size else -1
         older = sibs[sibs < i]
         earlier[i, : len(older)] = older
-    return ShapeBuffers(parent, depth, ancestors, tuple(levels), slot_node, slot_ancestors, slot_depth, next_sibling,
-                        earlier, post_order(parent))
-
-
-def post_order(parent: np.ndarray) -> np.ndarray:
-    """Each node's rank in the post-order of the tree ``parent`` (node 0 the root, its parent entry ignored;
-    every parent before its children), siblings in index order: the order in which traversal verification
-    tests its nodes as leaves (``compiled.traversal_path``). Serves a static shape (BFS) and a flat tree (DFS)."""
-    n = len(parent)
-    children: list[list[int]] = [[] for _ in range(n)]
-    for i in range(1, n):
-        children[int(parent[i])].append(i)
-    # pre-order with the last child first, reversed, is post-order with the first child first
-    order, stack = [], [0]
-    while stack:
-        v = stack.pop()
-        order.append(v)
-        stack.extend(children[v])
-    rank = np.empty(n, dtype=np.int64)
-    rank[order[::-1]] = np.arange(n)
-    return rank
+    anc = np.eye(N, dtype=bool)
+    anc[:n, :n] = ancestors
+    post = np.arange(N)
+    post[:n] = post_order(parent)
+    return TreeBuffers(env, n, node_array(parent, -1), node_array(depth, 0), anc, node_array(chosen_at, -1),
+                       node_array(row, 0), node_array(rank, 0), node_array(q_row, 0), post,
+                       node_array(next_sibling, -1), earlier, tuple(levels), slot_node, slot_level)

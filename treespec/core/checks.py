@@ -9,6 +9,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from tree_builders import args as tree_args
+
 #: families whose stock HF modelling code takes a 4D tree mask with full (non-sliding) attention
 SUPPORTED_FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
 
@@ -59,22 +61,11 @@ def check_vocab(target_vocab: int, drafter_vocab: int | None, name: str) -> None
 
 
 def check_int(name: str, value: object, minimum: int | None = None, hint: str = "") -> int:
-    """``value`` as a Python int; refuses bools, floats (even ``2.0``) and strings, never truncates.
-
-    Accepts Python and numpy integers and 0-d integer tensors/arrays.
-    """
-    if isinstance(value, (torch.Tensor, np.ndarray)) and value.ndim == 0 and _is_int_dtype(value):
+    """``value`` as a Python int (``tree_builders.args.check_int``, the one integer check), also from a 0-d
+    integer tensor."""
+    if isinstance(value, torch.Tensor) and value.ndim == 0 and _is_int_dtype(value):
         value = value.item()
-    at_least = "" if minimum is None else f" >= {minimum}"
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ValueError(
-            f"{name} must be an int{at_least}, got {value!r} ({type(value).__name__}); "
-            + (hint or f"pass a whole number such as {name}={max(minimum or 0, 1)}.")
-        )
-    value = int(value)
-    if minimum is not None and value < minimum:
-        raise ValueError(f"{name} must be an int{at_least}, got {value}" + (f"; {hint}" if hint else "."))
-    return value
+    return tree_args.check_int(name, value, minimum, hint)
 
 
 def check_real(name: str, value: object, hint: str) -> float:

@@ -2,7 +2,7 @@
 
 One loop (:func:`decode`) runs every configuration; a *step* (``treespec.core.step``) decides where the
 drafting, the target's forward and the acceptance run: :class:`EagerStep` here (a growable cache,
-acceptance walked on the host by the chosen verifier); for ``compile=...``,
+acceptance by the tensor rules of ``treespec.core.rule``, uncompiled); for ``compile=...``,
 ``treespec.core.captured.CapturedStep`` (one draft model's static tree drafted on the device too)
 or ``treespec.core.compiled.CompiledStep`` (host drafters; static shapes, one compiled call per
 step, acceptance on the device).
@@ -15,24 +15,25 @@ from typing import Callable, Sequence
 import torch
 
 from . import verifiers
+from .buffers import Envelope
 from .drafting import Drafter
 from .kv import TreeCache, causal_allowed, forward_masked
+from .padded import Noise, PaddedTree, Proposals, accept
 from .request import Request
-from .sampling import SamplingParams
 from .stats import DrafterStats, GenerateOutput, Stats, emitted_tokens, record_step
 from .step import Clock, HostDrafted, Step
 from .tree import FlatTree, TokenTree
 
 
 class EagerStep(HostDrafted):
-    """The target's forward on a growable :class:`TreeCache`; the verifier walks the tree on the host."""
+    """The target's forward on a growable :class:`TreeCache`; the acceptance by the same tensor functions as
+    the compiled steps (``padded.accept``), unpadded and uncompiled. Only ``spectr`` walks the trie on the host."""
 
     name = "eager"
 
     def __init__(self, req: Request, gen: torch.Generator) -> None:
-        self.req, self.width = req, req.budget
+        self.req, self.gen, self.width = req, gen, req.budget
         self.cache = TreeCache()
-        self.coins = verifiers.TorchCoins(gen)
 
     def prefill(self, prompt: list[int], clock: Clock) -> None:
         if len(prompt) > 1:
@@ -60,39 +61,23 @@ class EagerStep(HostDrafted):
         clock.charge("verifying")
         return logits
 
+    def noise(self, props: Proposals) -> Noise:
+        """The step's random numbers (the compiled step draws the same ones in the same order)."""
+        return Noise.draw(props.token.shape[0], self.req.vocab, self.gen, self.req.device)
+
     def accept(self, tree: TokenTree, flat: FlatTree, logits: torch.Tensor) -> tuple[list[int], int]:
-        """The accepted path and the extra token: the argmax walk, or the request's exact verifier."""
-        if self.req.params.greedy:
-            return walk_greedy(tree, flat, logits)
-        return walk_sampled(tree, flat, logits, self.req.params, self.req.verifier, self.coins)
-
-
-def walk_greedy(tree: TokenTree, flat: FlatTree, logits: torch.Tensor) -> tuple[list[int], int]:
-    """Follow the child equal to the target's argmax; the extra token is the argmax where it stops."""
-    best = logits.argmax(-1).tolist()
-    path, node = [0], 0
-    while (child := tree.children[node].get(best[flat.index[node]])) is not None:
-        node = child
-        path.append(node)
-    return path, best[flat.index[node]]
-
-
-def node_targets(flat: FlatTree, logits: torch.Tensor, params: SamplingParams) -> verifiers.Target:
-    """``node -> target distribution at that node`` (float64), computed once per node when a walk asks."""
-    probs: dict[int, torch.Tensor] = {}
-
-    def target(node: int) -> torch.Tensor:
-        if node not in probs:
-            probs[node] = params.probs(logits[flat.index[node]]).to(verifiers.DTYPE)
-        return probs[node]
-
-    return target
-
-
-def walk_sampled(tree: TokenTree, flat: FlatTree, logits: torch.Tensor, params: SamplingParams,
-                 verifier: str, coins: verifiers.Coins) -> tuple[list[int], int]:
-    """Run the chosen exact verifier (``treespec.core.verifiers``) on the tree's target distributions."""
-    return verifiers.get(verifier).verify(tree, node_targets(flat, logits, params), coins)
+        """The accepted path (tree nodes) and the extra token, by the request's rule."""
+        req = self.req
+        if not req.params.greedy and req.verifier == "spectr":
+            return verifiers.spectr(tree, verifiers.node_targets(flat, logits, req.params), verifiers.TorchCoins(self.gen))
+        padded = PaddedTree.of(flat, len(flat), req.device)
+        props = noise = None
+        if not req.params.greedy:
+            props = Proposals.of(tree, flat, req.vocab, len(flat), req.device)
+            noise = self.noise(props)
+        on_path, extra = accept(logits, padded, props, noise, req.params, req.verifier)
+        rows = torch.cat([on_path.nonzero()[:, 0], extra.view(1)]).tolist()  # one device->host copy
+        return [int(flat.order[i]) for i in rows[:-1]], rows[-1]
 
 
 def decode(req: Request, step: Step) -> GenerateOutput:
@@ -133,6 +118,7 @@ def generate(
     on_tokens: Callable[[list[int]], None] | None = None,
     verifier: str = "rrs",
     compile: bool | str = False,
+    envelope: Envelope | None = None,
 ) -> GenerateOutput:
     """Generate from ``target`` with tree speculative decoding; the output is exact.
 
@@ -162,21 +148,25 @@ def generate(
             sampling without replacement; its confidence stop on a CPU only) in a precision ``torch.compile``
             can trace (float, int4; not torch.ao int8) drafts on the device too (``treespec.core.captured``); any other drafters draft on the host and only the target's
             forward is compiled (``treespec.core.compiled``). ``stats.step`` says which ran, and why.
+        envelope: for the captured step, the largest tree its compiled graphs serve
+            (``treespec.core.buffers.Envelope``; ``Envelope.padded`` over several trees): every tree inside
+            one envelope replays the same graphs. None: the tree's own on a CPU, its levels padded to one
+            width on CUDA.
     """
     req = Request.checked(target, input_ids, drafters, max_new_tokens, temperature, top_k, top_p, eos_token_id,
-                          seed, budget, on_tokens, verifier, compile)
+                          seed, budget, on_tokens, verifier, compile, envelope)
     gen = torch.Generator(req.device).manual_seed(req.seed)
     for i, d in enumerate(req.drafters):
         d.reset(req.prompt, sampling=req.params.for_draft(), seed=(req.seed * 1_000_003 + i + 1) % 2**63)
     if req.compile is False:
         return decode(req, EagerStep(req, gen))
     # torch.compile machinery only when asked for
-    from .captured import CapturedStep, capture_plan
+    from .captured import CapturedStep, capturable
     from .compiled import CompiledStep
 
-    plan = capture_plan(req)
-    if isinstance(plan, str):
+    spec = capturable(req)
+    if isinstance(spec, str):
         step = CompiledStep(req, gen)
-        step.name = f"compiled, drafted on the host: {plan}"
+        step.name = f"compiled, drafted on the host: {spec}"
         return decode(req, step)
-    return decode(req, CapturedStep(req, gen, plan))
+    return decode(req, CapturedStep(req, gen, spec))

@@ -10,6 +10,7 @@ import torch
 
 from ..common.device import dispatched, execution_device
 from . import checks, verifiers
+from .buffers import Envelope
 from .drafting import Drafter
 from .sampling import SamplingParams
 
@@ -24,7 +25,8 @@ class Request:
 
     ``budget``: tokens per verification pass, root included (None: no cap); ``compile``: False for the
     eager step, else True or a ``torch.compile`` backend name (``treespec.core.compiled``);
-    ``max_positions``: the target's context length; ``out_device``: where ``sequences`` is returned.
+    ``max_positions``: the target's context length; ``out_device``: where ``sequences`` is returned;
+    ``envelope``: the captured step's tree envelope (None: chosen by the step, ``treespec.core.captured``).
     """
 
     target: torch.nn.Module
@@ -41,6 +43,7 @@ class Request:
     vocab: int
     max_positions: int
     out_device: torch.device
+    envelope: Envelope | None = None
 
     @property
     def device(self) -> torch.device:
@@ -56,7 +59,8 @@ class Request:
     def checked(cls, target: torch.nn.Module, input_ids: torch.Tensor | Sequence[int], drafters: Sequence[Drafter],
                 max_new_tokens: int, temperature: float, top_k: int, top_p: float,
                 eos_token_id: int | Sequence[int] | None, seed: int | None, budget: int | None,
-                on_tokens: OnTokens | None, verifier: str, compile: bool | str) -> "Request":
+                on_tokens: OnTokens | None, verifier: str, compile: bool | str,
+                envelope: Envelope | None = None) -> "Request":
         """Validate the arguments of ``treespec.generate`` (see there); each error says how to fix it."""
         params = SamplingParams(temperature, top_k, top_p)
         verifiers.get(verifier)  # an unknown name fails before any work
@@ -82,6 +86,9 @@ class Request:
             raise ValueError(f"on_tokens must be callable (it gets each step's tokens), got {type(on_tokens).__name__}")
         checks.check_sampling_dtype(target, params.greedy)
         seed = checks.check_seed(seed)
+        if envelope is not None and not isinstance(envelope, Envelope):
+            raise ValueError(f"envelope must be a treespec.core.buffers.Envelope (e.g. Envelope.padded over the "
+                             f"trees to run), got {type(envelope).__name__}")
         return cls(
             target=target, prompt=prompt, drafters=drafters, params=params,
             max_new_tokens=checks.check_lengths(len(prompt), max_new_tokens, max_positions),
@@ -89,4 +96,5 @@ class Request:
             seed=int.from_bytes(os.urandom(7), "little") if seed is None else seed,
             verifier=verifier, compile=compile, vocab=vocab, max_positions=max_positions,
             out_device=input_ids.device if isinstance(input_ids, torch.Tensor) else torch.device("cpu"),
+            envelope=envelope,
         )

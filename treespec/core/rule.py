@@ -1,4 +1,12 @@
-"""Acceptance math on tensors: multi-draft iterative speculative sampling at one tree node.
+"""Acceptance math on tensors: the one implementation of every acceptance rule the steps run.
+
+The eager step, the compiled step and the captured step all call the functions here (the first two
+through ``padded.accept``), compiled into a step's graph or eagerly, and the host walkers of
+``treespec.core.verifiers`` (kept for the rules with no tensor walk and for exhaustive enumeration over
+their coin flips) use the same arithmetic (:func:`child_log_weight`, :func:`log_weight_after_rejection`,
+:func:`residual`).
+
+Multi-draft iterative speculative sampling at one tree node:
 
 One rule covers every tree (``docs/design.md``, "Exactness rule"): at a node with target distribution
 ``r``, try the proposals ``x_i ~ q_i`` in proposal order;
@@ -8,8 +16,9 @@ One rule covers every tree (``docs/design.md``, "Exactness rule"): at a node wit
 3. when none is left, the correction token is drawn from the final ``r``.
 
 A point mass ``q_i = onehot(x_i)`` reduces step 1 to "accept with probability r(x_i)" and step 2 to
-"zero r(x_i) and renormalise". Everything here is batched over leading dimensions so that tests can
-run many trials at once; the engine calls it with no batch dimension.
+"zero r(x_i) and renormalise". The per-node functions are batched over leading dimensions so that
+tests can run many trials at once. Below them, the walks over a whole flat tree of fixed size
+(:func:`greedy_path`, :func:`sampled_path`, :func:`traversal_path`, :func:`path_rows`).
 """
 
 from __future__ import annotations
@@ -35,8 +44,7 @@ def residual(r: torch.Tensor, q: torch.Tensor, weight: torch.Tensor | float = 1.
 
 def child_log_weight(log_w: torch.Tensor, p_x: torch.Tensor, q_x: torch.Tensor) -> torch.Tensor:
     """``log min(1, w p(x) / q(x))``: the weight traversal (and block) verification gives a child ``x ~ q``
-    under a node of weight ``w`` and target ``p`` (Weng et al., NeurIPS 2025, Algorithm 1; the tensor form of
-    ``verifiers._log_weight``). ``-inf`` where ``p(x) = 0`` or ``w = 0``; ``q(x) = 0`` (never for a genuine
+    under a node of weight ``w`` and target ``p`` (Weng et al., NeurIPS 2025, Algorithm 1). ``-inf`` where ``p(x) = 0`` or ``w = 0``; ``q(x) = 0`` (never for a genuine
     draw) counts as ratio 1. Never NaN."""
     tiny = torch.finfo(log_w.dtype).tiny
     ratio = (log_w + p_x.clamp_min(tiny).log() - q_x.clamp_min(tiny).log()).clamp_max(0.0)
@@ -45,8 +53,9 @@ def child_log_weight(log_w: torch.Tensor, p_x: torch.Tensor, q_x: torch.Tensor) 
 
 def log_weight_after_rejection(log_w: torch.Tensor, mass: torch.Tensor) -> torch.Tensor:
     """A node's new log weight once a child (with its subtree) was rejected: ``log R / (R + 1 - w)``, ``R`` the
-    mass of ``max(w p - q, 0)`` (the tensor form of ``verifiers._weight_after_rejection``; ``1 - w`` as
-    ``-expm1(log w)``). Where ``R + 1 - w = 0`` the rejection had probability 0 and the weight stays 1."""
+    mass of ``max(w p - q, 0)`` (``1 - w`` as ``-expm1(log w)``). It keeps the node's total acceptance
+    probability equal to ``w`` (Weng et al., Algorithm 1, the update of ``p`` at the parent; on a chain it is
+    ``h_i`` of block verification). Where ``R + 1 - w = 0`` the rejection had probability 0 and the weight stays 1."""
     denom = mass - torch.expm1(log_w)
     return torch.where(denom > 0, (mass / denom.clamp_min(torch.finfo(denom.dtype).tiny)).log(), 0.0)
 
@@ -95,3 +104,119 @@ def draw_without_replacement_q(q: torch.Tensor, exclude: tuple[int, ...]) -> tor
     q = q.clone()
     q[list(exclude)] = 0.0
     return q / q.sum()
+
+
+# -- a whole tree: the walks over a flat tree of fixed size (one graph each under torch.compile) ---------------
+
+
+
+def _at(x: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+    """``x[i]`` for a one-element device index, without turning ``i`` into a host int."""
+    return x.index_select(0, i)[0]
+
+
+def greedy_path(logits: torch.Tensor, tokens: torch.Tensor, parent: torch.Tensor, anc: torch.Tensor,
+                valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedy acceptance over a padded flat tree: ``(on_path [W] bool, extra token)``.
+
+    Node ``i`` matches when its token is the target's argmax at its parent; the accepted node is the
+    deepest one whose ancestors (itself included, the root excepted) all match. In a trie siblings
+    differ, so at most one node per depth qualifies.
+    """
+    best = logits.argmax(-1)
+    first = torch.arange(tokens.shape[0], device=tokens.device) == 0
+    match = first | ((tokens == best[parent]) & valid)
+    ok = valid & ~(anc & ~match[None, :]).any(-1)
+    depth = anc.sum(-1)
+    node = torch.argmax(torch.where(ok, depth, -1)).view(1)
+    return _at(anc, node), _at(best, node)
+
+
+def sampled_path(probs: torch.Tensor, q: torch.Tensor, ptok: torch.Tensor, pparent: torch.Tensor,
+                 pchild: torch.Tensor, plast: torch.Tensor, has_props: torch.Tensor, uniforms: torch.Tensor,
+                 exponentials: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Multi-draft speculative sampling down a padded flat tree: ``(on_path [W] bool, extra token)``.
+
+    Proposals come in a fixed list ``[P]`` sorted by their parent's flat index (DFS order), each
+    parent's proposals in proposal order; padding has ``pparent == -1``. Walking the list once applies
+    ``verify_proposals`` at the current node, one proposal at a time (the rule is sequential, so this
+    is the same rule): accept -> move to the child; reject -> keep the residual; the last proposal of
+    the node rejected (or a leaf reached) -> stop. The correction token is ``argmax r / E``, an exact
+    draw from ``r`` (exponential race) with no host sync.
+    """
+    w = probs.shape[0]
+    nodes = torch.arange(w, device=probs.device)
+    cur = torch.zeros(1, dtype=torch.long, device=probs.device)
+    r = probs[0]
+    on_path = nodes == 0
+    done = ~has_props[0]
+    for p in range(ptok.shape[0]):
+        here = ~done & (pparent[p] == cur)
+        acc, residual = verify_proposals(r, ptok[p : p + 1], q[p : p + 1], uniforms[p : p + 1])
+        take = here & (acc == 0)
+        reject = here & ~take
+        child = pchild[p : p + 1]
+        r = torch.where(take, _at(probs, child), torch.where(reject, residual, r))
+        cur = torch.where(take, child, cur)
+        on_path = on_path | (take & (nodes == child))
+        done = done | (reject & plast[p]) | (take & ~_at(has_props, child))
+    return on_path, torch.argmax(r / exponentials)
+
+
+def traversal_path(probs: torch.Tensor, q: torch.Tensor, ptok: torch.Tensor, pparent: torch.Tensor,
+                   pchild: torch.Tensor, anc: torch.Tensor, post: torch.Tensor, uniforms: torch.Tensor,
+                   exponentials: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Traversal verification (``verifiers.traversal``; ``block`` on a chain) over a padded flat tree:
+    ``(on_path [W] bool, extra token)``.
+
+    The proposals come as for :func:`sampled_path` (each parent's proposals contiguous, in proposal
+    order, parents before their children; ``pparent == -1``: no proposal), with the ancestor matrix
+    ``anc [W, W]`` and ``post [W]``, each node's rank in post-order (``tree.post_order``).
+    The walk's only random decisions are its leaf tests (Weng et al., NeurIPS 2025, Algorithm 1): a node's
+    test is reached only once all of its children's subtrees were rejected, i.e. after every update of
+    its proposals, so each node's weight and target at its test follow from the tree alone. One pass
+    over the proposals computes them (per proposal: the child's entry weight ``min(1, w P(x)/q(x))``,
+    then the parent's update ``P <- normalize(max(wP - q, 0))``, ``w <- R/(R + 1 - w)``, in float64 logs)
+    and each node's extra token from its final ``P`` (exponential race, one ``E`` for every node: only
+    the accepted node's is used). Node ``v >= 1`` passes its test with ``uniforms[v - 1] < w_v``, the
+    root always; the accepted node is the first to pass in post-order. Weight-0 subtrees stay at
+    ``-inf`` (no NaN). A merged duplicate (a later proposal of an already proposed child) only updates
+    the parent: the child had weight ``< 1`` when it was rejected (a weight-1 node is always accepted),
+    so ``P(x)`` was zeroed and the host walk's re-visit has weight 0.
+    """
+    w, device = probs.shape[0], probs.device
+    nodes = torch.arange(w, device=device)
+    j = torch.arange(ptok.shape[0], device=device)
+    valid = pparent >= 0
+    first = valid & ~((pchild[:, None] == pchild) & valid & (j < j[:, None])).any(-1)
+    log_w = torch.zeros(w, dtype=torch.float64, device=device).masked_fill(nodes > 0, -math.inf)
+    extra = torch.argmax(probs / exponentials, -1)  # nodes without proposals: their target's draw
+    cur = torch.full((1,), -1, dtype=pparent.dtype, device=device)  # the parent whose proposals run
+    r, lw = probs[0].double(), log_w[:1]  # its current P and log weight
+    for p in range(ptok.shape[0]):
+        par, here = pparent[p : p + 1], valid[p : p + 1]
+        start = here & (par != cur)
+        r = torch.where(start, _at(probs, par.clamp_min(0)).double(), r)
+        lw = torch.where(start, log_w.index_select(0, par.clamp_min(0)), lw)
+        cur = torch.where(here, par, cur)
+        x, qp = ptok[p : p + 1], q[p].double()
+        entry = child_log_weight(lw, r.index_select(0, x), qp.index_select(0, x))
+        log_w = torch.where(here & first[p] & (nodes == pchild[p]), entry, log_w)
+        r_after, mass = residual(r, qp, lw.exp())
+        lw = torch.where(here, log_weight_after_rejection(lw, mass), lw)
+        r = torch.where(here, r_after, r)
+        mine = here & (nodes == par)
+        log_w = torch.where(mine, lw, log_w)
+        extra = torch.where(mine, torch.argmax(r / exponentials), extra)
+    passed = torch.cat([nodes[:1] == 0, uniforms[: w - 1].double() < log_w[1:].exp()])
+    node = torch.argmin(torch.where(passed, post, w)).view(1)
+    return _at(anc, node), _at(extra, node)
+
+
+def path_rows(on_path: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Flat indices of the path nodes first (increasing), then ``j`` at position ``j``; and the path length."""
+    w = on_path.shape[0]
+    j = torch.arange(w, device=on_path.device)
+    m = on_path.sum()
+    first = torch.where(on_path, j, w + j).sort().values
+    return torch.where(j < m, first, j), m

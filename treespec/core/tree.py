@@ -122,6 +122,40 @@ class FlatTree:
         return len(self.order)
 
 
+def layout(parent: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each node's depth ``[n]`` and the ancestor matrix ``[n, n]`` (row ``i``: ``i`` and its ancestors) of the
+    tree ``parent`` (node 0 the root, its entry ignored; every parent listed before its children). The one
+    tree-layout loop of the package: flat trees, captured shapes, the draft's static shapes and timing all
+    call it."""
+    parent = np.asarray(parent, dtype=np.int64)
+    n = len(parent)
+    depth = np.zeros(n, dtype=np.int64)
+    ancestors = np.eye(n, dtype=bool)
+    for i in range(1, n):
+        depth[i] = depth[parent[i]] + 1
+        ancestors[i] |= ancestors[parent[i]]
+    return depth, ancestors
+
+
+def post_order(parent: np.ndarray) -> np.ndarray:
+    """Each node's rank in the post-order of the tree ``parent`` (as :func:`layout`), siblings in index order:
+    the order in which traversal verification tests its nodes as leaves (``rule.traversal_path``). Serves a
+    captured shape (BFS) and a flat tree (DFS)."""
+    n = len(parent)
+    children: list[list[int]] = [[] for _ in range(n)]
+    for i in range(1, n):
+        children[int(parent[i])].append(i)
+    # pre-order with the last child first, reversed, is post-order with the first child first
+    order, stack = [], [0]
+    while stack:
+        v = stack.pop()
+        order.append(v)
+        stack.extend(children[v])
+    rank = np.empty(n, dtype=np.int64)
+    rank[order[::-1]] = np.arange(n)
+    return rank
+
+
 def flatten(tree: TokenTree) -> FlatTree:
     """DFS order (children in first-proposal order) and the ancestor-only attention mask."""
     n = tree.size
@@ -136,12 +170,6 @@ def flatten(tree: TokenTree) -> FlatTree:
     index[order] = np.arange(n)
     parent = np.asarray(tree.parent, dtype=np.int64)[order]
     flat_parent = np.where(parent < 0, 0, index[np.maximum(parent, 0)])
-    depth = np.asarray(tree.depth, dtype=np.int64)[order]
-    # Pointer jumping: after step s, `cur` is each node's ancestor s levels up (the root stays put).
-    ancestors = np.zeros((n, n), dtype=bool)
-    rows, cur = np.arange(n), np.arange(n)
-    for _ in range(int(depth.max()) + 1):
-        ancestors[rows, cur] = True
-        cur = flat_parent[cur]
+    depth, ancestors = layout(flat_parent)
     tokens = np.asarray(tree.tokens, dtype=np.int64)[order]
     return FlatTree(order, index, tokens, depth, flat_parent, ancestors)

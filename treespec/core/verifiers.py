@@ -36,11 +36,24 @@ from typing import Callable, Protocol
 import torch
 
 from .constructions import Construction, chain_only, classify, every_construction, iid_uncut
-from .rule import residual
-from .tree import TokenTree
+from .rule import child_log_weight, log_weight_after_rejection, residual
+from .sampling import SamplingParams
+from .tree import FlatTree, TokenTree
 
 Target = Callable[[int], torch.Tensor]  # tree node -> target distribution at that node, float64 [V]
 DTYPE = torch.float64
+
+
+def node_targets(flat: FlatTree, logits: torch.Tensor, params: SamplingParams) -> Target:
+    """``node -> target distribution at that node`` (float64), computed once per node when a walk asks."""
+    probs: dict[int, torch.Tensor] = {}
+
+    def target(node: int) -> torch.Tensor:
+        if node not in probs:
+            probs[node] = params.probs(logits[flat.index[node]]).to(DTYPE)
+        return probs[node]
+
+    return target
 
 
 class Coins(Protocol):
@@ -92,7 +105,7 @@ def rrs(tree: TokenTree, target: Target, coins: Coins) -> tuple[list[int], int]:
         r = target(node)
         for p in tree.proposals[node]:
             q = p.q(vocab, device, DTYPE)
-            if coins.accept(math.exp(_log_weight(0.0, float(r[p.token]), float(q[p.token])))):
+            if coins.accept(math.exp(_log_weight(0.0, r[p.token], q[p.token]))):
                 node = p.child
                 path.append(node)
                 break
@@ -151,18 +164,6 @@ def block(tree: TokenTree, target: Target, coins: Coins) -> tuple[list[int], int
 # -- traversal ----------------------------------------------------------------------------------
 
 
-def _weight_after_rejection(mass: float, one_minus_w: float) -> float:
-    """A node's new weight once one child (with its subtree) was rejected: ``R / (R + 1 - w)``.
-
-    ``R = sum_x max(w P(x) - q(x), 0)`` is the residual mass of the rejected child's ``q``. This
-    keeps the node's total acceptance probability equal to ``w`` (Weng et al., Algorithm 1, the
-    update of ``p`` at the parent; on a chain it is ``h_i`` of block verification).
-    """
-    denom = mass + one_minus_w
-    # denom 0: w = 1 and R = 0, i.e. P <= q everywhere, where rejection had probability 0; keep w.
-    return mass / denom if denom > 0 else 1.0
-
-
 def traversal(tree: TokenTree, target: Target, coins: Coins) -> tuple[list[int], int]:
     """Traversal verification (Weng et al., NeurIPS 2025, Algorithm 1), leaf to root in post-order.
 
@@ -172,7 +173,7 @@ def traversal(tree: TokenTree, target: Target, coins: Coins) -> tuple[list[int],
     with probability its weight: the whole root-to-leaf path is committed and the extra token drawn
     from the leaf's (current) target. A rejected child is deleted and its parent updated:
     ``P <- normalize(max(w P - q, 0))`` and ``w <- R / (R + 1 - w)`` with ``R`` the mass of
-    ``max(w P - q, 0)`` (:func:`_weight_after_rejection`); the parent's next proposal is weighed
+    ``max(w P - q, 0)`` (``rule.log_weight_after_rejection``); the parent's next proposal is weighed
     against the updated ``P`` and ``w``; a node whose proposals are all rejected becomes a leaf. The
     root's weight stays 1, so it is always accepted. On a chain this is :func:`block`.
 
@@ -194,12 +195,11 @@ def traversal(tree: TokenTree, target: Target, coins: Coins) -> tuple[list[int],
         P = target(node)
         for prop in tree.proposals[node]:
             child, q = prop.child, prop.q(vocab, device, DTYPE)
-            log_wc = _log_weight(log_w, float(P[prop.token]), float(q[prop.token]))
+            log_wc = _log_weight(log_w, P[prop.token], q[prop.token])
             if log_wc > -math.inf and (found := visit(child, log_wc)) is not None:
                 return [node] + found[0], found[1]
             P, mass = residual(P, q, math.exp(log_w))
-            w_new = _weight_after_rejection(float(mass), -math.expm1(log_w))
-            log_w = math.log(w_new) if w_new > 0 else -math.inf
+            log_w = float(log_weight_after_rejection(torch.tensor(log_w, dtype=DTYPE), mass))
         if node == 0 or coins.accept(math.exp(log_w)):  # the root's weight stays 1
             return [node], coins.draw(P)
         return None
@@ -207,11 +207,9 @@ def traversal(tree: TokenTree, target: Target, coins: Coins) -> tuple[list[int],
     return visit(0, 0.0)
 
 
-def _log_weight(log_w: float, p_x: float, q_x: float) -> float:
-    """``log min(1, w p(x) / q(x))``; ``q(x) == 0`` (never for a genuine draw) counts as ratio 1."""
-    if p_x <= 0 or log_w == -math.inf:
-        return -math.inf
-    return 0.0 if q_x <= 0 else min(0.0, log_w + math.log(p_x) - math.log(q_x))
+def _log_weight(log_w: float, p_x: torch.Tensor, q_x: torch.Tensor) -> float:
+    """``log min(1, w p(x) / q(x))`` (``rule.child_log_weight``, the compiled steps' arithmetic) as a float."""
+    return float(child_log_weight(torch.tensor(log_w, dtype=DTYPE), p_x.to(DTYPE), q_x.to(DTYPE)))
 
 
 # -- spectr (K-SEQ) -----------------------------------------------------------------------------
@@ -262,7 +260,7 @@ def spectr(tree: TokenTree, target: Target, coins: Coins) -> tuple[list[int], in
             q = props[0].q(vocab, device, DTYPE)
             rho, c = kseq_rho(r, q, len(props))
             for p in props:
-                if coins.accept(math.exp(_log_weight(-math.log(rho), float(r[p.token]), float(q[p.token])))):
+                if coins.accept(math.exp(_log_weight(-math.log(rho), r[p.token], q[p.token]))):
                     node = p.child
                     path.append(node)
                     break

@@ -17,6 +17,7 @@ from ..core.checks import check_int, check_probability, vocab_size
 from ..core.drafting import ROOT, Capture, DraftProposals, Drafter
 from ..core.kv import TreeCache, causal_allowed, forward_masked
 from ..core.sampling import SamplingParams, draw_children
+from ..core.tree import layout
 
 #: the modes of a static tree shape (the dynamic EAGLE-2 tree grows its own)
 STATIC_MODES = ("topk", "sample", "sample_without_replacement")
@@ -39,13 +40,9 @@ class _Layout:
     @classmethod
     def of(cls, shape: TreeShape) -> "_Layout":
         parent = np.array([-1] + [i + 1 for i in shape.parents()], dtype=np.int64)
-        n = len(parent)
-        ancestors = np.eye(n, dtype=bool)
-        for i in range(1, n):  # parents precede children in BFS order
-            ancestors[i] |= ancestors[parent[i]]
-        return cls(shape, parent, np.array([0] + [p[-1] for p in shape.paths], dtype=np.int64),
-                   np.array([0] + [len(p) for p in shape.paths], dtype=np.int64),
-                   np.bincount(parent[1:], minlength=n), ancestors)
+        depth, ancestors = layout(parent)
+        return cls(shape, parent, np.array([0] + [p[-1] for p in shape.paths], dtype=np.int64), depth,
+                   np.bincount(parent[1:], minlength=len(parent)), ancestors)
 
     def level(self, d: int) -> np.ndarray:
         return np.flatnonzero(self.depth == d)
@@ -123,7 +120,7 @@ class ModelDrafter(Drafter):
                                                                        ("topk", topk, "children per expanded node"),
                                                                        ("nodes", nodes, "drafted nodes")))
         else:
-            self.plan = _Layout.of(as_shape(shape))
+            self.layout = _Layout.of(as_shape(shape))
         self.vocab_size = vocab_size(model)
         self.device = execution_device(model)
         self.sampling = SamplingParams(1.0)
@@ -139,14 +136,14 @@ class ModelDrafter(Drafter):
         stop = "" if self.min_confidence is None else f", min_confidence={self.min_confidence:g}"
         if self.mode == "dynamic":
             return f"model({name}, dynamic, depth={self.depth}, topk={self.topk}, nodes={self.nodes}{stop})"
-        return f"model({name}, {self.mode}, size={self.plan.shape.size}, depth={self.plan.shape.depth}{stop})"
+        return f"model({name}, {self.mode}, size={self.layout.shape.size}, depth={self.layout.shape.depth}{stop})"
 
     def capture(self) -> Capture | str:
         """The static shape for the captured step; dynamic trees and i.i.d. sampling (siblings may repeat a
         token, which the host trie merges) draft on the host."""
         if self.mode not in ("topk", "sample_without_replacement"):
             return f"mode={self.mode!r} drafts on the host (captured: topk, sample_without_replacement)"
-        return Capture(self.model, self.plan.parent, self.plan.rank, self.mode, self.min_confidence)
+        return Capture(self.model, self.layout.parent, self.layout.rank, self.mode, self.min_confidence)
 
     def reset(self, prompt: Sequence[int], *, sampling: SamplingParams, seed: int) -> None:
         self.sampling = sampling
@@ -222,8 +219,8 @@ class ModelDrafter(Drafter):
     # -- static shapes ---------------------------------------------------------------------------
 
     def _propose_static(self, context: Sequence[int], q_root: torch.Tensor) -> DraftProposals:
-        plan, ctx_len = self.plan, len(context)
-        n, max_depth = plan.shape.size, plan.shape.depth
+        layout, ctx_len = self.layout, len(context)
+        n, max_depth = layout.shape.size, layout.shape.depth
         tokens = np.full(n, -1, dtype=np.int64)
         tokens[0] = context[-1]
         rows = np.full(n, -1, dtype=np.int64)  # cache row of each forwarded node
@@ -234,43 +231,43 @@ class ModelDrafter(Drafter):
         conf[0] = 1.0
         dists = [q_root]
         for d in range(1, max_depth + 1):
-            parents = plan.level(d - 1)
-            parents = parents[plan.n_children[parents] > 0]
+            parents = layout.level(d - 1)
+            parents = parents[layout.n_children[parents] > 0]
             q = dists[0] if d == 1 else torch.cat(dists)[q_row[parents]]
-            kids = plan.level(d)
-            drawn = draw_children(q, int(plan.n_children[parents].max()), self.mode, self.generator)
-            slot = np.searchsorted(parents, plan.parent[kids])
+            kids = layout.level(d)
+            drawn = draw_children(q, int(layout.n_children[parents].max()), self.mode, self.generator)
+            slot = np.searchsorted(parents, layout.parent[kids])
             drawn_np = drawn.cpu().numpy()
-            tokens[kids] = np.where(tokens[plan.parent[kids]] >= 0, drawn_np[slot, plan.rank[kids]], -1)
-            fwd = kids[plan.n_children[kids] > 0]
+            tokens[kids] = np.where(tokens[layout.parent[kids]] >= 0, drawn_np[slot, layout.rank[kids]], -1)
+            fwd = kids[layout.n_children[kids] > 0]
             if d == max_depth or fwd.size == 0:
                 break
             if self.min_confidence is not None:
                 at = torch.as_tensor(np.stack([slot, np.maximum(tokens[kids], 0)]), device=q.device)
                 q_tok = q[at[0], at[1]].double().cpu().numpy()
-                conf[kids] = np.where(tokens[kids] >= 0, conf[plan.parent[kids]] * q_tok, 0.0)
+                conf[kids] = np.where(tokens[kids] >= 0, conf[layout.parent[kids]] * q_tok, 0.0)
                 if self._stop(float(conf[fwd].max())):
                     break
             q_row[fwd] = sum(len(t) for t in dists) + np.arange(len(fwd))
-            dists.append(self._forward_level(ctx_len, fwd, tokens, plan.depth, rows, plan.ancestors))
-            _share_rows_of_equal_contexts(fwd, plan.parent, tokens, q_row)
-        self._last = (plan.parent, tokens, rows)
+            dists.append(self._forward_level(ctx_len, fwd, tokens, layout.depth, rows, layout.ancestors))
+            _share_rows_of_equal_contexts(fwd, layout.parent, tokens, q_row)
+        self._last = (layout.parent, tokens, rows)
         return self._static_proposals(tokens, q_row, torch.cat(dists))
 
     def _static_proposals(self, tokens: np.ndarray, q_row: np.ndarray, dists: torch.Tensor) -> DraftProposals:
-        plan = self.plan
+        layout = self.layout
         # a draw q could not support, or a level the confidence stop did not draw, drops its subtree
         kept = np.flatnonzero(tokens[1:] >= 0) + 1
         index = {int(node): j for j, node in enumerate(kept)}
-        parents = [ROOT if plan.parent[v] == 0 else index[int(plan.parent[v])] for v in kept]
+        parents = [ROOT if layout.parent[v] == 0 else index[int(layout.parent[v])] for v in kept]
         toks = [int(tokens[v]) for v in kept]
         if self.mode == "topk":
             return DraftProposals(toks, parents)
-        rows = [int(q_row[plan.parent[v]]) for v in kept]
+        rows = [int(q_row[layout.parent[v]]) for v in kept]
         exclude: list[tuple[int, ...]] = [()] * len(kept)
         if self.mode == "sample_without_replacement":
             for j, v in enumerate(kept):
-                r = int(plan.rank[v])
+                r = int(layout.rank[v])
                 if r:  # earlier siblings are the previous r nodes in BFS order
                     exclude[j] = tuple(int(t) for t in tokens[v - r : v])
         return DraftProposals(toks, parents, dists, rows, exclude)

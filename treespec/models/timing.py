@@ -11,7 +11,9 @@ import torch
 
 from ..common.device import execution_device, sync
 from ..core.checks import vocab_size
-from ..core.kv import TreeCache, causal_allowed, forward_masked
+from ..core.compiling import compile_options
+from ..core.kv import StaticTreeCache, TreeCache, causal_allowed, forward_masked
+from ..core.tree import layout
 
 DEFAULT_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 
@@ -26,12 +28,7 @@ def random_tree(n: int, generator: torch.Generator) -> tuple[np.ndarray, np.ndar
     if n > 1:
         u = torch.rand(n - 1, generator=generator).numpy()
         parent[1:] = np.floor(u * np.arange(1, n)).astype(np.int64)
-    depth = np.zeros(n, dtype=np.int64)
-    ancestors = np.eye(n, dtype=bool)
-    for i in range(1, n):
-        depth[i] = depth[parent[i]] + 1
-        ancestors[i] |= ancestors[parent[i]]
-    return depth, ancestors
+    return layout(parent)
 
 
 @torch.inference_mode()
@@ -42,8 +39,14 @@ def measure_latency(
     repeats: int = 3,
     warmup: int = 1,
     seed: int = 0,
+    compiled: bool | str = False,
 ) -> dict[int, float]:
     """Seconds of one tree forward of ``n`` tokens after ``context`` cached tokens, for each ``n``.
+
+    ``compiled``: the forward the compiled steps run (a static cache, ``torch.compile`` with
+    ``compiling.compile_options``: CUDA graphs on CUDA; a string names the backend), compiled once with
+    a dynamic token count for every size (under CUDA graphs one graph is recorded per size, no new
+    compile); False: the eager forward on a growable cache (the eager step's).
 
     The new tokens carry a random tree-shaped ancestor mask and tree position ids (as in a
     verification pass, logits for every node included). Every size runs ``warmup`` untimed times,
@@ -60,31 +63,62 @@ def measure_latency(
     device = execution_device(model)
     gen = torch.Generator().manual_seed(seed)
     vocab = vocab_size(model)
-    cache = TreeCache()
-    ctx = torch.randint(vocab, (context,), generator=gen).to(device)
-    forward_masked(model, cache, ctx, torch.arange(context, device=device), causal_allowed(0, context, device),
-                   logits_to_keep=1)
-    inputs = {}
+    ctx = torch.randint(vocab, (context,), generator=gen).tolist()
+    trees = {}
     for n in sorted({int(s) for s in sizes}):
         depth, anc = random_tree(n, gen)
-        allowed = torch.ones(n, context + n, dtype=torch.bool)
-        allowed[:, context:] = torch.from_numpy(anc)
-        inputs[n] = (torch.randint(vocab, (n,), generator=gen).to(device), torch.as_tensor(context + depth, device=device),
-                     allowed.to(device))
+        trees[n] = (torch.randint(vocab, (n,), generator=gen).to(device), depth, anc)
+    forward = (_eager_forward if compiled is False else _compiled_forward)(model, ctx, trees, compiled)
 
     def timed(n: int) -> float:
         sync(device)
         t0 = time.perf_counter()
-        forward_masked(model, cache, *inputs[n])
+        forward(n)
         sync(device)
-        cache.keep(context, [])
         return time.perf_counter() - t0
 
     for _ in range(warmup):
-        for n in inputs:
+        for n in trees:
             timed(n)
-    times: dict[int, list[float]] = {n: [] for n in inputs}
+    times: dict[int, list[float]] = {n: [] for n in trees}
     for r in range(repeats):
-        for n in (list(inputs) if r % 2 == 0 else list(inputs)[::-1]):
+        for n in (list(trees) if r % 2 == 0 else list(trees)[::-1]):
             times[n].append(timed(n))
     return {n: statistics.median(t) for n, t in times.items()}
+
+
+def _eager_forward(model: torch.nn.Module, ctx: list[int], trees: dict, compiled: bool | str):
+    """``n -> `` the eager tree forward of tree ``n`` after ``ctx`` on a growable cache (cropped back after)."""
+    device, context = execution_device(model), len(ctx)
+    cache = TreeCache()
+    forward_masked(model, cache, torch.tensor(ctx, device=device), torch.arange(context, device=device),
+                   causal_allowed(0, context, device), logits_to_keep=1)
+    inputs = {}
+    for n, (ids, depth, anc) in trees.items():
+        allowed = torch.ones(n, context + n, dtype=torch.bool)
+        allowed[:, context:] = torch.from_numpy(anc)
+        inputs[n] = (ids, torch.as_tensor(context + depth, device=device), allowed.to(device))
+
+    def run(n: int) -> None:
+        forward_masked(model, cache, *inputs[n])
+        cache.keep(context, [])
+
+    return run
+
+
+def _compiled_forward(model: torch.nn.Module, ctx: list[int], trees: dict, compiled: bool | str):
+    """``n -> `` the compiled steps' tree forward of tree ``n`` after ``ctx`` on a static cache: one graph with a
+    dynamic token count (the rows it writes stay uncommitted)."""
+    device = execution_device(model)
+    backend, mode = compile_options(compiled, device)
+    cache = StaticTreeCache(model, -(-(len(ctx) + max(trees) + 1) // 256) * 256)
+    cache.prefill(model, ctx + [0])
+    committed = cache.length.clone()
+
+    def forward(ids: torch.Tensor, positions: torch.Tensor, block: torch.Tensor, committed: torch.Tensor) -> torch.Tensor:
+        return cache.forward(model, ids, positions, block, committed)
+
+    fn = torch.compile(forward, dynamic=True, fullgraph=True, backend=backend, mode=mode)
+    inputs = {n: (ids, committed + torch.as_tensor(depth, device=device), torch.as_tensor(anc, device=device), committed)
+              for n, (ids, depth, anc) in trees.items()}
+    return lambda n: fn(*inputs[n])

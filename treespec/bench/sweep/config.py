@@ -12,6 +12,7 @@ from typing import Any, Callable, Sequence
 
 from ...core.verifiers import VERIFIERS
 from ...drafters.model import STATIC_MODES
+from ...recipes import NGramSettings, Recipe
 from ...models.packaged import DEFAULT_DRAFT, DEFAULT_TARGET
 from ...models.precision import FLOATS, PRECISIONS
 from ..datasets import DATASETS, dataset_prompts, dataset_size, prompt_range
@@ -26,12 +27,15 @@ MODEL_MODES = ("auto", *STATIC_MODES)
 #: prompt sets (the report flags a sweep below it)
 CITABLE = {"prompts": 20, "tokens": 96, "datasets": 2}
 
+#: the recipe's own defaults (``treespec.recipes.Recipe``, ``NGramSettings``): one home for them
+_RECIPE, _NGRAM = Recipe(), NGramSettings()
+
 DEFAULTS: dict[str, Any] = {
     "name": "sweep",
     "models": {"target": DEFAULT_TARGET, "draft": DEFAULT_DRAFT, "pairs": []},
     "grid": {"drafters": ["model"], "builders": ["sequoia"], "budgets": [8], "max_depths": ["none"],
              "temperatures": [0.0], "top_p": [1.0], "seeds": [0], "model_mode": "auto",
-             "verifiers": ["rrs"]},
+             "verifiers": [_RECIPE.verifier]},
     # citable by default: >= 20 evaluation prompts x >= 96 tokens on a code and a prose set
     # (CITABLE), calibration prompts disjoint from evaluation prompts
     "data": {"datasets": ["humaneval", "lee-news"], "calib": "0:100", "eval": "100:132", "max_new_tokens": 96,
@@ -40,8 +44,12 @@ DEFAULTS: dict[str, Any] = {
     # the DP uses acceptance given the depth reached ("matrix"): measured on the CPU sweep's prose panel,
     # 48-token calibrations underrated 96-token runs by up to 47% (experiments/results/acceptance-fit)
     "acceptance": {"width": 8, "max_new_tokens": "eval", "max_depth": 8, "use": "matrix"},
-    "shapes": {"kary_width": 2, "chains": 4, "dynamic_depth": 6, "dynamic_topk": 8},
-    "ngram": {"mode": "ngram", "max_order": 4, "max_tokens": 6, "width": 1, "window": 512},
+    # the sweep's own choices: 4 independent chains at every budget (the recipe's default is 2 up to budget
+    # 16), and 6 n-gram tokens (the recipe's 4); the rest are the recipe's defaults
+    "shapes": {"kary_width": _RECIPE.kary_width, "chains": 4, "dynamic_depth": _RECIPE.dynamic_depth,
+               "dynamic_topk": _RECIPE.dynamic_topk},
+    "ngram": {"mode": _NGRAM.mode, "max_order": _NGRAM.max_order, "max_tokens": 6, "width": _NGRAM.width,
+              "window": _NGRAM.window},
     "baselines": {"methods": list(BASELINES), "prompt_lookup_num_tokens": 10, "max_matching_ngram_size": 2,
                   "assisted": {}},
     "run": {"device": "cpu", "dtype": "float32", "draft_dtype": "same", "warmup_tokens": 4, "threads": 0,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from tree_builders import TreeShape
@@ -140,18 +140,25 @@ def treespec_params(cfg: dict[str, Any], common: dict[str, Any], draft: str, dra
     return params
 
 
+#: a treespec point's parameters that set a :class:`Recipe` field of another name (points keep their names: a
+#: point's key is the hash of its parameters, and a sweep finds its finished points again by their keys)
+RECIPE_NAMES = {"builder": "tree", "max_depth": "depth"}
+#: point parameters that name Recipe fields but hold something else (the acceptance's measurement settings,
+#: the model drafter's mode by the point's rule, the n-gram's options as a table)
+_OWN = ("acceptance", "mode", "ngram")
+_RECIPE_FIELDS = {f.name for f in fields(Recipe)}
+
+
 def point_recipe(p: dict[str, Any], acceptance: Any = None) -> Recipe:
-    """The recipe of treespec point ``p`` (``acceptance``: the vector or matrix its sequoia tree needs)."""
+    """The recipe of treespec point ``p`` (``acceptance``: the vector or matrix its sequoia tree needs): the point's
+    parameters that are recipe fields, by :data:`RECIPE_NAMES`; what a point leaves out is the recipe's default."""
+    settings = {RECIPE_NAMES.get(k, k): v for k, v in p.items()
+                if RECIPE_NAMES.get(k, k) in _RECIPE_FIELDS and k not in _OWN}
     n = p.get("ngram")
-    ngram = None if n is None else NGramSettings(max_order=int(n["max_order"]), max_tokens=int(n["max_tokens"]),
-                                                 width=int(n["width"]), window=int(n["window"]), mode=n["mode"])
-    mode = p.get("mode")
-    return Recipe(tree="chain" if p["builder"] == "ngram" else p["builder"], budget=p["budget"], depth=p["max_depth"],
-                  temperature=p["temperature"], draft_mode=mode if mode in STATIC_MODES else None, ngram=ngram,
-                  acceptance=acceptance, kary_width=int(p.get("kary_width", 2)), chains=p.get("chains"),
-                  dynamic_depth=int(p.get("dynamic_depth", 6)), dynamic_topk=int(p.get("dynamic_topk", 8)),
-                  target_dtype=p["dtype"], draft_dtype=p.get("draft_dtype", p["dtype"]), top_p=p["top_p"],
-                  verifier=p.get("verifier", "rrs"), compile=p.get("compile", False))
+    return Recipe(**{**settings, "tree": "chain" if p["builder"] == "ngram" else p["builder"],
+                     "draft_mode": p["mode"] if p.get("mode") in STATIC_MODES else None,
+                     "ngram": None if n is None else NGramSettings(**n), "acceptance": acceptance,
+                     "target_dtype": p["dtype"], "draft_dtype": p.get("draft_dtype", p["dtype"])})
 
 
 def shape_record(shape: TreeShape) -> dict[str, Any]:

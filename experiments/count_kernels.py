@@ -1,0 +1,114 @@
+"""Kernels per draft layer in inductor's generated code: where a captured draft level's launches come from.
+
+On a GPU a draft level is launch-bound: the 0.5B draft's level costs 2.3 ms where its weights stream in
+about 0.2 ms (issue 40), so the number of kernels per layer sets its cost. The count does not need a GPU:
+inductor's generated code for a CPU lists every kernel it calls (its fused C++ kernels and the external
+calls for matmuls and attention), and the same graph lowers to about as many Triton kernels and cuBLAS
+calls on CUDA (pointwise fusion is the same pass). This script compiles the captured step's draft level
+(a forward of ``--rows`` rows on a static cache after a context, then the top-8 choices of each row) for a
+Qwen2 model of the real 0.5B draft's layer sizes with 1 and with 2 layers (random weights, the real
+vocabulary), counts the kernels in each, and reports their difference: the kernels of one layer, and the
+rest (embedding, mask, final norm, LM head, top-k). ``--freezing`` compiles with inductor's weight
+freezing (the CPU default of ``compile=True``; it folds constant work and can fuse linears sharing an input).
+
+    python experiments/count_kernels.py --out experiments/results/kernels-per-layer-cpu.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+from torch._inductor.utils import run_and_get_code  # noqa: E402
+from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
+
+from treespec.common.machine import machine  # noqa: E402
+from treespec.core.kv import StaticTreeCache  # noqa: E402
+
+DRAFT = dict(hidden_size=896, num_attention_heads=14, num_key_value_heads=2, intermediate_size=4864, vocab_size=151936,
+             max_position_embeddings=32768, rms_norm_eps=1e-6, tie_word_embeddings=True,
+             rope_parameters={"rope_theta": 1e6, "rope_type": "default"}, use_sliding_window=False)
+#: what a kernel call looks like in inductor's generated wrapper (C++ kernels on a CPU, Triton on CUDA, and
+#: the external calls: matmuls, attention, oneDNN's prepacked linears)
+KERNEL = re.compile(r"^\s+(?:\w+ = )?(cpp_fused_\w+|triton_\w+\.run|extern_kernels\.\w+|torch\.ops\.\w+\.\w+"
+                    r"(?:\.\w+)?|aten\.\w+(?:\.\w+)?)\(", re.M)
+
+
+def kernels(code: str) -> dict[str, int]:
+    """Kernel calls in the generated ``call`` function, by kind."""
+    counts: dict[str, int] = {}
+    for name in KERNEL.findall(code):
+        kind = "fused pointwise/reduction (C++)" if name.startswith("cpp_fused") else \
+            "fused pointwise/reduction (Triton)" if name.startswith("triton") else name
+        counts[kind] = counts.get(kind, 0) + 1
+    return counts
+
+
+def level_code(layers: int, rows: int, context: int, capacity: int, freezing: bool, dtype: torch.dtype) -> tuple[str, float]:
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(num_hidden_layers=layers, attn_implementation="sdpa", **DRAFT)).to(dtype).eval()
+    cache = StaticTreeCache(model, capacity)
+    cache.prefill(model, list(range(1, context + 2)))
+    committed = cache.length.clone()
+    ids = torch.arange(rows) + 5
+    block = torch.ones(rows, rows, dtype=torch.bool).tril()
+
+    def level(ids, positions, block, committed):
+        return torch.topk(cache.forward(model, ids, positions, block, committed), 8, dim=-1).indices
+
+    fn = torch.compile(level, fullgraph=True, options={"freezing": freezing})
+    t = time.perf_counter()
+    with torch.inference_mode():
+        _, codes = run_and_get_code(fn, ids, committed + torch.arange(rows), block, committed)
+    torch._dynamo.reset()
+    return "\n".join(codes), time.perf_counter() - t
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=None, help="markdown report (default: print only)")
+    ap.add_argument("--rows", type=int, default=4)
+    ap.add_argument("--context", type=int, default=128)
+    ap.add_argument("--capacity", type=int, default=1024)
+    ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    args = ap.parse_args(argv)
+    dtype = getattr(torch, args.dtype)
+    result: dict = {}
+    for freezing in (False, True):
+        per = {}
+        for layers in (1, 2):
+            code, seconds = level_code(layers, args.rows, args.context, args.capacity, freezing, dtype)
+            per[layers] = (kernels(code), seconds)
+        one, two = per[1][0], per[2][0]
+        layer = {k: two.get(k, 0) - one.get(k, 0) for k in sorted(set(one) | set(two))}
+        rest = {k: one.get(k, 0) - layer.get(k, 0) for k in one}
+        result["freezing" if freezing else "no freezing"] = {"per_layer": {k: v for k, v in layer.items() if v},
+                                                              "outside_layers": {k: v for k, v in rest.items() if v},
+                                                              "compile_seconds": per[2][1]}
+    lines = [f"# Kernels per draft layer in inductor's generated code ({machine(torch.device('cpu'))}, torch "
+             f"{torch.__version__})", "",
+             f"Command: `python experiments/count_kernels.py --out ...` ({args.rows} rows after {args.context} cached "
+             f"tokens on a {args.capacity}-row static cache, {args.dtype}, then top-8 per row; Qwen2 with the 0.5B "
+             "draft's layer sizes; one layer = the 2-layer graph's kernels less the 1-layer graph's).", ""]
+    for name, r in result.items():
+        total = sum(r["per_layer"].values())
+        lines += [f"## {name}: {total} kernels per layer", "", "| kernel | per layer | outside the layers |", "|---|---|---|"]
+        for k in sorted(set(r["per_layer"]) | set(r["outside_layers"])):
+            lines.append(f"| `{k}` | {r['per_layer'].get(k, 0)} | {r['outside_layers'].get(k, 0)} |")
+        lines.append("")
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        args.out.write_text(text)
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,206 @@
+"""The choices a recipe leaves to measurement on this machine: its budget (the tuner, or a pilot of its real
+steps) and whether its steps compile (``compile_choice``). :func:`resolve` and :func:`resolve_compile` return
+a :class:`Resolved`: the recipe with the choice made and a line saying what runs and why."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+import torch
+
+from ..core.drafting import Drafter
+from ..drafters.cross_tokenizer import CrossTokenizerDrafter
+from ..drafters.model import ModelDrafter
+from ..drafters.ngram import NGramDrafter
+from ..models.pair import CrossDraft
+from ..models.precision import precision_of
+from ..core.stats import GenerateOutput
+from ..recipes import DEFAULT_BUDGET, DraftModel, Recipe, build_drafters, plan_depth
+from ..recipes import run as run_resolved
+from .tuning import Tuned, calibrate, tune
+
+if TYPE_CHECKING:
+    from .pilot import Pilot
+
+@dataclass(frozen=True)
+class Resolved:
+    """A recipe with its budget filled in, a line saying what runs and why, and the tuning behind it."""
+
+    recipe: Recipe
+    why: str
+    tuned: Tuned | None = None
+
+
+def _describe_models(target: torch.nn.Module, drafts: Sequence[DraftModel]) -> str:
+    return f"target {precision_of(target)}" + "".join(
+        f", draft {precision_of(d.model if isinstance(d, CrossDraft) else d)}" for d in drafts)
+
+
+def tunable(recipe: Recipe, drafts: Sequence[DraftModel]) -> bool:
+    """Whether :func:`resolve` tunes ``recipe``: no budget given, a Sequoia tree with an acceptance
+    vector, one draft model of the target's tokenizer and no n-gram drafter."""
+    return (recipe.budget is None and recipe.tree == "sequoia" and recipe.acceptance is not None
+            and recipe.ngram is None and len(drafts) == 1 and not isinstance(drafts[0], CrossDraft))
+
+
+def _single_chain(recipe: Recipe, drafters: Sequence[Drafter]) -> bool:
+    """Whether the drafters propose one chain per step (so a depth cap keeps a prefix of each)."""
+    if len(drafters) != 1:
+        return False
+    d = drafters[0]
+    if isinstance(d, (CrossTokenizerDrafter, NGramDrafter)):
+        return d.width == 1
+    return isinstance(d, ModelDrafter) and recipe.tree == "chain"
+
+
+def _pilot_prompts(tokenizer: Any) -> list[list[int]]:
+    """The built-in pilot prompts (``treespec.calibrate.pilot.PILOT_PROMPTS``) in the target's tokens."""
+    from .pilot import PILOT_PROMPTS
+
+    return [list(tokenizer(text)["input_ids"]) for text in PILOT_PROMPTS]
+
+
+def _measurement_key(tag: str, recipe: Recipe, target: torch.nn.Module, drafts: Sequence[DraftModel],
+                     prompts: Sequence[Sequence[int]]) -> str:
+    """The cache key of a measurement of ``recipe`` on ``prompts``: machine, models, precisions, drafters,
+    budget and sampling."""
+    from .pilot import prompts_digest
+    from ..common.machine import measurement_key, model_name
+
+    return measurement_key(tag, model_name(target), precision_of(target), f"budget={recipe.budget}",
+                           *(precision_of(m.model if isinstance(m, CrossDraft) else m) for m in drafts),
+                           *(d.describe() for d in build_drafters(recipe, drafts)), f"T={recipe.temperature}",
+                           f"top_p={recipe.top_p}", f"top_k={recipe.top_k}", recipe.verifier, prompts_digest(prompts),
+                           device=next(target.parameters()).device)
+
+
+def _measured(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[DraftModel], tokenizer: Any,
+              cache_file: Path | None, *, chain: bool = False, tag: str = "pilot-v1") -> "Pilot":
+    """A pilot of ``recipe`` (its eager steps and the target alone on the built-in pilot prompts,
+    ``treespec.calibrate.pilot.run_pilot``), cached per machine, models, drafters and sampling."""
+    from . import pilot
+
+    prompts = _pilot_prompts(tokenizer)
+    eager = replace(recipe, compile=False)  # the pilot times eager steps (compiling costs minutes)
+    key = _measurement_key(tag, recipe, target, drafts, prompts)
+    return pilot.cached_pilot(key, cache_file, lambda: pilot.run_pilot(
+        lambda ids, n: run_resolved(eager, target, drafts, ids, max_new_tokens=n, seed=0),
+        lambda ids, n: run_resolved(replace(eager, budget=1), target, drafts, ids, max_new_tokens=n, seed=0),
+        target, prompts, depth=plan_depth(recipe, bool(drafts)), chain=chain))
+
+
+def _pilot_choice(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[DraftModel], models: str,
+                  tokenizer: Any, max_new_tokens: int, cache_file: Path | None) -> Resolved:
+    """A recipe the tuner cannot size, measured by a pilot (``treespec.calibrate.pilot``): the depth
+    predicted fastest on this machine, or plain decoding (budget 1) when no depth is predicted to pay."""
+    from . import pilot
+
+    base = replace(recipe, budget=DEFAULT_BUDGET)
+    drafters = build_drafters(base, drafts)
+    if not drafters:
+        return Resolved(base, f"{models}; {recipe.tree} tree, budget {DEFAULT_BUDGET} (no drafter to measure)")
+    depth = plan_depth(base, bool(drafts))
+    measured = _measured(base, target, drafts, tokenizer, cache_file, chain=_single_chain(base, drafters))
+    # a depth cap d is only a candidate when the recipe's drafters then really draft d deep
+    chosen, table = pilot.choose(measured, max_new_tokens, allowed=lambda d: d == depth or plan_depth(
+        replace(base, depth=d), bool(drafts)) == d)
+    why = f"{models}; {pilot.why(measured, chosen, table, max_new_tokens)}"
+    if chosen.depth == 0:
+        return Resolved(replace(recipe, budget=1), why)
+    return Resolved(replace(base, depth=chosen.depth if chosen.depth < depth else recipe.depth), why)
+
+
+def resolve(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[DraftModel], *,
+            cache_file: Path | None = None, tuner: Callable[..., Tuned] = tune, tokenizer: Any = None,
+            max_new_tokens: int = 128, pilot_cache: Path | None = None) -> Resolved:
+    """``recipe`` with a budget: as given; tuned on this machine (:func:`tunable`; the profile is
+    cached in ``cache_file``, default ``<treespec cache>/profiles.json``; given the target's
+    ``tokenizer``, the profile is then corrected by a pilot of the tuned tree's real steps and the
+    tree chosen again); otherwise, given the ``tokenizer``, the depth a short pilot predicts fastest
+    for ``max_new_tokens`` new tokens, or plain decoding when speculation is not predicted to pay
+    (``treespec.calibrate.pilot``; pilots cached in ``pilot_cache``, default
+    ``<treespec cache>/pilots.json``); without a tokenizer, :data:`DEFAULT_BUDGET`."""
+    models = _describe_models(target, drafts)
+    if recipe.budget is not None:
+        return Resolved(recipe, f"{models}; {recipe.tree} tree, budget {recipe.budget} (as given)")
+    from ..models import cache_root
+
+    if not tunable(recipe, drafts):
+        if tokenizer is not None:
+            return _pilot_choice(recipe, target, drafts, models, tokenizer, max_new_tokens,
+                                 pilot_cache if pilot_cache is not None else cache_root() / "pilots.json")
+        return Resolved(replace(recipe, budget=DEFAULT_BUDGET),
+                        f"{models}; {recipe.tree} tree, budget {DEFAULT_BUDGET} (the default: tuning needs a "
+                        "Sequoia tree with one draft model of the target's tokenizer and no n-gram; with the "
+                        "target's tokenizer a pilot measures whether it pays)")
+    if cache_file is None:
+        cache_file = cache_root() / "profiles.json"
+    acceptance = [list(r) if isinstance(r, tuple) else r for r in recipe.acceptance]
+    tuned = tuner(target, drafts[0], acceptance, temperature=recipe.temperature, max_depth=recipe.depth or 8,
+                  cache_file=cache_file)
+    chosen = replace(recipe, **tuned.settings(), target_dtype=precision_of(target),
+                     draft_dtype=precision_of(drafts[0]))
+    if tokenizer is not None and chosen.budget > 1:  # correct the isolated-forward costs by real steps
+        measured = _measured(replace(chosen, min_confidence=None), target, drafts, tokenizer,
+                             pilot_cache if pilot_cache is not None else cache_root() / "pilots.json",
+                             tag="calibration-v1")
+        tuned = calibrate(tuned, measured, acceptance, max_depth=recipe.depth or 8)
+        chosen = replace(recipe, **tuned.settings(), target_dtype=precision_of(target),
+                         draft_dtype=precision_of(drafts[0]))
+    return Resolved(chosen, tuned.why, tuned)
+
+
+def resolve_compile(resolved: Resolved, target: torch.nn.Module, drafts: Sequence[DraftModel], tokenizer: Any, *,
+                    prompts: int, max_new_tokens: int, cache_file: Path | None = None,
+                    measure_from_tokens: int | None = None, backend: bool | str = True,
+                    asked: bool = False) -> Resolved:
+    """``resolved`` with ``compile`` chosen for a run of ``prompts`` prompts of ``max_new_tokens`` new
+    tokens: the compiled step when it is measured to pay back its compile on this machine
+    (``treespec.calibrate.compile_choice``; measured on the built-in pilot prompts when the run has at
+    least ``measure_from_tokens`` new tokens, default ``compile_choice.MEASURE_FROM_TOKENS``, and cached
+    in ``cache_file``, default ``<treespec cache>/compile.json``). ``backend``: the compiled recipe's
+    ``compile`` (True: the device's default backend). ``asked``: the user asked for compiled steps, so
+    nothing is measured and the run compiles. Plain decoding (budget 1) stays eager unless asked.
+
+    When the run compiles and the measurement holds the tuned tree's compiled steps, the tuning's
+    prediction is re-costed by them (:meth:`Tuned.on_compiled_steps`): the seconds per step it
+    prints are the compiled step's, not the eager step's it was chosen with."""
+    from . import compile_choice
+    from ..models import cache_root
+
+    recipe = replace(resolved.recipe, compile=False)
+    compiled = replace(recipe, compile=backend)
+    if recipe.budget == 1:
+        return (Resolved(compiled, f"{resolved.why}; compiled steps (as asked)", resolved.tuned) if asked else
+                Resolved(recipe, f"{resolved.why}; eager steps (plain decoding)", resolved.tuned))
+    prompt_ids = _pilot_prompts(tokenizer)
+    key = _measurement_key(f"compile-v4|backend={backend}", recipe, target, drafts, prompt_ids)
+    threshold = compile_choice.MEASURE_FROM_TOKENS if measure_from_tokens is None else measure_from_tokens
+    measure_now = None
+    if prompts * max_new_tokens >= threshold and not asked:
+        measure_now = lambda: compile_choice.measure(  # noqa: E731
+            lambda ids, n: run_resolved(recipe, target, drafts, ids, max_new_tokens=n, seed=0),
+            lambda ids, n: run_resolved(compiled, target, drafts, ids, max_new_tokens=n, seed=0), prompt_ids)
+    timing = compile_choice.cached(key, cache_file if cache_file is not None else cache_root() / "compile.json",
+                                   measure_now)
+    chosen, why = compile_choice.decide(timing, prompts, max_new_tokens)
+    if asked:
+        chosen = True
+        why = "compiled steps (as asked" + ("" if timing is None else
+                                           f"; {compile_choice.figures(timing, prompts, max_new_tokens)}") + ")"
+    tuned = resolved.tuned
+    if not chosen or tuned is None or timing is None or timing.step_compiled <= 0:
+        return Resolved(compiled if chosen else recipe, f"{resolved.why}; {why}", tuned)
+    tuned = tuned.on_compiled_steps(timing.step_compiled)
+    return Resolved(compiled, f"{tuned.why}; {why}", tuned)
+
+
+def run(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[DraftModel], input_ids: torch.Tensor | Sequence[int],
+        **kwargs: Any) -> GenerateOutput:
+    """``treespec.run``: ``treespec.recipes.run`` (same arguments), after :func:`resolve` when the recipe leaves its
+    budget to tuning (resolve it once yourself to print its ``why`` or to run many prompts)."""
+    if recipe.budget is None:
+        recipe = resolve(recipe, target, drafts).recipe
+    return run_resolved(recipe, target, drafts, input_ids, **kwargs)

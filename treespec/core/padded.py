@@ -1,0 +1,113 @@
+"""A host-drafted tree as fixed-size device tensors, and the acceptance over them.
+
+The eager step (``treespec.core.engine``) and the compiled step (``treespec.core.compiled``) verify the
+same kind of tree, a trie the drafters merged on the host and ``tree.flatten`` laid out in DFS order.
+Both hand it to the one tensor implementation of each acceptance rule (``treespec.core.rule``) through
+:func:`accept`; the compiled step pads it to a fixed width first (so every step replays one graph), the
+eager step does not. Three named containers carry what a rule reads: :class:`PaddedTree` (the nodes),
+:class:`Proposals` (the proposal list a sampled walk runs over) and :class:`Noise` (the step's random
+numbers, drawn up front by one seeded call each).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from .drafting import POINT_MASS
+from .rule import greedy_path, sampled_path, traversal_path
+from .sampling import SamplingParams
+from .tree import FlatTree, TokenTree, post_order
+
+
+def next_pow2(n: int, least: int = 8) -> int:
+    """The smallest power of two ``>= n`` and ``>= least``."""
+    return max(least, 1 << (max(n, 1) - 1).bit_length())
+
+
+class PaddedTree(NamedTuple):
+    """A flat tree padded to width ``w`` (padding rows: token 0, depth 0, attending to themselves only)."""
+
+    tokens: torch.Tensor  # [w] long
+    depth: torch.Tensor  # [w] long
+    parent: torch.Tensor  # [w] flat index of each node's parent (the root and padding: 0)
+    valid: torch.Tensor  # [w] bool: a node of the tree
+    anc: torch.Tensor  # [w, w] bool: row i may attend to column j
+
+    @classmethod
+    def of(cls, flat: FlatTree, w: int, device: torch.device) -> "PaddedTree":
+        """Two host->device copies."""
+        n = len(flat)
+        ints = np.zeros((4, w), dtype=np.int64)
+        ints[0, :n], ints[1, :n], ints[2, :n], ints[3, :n] = flat.tokens, flat.depth, flat.parent, 1
+        anc = np.eye(w, dtype=bool)
+        anc[:n, :n] = flat.ancestors
+        t = torch.from_numpy(ints).to(device, non_blocking=True)
+        return cls(t[0], t[1], t[2], t[3].bool(), torch.from_numpy(anc).to(device, non_blocking=True))
+
+
+class Proposals(NamedTuple):
+    """A tree's proposals as a fixed-size list for ``rule.sampled_path`` and ``rule.traversal_path``: sorted by
+    their parent's flat index, each parent's proposals in proposal order; ``parent == -1`` marks padding."""
+
+    q: torch.Tensor  # [P, V] the distribution each proposal was drawn from
+    token: torch.Tensor  # [P]
+    parent: torch.Tensor  # [P] flat index of the proposing node
+    child: torch.Tensor  # [P] flat index of the proposed node
+    last: torch.Tensor  # [P] bool: the last proposal of its parent
+    has_props: torch.Tensor  # [w] bool: the node proposes children
+    post: torch.Tensor  # [w] each node's rank in post-order (padding last)
+
+    @classmethod
+    def of(cls, tree: TokenTree, flat: FlatTree, vocab: int, w: int, device: torch.device) -> "Proposals":
+        """``P`` is a power of two ``>= w`` (a fixed shape keeps one graph)."""
+        props = [(i, p) for i, node in enumerate(flat.order) for p in tree.proposals[node]]
+        n, size = len(props), next_pow2(len(props), w)
+        ints = np.zeros((6, size), dtype=np.int64)  # token, parent, child, last, (per flat node: has_props, post)
+        ints[1] = -1
+        ints[5, :w] = np.arange(w)
+        ints[5, : len(flat)] = post_order(flat.parent)
+        for j, (i, p) in enumerate(props):
+            ints[:3, j] = (p.token, i, flat.index[p.child])
+        if n:
+            ints[3, :n] = np.r_[ints[1, 1:n] != ints[1, : n - 1], True]
+        ints[4, ints[1, :n]] = 1  # size >= w, so the flat nodes fit in this row
+        t = torch.from_numpy(ints).to(device, non_blocking=True)
+        point = [j for j, (_, p) in enumerate(props) if p.row == POINT_MASS]
+        dense = [j for j, (_, p) in enumerate(props) if p.row != POINT_MASS]
+        q = torch.zeros(size, vocab, device=device)
+        if point:
+            q[torch.tensor(point, device=device), t[0, point]] = 1.0
+        if dense:
+            q[torch.tensor(dense, device=device)] = torch.stack([props[j][1].q(vocab, device) for j in dense])
+        return cls(q, t[0], t[1], t[2], t[3].bool(), t[4, :w].bool(), t[5, :w])
+
+
+class Noise(NamedTuple):
+    """A sampled step's random numbers: one uniform per proposal (its test under ``rrs``; under traversal,
+    entry ``v - 1`` is node ``v``'s leaf test) and the exponentials ``[V]`` of the correction's race."""
+
+    uniforms: torch.Tensor
+    exponentials: torch.Tensor
+
+    @classmethod
+    def draw(cls, proposals: int, vocab: int, generator: torch.Generator, device: torch.device) -> "Noise":
+        return cls(torch.rand(proposals, generator=generator, device=device),
+                   torch.empty(vocab, device=device).exponential_(generator=generator))
+
+
+def accept(logits: torch.Tensor, tree: PaddedTree, props: Proposals | None, noise: Noise | None,
+           params: SamplingParams, verifier: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(on_path [w] bool, extra token)``: the greedy path, or the request's exact rule for a sampled step
+    (``rrs``: the token-level rule proposal by proposal; ``traversal``, and ``block``, the same rule on a
+    chain: traversal verification's leaf tests). Pure tensors: compiled as a part of a step's graph, or eager."""
+    if params.greedy:
+        return greedy_path(logits, tree.tokens, tree.parent, tree.anc, tree.valid)
+    probs = params.probs(logits)
+    if verifier == "rrs":
+        return sampled_path(probs, props.q, props.token, props.parent, props.child, props.last, props.has_props,
+                            noise.uniforms, noise.exponentials)
+    return traversal_path(probs, props.q, props.token, props.parent, props.child, tree.anc, props.post,
+                          noise.uniforms, noise.exponentials)
