@@ -714,14 +714,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--sweep-costs", default=None, help="phase sweep: take the compiled costs from this results.json")
     ap.add_argument("--sweep-families", nargs="+", default=None, help="phase sweep: only these of SWEEP_FAMILIES")
     ap.add_argument("--sweep-budgets", type=int, nargs="+", default=None,
-                    help="budgets of phase sweep's tree families (default: 16 32; smoke: 6 8)")
+                    help="budgets of phase sweep's tree families (default: 16 32; smoke: 8, three families)")
     args = ap.parse_args(argv)
     args.device = args.device or ("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
     if args.smoke:
         args.prompts, args.prompt_len, args.new_tokens, args.budget, args.repeats = 2, 16, 12, 8, 2
         args.compiled_sizes = [1, 8]
     args.step_budgets = args.step_budgets or ([8] if args.smoke else [16, 32, 64])
-    args.sweep_budgets = args.sweep_budgets or ([6, 8] if args.smoke else [16, 32])
+    args.sweep_budgets = args.sweep_budgets or ([8] if args.smoke else [16, 32])
+    if args.smoke and args.sweep_families is None:
+        args.sweep_families = ["sequoia-d8", "chain", "kary-2"]
     args.compiled_sizes = [n for n in args.compiled_sizes if n > 0]
     out = Path(args.out)
 

@@ -14,7 +14,6 @@ without replacement (``rrs``, ``traversal``) and a chain of i.i.d. draws (``rrs`
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 

@@ -15,6 +15,18 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def shared_runners():
+    """Compiled runners shared across tests: a test compiling the step of a (models, shape) another test of this
+    worker already ran reuses its graphs (the tiny models' caches are small: keep more runners than a real run)."""
+    from treespec.core import captured, compiled
+
+    limits = captured.RUNNERS.limit, compiled.RUNNERS.limit
+    captured.RUNNERS.limit = compiled.RUNNERS.limit = 12
+    yield
+    captured.RUNNERS.limit, compiled.RUNNERS.limit = limits
+
+
 @pytest.fixture(scope="module", params=["llama", "qwen2"])
 def models(request):
     """A peaky tiny target of each family and a correlated draft: the compiled-step tests' pair

@@ -18,7 +18,8 @@ from scipy import stats
 
 import treespec
 from tree_builders import TreeShape
-from treespec.calibrate.acceptance import MeasuredAcceptance, depth_counts, measure, walk_ranks
+from treespec.calibrate.acceptance import MeasuredAcceptance, measure
+from treespec.calibrate.ranks import walk_ranks
 from treespec.core.engine import generate
 from treespec.core.sampling import SamplingParams
 from treespec.models.tiny import bigram_model, perturbed_copy, tiny_model

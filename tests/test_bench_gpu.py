@@ -30,6 +30,11 @@ def test_bench_gpu_smoke_runs_every_phase_and_resumes(tmp_path):
     assert weak["compiled_equals_eager"] and weak["compiled_equals_hf"]
     assert 1.0 < weak["tau_compiled"] < ph["validate"]["compiled"]["tau"]  # partial acceptance
     assert ph["predict"] and "NOT measured" in (tmp_path / "README.md").read_text()
+    # phase sweep: the trees share one envelope: the first compiles, the others compile nothing
+    runs = ph["sweep"]["runs"]
+    assert len(runs) >= 3 and {r["step"] for r in runs.values()} == {"captured"}
+    assert list(runs.values())[0]["new_graphs"] > 0 and all(r["new_graphs"] == 0 for r in list(runs.values())[1:])
+    assert ph["first"]["second_shape_compiled_nothing"]
     before = ph["costs"]
     bench_gpu["main"](["--smoke", "--out", str(tmp_path), "--phase", "predict"])
     again = json.loads((tmp_path / "results.json").read_text())["phases"]

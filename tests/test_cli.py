@@ -75,18 +75,14 @@ def test_bad_acceptance_file_is_a_user_error(tmp_path, capsys, monkeypatch, cont
 def test_a_programming_error_keeps_its_traceback(monkeypatch, bug):
     """Only what a user can cause (ValueError, OSError, ImportError) is printed as ``treespec: error: ...``; a
     TypeError or KeyError raised inside treespec is a bug and reaches the caller with its traceback."""
-    import argparse
-
     import treespec.cli as cli
 
     def command(args):
         raise bug
 
-    parser = argparse.ArgumentParser()
-    parser.set_defaults(func=command)
-    monkeypatch.setattr(cli, "build_parser", lambda: parser)
+    monkeypatch.setitem(cli.COMMANDS, "generate", command)
     with pytest.raises(type(bug)):
-        cli.main([])
+        cli.main(["generate", "--prompt", "x"])
 
 
 def test_debug_shows_the_traceback(tmp_path, capsys, monkeypatch):
@@ -309,7 +305,7 @@ def test_interrupt_is_one_line(monkeypatch, capsys):
     def interrupted(args):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "cmd_generate", interrupted)
+    monkeypatch.setitem(cli.COMMANDS, "generate", interrupted)
     monkeypatch.delenv("TREESPEC_DEBUG", raising=False)
     assert cli.main(["generate", "--prompt", "x"]) == 130
     assert capsys.readouterr().err == "treespec: interrupted\n"

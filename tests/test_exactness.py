@@ -2,19 +2,29 @@
 
 Tiny models with a 6-token vocabulary, so the exact joint distribution (216 cells) is computed by
 enumeration; G-test at alpha = 1e-3 with seeds spread by hashing (docs/design.md).
+
+How many trials a test runs is a stated power calculation (:func:`trials`): the smallest number at which
+the G-test detects, with probability 0.99, a step that emits the draft's first token without verifying it
+(``stats.root_unverified``: the law such a step produces), and at least 400. The draft of the pair is
+perturbed enough (noise 2.0) for that error to be visible at about a thousand trials (a draft closer to the
+target would need 9,350 at T=1: the 0.6 of the earlier pair).
 """
 
+import functools
 from collections import Counter
 
 import pytest
 import torch
 
 import treespec
-from stats import ALPHA, exact_joint, g_test
+from stats import ALPHA, exact_joint, g_test, root_unverified, trials_to_detect
 from treespec.core.sampling import spread_seed
 from treespec.models.tiny import perturbed_copy, tiny_model
 
-N, K, PROMPT = 3000, 3, [1, 2, 3]
+K, PROMPT = 3, [1, 2, 3]
+#: the fewest trials a joint-distribution test runs, whatever the power calculation says: with fewer, the
+#: G-test pools most of the 216 cells of three tokens
+FEWEST = 400
 BUSHY = [(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]
 REPEAT = [1, 2, 3, 1, 2, 3, 1, 2]
 CHAINS = [(0,), (1,), (2,), (0, 0), (1, 0), (2, 0)]  # 3 independent chains of length 2
@@ -23,16 +33,37 @@ CHAINS = [(0,), (1,), (2,), (0, 0), (1, 0), (2, 0)]  # 3 independent chains of l
 @pytest.fixture(scope="module")
 def pair():
     target = tiny_model("llama", vocab=6, hidden=16, layers=1, scale=3, seed=5)
-    return target, perturbed_copy(target, 0.6, seed=2)
+    return target, perturbed_copy(target, 2.0, seed=2)
 
 
-def sample_joint(target, make_drafters, tag, prompt=PROMPT, **kwargs) -> Counter:
+@functools.lru_cache(maxsize=None)
+def _trials(target, draft, prompt: tuple[int, ...], temperature: float, top_k: int, top_p: float) -> int:
+    exact = exact_joint(target, list(prompt), K, temperature, top_k, top_p)
+    return max(FEWEST, trials_to_detect(exact, root_unverified(target, draft, list(prompt), K, temperature, top_k,
+                                                                top_p)))
+
+
+def trials(target, draft, prompt=PROMPT, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> int:
+    """The trials of a joint-distribution test of ``target`` with ``draft`` (module docstring)."""
+    return _trials(target, draft, tuple(prompt), float(temperature), int(top_k), float(top_p))
+
+
+def sample_joint(target, make_drafters, tag, n: int, prompt=PROMPT, **kwargs) -> Counter:
+    """The first ``K`` tokens of ``n`` seeded ``treespec.generate`` calls, counted."""
     counts = Counter()
-    for i in range(N):
+    for i in range(n):
         out = treespec.generate(target, prompt, drafters=make_drafters(), max_new_tokens=K,
                                 seed=spread_seed(tag, i), **kwargs)
         counts[tuple(out.new_tokens)] += 1
     return counts
+
+
+def joint_p(target, draft, make_drafters, tag, prompt=PROMPT, **kwargs) -> float:
+    """The G-test p-value of the joint law of ``K`` tokens from ``treespec.generate(**kwargs)`` against the target's,
+    over :func:`trials` trials (the draft's: the model whose unverified root is the stated error)."""
+    sampling = {k: kwargs.get(k, d) for k, d in (("temperature", 0.0), ("top_k", 0), ("top_p", 1.0))}
+    n = trials(target, draft, prompt, **sampling)
+    return g_test(sample_joint(target, make_drafters, tag, n, prompt, **kwargs), exact_joint(target, prompt, K, **sampling))
 
 
 CASES = {
@@ -58,25 +89,16 @@ CASES = {
 def test_joint_distribution_matches_target(pair, case):
     target, draft = pair
     make, kwargs = CASES[case]
-    counts = sample_joint(target, lambda: make(draft), case, **kwargs)
-    exact = exact_joint(target, kwargs.get("prompt", PROMPT), K, kwargs["temperature"], kwargs.get("top_k", 0),
-                        kwargs.get("top_p", 1.0))
-    assert g_test(counts, exact) > ALPHA
+    assert joint_p(target, draft, lambda: make(draft), case, **kwargs) > ALPHA
 
 
 def test_the_test_detects_a_biased_verifier(pair, monkeypatch):
-    """Negative control: accepting every first proposal (output = draft's law) must fail the G-test."""
+    """Negative control: accepting every proposal (the shared rule, ``rule.verify_proposals``, patched; output =
+    the draft's law) must fail the G-test at the same size."""
     target, draft = pair
-    from treespec.core import verifiers
+    from treespec.core import rule
 
-    def always_accept(tree, target_at, coins):
-        path, node = [0], 0
-        while tree.proposals[node]:
-            node = tree.proposals[node][0].child
-            path.append(node)
-        return path, coins.draw(target_at(node))
-
-    monkeypatch.setitem(verifiers.VERIFIERS, "rrs", verifiers.VerifierSpec(always_accept, lambda c: True, "biased"))
-    counts = sample_joint(target, lambda: [treespec.ModelDrafter(draft, CHAINS, "sample")], "biased",
-                          temperature=1.0)
-    assert g_test(counts, exact_joint(target, PROMPT, K, 1.0)) < ALPHA
+    monkeypatch.setattr(rule, "verify_proposals",
+                        lambda r, tokens, q, u: (torch.zeros(r.shape[:-1], dtype=torch.long), r))
+    assert joint_p(target, draft, lambda: [treespec.ModelDrafter(draft, CHAINS, "sample")], "biased",
+                   temperature=1.0) < ALPHA

@@ -133,7 +133,7 @@ WIDE_LEVELS = {1: 0.02, 2: 0.04, 4: 0.08, 8: 0.16, 16: 0.32}  # a draft level co
 
 
 def max_forwarded_width(shape):
-    from treespec.calibrate.costs import forwarded_widths
+    from treespec.calibrate.step_cost import forwarded_widths
 
     return max(forwarded_widths(shape), default=0)
 
@@ -157,7 +157,7 @@ def test_draft_cost_growing_with_width_picks_narrower_levels():
     assert max_forwarded_width(dear.shape) < max_forwarded_width(cheap.shape)
     assert dear.width < cheap.width or dear.width == 1
     # the predicted step time is the formula: t(|T|) + t_q(1) + sum of t_q(forwarded widths)
-    from treespec.calibrate.costs import forwarded_widths
+    from treespec.calibrate.step_cost import forwarded_widths
 
     levels = sum(np.interp(w, sorted(WIDE_LEVELS), [WIDE_LEVELS[k] for k in sorted(WIDE_LEVELS)])
                  for w in forwarded_widths(dear.shape))

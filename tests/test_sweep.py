@@ -235,3 +235,34 @@ def test_calibration_length_follows_the_evaluation_by_default() -> None:
     assert acceptance_params(cfg, "t", "d", "humaneval", "topk", 0.0, 1.0)["max_new_tokens"] == 40
     with pytest.raises(ValueError, match='or "eval"'):
         E.load_config({"acceptance": {"max_new_tokens": "all"}})
+
+
+def test_a_compiled_sweep_pays_its_compiles_once_per_envelope(tmp_path: Path, capsys) -> None:
+    """Compiled steps in one padded envelope (run.envelope): the first treespec point's warm-up compiles the
+    graphs (its seconds kept apart from the measured ones), the other three trees replay them; the report
+    states the compile once, for the envelope. The dry run states the compile plan first. HF's static cache +
+    torch.compile baseline runs beside the others."""
+    cfg = E.load_config(TINY)
+    cfg["run"].update(compile="aot_eager", envelope="padded")
+    cfg["baselines"]["methods"] = ["target", "target_compiled"]
+    from treespec.bench.sweep.cli import main as sweep_main
+
+    config = tmp_path / "compiled.toml"
+    config.write_text(TINY.read_text().replace('threads = 1', 'threads = 1\ncompile = "aot_eager"\nenvelope = "padded"')
+                      .replace('methods = ["target", "assisted", "prompt_lookup"]',
+                               'methods = ["target", "target_compiled"]'))
+    assert sweep_main(["--config", str(config), "--out", str(tmp_path / "out"), "--dry-run"]) == 0
+    plan = capsys.readouterr().out
+    assert "compile plan: 4 compiled points" in plan and "ONE padded envelope" in plan
+    results = E.sweep(config, tmp_path / "out", progress=False)
+    records = E.read_records(results)
+    tres = [r for r in records if r["kind"] == "treespec"]
+    assert len(tres) == 4 and all(r["status"] == "ok" for r in records)
+    compiles = [r["result"]["compile"] for r in tres]
+    assert len({c["envelope"] for c in compiles}) == 1
+    assert [c["graphs"] > 0 for c in compiles] == [True, False, False, False]  # once per envelope, not per point
+    assert compiles[0]["seconds"] == tres[0]["timing"]["warmup_seconds"] > 0
+    assert all(r["checks"]["greedy_same_as_target"] == "2/2" for r in tres)
+    assert {r["params"]["method"] for r in records if r["kind"] == "baseline"} == {"target", "target_compiled"}
+    readme = (results.parent / "README.md").read_text()
+    assert readme.count("graphs, ") == 1 and "## Compiles" in readme and "1 envelope(s)" in readme

@@ -3,11 +3,10 @@ construction it accepts (tiny HF models, the harness of test_exactness.py), and 
 every construction it refuses."""
 
 import pytest
-import torch
 
 import treespec
-from stats import ALPHA, exact_joint, g_test
-from test_exactness import BUSHY, CHAINS, PROMPT, REPEAT, pair, sample_joint  # noqa: F401 (fixture)
+from stats import ALPHA
+from test_exactness import BUSHY, CHAINS, PROMPT, REPEAT, joint_p, pair  # noqa: F401 (fixture)
 from treespec.models.tiny import greedy_reference
 from treespec.core.verifiers import NotExactError
 
@@ -35,10 +34,7 @@ CASES = {
 def test_joint_distribution_matches_target(pair, case):
     target, draft = pair
     verifier, make, kwargs = CASES[case]
-    counts = sample_joint(target, lambda: make(draft), case, verifier=verifier, **kwargs)
-    exact = exact_joint(target, kwargs.get("prompt", PROMPT), 3, kwargs["temperature"], kwargs.get("top_k", 0),
-                        kwargs.get("top_p", 1.0))
-    assert g_test(counts, exact) > ALPHA
+    assert joint_p(target, draft, lambda: make(draft), case, verifier=verifier, **kwargs) > ALPHA
 
 
 REFUSED = {

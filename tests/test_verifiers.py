@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from treespec.core import verifiers
-from treespec.core.drafting import POINT_MASS, ROOT, DraftProposals
+from treespec.core.drafting import ROOT, DraftProposals
 from treespec.core.tree import TokenTree
 
 V = 3

@@ -35,27 +35,16 @@ def hf_generate(model: torch.nn.Module, ids: Sequence[int], max_new_tokens: int,
         raise ValueError("hf_generate: give tokenizer= and assistant_tokenizer= together, with an assistant_model "
                          "whose tokenizer differs from the target's (or none of the three tokenizer arguments)")
     device = execution_device(model)
-    eos = [] if eos_token_id is None else [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
-    kw: dict[str, Any] = dict(max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=pad_token_id,
-                              do_sample=temperature > 0)
-    if eos_token_id is None:
-        kw["min_new_tokens"] = max_new_tokens
-    if temperature > 0:
-        kw.update(temperature=temperature, top_p=top_p, top_k=top_k)
+    kw = _generation_settings(max_new_tokens, temperature, top_p, top_k, eos_token_id, pad_token_id,
+                              prompt_lookup_num_tokens, max_matching_ngram_size)
+    extra: dict[str, Any] = {}
     if static_compiled:
         from transformers import CompileConfig
 
         compile_config = CompileConfig(fullgraph=True)
         compile_config._compile_all_devices = True  # HF compiles on accelerators only unless told
         kw.update(compile_config=compile_config)
-        extra_cache = _static_cache(model, len(ids) + max_new_tokens)
-    if prompt_lookup_num_tokens:
-        kw["prompt_lookup_num_tokens"] = prompt_lookup_num_tokens
-        if max_matching_ngram_size:
-            kw["max_matching_ngram_size"] = max_matching_ngram_size
-    extra: dict[str, Any] = {}
-    if static_compiled:
-        extra["past_key_values"] = extra_cache
+        extra["past_key_values"] = extra_cache = _static_cache(model, len(ids) + max_new_tokens)
     if assistant_model is not None:
         assistant_model.generation_config = GenerationConfig(**(assistant_config or {}))  # fresh: HF mutates it
         extra["assistant_model"] = assistant_model
@@ -72,6 +61,24 @@ def hf_generate(model: torch.nn.Module, ids: Sequence[int], max_new_tokens: int,
         out = model.generate(x, attention_mask=torch.ones_like(x), generation_config=GenerationConfig(**kw), **extra)
     sync(device)
     return out[0, len(ids):].tolist(), time.perf_counter() - t0
+
+
+def _generation_settings(max_new_tokens: int, temperature: float, top_p: float, top_k: int,
+                         eos_token_id: int | Sequence[int] | None, pad_token_id: int,
+                         prompt_lookup_num_tokens: int | None, max_matching_ngram_size: int | None) -> dict[str, Any]:
+    """The ``GenerationConfig`` fields of a plain, sampled or prompt-lookup run (none inherited from the checkpoint)."""
+    eos = [] if eos_token_id is None else [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
+    kw: dict[str, Any] = dict(max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=pad_token_id,
+                              do_sample=temperature > 0)
+    if eos_token_id is None:
+        kw["min_new_tokens"] = max_new_tokens
+    if temperature > 0:
+        kw.update(temperature=temperature, top_p=top_p, top_k=top_k)
+    if prompt_lookup_num_tokens:
+        kw["prompt_lookup_num_tokens"] = prompt_lookup_num_tokens
+        if max_matching_ngram_size:
+            kw["max_matching_ngram_size"] = max_matching_ngram_size
+    return kw
 
 
 _STATIC_CACHES: dict[int, tuple[int, Any]] = {}  # id(model) -> (rows, cache)

@@ -60,15 +60,12 @@ from ..common.files import JSONFile
 from ..common.machine import model_name, version
 from ..core import checks
 from ..core.engine import generate
-from ..core.kv import TreeCache, causal_allowed, forward_masked
-from ..core.rule import point_masses, verify_proposals
-from ..core.sampling import SamplingParams, draw_children, spread_seed
+from ..core.sampling import SamplingParams, spread_seed
 from ..drafters.model import STATIC_MODES
+from .ranks import accepted_ranks, continuation_logits, walk_ranks
 
 #: how a continuation is written (module doc)
 CONTEXTS = ("walk", "target")
-#: floats per chunk of ``[positions, width, V]`` proposal distributions (bounds memory: 32 MiB)
-_CHUNK_FLOATS = 1 << 23
 
 
 @dataclass
@@ -215,40 +212,6 @@ def replay(ranks: Sequence[Sequence[int]], shape: Any) -> tuple[list[int], list[
     return per_tokens, per_steps
 
 
-def _proposal_q(q: torch.Tensor, tokens: torch.Tensor, mode: str) -> torch.Tensor:
-    """The distribution each proposal was drawn from, ``[n, w, V]`` (docs/design.md, "Exactness rule")."""
-    safe = tokens.clamp_min(0)
-    if mode == "topk":
-        return point_masses(safe, q.shape[-1])
-    if mode == "sample":
-        return q[:, None, :].expand(-1, tokens.shape[1], -1)
-    hot = point_masses(safe, q.shape[-1]) * (tokens >= 0)[..., None]
-    earlier = hot.cumsum(1) - hot  # tokens drawn before each proposal
-    qi = q[:, None, :] * (1.0 - earlier)
-    return qi / qi.sum(-1, keepdim=True).clamp_min(1e-30)
-
-
-def accepted_ranks(r: torch.Tensor, q: torch.Tensor, width: int, mode: str, greedy: bool,
-                   gen: torch.Generator) -> torch.Tensor:
-    """Rank of the accepted proposal at each of ``n`` positions (-1: none), ``[n]`` long.
-
-    ``r``: target distributions ``[n, V]``; ``q``: draft distributions the proposals come from.
-    """
-    tokens = draw_children(q, width, mode, gen)
-    if greedy:
-        hit = tokens == r.argmax(-1, keepdim=True)
-        return torch.where(hit.any(-1), hit.float().argmax(-1), -1)
-    out = torch.empty(r.shape[0], dtype=torch.long, device=r.device)
-    chunk = max(1, _CHUNK_FLOATS // (width * r.shape[-1]))
-    for s in range(0, r.shape[0], chunk):
-        tok = tokens[s : s + chunk]
-        u = torch.rand(tok.shape, generator=gen, device=r.device)
-        u = torch.where(tok >= 0, u, torch.inf)  # a missing draw is never accepted
-        k, _ = verify_proposals(r[s : s + chunk], tok.clamp_min(0), _proposal_q(q[s : s + chunk], tok, mode), u)
-        out[s : s + chunk] = k
-    return out
-
-
 def depth_counts(ranks: np.ndarray, width: int, max_depth: int) -> tuple[np.ndarray, np.ndarray]:
     """Per-depth counts of one continuation's ranks (every position a step root; see module doc)."""
     n = len(ranks)
@@ -269,70 +232,10 @@ def depth_counts(ranks: np.ndarray, width: int, max_depth: int) -> tuple[np.ndar
 
 
 @torch.inference_mode()
-def walk_ranks(target: torch.nn.Module, draft: torch.nn.Module, prompt: list[int], n: int, params: SamplingParams,
-               width: int, mode: str, gen: torch.Generator, eos: frozenset[int] = frozenset()
-               ) -> tuple[torch.Tensor, list[int], float]:
-    """The ``"walk"`` continuation (module doc): ``n`` positions (fewer at an EOS), each written by the
-    acceptance rule over ``width`` proposals of the draft. Returns every position's accepted rank
-    (``[n]``, -1: the correction token was drawn), the tokens written and the sum over positions of
-    ``sum_x min(r, q)``."""
-    device = execution_device(target)
-    draft_params = params.for_draft()
-    caches = (TreeCache(), TreeCache())
-    context = torch.tensor(prompt, device=device)
-
-    def last_logits(model: torch.nn.Module, cache: TreeCache, ids: torch.Tensor) -> torch.Tensor:
-        ids = ids.to(execution_device(model))
-        positions = torch.arange(cache.length, cache.length + len(ids), device=ids.device)
-        allowed = causal_allowed(cache.length, len(ids), ids.device)
-        return forward_masked(model, cache, ids, positions, allowed, logits_to_keep=1)[-1].float().to(device)
-
-    ranks, written, overlap = [], [], 0.0
-    for _ in range(n):
-        r = params.probs(last_logits(target, caches[0], context))[None]
-        d_logits = last_logits(draft, caches[1], context)[None]
-        q = draft_params.probs(d_logits)
-        # beta compares both under the target's parameters (the draft's differ only under greedy decoding)
-        overlap += float(torch.minimum(r, q if draft_params == params else params.probs(d_logits)).sum())
-        tokens = draw_children(q, width, mode, gen)
-        u = torch.rand(tokens.shape, generator=gen, device=device)
-        u = torch.where(tokens >= 0, u, torch.inf)  # a missing draw is never accepted
-        k, left = verify_proposals(r, tokens.clamp_min(0), _proposal_q(q, tokens, mode), u)
-        rank = int(k[0])
-        token = int(tokens[0, rank]) if rank >= 0 else int(torch.multinomial(left[0], 1, generator=gen))
-        ranks.append(rank)
-        written.append(token)
-        if token in eos:
-            break
-        context = torch.tensor([token], device=device)
-    return torch.tensor(ranks, dtype=torch.long), written, overlap
-
-
-@torch.inference_mode()
-def _continuation_logits(model: torch.nn.Module, ids: list[int], n: int, device: torch.device) -> torch.Tensor:
-    """Logits of the last ``n`` positions of one teacher-forced forward over ``ids[:-1]`` (float32)."""
-    x = torch.tensor([ids[:-1]], device=device)
-    return model(input_ids=x, use_cache=False, logits_to_keep=n).logits[0].float()
-
-
-def measure(
-    target: torch.nn.Module,
-    draft: torch.nn.Module,
-    prompts: Sequence[Sequence[int]],
-    width: int = 8,
-    mode: str = "topk",
-    temperature: float = 0.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    max_new_tokens: int = 64,
-    max_depth: int = 8,
-    seed: int = 0,
-    progress: bool = True,
-    *,
-    eos_token_id: int | Sequence[int] | None = None,
-    prompts_label: str | None = None,
-    context: str = "walk",
-) -> MeasuredAcceptance:
+def measure(target: torch.nn.Module, draft: torch.nn.Module, prompts: Sequence[Sequence[int]], width: int = 8,
+            mode: str = "topk", temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, max_new_tokens: int = 64,
+            max_depth: int = 8, seed: int = 0, progress: bool = True, *, eos_token_id: int | Sequence[int] | None = None,
+            prompts_label: str | None = None, context: str = "walk") -> MeasuredAcceptance:
     """Measure the positional acceptance vector of ``draft`` against ``target`` (see module doc).
 
     Args:
@@ -352,45 +255,19 @@ def measure(
         prompts_label: free text recorded in ``meta`` (e.g. ``"humaneval[0:100]"``).
         context: how the continuation is written (module doc): ``"walk"`` or ``"target"``.
     """
-    if mode not in STATIC_MODES:
-        why = (" (a dynamic tree's children are point masses chosen by confidence, not draws from a proposal "
-               "distribution: measure it as 'topk')" if mode == "dynamic" else "")
-        raise ValueError(f"unknown mode {mode!r} for an acceptance measurement{why}; choose one of "
-                         f"{', '.join(STATIC_MODES)}")
-    width = checks.check_int("width", width, 1, "proposals per position (the vector's length).")
-    max_depth = checks.check_int("max_depth", max_depth, 1, "rows of the per-depth matrix.")
-    if any(isinstance(p, str) for p in prompts):
-        raise TypeError("prompts must be token-id lists; turn strings into ids with encode_prompts(tokenizer, texts)")
-    if context not in CONTEXTS:
-        raise ValueError(f"unknown context {context!r}; choose one of {', '.join(CONTEXTS)} (module doc of "
-                         "treespec.calibrate.acceptance)")
+    width, max_depth = _checked(prompts, width, mode, max_depth, context)
     params = SamplingParams(temperature, top_k, top_p)
     draft_params = params.for_draft()
     checks.check_vocab(checks.vocab_size(target), checks.vocab_size(draft), f"model({model_name(draft)})")
-    device, draft_device = execution_device(target), execution_device(draft)
     counts = np.zeros((max_depth, width), dtype=np.int64)
     totals = np.zeros(max_depth, dtype=np.int64)
     beta_sum, n_tokens, all_ranks = 0.0, 0, []
     for j, prompt in enumerate(tqdm(prompts, desc="acceptance", unit="prompt", disable=not progress)):
-        prompt = [int(t) for t in prompt]
-        gen = torch.Generator(device).manual_seed(spread_seed(seed, "verify", j))
-        if context == "walk":
-            if not prompt or max_new_tokens < 1:
-                continue
-            ranks, _, overlap = walk_ranks(target, draft, prompt, max_new_tokens, params, width, mode, gen,
-                                        checks.eos_ids(eos_token_id))
-        else:
-            cont = generate(target, prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
-                            top_p=top_p, eos_token_id=eos_token_id,
-                            seed=spread_seed(seed, "continuation", j)).new_tokens
-            if not cont:
-                continue
-            ids = prompt + cont
-            t_logits = _continuation_logits(target, ids, len(cont), device)
-            d_logits = _continuation_logits(draft, ids, len(cont), draft_device).to(device)
-            r = params.probs(t_logits)
-            overlap = float(torch.minimum(r, params.probs(d_logits)).sum(-1).sum())
-            ranks = accepted_ranks(r, draft_params.probs(d_logits), width, mode, params.greedy, gen)
+        got = _prompt_ranks(target, draft, [int(t) for t in prompt], j, params, width, mode, max_new_tokens, seed,
+                            eos_token_id, context)
+        if got is None:
+            continue
+        ranks, overlap = got
         c, t = depth_counts(ranks.cpu().numpy(), width, max_depth)
         counts += c
         totals += t
@@ -399,23 +276,50 @@ def measure(
         all_ranks.append(ranks.tolist())
     if n_tokens == 0:
         raise ValueError("no continuation tokens were generated: give at least one prompt (and max_new_tokens >= 1)")
-    meta = {
-        "target": model_name(target),
-        "draft": model_name(draft),
-        "mode": mode,
-        "width": int(width),
-        "max_depth": int(max_depth),
-        "temperature": float(temperature),
-        "top_k": int(top_k),
-        "top_p": float(top_p),
-        "draft_temperature": float(draft_params.temperature),
-        "prompts": len(prompts),
-        "prompts_label": prompts_label,
-        "max_new_tokens": int(max_new_tokens),
-        "seed": int(seed),
-        "context": ("target's own continuation (teacher forced)" if context == "target" else
-                    "written by the acceptance rule (walk)"),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "treespec": version(),
-    }
+    meta = {"target": model_name(target), "draft": model_name(draft), "mode": mode, "width": int(width),
+            "max_depth": int(max_depth), "temperature": float(temperature), "top_k": int(top_k), "top_p": float(top_p),
+            "draft_temperature": float(draft_params.temperature), "prompts": len(prompts),
+            "prompts_label": prompts_label, "max_new_tokens": int(max_new_tokens), "seed": int(seed),
+            "context": ("target's own continuation (teacher forced)" if context == "target" else
+                        "written by the acceptance rule (walk)"),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "treespec": version()}
     return MeasuredAcceptance.from_counts(counts, totals, beta_sum / n_tokens, meta, all_ranks)
+
+
+def _checked(prompts: Sequence[Sequence[int]], width: int, mode: str, max_depth: int, context: str) -> tuple[int, int]:
+    """:func:`measure`'s arguments checked: ``(width, max_depth)`` as ints."""
+    if mode not in STATIC_MODES:
+        why = (" (a dynamic tree's children are point masses chosen by confidence, not draws from a proposal "
+               "distribution: measure it as 'topk')" if mode == "dynamic" else "")
+        raise ValueError(f"unknown mode {mode!r} for an acceptance measurement{why}; choose one of "
+                         f"{', '.join(STATIC_MODES)}")
+    if any(isinstance(p, str) for p in prompts):
+        raise TypeError("prompts must be token-id lists; turn strings into ids with encode_prompts(tokenizer, texts)")
+    if context not in CONTEXTS:
+        raise ValueError(f"unknown context {context!r}; choose one of {', '.join(CONTEXTS)} (module doc of "
+                         "treespec.calibrate.acceptance)")
+    return (checks.check_int("width", width, 1, "proposals per position (the vector's length)."),
+            checks.check_int("max_depth", max_depth, 1, "rows of the per-depth matrix."))
+
+
+def _prompt_ranks(target: torch.nn.Module, draft: torch.nn.Module, prompt: list[int], j: int, params: SamplingParams,
+                  width: int, mode: str, max_new_tokens: int, seed: int, eos_token_id: int | Sequence[int] | None,
+                  context: str) -> tuple[torch.Tensor, float] | None:
+    """Prompt ``j``'s accepted ranks and summed overlap ``sum_x min(r, q)`` (None: no continuation token)."""
+    device = execution_device(target)
+    gen = torch.Generator(device).manual_seed(spread_seed(seed, "verify", j))
+    if context == "walk":
+        if not prompt or max_new_tokens < 1:
+            return None
+        ranks, _, overlap = walk_ranks(target, draft, prompt, max_new_tokens, params, width, mode, gen,
+                                       checks.eos_ids(eos_token_id))
+        return ranks, overlap
+    cont = generate(target, prompt, max_new_tokens=max_new_tokens, temperature=params.temperature, top_k=params.top_k,
+                    top_p=params.top_p, eos_token_id=eos_token_id, seed=spread_seed(seed, "continuation", j)).new_tokens
+    if not cont:
+        return None
+    ids = prompt + cont
+    r = params.probs(continuation_logits(target, ids, len(cont), device))
+    d_logits = continuation_logits(draft, ids, len(cont), execution_device(draft)).to(device)
+    overlap = float(torch.minimum(r, params.probs(d_logits)).sum(-1).sum())
+    return accepted_ranks(r, params.for_draft().probs(d_logits), width, mode, params.greedy, gen), overlap

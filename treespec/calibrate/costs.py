@@ -25,18 +25,19 @@ from __future__ import annotations
 
 import datetime
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
 
-from tree_builders import SequoiaDP, TreeShape
+from tree_builders import TreeShape
 
 from ..common.files import JSONFile
 from ..common.machine import machine, model_name, version
 from ..models.precision import precision_of
 from ..models.timing import DEFAULT_SIZES, measure_latency, random_tree
 from .acceptance import MeasuredAcceptance
+from .step_cost import checked_costs, cost_curve, draft_seconds, search
 
 __all__ = ["Choice", "Profile", "choose_tree", "draft_level_cost", "draft_level_latency", "measure_latency", "profile",
            "random_tree"]
@@ -51,41 +52,10 @@ def draft_level_cost(draft: torch.nn.Module, tokens: int = 4, context: int = 128
 
 
 def draft_level_latency(draft: torch.nn.Module, widths: Sequence[int] = DEFAULT_WIDTHS, context: int = 128,
-                        repeats: int = 3) -> dict[int, float]:
-    """Seconds of one draft forward over a tree level of each width in ``widths`` (the draft's cost curve)."""
-    return measure_latency(draft, widths, context=context, repeats=repeats)
-
-
-def _curve(points: Mapping[int, float]) -> Callable[[float | np.ndarray], float | np.ndarray]:
-    """``x -> seconds``: linear between measured points, flat below the first, and extended with the
-    slope of the last two points beyond the last (a width past the measured ones costs more)."""
-    xs = np.array(sorted(int(k) for k in points), dtype=np.float64)
-    ys = np.array([float(points[int(k)]) for k in xs])
-    if np.any(ys < 0) or not np.all(np.isfinite(ys)):
-        raise ValueError(f"latencies must be finite and >= 0, got {dict(points)}")
-    slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) if len(xs) > 1 else 0.0
-
-    def at(x: float | np.ndarray) -> float | np.ndarray:
-        x = np.asarray(x, dtype=np.float64)
-        return np.where(x <= xs[-1], np.interp(x, xs, ys), ys[-1] + max(slope, 0.0) * (x - xs[-1]))
-
-    return at
-
-
-def forwarded_widths(shape: TreeShape) -> list[int]:
-    """Nodes of each level ``1..depth-1`` that have children: the width of each draft forward."""
-    per_level: dict[int, set] = {}
-    for p in shape.paths:
-        if len(p) > 1:
-            per_level.setdefault(len(p) - 1, set()).add(p[:-1])
-    return [len(per_level.get(level, ())) for level in range(1, shape.depth)]
-
-
-def draft_seconds(t_q: Callable[[Any], Any], shape: TreeShape) -> float:
-    """Draft seconds of one step of ``shape``: the root's forward and one per level with children."""
-    if not shape.depth:
-        return 0.0
-    return float(t_q(1)) + float(np.sum(t_q(np.array(forwarded_widths(shape)))))
+                        repeats: int = 3, compiled: bool | str = False) -> dict[int, float]:
+    """Seconds of one draft forward over a tree level of each width in ``widths`` (the draft's cost curve);
+    ``compiled``: as ``measure_latency``."""
+    return measure_latency(draft, widths, context=context, repeats=repeats, compiled=compiled)
 
 
 @dataclass
@@ -188,24 +158,8 @@ def choose_tree(
     Each cell's shape is the DP's smallest optimal one, costed at its own size and depth. Ties go
     to the smaller budget, then the smaller depth, then the narrower width limit.
     """
-    sizes = sorted(int(s) for s in target_latency)
-    if 1 not in target_latency:
-        raise ValueError("target_latency must include size 1 (the cost of plain decoding)")
-    lat = np.array([float(target_latency[s]) for s in sizes])
-    if np.any(lat <= 0):
-        raise ValueError("latencies must be > 0")
+    sizes, lat, t_q = checked_costs(target_latency, draft_cost, overhead)
     t1 = float(target_latency[1])
-    if overhead < 0:
-        raise ValueError(f"overhead must be >= 0 seconds, got {overhead}")
-    if isinstance(draft_cost, Mapping):
-        if not draft_cost:
-            raise ValueError("draft_cost is an empty dict; give width -> seconds, one number, or None")
-        t_q = _curve(draft_cost)
-    else:
-        if draft_cost is not None and float(draft_cost) < 0:
-            raise ValueError(f"draft_cost must be >= 0, got {draft_cost}")
-        flat = 0.0 if draft_cost is None else float(draft_cost)
-        t_q = lambda w: np.full(np.shape(w), flat) if np.ndim(w) else flat  # noqa: E731
     c = float(t_q(1)) / t1
     bs = list(range(1, sizes[-1] + 1)) if budgets is None else sorted({int(b) for b in budgets})
     if not bs or bs[0] < 1 or bs[-1] > sizes[-1]:
@@ -216,28 +170,12 @@ def choose_tree(
         top = 16 if max_width is None else int(max_width)
         width_limits = ([w for w in (1, 2, 4, 8, 16, 32, 64) if w < top] + [max_width]
                         if isinstance(draft_cost, Mapping) else [max_width])
-    rows = _rows(acceptance, per_depth)
     t_of = lambda n: float(np.interp(n, sizes, lat))  # noqa: E731
     ratio = np.array([t_of(n) for n in bs]) / t1
     depths = list(range(int(max_depth) + 1))
     plain = t1 + overhead
-    taus = np.ones((len(depths), len(bs)))
-    seconds = np.tile(ratio * t1 + overhead, (len(depths), 1))  # depth 0: the root alone at each budget
-    widths = np.zeros((len(depths), len(bs)), dtype=np.int64)
-    shapes: dict[tuple[int, int], TreeShape] = {}
-    for i, d in enumerate(depths[1:], start=1):
-        best = np.full(len(bs), -np.inf)
-        for w in width_limits:
-            dp = SequoiaDP(rows, bs[-1], max_depth=d, max_width=w)
-            for j, n in enumerate(bs):
-                shape = dp.shape(n)
-                draft = draft_seconds(t_q, shape)
-                secs = t_of(shape.size) + draft + overhead
-                tau = float(dp.values[n])
-                if tau / secs > best[j] * (1 + 1e-12):
-                    best[j] = tau / secs
-                    taus[i, j], seconds[i, j], widths[i, j] = tau, secs, -1 if w is None else w
-                    shapes[i, j] = shape
+    taus, seconds, widths, shapes = search(_rows(acceptance, per_depth), bs, depths, width_limits, t_of, t_q,
+                                            ratio * t1 + overhead, overhead)
     speedups = taus * plain / seconds
     top = float(speedups.max())
     # first in (budget, depth) order reaching the maximum (up to rounding)
@@ -273,7 +211,7 @@ class Profile(JSONFile):
         """Predicted (drafting, verifying) seconds of one step of ``shape`` under this profile."""
         sizes = sorted(self.target_latency)
         verify = float(np.interp(shape.size, sizes, [self.target_latency[s] for s in sizes]))
-        t_q = _curve(self.draft_level_latency) if self.draft_level_latency else (lambda w: np.zeros(np.shape(w)))
+        t_q = cost_curve(self.draft_level_latency) if self.draft_level_latency else (lambda w: np.zeros(np.shape(w)))
         return draft_seconds(t_q, shape), verify
 
     def at_context(self, context: float) -> "Profile":
@@ -371,6 +309,7 @@ def profile(
     draft_widths: Sequence[int] = DEFAULT_WIDTHS,
     step_overhead: float = 0.0,
     second_context: int | None = None,
+    compiled: bool | str | None = None,
 ) -> Profile:
     """Measure the target's tree-forward latency per size and the draft's cost per level width.
 
@@ -378,21 +317,26 @@ def profile(
     chooses it). ``draft_tokens`` is one more width measured beside ``draft_widths``;
     ``step_overhead`` is a fixed per-step cost to add (seconds). ``second_context``: every point is
     measured again after that many cached tokens, and the profile keeps each point's growth per
-    cached token (``Profile.context_slope``, read by ``Profile.at_context``).
+    cached token (``Profile.context_slope``, read by ``Profile.at_context``). ``compiled``: measure the compiled
+    steps' forwards (``measure_latency``); None: on CUDA, where an eager forward is launch-bound and no GPU user
+    runs it (a CPU's tuner times eager forwards and calibrates them on real steps).
     """
     widths = sorted({*map(int, draft_widths), int(draft_tokens)})
-    lat = measure_latency(target, sizes, context=context, repeats=repeats)
-    curve = None if draft is None else draft_level_latency(draft, widths, context=context, repeats=repeats)
+    if compiled is None:
+        compiled = next(target.parameters()).device.type == "cuda"
+    lat = measure_latency(target, sizes, context=context, repeats=repeats, compiled=compiled)
+    curve = None if draft is None else draft_level_latency(draft, widths, context=context, repeats=repeats,
+                                                           compiled=compiled)
     slope = None
     if second_context is not None:
         if second_context == context:
             raise ValueError(f"second_context must differ from context ({context}) to give a slope")
         span = float(second_context - context)
-        far = measure_latency(target, sizes, context=second_context, repeats=repeats)
+        far = measure_latency(target, sizes, context=second_context, repeats=repeats, compiled=compiled)
         slope = {"target": {n: (far[n] - lat[n]) / span for n in lat}}
         if draft is not None:
-            far_q = draft_level_latency(draft, widths, context=second_context, repeats=repeats)
+            far_q = draft_level_latency(draft, widths, context=second_context, repeats=repeats, compiled=compiled)
             slope["draft"] = {w: (far_q[w] - curve[w]) / span for w in curve}
     meta = _meta(target, draft, context=context, repeats=repeats, draft_tokens=draft_tokens,
-                 second_context=second_context)
+                 second_context=second_context, compiled=compiled)
     return Profile(lat, curve, meta, float(step_overhead), slope)

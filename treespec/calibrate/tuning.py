@@ -88,9 +88,11 @@ class Tuned:
 
 
 def _key(target: torch.nn.Module, draft: torch.nn.Module) -> str:
-    # v2: sizes timed in alternating rounds, 5 of them (``measure_latency``); older profiles are measured again
-    return measurement_key("profile-v2", model_name(target), precision_of(target), model_name(draft),
-                           precision_of(draft), device=next(target.parameters()).device)
+    # v2: sizes timed in alternating rounds, 5 of them (``measure_latency``); older profiles are measured again.
+    # On CUDA the profile times compiled forwards (``costs.profile``): "compiled" in the key
+    device = next(target.parameters()).device
+    return measurement_key("profile-v2" + ("-compiled" if device.type == "cuda" else ""), model_name(target),
+                           precision_of(target), model_name(draft), precision_of(draft), device=device)
 
 
 def cached_profile(target: torch.nn.Module, draft: torch.nn.Module, cache_file: Path | None,

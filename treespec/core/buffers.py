@@ -163,49 +163,64 @@ def tree_buffers(parent: np.ndarray, rank: np.ndarray, envelope: Envelope | None
     if not env.covers(own):
         raise ValueError(f"the tree shape ({own.describe()}) does not fit the envelope ({env.describe()}); "
                          "give an envelope that covers it (Envelope.padded over every shape it should run)")
-    N, K, pending, pad = env.nodes, env.children, pending_id(env), padding_id(env)
-    has_children = np.bincount(parent[1:], minlength=n) > 0
+    N = env.nodes
 
     def node_array(real: np.ndarray, fill: int) -> np.ndarray:
         out = np.full(N, fill, dtype=real.dtype)
         out[:n] = real
         return out
 
-    # levels: rows, slots; the row each node's parent sits in
+    levels, slot_node, row_of = _levels(env, parent, depth, ancestors)
+    # per node: which level chose it, from which row (among the level's kept rows) and which stacked row of q
+    chosen_at = np.where(np.arange(n) > 0, depth - 1, -1)
+    kept_from = np.array([env.keep_from(d) for d in range(env.depth)])
+    q_starts = np.r_[0, np.cumsum([env.kept_rows(d) for d in range(env.depth)])[:-1]].astype(np.int64)
+    row = np.where(np.arange(n) > 0, row_of[np.maximum(parent, 0)] - kept_from[np.maximum(chosen_at, 0)], 0)
+    q_row = np.where(np.arange(n) > 0, q_starts[np.maximum(chosen_at, 0)] + row, 0)
+    next_sibling, earlier = _siblings(parent, N, env.children)
+    anc = np.eye(N, dtype=bool)
+    anc[:n, :n] = ancestors
+    post = np.arange(N)
+    post[:n] = post_order(parent)
+    return TreeBuffers(env, n, node_array(parent, -1), node_array(depth, 0), anc, node_array(chosen_at, -1),
+                       node_array(row, 0), node_array(rank, 0), node_array(q_row, 0), post, node_array(next_sibling, -1),
+                       earlier, levels, slot_node, np.repeat(np.arange(env.depth), env.rows))
+
+
+def _levels(env: Envelope, parent: np.ndarray, depth: np.ndarray, ancestors: np.ndarray
+            ) -> tuple[tuple[LevelBuffers, ...], np.ndarray, np.ndarray]:
+    """Each level's rows and slots (module docstring), the node each slot holds, and each forwarded node's row."""
+    n, pending, pad = len(parent), pending_id(env), padding_id(env)
+    has_children = np.bincount(parent[1:], minlength=n) > 0
     starts = np.r_[0, np.cumsum(env.rows)[:-1]].astype(np.int64)
     S = int(sum(env.rows))
     slot_node = np.full(S, pad, dtype=np.int64)
-    slot_level = np.repeat(np.arange(env.depth), env.rows)
-    row_of = np.zeros(n, dtype=np.int64)  # a forwarded node's row in its level
-    level_nodes = []
+    row_of = np.zeros(n, dtype=np.int64)
     for d in range(env.depth):
-        nodes = np.full(env.rows[d], pad, dtype=np.int64)
         real = np.array([pending, 0]) if d == 0 else np.flatnonzero((depth == d) & has_children)
-        nodes[: len(real)] = real
+        slot_node[starts[d] : starts[d] + len(real)] = real
         row_of[real[real < n]] = np.flatnonzero(real < n)
-        slot_node[starts[d] : starts[d] + env.rows[d]] = nodes
-        level_nodes.append(nodes)
     slot_of = {int(v): s for s, v in enumerate(slot_node) if v < n}
     levels = []
-    for d, nodes in enumerate(level_nodes):
+    for d in range(env.depth):
+        nodes = slot_node[starts[d] : starts[d] + env.rows[d]]
         block = np.zeros((len(nodes), S), dtype=bool)
         slot_depth = np.zeros(len(nodes), dtype=np.int64)
         for j, v in enumerate(nodes):
-            s = starts[d] + j
-            block[j, s] = True  # itself (padding rows: only that)
+            block[j, starts[d] + j] = True  # itself (padding rows: only that)
             if v < n:
                 block[j, 0] = True  # the pending token precedes the root (ignored when unused)
                 block[j, [slot_of[int(a)] for a in np.flatnonzero(ancestors[v])]] = True
                 slot_depth[j] = depth[v]
             elif v == pending:
                 slot_depth[j] = -1
-        levels.append(LevelBuffers(nodes, slot_depth, block, int(starts[d]), nodes[nodes < n]))
-    # per node: which level chose it, from which row and rank, and which stacked row of q it was drawn from
-    chosen_at = np.where(np.arange(n) > 0, depth - 1, -1)
-    kept_from = np.array([env.keep_from(d) for d in range(env.depth)])
-    q_starts = np.r_[0, np.cumsum([env.kept_rows(d) for d in range(env.depth)])[:-1]].astype(np.int64)
-    row = np.where(np.arange(n) > 0, row_of[np.maximum(parent, 0)] - kept_from[np.maximum(chosen_at, 0)], 0)
-    q_row = np.where(np.arange(n) > 0, q_starts[np.maximum(chosen_at, 0)] + row, 0)
+        levels.append(LevelBuffers(nodes.copy(), slot_depth, block, int(starts[d]), nodes[nodes < n]))
+    return tuple(levels), slot_node, row_of
+
+
+def _siblings(parent: np.ndarray, N: int, K: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each node's next younger sibling (-1: none) and its older siblings ``[N, K - 1]`` (-1 padding)."""
+    n = len(parent)
     next_sibling = np.full(n, -1)
     earlier = np.full((N, max(K - 1, 1)), -1)
     for i in range(1, n):
@@ -214,10 +229,4 @@ def tree_buffers(parent: np.ndarray, rank: np.ndarray, envelope: Envelope | None
         next_sibling[i] = later[0] if later.size else -1
         older = sibs[sibs < i]
         earlier[i, : len(older)] = older
-    anc = np.eye(N, dtype=bool)
-    anc[:n, :n] = ancestors
-    post = np.arange(N)
-    post[:n] = post_order(parent)
-    return TreeBuffers(env, n, node_array(parent, -1), node_array(depth, 0), anc, node_array(chosen_at, -1),
-                       node_array(row, 0), node_array(rank, 0), node_array(q_row, 0), post,
-                       node_array(next_sibling, -1), earlier, tuple(levels), slot_node, slot_level)
+    return next_sibling, earlier

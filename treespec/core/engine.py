@@ -158,8 +158,13 @@ def generate(
     gen = torch.Generator(req.device).manual_seed(req.seed)
     for i, d in enumerate(req.drafters):
         d.reset(req.prompt, sampling=req.params.for_draft(), seed=(req.seed * 1_000_003 + i + 1) % 2**63)
+    return decode(req, step_for(req, gen))
+
+
+def step_for(req: Request, gen: torch.Generator) -> Step:
+    """The request's step: eager; or compiled, captured when its one drafter's tree can be (else why not)."""
     if req.compile is False:
-        return decode(req, EagerStep(req, gen))
+        return EagerStep(req, gen)
     # torch.compile machinery only when asked for
     from .captured import CapturedStep, capturable
     from .compiled import CompiledStep
@@ -168,5 +173,5 @@ def generate(
     if isinstance(spec, str):
         step = CompiledStep(req, gen)
         step.name = f"compiled, drafted on the host: {spec}"
-        return decode(req, step)
-    return decode(req, CapturedStep(req, gen, spec))
+        return step
+    return CapturedStep(req, gen, spec)

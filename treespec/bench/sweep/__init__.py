@@ -77,7 +77,8 @@ from .points import Point, acceptance_params, enumerate_points, point_key, point
 from .records import RESULTS, TIMING_FIELDS, append_record, comparable, read_records
 from .report import report
 from .models import load_model
-from .runner import Sweep, sweep
+from .loop import sweep
+from .runner import Sweep
 
 __all__ = ["BASELINES", "BUILDERS", "DEFAULTS", "DRAFTER_SETS", "RESULTS", "TIMING_FIELDS", "Point", "Sweep",
            "acceptance_params", "append_record", "calib_eval_prompts", "comparable", "enumerate_points",

@@ -11,22 +11,45 @@ from ...common.files import check_writable
 from ...models.precision import FLOATS
 from .config import check_types, load_config
 from .lock import REPLACED, refusal
-from .points import enumerate_points
+from .points import compile_plan, enumerate_points
 from .records import RESULTS, read_records
 from .report import report
-from .runner import sweep
+from .loop import sweep
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``treespec sweep --config experiments/configs/NAME.toml [--out DIR] [--device D] [--dtype T]``
     or ``treespec sweep --report results.jsonl``."""
+    ap = _parser()
+    args = ap.parse_args(argv)
+    if args.report is not None:
+        return _report_only(ap, args)
+    if args.config is None:
+        ap.error("give --config CONFIG.toml (or --report RESULTS_JSONL)")
+    if args.max_minutes is not None and not args.max_minutes > 0:
+        ap.error(f"--max-minutes must be > 0, got {args.max_minutes}")
+    if args.workers is not None and args.workers < 0:
+        ap.error(f"--workers must be >= 0 (0: in this process), got {args.workers}")
+    if args.dry_run:
+        return _dry_run(args)
+    if args.out is not None:
+        check_writable(args.out, directory=True)
+    results = sweep(args.config, args.out, progress=not args.no_progress, device=args.device, dtype=args.dtype,
+                    max_minutes=args.max_minutes, new=args.new, skip_corrupt=args.skip_corrupt, workers=args.workers,
+                    ray_address=args.ray_address, share_cpu=args.share_cpu)
+    print(results)
+    print(results.parent / "README.md")
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="treespec sweep",
         description="Run (or resume) a tree-budget sweep from a TOML config, with HF baselines measured in the same "
                     "run, and write results.jsonl, plots and README.md. Re-running skips finished points. One sweep at "
                     "a time writes an output directory (a lock file names the writer), and a directory keeps the "
-                    "config its results came from (config.json): a changed config needs --new or another --out (a change of the grid's axes alone resumes, keeping "
-                    "the finished points).")
+                    "config its results came from (config.json): a changed config needs --new or another --out (a "
+                    "change of the grid's axes alone resumes, keeping the finished points).")
     ap.add_argument("--config", type=Path, help="TOML config, e.g. experiments/configs/cpu-qwen-coder.toml")
     ap.add_argument("--out", type=Path, default=None,
                     help="output directory (default experiments/results/<name>; with --report: where the plots and "
@@ -36,7 +59,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--dtype", choices=FLOATS, default=None, help="model dtype (overrides run.dtype)")
     ap.add_argument("--report", type=Path, default=None, metavar="RESULTS_JSONL",
                     help="only write plots and README.md for an existing results.jsonl")
-    ap.add_argument("--dry-run", action="store_true", help="list the points (and which are finished) and exit")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="list the points (and which are finished) and the compile plan, and exit")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     ap.add_argument("--max-minutes", type=float, default=None, metavar="M",
                     help="start no new point after M minutes (run a long sweep in slices; re-run to resume)")
@@ -54,52 +78,39 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "the records say shared_cpu)")
     ap.add_argument("--skip-corrupt", action="store_true",
                     help="skip corrupt lines of results.jsonl (each is named on stderr) instead of stopping there")
-    args = ap.parse_args(argv)
-    if args.report is not None:
-        extra = [f"--{k.replace('_', '-')}" for k in ("config", "device", "dtype", "dry_run", "max_minutes", "new",
-                                                       "workers", "ray_address", "share_cpu")
-                 if getattr(args, k) not in (None, False)]
-        if extra:
-            ap.error(f"--report only writes the report of an existing results file; it takes no {', '.join(extra)}")
-        if not args.report.is_file():
-            ap.error(f"--report {args.report}: no such results file (give the results.jsonl of a sweep)")
-        print(report(args.report, args.out, skip_corrupt=args.skip_corrupt))
-        return 0
-    if args.config is None:
-        ap.error("give --config CONFIG.toml (or --report RESULTS_JSONL)")
-    if args.max_minutes is not None and not args.max_minutes > 0:
-        ap.error(f"--max-minutes must be > 0, got {args.max_minutes}")
-    if args.workers is not None and args.workers < 0:
-        ap.error(f"--workers must be >= 0 (0: in this process), got {args.workers}")
-    if args.dry_run:
-        cfg = load_config(args.config)
-        if args.device:
-            cfg["run"]["device"] = args.device
-        if args.dtype:
-            cfg["run"]["dtype"] = args.dtype
-        check_types(cfg)  # the overrides too
-        out = args.out or Path("experiments") / "results" / cfg["name"]
-        why = refusal(out, cfg) if out.is_dir() and not args.new else None
-        if why:
-            print(f"note: a run would be refused: {why}", file=sys.stderr)
-        done = set() if args.new else {r["key"] for r in read_records(out / RESULTS, args.skip_corrupt)
-                                    if r.get("status") == "ok"}
-        points = enumerate_points(cfg)
-        for pt in points:
-            print(f"{'done' if pt.key in done else 'todo'}  {pt.key}  {pt.label}")
-        kinds = {k: sum(pt.kind == k for pt in points) for k in ("baseline", "treespec")}
-        print(f"{len(points)} points ({kinds['baseline']} baselines, {kinds['treespec']} treespec), "
-              f"{sum(pt.key in done for pt in points)} finished")
-        return 0
-    if args.out is not None:
-        check_writable(args.out, directory=True)
-    results = sweep(args.config, args.out, progress=not args.no_progress, device=args.device, dtype=args.dtype,
-                    max_minutes=args.max_minutes, new=args.new, skip_corrupt=args.skip_corrupt, workers=args.workers,
-                    ray_address=args.ray_address, share_cpu=args.share_cpu)
-    print(results)
-    print(results.parent / "README.md")
+    return ap
+
+
+def _report_only(ap: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    extra = [f"--{k.replace('_', '-')}" for k in ("config", "device", "dtype", "dry_run", "max_minutes", "new",
+                                                   "workers", "ray_address", "share_cpu")
+             if getattr(args, k) not in (None, False)]
+    if extra:
+        ap.error(f"--report only writes the report of an existing results file; it takes no {', '.join(extra)}")
+    if not args.report.is_file():
+        ap.error(f"--report {args.report}: no such results file (give the results.jsonl of a sweep)")
+    print(report(args.report, args.out, skip_corrupt=args.skip_corrupt))
     return 0
 
 
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+def _dry_run(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config)
+    if args.device:
+        cfg["run"]["device"] = args.device
+    if args.dtype:
+        cfg["run"]["dtype"] = args.dtype
+    check_types(cfg)  # the overrides too
+    out = args.out or Path("experiments") / "results" / cfg["name"]
+    why = refusal(out, cfg) if out.is_dir() and not args.new else None
+    if why:
+        print(f"note: a run would be refused: {why}", file=sys.stderr)
+    done = set() if args.new else {r["key"] for r in read_records(out / RESULTS, args.skip_corrupt)
+                                if r.get("status") == "ok"}
+    points = enumerate_points(cfg)
+    for pt in points:
+        print(f"{'done' if pt.key in done else 'todo'}  {pt.key}  {pt.label}")
+    kinds = {k: sum(pt.kind == k for pt in points) for k in ("baseline", "treespec")}
+    print(f"{len(points)} points ({kinds['baseline']} baselines, {kinds['treespec']} treespec), "
+          f"{sum(pt.key in done for pt in points)} finished")
+    print("\n".join(compile_plan(cfg, points)))
+    return 0

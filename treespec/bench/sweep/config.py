@@ -19,7 +19,13 @@ from ..datasets import DATASETS, dataset_prompts, dataset_size, prompt_range
 
 BUILDERS = ("sequoia", "kary", "chains", "chain", "dynamic")
 DRAFTER_SETS = ("model", "ngram", "both")
-BASELINES = ("target", "assisted", "prompt_lookup")
+#: HF generate: eager ("target"), with a static cache + torch.compile ("target_compiled": CUDA graphs on CUDA,
+#: inductor's weight freezing on a CPU: HF's fastest plain decoding), assisted by the pair's draft, prompt lookup
+BASELINES = ("target", "target_compiled", "assisted", "prompt_lookup")
+#: run.envelope: the captured steps' envelopes (``treespec.core.buffers``): one padded envelope for every tree of
+#: the sweep ("padded": one set of graphs), each tree's own ("exact": no padding, a compile per tree), or "auto":
+#: padded on CUDA (width is nearly free there), exact on a CPU (padding would cost every step)
+ENVELOPES = ("auto", "padded", "exact")
 #: ``grid.model_mode``: "auto" (the recipe's rule) or a static drafting mode
 MODEL_MODES = ("auto", *STATIC_MODES)
 
@@ -50,10 +56,11 @@ DEFAULTS: dict[str, Any] = {
                "dynamic_topk": _RECIPE.dynamic_topk},
     "ngram": {"mode": _NGRAM.mode, "max_order": _NGRAM.max_order, "max_tokens": 6, "width": _NGRAM.width,
               "window": _NGRAM.window},
-    "baselines": {"methods": list(BASELINES), "prompt_lookup_num_tokens": 10, "max_matching_ngram_size": 2,
+    "baselines": {"methods": ["target", "assisted", "prompt_lookup"], "prompt_lookup_num_tokens": 10,
+                  "max_matching_ngram_size": 2,
                   "assisted": {}},
     "run": {"device": "cpu", "dtype": "float32", "draft_dtype": "same", "warmup_tokens": 4, "threads": 0,
-            "compile": False, "workers": 0},
+            "compile": "auto", "envelope": "auto", "workers": 0},
 }
 
 
@@ -235,7 +242,19 @@ def check_device_available(device: str) -> None:
 
 def _compile(where: str, value: Any) -> None:
     if not isinstance(value, bool) and not (isinstance(value, str) and value.strip()):
-        _refuse(where, value, "false, true or a torch.compile backend name")
+        _refuse(where, value, "false, true, \"auto\" (compiled on CUDA) or a torch.compile backend name")
+
+
+def run_compile(cfg: dict[str, Any]) -> bool | str:
+    """``run.compile`` for the run's device: "auto" compiles on CUDA (what a GPU user runs) and not on a CPU."""
+    c = cfg["run"]["compile"]
+    return ("cuda" in str(cfg["run"]["device"])) if c == "auto" else c
+
+
+def padded_envelope(cfg: dict[str, Any]) -> bool:
+    """Whether the sweep's compiled trees share one padded envelope (``run.envelope``; "auto": on CUDA)."""
+    e = cfg["run"]["envelope"]
+    return ("cuda" in str(cfg["run"]["device"])) if e == "auto" else e == "padded"
 
 
 def _range(where: str, value: Any) -> None:
@@ -303,7 +322,8 @@ TYPES: dict[str, Checker] = {
     "baselines.prompt_lookup_num_tokens": _int(1), "baselines.max_matching_ngram_size": _int(1),
     "baselines.assisted": _table,
     "run.device": _device, "run.dtype": _choice(FLOATS), "run.draft_dtype": _choice(("same", *PRECISIONS)),
-    "run.warmup_tokens": _int(0), "run.threads": _int(0), "run.compile": _compile, "run.workers": _int(0),
+    "run.warmup_tokens": _int(0), "run.threads": _int(0), "run.compile": _compile, "run.envelope": _choice(ENVELOPES),
+    "run.workers": _int(0),
 }
 
 

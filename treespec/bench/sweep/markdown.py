@@ -74,6 +74,89 @@ def _citable_note(records: list[dict[str, Any]]) -> str:
             + (f" ({split_text})" if split_text else "") + "." + flag + "\n")
 
 
+def _baseline_table(bases: list[dict[str, Any]]) -> list[str]:
+    lines = ["## Baselines (HuggingFace generate)", "",
+             "| target | dataset | T | top-p | seed | method | prompts | tokens | tok/s [95% CI] | wall s | "
+             "vs target [95% CI] | greedy = target |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in sorted(bases, key=lambda r: (str(panel(r["params"])), r["params"]["seed"], r["params"]["method"])):
+        p, res, t = r["params"], r["result"], r["timing"]
+        lines.append(f"| {p['target']} | {p['dataset']} | {p['temperature']:g} | {p['top_p']:g} | {p['seed']} | "
+                     f"{p['method']} | {res['prompts']} | {res['new_tokens']}"
+                     f"{'' if res['complete'] else ' (short!)'} | "
+                     f"{_fmt(speed_interval([r]) or t['tokens_per_second'])} | "
+                     f"{t['wall_seconds']:.3g} | {_fmt(baseline_speedup(r, bases))} | "
+                     f"{_fmt(same_greedy_outputs(r, bases))} |")
+    return lines + [""]
+
+
+def _order(r: dict[str, Any]) -> tuple:
+    p = r["params"]
+    return (str(panel(p)), p["seed"], p["drafters"], p["builder"], str(p["max_depth"]), p["budget"])
+
+
+def _treespec_table(tres: list[dict[str, Any]], bases: list[dict[str, Any]]) -> list[str]:
+    lines = ["## Treespec points", "",
+             "Intervals: 95% bootstrap over prompts (`treespec.bench.intervals`; speedups paired per prompt). "
+             "tau counts every step; tau (uncut) only the steps the end of generation (max_new_tokens or "
+             "EOS, or the depth cap near it) did not shorten, the quantity the prediction estimates. "
+             "predicted tau: the calibration's acceptance rows through the tree (Sequoia's model); "
+             "replayed tau: the tree run over the calibration walk's ranks (exact for that calibration's "
+             "prompts; '-' where the calibration kept no ranks)."
+             + (" greedy = target compares outputs with HF generate's in the same precision; below float32 "
+                "a batched tree forward can round a near-tie of the top two logits the other way "
+                "(docs/design.md), so a difference there is not a failure of exactness. HF's own "
+                "assisted generation verifies a draft chain in one batched forward too: the baselines' "
+                "greedy = target column shows how often it differs from the target alone."
+                if any(r["params"]["dtype"] != "float32" for r in tres) else ""), "",
+             "| dataset | T | top-p | seed | drafters | builder | B | depth | tree size | tau | tau (uncut) | "
+             "predicted tau | replayed tau | tok/s | vs target | vs assisted | vs prompt lookup | drafting s | "
+             "verifying s | overhead s | greedy = target |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in sorted(tres, key=_order):
+        p, res, t, s = r["params"], r["result"], r["timing"], r.get("speedup", {})
+
+        def vs(method: str) -> Any:  # the stored figure only for records without per-prompt timings
+            return speedup_interval([r], bases, method) or (
+                s.get(method) if baseline_of(r, bases, method) is not None else None)
+
+        lines.append(
+            f"| {p['dataset']} | {p['temperature']:g} | {p['top_p']:g} | {p['seed']} | {p['drafters']} | "
+            f"{p['builder']} | {p['budget']} | {_fmt(p['max_depth'])} | {res['mean_tree_size']:.1f} | "
+            f"{_fmt(tau_interval([r]) or res['tau'])} | {_fmt(tau_interval([r], uncut=True))} | "
+            f"{_fmt(res.get('predicted_tau'))} | {_fmt(res.get('replayed_tau'))} | "
+            f"{_fmt(speed_interval([r]) or t['tokens_per_second'])} | "
+            f"{_fmt(vs('target'))} | {_fmt(vs('assisted'))} | {_fmt(vs('prompt_lookup'))} | "
+            f"{t['drafting_seconds']:.3g} | {t['verifying_seconds']:.3g} | {t['overhead_seconds']:.3g} | "
+            f"{_fmt(same_greedy_outputs(r, bases) or r.get('checks', {}).get('greedy_same_as_target'))} |")
+    lines.append("")
+    refused = [r for r in tres if r.get("speedup_refused")]
+    if refused:
+        lines += ["Speedups refused (token counts differ):", ""]
+        lines += [f"- {r['key']}: {r['speedup_refused']}" for r in refused]
+        lines.append("")
+    return lines
+
+
+def _compile_section(tres: list[dict[str, Any]]) -> list[str]:
+    """Compiles, once per envelope: the points whose warm-up compiled graphs (their seconds are kept apart from the
+    measured ones; every other point of the envelope replays them)."""
+    compiled = [r for r in tres if r["result"].get("compile")]
+    if not compiled:
+        return []
+    paying = [r for r in compiled if r["result"]["compile"]["graphs"] > 0]
+    envelopes = sorted({r["result"]["compile"]["envelope"] for r in compiled})
+    lines = ["## Compiles", "",
+             f"{len(compiled)} points ran compiled steps in {len(envelopes)} envelope(s); {len(paying)} of them compiled "
+             "graphs in their warm-up call (seconds kept apart from the measured ones; the others replayed them):", ""]
+    for r in paying:
+        c = r["result"]["compile"]
+        lines.append(f"- envelope {c['envelope']}: {c['graphs']} graphs, {c['seconds']:.1f} s (warm-up of "
+                     f"{r['params']['builder']} B={r['params']['budget']}, {r['params']['dataset']} "
+                     f"T={r['params']['temperature']:g})")
+    return lines + [""]
+
+
 def summary(path: Path, records: list[dict[str, Any]], tres: list[dict[str, Any]], bases: list[dict[str, Any]],
             errors: list[dict[str, Any]], images: list[tuple[str, str]], trees: list[tuple[str, str]]) -> str:
     """The report's README.md: notes, the plots ``images`` and ``trees`` (title, file), the tables of the
@@ -92,67 +175,13 @@ def summary(path: Path, records: list[dict[str, Any]], tres: list[dict[str, Any]
     for title, name in images:
         lines += [f"![{title}]({name})", ""]
     if bases:
-        lines += ["## Baselines (HuggingFace generate)", "",
-                  "| target | dataset | T | top-p | seed | method | prompts | tokens | tok/s [95% CI] | wall s | "
-                  "vs target [95% CI] | greedy = target |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-        for r in sorted(bases, key=lambda r: (str(panel(r["params"])), r["params"]["seed"], r["params"]["method"])):
-            p, res, t = r["params"], r["result"], r["timing"]
-            lines.append(f"| {p['target']} | {p['dataset']} | {p['temperature']:g} | {p['top_p']:g} | {p['seed']} | "
-                         f"{p['method']} | {res['prompts']} | {res['new_tokens']}"
-                         f"{'' if res['complete'] else ' (short!)'} | "
-                         f"{_fmt(speed_interval([r]) or t['tokens_per_second'])} | "
-                         f"{t['wall_seconds']:.3g} | {_fmt(baseline_speedup(r, bases))} | "
-                         f"{_fmt(same_greedy_outputs(r, bases))} |")
-        lines.append("")
+        lines += _baseline_table(bases)
     if tres:
-        lines += ["## Treespec points", "",
-                  "Intervals: 95% bootstrap over prompts (`treespec.bench.intervals`; speedups paired per prompt). "
-                  "tau counts every step; tau (uncut) only the steps the end of generation (max_new_tokens or "
-                  "EOS, or the depth cap near it) did not shorten, the quantity the prediction estimates. "
-                  "predicted tau: the calibration's acceptance rows through the tree (Sequoia's model); "
-                  "replayed tau: the tree run over the calibration walk's ranks (exact for that calibration's "
-                  "prompts; '-' where the calibration kept no ranks)."
-                  + (" greedy = target compares outputs with HF generate's in the same precision; below float32 "
-                     "a batched tree forward can round a near-tie of the top two logits the other way "
-                     "(docs/design.md), so a difference there is not a failure of exactness. HF's own "
-                     "assisted generation verifies a draft chain in one batched forward too: the baselines' "
-                     "greedy = target column shows how often it differs from the target alone."
-                     if any(r["params"]["dtype"] != "float32" for r in tres) else ""), "",
-                  "| dataset | T | top-p | seed | drafters | builder | B | depth | tree size | tau | tau (uncut) | "
-                  "predicted tau | replayed tau | tok/s | vs target | vs assisted | vs prompt lookup | drafting s | "
-                  "verifying s | overhead s | greedy = target |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-
-        def order(r: dict[str, Any]) -> tuple:
-            p = r["params"]
-            return (str(panel(p)), p["seed"], p["drafters"], p["builder"], str(p["max_depth"]), p["budget"])
-
-        for r in sorted(tres, key=order):
-            p, res, t, s = r["params"], r["result"], r["timing"], r.get("speedup", {})
-
-            def vs(method: str) -> Any:  # the stored figure only for records without per-prompt timings
-                return speedup_interval([r], bases, method) or (
-                    s.get(method) if baseline_of(r, bases, method) is not None else None)
-
-            lines.append(
-                f"| {p['dataset']} | {p['temperature']:g} | {p['top_p']:g} | {p['seed']} | {p['drafters']} | "
-                f"{p['builder']} | {p['budget']} | {_fmt(p['max_depth'])} | {res['mean_tree_size']:.1f} | "
-                f"{_fmt(tau_interval([r]) or res['tau'])} | {_fmt(tau_interval([r], uncut=True))} | "
-                f"{_fmt(res.get('predicted_tau'))} | {_fmt(res.get('replayed_tau'))} | "
-                f"{_fmt(speed_interval([r]) or t['tokens_per_second'])} | "
-                f"{_fmt(vs('target'))} | {_fmt(vs('assisted'))} | {_fmt(vs('prompt_lookup'))} | "
-                f"{t['drafting_seconds']:.3g} | {t['verifying_seconds']:.3g} | {t['overhead_seconds']:.3g} | "
-                f"{_fmt(same_greedy_outputs(r, bases) or r.get('checks', {}).get('greedy_same_as_target'))} |")
-        lines.append("")
-        refused = [r for r in tres if r.get("speedup_refused")]
-        if refused:
-            lines += ["Speedups refused (token counts differ):", ""]
-            lines += [f"- {r['key']}: {r['speedup_refused']}" for r in refused]
-            lines.append("")
+        lines += _treespec_table(tres, bases)
+        lines += _compile_section(tres)
         lines += _verdict_section(tres)
         lines += _step_cost_section(tres, path.parent)
-        lines += _prediction_section(sorted(tres, key=order), path.parent)
+        lines += _prediction_section(sorted(tres, key=_order), path.parent)
     if trees:
         lines += ["## Trees", ""] + [f"- [{title}]({name})" for title, name in trees] + [""]
     if errors:

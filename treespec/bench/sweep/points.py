@@ -11,7 +11,7 @@ from tree_builders import TreeShape
 
 from ...drafters.model import STATIC_MODES
 from ...recipes import NGramSettings, Recipe, draft_mode
-from .config import draft_dtype, pairs, split_ranges
+from .config import draft_dtype, padded_envelope, pairs, run_compile, split_ranges
 
 
 @dataclass(frozen=True)
@@ -117,8 +117,8 @@ def treespec_params(cfg: dict[str, Any], common: dict[str, Any], draft: str, dra
     # recorded in the point only when not the default, so the keys of earlier records stay valid
     if verifier != "rrs":
         params["verifier"] = verifier
-    if cfg["run"]["compile"]:
-        params["compile"] = cfg["run"]["compile"]
+    if run_compile(cfg):
+        params["compile"] = run_compile(cfg)
     if drafters in ("ngram", "both"):
         params["ngram"] = dict(cfg["ngram"])
     if drafters in ("model", "both"):
@@ -165,3 +165,36 @@ def shape_record(shape: TreeShape) -> dict[str, Any]:
     """A tree as a record stores it."""
     return {"paths": [list(p) for p in shape.paths], "size": shape.size, "depth": shape.depth,
             "widths": list(shape.widths)}
+
+
+def compile_plan(cfg: dict[str, Any], points: list[Point]) -> list[str]:
+    """What a sweep's compiled points will compile (``--dry-run``): which points capture their tree on the device
+    and in which envelopes, which draft on the host, and the graphs to expect. Sequoia trees are known only once
+    their acceptance is measured, so a padded envelope is stated by what bounds it."""
+    compiled = [pt for pt in points if pt.kind == "treespec" and pt.params.get("compile")]
+    if not compiled:
+        return ["compile plan: no point compiles (run.compile is off for this device): eager steps"]
+    captured = [pt for pt in compiled if pt.params["drafters"] == "model" and pt.params["builder"] != "dynamic"
+                and pt.params.get("mode") in ("topk", "sample_without_replacement")]
+    host = [pt for pt in compiled if pt not in captured]
+    settings = sorted({(pt.params["temperature"], pt.params["top_p"], pt.params.get("verifier", "rrs"))
+                       for pt in captured})
+    lines = [f"compile plan: {len(compiled)} compiled points ({cfg['run']['device']}, compile={compiled[0].params['compile']})"]
+    if captured:
+        budgets = sorted({pt.params["budget"] for pt in captured})
+        if padded_envelope(cfg):
+            lines.append(f"  {len(captured)} points capture their tree in ONE padded envelope (run.envelope): made at the "
+                         f"first compiled point from every tree of the sweep, at most {max(budgets)} nodes")
+        else:
+            trees = {(pt.params["builder"], pt.params["budget"], pt.params["max_depth"], pt.params["dataset"]
+                      if pt.params["builder"] == "sequoia" else "") for pt in captured}
+            lines.append(f"  {len(captured)} points capture their tree, each in its own envelope (run.envelope: no "
+                         f"padding): up to {len(trees)} envelopes, one per distinct tree")
+        lines.append(f"  graphs per envelope: 2 prefill chunks (target, draft), 1 draft level per drafting setting, "
+                     f"1 verification per sampling setting and verifier ({len(settings)}: "
+                     + ", ".join(f"T={t:g} top-p={p:g} {v}" for t, p, v in settings) + ")")
+    if host:
+        widths = sorted({pt.params["budget"] for pt in host})
+        lines.append(f"  {len(host)} points draft on the host (n-gram, several drafters, i.i.d. sampling or dynamic "
+                     f"trees): one compiled verification per budget ({widths}) and sampling setting")
+    return lines

@@ -91,16 +91,32 @@ def report(results_jsonl: str | os.PathLike, out_dir: str | os.PathLike | None =
     errors = [r for r in everything if r.get("status") == "error" and r["key"] not in finished]
     tres = [r for r in records if r["kind"] == "treespec"]
     bases = [r for r in records if r["kind"] == "baseline"]
-    multi_target = len({r["params"]["target"] for r in records}) > 1
-    multi_depth = len({r["params"]["max_depth"] for r in tres}) > 1
-    panels = sorted({panel(r["params"]) for r in tres}, key=str)
     images: list[tuple[str, str]] = []
+    plots = _BudgetPlots(tres, out, images, multi_target=len({r["params"]["target"] for r in records}) > 1)
+    plots.draw("tau_vs_budget.png", "tau (tokens per step, 95% CI over prompts)", plots.curves(tau_interval), None)
+    plots.draw("speedup_vs_budget.png", "speedup over the target alone (95% CI)",
+               plots.curves(lambda rs: speedup_interval(rs, bases, "target")), lambda pn: _base_speedups(pn, bases))
+    _predicted_plot(tres, out, images)
+    _acceptance_plot(tres, out, images)
+    trees = _tree_images(tres, out)
+    readme = out / "README.md"
+    readme.write_text(summary(path, records, tres, bases, errors, images, trees), encoding="utf-8")
+    return readme
 
-    def curves(value: Callable[[list[dict[str, Any]]], Interval | None]) -> dict[tuple, dict[str, list]]:
+
+class _BudgetPlots:
+    """Plots against the budget: one panel per target, dataset, temperature and top-p; one line per builder."""
+
+    def __init__(self, tres: list[dict[str, Any]], out: Path, images: list[tuple[str, str]], multi_target: bool) -> None:
+        self.tres, self.out, self.images, self.multi_target = tres, out, images, multi_target
+        self.multi_depth = len({r["params"]["max_depth"] for r in tres}) > 1
+        self.panels = sorted({panel(r["params"]) for r in tres}, key=str)
+
+    def curves(self, value: Callable[[list[dict[str, Any]]], Interval | None]) -> dict[tuple, dict[str, list]]:
         """Per panel and line: (budget, interval) points; the seeds of a point are pooled."""
         acc: dict[tuple, dict[str, dict[int, list[dict[str, Any]]]]] = {}
-        for r in tres:
-            acc.setdefault(panel(r["params"]), {}).setdefault(_line(r["params"], multi_depth), {}).setdefault(
+        for r in self.tres:
+            acc.setdefault(panel(r["params"]), {}).setdefault(_line(r["params"], self.multi_depth), {}).setdefault(
                 r["params"]["budget"], []).append(r)
         out_curves: dict[tuple, dict[str, list]] = {}
         for pn, lines in acc.items():
@@ -111,12 +127,12 @@ def report(results_jsonl: str | os.PathLike, out_dir: str | os.PathLike | None =
                     out_curves.setdefault(pn, {})[ln] = vals
         return out_curves
 
-    def budget_plot(name: str, ylabel: str, data: dict, hlines: Callable[[tuple], dict[str, float]] | None) -> None:
-        if not panels:
+    def draw(self, name: str, ylabel: str, data: dict, hlines: Callable[[tuple], dict[str, float]] | None) -> None:
+        if not self.panels:
             return
-        fig, axes = _figure(len(panels), legend_space=1.8)
+        fig, axes = _figure(len(self.panels), legend_space=1.8)
         handles: dict[str, Any] = {}
-        for ax, pn in zip(axes, panels):
+        for ax, pn in zip(axes, self.panels):
             for ln, pts in sorted(data.get(pn, {}).items()):
                 ys = np.array([v.estimate for _, v in pts])
                 lows = np.array([v.low if v.known else v.estimate for _, v in pts])
@@ -131,67 +147,72 @@ def report(results_jsonl: str | os.PathLike, out_dir: str | os.PathLike | None =
             ax.set_xscale("log", base=2)
             ax.set_xlabel("budget B (tokens per verification, root included)")
             ax.set_ylabel(ylabel)
-            ax.set_title(_panel_title(pn, multi_target), fontsize=9)
+            ax.set_title(_panel_title(pn, self.multi_target), fontsize=9)
             ax.grid(alpha=0.3)
         fig.legend(list(handles.values()), list(handles), loc="center right", fontsize=8)
-        _save(fig, out, name, ylabel, images, rect=(0, 0, 1 - 1.8 / fig.get_figwidth(), 1))
+        _save(fig, self.out, name, ylabel, self.images, rect=(0, 0, 1 - 1.8 / fig.get_figwidth(), 1))
 
-    budget_plot("tau_vs_budget.png", "tau (tokens per step, 95% CI over prompts)", curves(tau_interval), None)
 
-    def base_speedups(pn: tuple) -> dict[str, float]:
-        lines: dict[str, list[float]] = {}
-        for r in bases:
-            if panel(r["params"]) == pn and r["params"]["method"] != "target":
-                v = baseline_speedup(r, bases)
-                if v is not None:
-                    lines.setdefault(f"HF {r['params']['method']}", []).append(v.estimate)
-        out_lines = {k: float(np.mean(v)) for k, v in lines.items()}
-        out_lines["target alone"] = 1.0
-        return out_lines
+def _base_speedups(pn: tuple, bases: list[dict[str, Any]]) -> dict[str, float]:
+    """The HF baselines' speedups over the target alone in panel ``pn`` (horizontal lines)."""
+    lines: dict[str, list[float]] = {}
+    for r in bases:
+        if panel(r["params"]) == pn and r["params"]["method"] != "target":
+            v = baseline_speedup(r, bases)
+            if v is not None:
+                lines.setdefault(f"HF {r['params']['method']}", []).append(v.estimate)
+    out_lines = {k: float(np.mean(v)) for k, v in lines.items()}
+    out_lines["target alone"] = 1.0
+    return out_lines
 
-    budget_plot("speedup_vs_budget.png", "speedup over the target alone (95% CI)",
-                curves(lambda rs: speedup_interval(rs, bases, "target")), base_speedups)
 
+def _predicted_plot(tres: list[dict[str, Any]], out: Path, images: list[tuple[str, str]]) -> None:
     predicted = [r for r in tres if r["result"].get("predicted_tau") is not None]
-    if predicted:
-        fig, (ax,) = _figure(1, width=5.5, height=5.0)
-        builders = sorted({r["params"]["builder"] for r in predicted})
-        for b in builders:
-            rs = [r for r in predicted if r["params"]["builder"] == b]
-            xs = [r["result"]["predicted_tau"] for r in rs]
-            ivs = [tau_interval([r], uncut=True) for r in rs]
-            ys = np.array([iv.estimate if iv else r["result"]["tau"] for iv, r in zip(ivs, rs)])
-            lows = np.array([iv.low if iv and iv.known else y for iv, y in zip(ivs, ys)])
-            highs = np.array([iv.high if iv and iv.known else y for iv, y in zip(ivs, ys)])
-            ax.errorbar(xs, ys, yerr=np.vstack([ys - lows, highs - ys]), fmt="o", markersize=4, capsize=3, label=b,
-                        color=_BUILDER_COLOR.get(b, "k"))
-        hi = max(max(r["result"]["predicted_tau"], r["result"]["tau"]) for r in predicted) * 1.05
-        ax.plot([1, hi], [1, hi], color="0.5", linestyle="--", linewidth=1, label="measured = predicted")
-        ax.set_xlabel("predicted tau (acceptance vector, calibration prompts)")
-        ax.set_ylabel("measured tau over uncut steps (evaluation prompts, 95% CI)")
-        ax.legend(fontsize=7)
-        ax.grid(alpha=0.3)
-        _save(fig, out, "predicted_vs_measured_tau.png", "predicted vs measured tau", images)
+    if not predicted:
+        return
+    fig, (ax,) = _figure(1, width=5.5, height=5.0)
+    for b in sorted({r["params"]["builder"] for r in predicted}):
+        rs = [r for r in predicted if r["params"]["builder"] == b]
+        xs = [r["result"]["predicted_tau"] for r in rs]
+        ivs = [tau_interval([r], uncut=True) for r in rs]
+        ys = np.array([iv.estimate if iv else r["result"]["tau"] for iv, r in zip(ivs, rs)])
+        lows = np.array([iv.low if iv and iv.known else y for iv, y in zip(ivs, ys)])
+        highs = np.array([iv.high if iv and iv.known else y for iv, y in zip(ivs, ys)])
+        ax.errorbar(xs, ys, yerr=np.vstack([ys - lows, highs - ys]), fmt="o", markersize=4, capsize=3, label=b,
+                    color=_BUILDER_COLOR.get(b, "k"))
+    hi = max(max(r["result"]["predicted_tau"], r["result"]["tau"]) for r in predicted) * 1.05
+    ax.plot([1, hi], [1, hi], color="0.5", linestyle="--", linewidth=1, label="measured = predicted")
+    ax.set_xlabel("predicted tau (acceptance vector, calibration prompts)")
+    ax.set_ylabel("measured tau over uncut steps (evaluation prompts, 95% CI)")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    _save(fig, out, "predicted_vs_measured_tau.png", "predicted vs measured tau", images)
 
+
+def _acceptance_plot(tres: list[dict[str, Any]], out: Path, images: list[tuple[str, str]]) -> None:
     accs: dict[str, dict[str, Any]] = {}
     for r in tres:
         a = r["result"].get("acceptance")
         if a is not None and a["file"] not in accs:
             accs[a["file"]] = {**a, "dataset": r["params"]["dataset"], "temperature": r["params"]["temperature"],
                                "top_p": r["params"]["top_p"], "target": r["params"]["target"]}
-    if accs:
-        fig, (ax,) = _figure(1, width=7.0, height=4.0)
-        n = len(accs)
-        for i, a in enumerate(sorted(accs.values(), key=lambda a: (a["dataset"], a["temperature"], a["mode"]))):
-            xs = np.arange(len(a["vector"])) + (i - (n - 1) / 2) * 0.8 / n
-            ax.bar(xs, a["vector"], width=0.8 / n,
-                   label=f"{a['dataset']} T={a['temperature']:g} {a['mode']} (beta {a['beta']:.2f})")
-        ax.set_xlabel("child rank k")
-        ax.set_ylabel("a_k = P(rank k is the accepted child)")
-        ax.set_title("positional acceptance vectors (calibration prompts)", fontsize=9)
-        ax.legend(fontsize=7)
-        _save(fig, out, "acceptance.png", "acceptance vectors", images)
+    if not accs:
+        return
+    fig, (ax,) = _figure(1, width=7.0, height=4.0)
+    n = len(accs)
+    for i, a in enumerate(sorted(accs.values(), key=lambda a: (a["dataset"], a["temperature"], a["mode"]))):
+        xs = np.arange(len(a["vector"])) + (i - (n - 1) / 2) * 0.8 / n
+        ax.bar(xs, a["vector"], width=0.8 / n, label=f"{a['dataset']} T={a['temperature']:g} {a['mode']} "
+                                                     f"(beta {a['beta']:.2f})")
+    ax.set_xlabel("child rank k")
+    ax.set_ylabel("a_k = P(rank k is the accepted child)")
+    ax.set_title("positional acceptance vectors (calibration prompts)", fontsize=9)
+    ax.legend(fontsize=7)
+    _save(fig, out, "acceptance.png", "acceptance vectors", images)
 
+
+def _tree_images(tres: list[dict[str, Any]], out: Path) -> list[tuple[str, str]]:
+    """Every static tree the sweep ran, drawn once under ``trees/``: ``(title, file)``."""
     trees: list[tuple[str, str]] = []
     for r in tres:
         tree = r["result"].get("tree")
@@ -210,7 +231,4 @@ def report(results_jsonl: str | os.PathLike, out_dir: str | os.PathLike | None =
             f" ({p['dataset']}, T={p['temperature']:g})" if tag else "")
         shape.draw(str(out / name), acceptance=a["vector"] if a else None, title=title)
         trees.append((title, name))
-
-    readme = out / "README.md"
-    readme.write_text(summary(path, records, tres, bases, errors, images, trees), encoding="utf-8")
-    return readme
+    return trees

@@ -1,14 +1,11 @@
-"""Running a sweep: models of the current pair, each point's drafters and timed calls, and the
-resumable loop that appends one record per point."""
+"""Running a sweep's points: models of the current pair, each point's drafters and timed calls, and the
+comparison of a treespec point with its baselines (the resumable loop over the points: ``loop``)."""
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import json
-import os
-import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -17,27 +14,39 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 
 from ...common.device import sync
+from ...core.buffers import Envelope
+from ...core.captured import MODES as CAPTURED_MODES
 from ...core.sampling import spread_seed
 from ...core.stats import Stats
 from ...models import check_tokenizers
 from ...models.tiny import ByteTokenizer
-from ...models.precision import FLOATS
 from ...recipes import Recipe, plan, run
 from ..baselines import hf_generate
-from .distributed import run_here, run_points
-from .config import calib_eval_prompts, check, check_device_available, draft_dtype, load_config, pairs, \
-    split_ranges
+from .config import calib_eval_prompts, draft_dtype, padded_envelope, \
+    pairs, split_ranges
 from .points import Point, baseline_params, acceptance_params, enumerate_points, point_key, point_recipe, \
     shape_record
-from .lock import claim, exclusive
 from .models import SweepModels, encode, pad_id
-from .records import RESULTS, append_record, machine, machine_of, read_records, repair_tail
-from .report import report
+from .records import RESULTS, machine, machine_of
 
 #: the seconds per section of a treespec point's timing (``treespec.core.stats.Stats``)
 SECTIONS = ("prefill_seconds", "drafting_seconds", "verifying_seconds", "overhead_seconds")
 #: the acceptance measurement (``treespec.calibrate.acceptance.measure`` or a stand-in with its signature)
 Measure = Callable[..., Any]
+
+
+def _graphs_compiled() -> int:
+    """Graphs dynamo has compiled in this process so far."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+def _hf_compile_settings(method: str, device: torch.device) -> contextlib.AbstractContextManager:
+    """HF's fastest plain decoding on a CPU compiles with inductor's weight freezing (on CUDA: CUDA graphs)."""
+    if method == "target_compiled" and device.type == "cpu":
+        return torch._inductor.config.patch(freezing=True)
+    return contextlib.nullcontext()
 
 
 def _digest(tokens: Sequence[int]) -> str:
@@ -71,6 +80,7 @@ class Sweep:
         self.records: dict[str, dict[str, Any]] = {}
         self.prompts: dict[tuple[str, str, str], list[list[int]]] = {}
         self.checked_pairs: set[tuple[str, str]] = set()
+        self._envelope: Envelope | None = None  # the sweep's padded envelope, made at its first compiled point
 
     def draft_model(self, target: str, draft: str) -> torch.nn.Module:
         """The draft in the run's draft precision, after checking once that it shares the target's
@@ -162,14 +172,37 @@ class Sweep:
         info["cap"] = recipe.budget
         return recipe, drafts, info
 
+    def envelope(self) -> Envelope:
+        """One padded envelope for every tree the sweep's points capture (``run.envelope``), so that the compiled
+        graphs of the first point serve all of them; made once, from the trees of every point of the config."""
+        if self._envelope is None:
+            shapes = []
+            for pt in enumerate_points(self.cfg):
+                q = pt.params
+                if q["kind"] == "treespec" and q["drafters"] == "model" and q["builder"] != "dynamic":
+                    recipe, _, _ = self.recipe_of(q)
+                    shape = plan(recipe, max_new_tokens=q["max_new_tokens"]).shape
+                    if shape is not None and recipe.mode in CAPTURED_MODES:
+                        shapes.append(shape)
+            self._envelope = Envelope.for_shapes(shapes) if shapes else Envelope(2, (2,), 1)
+        return self._envelope
+
     def _run_treespec(self, p: dict[str, Any], target: torch.nn.Module, prompts: list[list[int]]) -> dict[str, Any]:
         recipe, drafts, info = self.recipe_of(p)
         n = p["max_new_tokens"]
+        envelope = self.envelope() if recipe.compile and padded_envelope(self.cfg) else None
 
         def call(ids: list[int], tokens: int, seed: int):
-            return run(recipe, target, drafts, ids, max_new_tokens=tokens, seed=seed, eos_token_id=None)
+            return run(recipe, target, drafts, ids, max_new_tokens=tokens, seed=seed, eos_token_id=None,
+                       envelope=envelope)
 
-        outs, walls = self._timed(call, prompts, n, p["seed"], next(target.parameters()).device)
+        graphs = _graphs_compiled()
+        # a compiled step's warm-up runs the measured tree (the depth cap follows max_new_tokens): it compiles it
+        outs, walls = self._timed(call, prompts, n, p["seed"], next(target.parameters()).device,
+                                  full_warmup=bool(recipe.compile))
+        if recipe.compile:  # the warm-up call compiles what this point needs first (CPU: the tree's own envelope)
+            info["compile"] = {"graphs": _graphs_compiled() - graphs, "seconds": self.warmup_seconds,
+                               "envelope": envelope.describe() if envelope is not None else "the tree's own"}
         s = Stats.combined([out.stats for out in outs])
         counts = [len(out.new_tokens) for out in outs]
         uncut_steps = [o.stats.steps - o.stats.cut_steps for o in outs]
@@ -183,15 +216,23 @@ class Sweep:
                   "output_digests": [_digest(out.new_tokens) for out in outs], **info}
         wall = sum(walls)
         timing = {"wall_seconds": wall, "per_prompt_seconds": walls, "tokens_per_second": s.new_tokens / wall if wall else 0.0,
-                  **{k: getattr(s, k) for k in SECTIONS}}
+                  "warmup_seconds": self.warmup_seconds, **{k: getattr(s, k) for k in SECTIONS}}
         return {"result": result, "timing": timing}
 
     def _timed(self, call: Callable[[list[int], int, int], Any], prompts: list[list[int]], n: int, seed: int,
-               device: torch.device) -> tuple[list[Any], list[float]]:
-        """One warm-up call, then ``call(ids, n, seed_i)`` per prompt, each timed with GPU synchronisation."""
-        warm = int(self.cfg["run"]["warmup_tokens"])
+               device: torch.device, full_warmup: bool = False) -> tuple[list[Any], list[float]]:
+        """One warm-up call (the same for every method: it pays a compile where there is one; its seconds are kept
+        in ``self.warmup_seconds``, apart from the timed ones), then ``call(ids, n, seed_i)`` per prompt, each timed
+        with GPU synchronisation. ``full_warmup``: the warm-up generates all ``n`` tokens (a compiled treespec
+        point: its tree, capped by the tokens left, is then the measured one)."""
+        warm = n if full_warmup else int(self.cfg["run"]["warmup_tokens"])
+        self.warmup_seconds = 0.0
         if warm > 0:
+            sync(device)
+            t0 = time.perf_counter()
             call(prompts[0][-32:], min(warm, n), spread_seed("sweep", seed, -1))
+            sync(device)
+            self.warmup_seconds = time.perf_counter() - t0
         outs, walls = [], []
         for i, ids in enumerate(prompts):
             sync(device)
@@ -208,12 +249,13 @@ class Sweep:
 
         def call(ids: list[int], tokens: int, seed: int) -> list[int]:
             lookup = p["method"] == "prompt_lookup"
-            with _quiet_transformers():
+            with _quiet_transformers(), _hf_compile_settings(p["method"], device):
                 new, _ = hf_generate(target, ids, tokens, temperature=p["temperature"], top_p=p["top_p"],
                                      pad_token_id=pad_id, seed=seed, assistant_model=draft,
                                      assistant_config=p.get("assisted"),
                                      prompt_lookup_num_tokens=p["prompt_lookup_num_tokens"] if lookup else None,
-                                     max_matching_ngram_size=p["max_matching_ngram_size"] if lookup else None)
+                                     max_matching_ngram_size=p["max_matching_ngram_size"] if lookup else None,
+                                     static_compiled=p["method"] == "target_compiled")
             return new
 
         outs, walls = self._timed(call, prompts, n, p["seed"], device)
@@ -222,7 +264,8 @@ class Sweep:
         total, wall = sum(counts), sum(walls)
         result = {"prompts": len(prompts), "prompt_tokens": [len(x) for x in prompts], "tokens_per_prompt": counts,
                   "new_tokens": total, "complete": all(c == n for c in counts), "output_digests": digests}
-        timing = {"wall_seconds": wall, "per_prompt_seconds": walls, "tokens_per_second": total / wall if wall else 0.0}
+        timing = {"wall_seconds": wall, "per_prompt_seconds": walls, "tokens_per_second": total / wall if wall else 0.0,
+                  "warmup_seconds": self.warmup_seconds}
         return {"result": result, "timing": timing}
 
     # -- comparisons ----------------------------------------------------------------------------
@@ -273,113 +316,3 @@ def pairs_draft(cfg: dict[str, Any], target: str) -> str:
         if t == target:
             return d
     raise KeyError(target)
-
-
-
-def sweep(config: str | os.PathLike | dict[str, Any], out_dir: str | os.PathLike | None = None,
-          progress: bool = True, *, device: str | None = None, dtype: str | None = None,
-          on_point: Callable[[dict[str, Any]], None] | None = None, measure: Measure | None = None,
-          make_report: bool = True, max_minutes: float | None = None, new: bool = False,
-          skip_corrupt: bool = False, workers: int | None = None, ray_address: str | None = None,
-          share_cpu: bool = False) -> Path:
-    """Run (or resume) the sweep of ``config``; returns the path of its ``results.jsonl``.
-
-    Args:
-        config: a TOML path or a config dict (see ``experiments/configs/`` and the module doc).
-        out_dir: where results, acceptance caches, plots and README.md go (default
-            ``experiments/results/<name>``).
-        progress: show a tqdm bar (points done, time left).
-        device, dtype: override ``run.device`` / ``run.dtype``.
-        on_point: called with each record right after it is written (tests, live monitoring).
-        measure: the acceptance measurement (default ``treespec.calibrate.acceptance.measure``).
-        make_report: write plots and README.md when the sweep completes.
-        max_minutes: start no new point after this many minutes (run a long sweep in slices;
-            the next run resumes where this one stopped).
-        new: start over when ``out_dir`` holds another config's results (they move into
-            ``out_dir/replaced-<time>/``); without it such a directory is refused (``treespec.bench.sweep.lock``).
-        skip_corrupt: skip (and name) corrupt lines of ``results.jsonl`` instead of refusing.
-        workers: run the points on this many Ray workers, one device each (default ``run.workers``;
-            0: in this process); ``ray_address``: join that Ray cluster (one worker if ``workers`` is not
-            given); ``share_cpu``: allow several CPU workers on one machine (their timings interfere; the
-            records say ``shared_cpu``). See ``treespec.bench.sweep.distributed``.
-
-    Only one sweep at a time writes ``out_dir``: a second one is refused with the first one's pid,
-    host and start time (:class:`treespec.bench.sweep.lock.OutputDirError`).
-    """
-    cfg = load_config(config)
-    if device is not None:
-        cfg["run"]["device"] = device
-    if dtype is not None:
-        check(dtype in FLOATS, f"dtype must be one of {FLOATS}")
-        cfg["run"]["dtype"] = dtype
-    check_device_available(cfg["run"]["device"])
-    out = Path(out_dir) if out_dir is not None else Path("experiments") / "results" / cfg["name"]
-    out.mkdir(parents=True, exist_ok=True)
-    threads = torch.get_num_threads()
-    if int(cfg["run"]["threads"]) > 0:  # tiny models on a busy CPU run far faster on one thread
-        torch.set_num_threads(int(cfg["run"]["threads"]))
-    try:
-        with exclusive(out):
-            claim(out, cfg, new)
-            spread = {"workers": int(cfg["run"]["workers"]) if workers is None else int(workers),
-                      "address": ray_address, "share_cpu": share_cpu}
-            if spread["address"] and not spread["workers"]:
-                spread["workers"] = 1
-            results = _run_sweep(cfg, out, progress, on_point, measure, max_minutes, skip_corrupt, spread)
-            if make_report:
-                report(results, skip_corrupt=skip_corrupt)
-    finally:
-        torch.set_num_threads(threads)
-    return results
-
-
-def _run_sweep(cfg: dict[str, Any], out: Path, progress: bool, on_point: Callable[[dict[str, Any]], None] | None,
-               measure: Measure | None, max_minutes: float | None = None, skip_corrupt: bool = False,
-               spread: dict[str, Any] | None = None) -> Path:
-    """The loop of :func:`sweep`: every unfinished point, one record each, here or on Ray workers."""
-    deadline = None if max_minutes is None else time.monotonic() + 60.0 * max_minutes
-    state = Sweep(cfg, out, progress, measure)
-    repair_tail(state.results)
-    for rec in read_records(state.results, skip_corrupt):
-        if rec.get("status") == "ok":
-            state.records[rec["key"]] = rec
-    points = enumerate_points(cfg)
-    todo = [pt for pt in points if pt.key not in state.records]
-    elsewhere = sorted({machine_of(r) for r in state.records.values()} - {state.machine})
-    if todo and elsewhere:
-        print(f"[treespec sweep] {out / RESULTS} holds points measured on other machines ({'; '.join(elsewhere)}), and this is "
-              f"{state.machine}: speedups pair only points and baselines of one machine, so a new point whose "
-              "baselines ran elsewhere gets none (move that panel's records out to re-measure it here)",
-              file=sys.stderr)
-    from tqdm.auto import tqdm
-
-    bar = tqdm(total=len(points), initial=len(points) - len(todo), unit="point", desc=cfg["name"],
-               disable=not progress, dynamic_ncols=True)
-
-    def finish(pt: Point, outcome: dict[str, Any]) -> None:
-        record: dict[str, Any] = {"key": pt.key, "kind": pt.kind, "params": pt.params, **outcome}
-        if record["status"] != "ok":
-            bar.write(f"[treespec sweep] point {pt.label} failed: {record['error']}", file=sys.stderr)
-        elif pt.kind == "treespec":
-            state.compare(pt.params, record)
-        append_record(state.results, record)
-        if record["status"] == "ok":
-            state.records[pt.key] = record
-        bar.update(1)
-        if on_point is not None:
-            on_point(record)
-
-    try:
-        if spread and spread["workers"]:
-            run_points(state, todo, finish, workers=spread["workers"], address=spread["address"],
-                       share_cpu=spread["share_cpu"], make_state=functools.partial(Sweep, cfg, out, False, measure),
-                       bar=bar, deadline=deadline)
-        for pt in [] if spread and spread["workers"] else todo:
-            if deadline is not None and time.monotonic() >= deadline:
-                bar.write(f"[treespec sweep] stopped after {max_minutes:g} min; run again to resume", file=sys.stderr)
-                break
-            bar.set_postfix_str(pt.label)
-            finish(pt, run_here(state, pt))
-    finally:
-        bar.close()
-    return state.results
