@@ -444,62 +444,78 @@ def kernel_table(call: Callable[[], Any], device: torch.device, top: int = 15) -
 
 
 def phase_sweep(b: Bench) -> dict[str, Any]:
-    """Tree shapes x budgets on ONE set of compiled graphs (a padded envelope), sized by this device's costs.
+    """Tree shapes x budgets on ONE set of compiled graphs (a padded envelope), then a tree sized by this device's
+    costs, measured from those very steps (no graph of its own to compile: the phase fits one command on a cold
+    machine).
 
-    1. The device's own costs: compiled t(n) of the target and the compiled draft forward per level of ``r``
-       rows (one graph each, dynamic in the token count: ``measure_latency(compiled=...)``).
-    2. The device-sized tree: ``choose_tree`` on them with the shipped T=0 acceptance (per-depth rows).
-    3. Every family of ``SWEEP_FAMILIES`` at each ``--sweep-budgets`` budget, and the device-sized tree, in
-       the envelope of them all: the first tree compiles (its seconds recorded apart), the others must not
-       (dynamo's graph count is recorded per shape). Measured: seconds per step and its sections. Predicted
-       (NOT measured: random weights): tau from the shipped acceptance's replay, hence real-pair tok/s and
-       the speedup over HF static+compile (phase hf, same machine).
-    4. The kernel table of the device-sized tree's step (``torch.profiler``)."""
+    1. Every family of ``SWEEP_FAMILIES`` at each ``--sweep-budgets`` budget, in one envelope (theirs, widened so
+       that a device-sized tree fits it too): the first tree compiles (its seconds recorded apart), the others must
+       not (dynamo's graph count is recorded per shape). Measured: seconds per step and its sections.
+    2. The device's costs, read off those steps: a draft level's seconds (drafting per step / the tree's depth)
+       and a verification's (flat in the node count up to the envelope's), medians over the shapes; with
+       ``--sweep-costs dynamic`` also the compiled forwards timed alone (``measure_latency(compiled=...)``: one
+       graph each with a dynamic token count, minutes of compiles on a GPU).
+    3. The device-sized tree: ``choose_tree`` on the step costs with the shipped T=0 acceptance (per-depth rows),
+       run in the same envelope when it fits.
+    4. Predicted (NOT measured: random weights): each shape's tau from the shipped acceptance's replay, hence
+       real-pair tok/s and the speedup over HF static+compile (phase hf, same machine). The kernel table of the
+       device-sized tree's step (``torch.profiler``)."""
     a, target, draft = b.args, b.model("target"), b.model("draft")
     acc = MeasuredAcceptance.load(ROOT / "treespec" / "data" / "acceptance-qwen2.5-coder-t0.json")
     out: dict[str, Any] = {}
-    t = time.perf_counter()
-    sizes = [1, 2, 4, 8] if b.tiny else [1, 2, 4, 8, 16, 24, 32, 48, 64]
-    if a.sweep_costs:  # costs measured by an earlier run (its results.json): no compile for them
-        earlier = json.loads(Path(a.sweep_costs).read_text())["phases"]["sweep"]
-        out.update({k: {int(n): v for n, v in earlier[k].items()} for k in ("t_compiled", "level_compiled")},
-                   costs_seconds=earlier["costs_seconds"], costs_from=a.sweep_costs)
-        sizes = sorted(out["t_compiled"])
-    else:
-        out["t_compiled"] = measure_latency(target, sizes, context=a.prompt_len, repeats=a.repeats, compiled=b.compile)
-        out["level_compiled"] = measure_latency(draft, [2, 4, 8] if b.tiny else [2, 4, 8, 16], context=a.prompt_len,
-                                                repeats=a.repeats, compiled=b.compile)
-        out["costs_seconds"] = time.perf_counter() - t
-    b.checkpoint("sweep", out)
-    choice = choose_tree(acc, out["t_compiled"], out["level_compiled"], budgets=[x for x in range(1, max(sizes) + 1)],
-                         max_depth=8, max_width=8, per_depth=True)
-    out["device_sized"] = {"budget": choice.budget, "depth": choice.depth, "size": choice.shape.size,
-                           "widths": list(choice.shape.widths), "predicted_tau_rows": choice.tau,
-                           "predicted_step_seconds": choice.step_seconds, "paths": [list(p) for p in choice.shape.paths]}
     shapes = {f"{name}-B{budget}": for_budget(builder, budget, acc.matrix, **kw)
               for budget in a.sweep_budgets for name, (builder, kw) in SWEEP_FAMILIES.items()
               if not a.sweep_families or name in a.sweep_families}
-    if choice.shape.size > 1:
-        shapes["device-sized"] = choice.shape
     env = envelope_of(shapes.values())
+    room = (max(a.sweep_budgets), 4, 4) if b.tiny else (64, 16, 8)  # nodes, rows, children a device tree may take
+    env = Envelope(max(env.nodes, room[0]), (max(max(env.rows), room[1]),) * env.depth, max(env.children, room[2]))
     out["envelope"] = {"nodes": env.nodes, "rows": list(env.rows), "children": env.children, "describe": env.describe()}
     runs = out["runs"] = {}
-    graphs = unique_graphs()
-    for i, (name, shape) in enumerate(shapes.items()):
-        print(f"  sweep {name}: size {shape.size}, depth {shape.depth}", flush=True)
-        run = treespec_run(b, target, draft, shape, b.compile, budget=env.nodes, envelope=env)
-        tau = acc.replayed_tau(shape)
-        run.update(size=shape.size, depth=shape.depth, widths=list(shape.widths), new_graphs=unique_graphs() - graphs,
-                   predicted_tau_t0=tau, predicted_tau_rows_t0=shape.expected_tokens(acc.matrix))
-        graphs = unique_graphs()
-        runs[name] = run
+    for name, shape in shapes.items():
+        runs[name] = _sweep_run(b, acc, name, shape, env)
         b.checkpoint("sweep", out)
-    if "device-sized" in shapes:
-        shape = shapes["device-sized"]
+    out["step_costs"] = step_costs(runs)
+    if a.sweep_costs == "dynamic":
+        t = time.perf_counter()
+        out["t_compiled"] = measure_latency(target, [1, 2, 4, 8] if b.tiny else [1, 2, 4, 8, 16, 32, 64],
+                                            context=a.prompt_len, repeats=a.repeats, compiled=b.compile)
+        out["level_compiled"] = measure_latency(draft, [2, 4, 8] if b.tiny else [2, 4, 8, 16], context=a.prompt_len,
+                                                repeats=a.repeats, compiled=b.compile)
+        out["costs_seconds"] = time.perf_counter() - t
+    c = out["step_costs"]
+    choice = choose_tree(acc, {1: c["verify"], env.nodes: c["verify"]}, c["level"], budgets=list(range(1, env.nodes + 1)),
+                         max_depth=env.depth, max_width=env.children, per_depth=True, overhead=c["engine"])
+    out["device_sized"] = {"budget": choice.budget, "depth": choice.depth, "size": choice.shape.size,
+                           "widths": list(choice.shape.widths), "predicted_tau_rows": choice.tau,
+                           "predicted_step_seconds": choice.step_seconds, "paths": [list(p) for p in choice.shape.paths]}
+    b.checkpoint("sweep", out)
+    if choice.shape.size > 1 and env.covers(Envelope.for_shapes([choice.shape])):
+        runs["device-sized"] = _sweep_run(b, acc, "device-sized", choice.shape, env)
+        shape = choice.shape
         out["kernel_table"] = kernel_table(
             lambda: treespec.generate(target, b.prompts[0], [treespec.ModelDrafter(draft, shape)],
                                       max_new_tokens=a.new_tokens, compile=b.compile, envelope=env), b.device)
     return out
+
+
+def _sweep_run(b: Bench, acc: MeasuredAcceptance, name: str, shape, env: Envelope) -> dict[str, Any]:
+    """One shape of phase sweep in envelope ``env``: measured seconds per step (``treespec_run``), graphs compiled,
+    and the shipped acceptance's predicted tau."""
+    print(f"  sweep {name}: size {shape.size}, depth {shape.depth}", flush=True)
+    graphs = unique_graphs()
+    run = treespec_run(b, b.model("target"), b.model("draft"), shape, b.compile, budget=env.nodes, envelope=env)
+    run.update(size=shape.size, depth=shape.depth, widths=list(shape.widths), new_graphs=unique_graphs() - graphs,
+               predicted_tau_t0=acc.replayed_tau(shape), predicted_tau_rows_t0=shape.expected_tokens(acc.matrix))
+    return run
+
+
+def step_costs(runs: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """A draft level's, a verification's and the engine's seconds per step, medians over the swept shapes' steps
+    (a level: drafting per step / the tree's depth; one envelope, so every verification has the same width)."""
+    per = list(runs.values())
+    return {"level": statistics.median(r["per_step_seconds"]["drafting"] / r["depth"] for r in per),
+            "verify": statistics.median(r["per_step_seconds"]["verifying"] for r in per),
+            "engine": statistics.median(r["per_step_seconds"]["overhead"] for r in per)}
 
 
 #: the draft level's levers (phase levels): name -> (static cache rows, torch.compile mode, inductor options)
@@ -653,6 +669,10 @@ def report(r: dict[str, Any]) -> str:
 def sweep_report(sw: dict[str, Any], hf_c: float | None) -> list[str]:
     """The sweep phase's section of README.md."""
     lines = ["## Sweep: tree shapes x budgets on one set of compiled graphs", ""]
+    if "step_costs" in sw:
+        c = sw["step_costs"]
+        lines += [f"Costs read off the swept steps (medians over the shapes): a draft level {c['level'] * 1e3:.2f} ms, "
+                  f"a verification {c['verify'] * 1e3:.2f} ms, the engine {c['engine'] * 1e3:.2f} ms per step.", ""]
     if "t_compiled" in sw:
         t = {int(k): v for k, v in sw["t_compiled"].items()}
         lv = {int(k): v for k, v in sw["level_compiled"].items()}
@@ -662,7 +682,7 @@ def sweep_report(sw: dict[str, Any], hf_c: float | None) -> list[str]:
                   "their compiles).", ""]
     if "device_sized" in sw:
         d = sw["device_sized"]
-        lines += [f"Device-sized tree (`choose_tree` on these costs, shipped T=0 per-depth rows): budget {d['budget']}, "
+        lines += [f"Device-sized tree (`choose_tree` on the costs above, shipped T=0 per-depth rows): budget {d['budget']}, "
                   f"depth {d['depth']}, widths {d['widths']}; predicted {d['predicted_tau_rows']:.2f} tokens per step "
                   f"(rows) at {d['predicted_step_seconds'] * 1e3:.2f} ms per step (PREDICTED).", ""]
     if "envelope" in sw:
@@ -711,7 +731,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                          "smoke: 8)")
     ap.add_argument("--max-depth", type=int, default=8, help="depth limit of those trees (the CLI's default)")
     ap.add_argument("--level-rows", type=int, default=4, help="rows of phase levels' draft level")
-    ap.add_argument("--sweep-costs", default=None, help="phase sweep: take the compiled costs from this results.json")
+    ap.add_argument("--sweep-costs", choices=("steps", "dynamic"), default="steps",
+                    help="phase sweep: the device's costs from the swept steps alone (default), or also the compiled "
+                         "forwards timed alone (dynamic token counts: minutes of compiles on a GPU)")
     ap.add_argument("--sweep-families", nargs="+", default=None, help="phase sweep: only these of SWEEP_FAMILIES")
     ap.add_argument("--sweep-budgets", type=int, nargs="+", default=None,
                     help="budgets of phase sweep's tree families (default: 16 32; smoke: 8, three families)")

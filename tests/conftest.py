@@ -27,7 +27,7 @@ def shared_runners():
     captured.RUNNERS.limit, compiled.RUNNERS.limit = limits
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2"])
+@pytest.fixture(scope="session", params=["llama", "qwen2"])
 def models(request):
     """A peaky tiny target of each family and a correlated draft: the compiled-step tests' pair
     (a test file may define its own ``models``)."""

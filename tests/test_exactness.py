@@ -30,7 +30,7 @@ REPEAT = [1, 2, 3, 1, 2, 3, 1, 2]
 CHAINS = [(0,), (1,), (2,), (0, 0), (1, 0), (2, 0)]  # 3 independent chains of length 2
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def pair():
     target = tiny_model("llama", vocab=6, hidden=16, layers=1, scale=3, seed=5)
     return target, perturbed_copy(target, 2.0, seed=2)

@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 from . import verifiers
-from .buffers import Envelope, tree_buffers
+from .buffers import Envelope, TreeBuffers, tree_buffers
 from .checks import has_dynamic_int8, vocab_size
 from .compiled import capacity_for
 from .compiling import compile_graph, compile_options
@@ -125,8 +125,23 @@ class _CapturedRunner:
         # the levels a tree does not draft (shallower than the envelope, or cut by the confidence stop): no q
         self.no_q = [] if mode == "topk" else [torch.zeros(envelope.kept_rows(d), vocab, device=device)
                                                for d in range(envelope.depth)]
+        self._trees: dict[tuple[bytes, bytes], tuple] = {}  # tree_data, per shape
         self.level_step = compile_graph(self._level, backend, mode_compile)
         self.verify_step = compile_graph(self._verify, backend, mode_compile)
+
+    def tree_data(self, parent: np.ndarray, rank: np.ndarray) -> tuple[TreeBuffers, TreeTensors, list[LevelTensors],
+                                                                       list[torch.Tensor]]:
+        """A tree's buffers in this runner's envelope and their device tensors: the node arrays, each drafted
+        level's, and the nodes each level forwards (what the confidence stop reads); made once per shape."""
+        key = (parent.tobytes(), rank.tobytes())
+        if key not in self._trees:
+            buf = tree_buffers(parent, rank, self.envelope)
+            device = self.cache.length.device
+            levels = buf.levels[: buf.depth_of_shape]
+            self._trees[key] = (buf, TreeTensors.of(buf, device), [LevelTensors.of(lv, d, device) for d, lv in
+                                                                     enumerate(levels)],
+                                [torch.as_tensor(lv.forwarded, device=device) for lv in levels])
+        return self._trees[key]
 
     def prefill(self, prompt: list[int]) -> StepState:
         """Cache ``prompt[:-1]`` in both models; returns the state the first step starts from."""
@@ -301,14 +316,9 @@ class CapturedStep:
         self.runner = runner_for(req, spec, envelope, capacity, backend, mode, any_covering)
         self.runner.params, self.runner.draft_params = req.params, req.params.for_draft()
         self.runner.verifier = req.verifier
-        self.buf = tree_buffers(spec.parent, spec.rank, self.runner.envelope)
-        device = req.device
-        self.tree = TreeTensors.of(self.buf, device)
-        depth = self.buf.depth_of_shape
-        self.levels = [LevelTensors.of(lv, d, device) for d, lv in enumerate(self.buf.levels[:depth])]
-        self.forwarded = [torch.as_tensor(lv.forwarded, device=device) for lv in self.buf.levels[:depth]]
+        self.buf, self.tree, self.levels, self.forwarded = self.runner.tree_data(spec.parent, spec.rank)
         self.vocab = req.vocab
-        self.empty = torch.zeros(0, device=device)
+        self.empty = torch.zeros(0, device=req.device)
 
     def prefill(self, prompt: list[int], clock: Clock) -> None:
         self.state = self.runner.prefill(prompt)

@@ -1,0 +1,81 @@
+"""One implementation of each acceptance rule for every step: the eager step verifies a tree with the same
+tensor functions the compiled steps compile (``treespec.core.padded.accept`` over ``treespec.core.rule``), so on
+a recorded tree (its proposals, the target's logits over it and the step's random numbers) the eager walk and
+the compiled, padded walk must give the same path and the same extra token, rule by rule. A control that
+changes one side only (the compiled graph's padding read as nodes) must make them disagree."""
+
+import pytest
+import torch
+
+from treespec.core import padded
+from treespec.core.drafting import ROOT, DraftProposals
+from treespec.core.sampling import SamplingParams
+from treespec.core.tree import TokenTree, flatten
+
+V = 7
+
+
+def recorded_tree(seed: int) -> tuple[TokenTree, torch.Tensor]:
+    """A tree of two drafters (i.i.d. draws with a merged duplicate, and point masses) and random target logits."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.softmax(torch.randn(3, V, generator=g), -1)
+    drawn = torch.multinomial(q[0], 3, replacement=True, generator=g).tolist()
+    sampled = DraftProposals(drawn + [int(torch.multinomial(q[1], 1, generator=g))],
+                             [ROOT, ROOT, ROOT, 0], q, [0, 0, 0, 1])
+    points = DraftProposals([int(torch.randint(V, (1,), generator=g)), 3], [ROOT, 0])
+    tree = TokenTree.rooted_at(1)
+    tree.merge([sampled, points])
+    return tree, torch.randn(tree.size, V, generator=g) * 2
+
+
+def walk(tree: TokenTree, logits: torch.Tensor, params: SamplingParams, verifier: str, seed: int, width: int,
+         fn=padded.accept) -> tuple[list[int], int]:
+    """The tree's walk at ``width`` (padded past its size: the compiled steps' layout), as tree nodes."""
+    flat = flatten(tree)
+    cpu = torch.device("cpu")
+    logits = torch.cat([logits[flat.order], torch.zeros(width - len(flat), V)])  # the padded rows' logits: junk
+    tree_t = padded.PaddedTree.of(flat, width, cpu)
+    props = padded.Proposals.of(tree, flat, V, width, cpu) if not params.greedy else None
+    noise = None
+    if props is not None:  # the same random numbers for both widths: one per proposal, the exponentials
+        g = torch.Generator().manual_seed(seed)
+        n_props = sum(len(p) for p in tree.proposals)
+        u = torch.rand(n_props, generator=g)
+        noise = padded.Noise(torch.cat([u, torch.ones(props.token.shape[0] - n_props)]),
+                             torch.empty(V).exponential_(generator=g))
+        if verifier != "rrs":  # leaf tests: one per non-root node, in flat order
+            noise = padded.Noise(torch.cat([torch.rand(len(flat) - 1, generator=g), torch.ones(width)])
+                                 [: props.token.shape[0]], noise.exponentials)
+    on_path, extra = fn(logits, tree_t, props, noise, params, verifier)
+    return [int(flat.order[i]) for i in on_path[: len(flat)].nonzero()[:, 0].tolist()], int(extra)
+
+
+@pytest.mark.parametrize("verifier,temperature", [("rrs", 0.0), ("rrs", 1.0), ("traversal", 1.0), ("rrs", 0.6)])
+def test_eager_and_compiled_walks_agree_on_recorded_trees(verifier, temperature):
+    params = SamplingParams(temperature)
+    compiled = torch.compile(padded.accept, fullgraph=True, backend="aot_eager")
+    paths = set()
+    for seed in range(12):
+        tree, logits = recorded_tree(seed)
+        eager = walk(tree, logits, params, verifier, seed, tree.size)  # the eager step: unpadded
+        graph = walk(tree, logits, params, verifier, seed, tree.size + 3, fn=compiled)  # the compiled: padded
+        assert eager == graph, (seed, eager, graph)
+        paths.add(len(eager[0]))
+    assert len(paths) > 1  # the recorded steps accept paths of several lengths
+
+
+def test_the_check_sees_a_compiled_walk_that_differs():
+    """Control: a compiled walk that takes the padding for nodes (its ``valid`` all true) disagrees on some tree."""
+    params = SamplingParams(0.0)
+
+    def padding_as_nodes(logits, tree, props, noise, params, verifier):
+        return padded.accept(logits, tree._replace(valid=torch.ones_like(tree.valid),
+                                                   parent=torch.zeros_like(tree.parent)), props, noise, params,
+                             verifier)
+
+    differs = False
+    for seed in range(12):
+        tree, logits = recorded_tree(seed)
+        eager = walk(tree, logits, params, "rrs", seed, tree.size)
+        differs |= eager != walk(tree, logits, params, "rrs", seed, tree.size + 3, fn=padding_as_nodes)
+    assert differs
