@@ -30,6 +30,13 @@ SHAPES = {
 }
 
 
+@pytest.fixture(scope="module")
+def models():
+    """One family's pair (the families share the step; tests/test_captured.py runs both families through it)."""
+    target = tiny_model("qwen2", vocab=64, hidden=64, scale=6, seed=0)
+    return target, perturbed_copy(target, 0.3)
+
+
 def envelope_of(shapes) -> Envelope:
     return Envelope.for_shapes(shapes)
 
