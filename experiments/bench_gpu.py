@@ -31,6 +31,7 @@ ends (a crash later loses nothing; a phase run again replaces only its own entry
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -54,7 +55,6 @@ from treespec.common.machine import device_name  # noqa: E402
 from treespec.common.files import write_json  # noqa: E402
 from treespec.core import compiled, compiling  # noqa: E402
 from treespec.core.buffers import Envelope  # noqa: E402
-from treespec.core.kv import StaticTreeCache  # noqa: E402
 
 # Qwen2.5-Coder-{1.5B,0.5B}-Instruct (HF config.json; the GGUF-dequantised copies agree except that
 # they untie the LM head, which does not change the cost of a forward).
@@ -518,48 +518,56 @@ def step_costs(runs: dict[str, dict[str, Any]]) -> dict[str, float]:
             "engine": statistics.median(r["per_step_seconds"]["overhead"] for r in per)}
 
 
-#: the draft level's levers (phase levels): name -> (static cache rows, torch.compile mode, inductor options)
+#: the draft level's levers (phase levels): name -> (cache rows bucket, torch.compile mode, inductor freezing)
 LEVERS = {
-    "baseline: 1024 cache rows": (1024, None, {}),
-    "attention over 256 rows (the used length, bucketed)": (256, None, {}),
-    "inductor freezing (weights as constants)": (1024, None, {"freezing": True}),
-    "max-autotune (GEMM autotuning)": (1024, "max-autotune", {}),
+    "baseline: caches in buckets of 1024 rows": (1024, None, False),
+    "attention over the used length: buckets of 256 rows": (256, None, False),
+    "inductor freezing (weights as constants)": (1024, None, True),
+    "max-autotune (GEMM autotuning)": (1024, "max-autotune", False),
 }
 
 
+@contextlib.contextmanager
+def lever(bucket: int, mode: str | None, freezing: bool):
+    """The captured step with one lever: its caches' row bucket (attention reads the whole capacity), its compile
+    mode, inductor's weight freezing; a fresh runner (its own compile)."""
+    from treespec.core import captured
+
+    saved = compiled.CAPACITY_BUCKET, captured.compile_options
+    compiled.CAPACITY_BUCKET = bucket
+    if mode is not None:
+        captured.compile_options = lambda c, device: (saved[1](c, device)[0], mode)
+    captured.RUNNERS.clear()
+    try:
+        with torch._inductor.config.patch(freezing=freezing):
+            yield
+    finally:
+        compiled.CAPACITY_BUCKET, captured.compile_options = saved
+        captured.RUNNERS.clear()
+
+
 def phase_levels(b: Bench) -> dict[str, Any]:
-    """Where a draft level's time goes, and what each lever saves: one level (a forward of ``r`` rows after
-    ``--prompt-len`` cached tokens on a static cache, then the top-8 choices of every row: the captured
-    step's level) compiled per lever of ``LEVERS``, milliseconds (median of 50 calls) and kernels per call
-    (``torch.profiler``). Saved after every lever (max-autotune compiles longest: last)."""
-    a, draft = b.args, b.model("draft")
-    out: dict[str, Any] = {"rows": a.level_rows, "context": a.prompt_len, "levers": {}}
-    g = torch.Generator().manual_seed(0)
-    vocab = draft.config.vocab_size
-    ctx = torch.randint(0, vocab, (a.prompt_len + 1,), generator=g).tolist()
-    ids = torch.randint(0, vocab, (a.level_rows,), generator=g).to(b.device)
-    for name, (capacity, mode, options) in LEVERS.items():
-        if b.tiny and mode == "max-autotune":
-            continue
-        cache = StaticTreeCache(draft, capacity)
-        cache.prefill(draft, ctx)
-        committed = cache.length.clone()
-        positions = committed + torch.arange(a.level_rows, device=b.device)
-        block = torch.ones(a.level_rows, a.level_rows, dtype=torch.bool, device=b.device).tril()
-
-        def level(ids, positions, block, committed, cache=cache):
-            return torch.topk(cache.forward(draft, ids, positions, block, committed), 8, dim=-1).indices
-
-        backend, cmode = (b.backend, mode or b.mode) if not b.tiny else (b.backend, None)
-        fn = torch.compile(level, fullgraph=True, backend=backend, mode=cmode, options=options or None)
-        t = time.perf_counter()
-        fn(ids, positions, block, committed)
-        sync(b.device)
-        compile_s = time.perf_counter() - t
-        ms = timed(lambda: fn(ids, positions, block, committed), b.device, 3 if b.tiny else 50, warmup=3) * 1e3
-        table = kernel_count(lambda: fn(ids, positions, block, committed), b.device)
-        out["levers"][name] = {"ms": ms, "compile_seconds": compile_s, **table}
-        print(f"  {name}: {ms:.3f} ms per level, {table['kernels']} kernels, compile {compile_s:.0f} s", flush=True)
+    """What each lever of ``LEVERS`` does to a draft level, timed inside the captured step (the level's own
+    graph, as a step replays it): a 4-level chain's drafting seconds per step over its 4 levels, its
+    verification, and its kernels per step (``torch.profiler``), one compile per lever. Saved after every lever
+    (max-autotune, a CUDA lever, compiles longest: last)."""
+    shape = for_budget("chain", 5)
+    out: dict[str, Any] = {"shape": "chain of 4", "context": b.args.prompt_len, "levers": {}}
+    for name, (bucket, mode, freezing) in LEVERS.items():
+        if (b.tiny or b.device.type != "cuda") and mode == "max-autotune":
+            continue  # a CUDA lever (on a CPU it times C++ templates for many minutes)
+        with lever(bucket, mode, freezing):
+            run = treespec_run(b, b.model("target"), b.model("draft"), shape, b.compile, budget=shape.size)
+            table = kernel_count(lambda: treespec.generate(b.model("target"), b.prompts[0],
+                                                           [treespec.ModelDrafter(b.model("draft"), shape)],
+                                                           max_new_tokens=b.args.new_tokens, compile=b.compile),
+                                 b.device)
+        sec = run["per_step_seconds"]
+        out["levers"][name] = {"level_ms": sec["drafting"] / shape.depth * 1e3, "verify_ms": sec["verifying"] * 1e3,
+                               "step_ms": run["step_seconds"] * 1e3, "first_call_seconds": run["first_call_seconds"],
+                               "kernels_per_step": None if table["kernels"] is None else table["kernels"] / run["steps"]
+                               * len(b.prompts), "top": table["top"]}
+        print(f"  {name}: {out['levers'][name]['level_ms']:.3f} ms per level", flush=True)
         b.checkpoint("levels", out)
     return out
 
@@ -658,10 +666,11 @@ def report(r: dict[str, Any]) -> str:
         lines += sweep_report(ph["sweep"], ph.get("hf", {}).get("hf_generate_static_compiled", {}).get("tok_s"))
     if ph.get("levels"):
         lv = ph["levels"]
-        lines += [f"## Draft level levers ({lv['rows']} rows after {lv['context']} cached tokens, then top-8 per row)", "",
-                  "| lever | ms per level (measured) | kernels per level | device us | compile s |", "|---|---|---|---|---|"]
-        lines += [f"| {k} | {v['ms']:.3f} | {v['kernels']} | {v.get('device_us', float('nan')):.0f} | "
-                  f"{v['compile_seconds']:.0f} |" for k, v in lv["levers"].items()]
+        lines += [f"## Draft level levers (inside the captured step: a {lv.get('shape', '?')}, {lv['context']} "
+                  "cached tokens)", "", "| lever | ms per level (measured) | verification ms | step ms | first call s |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| {k} | {v['level_ms']:.3f} | {v['verify_ms']:.3f} | {v['step_ms']:.3f} | "
+                  f"{v['first_call_seconds']:.0f} |" for k, v in lv["levers"].items() if "level_ms" in v]
         lines.append("")
     return "\n".join(lines)
 
