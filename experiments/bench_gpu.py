@@ -54,6 +54,7 @@ from treespec.common.device import sync  # noqa: E402
 from treespec.common.machine import device_name  # noqa: E402
 from treespec.common.files import write_json  # noqa: E402
 from treespec.core import compiled, compiling  # noqa: E402
+from treespec.core.compiling import graphs_compiled  # noqa: E402
 from treespec.core.buffers import Envelope  # noqa: E402
 
 # Qwen2.5-Coder-{1.5B,0.5B}-Instruct (HF config.json; the GGUF-dequantised copies agree except that
@@ -173,12 +174,12 @@ def phase_first(b: Bench) -> dict[str, Any]:
     model = build("target", True, torch.float32, b.device, 0)
     weak = weak_draft(model, 2, noise=0.1)  # partial agreement: steps of several accepted lengths
     second = [(0,), (1,), (2,), (0, 0), (1, 0)]
-    env = envelope_of([CHECK_SHAPE, second])
+    env = Envelope.for_shapes([CHECK_SHAPE, second])
     out: dict[str, Any] = {"cases": [], "envelope": env.describe()}
     for shape, prompts in ((CHECK_SHAPE, ([1, 2, 3, 4, 5], list(range(20, 60)), list(range(100, 107)))),
                            (second, ([7, 3, 9, 1], list(range(30, 90))))):
         for prompt in prompts:
-            graphs = unique_graphs()
+            graphs = graphs_compiled()
             t = time.perf_counter()
             comp = treespec.generate(model, prompt, [treespec.ModelDrafter(weak, shape)], max_new_tokens=24, budget=8,
                                      compile=b.compile, envelope=env)
@@ -187,7 +188,7 @@ def phase_first(b: Bench) -> dict[str, Any]:
             with torch.inference_mode():
                 hf = model.generate(torch.tensor([prompt], device=b.device), do_sample=False, max_new_tokens=24,
                                     min_new_tokens=24, pad_token_id=0, eos_token_id=None)[0, len(prompt):].tolist()
-            out["cases"].append({"shape": len(shape) + 1, "prompt_len": len(prompt), "new_graphs": unique_graphs() - graphs,
+            out["cases"].append({"shape": len(shape) + 1, "prompt_len": len(prompt), "new_graphs": graphs_compiled() - graphs,
                                  "compiled_equals_eager": comp.new_tokens == eager.new_tokens,
                                  "compiled_equals_hf": comp.new_tokens == hf, "seconds_with_compile": seconds,
                                  "tau": comp.stats.tau, "accepted_hist": comp.stats.accepted_hist,
@@ -408,17 +409,6 @@ SWEEP_FAMILIES = {  # name -> (builder, for_budget keyword arguments)
 }
 
 
-def envelope_of(shapes) -> Envelope:
-    """The padded envelope of ``shapes`` (one row count per level): one set of graphs for all of them."""
-    return Envelope.for_shapes(shapes)
-
-
-def unique_graphs() -> int:
-    from torch._dynamo.utils import counters
-
-    return int(counters["stats"]["unique_graphs"])
-
-
 def kernel_table(call: Callable[[], Any], device: torch.device, top: int = 15) -> dict[str, Any]:
     """One ``generate`` call under ``torch.profiler``: the kernels (CUDA; on a CPU the operators) with the most
     device time, per step, and the kernel launches per step."""
@@ -466,7 +456,7 @@ def phase_sweep(b: Bench) -> dict[str, Any]:
     shapes = {f"{name}-B{budget}": for_budget(builder, budget, acc.matrix, **kw)
               for budget in a.sweep_budgets for name, (builder, kw) in SWEEP_FAMILIES.items()
               if not a.sweep_families or name in a.sweep_families}
-    env = envelope_of(shapes.values())
+    env = Envelope.for_shapes(shapes.values())
     room = (max(a.sweep_budgets), 4, 4) if b.tiny else (64, 16, 8)  # nodes, rows, children a device tree may take
     env = Envelope(max(env.nodes, room[0]), (max(max(env.rows), room[1]),) * env.depth, max(env.children, room[2]))
     out["envelope"] = {"nodes": env.nodes, "rows": list(env.rows), "children": env.children, "describe": env.describe()}
@@ -502,9 +492,9 @@ def _sweep_run(b: Bench, acc: MeasuredAcceptance, name: str, shape, env: Envelop
     """One shape of phase sweep in envelope ``env``: measured seconds per step (``treespec_run``), graphs compiled,
     and the shipped acceptance's predicted tau."""
     print(f"  sweep {name}: size {shape.size}, depth {shape.depth}", flush=True)
-    graphs = unique_graphs()
+    graphs = graphs_compiled()
     run = treespec_run(b, b.model("target"), b.model("draft"), shape, b.compile, budget=env.nodes, envelope=env)
-    run.update(size=shape.size, depth=shape.depth, widths=list(shape.widths), new_graphs=unique_graphs() - graphs,
+    run.update(size=shape.size, depth=shape.depth, widths=list(shape.widths), new_graphs=graphs_compiled() - graphs,
                predicted_tau_t0=acc.replayed_tau(shape), predicted_tau_rows_t0=shape.expected_tokens(acc.matrix))
     return run
 
@@ -560,39 +550,17 @@ def phase_levels(b: Bench) -> dict[str, Any]:
             continue  # an inductor lever (the smoke compiles with aot_eager)
         with lever(bucket, mode, freezing):
             run = treespec_run(b, b.model("target"), b.model("draft"), shape, b.compile, budget=shape.size)
-            table = kernel_count(lambda: treespec.generate(b.model("target"), b.prompts[0],
+            table = kernel_table(lambda: treespec.generate(b.model("target"), b.prompts[0],
                                                            [treespec.ModelDrafter(b.model("draft"), shape)],
                                                            max_new_tokens=b.args.new_tokens, compile=b.compile),
                                  b.device)
         sec = run["per_step_seconds"]
         out["levers"][name] = {"level_ms": sec["drafting"] / shape.depth * 1e3, "verify_ms": sec["verifying"] * 1e3,
                                "step_ms": run["step_seconds"] * 1e3, "first_call_seconds": run["first_call_seconds"],
-                               "kernels_per_step": None if table["kernels"] is None else table["kernels"] / run["steps"]
-                               * len(b.prompts), "top": table["top"]}
+                               "kernels_per_step": table["kernels_per_step"], "top": table["top"]}
         print(f"  {name}: {out['levers'][name]['level_ms']:.3f} ms per level", flush=True)
         b.checkpoint("levels", out)
     return out
-
-
-def kernel_count(call: Callable[[], Any], device: torch.device, top: int = 12) -> dict[str, Any]:
-    """Kernels one call runs (CUDA; on a CPU none are counted) and its kernels with the most device time."""
-    from torch.profiler import ProfilerActivity, profile
-
-    if device.type != "cuda":
-        call()
-        return {"kernels": None, "top": []}
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        call()
-        sync(device)
-    rows, kernels = [], 0
-    for e in prof.key_averages():
-        if e.device_type != torch.autograd.DeviceType.CUDA:
-            continue
-        kernels += e.count
-        us = getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0.0)
-        rows.append({"name": e.key[:90], "calls": e.count, "us": us})
-    rows.sort(key=lambda r: -r["us"])
-    return {"kernels": kernels, "device_us": sum(r["us"] for r in rows), "top": rows[:top]}
 
 
 # -- results: written after every phase -----------------------------------------------------------

@@ -24,14 +24,14 @@ def g_test(observed: Counter, expected_p: dict, min_expected: float = 5.0) -> fl
     n = sum(observed.values())
     if any(expected_p.get(k, 0.0) <= 0.0 for k in observed):
         return 0.0
-    big = [k for k, p in expected_p.items() if p * n >= min_expected]
+    big, rest = _pooled(expected_p, n, min_expected)
     obs = [observed.get(k, 0) for k in big]
     exp = [expected_p[k] * n for k in big]
     rest_obs, rest_exp = n - sum(obs), n - sum(exp)
-    if rest_exp >= min_expected:
+    if rest:
         obs.append(rest_obs)
         exp.append(rest_exp)
-    else:  # fold a tiny remainder into the largest cell
+    elif exp:  # fold a tiny remainder into the largest cell
         i = int(np.argmax(exp))
         obs[i] += rest_obs
         exp[i] += rest_exp

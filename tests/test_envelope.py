@@ -37,10 +37,6 @@ def models():
     return target, perturbed_copy(target, 0.3)
 
 
-def envelope_of(shapes) -> Envelope:
-    return Envelope.for_shapes(shapes)
-
-
 def run(target, draft, prompt, shape, n, mode="topk", **kwargs):
     return treespec.generate(target, prompt, [treespec.ModelDrafter(draft, shape, mode)], max_new_tokens=n, **kwargs)
 
@@ -49,7 +45,7 @@ def test_six_shapes_share_one_envelope_and_stay_exact(models):
     """The first tree compiles the envelope's graphs; five more shapes (Sequoia, chain, k-ary, a fan, a deep
     tree) compile nothing, and each one's greedy output equals the eager step's and HF's."""
     target, draft = models
-    env = envelope_of(SHAPES.values())
+    env = Envelope.for_shapes(SHAPES.values())
     captured.RUNNERS.clear()
     prompt = [1, 5, 7, 9, 3]
     graphs = None
@@ -69,7 +65,7 @@ def test_six_shapes_share_one_envelope_and_stay_exact(models):
 
 def test_an_envelope_that_does_not_cover_the_tree_is_refused(models):
     target, draft = models
-    small = envelope_of([SHAPES["chain-4"]])
+    small = Envelope.for_shapes([SHAPES["chain-4"]])
     with pytest.raises(ValueError, match="does not fit envelope"):
         run(target, draft, [1, 2], SHAPES["fan-4"], 4, compile=BACKEND, envelope=small)
     with pytest.raises(ValueError, match="envelope must be"):
@@ -94,7 +90,7 @@ def test_inductor_with_freezing_runs_several_trees_in_one_envelope():
     target = tiny_model("qwen2", vocab=64, hidden=64, scale=6, seed=3)
     draft = perturbed_copy(target, 0.3)
     shapes = [SHAPES["deep"], SHAPES["fan-4"], SHAPES["chain-4"], SHAPES["deep"]]
-    env = envelope_of(shapes)
+    env = Envelope.for_shapes(shapes)
     captured.RUNNERS.clear()
     graphs = None
     with torch._inductor.config.patch(freezing=True):
@@ -116,7 +112,7 @@ def test_padded_and_exact_envelopes_draft_the_same_trees(models):
     target, draft = models
     shape = SHAPES["sequoia-8"]
     exact = run(target, draft, [4, 2, 9], shape, 20, compile=BACKEND)
-    padded = run(target, draft, [4, 2, 9], shape, 20, compile=BACKEND, envelope=envelope_of(SHAPES.values()))
+    padded = run(target, draft, [4, 2, 9], shape, 20, compile=BACKEND, envelope=Envelope.for_shapes(SHAPES.values()))
     assert padded.new_tokens == exact.new_tokens
     assert padded.stats.tree_sizes == exact.stats.tree_sizes and padded.stats.step_tokens == exact.stats.step_tokens
     assert np.sum(exact.stats.tree_sizes) > len(exact.stats.tree_sizes)  # trees were drafted

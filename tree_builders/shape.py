@@ -215,6 +215,12 @@ class TreeShape:
         """Parent index of every path in :attr:`paths` order (-1 = the root); see :meth:`from_parents`."""
         return [self.index(p[:-1]) for p in self._paths]
 
+    def node_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """The tree as node arrays, node 0 the root and then :attr:`paths` in order (BFS): each node's parent
+        (-1 for the root) and its child rank (0 for the root)."""
+        parent = np.array([-1] + [i + 1 for i in self.parents()], dtype=np.int64)
+        return parent, np.array([0] + [p[-1] for p in self._paths], dtype=np.int64)
+
     def leaves(self) -> tuple[Path, ...]:
         """Paths with no children (the root alone counts as a leaf)."""
         if not self._paths:

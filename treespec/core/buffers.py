@@ -59,12 +59,8 @@ class Envelope:
     def for_shapes(cls, shapes: Iterable[Any]) -> "Envelope":
         """The padded envelope of tree shapes (``tree_builders.TreeShape``s, or their child-rank paths): what a
         sweep passes ``generate(envelope=...)`` so that all its trees replay one set of graphs."""
-        exact = []
-        for shape in shapes:
-            shape = shape if isinstance(shape, TreeShape) else TreeShape.from_paths(getattr(shape, "paths", shape))
-            parent = np.array([-1] + [i + 1 for i in shape.parents()], dtype=np.int64)
-            exact.append(cls.exact(parent, np.array([0] + [p[-1] for p in shape.paths], dtype=np.int64)))
-        return cls.padded(exact)
+        as_shape = lambda s: s if isinstance(s, TreeShape) else TreeShape.from_paths(getattr(s, "paths", s))  # noqa: E731
+        return cls.padded(cls.exact(*as_shape(shape).node_arrays()) for shape in shapes)
 
     @classmethod
     def padded(cls, envelopes: Iterable["Envelope"]) -> "Envelope":

@@ -33,6 +33,14 @@ def compile_graph(fn: Callable, backend: str, mode: str | None) -> Callable:
     return torch.compile(fn, fullgraph=True, backend=backend, mode=mode, options=options)
 
 
+def graphs_compiled() -> int:
+    """Graphs dynamo has compiled in this process so far (what a sweep records per point, and a benchmark per
+    tree shape)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
 def allow_recompiles() -> None:
     """Every runner compiles its own graphs of the same code objects (its caches are guarded by identity,
     see ``StaticTreeCache``): let dynamo keep many of them rather than fall back to eager."""

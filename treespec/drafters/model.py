@@ -39,10 +39,9 @@ class _Layout:
 
     @classmethod
     def of(cls, shape: TreeShape) -> "_Layout":
-        parent = np.array([-1] + [i + 1 for i in shape.parents()], dtype=np.int64)
+        parent, rank = shape.node_arrays()
         depth, ancestors = layout(parent)
-        return cls(shape, parent, np.array([0] + [p[-1] for p in shape.paths], dtype=np.int64), depth,
-                   np.bincount(parent[1:], minlength=len(parent)), ancestors)
+        return cls(shape, parent, rank, depth, np.bincount(parent[1:], minlength=len(parent)), ancestors)
 
     def level(self, d: int) -> np.ndarray:
         return np.flatnonzero(self.depth == d)

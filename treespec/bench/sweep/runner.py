@@ -16,6 +16,7 @@ import torch
 from ...common.device import sync
 from ...core.buffers import Envelope
 from ...core.captured import MODES as CAPTURED_MODES
+from ...core.compiling import graphs_compiled
 from ...core.sampling import spread_seed
 from ...core.stats import Stats
 from ...models import check_tokenizers
@@ -33,13 +34,6 @@ from .records import RESULTS, machine, machine_of
 SECTIONS = ("prefill_seconds", "drafting_seconds", "verifying_seconds", "overhead_seconds")
 #: the acceptance measurement (``treespec.calibrate.acceptance.measure`` or a stand-in with its signature)
 Measure = Callable[..., Any]
-
-
-def _graphs_compiled() -> int:
-    """Graphs dynamo has compiled in this process so far."""
-    from torch._dynamo.utils import counters
-
-    return int(counters["stats"]["unique_graphs"])
 
 
 def _hf_compile_settings(method: str, device: torch.device) -> contextlib.AbstractContextManager:
@@ -81,6 +75,7 @@ class Sweep:
         self.prompts: dict[tuple[str, str, str], list[list[int]]] = {}
         self.checked_pairs: set[tuple[str, str]] = set()
         self._envelope: Envelope | None = None  # the sweep's padded envelope, made at its first compiled point
+        self._acceptances: dict[str, Any] = {}  # acceptance file name -> its MeasuredAcceptance, read once
 
     def draft_model(self, target: str, draft: str) -> torch.nn.Module:
         """The draft in the run's draft precision, after checking once that it shares the target's
@@ -122,7 +117,9 @@ class Sweep:
                           progress=self.progress, prompts_label=f"{params['dataset']}[{params['calib'][0]}:"
                                                                  f"{params['calib'][1]}]")
             acc.save(path)  # atomic: a half-written file is never read back
-        return MeasuredAcceptance.load(path), path.name
+        if path.name not in self._acceptances:
+            self._acceptances[path.name] = MeasuredAcceptance.load(path)
+        return self._acceptances[path.name], path.name
 
     # -- one point ------------------------------------------------------------------------------
     def run_point(self, point: Point) -> dict[str, Any]:
@@ -196,12 +193,12 @@ class Sweep:
             return run(recipe, target, drafts, ids, max_new_tokens=tokens, seed=seed, eos_token_id=None,
                        envelope=envelope)
 
-        graphs = _graphs_compiled()
+        graphs = graphs_compiled()
         # a compiled step's warm-up runs the measured tree (the depth cap follows max_new_tokens): it compiles it
         outs, walls = self._timed(call, prompts, n, p["seed"], next(target.parameters()).device,
                                   full_warmup=bool(recipe.compile))
         if recipe.compile:  # the warm-up call compiles what this point needs first (CPU: the tree's own envelope)
-            info["compile"] = {"graphs": _graphs_compiled() - graphs, "seconds": self.warmup_seconds,
+            info["compile"] = {"graphs": graphs_compiled() - graphs, "seconds": self.warmup_seconds,
                                "envelope": envelope.describe() if envelope is not None else "the tree's own"}
         s = Stats.combined([out.stats for out in outs])
         counts = [len(out.new_tokens) for out in outs]
