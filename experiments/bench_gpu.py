@@ -67,10 +67,11 @@ REAL = {
 }
 COMMON = dict(vocab_size=151936, max_position_embeddings=32768, rms_norm_eps=1e-6, tie_word_embeddings=True,
               rope_parameters={"rope_theta": 1e6, "rope_type": "default"}, use_sliding_window=False)
+# the smoke checks the script's paths: layers cost compile time (dynamo traces each), so as few as the checks need
 TINY = {
-    "target": dict(hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+    "target": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                    intermediate_size=128),
-    "draft": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+    "draft": dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
                   intermediate_size=64),
 }
 # untied: a tiny random model with a tied head repeats its last token, and every draft then agrees

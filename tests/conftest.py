@@ -33,7 +33,7 @@ def models(request):
     (a test file may define its own ``models``)."""
     from treespec.models.tiny import perturbed_copy, tiny_model
 
-    target = tiny_model(request.param, vocab=64, hidden=64, scale=6, seed=0)
+    target = tiny_model(request.param, vocab=64, hidden=64, layers=1, scale=6, seed=0)
     return target, perturbed_copy(target, 0.3)
 
 

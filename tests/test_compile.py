@@ -53,7 +53,7 @@ def test_compiled_eos_stops_like_hf(models):
 
 
 def test_identical_draft_accepts_whole_path():
-    target = tiny_model("llama", vocab=64, hidden=64, scale=6)
+    target = tiny_model("llama", vocab=64, hidden=64, layers=1, scale=6)
     chain = [(0,), (0, 0), (0, 0, 0), (0, 0, 0, 0), (1,), (1, 0)]
     out = run(target, target, [1, 2, 3], 41, shape=chain, budget=6, compile=BACKEND)  # over the budget: host-drafted
     assert out.stats.step.startswith("compiled, drafted on the host")
@@ -218,7 +218,7 @@ def test_inductor_with_weight_freezing_keeps_the_output_exact():
     """Inductor's weight freezing (HF's fastest CPU decoding) folds parameters into constants; the
     step's mutable state (static cache buffers, committed length) must stay graph inputs, or logits
     stop following the cache. Greedy output equals HF greedy and the eager step's, tau included."""
-    target = tiny_model("llama", vocab=64, hidden=64, scale=6, seed=0)
+    target = tiny_model("llama", vocab=64, hidden=64, layers=1, scale=6, seed=0)
     draft = perturbed_copy(target, 0.3)
     prompt = [10, 11, 12, 13, 14, 15, 16, 17]
     eager = run(target, draft, prompt, 30, shape=KARY, mode="sample", budget=8, seed=0)

@@ -77,7 +77,7 @@ def test_the_measurement_is_cached(tmp_path) -> None:
 
 @pytest.fixture
 def pair():
-    target = tiny_model("llama", vocab=64, hidden=64, scale=6, seed=0)
+    target = tiny_model("llama", vocab=64, hidden=64, layers=1, scale=6, seed=0)
     return target, perturbed_copy(target, 0.1), ByteTokenizer(64)
 
 

@@ -205,7 +205,7 @@ def test_joint_distribution_matches_target(pair, mode, step):
     target, draft = pair
     make = lambda: [treespec.ModelDrafter(draft, BUSHY, mode)]  # noqa: E731
     out = treespec.generate(target, PROMPT, make(), max_new_tokens=3, temperature=1.0, verifier="traversal",
-                            compile=BACKEND, seed=0)
+                            compile=JOINT_BACKEND, seed=0)  # the joint test's runner: compiled once
     assert out.stats.step.startswith(step) and out.stats.verifier == "traversal"
     assert joint(target, draft, make, f"traversal-{mode}", verifier="traversal") > ALPHA
 

@@ -33,7 +33,7 @@ SHAPES = {
 @pytest.fixture(scope="module")
 def models():
     """One family's pair (the families share the step; tests/test_captured.py runs both families through it)."""
-    target = tiny_model("qwen2", vocab=64, hidden=64, scale=6, seed=0)
+    target = tiny_model("qwen2", vocab=64, hidden=64, layers=1, scale=6, seed=0)
     return target, perturbed_copy(target, 0.3)
 
 
@@ -87,7 +87,7 @@ def test_inductor_with_freezing_runs_several_trees_in_one_envelope():
     tensor it reads, and the tree buffers must stay graph inputs. A second and third shape in the same envelope,
     and a prompt of another length, reuse the graphs and stay exact: greedy output equals HF's and the eager
     step's walk (a tree frozen into the graph would replay the first shape)."""
-    target = tiny_model("qwen2", vocab=64, hidden=64, scale=6, seed=3)
+    target = tiny_model("qwen2", vocab=64, hidden=64, layers=1, scale=6, seed=3)  # one layer: fewer kernels
     draft = perturbed_copy(target, 0.3)
     shapes = [SHAPES["deep"], SHAPES["fan-4"], SHAPES["chain-4"], SHAPES["deep"]]
     env = Envelope.for_shapes(shapes)

@@ -93,7 +93,7 @@ def test_int4_refusals():
 
 @pytest.fixture(scope="module")
 def pair():
-    target = tiny_model("qwen2", vocab=64, hidden=64, scale=6, seed=0)
+    target = tiny_model("qwen2", vocab=64, hidden=64, layers=1, scale=6, seed=0)
     return target, to_precision(perturbed_copy(target, 0.3), "int4")
 
 

@@ -21,7 +21,7 @@ def prompt_of(n: int, seed: int = 0) -> list[int]:
 
 @pytest.mark.parametrize("family,fixed", [("llama", True), ("qwen2", True), ("qwen2", False)])
 def test_chunks_fill_the_cache_as_the_eager_prefill_does(family, fixed):
-    model = tiny_model(family, vocab=64, hidden=64, scale=6, seed=0)
+    model = tiny_model(family, vocab=64, hidden=64, layers=1, scale=6, seed=0)
     chunked, eager = StaticTreeCache(model, 256), StaticTreeCache(model, 256)
     fill = prefill.ChunkedPrefill(model, chunked, "aot_eager", None, chunk=64 if fixed else 100, fixed=fixed)
     with torch.inference_mode():
@@ -43,7 +43,7 @@ def test_chunks_fill_the_cache_as_the_eager_prefill_does(family, fixed):
 @pytest.mark.parametrize("mode,calls_of_74", [("reduce-overhead", [(64, 64), (64, 10)]), (None, [(74, 74)])])
 def test_short_prompts_prefill_eagerly_long_ones_in_chunks_or_exact_pieces(monkeypatch, mode, calls_of_74):
     """CUDA graphs' mode pads fixed chunks; every other mode sends the prompt as it is (no padding)."""
-    model = tiny_model("llama", vocab=64, hidden=64, scale=6, seed=0)
+    model = tiny_model("llama", vocab=64, hidden=64, layers=1, scale=6, seed=0)
     fill = prefill.ChunkedPrefill(model, StaticTreeCache(model, 256), "aot_eager", None)
     fill.fixed = mode == "reduce-overhead"  # the mode's cutting, run under aot_eager on the CPU
     fill.chunk = prefill.CHUNK if fill.fixed else prefill.PIECE
@@ -68,7 +68,7 @@ def test_pieces_are_near_equal_and_never_longer_than_allowed():
 def test_exact_pieces_compile_one_graph_for_every_length():
     """The token count is dynamic: prompts of many lengths, one and several pieces, add no graph after the
     first; the cache equals the eager prefill's."""
-    model = tiny_model("qwen2", vocab=64, hidden=64, scale=6, seed=0)
+    model = tiny_model("qwen2", vocab=64, hidden=64, layers=1, scale=6, seed=0)
     compiled_cache, eager = StaticTreeCache(model, 1100), StaticTreeCache(model, 1100)
     fill = prefill.ChunkedPrefill(model, compiled_cache, "aot_eager", None)
     with torch.inference_mode():
@@ -86,7 +86,7 @@ def test_exact_pieces_compile_one_graph_for_every_length():
 
 @pytest.mark.parametrize("mode", ["topk", "sample"], ids=["captured", "host-drafted"])
 def test_long_prompts_keep_greedy_output_equal_to_hf(mode):
-    target = tiny_model("qwen2", vocab=64, hidden=64, scale=6, seed=1)
+    target = tiny_model("qwen2", vocab=64, hidden=64, layers=1, scale=6, seed=1)
     draft = perturbed_copy(target, 0.3)
     for n in (40, 150):
         prompt = prompt_of(n, seed=n)
@@ -99,7 +99,7 @@ def test_long_prompts_keep_greedy_output_equal_to_hf(mode):
 def test_weight_freezing_keeps_long_prompts_exact_and_reuses_the_chunk_graph():
     """Inductor with weight freezing: the chunk graph mutates the cache and its length (never folded into
     constants); a second prompt of another length adds no graph."""
-    target = tiny_model("llama", vocab=64, hidden=64, scale=6, seed=2)
+    target = tiny_model("llama", vocab=64, hidden=64, layers=1, scale=6, seed=2)  # one layer: fewer kernels
     draft = perturbed_copy(target, 0.3)
     captured.RUNNERS.clear()
     compiled.RUNNERS.clear()
