@@ -62,7 +62,7 @@ def test_the_walk_writes_the_targets_law():
     blocks_walk, blocks_draft = [], []
     for j in range(12):
         gen = torch.Generator().manual_seed(1000 + j)
-        _, tokens, _ = walk_ranks(target, draft, [j % 2], 150, params, 1, "sample", gen)
+        _, tokens, _, _ = walk_ranks(target, draft, [j % 2], 150, params, 1, "sample", gen)
         blocks_walk += [tuple(tokens[i:i + 3]) for i in range(0, 150, 3)]
         own = generate(draft, [j % 2], max_new_tokens=150, temperature=1.0, seed=2000 + j).new_tokens
         blocks_draft += [tuple(own[i:i + 3]) for i in range(0, 150, 3)]

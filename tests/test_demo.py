@@ -2,7 +2,9 @@
 
 import argparse
 
-from treespec.bench import demo
+import pytest
+
+from treespec.bench import compare, demo
 from treespec.models.tiny import ByteTokenizer, perturbed_copy, tiny_model
 
 
@@ -10,10 +12,16 @@ def test_demo_runs_and_reports(tmp_path, monkeypatch, capsys):
     target = tiny_model("llama", vocab=128, hidden=64, scale=6)
     draft = perturbed_copy(target, 0.2)
     monkeypatch.setenv("TREESPEC_CACHE", str(tmp_path / "cache"))  # the profile cache
-    args = argparse.Namespace(out=tmp_path, prompts=2, max_new_tokens=16, device="cpu", target="unused")
+    # --quick: HF eager only (the full run adds HF static cache + compile with inductor freezing, and HF assisted:
+    # test_the_headline_names_the_fastest_of_what_ran checks its labels on records)
+    args = argparse.Namespace(out=tmp_path, prompts=2, max_new_tokens=16, device="cpu", target="unused", quick=True)
     assert demo.run_demo(args, target, ByteTokenizer(128, max_tokens=48), draft) == 0
     out = capsys.readouterr().out
     assert "identical to hf-float32 (same precision) on 2/2 prompts" in out
+    assert "speedup over the fastest of the HF methods run here (hf-float32)" in out and "--quick: HF generate eager only" in out
+    assert "fastest HF generate" not in out and "(fastest HF method)" not in out
+    assert "The best branching tree of the same budget" in out or "Plain decoding was chosen" in out
+    assert "| warm-up call s |" in out  # every method's warm-up (its compiles) shown apart
     assert (tmp_path / "cache" / "profiles.json").exists()
     assert (tmp_path / "tree.png").stat().st_size > 0
     assert "speedup" in (tmp_path / "report.md").read_text()
@@ -25,12 +33,56 @@ def test_prediction_table_charges_prefill_to_both_sides():
     """Hand-made records: 2 prompts of 10 tokens in 4 steps each, 1 s of prefill and 0.5 s per step;
     the prediction: tau 2.5, 0.5 s per step, plain decoding 0.4 s per token."""
     choice = argparse.Namespace(tau=2.5, step_seconds=0.5, plain_seconds=0.4)
-    mine = [{"method": "treespec", "steps": 4, "tokens": 10, "seconds": 3.0, "prefill_seconds": 1.0,
+    mine = [{"dataset": "humaneval", "method": "treespec", "steps": 4, "tokens": 10, "seconds": 3.0, "prefill_seconds": 1.0,
              "drafting_seconds": 1.2, "verifying_seconds": 0.7, "engine_seconds": 0.1} for _ in range(2)]
-    alone = [{"method": "hf-float32", "tokens": 10, "seconds": 5.0} for _ in range(2)]
+    alone = [{"dataset": "humaneval", "method": "hf-float32", "tokens": 10, "seconds": 5.0} for _ in range(2)]
     table = demo.predicted_and_measured(choice, mine + alone, "hf-float32")
     assert "| tokens per step (tau) | 2.50 | 2.50 |" in table
     assert "| seconds per step | 0.500 | 0.500 |" in table
     # predicted (1 + 10 * 0.4) / (1 + 10 / 2.5 * 0.5) = 5 / 3; measured (20 / 6) / (20 / 10) = 5 / 3
     assert "1.00 s of prefill per prompt charged to both | 1.67x | 1.67x |" in table
     assert demo.predicted_and_measured(choice, mine, "hf-float32") == ""  # nothing to compare with
+
+
+def _records(method: str, seconds: float, baseline: bool = True, precision: str = "bfloat16") -> list[dict]:
+    return [{"dataset": "humaneval", "prompt": p, "method": method, "precision": precision, "baseline": baseline,
+             "tokens": 10, "seconds": seconds, "output": [1] * 10} for p in (100, 101, 102)]
+
+
+@pytest.mark.parametrize("ran, fastest", [(["hf-bfloat16"], "hf-bfloat16"),
+                                          (["hf-bfloat16", "hf-bfloat16-static-compiled"], "hf-bfloat16-static-compiled"),
+                                          (["hf-bfloat16", "hf-bfloat16-static-compiled", "hf-assisted-bfloat16"],
+                                           "hf-assisted-bfloat16")])
+def test_the_headline_names_the_fastest_of_what_ran(ran, fastest):
+    """The label follows the methods that ran: the fastest of them, called "the fastest of the HF methods run
+    here", never more (assisted, when fastest, is named beside the fastest plain decoding)."""
+    speed = {"hf-bfloat16": 4.0, "hf-bfloat16-static-compiled": 3.0, "hf-assisted-bfloat16": 2.0}  # seconds
+    records = [r for m in ran for r in _records(m, speed[m])] + _records("treespec", 1.0, baseline=False)
+    records.append({"dataset": compare.WARMUP, "prompt": 100, "method": "treespec", "seconds": 9.5, "tokens": 4,
+                    "baseline": False, "precision": "bfloat16"})
+    summary = compare.summarize(records, "humaneval")
+    line = demo.headline_line(summary, quick=len(ran) == 1)
+    assert line.startswith(f"speedup over the fastest of the HF methods run here ({fastest}): {speed[fastest]:.2f}")
+    assert ("over the fastest plain HF decoding run here" in line) == (fastest == "hf-assisted-bfloat16")
+    assert ("--quick" in line) == (len(ran) == 1)
+    table = compare.markdown(summary)
+    assert f"treespec vs {fastest} **(fastest of the HF methods run here)**" in table
+    assert "| treespec | bfloat16 | 10.00" in table and "| 9.5 |" in table  # the warm-up apart, not in tok/s
+
+
+def test_a_tuned_chain_is_set_beside_the_best_branching_tree():
+    """Where width costs (a CPU), a chain wins by its cheaper levels: the report says by how much."""
+    from treespec.calibrate.costs import Profile
+    from treespec.calibrate.tuning import Tuned
+    from treespec.calibrate.vectors import default_acceptance
+
+    acceptance = default_acceptance(None, 0.0)
+    prof = Profile({1: 0.1, 8: 0.12, 16: 0.15}, {1: 0.03, 2: 0.045, 4: 0.07, 8: 0.12}, {}, 0.002)
+    choice = prof.choose(acceptance, max_depth=8)
+    assert choice.shape.max_width == 1  # a chain here
+    text = demo.why_this_shape(Tuned(choice, prof), acceptance)
+    shape, tau, seconds = prof.best_branching(acceptance, choice.shape.size, 8)
+    assert shape.max_width >= 2 and shape.size <= choice.shape.size
+    assert tau / seconds < choice.tau / prof.step_seconds(choice.shape)  # the chain was the faster prediction
+    assert f"tau {tau:.2f} at {seconds:.3f} s per step" in text
+    assert ("wider levels cost more" in text) == (tau > choice.tau) and ("accepts less" in text) == (tau <= choice.tau)

@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 
 
 from .calibrate.choices import resolve, resolve_compile
-from .calibrate.vectors import default_acceptance
+from .calibrate.vectors import calibration_walk, default_acceptance
 from .cli_parser import build_parser
 from .common.files import check_writable
 from .models.pair import eos_ids, load_pair
@@ -129,7 +129,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     want_draft = not (args.ngram and not args.draft)
     recipe = recipe_from_args(args, with_model=want_draft)  # validates before the models load
     target, tok, drafts = load_models(args, want_draft)
-    resolved = resolve(recipe, target, drafts, tokenizer=tok, max_new_tokens=args.max_new_tokens)
+    walk = calibration_walk(args.acceptance, args.temperature) if recipe.acceptance is not None else None
+    resolved = resolve(recipe, target, drafts, tokenizer=tok, max_new_tokens=args.max_new_tokens, walk=walk)
     if args.compile is not False:  # by measurement, or as asked (a cached measurement still costs the why-line)
         resolved = resolve_compile(resolved, target, drafts, tok, prompts=len(prompts),
                                    max_new_tokens=args.max_new_tokens, backend=args.compile or True,
@@ -147,6 +148,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
                   "recipe": {"tree": recipe.tree, "budget": recipe.budget, "depth": recipe.depth,
                              "max_width": recipe.max_width, "verifier": recipe.verifier, "compile": recipe.compile,
                              "target_dtype": recipe.target_dtype, "draft_dtype": recipe.draft_dtype}}
+        if resolved.tuned is not None:  # the prediction beside the measurement, for anyone to check
+            s = out.stats
+            record["predicted"] = resolved.tuned.prediction.as_dict()
+            record["measured"] = {"tau": s.tau, "step_seconds": (s.drafting_seconds + s.verifying_seconds
+                                                                 + s.overhead_seconds) / max(s.steps, 1)}
         if not args.json:
             _print_stats(out.stats)
         if args.compare and not _compare(args, recipe, target, ids, eos, out, record):

@@ -163,6 +163,9 @@ def _demo(sub) -> None:
     d.add_argument("--prompts", type=_demo_prompts, default=3, metavar="N",
                    help="HumanEval prompts from 100 on (1 to 64; default 3)")
     d.add_argument("--max-new-tokens", type=_count("max-new-tokens"), default=64, metavar="N")
+    d.add_argument("--quick", action="store_true",
+                   help="run HF generate eager only (not HF with a static cache + torch.compile, nor HF assisted): "
+                        "a shorter first run, labelled as such")
 
 
 def _accept(sub) -> None:

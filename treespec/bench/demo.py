@@ -1,11 +1,15 @@
-"""``treespec demo``: the main job on the default pair, treespec beside the target alone.
+"""``treespec demo``: the main job on the default pair, treespec beside each HF method a user would pick.
 
 Loads the built-in Qwen2.5-Coder pair (1.5B target, 0.5B draft) in the precisions measured fastest
 here, measures this machine's forward latencies (``treespec.calibrate.tuning``; cached), sizes a Sequoia tree
 for them from the shipped acceptance, then decodes a few HumanEval evaluation prompts (100
-onwards: disjoint from the calibration prompts) greedily with the target alone (HF ``generate`` in
-float32 and in the target's precision) and with treespec, interleaved per prompt
-(``treespec.bench.compare``), and reports the speedup over the fastest with its interval.
+onwards: disjoint from the calibration prompts) greedily, interleaved per prompt (``treespec.bench.compare``):
+HF ``generate`` eager (in float32 too, the sceptic's baseline, and in the target's precision), HF with a static
+cache + ``torch.compile`` (inductor weight freezing on a CPU, CUDA graphs on a GPU), HF assisted generation
+with the same draft, and treespec. Every method makes the same warm-up call first (its compiles), shown apart
+and counted in no tok/s. The report names the fastest of the HF methods that ran, the speedup over it with its
+interval, the tuner's prediction beside the measurement, and the best branching tree of the chosen budget
+beside the chosen one. ``--quick`` runs HF eager only, and the report says so.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from typing import Any
 
 import torch
 
-from ..calibrate.vectors import default_acceptance
+from ..calibrate.vectors import calibration_walk, default_acceptance
 from ..common.files import check_writable
 from ..models.precision import precision_of
 from ..recipes import Recipe, run
@@ -26,11 +30,13 @@ from . import compare
 from .datasets import humaneval_prompts
 
 
-def predicted_and_measured(choice: Any, records: list[dict[str, Any]], target_alone: str) -> str:
-    """A markdown table of the tuner's prediction beside the demo's measurement: tokens per step, seconds
+def predicted_and_measured(predicted: Any, records: list[dict[str, Any]], target_alone: str) -> str:
+    """A markdown table of the tuner's prediction (``predicted``: a ``tuning.Prediction`` or anything with its
+    ``tau``, ``step_seconds`` and ``plain_seconds``) beside the demo's measurement: tokens per step, seconds
     per step, and the speedup over the target alone with each prompt's prefill charged to both sides
-    (the treespec runs' mean prefill; plain decoding costs ``choice.plain_seconds`` per token in the
+    (the treespec runs' mean prefill; plain decoding costs ``predicted.plain_seconds`` per token in the
     prediction and is ``target_alone``, HF ``generate`` in the target's precision, in the measurement)."""
+    records = [r for r in records if r["dataset"] != compare.WARMUP]
     mine = [r for r in records if r["method"] == "treespec"]
     alone = [r for r in records if r["method"] == target_alone]
     if not mine or not alone:
@@ -39,25 +45,71 @@ def predicted_and_measured(choice: Any, records: list[dict[str, Any]], target_al
     step_seconds = sum(r["drafting_seconds"] + r["verifying_seconds"] + r["engine_seconds"] for r in mine) / steps
     tokens = sum(r["tokens"] for r in mine) / len(mine)  # per prompt
     prefill = sum(r["prefill_seconds"] for r in mine) / len(mine)
-    predicted_run = (prefill + tokens * choice.plain_seconds) / (prefill + tokens / choice.tau * choice.step_seconds)
+    predicted_run = ((prefill + tokens * predicted.plain_seconds)
+                     / (prefill + tokens / predicted.tau * predicted.step_seconds))
     measured_run = (sum(r["tokens"] for r in mine) / sum(r["seconds"] for r in mine)) / (
         sum(r["tokens"] for r in alone) / sum(r["seconds"] for r in alone))
-    rows = [("tokens per step (tau)", f"{choice.tau:.2f}", f"{sum(r['tokens'] for r in mine) / steps:.2f}"),
-            ("seconds per step", f"{choice.step_seconds:.3f}", f"{step_seconds:.3f}"),
+    rows = [("tokens per step (tau)", f"{predicted.tau:.2f}", f"{sum(r['tokens'] for r in mine) / steps:.2f}"),
+            ("seconds per step", f"{predicted.step_seconds:.3f}", f"{step_seconds:.3f}"),
             (f"speedup over the target alone, {prefill:.2f} s of prefill per prompt charged to both",
              f"{predicted_run:.2f}x", f"{measured_run:.2f}x")]
     return "\n".join(["| | predicted | measured |", "|---|---|---|", *(f"| {a} | {b} | {c} |" for a, b, c in rows)])
 
 
+def baseline_methods(target: torch.nn.Module, draft: torch.nn.Module, quick: bool) -> list[compare.Method]:
+    """The HF methods a user would pick, each at its fastest: ``generate`` eager, with a static cache +
+    ``torch.compile``, and assisted by ``draft``; ``quick``: eager only."""
+    methods = [compare.hf_method(target)]
+    if not quick:
+        methods += [compare.hf_compiled_method(target), compare.hf_assisted_method(target, draft)]
+    return methods
+
+
+def headline_line(summary: dict[str, Any], quick: bool) -> str:
+    """The demo's last line: treespec's speedup over the fastest of the HF methods that ran, named as such (and,
+    when that is HF's own speculative decoding, over the fastest plain decoding too)."""
+    line = (f"speedup over the {compare.FASTEST_ANY} ({summary['fastest_any']}): "
+            f"{compare.fmt(summary['headline_any']['treespec'])}x")
+    if summary["fastest_any"] != summary["fastest_baseline"]:
+        line += (f"; over the {compare.FASTEST_PLAIN} ({summary['fastest_baseline']}): "
+                 f"{compare.fmt(summary['headline']['treespec'])}x")
+    if quick:
+        line += ("\n(--quick: HF generate eager only; HF with a static cache + torch.compile and HF assisted "
+                 "generation, usually faster, were not run)")
+    return line
+
+
+def why_this_shape(tuned: Any, acceptance: Any) -> str:
+    """Why the chosen tree won here: it beside the best tree of the same budget that branches, both predicted
+    on the tuner's costs (tau from the acceptance rows, seconds per step from the measured forwards)."""
+    choice, prof = tuned.choice, tuned.profile
+    mine = f"tau {choice.tau:.2f} at {prof.step_seconds(choice.shape):.3f} s per step"
+    if choice.shape.depth == 0:
+        return f"Plain decoding was chosen: no tree is predicted to pay on this machine ({mine})."
+    other = prof.best_branching(acceptance, choice.shape.size, max(choice.shape.depth, 8))
+    kind = "a chain" if choice.shape.max_width == 1 else f"a tree of widths {list(choice.shape.widths)}"
+    if other is None:
+        return f"Chosen: {kind} of {choice.shape.size} nodes ({mine}); no branching tree has so few nodes."
+    shape, tau, seconds = other
+    if shape.paths == choice.shape.paths:
+        return f"Chosen: {kind} of {choice.shape.size} nodes ({mine}): the best branching tree of its budget."
+    verdict = ("it accepts more per step, but its wider levels cost more here" if tau > choice.tau else
+               "it accepts less per step")
+    return (f"Chosen: {kind} of {choice.shape.size} nodes, depth {choice.shape.depth} ({mine}, "
+            f"{choice.tau / prof.step_seconds(choice.shape):.2f} tokens/s predicted). The best branching tree of the same "
+            f"budget (depth {shape.depth}, widths {list(shape.widths)}): tau {tau:.2f} at {seconds:.3f} s per step, "
+            f"{tau / seconds:.2f} tokens/s predicted: {verdict}.")
+
+
 def run_demo(args: argparse.Namespace, target: torch.nn.Module, tok: Any, draft: torch.nn.Module) -> int:
     """The demo on a loaded pair (``args``: ``out``, ``prompts``, ``max_new_tokens``, ``device``,
-    ``target`` for the float32 baseline); returns 0 when every greedy output equals HF's."""
+    ``target`` for the float32 baseline, ``quick``: HF eager only); returns 0 when every greedy output equals HF's."""
     out_dir = check_writable(args.out, directory=True)
     print(f"treespec demo on {platform.machine()} with {torch.get_num_threads()} threads, device {args.device}")
     print("measuring forward latencies on this machine (cached after the first run) ...", flush=True)
     acceptance = default_acceptance(None, 0.0)
     resolved = resolve(Recipe(tree="sequoia", acceptance=acceptance), target, [draft], tokenizer=tok,
-                       max_new_tokens=args.max_new_tokens)
+                       max_new_tokens=args.max_new_tokens, walk=calibration_walk(None, 0.0))
     resolved = resolve_compile(resolved, target, [draft], tok, prompts=args.prompts, max_new_tokens=args.max_new_tokens)
     recipe, tuned = resolved.recipe, resolved.tuned
     prof, choice = tuned.profile, tuned.choice
@@ -70,7 +122,9 @@ def run_demo(args: argparse.Namespace, target: torch.nn.Module, tok: Any, draft:
     choice.shape.draw(str(png), acceptance=acceptance, title=f"treespec demo tree (budget {choice.shape.size})")
     print(f"  tree drawn to {png}\n{choice.shape}")
 
-    methods = [compare.hf_method(target)]
+    print(f"  {why_this_shape(tuned, acceptance)}")
+    quick = getattr(args, "quick", False)
+    methods = baseline_methods(target, draft, quick)
     if precision_of(target) != "float32":  # the sceptic's baseline: the target alone in float32 too
         from ..models import load
 
@@ -87,19 +141,20 @@ def run_demo(args: argparse.Namespace, target: torch.nn.Module, tok: Any, draft:
     summary = compare.summarize(records, "humaneval")
     agreement = summary.get("agreement", {}).get("treespec", {"identical": 0, "of": 0})
     all_same = agreement["identical"] == agreement["of"] == len(prompts)
-    headline = summary["headline"]["treespec"]
-    report = compare.markdown(summary)
-    versus = predicted_and_measured(choice, records, compare.hf_method(target).name)
+    headline = headline_line(summary, quick)
+    report = compare.markdown(summary) + f"\n\n{why_this_shape(tuned, acceptance)}"
+    prediction = tuned.prediction
+    versus = predicted_and_measured(prediction, records, compare.hf_method(target).name)
     if versus:
-        stop = ("" if recipe.min_confidence is None else f" (the prediction drafts every level; the run stops drafting "
-                f"below confidence {recipe.min_confidence}, which drafts fewer)")
-        report += f"\n\nThe tuner's prediction beside this run{stop}:\n\n{versus}"
+        how = ("the tree replayed over the shipped calibration walk with the run's confidence stop"
+               if prediction.model == "replay" else "the DP's expectation over the acceptance rows, every level drafted")
+        report += f"\n\nThe tuner's prediction ({how}) beside this run:\n\n{versus}"
     print("\n" + report)
-    print(f"\nspeedup over the fastest HF generate ({summary['fastest_baseline']}): {compare.fmt(headline)}x")
+    print(f"\n{headline}")
     (out_dir / "report.md").write_text(
         f"# treespec demo\n\nMachine: {platform.platform()}, {torch.get_num_threads()} threads, {args.device}.\n"
         f"Configuration, chosen from measured latencies: {resolved.why}.\n{args.max_new_tokens} greedy tokens per "
-        f"prompt.\n\n{report}\n\nspeedup over the fastest HF generate: {compare.fmt(headline)}x\n")
+        f"prompt.\n\n{report}\n\n{headline}\n")
     (out_dir / "report.json").write_text(json.dumps({"summary": summary, "choice": choice.as_dict(),
                                                      "profile": prof.to_dict()}, indent=1))
     print(f"\nreport written to {out_dir / 'report.md'}; tree picture {png}")

@@ -63,6 +63,7 @@ from ..core.engine import generate
 from ..core.sampling import SamplingParams, spread_seed
 from ..drafters.model import STATIC_MODES
 from .ranks import accepted_ranks, continuation_logits, walk_ranks
+from .walk_replay import ReplayedStep, replay_steps
 
 #: how a continuation is written (module doc)
 CONTEXTS = ("walk", "target")
@@ -85,10 +86,14 @@ class MeasuredAcceptance(JSONFile):
     positions: int
     meta: dict[str, Any] = field(default_factory=dict)
     ranks: list[list[int]] = field(default_factory=list)  # per prompt, every position's accepted rank (-1: none)
+    #: per prompt and position, the draft probability of each rank's proposal (the confidence stop's input,
+    #: ``treespec.calibrate.walk_replay``); empty in measurements written before it was kept
+    confidence: list[list[list[float]]] = field(default_factory=list)
 
     @classmethod
     def from_counts(cls, counts: np.ndarray, totals: np.ndarray, beta: float,
-                    meta: dict[str, Any] | None = None, ranks: Sequence[Sequence[int]] = ()) -> "MeasuredAcceptance":
+                    meta: dict[str, Any] | None = None, ranks: Sequence[Sequence[int]] = (),
+                    confidence: Sequence[Sequence[Sequence[float]]] = ()) -> "MeasuredAcceptance":
         """Build from raw counts (rows with ``totals == 0`` repeat the previous row)."""
         counts = np.asarray(counts, dtype=np.int64)
         totals = np.asarray(totals, dtype=np.int64)
@@ -99,9 +104,10 @@ class MeasuredAcceptance(JSONFile):
             elif d > 0:
                 matrix[d] = matrix[d - 1]
         return cls(vector=matrix[0].copy(), matrix=matrix, counts=counts, totals=totals, beta=float(beta),
-                   positions=int(totals[0]), meta=dict(meta or {}), ranks=[list(map(int, r)) for r in ranks])
+                   positions=int(totals[0]), meta=dict(meta or {}), ranks=[list(map(int, r)) for r in ranks],
+                   confidence=_rounded(confidence))
 
-    def replayed_tau(self, shape: Any) -> float:
+    def replayed_tau(self, shape: Any, min_confidence: float | None = None) -> float:
         """Tokens per step (uncut) of ``shape`` (a ``tree_builders.TreeShape``) run over the kept ranks.
 
         The walk's ranks decode like a real run of that tree: a step starts at the first position;
@@ -113,23 +119,33 @@ class MeasuredAcceptance(JSONFile):
         correction token after those ``b`` rejections, and at a leaf as the target's own (the bonus),
         and the next position's proposals are fresh draws in that context. Unlike the rows, whose
         every position is a root, the replay starts steps only where a run of this tree starts them.
-        Steps that the end of a continuation would cut are left out (as ``tau_uncut``)."""
-        tokens, steps = self.replayed_steps(shape)
+        Steps that the end of a continuation would cut are left out (as ``tau_uncut``). ``min_confidence``:
+        with the model drafter's confidence stop (``treespec.calibrate.walk_replay``)."""
+        tokens, steps = self.replayed_steps(shape, min_confidence)
         if sum(steps) == 0:
             raise ValueError("no complete step fits in the kept continuations; measure longer ones")
         return sum(tokens) / sum(steps)
 
-    def replayed_steps(self, shape: Any) -> tuple[list[int], list[int]]:
+    def replayed_steps(self, shape: Any, min_confidence: float | None = None) -> tuple[list[int], list[int]]:
         """Per calibration prompt, the committed tokens and the steps of ``shape`` run over its ranks
         (:meth:`replayed_tau`; uncut steps only): what a bootstrap over the calibration prompts resamples
         (``treespec.bench.intervals.ratio_of_sums``) for the spread a prediction carries."""
+        tokens, steps = [0] * len(self.ranks), [0] * len(self.ranks)
+        for step in self.replay(shape, min_confidence):
+            tokens[step.continuation] += step.tokens
+            steps[step.continuation] += 1
+        return tokens, steps
+
+    def replay(self, shape: Any, min_confidence: float | None = None) -> list[ReplayedStep]:
+        """Every uncut step of ``shape`` run over the kept ranks (``treespec.calibrate.walk_replay``), with the
+        confidence stop at ``min_confidence`` (None: every level drafted)."""
         if not self.ranks:
             raise ValueError("this measurement keeps no per-position ranks (written before they were kept): "
                              "measure it again with `treespec accept` to replay a tree over it")
         if shape.max_width > self.width:
             raise ValueError(f"the tree has a node with {shape.max_width} children but the measurement drew "
                              f"{self.width} proposals per position; measure with --width {shape.max_width} or more")
-        return replay(self.ranks, shape)
+        return replay_steps(self.ranks, shape, self.confidence or None, min_confidence)
 
     @classmethod
     def merge(cls, parts: Sequence["MeasuredAcceptance"]) -> "MeasuredAcceptance":
@@ -147,7 +163,8 @@ class MeasuredAcceptance(JSONFile):
         meta = dict(parts[0].meta)
         if all("prompts" in p.meta for p in parts):
             meta["prompts"] = sum(int(p.meta["prompts"]) for p in parts)
-        return cls.from_counts(counts, totals, beta, meta, [r for p in parts for r in p.ranks])
+        confidence = [c for p in parts for c in p.confidence] if all(p.confidence for p in parts) else []
+        return cls.from_counts(counts, totals, beta, meta, [r for p in parts for r in p.ranks], confidence)
 
     @property
     def width(self) -> int:
@@ -165,6 +182,7 @@ class MeasuredAcceptance(JSONFile):
             "positions": self.positions,
             "meta": self.meta,
             "ranks": self.ranks,
+            **({"confidence": self.confidence} if self.confidence else {}),
         }
 
     @classmethod
@@ -173,7 +191,7 @@ class MeasuredAcceptance(JSONFile):
         return cls(vector=np.asarray(d["vector"], dtype=np.float64), matrix=np.asarray(d["matrix"], dtype=np.float64),
                    counts=np.asarray(d["counts"], dtype=np.int64), totals=np.asarray(d["totals"], dtype=np.int64),
                    beta=float(d["beta"]), positions=int(d["positions"]), meta=dict(d.get("meta", {})),
-                   ranks=[list(map(int, r)) for r in d.get("ranks", [])])
+                   ranks=[list(map(int, r)) for r in d.get("ranks", [])], confidence=d.get("confidence", []))
 
     def __repr__(self) -> str:
         head = ", ".join(f"{x:.3f}" for x in self.vector[:4])
@@ -187,29 +205,9 @@ def encode_prompts(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
     return [list(tokenizer(t).input_ids) for t in texts]
 
 
-def replay(ranks: Sequence[Sequence[int]], shape: Any) -> tuple[list[int], list[int]]:
-    """Run a tree over walked ranks (:meth:`MeasuredAcceptance.replayed_tau`): per continuation, the
-    committed tokens and the steps, uncut ones only. ``ranks``: per continuation, every position's
-    accepted rank (-1: none); ``shape``: a ``tree_builders.TreeShape``. About a millisecond for 40
-    continuations of 96 positions."""
-    nodes = set(shape.paths)
-    per_tokens, per_steps = [], []
-    for walk in ranks:
-        tokens = steps = 0
-        pos, n = 0, len(walk)
-        while pos < n:
-            node: tuple[int, ...] = ()
-            while pos < n and walk[pos] >= 0 and node + (walk[pos],) in nodes:
-                node += (walk[pos],)
-                pos += 1
-            if pos >= n:
-                break  # cut by the end of the continuation
-            tokens += len(node) + 1  # the accepted nodes and the correction (or bonus) token
-            steps += 1
-            pos += 1
-        per_tokens.append(tokens)
-        per_steps.append(steps)
-    return per_tokens, per_steps
+def _rounded(confidence: Sequence[Sequence[Sequence[float]]]) -> list[list[list[float]]]:
+    """Probabilities to 4 significant digits (what the JSON keeps; the stop compares them with a threshold)."""
+    return [[[float(f"{p:.4g}") for p in row] for row in walk] for walk in confidence]
 
 
 def depth_counts(ranks: np.ndarray, width: int, max_depth: int) -> tuple[np.ndarray, np.ndarray]:
@@ -261,19 +259,21 @@ def measure(target: torch.nn.Module, draft: torch.nn.Module, prompts: Sequence[S
     checks.check_vocab(checks.vocab_size(target), checks.vocab_size(draft), f"model({model_name(draft)})")
     counts = np.zeros((max_depth, width), dtype=np.int64)
     totals = np.zeros(max_depth, dtype=np.int64)
-    beta_sum, n_tokens, all_ranks = 0.0, 0, []
+    beta_sum, n_tokens, all_ranks, all_q = 0.0, 0, [], []
     for j, prompt in enumerate(tqdm(prompts, desc="acceptance", unit="prompt", disable=not progress)):
         got = _prompt_ranks(target, draft, [int(t) for t in prompt], j, params, width, mode, max_new_tokens, seed,
                             eos_token_id, context)
         if got is None:
             continue
-        ranks, overlap = got
+        ranks, overlap, proposal_q = got
         c, t = depth_counts(ranks.cpu().numpy(), width, max_depth)
         counts += c
         totals += t
         beta_sum += overlap
         n_tokens += len(ranks)
         all_ranks.append(ranks.tolist())
+        if proposal_q is not None:
+            all_q.append(proposal_q.tolist())
     if n_tokens == 0:
         raise ValueError("no continuation tokens were generated: give at least one prompt (and max_new_tokens >= 1)")
     meta = {"target": model_name(target), "draft": model_name(draft), "mode": mode, "width": int(width),
@@ -283,7 +283,8 @@ def measure(target: torch.nn.Module, draft: torch.nn.Module, prompts: Sequence[S
             "context": ("target's own continuation (teacher forced)" if context == "target" else
                         "written by the acceptance rule (walk)"),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "treespec": version()}
-    return MeasuredAcceptance.from_counts(counts, totals, beta_sum / n_tokens, meta, all_ranks)
+    return MeasuredAcceptance.from_counts(counts, totals, beta_sum / n_tokens, meta, all_ranks,
+                                          all_q if len(all_q) == len(all_ranks) else ())
 
 
 def _checked(prompts: Sequence[Sequence[int]], width: int, mode: str, max_depth: int, context: str) -> tuple[int, int]:
@@ -304,16 +305,17 @@ def _checked(prompts: Sequence[Sequence[int]], width: int, mode: str, max_depth:
 
 def _prompt_ranks(target: torch.nn.Module, draft: torch.nn.Module, prompt: list[int], j: int, params: SamplingParams,
                   width: int, mode: str, max_new_tokens: int, seed: int, eos_token_id: int | Sequence[int] | None,
-                  context: str) -> tuple[torch.Tensor, float] | None:
-    """Prompt ``j``'s accepted ranks and summed overlap ``sum_x min(r, q)`` (None: no continuation token)."""
+                  context: str) -> tuple[torch.Tensor, float, torch.Tensor | None] | None:
+    """Prompt ``j``'s accepted ranks, summed overlap ``sum_x min(r, q)`` and (a walk only) each proposal's draft
+    probability (None: no continuation token)."""
     device = execution_device(target)
     gen = torch.Generator(device).manual_seed(spread_seed(seed, "verify", j))
     if context == "walk":
         if not prompt or max_new_tokens < 1:
             return None
-        ranks, _, overlap = walk_ranks(target, draft, prompt, max_new_tokens, params, width, mode, gen,
-                                       checks.eos_ids(eos_token_id))
-        return ranks, overlap
+        ranks, _, overlap, proposal_q = walk_ranks(target, draft, prompt, max_new_tokens, params, width, mode, gen,
+                                                   checks.eos_ids(eos_token_id))
+        return ranks, overlap, proposal_q
     cont = generate(target, prompt, max_new_tokens=max_new_tokens, temperature=params.temperature, top_k=params.top_k,
                     top_p=params.top_p, eos_token_id=eos_token_id, seed=spread_seed(seed, "continuation", j)).new_tokens
     if not cont:
@@ -322,4 +324,4 @@ def _prompt_ranks(target: torch.nn.Module, draft: torch.nn.Module, prompt: list[
     r = params.probs(continuation_logits(target, ids, len(cont), device))
     d_logits = continuation_logits(draft, ids, len(cont), execution_device(draft)).to(device)
     overlap = float(torch.minimum(r, params.probs(d_logits)).sum(-1).sum())
-    return accepted_ranks(r, params.for_draft().probs(d_logits), width, mode, params.greedy, gen), overlap
+    return accepted_ranks(r, params.for_draft().probs(d_logits), width, mode, params.greedy, gen), overlap, None

@@ -114,14 +114,16 @@ def _pilot_choice(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[Draf
 
 def resolve(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[DraftModel], *,
             cache_file: Path | None = None, tuner: Callable[..., Tuned] = tune, tokenizer: Any = None,
-            max_new_tokens: int = 128, pilot_cache: Path | None = None) -> Resolved:
+            max_new_tokens: int = 128, pilot_cache: Path | None = None, walk: Any = None) -> Resolved:
     """``recipe`` with a budget: as given; tuned on this machine (:func:`tunable`; the profile is
     cached in ``cache_file``, default ``<treespec cache>/profiles.json``; given the target's
     ``tokenizer``, the profile is then corrected by a pilot of the tuned tree's real steps and the
     tree chosen again); otherwise, given the ``tokenizer``, the depth a short pilot predicts fastest
     for ``max_new_tokens`` new tokens, or plain decoding when speculation is not predicted to pay
     (``treespec.calibrate.pilot``; pilots cached in ``pilot_cache``, default
-    ``<treespec cache>/pilots.json``); without a tokenizer, :data:`DEFAULT_BUDGET`."""
+    ``<treespec cache>/pilots.json``); without a tokenizer, :data:`DEFAULT_BUDGET`. ``walk``: the calibration
+    walk the acceptance rows came from (``vectors.calibration_walk``): a tuned run's printed prediction then
+    replays the chosen tree over it with the run's confidence stop (``Tuned.prediction``)."""
     models = _describe_models(target, drafts)
     if recipe.budget is not None:
         return Resolved(recipe, f"{models}; {recipe.tree} tree, budget {recipe.budget} (as given)")
@@ -149,6 +151,7 @@ def resolve(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[DraftModel
         tuned = calibrate(tuned, measured, acceptance, max_depth=recipe.depth or 8)
         chosen = replace(recipe, **tuned.settings(), target_dtype=precision_of(target),
                          draft_dtype=precision_of(drafts[0]))
+    tuned = tuned.with_walk(walk)
     return Resolved(chosen, tuned.why, tuned)
 
 

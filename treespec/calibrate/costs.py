@@ -30,7 +30,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import torch
 
-from tree_builders import TreeShape
+from tree_builders import TreeShape, sequoia
 
 from ..common.files import JSONFile
 from ..common.machine import machine, model_name, version
@@ -259,6 +259,27 @@ class Profile(JSONFile):
             "target": {k: v * v_factor for k, v in self.context_slope.get("target", {}).items()},
             "draft": {k: v * d_factor for k, v in self.context_slope.get("draft", {}).items()}}
         return Profile(lat, curve, meta, float(overhead), slope)
+
+    def step_seconds(self, shape: TreeShape) -> float:
+        """Predicted seconds of one step of ``shape``: drafting, verifying and the engine's fixed seconds."""
+        drafting, verifying = self.step_parts(shape)
+        return drafting + verifying + self.step_overhead_seconds
+
+    def best_branching(self, acceptance: Any, budget: int, max_depth: int) -> tuple[TreeShape, float, float] | None:
+        """The fastest predicted tree of ``budget`` nodes (root included) that branches somewhere, under these
+        costs: Sequoia's tree at each depth limit below a chain's, kept where a node has two or more children.
+        Returns (shape, predicted tau, predicted seconds per step), None when no such tree exists (budget < 3).
+        What a tuned chain is weighed against: on a machine where width costs, the chain wins by its cheaper
+        levels, and this says by how much."""
+        best = None
+        for depth in range(1, min(int(max_depth), int(budget) - 1) + 1):
+            shape = sequoia(acceptance, int(budget), max_depth=depth)
+            if shape.max_width < 2:
+                continue
+            tau, seconds = shape.expected_tokens(acceptance), self.step_seconds(shape)
+            if best is None or tau / seconds > best[1] / best[2]:
+                best = (shape, tau, seconds)
+        return best
 
     def choose(self, acceptance: MeasuredAcceptance | Any, **kwargs: Any) -> Choice:
         """:func:`choose_tree` with this profile's costs."""

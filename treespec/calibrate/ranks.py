@@ -52,11 +52,12 @@ def accepted_ranks(r: torch.Tensor, q: torch.Tensor, width: int, mode: str, gree
 
 def walk_ranks(target: torch.nn.Module, draft: torch.nn.Module, prompt: list[int], n: int, params: SamplingParams,
                width: int, mode: str, gen: torch.Generator, eos: frozenset[int] = frozenset()
-               ) -> tuple[torch.Tensor, list[int], float]:
+               ) -> tuple[torch.Tensor, list[int], float, torch.Tensor]:
     """The ``"walk"`` continuation (module doc): ``n`` positions (fewer at an EOS), each written by the
     acceptance rule over ``width`` proposals of the draft. Returns every position's accepted rank
-    (``[n]``, -1: the correction token was drawn), the tokens written and the sum over positions of
-    ``sum_x min(r, q)``."""
+    (``[n]``, -1: the correction token was drawn), the tokens written, the sum over positions of
+    ``sum_x min(r, q)`` and each proposal's draft probability ``q(token)`` (``[n, width]``, 0 for a draw
+    ``q`` could not support: what the model drafter's confidence stop multiplies along a path)."""
     device = execution_device(target)
     draft_params = params.for_draft()
     caches = (TreeCache(), TreeCache())
@@ -68,7 +69,7 @@ def walk_ranks(target: torch.nn.Module, draft: torch.nn.Module, prompt: list[int
         allowed = causal_allowed(cache.length, len(ids), ids.device)
         return forward_masked(model, cache, ids, positions, allowed, logits_to_keep=1)[-1].float().to(device)
 
-    ranks, written, overlap = [], [], 0.0
+    ranks, written, overlap, proposal_q = [], [], 0.0, []
     for _ in range(n):
         r = params.probs(last_logits(target, caches[0], context))[None]
         d_logits = last_logits(draft, caches[1], context)[None]
@@ -76,6 +77,7 @@ def walk_ranks(target: torch.nn.Module, draft: torch.nn.Module, prompt: list[int
         # beta compares both under the target's parameters (the draft's differ only under greedy decoding)
         overlap += float(torch.minimum(r, q if draft_params == params else params.probs(d_logits)).sum())
         tokens = draw_children(q, width, mode, gen)
+        proposal_q.append(torch.where(tokens >= 0, q.gather(-1, tokens.clamp_min(0)), 0.0)[0])
         u = torch.rand(tokens.shape, generator=gen, device=device)
         u = torch.where(tokens >= 0, u, torch.inf)  # a missing draw is never accepted
         k, left = verify_proposals(r, tokens.clamp_min(0), _proposal_q(q, tokens, mode), u)
@@ -86,7 +88,8 @@ def walk_ranks(target: torch.nn.Module, draft: torch.nn.Module, prompt: list[int
         if token in eos:
             break
         context = torch.tensor([token], device=device)
-    return torch.tensor(ranks, dtype=torch.long), written, overlap
+    probs = torch.stack(proposal_q) if proposal_q else torch.zeros(0, width)
+    return torch.tensor(ranks, dtype=torch.long), written, overlap, probs.float().cpu()
 
 
 @torch.inference_mode()

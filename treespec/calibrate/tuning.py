@@ -21,8 +21,10 @@ import torch
 from ..common.files import read_json_dict, write_json
 from ..common.machine import measurement_key, model_name
 from ..models.precision import precision_of
+from .acceptance import MeasuredAcceptance
 from .costs import Choice, Profile, profile
 from .pilot import Pilot
+from .walk_replay import truncated
 
 PROFILE_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 PROFILE_WIDTHS = (1, 2, 4, 8, 16)
@@ -38,6 +40,28 @@ MIN_CONFIDENCE_SAMPLED = 0.1
 
 
 @dataclass(frozen=True)
+class Prediction:
+    """What a tuned run is predicted to do: tokens per step, seconds per step and plain decoding's seconds per
+    token, and the model behind them (``"replay"``: the tree replayed over the calibration walk with the run's
+    confidence stop, the model the sweep's report validates; ``"rows"``: the Sequoia DP's expectation over the
+    per-depth rows, every level drafted)."""
+
+    tau: float
+    step_seconds: float
+    plain_seconds: float
+    model: str
+
+    @property
+    def speedup(self) -> float:
+        """Predicted speedup over plain decoding (the target alone, eager)."""
+        return self.tau * self.plain_seconds / self.step_seconds
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"tau": self.tau, "step_seconds": self.step_seconds, "plain_seconds": self.plain_seconds,
+                "speedup": self.speedup, "model": self.model}
+
+
+@dataclass(frozen=True)
 class Tuned:
     """What ``tune`` chose: the choice table, the profile it used, and the confidence stop it adds."""
 
@@ -46,6 +70,36 @@ class Tuned:
     min_confidence: float | None = None
     #: the chosen tree's seconds per step measured compiled (:meth:`on_compiled_steps`); None: eager steps
     compiled_step_seconds: float | None = None
+    #: the calibration walk the run is predicted over (:meth:`with_walk`); None: the rows' expectation
+    walk: MeasuredAcceptance | None = None
+
+    @property
+    def prediction(self) -> Prediction:
+        """The run's predicted tau and seconds per step. Over the calibration walk (:meth:`with_walk`): the
+        chosen tree replayed with the confidence stop the run uses (``treespec.calibrate.walk_replay``), each
+        replayed step costed by the profile at the depth it drafted (or, on the compiled route, the compiled
+        steps' measured seconds, which ran with the stop). Otherwise the choice's own figures (the DP's
+        expectation over the rows, every level drafted: optimistic where a stop cuts levels)."""
+        c = self.choice
+        walk = self.walk
+        if walk is None or not walk.ranks or c.shape.depth == 0 or c.shape.max_width > walk.width or (
+                self.min_confidence is not None and not walk.confidence):
+            return Prediction(c.tau, c.step_seconds, c.plain_seconds, "rows")
+        steps = walk.replay(c.shape, self.min_confidence)
+        if not steps:
+            return Prediction(c.tau, c.step_seconds, c.plain_seconds, "rows")
+        tau = sum(s.tokens for s in steps) / len(steps)
+        if self.compiled_step_seconds is not None:
+            seconds = self.compiled_step_seconds
+        else:
+            depths = [s.drafted_depth for s in steps]
+            seconds = sum(depths.count(d) * self.profile.step_seconds(truncated(c.shape, d))
+                          for d in set(depths)) / len(steps)
+        return Prediction(tau, seconds, c.plain_seconds, "replay")
+
+    def with_walk(self, walk: MeasuredAcceptance | None) -> "Tuned":
+        """This tuning predicted over ``walk`` (the measurement its acceptance rows came from; :attr:`prediction`)."""
+        return replace(self, walk=walk)
 
     @property
     def calibration(self) -> dict[str, Any] | None:
@@ -74,17 +128,19 @@ class Tuned:
 
     @property
     def why(self) -> str:
-        c, m, s = self.choice, self.profile.meta, self.settings()
+        c, m, s, p = self.choice, self.profile.meta, self.settings(), self.prediction
         cal = self.calibration
         fixed = "" if cal is None else (
             f"; costs calibrated on {cal['steps']} real steps (drafting x{cal['draft_factor']:.2f}, target forwards "
             f"x{cal['verify_factor']:.2f} of the isolated ones)")
         step = ("s per step" if self.compiled_step_seconds is None else
                 "s per compiled step (this tree's compiled steps on the pilot prompts)")
+        how = ("" if p.model == "rows" else " (the tree replayed over the calibration walk" +
+               ("" if self.min_confidence is None else f" with the confidence stop at {self.min_confidence:g}") + ")")
         return (f"target {m.get('target_precision')}, draft {m.get('draft_precision')}; Sequoia tree of budget "
                 f"{c.shape.size}, depth {c.shape.depth} (width limit {s['max_width'] or 'none'}): "
-                f"predicted tau {c.tau:.2f}, {c.step_seconds:.3f} {step} vs {c.plain_seconds:.3f} s per token "
-                f"plain (eager), predicted {c.speedup:.2f}x over the target alone in the same precision{fixed}")
+                f"predicted tau {p.tau:.2f}{how}, {p.step_seconds:.3f} {step} vs {p.plain_seconds:.3f} s per token "
+                f"plain (eager), predicted {p.speedup:.2f}x over the target alone in the same precision{fixed}")
 
 
 def _key(target: torch.nn.Module, draft: torch.nn.Module) -> str:

@@ -22,7 +22,7 @@ from ...core.stats import Stats
 from ...models import check_tokenizers
 from ...models.tiny import ByteTokenizer
 from ...recipes import Recipe, plan, run
-from ..baselines import hf_generate
+from ..baselines import fastest_compile_settings, hf_generate
 from .config import calib_eval_prompts, draft_dtype, padded_envelope, \
     pairs, split_ranges
 from .points import Point, baseline_params, acceptance_params, enumerate_points, point_key, point_recipe, \
@@ -37,10 +37,8 @@ Measure = Callable[..., Any]
 
 
 def _hf_compile_settings(method: str, device: torch.device) -> contextlib.AbstractContextManager:
-    """HF's fastest plain decoding on a CPU compiles with inductor's weight freezing (on CUDA: CUDA graphs)."""
-    if method == "target_compiled" and device.type == "cpu":
-        return torch._inductor.config.patch(freezing=True)
-    return contextlib.nullcontext()
+    """HF's fastest plain decoding (``target_compiled``) compiles with ``baselines.fastest_compile_settings``."""
+    return fastest_compile_settings(device) if method == "target_compiled" else contextlib.nullcontext()
 
 
 def _digest(tokens: Sequence[int]) -> str:
