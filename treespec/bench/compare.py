@@ -27,9 +27,20 @@ from ..models.precision import precision_of
 from .sweep.records import append_record, read_records, repair_tail
 
 
-#: the dataset name of the warm-up records (:func:`run`): one per method and run, outside every summary's tok/s
-WARMUP = "warmup"
+#: new tokens of the warm-up call every method makes first (:func:`run`; its seconds: :func:`warmup_seconds`)
 WARMUP_TOKENS = 4
+
+
+def warmup_file(results: Path) -> Path:
+    """Where :func:`run` appends its warm-up records: beside ``results`` (``results.warmup.jsonl``), apart from
+    the measured records."""
+    return results.with_name(f"{results.stem}.warmup{results.suffix}")
+
+
+def warmup_seconds(results: Path) -> dict[str, float]:
+    """Each method's seconds in its latest warm-up call (its compiles and one-off setup), from beside ``results``."""
+    return {r["method"]: r["seconds"] for r in read_records(warmup_file(results))} if warmup_file(results).exists() \
+        else {}
 
 
 @dataclass
@@ -111,12 +122,12 @@ def run(methods: Sequence[Method], prompts: Sequence[tuple[str, int, list[int]]]
     append a record per (prompt, method) to ``results`` and skip those already there."""
     results.parent.mkdir(parents=True, exist_ok=True)
     repair_tail(results)  # a torn last line from an interrupted run
-    done = {(r["dataset"], r["prompt"], r["method"]) for r in read_records(results) if r["dataset"] != WARMUP}
+    done = {(r["dataset"], r["prompt"], r["method"]) for r in read_records(results)}
     if prompts and len(done) < len(prompts) * len(methods):
         for m in methods:  # the same warm-up call for every method: compiles and one-off setup, kept apart
             _, seconds, _ = m.run(prompts[0][2], WARMUP_TOKENS)
-            append_record(results, {"dataset": WARMUP, "prompt": prompts[0][1], "method": m.name, "seconds": seconds,
-                                    "tokens": WARMUP_TOKENS, "baseline": m.baseline, "precision": m.precision})
+            append_record(warmup_file(results), {"dataset": prompts[0][0], "prompt": prompts[0][1], "method": m.name,
+                                                 "seconds": seconds, "tokens": WARMUP_TOKENS})
     for dataset, index, ids in prompts:
         for m in methods:
             if (dataset, index, m.name) in done:
@@ -131,10 +142,12 @@ def run(methods: Sequence[Method], prompts: Sequence[tuple[str, int, list[int]]]
     return read_records(results)
 
 
-def summarize(records: Sequence[dict[str, Any]], dataset: str) -> dict[str, Any]:
-    """Per-method tok/s, treespec's speedups over each baseline (paired per prompt) and greedy agreement."""
+def summarize(records: Sequence[dict[str, Any]], dataset: str,
+              warmup: dict[str, float] | None = None) -> dict[str, Any]:
+    """Per-method tok/s, treespec's speedups over each baseline (paired per prompt) and greedy agreement;
+    ``warmup``: each method's warm-up seconds (:func:`warmup_seconds`), kept beside its tok/s."""
     rows = [r for r in records if r["dataset"] == dataset]
-    warm = {r["method"]: r["seconds"] for r in records if r["dataset"] == WARMUP}  # the latest of each method
+    warm = warmup or {}
     by_method: dict[str, dict[int, dict[str, Any]]] = {}
     for r in rows:
         by_method.setdefault(r["method"], {})[r["prompt"]] = r

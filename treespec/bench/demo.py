@@ -36,7 +36,6 @@ def predicted_and_measured(predicted: Any, records: list[dict[str, Any]], target
     per step, and the speedup over the target alone with each prompt's prefill charged to both sides
     (the treespec runs' mean prefill; plain decoding costs ``predicted.plain_seconds`` per token in the
     prediction and is ``target_alone``, HF ``generate`` in the target's precision, in the measurement)."""
-    records = [r for r in records if r["dataset"] != compare.WARMUP]
     mine = [r for r in records if r["method"] == "treespec"]
     alone = [r for r in records if r["method"] == target_alone]
     if not mine or not alone:
@@ -135,10 +134,11 @@ def run_demo(args: argparse.Namespace, target: torch.nn.Module, tok: Any, draft:
                for i, text in enumerate(humaneval_prompts(100, 100 + args.prompts))]
     results = out_dir / "results.jsonl"
     results.unlink(missing_ok=True)  # the demo measures afresh each run
+    compare.warmup_file(results).unlink(missing_ok=True)
     records = compare.run(methods, prompts, args.max_new_tokens, results, on_record=lambda r: print(
         f"  HumanEval/{r['prompt']} {r['method']}: {r['tokens_per_second']:.2f} tok/s"
         + (f", tau {r['tau']:.2f}" if "tau" in r else ""), flush=True))
-    summary = compare.summarize(records, "humaneval")
+    summary = compare.summarize(records, "humaneval", compare.warmup_seconds(results))
     agreement = summary.get("agreement", {}).get("treespec", {"identical": 0, "of": 0})
     all_same = agreement["identical"] == agreement["of"] == len(prompts)
     headline = headline_line(summary, quick)
