@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import treespec
-from tree_builders import TreeShape, chain, kary
+from tree_builders import chain, kary
 from treespec.calibrate.acceptance import measure
 from treespec.calibrate.walk_replay import replay_steps, truncated
 from treespec.models.tiny import perturbed_copy, tiny_model
