@@ -139,6 +139,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     print(f"configuration: {resolved.why}", file=sys.stderr if args.json else sys.stdout, flush=True)
     eos = eos_ids(target, tok)
     status = 0
+    predicted = None if resolved.tuned is None else resolved.tuned.prediction.as_dict()
     for text in prompts:
         ids = encode(tok, text, args.chat)
         out = run(recipe, target, drafts, ids, max_new_tokens=args.max_new_tokens, seed=args.seed,
@@ -148,9 +149,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
                   "recipe": {"tree": recipe.tree, "budget": recipe.budget, "depth": recipe.depth,
                              "max_width": recipe.max_width, "verifier": recipe.verifier, "compile": recipe.compile,
                              "target_dtype": recipe.target_dtype, "draft_dtype": recipe.draft_dtype}}
-        if resolved.tuned is not None:  # the prediction beside the measurement, for anyone to check
+        if predicted is not None:  # the prediction beside the measurement, for anyone to check
             s = out.stats
-            record["predicted"] = resolved.tuned.prediction.as_dict()
+            record["predicted"] = predicted
             record["measured"] = {"tau": s.tau, "step_seconds": (s.drafting_seconds + s.verifying_seconds
                                                                  + s.overhead_seconds) / max(s.steps, 1)}
         if not args.json:

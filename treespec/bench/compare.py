@@ -39,8 +39,8 @@ def warmup_file(results: Path) -> Path:
 
 def warmup_seconds(results: Path) -> dict[str, float]:
     """Each method's seconds in its latest warm-up call (its compiles and one-off setup), from beside ``results``."""
-    return {r["method"]: r["seconds"] for r in read_records(warmup_file(results))} if warmup_file(results).exists() \
-        else {}
+    path = warmup_file(results)
+    return {r["method"]: r["seconds"] for r in read_records(path)} if path.exists() else {}
 
 
 @dataclass

@@ -13,6 +13,7 @@ the tree that was chosen); ``why`` is a one-line account to print.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -73,19 +74,17 @@ class Tuned:
     #: the calibration walk the run is predicted over (:meth:`with_walk`); None: the rows' expectation
     walk: MeasuredAcceptance | None = None
 
-    @property
+    @cached_property
     def prediction(self) -> Prediction:
         """The run's predicted tau and seconds per step. Over the calibration walk (:meth:`with_walk`): the
         chosen tree replayed with the confidence stop the run uses (``treespec.calibrate.walk_replay``), each
         replayed step costed by the profile at the depth it drafted (or, on the compiled route, the compiled
         steps' measured seconds, which ran with the stop). Otherwise the choice's own figures (the DP's
         expectation over the rows, every level drafted: optimistic where a stop cuts levels)."""
-        c = self.choice
-        walk = self.walk
-        if walk is None or not walk.ranks or c.shape.depth == 0 or c.shape.max_width > walk.width or (
-                self.min_confidence is not None and not walk.confidence):
-            return Prediction(c.tau, c.step_seconds, c.plain_seconds, "rows")
-        steps = walk.replay(c.shape, self.min_confidence)
+        c, walk = self.choice, self.walk
+        usable = walk is not None and walk.ranks and c.shape.depth > 0 and c.shape.max_width <= walk.width and (
+            self.min_confidence is None or walk.confidence)
+        steps = walk.replay(c.shape, self.min_confidence) if usable else []
         if not steps:
             return Prediction(c.tau, c.step_seconds, c.plain_seconds, "rows")
         tau = sum(s.tokens for s in steps) / len(steps)
