@@ -121,7 +121,8 @@ def run_demo(args: argparse.Namespace, target: torch.nn.Module, tok: Any, draft:
     choice.shape.draw(str(png), acceptance=acceptance, title=f"treespec demo tree (budget {choice.shape.size})")
     print(f"  tree drawn to {png}\n{choice.shape}")
 
-    print(f"  {why_this_shape(tuned, acceptance)}")
+    shape_note = why_this_shape(tuned, acceptance)
+    print(f"  {shape_note}")
     quick = getattr(args, "quick", False)
     methods = baseline_methods(target, draft, quick)
     if precision_of(target) != "float32":  # the sceptic's baseline: the target alone in float32 too
@@ -142,7 +143,7 @@ def run_demo(args: argparse.Namespace, target: torch.nn.Module, tok: Any, draft:
     agreement = summary.get("agreement", {}).get("treespec", {"identical": 0, "of": 0})
     all_same = agreement["identical"] == agreement["of"] == len(prompts)
     headline = headline_line(summary, quick)
-    report = compare.markdown(summary) + f"\n\n{why_this_shape(tuned, acceptance)}"
+    report = compare.markdown(summary) + f"\n\n{shape_note}"
     prediction = tuned.prediction
     versus = predicted_and_measured(prediction, records, compare.hf_method(target).name)
     if versus:
