@@ -549,6 +549,8 @@ def phase_levels(b: Bench) -> dict[str, Any]:
             continue  # a CUDA lever (on a CPU it times C++ templates for many minutes)
         if freezing and b.backend != "inductor":
             continue  # an inductor lever (the smoke compiles with aot_eager)
+        if b.tiny and out["levers"]:
+            break  # the smoke checks the phase's path: one lever (each compiles its own runner)
         with lever(bucket, mode, freezing):
             run = treespec_run(b, b.model("target"), b.model("draft"), shape, b.compile, budget=shape.size)
             table = kernel_table(lambda: treespec.generate(b.model("target"), b.prompts[0],
@@ -565,6 +567,13 @@ def phase_levels(b: Bench) -> dict[str, Any]:
 
 
 # -- results: written after every phase -----------------------------------------------------------
+
+
+def merged(phase: str, old: dict[str, Any] | None, part: dict[str, Any]) -> dict[str, Any]:
+    """A phase's saved entry after ``part``: phase treespec adds its runs to earlier ones (a run with other
+    --step-budgets extends it, a run of the same budget replaces that budget's runs); any other phase replaces
+    its entry."""
+    return {**old, **part} if phase == "treespec" and isinstance(old, dict) else dict(part)
 
 
 def save(out: Path, results: dict[str, Any]) -> None:
@@ -730,10 +739,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     out = Path(args.out)
 
     def checkpoint(phase: str, part: dict[str, Any]) -> None:
-        """Record a phase's result (or finished part) and save: phase treespec adds its runs to earlier ones
-        (a run with other --step-budgets extends it); any other phase replaces its entry."""
-        old = results["phases"].get(phase)
-        results["phases"][phase] = {**old, **part} if phase == "treespec" and isinstance(old, dict) else dict(part)
+        """Record a phase's result (or finished part) and save it."""
+        results["phases"][phase] = merged(phase, results["phases"].get(phase), part)
         save(out, results)
 
     b = Bench(args, checkpoint)

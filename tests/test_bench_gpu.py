@@ -41,7 +41,13 @@ def test_bench_gpu_smoke_runs_every_phase_and_resumes(tmp_path):
     assert again["costs"] == json.loads(json.dumps(before)) and again["first"]["ok"]  # the rest kept
     assert again["predict"] == json.loads(json.dumps(ph["predict"]))  # the same inputs: the same choice
     assert result["setup"]["smoke"]
-    # phase treespec run again with other budgets adds its runs to the earlier ones
-    bench_gpu["main"](["--smoke", "--out", str(tmp_path), "--phase", "treespec", "--step-budgets", "12", "--no-eager"])
-    merged = json.loads((tmp_path / "results.json").read_text())["phases"]["treespec"]
-    assert set(merged) == {"compiled_budget8", "eager_budget8", "compiled_budget12"}
+    assert len(ph["levels"]["levers"]) == 1  # the smoke's one lever (each compiles a runner)
+
+
+def test_phase_treespec_run_again_adds_its_runs_and_other_phases_replace_theirs():
+    merged = bench_gpu["merged"]
+    first = {"compiled_budget8": {"tau": 1.0}, "eager_budget8": {"tau": 1.0}}
+    again = merged("treespec", first, {"compiled_budget12": {"tau": 2.0}, "compiled_budget8": {"tau": 3.0}})
+    assert again == {"compiled_budget8": {"tau": 3.0}, "eager_budget8": {"tau": 1.0}, "compiled_budget12": {"tau": 2.0}}
+    assert merged("treespec", None, {"a": 1}) == {"a": 1}
+    assert merged("sweep", {"runs": 1, "envelope": 2}, {"runs": 3}) == {"runs": 3}
