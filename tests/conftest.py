@@ -1,5 +1,6 @@
 """Shared test setup: one torch thread; slow real-model checks run only when asked (TREESPEC_SLOW=1 or -m slow)."""
 
+import functools
 import os
 
 import pytest
@@ -27,14 +28,35 @@ def shared_runners():
     captured.RUNNERS.limit, compiled.RUNNERS.limit = limits
 
 
-@pytest.fixture(scope="session", params=["llama", "qwen2"])
-def models(request):
-    """A peaky tiny target of each family and a correlated draft: the compiled-step tests' pair
-    (a test file may define its own ``models``)."""
+@pytest.fixture(scope="session", autouse=True)
+def model_classes_registered():
+    """transformers registers each model class when its first model is built, and a compiled graph guards on how
+    many it holds: a class first built mid-run (another family, GPT-2 in an error test) would make every graph
+    of this worker compile again. Build one of each class the suite uses, before any test."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from treespec.models.tiny import FAMILIES, tiny_model
+
+    for family in FAMILIES:
+        tiny_model(family, layers=1)
+    GPT2LMHeadModel(GPT2Config(vocab_size=8, n_embd=8, n_layer=1, n_head=2, n_positions=8))
+
+
+@functools.lru_cache(maxsize=None)
+def tiny_pair(family: str) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """A peaky one-layer tiny target of ``family`` and a correlated draft, made once per process: the same
+    objects for every test that asks, so the compiled runners (keyed by the models) of one test serve the
+    next (pytest makes a parametrized session fixture again each time its parameter comes back)."""
     from treespec.models.tiny import perturbed_copy, tiny_model
 
-    target = tiny_model(request.param, vocab=64, hidden=64, layers=1, scale=6, seed=0)
+    target = tiny_model(family, vocab=64, hidden=64, layers=1, scale=6, seed=0)
     return target, perturbed_copy(target, 0.3)
+
+
+@pytest.fixture(scope="session", params=["llama", "qwen2"])
+def models(request):
+    """:func:`tiny_pair` of each family: the compiled-step tests' pair (a test file may define its own ``models``)."""
+    return tiny_pair(request.param)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -9,7 +9,7 @@ from torch._dynamo.utils import counters
 import treespec
 from stats import ALPHA
 from test_exactness import BUSHY, PROMPT, joint_p, pair, sample_joint, trials  # noqa: F401 (pair is a fixture)
-from treespec.models.tiny import greedy_reference, perturbed_copy, tiny_model
+from treespec.models.tiny import greedy_reference, tiny_model
 from treespec.core import compiled, rule
 from treespec.core.kv import StaticTreeCache
 
@@ -214,41 +214,30 @@ def test_compiled_without_drafters_and_with_an_ngram_drafter(models):
     assert len(sampled.new_tokens) == 20
 
 
-def test_inductor_with_weight_freezing_keeps_the_output_exact():
-    """Inductor's weight freezing (HF's fastest CPU decoding) folds parameters into constants; the
-    step's mutable state (static cache buffers, committed length) must stay graph inputs, or logits
-    stop following the cache. Greedy output equals HF greedy and the eager step's, tau included."""
-    target = tiny_model("llama", vocab=64, hidden=64, layers=1, scale=6, seed=0)
-    draft = perturbed_copy(target, 0.3)
-    prompt = [10, 11, 12, 13, 14, 15, 16, 17]
-    eager = run(target, draft, prompt, 30, shape=KARY, mode="sample", budget=8, seed=0)
-    with torch._inductor.config.patch(freezing=True):
-        frozen = run(target, draft, prompt, 30, shape=KARY, mode="sample", budget=8, seed=0, compile="inductor")
-    assert frozen.new_tokens == eager.new_tokens == greedy_reference(target, prompt, 30)
-    assert frozen.stats.step_tokens == eager.stats.step_tokens  # the same walk, step by step
-
-
-def test_a_compiled_prefill_compiles_once_even_before_the_cache_argument_is_known(monkeypatch):
-    """The forward's cache-argument name is looked up in a memo: a graph traced while the lookup fills
-    it would guard on the memo being empty and compile again at its next call (a wasted compile, tens of
-    seconds on a GPU for a real model). The cache resolves it before any trace."""
-    from treespec.core import attention
+def test_a_compiled_forward_is_not_compiled_again_when_another_model_class_comes(monkeypatch):
+    """The forward's cache-argument name is memoised per model class in a dict; a graph that read the memo
+    would guard on its length and compile again once another class fills it (a wasted compile per graph,
+    tens of seconds on a GPU for a real model; in one process, a second pair's first run recompiled the
+    first pair's runners). Compiled forwards pass the name resolved when their cache is made."""
+    from treespec.core import attention, kv
     from treespec.core.prefill import ChunkedPrefill
 
-    monkeypatch.setattr(attention, "_CACHE_ARGUMENT", {})  # as in a fresh process
+    other = tiny_model("qwen2", vocab=32, hidden=32)
+    other(torch.tensor([[1, 2]]))  # transformers' own registries hold both classes (its graphs guard on them)
+
+    def graphs_after_another_class(model) -> int:
+        monkeypatch.setattr(attention, "_CACHE_ARGUMENT", {})  # as in a fresh process
+        prefill = ChunkedPrefill(model, StaticTreeCache(model, 256), "aot_eager", None, chunk=16)
+        torch._dynamo.reset()  # no graph of another test's runner to fall back on
+        counters.clear()
+        prefill([i % 40 + 1 for i in range(40)])
+        attention.cache_argument(type(other))  # another class's first lookup
+        prefill([i % 40 + 1 for i in range(70)])
+        return counters["stats"]["unique_graphs"]
+
     model = tiny_model(seed=3)
-    prefill = ChunkedPrefill(model, StaticTreeCache(model, 256), "aot_eager", None, chunk=16)
-    torch._dynamo.reset()  # no graph of another test's runner to fall back on
-    counters.clear()
-    for n in (40, 70):
-        prefill([i % 40 + 1 for i in range(n)])
-    assert counters["stats"]["unique_graphs"] == 1
-    monkeypatch.setattr(attention, "_CACHE_ARGUMENT", {})
-    cache = StaticTreeCache.__new__(StaticTreeCache)  # negative control: a cache that skipped the lookup
-    cache.__dict__.update(prefill.cache.__dict__)
-    unresolved = ChunkedPrefill(model, cache, "aot_eager", None, chunk=16)
-    torch._dynamo.reset()
-    counters.clear()
-    for n in (40, 70):
-        unresolved([i % 40 + 1 for i in range(n)])
-    assert counters["stats"]["unique_graphs"] == 2
+    assert graphs_after_another_class(model) == 1
+    # negative control: the forward translates ``past_key_values`` through the memo inside the graph
+    name = attention.cache_argument(type(model))
+    monkeypatch.setattr(kv, "tree_forward", lambda m, **kw: attention.tree_forward(m, past_key_values=kw.pop(name), **kw))
+    assert graphs_after_another_class(model) == 2

@@ -39,18 +39,6 @@ def ray():
 
 
 @pytest.mark.xdist_group("ray")
-def test_two_workers_give_the_points_of_one_process(ray, tmp_path: Path) -> None:
-    here = E.sweep(_config(), tmp_path / "here", progress=False, make_report=False)
-    there = E.sweep(_config(), tmp_path / "there", progress=False, make_report=False, workers=2, share_cpu=True)
-    a, b = _by_key(here), _by_key(there)
-    assert set(a) == set(b) and len(a) == 3
-    for key in a:  # same greedy outputs, tau and counts; timings and where it ran aside
-        assert comparable(a[key])["result"] == comparable(b[key])["result"], key
-    assert {r["meta"]["worker"] for r in b.values()} <= {0, 1} and all(r["meta"]["shared_cpu"] for r in b.values())
-    assert all(r.get("speedup", {}).get("target") for r in b.values() if r["kind"] == "treespec")
-
-
-@pytest.mark.xdist_group("ray")
 def test_a_killed_worker_loses_no_point(ray, tmp_path: Path) -> None:
     killed = []
 
@@ -66,18 +54,24 @@ def test_a_killed_worker_loses_no_point(ray, tmp_path: Path) -> None:
 
 
 @pytest.mark.xdist_group("ray")
-def test_a_killed_driver_resumes(ray, tmp_path: Path) -> None:
+def test_a_killed_driver_resumes_and_two_workers_give_the_points_of_one_process(ray, tmp_path: Path) -> None:
     def die_after_one(record: dict) -> None:
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        E.sweep(_config(), tmp_path, progress=False, make_report=False, workers=2, share_cpu=True,
+        E.sweep(_config(), tmp_path / "there", progress=False, make_report=False, workers=2, share_cpu=True,
                 on_point=die_after_one)
-    first = _by_key(tmp_path / "results.jsonl")
+    first = _by_key(tmp_path / "there" / "results.jsonl")
     assert len(first) == 1
-    path = E.sweep(_config(), tmp_path, progress=False, make_report=False, workers=2, share_cpu=True)
-    again = _by_key(path)
-    assert len(again) == 3 and all(again[k] == first[k] for k in first)  # the finished point is kept as it was
+    there = E.sweep(_config(), tmp_path / "there", progress=False, make_report=False, workers=2, share_cpu=True)
+    b = _by_key(there)
+    assert len(b) == 3 and all(b[k] == first[k] for k in first)  # the finished point is kept as it was
+    a = _by_key(E.sweep(_config(), tmp_path / "here", progress=False, make_report=False))
+    assert set(a) == set(b)
+    for key in a:  # same greedy outputs, tau and counts; timings and where it ran aside
+        assert comparable(a[key])["result"] == comparable(b[key])["result"], key
+    assert {r["meta"]["worker"] for r in b.values()} <= {0, 1} and all(r["meta"]["shared_cpu"] for r in b.values())
+    assert all(r.get("speedup", {}).get("target") for r in b.values() if r["kind"] == "treespec")
 
 
 @pytest.mark.xdist_group("ray")

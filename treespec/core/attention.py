@@ -65,9 +65,9 @@ _CACHE_ARGUMENT: dict[type, str] = {}  # model class -> its forward's name for t
 def cache_argument(model_class: type) -> str:
     """The name the model's forward takes its KV cache under: ``cache`` (transformers >= 5.2x, where
     ``past_key_values`` is deprecated) or ``past_key_values``. Memoised in a plain dict, which
-    ``torch.compile`` reads without a graph break (it warns on ``functools`` caches). Call it once
-    eagerly before compiling (``StaticTreeCache`` does): a graph traced while this fills the memo
-    guards on the memo being empty and is compiled again at its next call."""
+    ``torch.compile`` reads without a graph break (it warns on ``functools`` caches), but a graph that
+    reads it guards on the memo's length, and is compiled again once another model class fills it:
+    compiled forwards pass the name resolved beforehand (``StaticTreeCache.cache_argument``)."""
     if model_class not in _CACHE_ARGUMENT:
         names = inspect.signature(model_class.forward).parameters
         _CACHE_ARGUMENT[model_class] = "cache" if "cache" in names else "past_key_values"

@@ -194,7 +194,10 @@ class StaticTreeCache(Cache):
         super().__init__(layers=layers)
         for layer in layers:
             layer.allocate(heads, head_dim, param.dtype, param.device)
-        cache_argument(type(model))  # resolved before any compiled forward traces it (no wasted recompile)
+        # the forward's name for its cache, resolved here: a compiled forward reads this attribute, never
+        # attention's memo, whose length its graph would guard on (another model class's first forward would
+        # then compile every earlier graph again)
+        self.cache_argument = cache_argument(type(model))
 
     def forward(self, model: torch.nn.Module, ids: torch.Tensor, positions: torch.Tensor, block: torch.Tensor,
                 committed: torch.Tensor | None = None, write_start: torch.Tensor | None = None,
@@ -218,7 +221,7 @@ class StaticTreeCache(Cache):
         for layer in self.layers:
             layer.write_start = committed if write_start is None else write_start
         out = tree_forward(model, input_ids=ids[None], attention_mask=mask, position_ids=positions[None],
-                           past_key_values=self, use_cache=True, logits_to_keep=logits_to_keep)
+                           use_cache=True, logits_to_keep=logits_to_keep, **{self.cache_argument: self})
         for layer in self.layers:
             layer.write_start = None
         return out.logits[0]
