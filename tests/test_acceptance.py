@@ -16,6 +16,9 @@ from tree_builders import sequoia
 from treespec.calibrate.acceptance import MeasuredAcceptance, depth_counts, encode_prompts, measure
 from treespec.models.tiny import opposite_copy, perturbed_copy, tiny_model
 
+#: one worker runs this file: its tau checks share the calibrations of the module's ``calibrated`` fixture
+pytestmark = pytest.mark.xdist_group("acceptance")
+
 MODES = ["topk", "sample", "sample_without_replacement"]
 
 #: relative tolerance on top of 4 standard errors, for two approximations of the prediction.
@@ -168,6 +171,11 @@ def measured(target, draft, shape, prompts, mode, temperature, n=64) -> tuple[fl
     return float(tau), se, naive
 
 
+#: calibration prompts (of the first 60) and disjoint evaluation prompts (of the last 40) of the tau checks. Sized
+#: by the negative control: at 30 and 24 its |tau - prediction| was 3.4 times the check's threshold (5.1 at 60 and
+#: 40, which took twice as long), the three cases' 0.15-0.57 times theirs (0.19-0.41)
+CALIBRATION, EVALUATION = 30, 24
+
 CASES = {  # noise of the draft, target temperature, drafting mode
     "greedy-topk": (0.2, 0.0, "topk"),
     "T1-sample_without_replacement": (0.6, 1.0, "sample_without_replacement"),
@@ -183,7 +191,7 @@ def calibrated(target, prompts):
         if case not in cache:
             noise, temperature, mode = CASES[case]
             draft = perturbed_copy(target, noise)
-            cache[case] = draft, calibrate(target, draft, prompts[:60], mode=mode, temperature=temperature)
+            cache[case] = draft, calibrate(target, draft, prompts[:CALIBRATION], mode=mode, temperature=temperature)
         return cache[case]
 
     return get
@@ -197,7 +205,7 @@ def test_measured_tau_matches_prediction_on_disjoint_prompts(target, prompts, ca
     assert 0.2 < pooled.vector[0] < 0.8  # moderate acceptance: the tree matters
     shape = sequoia(pooled.vector, 16, max_depth=8)
     pred, se_pred = predicted(shape, parts)
-    tau, se_tau, _ = measured(target, draft, shape, prompts[60:], mode, temperature)
+    tau, se_tau, _ = measured(target, draft, shape, prompts[60 : 60 + EVALUATION], mode, temperature)
     se = float(np.hypot(se_tau, se_pred))
     assert abs(tau - pred) < 4 * se + TOLERANCE * pred, (case, tau, pred, se)
 
@@ -205,8 +213,8 @@ def test_measured_tau_matches_prediction_on_disjoint_prompts(target, prompts, ca
 def test_the_tau_check_detects_a_wrong_vector(target, prompts, calibrated):
     """Negative control: the vector of a worse draft (noise 0.5 instead of 0.2) must fail the check."""
     draft, _ = calibrated("greedy-topk")
-    worse = calibrate(target, perturbed_copy(target, 0.5), prompts[:60], mode="topk", temperature=0.0)
+    worse = calibrate(target, perturbed_copy(target, 0.5), prompts[:CALIBRATION], mode="topk", temperature=0.0)
     shape = sequoia(MeasuredAcceptance.merge(worse).vector, 16, max_depth=8)
     pred, se_pred = predicted(shape, worse)
-    tau, se_tau, _ = measured(target, draft, shape, prompts[60:], "topk", 0.0)
+    tau, se_tau, _ = measured(target, draft, shape, prompts[60 : 60 + EVALUATION], "topk", 0.0)
     assert abs(tau - pred) > 4 * float(np.hypot(se_tau, se_pred)) + TOLERANCE * pred

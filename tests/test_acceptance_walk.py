@@ -24,6 +24,9 @@ from treespec.core.engine import generate
 from treespec.core.sampling import SamplingParams
 from treespec.models.tiny import bigram_model, perturbed_copy, tiny_model
 
+#: one worker runs this file: its tests share the walks of the module's ``measured`` fixture
+pytestmark = pytest.mark.xdist_group("acceptance_walk")
+
 NEVER = -30.0  # a logit whose probability is ~1e-13 next to a logit of 0
 
 

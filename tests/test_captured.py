@@ -18,6 +18,9 @@ from treespec.core.request import Request
 from treespec.drafters.model import _Layout, as_shape
 from treespec.models.tiny import greedy_reference, perturbed_copy, tiny_model
 
+#: one worker runs this file: its tests of one pair reuse each other's runners (compiled graphs)
+pytestmark = pytest.mark.xdist_group("captured")
+
 BACKEND = "aot_eager"
 #: joint-distribution tests run their thousands of steps through dynamo's graphs without AOT's functionalisation
 #: (the greedy tests check the aot_eager and inductor graphs; a sampled law does not depend on the layer)

@@ -84,3 +84,24 @@ def test_a_tuned_chain_is_set_beside_the_best_branching_tree():
     assert tau / seconds < choice.tau / prof.step_seconds(choice.shape)  # the chain was the faster prediction
     assert f"tau {tau:.2f} at {seconds:.3f} s per step" in text
     assert ("wider levels cost more" in text) == (tau > choice.tau) and ("accepts less" in text) == (tau <= choice.tau)
+
+
+def test_a_difference_at_a_tie_passes_and_one_where_a_token_leads_fails():
+    """The demo exits 1 on a greedy difference from HF unless the target's top-2 logits are tied there at its
+    precision (bfloat16 forwards over a tree and over one token round differently)."""
+    import torch
+
+    assert compare.near_tie(0.0, 20.0, torch.bfloat16) and compare.near_tie(0.25, 20.0, torch.bfloat16)
+    assert not compare.near_tie(0.5, 20.0, torch.bfloat16)  # two bfloat16 steps near 20: 0.3125
+    assert not compare.near_tie(0.25, 20.0, torch.float32)
+    tie, lead = {"position": 3, "top2_gap": 0.0, "near_tie": True}, {"position": 5, "top2_gap": 1.5, "near_tie": False}
+    assert "either token" in demo.divergence_lines({104: tie}, "bfloat16")
+    both = demo.divergence_lines({104: tie, 105: lead}, "bfloat16")
+    assert "HumanEval/105 differs from token 5" in both and "NOT a tie" in both and "exit status 1" in both
+    # located on the target: a random float32 model's two tokens at the first difference are not tied
+    target = tiny_model("llama", vocab=128, hidden=64, scale=6)
+    prompts = [("humaneval", 104, [1, 2, 3])]
+    records = [{"method": "hf-float32", "prompt": 104, "output": [7, 8, 9]},
+               {"method": "treespec", "prompt": 104, "output": [7, 8, 10]}]
+    found = demo.mismatches(target, prompts, records, {"against": "hf-float32", "mismatched_prompts": [104]})
+    assert found[104]["position"] == 2 and found[104]["tokens"] == [9, 10] and found[104]["near_tie"] is False

@@ -113,7 +113,14 @@ def first_divergence(target: torch.nn.Module, prompt: Sequence[int], a: Sequence
         logits = target(input_ids=ids).logits[0, -1].float()
     top = torch.topk(logits, 2)
     return {"position": k, "tokens": [int(a[k]), int(b[k])], "top2": top.indices.tolist(),
-            "top2_gap": float(top.values[0] - top.values[1])}
+            "top2_gap": float(top.values[0] - top.values[1]), "top1_logit": float(top.values[0]),
+            "near_tie": near_tie(float(top.values[0] - top.values[1]), float(top.values[0]), target.dtype)}
+
+
+def near_tie(gap: float, top1: float, dtype: torch.dtype) -> bool:
+    """Whether two logits ``gap`` apart near ``top1`` are tied at ``dtype``'s precision: within two rounding
+    steps (a forward over a tree and one over a single token sum in different orders, and each rounds)."""
+    return gap <= 2 * torch.finfo(dtype).eps * max(abs(top1), 1.0)
 
 
 def run(methods: Sequence[Method], prompts: Sequence[tuple[str, int, list[int]]], max_new_tokens: int,

@@ -33,6 +33,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
+import numpy as np
 import torch
 
 from .constructions import Construction, chain_only, classify, every_construction, iid_uncut
@@ -226,8 +227,10 @@ def kseq_rho(r: torch.Tensor, q: torch.Tensor, k: int, iters: int = 40) -> tuple
     ``rho`` (the largest acceptance).
     """
 
+    q_np, r_np = q.double().cpu().numpy(), r.double().cpu().numpy()  # one copy: the bisection reads them ~40 times
+
     def c_of(rho: float) -> float:
-        beta = float(torch.minimum(q, r / rho).sum())
+        beta = float(np.minimum(q_np, r_np / rho).sum())
         if beta <= 0:
             return float(k)
         # (1 - (1 - beta)^k) / beta with the power in log space
