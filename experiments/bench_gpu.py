@@ -138,7 +138,7 @@ class Bench:
         self.args, self.tiny, self.device = args, args.smoke, torch.device(args.device)
         self.checkpoint = checkpoint
         self.dtype = torch.float32 if self.tiny else torch.bfloat16
-        self.backend, self.mode = ("aot_eager", None) if self.tiny else compiling.compile_options(True, self.device)
+        self.backend, self.mode = ("eager", None) if self.tiny else compiling.compile_options(True, self.device)
         self.compile = self.backend if self.tiny else True
         self._models: dict[str, torch.nn.Module] = {}
         g = torch.Generator().manual_seed(0)
@@ -548,7 +548,7 @@ def phase_levels(b: Bench) -> dict[str, Any]:
         if (b.tiny or b.device.type != "cuda") and mode == "max-autotune":
             continue  # a CUDA lever (on a CPU it times C++ templates for many minutes)
         if freezing and b.backend != "inductor":
-            continue  # an inductor lever (the smoke compiles with aot_eager)
+            continue  # an inductor lever (the smoke compiles with dynamo's eager backend)
         if b.tiny and out["levers"]:
             break  # the smoke checks the phase's path: one lever (each compiles its own runner)
         with lever(bucket, mode, freezing):
@@ -705,7 +705,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--out", required=True, help="directory for results.json and README.md (resumed)")
     ap.add_argument("--phase", choices=(*PHASES, "all"), nargs="+", default=["all"],
                     help="which phases to run, in the protocol's order (default: all)")
-    ap.add_argument("--smoke", action="store_true", help="tiny models (CPU by default, aot_eager): checks the script")
+    ap.add_argument("--smoke", action="store_true",
+                    help="tiny models (CPU by default), dynamo's eager backend (whole graphs traced and replayed; the "
+                         "suite's compiled-step tests check AOT and inductor): checks the script")
     ap.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--prompt-len", type=int, default=128)
