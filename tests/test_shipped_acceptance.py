@@ -34,9 +34,9 @@ def test_the_shipped_files_are_walked_with_rows_and_ranks(temperature, mode):
     assert max(ids) < 100 and len(set(ids)) == 40
     chain = TreeShape.from_paths([(0,) * d for d in range(1, 8)])
     assert 1.0 < saved.replayed_tau(chain) <= 8.0
-    if temperature == 0:  # the greedy file keeps each proposal's draft probability: the stop is replayed too
-        assert len(saved.confidence) == 40 and len(saved.confidence[0][0]) == 8
-        assert 1.0 < saved.replayed_tau(chain, 0.3) < saved.replayed_tau(chain)  # the stop cuts some paths
+    # each file keeps each proposal's draft probability: the confidence stop is replayed too
+    assert len(saved.confidence) == 40 and len(saved.confidence[0][0]) == 8
+    assert 1.0 < saved.replayed_tau(chain, 0.3) < saved.replayed_tau(chain)  # the stop cuts some paths
 
 
 def test_a_file_without_rows_gives_its_vector(tmp_path):
