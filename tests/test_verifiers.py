@@ -206,26 +206,28 @@ def draft_sets(world: World, case: str):
     chain2, chain3 = [(0,), (0, 0)], [(0,), (0, 0), (0, 0, 0)]
     bushy = [(0,), (1,), (0, 0), (0, 1), (1, 0)]
     deep = [(0,), (1,), (0, 0), (0, 1), (0, 0, 0), (1, 0)]
-    cases = {
-        "chain2-sample": [list(drafted(world, chain2, "sample"))],
-        "chain3-sample": [list(drafted(world, chain3, "sample"))],
-        "chain3-topk": [list(drafted(world, chain3, "topk"))],
-        "wor-bushy": [list(drafted(world, bushy, "without_replacement"))],
-        "wor-deep": [list(drafted(world, deep, "without_replacement"))],
-        "iid-bushy": [list(drafted(world, bushy, "sample"))],  # duplicates merge in the trie
-        "iid-deep": [list(drafted(world, deep, "sample"))],
-        "iid-chains": [list(drafted(world, [(0,), (1,), (2,), (0, 0), (1, 0), (2, 0)], "sample"))],
-        "topk-bushy": [list(drafted(world, bushy, "topk"))],
-        "points-merged": [list(drafted(world, bushy, "topk")), list(point_masses([2, 1, 0], [ROOT, 0, ROOT]))],
-        "sample+points": [list(drafted(world, bushy, "sample")), list(point_masses([2, 1], [ROOT, 0]))],
-        "two-samplers": [list(drafted(world, chain2, "sample")), list(drafted(world, bushy, "without_replacement"))],
+    cases = {  # built on demand: only the asked case enumerates its drafts
+        "chain2-sample": lambda: [list(drafted(world, chain2, "sample"))],
+        "chain3-sample": lambda: [list(drafted(world, chain3, "sample"))],
+        "chain3-topk": lambda: [list(drafted(world, chain3, "topk"))],
+        "wor-bushy": lambda: [list(drafted(world, bushy, "without_replacement"))],
+        "wor-deep": lambda: [list(drafted(world, deep, "without_replacement"))],
+        "iid-bushy": lambda: [list(drafted(world, bushy, "sample"))],  # duplicates merge in the trie
+        "iid-deep": lambda: [list(drafted(world, deep, "sample"))],
+        "iid-chains": lambda: [list(drafted(world, [(0,), (1,), (2,), (0, 0), (1, 0), (2, 0)], "sample"))],
+        "topk-bushy": lambda: [list(drafted(world, bushy, "topk"))],
+        "points-merged": lambda: [list(drafted(world, bushy, "topk")), list(point_masses([2, 1, 0], [ROOT, 0, ROOT]))],
+        "sample+points": lambda: [list(drafted(world, bushy, "sample")), list(point_masses([2, 1], [ROOT, 0]))],
+        "two-samplers": lambda: [list(drafted(world, chain2, "sample")),
+                                 list(drafted(world, bushy, "without_replacement"))],
         # labelled as draws from the draft q, but drawn otherwise: no verifier can be exact on these
-        "topk-as-wor": [list(drafted(world, bushy, "topk", q_mode="without_replacement"))],
-        "iid-as-wor": [list(drafted(world, bushy, "sample", q_mode="without_replacement"))],
-        "iid-deduplicated": [list(deduplicated(drafted(world, [(0,), (1,), (2,), (0, 0), (1, 0), (2, 0)], "sample")))],
-        "wor-as-iid": [list(drafted(world, bushy, "without_replacement", q_mode="sample"))],
+        "topk-as-wor": lambda: [list(drafted(world, bushy, "topk", q_mode="without_replacement"))],
+        "iid-as-wor": lambda: [list(drafted(world, bushy, "sample", q_mode="without_replacement"))],
+        "iid-deduplicated": lambda: [list(deduplicated(drafted(world, [(0,), (1,), (2,), (0, 0), (1, 0), (2, 0)],
+                                                               "sample")))],
+        "wor-as-iid": lambda: [list(drafted(world, bushy, "without_replacement", q_mode="sample"))],
     }
-    return cases[case]
+    return cases[case]()
 
 
 DEPTH = {"chain3-sample": 3, "chain3-topk": 3, "wor-deep": 3, "iid-deep": 3, "iid-deep-cut": 3}
