@@ -66,15 +66,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     records = compare.run(methods, prompts, args.max_new_tokens, args.out / "results.jsonl", on_record=show)
     summaries = [compare.summarize(records, d) for d in dict.fromkeys(p[0] for p in prompts)]
-    by_key = {(r["dataset"], r["prompt"], r["method"]): r for r in records}
     for s in summaries:  # locate each greedy mismatch and print the target's top-2 gap there
-        for spec, a in s.get("agreement", {}).items():
-            a["divergences"] = []
-            for p in a["mismatched_prompts"]:
-                ids = tok(dataset_prompts(s["dataset"])[p])["input_ids"]
-                div = compare.first_divergence(target, ids, by_key[(s["dataset"], p, a["against"])]["output"],
-                                               by_key[(s["dataset"], p, spec)]["output"])
-                a["divergences"].append({"prompt": p, **(div or {})})
+        compare.locate_divergences(target, records, s, lambda d, p: tok(dataset_prompts(d)[p])["input_ids"])
     machine = (f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads, "
                f"torch {torch.__version__}")
     result = {"machine": machine, "configuration": resolved.why, "recipe": {

@@ -40,7 +40,7 @@ import shlex
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -262,19 +262,6 @@ def summarize(records: Sequence[dict], dataset: str, reference: str, pairs: Sequ
     return s
 
 
-def locate_divergences(target: torch.nn.Module, records: Sequence[dict], summary: dict,
-                       prompt_ids: Callable[[str, int], list[int]]) -> None:
-    """For each greedy mismatch, where it starts and the target's top-2 logit gap there (near 0: a tie)."""
-    by_key = {(r["dataset"], r["prompt"], r["method"]): r for r in records}
-    for name, a in summary.get("agreement", {}).items():
-        a["divergences"] = []
-        for p in a["mismatched_prompts"]:
-            d = summary["dataset"]
-            div = compare.first_divergence(target, prompt_ids(d, p), by_key[(d, p, a["against"])]["output"],
-                                           by_key[(d, p, name)]["output"])
-            a["divergences"].append({"prompt": p, **(div or {})})
-
-
 def draft_table(summary: dict) -> str:
     """Per treespec method: acceptance, tau, tokens proposed and draft forwards per step, draft cost."""
     lines = ["| method | acceptance (kept / verified drafted tokens) | tau | proposed / step | draft forwards / step "
@@ -345,7 +332,7 @@ def main(argv: list[str] | None = None) -> dict:
     summaries = []
     for d in dict.fromkeys(p[0] for p in prompts):
         s = summarize(records, d, reference, pairs)
-        locate_divergences(setup.target, records, s, prompt_ids)
+        compare.locate_divergences(setup.target, records, s, prompt_ids)
         summaries.append(s)
     meta = {"machine": f"{cpu_model()}, {torch.get_num_threads()} torch threads", "torch": torch.__version__,
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "command": command,

@@ -95,13 +95,17 @@ def test_a_difference_at_a_tie_passes_and_one_where_a_token_leads_fails():
     assert not compare.near_tie(0.5, 20.0, torch.bfloat16)  # two bfloat16 steps near 20: 0.3125
     assert not compare.near_tie(0.25, 20.0, torch.float32)
     tie, lead = {"position": 3, "top2_gap": 0.0, "near_tie": True}, {"position": 5, "top2_gap": 1.5, "near_tie": False}
-    assert "either token" in demo.divergence_lines({104: tie}, "bfloat16")
-    both = demo.divergence_lines({104: tie, 105: lead}, "bfloat16")
+    assert "either token" in demo.divergence_lines([{"prompt": 104, **tie}], "bfloat16")
+    both = demo.divergence_lines([{"prompt": 104, **tie}, {"prompt": 105, **lead}], "bfloat16")
     assert "HumanEval/105 differs from token 5" in both and "NOT a tie" in both and "exit status 1" in both
     # located on the target: a random float32 model's two tokens at the first difference are not tied
     target = tiny_model("llama", vocab=128, hidden=64, scale=6)
     prompts = [("humaneval", 104, [1, 2, 3])]
     records = [{"method": "hf-float32", "prompt": 104, "output": [7, 8, 9]},
                {"method": "treespec", "prompt": 104, "output": [7, 8, 10]}]
-    found = demo.mismatches(target, prompts, records, {"against": "hf-float32", "mismatched_prompts": [104]})
+    records = [{"dataset": "humaneval", **r} for r in records]
+    summary = {"dataset": "humaneval",
+               "agreement": {"treespec": {"against": "hf-float32", "mismatched_prompts": [104]}}}
+    compare.locate_divergences(target, records, summary, lambda dataset, p: dict((i, t) for _, i, t in prompts)[p])
+    found = {d["prompt"]: d for d in summary["agreement"]["treespec"]["divergences"]}
     assert found[104]["position"] == 2 and found[104]["tokens"] == [9, 10] and found[104]["near_tie"] is False

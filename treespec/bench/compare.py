@@ -113,8 +113,20 @@ def first_divergence(target: torch.nn.Module, prompt: Sequence[int], a: Sequence
         logits = target(input_ids=ids).logits[0, -1].float()
     top = torch.topk(logits, 2)
     return {"position": k, "tokens": [int(a[k]), int(b[k])], "top2": top.indices.tolist(),
-            "top2_gap": float(top.values[0] - top.values[1]), "top1_logit": float(top.values[0]),
+            "top2_gap": float(top.values[0] - top.values[1]),
             "near_tie": near_tie(float(top.values[0] - top.values[1]), float(top.values[0]), target.dtype)}
+
+
+def locate_divergences(target: torch.nn.Module, records: Sequence[dict[str, Any]], summary: dict[str, Any],
+                       prompt_ids: Callable[[str, int], list[int]]) -> None:
+    """Each greedy mismatch of ``summary``'s agreement (:func:`summarize`), located: its agreement entry gets
+    ``divergences``, per mismatched prompt ``{"prompt": p, **first_divergence(...)}``. ``prompt_ids(dataset,
+    prompt)``: the prompt's token ids."""
+    by_key = {(r["dataset"], r["prompt"], r["method"]): r for r in records}
+    d = summary["dataset"]
+    for name, a in summary.get("agreement", {}).items():
+        a["divergences"] = [{"prompt": p, **(first_divergence(target, prompt_ids(d, p), by_key[(d, p, a["against"])][
+            "output"], by_key[(d, p, name)]["output"]) or {})} for p in a["mismatched_prompts"]]
 
 
 def near_tie(gap: float, top1: float, dtype: torch.dtype) -> bool:

@@ -82,7 +82,8 @@ def why_this_shape(tuned: Any, acceptance: Any) -> str:
     """Why the chosen tree won here: it beside the best tree of the same budget that branches, both predicted
     on the tuner's costs (tau from the acceptance rows, seconds per step from the measured forwards)."""
     choice, prof = tuned.choice, tuned.profile
-    mine = f"tau {choice.tau:.2f} at {prof.step_seconds(choice.shape):.3f} s per step"
+    step_seconds = prof.step_seconds(choice.shape)
+    mine = f"tau {choice.tau:.2f} at {step_seconds:.3f} s per step"
     if choice.shape.depth == 0:
         return f"Plain decoding was chosen: no tree is predicted to pay on this machine ({mine})."
     other = prof.best_branching(acceptance, choice.shape.size, max(choice.shape.depth, 8))
@@ -95,7 +96,7 @@ def why_this_shape(tuned: Any, acceptance: Any) -> str:
     verdict = ("it accepts more per step, but its wider levels cost more here" if tau > choice.tau else
                "it accepts less per step")
     return (f"Chosen: {kind} of {choice.shape.size} nodes, depth {choice.shape.depth} ({mine}, "
-            f"{choice.tau / prof.step_seconds(choice.shape):.2f} tokens/s predicted). The best branching tree of the same "
+            f"{choice.tau / step_seconds:.2f} tokens/s predicted). The best branching tree of the same "
             f"budget (depth {shape.depth}, widths {list(shape.widths)}): tau {tau:.2f} at {seconds:.3f} s per step, "
             f"{tau / seconds:.2f} tokens/s predicted: {verdict}.")
 
@@ -140,9 +141,11 @@ def run_demo(args: argparse.Namespace, target: torch.nn.Module, tok: Any, draft:
         f"  HumanEval/{r['prompt']} {r['method']}: {r['tokens_per_second']:.2f} tok/s"
         + (f", tau {r['tau']:.2f}" if "tau" in r else ""), flush=True))
     summary = compare.summarize(records, "humaneval", compare.warmup_seconds(results))
-    agreement = summary.get("agreement", {}).get("treespec", {"identical": 0, "of": 0, "mismatched_prompts": []})
-    divergences = mismatches(target, prompts, records, agreement)
-    exact = agreement["of"] == len(prompts) and all(d["near_tie"] for d in divergences.values())
+    ids = {index: tokens for _, index, tokens in prompts}
+    compare.locate_divergences(target, records, summary, lambda dataset, p: ids[p])
+    agreement = summary.get("agreement", {}).get("treespec", {"of": 0, "divergences": []})
+    divergences = agreement["divergences"]
+    exact = agreement["of"] == len(prompts) and all(d["near_tie"] for d in divergences)
     headline = headline_line(summary, quick)
     report = compare.markdown(summary) + f"\n\n{shape_note}"
     prediction = tuned.prediction
@@ -165,23 +168,14 @@ def run_demo(args: argparse.Namespace, target: torch.nn.Module, tok: Any, draft:
     return 0 if exact else 1
 
 
-def mismatches(target: torch.nn.Module, prompts: list[tuple[str, int, list[int]]], records: list[dict[str, Any]],
-               agreement: dict[str, Any]) -> dict[int, dict[str, Any]]:
-    """Each prompt whose treespec output differs from HF's in the same precision: where it first differs, the
-    target's top-2 logit gap there and whether that is a tie at the target's precision (``compare.near_tie``)."""
-    out = {m["prompt"]: m["output"] for m in records if m["method"] == "treespec"}
-    hf = {m["prompt"]: m["output"] for m in records if m["method"] == agreement.get("against")}
-    ids = {index: tokens for _, index, tokens in prompts}
-    return {p: compare.first_divergence(target, ids[p], hf[p], out[p]) for p in agreement["mismatched_prompts"]}
-
-
-def divergence_lines(divergences: dict[int, dict[str, Any]], precision: str) -> str:
-    """The demo's verdict on outputs that differ from HF's: ties at the target's precision are rounding, not a
-    rule broken (the demo exits 0); a difference where one token leads is a bug (it exits 1)."""
-    lines = [f"- HumanEval/{p} differs from token {d['position']}: the target's top-2 logits there are "
+def divergence_lines(divergences: list[dict[str, Any]], precision: str) -> str:
+    """The demo's verdict on outputs that differ from HF's (``compare.locate_divergences``): ties at the target's
+    precision are rounding, not a rule broken (the demo exits 0); a difference where one token leads is a bug (it
+    exits 1)."""
+    lines = [f"- HumanEval/{d['prompt']} differs from token {d['position']}: the target's top-2 logits there are "
              f"{d['top2_gap']:.3g} apart ({'a tie' if d['near_tie'] else 'NOT a tie'} in {precision})"
-             for p, d in divergences.items()]
+             for d in divergences]
     verdict = ("every difference is at a tie: forwards over a tree and over one token round differently, and "
-               "either token is the target's argmax" if all(d["near_tie"] for d in divergences.values()) else
+               "either token is the target's argmax" if all(d["near_tie"] for d in divergences) else
                "a difference where the target prefers one token: exactness is broken (exit status 1)")
     return "Greedy differences from HF in the same precision:\n" + "\n".join(lines) + f"\n\n{verdict}."
