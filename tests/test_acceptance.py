@@ -173,7 +173,8 @@ def measured(target, draft, shape, prompts, mode, temperature, n=64) -> tuple[fl
 
 #: calibration prompts (of the first 60) and disjoint evaluation prompts (of the last 40) of the tau checks. Sized
 #: by the negative control: at 30 and 24 its |tau - prediction| was 3.4 times the check's threshold (5.1 at 60 and
-#: 40, which took twice as long), the three cases' 0.15-0.57 times theirs (0.19-0.41)
+#: 40, which took twice as long), the three cases' 0.15-0.57 times theirs (0.19-0.41):
+#: `python experiments/size_tests.py tau`
 CALIBRATION, EVALUATION = 30, 24
 
 CASES = {  # noise of the draft, target temperature, drafting mode

@@ -111,7 +111,8 @@ def test_identity_of_tokenizers_changes_nothing(random_pair):
 #: trials, from a stated power calculation: the error these tests must see is the negative control's (point
 #: masses passed off as draws from a uniform ``q``). Its law, estimated from 6,000 runs and shrunk a quarter of
 #: the way back to the target's (room for the estimate's own error), is detected by the G-test at ALPHA with
-#: probability > 0.99 from 800 trials (``stats.power``; at 600: 0.80); 1,000 leaves a margin
+#: probability > 0.99 from 800 trials (``stats.power``; at 600: 0.80; `python experiments/size_tests.py cross`);
+#: 1,000 leaves a margin
 N, K, PROMPT = 1000, 3, [0, 1, 2]
 
 

@@ -84,7 +84,8 @@ def test_shape_path_with_fractional_rank_is_refused():
 # --- the joint law with a quantised sampling drafter (G-test, 6-token vocabulary) ---------------
 # test_exactness's pair with the draft quantised to int8, and its power calculation (``trials``): at T=1 the
 # G-test detects the quantised draft's unverified first token with probability 0.99 from 1,250 trials (the
-# 0.6-noise draft this test used before needed 9,200 for that, more than the 3,000 it ran)
+# 0.6-noise draft this test used before needed 9,200 for that, more than the 3,000 it ran:
+# `python experiments/size_tests.py quantised`)
 
 SMALL_BUSHY = [(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]
 
