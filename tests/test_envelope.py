@@ -2,8 +2,8 @@
 
 The tree enters the compiled calls as data, so after the first tree of an envelope every other tree inside
 it runs without a new graph (dynamo's counters do not move), and each one's output is still exact: greedy
-equal to the eager step and to HF greedy in float32, with inductor's weight freezing too (which folds what a
-graph only reads into constants: the tree must stay an input). The joint law of sampled tokens through a
+equal to the eager step and to HF greedy in float32 (with inductor's weight freezing, which folds what a
+graph only reads into constants: tests/test_freezing.py). The joint law of sampled tokens through a
 padded envelope is tests/test_captured.py's (its T=0.7 case runs padded)."""
 
 import numpy as np
@@ -16,7 +16,7 @@ from tree_builders import chain, for_budget, kary
 from treespec.core import captured
 from treespec.core.buffers import Envelope
 from conftest import tiny_pair
-from treespec.models.tiny import greedy_reference, perturbed_copy, tiny_model
+from treespec.models.tiny import greedy_reference
 
 BACKEND = "aot_eager"
 ACCEPTANCE = [0.6, 0.2, 0.1]
@@ -95,28 +95,3 @@ def test_an_envelope_that_does_not_cover_the_tree_is_refused(models):
         run(target, draft, [1, 2], SHAPES["fan-4"], 4, compile=BACKEND, envelope=small)
     with pytest.raises(ValueError, match="envelope must be"):
         run(target, draft, [1, 2], SHAPES["fan-4"], 4, compile=BACKEND, envelope=(8, 2, 2))
-
-
-def test_inductor_with_freezing_runs_several_trees_in_one_envelope():
-    """Freezing folds a static tensor that a graph only reads into a constant: each call must mutate every static
-    tensor it reads, and the tree buffers must stay graph inputs. A second and third shape in the same envelope,
-    and a prompt of another length, reuse the graphs and stay exact: greedy output equals HF's and the eager
-    step's walk (a tree frozen into the graph would replay the first shape)."""
-    target = tiny_model("qwen2", vocab=64, hidden=64, layers=1, scale=6, seed=3)  # one layer: fewer kernels
-    draft = perturbed_copy(target, 0.3)
-    shapes = [SHAPES["deep"], SHAPES["fan-4"], SHAPES["chain-4"], SHAPES["deep"]]
-    env = Envelope.for_shapes(shapes)
-    captured.RUNNERS.clear()
-    graphs = None
-    with torch._inductor.config.patch(freezing=True):
-        for i, shape in enumerate(shapes):
-            prompt = [3, 4, 5] if i == len(shapes) - 1 else [10, 11, 12, 13, 14, 15, 16, 17]
-            eager = run(target, draft, prompt, shape, 20)
-            out = run(target, draft, prompt, shape, 20, compile="inductor", envelope=env)
-            assert out.stats.step == "captured"
-            assert out.new_tokens == eager.new_tokens == greedy_reference(target, prompt, 20)
-            assert out.stats.step_tokens[:-1] == eager.stats.step_tokens[: len(out.stats.step_tokens) - 1]
-            assert max(out.stats.tree_sizes) == len(shape) + 1
-            graphs = graphs or counters["stats"]["unique_graphs"]
-            assert counters["stats"]["unique_graphs"] == graphs
-    captured.RUNNERS.clear()

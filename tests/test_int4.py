@@ -1,10 +1,9 @@
 """int4 drafts (``treespec.models.quantized``): the kernel computes with the quantised weights it was given, layers
 the kernel cannot take stay float, and an int4 draft runs in every step (eager, host-drafted compiled, captured)
-with the target's greedy output."""
+with the target's greedy output (under inductor's weight freezing: tests/test_freezing.py)."""
 
 from __future__ import annotations
 
-import copy
 
 import pytest
 import torch
@@ -127,13 +126,3 @@ def test_captured_int4_draft_prefills_a_long_prompt_eagerly(pair, monkeypatch):
                             max_new_tokens=10, compile="aot_eager")
     assert used == [30] and out.stats.step == "captured"
     assert out.new_tokens == greedy_reference(target, prompt, 10)
-
-
-def test_int4_draft_under_inductor_with_freezing(pair):
-    """The CPU configuration of the captured step: inductor, weights frozen into constants."""
-    target, draft = pair
-    prompt = [2, 4, 6, 8]
-    with torch._inductor.config.patch(freezing=True):
-        out = treespec.generate(target, prompt, [treespec.ModelDrafter(copy.deepcopy(draft), [(0,), (0, 0)], "topk")],
-                                max_new_tokens=12, compile=True)
-    assert out.stats.step == "captured" and out.new_tokens == greedy_reference(target, prompt, 12)

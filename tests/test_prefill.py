@@ -1,6 +1,6 @@
 """The compiled steps' prefill (treespec.core.prefill), in exact pieces of a dynamic token count or in fixed
 chunks: the cache it fills equals the eager prefill's, long prompts keep greedy output equal to HF's
-(compiled and captured steps, weight freezing included), one graph serves every prompt length, short
+(compiled and captured steps; weight freezing: tests/test_freezing.py), one graph serves every prompt length, short
 prompts stay eager."""
 
 import pytest
@@ -8,7 +8,7 @@ import torch
 from torch._dynamo.utils import counters
 
 import treespec
-from treespec.core import captured, compiled, prefill
+from treespec.core import compiled, prefill
 from treespec.core.kv import StaticTreeCache
 from treespec.models.tiny import greedy_reference, perturbed_copy, tiny_model
 
@@ -94,27 +94,6 @@ def test_long_prompts_keep_greedy_output_equal_to_hf(mode):
                                 budget=8, compile="aot_eager")
         assert out.stats.step.startswith("captured" if mode == "topk" else "compiled")
         assert out.new_tokens == greedy_reference(target, prompt, 24)
-
-
-def test_weight_freezing_keeps_long_prompts_exact_and_reuses_the_chunk_graph():
-    """Inductor with weight freezing: the chunk graph mutates the cache and its length (never folded into
-    constants); a second prompt of another length adds no graph."""
-    target = tiny_model("llama", vocab=64, hidden=64, layers=1, scale=6, seed=2)  # one layer: fewer kernels
-    draft = perturbed_copy(target, 0.3)
-    captured.RUNNERS.clear()
-    compiled.RUNNERS.clear()
-    with torch._inductor.config.patch(freezing=True):
-        for i, n in enumerate((70, 100)):
-            prompt = prompt_of(n, seed=n)
-            graphs = counters["stats"]["unique_graphs"]
-            for mode in ("topk", "sample"):
-                out = treespec.generate(target, prompt, drafters=[treespec.ModelDrafter(draft, KARY, mode)],
-                                        max_new_tokens=20, budget=8, compile="inductor")
-                assert out.new_tokens == greedy_reference(target, prompt, 20)
-            if i:
-                assert counters["stats"]["unique_graphs"] == graphs
-    captured.RUNNERS.clear()
-    compiled.RUNNERS.clear()
 
 
 def test_the_cache_holds_the_last_chunk_padding():

@@ -241,7 +241,7 @@ def test_a_compiled_sweep_pays_its_compiles_once_per_envelope(tmp_path: Path, ca
     """Compiled steps in one padded envelope (run.envelope): the first treespec point's warm-up compiles the
     graphs (its seconds kept apart from the measured ones), the other three trees replay them; the report
     states the compile once, for the envelope. The dry run states the compile plan first. HF's static cache +
-    torch.compile baseline runs beside the others."""
+    torch.compile baseline runs beside the others, with the backend the run names."""
     cfg = E.load_config(TINY)
     cfg["run"].update(compile="aot_eager", envelope="padded")
     cfg["baselines"]["methods"] = ["target", "target_compiled"]
@@ -264,5 +264,6 @@ def test_a_compiled_sweep_pays_its_compiles_once_per_envelope(tmp_path: Path, ca
     assert compiles[0]["seconds"] == tres[0]["timing"]["warmup_seconds"] > 0
     assert all(r["checks"]["greedy_same_as_target"] == "2/2" for r in tres)
     assert {r["params"]["method"] for r in records if r["kind"] == "baseline"} == {"target", "target_compiled"}
+    assert [r["params"]["backend"] for r in records if "backend" in r["params"]] == ["aot_eager"]
     readme = (results.parent / "README.md").read_text()
     assert readme.count("graphs, ") == 1 and "## Compiles" in readme and "1 envelope(s)" in readme

@@ -16,7 +16,8 @@ def hf_generate(model: torch.nn.Module, ids: Sequence[int], max_new_tokens: int,
                 pad_token_id: int = 0, seed: int | None = None, assistant_model: torch.nn.Module | None = None,
                 assistant_config: dict[str, Any] | None = None, prompt_lookup_num_tokens: int | None = None,
                 max_matching_ngram_size: int | None = None, tokenizer: Any = None,
-                assistant_tokenizer: Any = None, static_compiled: bool = False) -> tuple[list[int], float]:
+                assistant_tokenizer: Any = None, static_compiled: bool = False,
+                compile_backend: str = "inductor") -> tuple[list[int], float]:
     """HF ``generate`` with an explicit, neutral ``GenerationConfig``; returns (new tokens, seconds).
 
     Nothing is inherited from the checkpoint's own generation settings (a repetition penalty there
@@ -25,7 +26,8 @@ def hf_generate(model: torch.nn.Module, ids: Sequence[int], max_new_tokens: int,
     ``tokenizer`` and ``assistant_tokenizer`` (both or neither) run HF's assisted generation with an
     ``assistant_model`` whose tokenizer differs from the target's ("universal assisted generation").
     ``static_compiled``: HF's fastest plain decoding, a static cache and its ``torch.compile``'d
-    forward (on every device; inductor's weight freezing is the caller's ``torch._inductor.config``).
+    forward (on every device; inductor's weight freezing is the caller's ``torch._inductor.config``), compiled
+    with ``compile_backend``.
     The cache is one ``StaticCache`` per model (rows in multiples of 1024), reset before each call
     and reused: HF's own per-call cache (``cache_implementation="static"``) fails under weight
     freezing on a later, shorter prompt (its graphs keep the first call's cache as constants).
@@ -42,7 +44,7 @@ def hf_generate(model: torch.nn.Module, ids: Sequence[int], max_new_tokens: int,
     if static_compiled:
         from transformers import CompileConfig
 
-        compile_config = CompileConfig(fullgraph=True)
+        compile_config = CompileConfig(fullgraph=True, backend=compile_backend)
         compile_config._compile_all_devices = True  # HF compiles on accelerators only unless told
         kw.update(compile_config=compile_config)
         extra["past_key_values"] = extra_cache = _static_cache(model, len(ids) + max_new_tokens)

@@ -104,6 +104,8 @@ def baseline_params(cfg: dict[str, Any], common: dict[str, Any], method: str, dr
     params = {"kind": "baseline", "method": method, **common}
     if method == "assisted":
         params.update(draft=draft, assisted=dict(sorted(b["assisted"].items())), **_draft_precision(cfg))
+    if method == "target_compiled" and isinstance(run_compile(cfg), str):
+        params["backend"] = run_compile(cfg)  # the backend the treespec points name (recorded only when named)
     if method == "prompt_lookup":
         params.update(prompt_lookup_num_tokens=int(b["prompt_lookup_num_tokens"]),
                       max_matching_ngram_size=int(b["max_matching_ngram_size"]))

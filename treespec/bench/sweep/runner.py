@@ -250,7 +250,8 @@ class Sweep:
                                      assistant_config=p.get("assisted"),
                                      prompt_lookup_num_tokens=p["prompt_lookup_num_tokens"] if lookup else None,
                                      max_matching_ngram_size=p["max_matching_ngram_size"] if lookup else None,
-                                     static_compiled=p["method"] == "target_compiled")
+                                     static_compiled=p["method"] == "target_compiled",
+                                     compile_backend=p.get("backend", "inductor"))
             return new
 
         outs, walls = self._timed(call, prompts, n, p["seed"], device)

@@ -1,0 +1,119 @@
+"""Inductor with weight freezing, the captured step's CPU configuration: freezing folds what a graph only reads
+into constants, so every static tensor a call reads (caches, their lengths, the tree buffers) must stay an input
+or be mutated by it. Exact (greedy = HF greedy and the eager step) with several runners in one process, a long
+prompt's chunk graph, several trees in one envelope, and an int4 draft.
+
+The tests share one tiny configuration (qwen2, vocab 64, hidden 64, one layer) and the trees of one envelope
+(``KARY``'s own), and one worker runs them in order: inductor's graph cache keys a graph by its code and shapes,
+not by the frozen weights, so a later test's runner loads the kernels an earlier test built (each test still
+makes its own models and runners: what a test checks is its own compile)."""
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+import treespec
+from treespec.core import captured, compiled, prefill
+from treespec.core.buffers import Envelope
+from treespec.models.precision import to_precision
+from treespec.models.tiny import greedy_reference, perturbed_copy, tiny_model
+
+pytestmark = pytest.mark.xdist_group("freezing")
+
+KARY = [(0,), (1,), (0, 0), (0, 1), (1, 0), (1, 1)]
+FAN = [(0,), (1,)]
+
+
+def fresh_pair() -> tuple[torch.nn.Module, torch.nn.Module]:
+    """New objects (no runner of another test is keyed by them) of the configuration every test here shares."""
+    target = tiny_model("qwen2", vocab=64, hidden=64, layers=1, scale=6, seed=0)
+    return target, perturbed_copy(target, 0.3)
+
+
+def run(target, draft, prompt, n, shape, mode="topk", **kwargs):
+    return treespec.generate(target, prompt, drafters=[treespec.ModelDrafter(draft, shape, mode)], max_new_tokens=n,
+                             **kwargs)
+
+
+def prompt_of(n: int, seed: int = 0) -> list[int]:
+    return torch.randint(0, 64, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+@pytest.fixture(autouse=True)
+def no_runners_left():
+    """Runners compiled under freezing stay in this test."""
+    captured.RUNNERS.clear()
+    compiled.RUNNERS.clear()
+    yield
+    captured.RUNNERS.clear()
+    compiled.RUNNERS.clear()
+
+
+@pytest.mark.parametrize("mode", ["topk", "sample"], ids=["captured", "host-drafted"])
+def test_freezing_with_several_runners_in_one_process(mode, monkeypatch):
+    """Under weight freezing a compiled graph keeps the static tensors it saw (the caches) as its own
+    attributes; a runner created later (another shape, or the same one after eviction) must compile
+    its own graphs rather than pass the first graph's guards and use the first runner's caches.
+    One runner at a time: the second shape, whose first level graph is the first shape's (the same code and
+    shapes: the case where a reused graph would pass its guards), evicts the first."""
+    target, draft = fresh_pair()
+    monkeypatch.setattr(captured.RUNNERS, "limit", 1)
+    monkeypatch.setattr(compiled.RUNNERS, "limit", 1)
+    with torch._inductor.config.patch(freezing=True):
+        for shape in (FAN, KARY):
+            for prompt in ([1, 2, 3, 4], [5, 9, 11]):
+                eager = run(target, draft, prompt, 24, shape, mode, seed=0)
+                out = run(target, draft, prompt, 24, shape, mode, seed=0, compile="inductor",
+                          envelope=None)  # each tree its own runner
+                assert out.new_tokens == eager.new_tokens == greedy_reference(target, prompt, 24)
+                assert out.stats.step_tokens == eager.stats.step_tokens or mode == "topk"
+                assert out.stats.step_tokens[:-1] == eager.stats.step_tokens[: len(out.stats.step_tokens) - 1]
+
+
+def test_weight_freezing_keeps_long_prompts_exact_and_reuses_the_chunk_graph():
+    """The chunk graph mutates the cache and its length (never folded into constants); a second prompt of another
+    length adds no graph."""
+    target, draft = fresh_pair()
+    assert prefill.CHUNKED_MIN <= 70
+    with torch._inductor.config.patch(freezing=True):
+        for i, n in enumerate((70, 100)):
+            prompt = prompt_of(n, seed=n)
+            graphs = counters["stats"]["unique_graphs"]
+            for mode in ("topk", "sample"):
+                out = run(target, draft, prompt, 20, KARY, mode, budget=8, compile="inductor")
+                assert out.new_tokens == greedy_reference(target, prompt, 20)
+            if i:
+                assert counters["stats"]["unique_graphs"] == graphs
+
+
+def test_inductor_with_freezing_runs_several_trees_in_one_envelope():
+    """A static tensor that a graph only reads would be folded into a constant: the tree buffers must stay graph
+    inputs. Later shapes in the same envelope (smaller ones: padded), and a prompt of another length, reuse the
+    graphs and stay exact: greedy output equals HF's and the eager step's walk (a tree frozen into the graph would
+    replay the first shape)."""
+    target, draft = fresh_pair()
+    shapes = [KARY, FAN, [(0,), (0, 0)], [(0,), (1,), (1, 0)], KARY]
+    env = Envelope.for_shapes(shapes)
+    assert env == Envelope(7, (2, 2), 2)  # KARY's own: the kernels the tests above built
+    graphs = None
+    with torch._inductor.config.patch(freezing=True):
+        for i, shape in enumerate(shapes):
+            prompt = [3, 4, 5] if i == len(shapes) - 1 else [10, 11, 12, 13, 14, 15, 16, 17]
+            eager = run(target, draft, prompt, 20, shape)
+            out = run(target, draft, prompt, 20, shape, compile="inductor", envelope=env)
+            assert out.stats.step == "captured"
+            assert out.new_tokens == eager.new_tokens == greedy_reference(target, prompt, 20)
+            assert out.stats.step_tokens[:-1] == eager.stats.step_tokens[: len(out.stats.step_tokens) - 1]
+            assert max(out.stats.tree_sizes) == len(shape) + 1
+            graphs = graphs or counters["stats"]["unique_graphs"]
+            assert counters["stats"]["unique_graphs"] == graphs
+
+
+def test_int4_draft_under_inductor_with_freezing():
+    """An int4 draft (``treespec.models.quantized``) in the captured step under freezing."""
+    target, draft = fresh_pair()
+    draft = to_precision(draft, "int4")
+    prompt = [2, 4, 6, 8]
+    with torch._inductor.config.patch(freezing=True):
+        out = run(target, draft, prompt, 12, KARY, compile=True)
+    assert out.stats.step == "captured" and out.new_tokens == greedy_reference(target, prompt, 12)
