@@ -51,8 +51,8 @@ def test_bad_arguments(target, kwargs, fragment):
         treespec.generate(target, [1, 2], **{"max_new_tokens": 2, **kwargs})
 
 
-def test_batch_larger_than_one(target):
-    with pytest.raises(ValueError, match="batch size 2 is not supported"):
+def test_a_tensor_of_several_rows_says_to_pass_a_list_of_prompts(target):
+    with pytest.raises(ValueError, match=r"shape \(2, 2\).*list of token lists.*as a batch"):
         treespec.generate(target, torch.tensor([[1, 2], [3, 4]]), max_new_tokens=2)
 
 

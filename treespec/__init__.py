@@ -9,6 +9,7 @@ sweeps) and ``cli``.
 
 from .calibrate import acceptance, analysis
 from .core import verifiers
+from .core.batch import BatchOutput
 from .core.buffers import Envelope
 from .core.drafting import DraftProposals, Drafter
 from .core.engine import generate
@@ -24,6 +25,7 @@ __all__ = [
     "acceptance",
     "analysis",
     "verifiers",
+    "BatchOutput",
     "CrossTokenizerDrafter",
     "DraftProposals",
     "Envelope",

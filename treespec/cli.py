@@ -14,10 +14,11 @@ import sys
 from typing import Any, Callable, Sequence
 
 
-from .calibrate.choices import resolve, resolve_compile
+from .calibrate.choices import Resolved, resolve, resolve_compile
 from .calibrate.vectors import calibration_walk, default_acceptance
 from .cli_parser import build_parser
 from .common.files import check_writable
+from .core.stats import GenerateOutput
 from .models.pair import eos_ids, load_pair
 from .recipes import NGramSettings, Recipe, draft_mode, run
 
@@ -126,34 +127,29 @@ def _compare(args: argparse.Namespace, recipe: Recipe, target, ids: list[int], e
 
 def cmd_generate(args: argparse.Namespace) -> int:
     prompts = read_prompts(args)
+    if args.batch_size > 1 and (args.compile not in (None, False) or args.compare):
+        raise ValueError(f"--batch-size {args.batch_size} runs the eager batched step, one batch at a time: drop "
+                         f"{'--compile' if args.compile not in (None, False) else '--compare'} (or use --batch-size 1)")
     want_draft = not (args.ngram and not args.draft)
     recipe = recipe_from_args(args, with_model=want_draft)  # validates before the models load
     target, tok, drafts = load_models(args, want_draft)
     walk = calibration_walk(args.acceptance, args.temperature) if recipe.acceptance is not None else None
     resolved = resolve(recipe, target, drafts, tokenizer=tok, max_new_tokens=args.max_new_tokens, walk=walk)
-    if args.compile is not False:  # by measurement, or as asked (a cached measurement still costs the why-line)
+    if args.compile is not False and args.batch_size == 1:  # by measurement, or as asked (a cached measurement still costs the why-line)
         resolved = resolve_compile(resolved, target, drafts, tok, prompts=len(prompts),
                                    max_new_tokens=args.max_new_tokens, backend=args.compile or True,
                                    asked=args.compile is not None)
     recipe = resolved.recipe
     print(f"configuration: {resolved.why}", file=sys.stderr if args.json else sys.stdout, flush=True)
     eos = eos_ids(target, tok)
+    if args.batch_size > 1:
+        return _generate_batches(args, prompts, resolved, target, tok, drafts, eos)
     status = 0
-    predicted = None if resolved.tuned is None else resolved.tuned.prediction.as_dict()
     for text in prompts:
         ids = encode(tok, text, args.chat)
         out = run(recipe, target, drafts, ids, max_new_tokens=args.max_new_tokens, seed=args.seed,
                   eos_token_id=eos, on_tokens=None if args.json else Streamer(tok))
-        record = {"prompt": text, **out.stats.record(), "new_tokens": out.new_tokens,
-                  "text": tok.decode(out.new_tokens, skip_special_tokens=True), "configuration": resolved.why,
-                  "recipe": {"tree": recipe.tree, "budget": recipe.budget, "depth": recipe.depth,
-                             "max_width": recipe.max_width, "verifier": recipe.verifier, "compile": recipe.compile,
-                             "target_dtype": recipe.target_dtype, "draft_dtype": recipe.draft_dtype}}
-        if predicted is not None:  # the prediction beside the measurement, for anyone to check
-            s = out.stats
-            record["predicted"] = predicted
-            record["measured"] = {"tau": s.tau, "step_seconds": (s.drafting_seconds + s.verifying_seconds
-                                                                 + s.overhead_seconds) / max(s.steps, 1)}
+        record = _record(text, out, resolved, tok)
         if not args.json:
             _print_stats(out.stats)
         if args.compare and not _compare(args, recipe, target, ids, eos, out, record):
@@ -161,6 +157,43 @@ def cmd_generate(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(record), flush=True)
     return status
+
+
+def _record(text: str, out: GenerateOutput, resolved: Resolved, tok: Any) -> dict[str, Any]:
+    """The JSON record of one prompt's output: its figures, text, configuration, and the prediction beside them."""
+    recipe = resolved.recipe
+    record = {"prompt": text, **out.stats.record(), "new_tokens": out.new_tokens,
+              "text": tok.decode(out.new_tokens, skip_special_tokens=True), "configuration": resolved.why,
+              "recipe": {"tree": recipe.tree, "budget": recipe.budget, "depth": recipe.depth,
+                         "max_width": recipe.max_width, "verifier": recipe.verifier, "compile": recipe.compile,
+                         "target_dtype": recipe.target_dtype, "draft_dtype": recipe.draft_dtype}}
+    if resolved.tuned is not None:  # the prediction beside the measurement, for anyone to check
+        s = out.stats
+        record["predicted"] = resolved.tuned.prediction.as_dict()
+        record["measured"] = {"tau": s.tau, "step_seconds": (s.drafting_seconds + s.verifying_seconds
+                                                             + s.overhead_seconds) / max(s.steps, 1)}
+    return record
+
+
+def _generate_batches(args: argparse.Namespace, prompts: list[str], resolved: Resolved, target: Any, tok: Any,
+                      drafts: Sequence[Any], eos: list[int]) -> int:
+    """``--batch-size B``: the prompts in batches of B, each decoded at once (``treespec.core.batch``); each row's
+    text (or JSON record, with its row, batch size and the batch's tokens/s) once its batch is done."""
+    for start in range(0, len(prompts), args.batch_size):
+        texts = prompts[start : start + args.batch_size]
+        out = run(resolved.recipe, target, drafts, [encode(tok, t, args.chat) for t in texts],
+                  max_new_tokens=args.max_new_tokens, seed=args.seed, eos_token_id=eos)
+        for r, (text, row) in enumerate(zip(texts, out.rows)):
+            if args.json:
+                print(json.dumps({**_record(text, row, resolved, tok), "row": start + r, "batch_size": len(texts),
+                                  "row_seconds": out.row_seconds[r],
+                                  "batch": {"forwards": out.forwards, **out.stats.record()}}), flush=True)
+            else:
+                print(f"--- prompt {start + r} (batch of {len(texts)}) ---\n"
+                      f"{tok.decode(row.new_tokens, skip_special_tokens=True)}")
+        if not args.json:
+            _print_stats(out.stats)
+    return 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

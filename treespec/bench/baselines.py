@@ -9,16 +9,21 @@ from typing import Any, Sequence
 import torch
 
 from ..common.device import execution_device, sync
+from ..core.checks import is_batch
 
 
-def hf_generate(model: torch.nn.Module, ids: Sequence[int], max_new_tokens: int, *, temperature: float = 0.0,
+def hf_generate(model: torch.nn.Module, ids: Sequence[int] | Sequence[Sequence[int]], max_new_tokens: int, *,
+                temperature: float = 0.0,
                 top_p: float = 1.0, top_k: int = 0, eos_token_id: int | Sequence[int] | None = None,
                 pad_token_id: int = 0, seed: int | None = None, assistant_model: torch.nn.Module | None = None,
                 assistant_config: dict[str, Any] | None = None, prompt_lookup_num_tokens: int | None = None,
                 max_matching_ngram_size: int | None = None, tokenizer: Any = None,
                 assistant_tokenizer: Any = None, static_compiled: bool = False,
-                compile_backend: str = "inductor") -> tuple[list[int], float]:
+                compile_backend: str = "inductor") -> tuple[list[int] | list[list[int]], float]:
     """HF ``generate`` with an explicit, neutral ``GenerationConfig``; returns (new tokens, seconds).
+
+    ``ids``: one prompt, or a batch (a list of prompts, left-padded with ``pad_token_id`` and masked, HF's way):
+    then the new tokens come back per prompt.
 
     Nothing is inherited from the checkpoint's own generation settings (a repetition penalty there
     would change the "target alone" output). ``eos_token_id=None`` never stops early and forces
@@ -38,6 +43,9 @@ def hf_generate(model: torch.nn.Module, ids: Sequence[int], max_new_tokens: int,
         raise ValueError("hf_generate: give tokenizer= and assistant_tokenizer= together, with an assistant_model "
                          "whose tokenizer differs from the target's (or none of the three tokenizer arguments)")
     device = execution_device(model)
+    batch = is_batch(ids)
+    prompts = [list(p) for p in ids] if batch else [list(ids)]
+    width = max(map(len, prompts))
     kw = _generation_settings(max_new_tokens, temperature, top_p, top_k, eos_token_id, pad_token_id,
                               prompt_lookup_num_tokens, max_matching_ngram_size)
     extra: dict[str, Any] = {}
@@ -47,7 +55,7 @@ def hf_generate(model: torch.nn.Module, ids: Sequence[int], max_new_tokens: int,
         compile_config = CompileConfig(fullgraph=True, backend=compile_backend)
         compile_config._compile_all_devices = True  # HF compiles on accelerators only unless told
         kw.update(compile_config=compile_config)
-        extra["past_key_values"] = extra_cache = _static_cache(model, len(ids) + max_new_tokens)
+        extra["past_key_values"] = extra_cache = _static_cache(model, width + max_new_tokens, len(prompts))
     if assistant_model is not None:
         assistant_model.generation_config = GenerationConfig(**(assistant_config or {}))  # fresh: HF mutates it
         extra["assistant_model"] = assistant_model
@@ -55,15 +63,17 @@ def hf_generate(model: torch.nn.Module, ids: Sequence[int], max_new_tokens: int,
         extra.update(tokenizer=tokenizer, assistant_tokenizer=assistant_tokenizer)
     if seed is not None:
         torch.manual_seed(seed)
-    x = torch.tensor([list(ids)], device=device)
+    x = torch.tensor([[pad_token_id] * (width - len(p)) + p for p in prompts], device=device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
     sync(device)
     t0 = time.perf_counter()
     with torch.inference_mode():
         if static_compiled:
             extra_cache.reset()
-        out = model.generate(x, attention_mask=torch.ones_like(x), generation_config=GenerationConfig(**kw), **extra)
+        out = model.generate(x, attention_mask=mask, generation_config=GenerationConfig(**kw), **extra)
     sync(device)
-    return out[0, len(ids):].tolist(), time.perf_counter() - t0
+    new = out[:, width:].tolist()
+    return new if batch else new[0], time.perf_counter() - t0
 
 
 def _generation_settings(max_new_tokens: int, temperature: float, top_p: float, top_k: int,
@@ -84,17 +94,18 @@ def _generation_settings(max_new_tokens: int, temperature: float, top_p: float, 
     return kw
 
 
-_STATIC_CACHES: dict[int, tuple[int, Any]] = {}  # id(model) -> (rows, cache)
+_STATIC_CACHES: dict[tuple[int, int], tuple[int, Any]] = {}  # (id(model), batch size) -> (rows, cache)
 
 
-def _static_cache(model: torch.nn.Module, length: int) -> Any:
-    """The model's reusable ``StaticCache`` of at least ``length`` rows (a larger one replaces it)."""
+def _static_cache(model: torch.nn.Module, length: int, batch: int = 1) -> Any:
+    """The model's reusable ``StaticCache`` for ``batch`` prompts of at least ``length`` rows (a larger one
+    replaces it)."""
     from transformers import StaticCache
 
     rows = -(-length // 1024) * 1024
-    held = _STATIC_CACHES.get(id(model))
+    held = _STATIC_CACHES.get((id(model), batch))
     if held is None or held[0] < rows:
-        held = _STATIC_CACHES[id(model)] = (rows, StaticCache(config=model.config, max_cache_len=rows))
+        held = _STATIC_CACHES[id(model), batch] = (rows, StaticCache(config=model.config, max_cache_len=rows))
     return held[1]
 
 

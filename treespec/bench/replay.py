@@ -80,11 +80,8 @@ def record(target: torch.nn.Module, input_ids: Sequence[int], drafters: Sequence
                           None, verifier, False)
     if req.params.greedy:
         raise ValueError("the replay compares sampled verification rules: give temperature > 0 (greedy is one walk)")
-    gen = torch.Generator(req.device).manual_seed(req.seed)
-    for i, d in enumerate(req.drafters):
-        d.reset(req.prompt, sampling=req.params.for_draft(), seed=(req.seed * 1_000_003 + i + 1) % 2**63)
     recording = Recording(output=None, params=req.params)  # type: ignore[arg-type]
-    recording.output = decode(req, _RecordingStep(req, gen, recording))
+    recording.output = decode(req, _RecordingStep(req, req.start(), recording))
     return recording
 
 

@@ -16,6 +16,7 @@ from ..drafters.model import ModelDrafter
 from ..drafters.ngram import NGramDrafter
 from ..models.pair import CrossDraft
 from ..models.precision import precision_of
+from ..core.batch import BatchOutput
 from ..core.stats import GenerateOutput
 from ..recipes import DEFAULT_BUDGET, DraftModel, Recipe, build_drafters, plan_depth
 from ..recipes import run as run_resolved
@@ -200,10 +201,11 @@ def resolve_compile(resolved: Resolved, target: torch.nn.Module, drafts: Sequenc
     return Resolved(compiled, f"{tuned.why}; {why}", tuned)
 
 
-def run(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[DraftModel], input_ids: torch.Tensor | Sequence[int],
-        **kwargs: Any) -> GenerateOutput:
-    """``treespec.run``: ``treespec.recipes.run`` (same arguments), after :func:`resolve` when the recipe leaves its
-    budget to tuning (resolve it once yourself to print its ``why`` or to run many prompts)."""
+def run(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[DraftModel],
+        input_ids: torch.Tensor | Sequence[int] | Sequence[Sequence[int]], **kwargs: Any) -> GenerateOutput | BatchOutput:
+    """``treespec.run``: ``treespec.recipes.run`` (same arguments; a list of prompts runs as a batch), after
+    :func:`resolve` when the recipe leaves its budget to tuning (resolve it once yourself to print its ``why`` or to
+    run many prompts; the tuning sizes the tree for one prompt at a time)."""
     if recipe.budget is None:
         recipe = resolve(recipe, target, drafts).recipe
     return run_resolved(recipe, target, drafts, input_ids, **kwargs)

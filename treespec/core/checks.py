@@ -120,6 +120,12 @@ def check_seed(seed: object) -> int | None:
     return seed
 
 
+def is_batch(input_ids: object) -> bool:
+    """Whether ``input_ids`` is several prompts: a list (or tuple) of token lists or tensors."""
+    return (isinstance(input_ids, (list, tuple)) and len(input_ids) > 0
+            and isinstance(input_ids[0], (list, tuple, torch.Tensor, np.ndarray)))
+
+
 def as_prompt(input_ids: torch.Tensor | Sequence[int], vocab: int | None = None) -> list[int]:
     """The single prompt of a batch-of-one ``[1, L]`` tensor (or a list of ints), checked against ``vocab``."""
     if isinstance(input_ids, (torch.Tensor, np.ndarray)):
@@ -129,8 +135,8 @@ def as_prompt(input_ids: torch.Tensor | Sequence[int], vocab: int | None = None)
         if input_ids.ndim == 2:
             if input_ids.shape[0] != 1:
                 raise ValueError(
-                    f"batch size {input_ids.shape[0]} is not supported: treespec generates one sequence "
-                    "at a time; call generate once per prompt with input_ids of shape [1, L]."
+                    f"input_ids of shape {tuple(input_ids.shape)}: a tensor holds one prompt ([1, L]); pass several "
+                    "prompts as a list of token lists (or of [1, L] tensors) and generate runs them as a batch."
                 )
             input_ids = input_ids[0]
         elif input_ids.ndim != 1:

@@ -16,6 +16,7 @@ its token was drawn from:
 from __future__ import annotations
 
 import abc
+import copy
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -180,6 +181,12 @@ class Drafter(abc.ABC):
 
     def describe(self) -> str:
         return type(self).__name__
+
+    def for_row(self) -> "Drafter":
+        """A drafter of the same settings for one prompt of a batch (``treespec.core.batch``): a shallow copy,
+        sharing models and settings, whose per-prompt state :meth:`reset` makes anew. A drafter holding state
+        that ``reset`` does not replace overrides this."""
+        return copy.copy(self)
 
     def capture(self) -> Capture | str:
         """How to draft this drafter's tree on the device (a :class:`Capture`), or why it cannot be."""

@@ -14,20 +14,22 @@ from typing import Callable, Sequence
 
 import torch
 
-from . import verifiers
+from . import checks
+from .batch import BatchOutput, generate_batch
 from .buffers import Envelope
 from .drafting import Drafter
 from .kv import TreeCache, causal_allowed, forward_masked
-from .padded import Noise, PaddedTree, Proposals, accept
+from .padded import HostAcceptance
 from .request import Request
-from .stats import DrafterStats, GenerateOutput, Stats, emitted_tokens, record_step
+from .stats import GenerateOutput, Progress
 from .step import Clock, HostDrafted, Step
 from .tree import FlatTree, TokenTree
 
 
-class EagerStep(HostDrafted):
+class EagerStep(HostDrafted, HostAcceptance):
     """The target's forward on a growable :class:`TreeCache`; the acceptance by the same tensor functions as
-    the compiled steps (``padded.accept``), unpadded and uncompiled. Only ``spectr`` walks the trie on the host."""
+    the compiled steps (``padded.HostAcceptance``: ``padded.accept``), unpadded and uncompiled. Only ``spectr``
+    walks the trie on the host."""
 
     name = "eager"
 
@@ -61,52 +63,24 @@ class EagerStep(HostDrafted):
         clock.charge("verifying")
         return logits
 
-    def noise(self, props: Proposals) -> Noise:
-        """The step's random numbers (the compiled step draws the same ones in the same order)."""
-        return Noise.draw(props.token.shape[0], self.req.vocab, self.gen, self.req.device)
-
-    def accept(self, tree: TokenTree, flat: FlatTree, logits: torch.Tensor) -> tuple[list[int], int]:
-        """The accepted path (tree nodes) and the extra token, by the request's rule."""
-        req = self.req
-        if not req.params.greedy and req.verifier == "spectr":
-            return verifiers.spectr(tree, verifiers.node_targets(flat, logits, req.params), verifiers.TorchCoins(self.gen))
-        padded = PaddedTree.of(flat, len(flat), req.device)
-        props = noise = None
-        if not req.params.greedy:
-            props = Proposals.of(tree, flat, req.vocab, len(flat), req.device)
-            noise = self.noise(props)
-        on_path, extra = accept(logits, padded, props, noise, req.params, req.verifier)
-        rows = torch.cat([on_path.nonzero()[:, 0], extra.view(1)]).tolist()  # one device->host copy
-        return [int(flat.order[i]) for i in rows[:-1]], rows[-1]
-
 
 def decode(req: Request, step: Step) -> GenerateOutput:
     """The speculative loop over ``step``: draft, merge, flatten, verify, commit, record, stream."""
-    stats = Stats(drafters=[DrafterStats(d.describe()) for d in req.drafters], verifier=req.verifier, step=step.name)
-    clock = Clock(stats, req.device)
-    committed, new = list(req.prompt), []
+    run = Progress(req, step.name)
+    clock = Clock(run.stats, req.device)
     with torch.inference_mode():
         step.prefill(req.prompt, clock)
         clock.charge("prefill")
-        while len(new) < req.max_new_tokens:
-            tree, path, extra, capped = step.advance(committed, req.max_new_tokens - len(new), clock)
-            tokens = emitted_tokens([tree.tokens[v] for v in path[1:]] + [extra], req.max_new_tokens - len(new),
-                                    req.eos)
-            committed += tokens
-            new += tokens
-            record_step(stats, tree, path, len(tokens), capped or len(tokens) < len(path))
+        while not run.done:
+            tokens = run.take(*step.advance(run.committed, run.remaining, clock))
             clock.charge("overhead")
-            if req.on_tokens is not None:
-                req.on_tokens(list(tokens))
-            if tokens[-1] in req.eos:
-                break
-    stats.new_tokens = len(new)
-    return GenerateOutput(torch.tensor([committed], dtype=torch.long, device=req.out_device), new, stats)
+            run.stream(tokens)
+    return run.output()
 
 
 def generate(
     target: torch.nn.Module,
-    input_ids: torch.Tensor | Sequence[int],
+    input_ids: torch.Tensor | Sequence[int] | Sequence[Sequence[int] | torch.Tensor],
     drafters: Sequence[Drafter] = (),
     max_new_tokens: int = 64,
     temperature: float = 0.0,
@@ -115,11 +89,11 @@ def generate(
     eos_token_id: int | Sequence[int] | None = None,
     seed: int | None = None,
     budget: int | None = None,
-    on_tokens: Callable[[list[int]], None] | None = None,
+    on_tokens: Callable[[list[int]], None] | Callable[[int, list[int]], None] | None = None,
     verifier: str = "rrs",
     compile: bool | str = False,
     envelope: Envelope | None = None,
-) -> GenerateOutput:
+) -> GenerateOutput | BatchOutput:
     """Generate from ``target`` with tree speculative decoding; the output is exact.
 
     Greedy (``temperature=0``) output is token-identical to the target's own greedy decoding;
@@ -128,7 +102,9 @@ def generate(
 
     Args:
         target: a HuggingFace causal LM (Llama, Qwen2/2.5/3, Mistral without a window).
-        input_ids: one prompt, ``[1, L]`` tensor or a list of ints.
+        input_ids: one prompt, ``[1, L]`` tensor or a list of ints; or a batch, a list of such prompts (of
+            any lengths): ``treespec.core.batch.generate_batch`` decodes them at once (eager step; each row as it
+            would decode alone, ``on_tokens(row, tokens)``) and returns a ``BatchOutput``.
         drafters: proposal sources, merged into one token trie in this order.
         max_new_tokens: tokens to generate (fewer only when ``eos_token_id`` is emitted).
         temperature, top_k, top_p: the target distribution to sample from (HF conventions).
@@ -153,12 +129,14 @@ def generate(
             one envelope replays the same graphs. None: the tree's own on a CPU, its levels padded to one
             width on CUDA.
     """
+    if checks.is_batch(input_ids):
+        if envelope is not None:
+            raise ValueError("envelope=... is the captured step's; a batch of prompts runs the eager step: leave it out")
+        return generate_batch(target, input_ids, drafters, max_new_tokens, temperature, top_k, top_p, eos_token_id,
+                              seed, budget, on_tokens, verifier, compile)
     req = Request.checked(target, input_ids, drafters, max_new_tokens, temperature, top_k, top_p, eos_token_id,
                           seed, budget, on_tokens, verifier, compile, envelope)
-    gen = torch.Generator(req.device).manual_seed(req.seed)
-    for i, d in enumerate(req.drafters):
-        d.reset(req.prompt, sampling=req.params.for_draft(), seed=(req.seed * 1_000_003 + i + 1) % 2**63)
-    return decode(req, step_for(req, gen))
+    return decode(req, step_for(req, req.start()))
 
 
 def step_for(req: Request, gen: torch.Generator) -> Step:

@@ -61,14 +61,28 @@ class TreeKVLayer(DynamicLayer):
 
     def keep(self, prefix: int, rows: torch.Tensor) -> None:
         """Keep rows ``[0, prefix)`` followed by ``rows`` (absolute, increasing, >= prefix)."""
+        if self.is_initialized:
+            self.keep_rows([prefix] * self._k.shape[0], [rows] * self._k.shape[0])
+
+    def keep_rows(self, prefixes: Sequence[int], rows: Sequence[torch.Tensor]) -> None:
+        """Per batch row ``b`` (a batch of prompts, ``treespec.core.batch``): keep its rows ``[0, prefixes[b])``
+        followed by ``rows[b]``. The next tokens are written after the longest row kept; a shorter row's
+        slots between its length and that offset are stale (its masks never allow them)."""
         if not self.is_initialized:
             return
-        m = rows.numel()
-        if m:
-            self._k[..., prefix : prefix + m, :] = self._k[..., rows, :]
-            self._v[..., prefix : prefix + m, :] = self._v[..., rows, :]
-        self.length = prefix + m
+        for b, (prefix, kept) in enumerate(zip(prefixes, rows)):
+            m = kept.numel()
+            if m:
+                self._k[b, :, prefix : prefix + m] = self._k[b, :, kept]
+                self._v[b, :, prefix : prefix + m] = self._v[b, :, kept]
+        self.length = max(p + r.numel() for p, r in zip(prefixes, rows))
         self.keys, self.values = self._k[..., : self.length, :], self._v[..., : self.length, :]
+
+    def select(self, batch_rows: torch.Tensor) -> None:
+        """Keep only these batch rows (a finished prompt leaves the batch)."""
+        if self.is_initialized:
+            self._k, self._v = self._k.index_select(0, batch_rows), self._v.index_select(0, batch_rows)
+            self.keys, self.values = self._k[..., : self.length, :], self._v[..., : self.length, :]
 
     def crop(self, tokens_to_remove: int) -> None:
         self.keep(max(self.length - abs(tokens_to_remove), 0), torch.empty(0, dtype=torch.long))
@@ -94,11 +108,30 @@ class TreeCache(Cache):
 
         The index is moved once per device (a target dispatched over several devices keeps each
         layer's cache on its layer's device)."""
-        on: dict[torch.device, torch.Tensor] = {}
+        self.keep_rows([prefix], [rows])
+
+    def keep_rows(self, prefixes: Sequence[int], rows: Sequence[torch.Tensor | list[int]]) -> None:
+        """:meth:`keep` per batch row: row ``b`` keeps ``[0, prefixes[b])`` then ``rows[b]`` (one prefix and one
+        index for a batch of one apply to every row; see ``TreeKVLayer.keep_rows``)."""
+        on: dict[torch.device, list[torch.Tensor]] = {}
         for layer in self.layers:
-            if layer.is_initialized and layer.device not in on:
-                on[layer.device] = torch.as_tensor(rows, dtype=torch.long, device=layer.device)
-            layer.keep(prefix, on.get(layer.device) if layer.is_initialized else None)
+            if not layer.is_initialized:
+                continue
+            if layer.device not in on:
+                on[layer.device] = [torch.as_tensor(r, dtype=torch.long, device=layer.device) for r in rows]
+            kept = on[layer.device]
+            if len(kept) == 1:
+                layer.keep(prefixes[0], kept[0])
+            else:
+                layer.keep_rows(prefixes, kept)
+
+    def select(self, batch_rows: Sequence[int]) -> None:
+        """Keep only these batch rows, in this order."""
+        index: dict[torch.device, torch.Tensor] = {}
+        for layer in self.layers:
+            if layer.is_initialized:
+                layer.select(index.setdefault(layer.device, torch.tensor(list(batch_rows), dtype=torch.long,
+                                                                     device=layer.device)))
 
 
 def forward_masked(
@@ -114,22 +147,24 @@ def forward_masked(
     ``allowed[i, j]`` (bool, ``[n, cache.length + n]``) says whether new token ``i`` attends to key
     ``j``. It is passed as an additive float mask (0 or the dtype's minimum), the encoding that is
     correct under both ``sdpa`` and ``eager``. Returns logits ``[n, V]`` (or the last
-    ``logits_to_keep`` rows).
+    ``logits_to_keep`` rows). A batch (``treespec.core.batch``) passes ``input_ids`` and ``position_ids``
+    ``[B, n]`` and ``allowed`` ``[B, n, cache.length + n]``, and gets ``[B, n, V]``.
     """
+    batched = input_ids.dim() == 2
     device = input_ids.device
     dtype = model.dtype
     allowed = allowed.to(device, non_blocking=True)
     mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, torch.finfo(dtype).min)
     out = tree_forward(
         model,
-        input_ids=input_ids[None],
-        attention_mask=mask[None, None],
-        position_ids=position_ids[None],
+        input_ids=input_ids if batched else input_ids[None],
+        attention_mask=mask[:, None] if batched else mask[None, None],
+        position_ids=position_ids if batched else position_ids[None],
         past_key_values=cache,
         use_cache=True,
         logits_to_keep=logits_to_keep,
     )
-    return out.logits[0]
+    return out.logits if batched else out.logits[0]
 
 
 def causal_allowed(past: int, n: int, device: torch.device | str = "cpu") -> torch.Tensor:

@@ -11,15 +11,19 @@ numbers, drawn up front by one seeded call each).
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import torch
 
+from . import verifiers
 from .drafting import POINT_MASS
 from .rule import greedy_path, sampled_path, traversal_path
 from .sampling import SamplingParams
 from .tree import FlatTree, TokenTree, post_order
+
+if TYPE_CHECKING:
+    from .request import Request
 
 
 def next_pow2(n: int, least: int = 8) -> int:
@@ -111,3 +115,29 @@ def accept(logits: torch.Tensor, tree: PaddedTree, props: Proposals | None, nois
                             noise.uniforms, noise.exponentials)
     return traversal_path(probs, props.q, props.token, props.parent, props.child, tree.anc, props.post,
                           noise.uniforms, noise.exponentials)
+
+
+class HostAcceptance:
+    """One request's acceptance of an unpadded host-drafted tree (the eager step's, and each row's of a batch):
+    its random numbers from the request's own generator, its rule by :func:`accept` (``spectr``: on the host)."""
+
+    def __init__(self, req: "Request", gen: torch.Generator) -> None:
+        self.req, self.gen = req, gen
+
+    def noise(self, props: Proposals) -> Noise:
+        """The step's random numbers (the compiled step draws the same ones in the same order)."""
+        return Noise.draw(props.token.shape[0], self.req.vocab, self.gen, self.req.device)
+
+    def accept(self, tree: TokenTree, flat: FlatTree, logits: torch.Tensor) -> tuple[list[int], int]:
+        """The accepted path (tree nodes) and the extra token, by the request's rule (``logits``: ``[n, V]``)."""
+        req = self.req
+        if not req.params.greedy and req.verifier == "spectr":
+            return verifiers.spectr(tree, verifiers.node_targets(flat, logits, req.params), verifiers.TorchCoins(self.gen))
+        padded = PaddedTree.of(flat, len(flat), req.device)
+        props = noise = None
+        if not req.params.greedy:
+            props = Proposals.of(tree, flat, req.vocab, len(flat), req.device)
+            noise = self.noise(props)
+        on_path, extra = accept(logits, padded, props, noise, req.params, req.verifier)
+        rows = torch.cat([on_path.nonzero()[:, 0], extra.view(1)]).tolist()  # one device->host copy
+        return [int(flat.order[i]) for i in rows[:-1]], rows[-1]

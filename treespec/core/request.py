@@ -55,6 +55,12 @@ class Request:
         """Whether drafters are asked at all (budget 1 leaves no room for a drafted token)."""
         return bool(self.drafters) and self.budget != 1
 
+    def start(self) -> torch.Generator:
+        """Reset the drafters for this prompt (each with its own seed) and return the step's generator."""
+        for i, d in enumerate(self.drafters):
+            d.reset(self.prompt, sampling=self.params.for_draft(), seed=(self.seed * 1_000_003 + i + 1) % 2**63)
+        return torch.Generator(self.device).manual_seed(self.seed)
+
     @classmethod
     def checked(cls, target: torch.nn.Module, input_ids: torch.Tensor | Sequence[int], drafters: Sequence[Drafter],
                 max_new_tokens: int, temperature: float, top_k: int, top_p: float,

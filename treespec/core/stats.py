@@ -8,11 +8,14 @@ sweeps); ``Stats.combined`` pools several calls (a sweep point's prompts).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
 from .tree import TokenTree
+
+if TYPE_CHECKING:
+    from .request import Request
 
 
 @dataclass
@@ -177,3 +180,40 @@ def record_step(stats: Stats, tree: TokenTree, path: list[int], emitted: int, cu
         for i, ds in enumerate(stats.drafters):
             if mask >> i & 1:
                 ds.accepted += 1
+
+
+class Progress:
+    """One prompt's generation so far (``treespec.core.engine.decode``; each row of a batch,
+    ``treespec.core.batch``): each step's accepted path and extra token emitted (cut at EOS or
+    ``max_new_tokens``), counted in :attr:`stats`, streamed to the request's ``on_tokens``."""
+
+    def __init__(self, req: "Request", step: str) -> None:
+        self.req = req
+        self.stats = Stats(drafters=[DrafterStats(d.describe()) for d in req.drafters], verifier=req.verifier,
+                           step=step)
+        self.committed, self.new = list(req.prompt), []
+        self.done = False
+
+    @property
+    def remaining(self) -> int:
+        """Tokens still wanted."""
+        return self.req.max_new_tokens - len(self.new)
+
+    def take(self, tree: TokenTree, path: list[int], extra: int, capped: bool) -> list[int]:
+        """Emit one step's result (a step's ``advance``); returns the tokens emitted."""
+        tokens = emitted_tokens([tree.tokens[v] for v in path[1:]] + [extra], self.remaining, self.req.eos)
+        self.committed += tokens
+        self.new += tokens
+        record_step(self.stats, tree, path, len(tokens), capped or len(tokens) < len(path))
+        self.done = self.remaining <= 0 or tokens[-1] in self.req.eos
+        return tokens
+
+    def stream(self, tokens: list[int]) -> None:
+        """Hand ``tokens`` to the request's ``on_tokens`` (its own list)."""
+        if self.req.on_tokens is not None:
+            self.req.on_tokens(list(tokens))
+
+    def output(self) -> GenerateOutput:
+        self.stats.new_tokens = len(self.new)
+        return GenerateOutput(torch.tensor([self.committed], dtype=torch.long, device=self.req.out_device), self.new,
+                              self.stats)

@@ -46,7 +46,9 @@ from typing import Callable, Sequence
 
 import torch
 
+from ..core.batch import BatchOutput
 from ..core.buffers import Envelope
+from ..core.checks import is_batch
 from ..core.engine import generate
 from ..core.stats import GenerateOutput
 from .plan import DraftPlan, build_drafters, ngram_reserve, plan, plan_depth, shape_for
@@ -56,9 +58,11 @@ __all__ = ["DEFAULT_BUDGET", "TREES", "DraftModel", "DraftPlan", "NGramSettings"
            "draft_mode", "ngram_reserve", "plan", "plan_depth", "run", "shape_for"]
 
 
-def run(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[DraftModel], input_ids: torch.Tensor | Sequence[int],
-        *, max_new_tokens: int = 64, seed: int | None = None, eos_token_id: int | Sequence[int] | None = None,
-        on_tokens: Callable[[list[int]], None] | None = None, envelope: Envelope | None = None) -> GenerateOutput:
+def run(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[DraftModel],
+        input_ids: torch.Tensor | Sequence[int] | Sequence[Sequence[int]], *, max_new_tokens: int = 64,
+        seed: int | None = None, eos_token_id: int | Sequence[int] | None = None,
+        on_tokens: Callable[[list[int]], None] | Callable[[int, list[int]], None] | None = None,
+        envelope: Envelope | None = None) -> GenerateOutput | BatchOutput:
     """Generate from ``target`` with the drafters, cap, sampling, verifier and compile mode of ``recipe``.
 
     The documented one-call route: the tree is sized and capped from one budget, and sampled with
@@ -66,9 +70,12 @@ def run(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[DraftModel], i
     (``treespec.calibrate.choices.run``) resolves one left to tuning first.
     ``drafts``: draft models (a :class:`CrossDraft` for another tokenizer; none for an n-gram-only
     or plain recipe). The other arguments are those of ``treespec.generate`` (``envelope``: the captured step's
-    tree envelope, e.g. a sweep's ``Envelope.for_shapes`` of all its trees).
+    tree envelope, e.g. a sweep's ``Envelope.for_shapes`` of all its trees). A batch of prompts (a list of token
+    lists) runs the eager batched step (``treespec.core.batch``) whatever the recipe's compile mode.
     """
+    batch = is_batch(input_ids)
     return generate(target, input_ids, build_drafters(recipe, drafts, max_new_tokens=max_new_tokens),
                     max_new_tokens=max_new_tokens, temperature=recipe.temperature, top_k=recipe.top_k,
                     top_p=recipe.top_p, eos_token_id=eos_token_id, seed=seed, budget=recipe.budget,
-                    on_tokens=on_tokens, verifier=recipe.verifier, compile=recipe.compile, envelope=envelope)
+                    on_tokens=on_tokens, verifier=recipe.verifier, compile=False if batch else recipe.compile,
+                    envelope=None if batch else envelope)

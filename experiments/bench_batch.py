@@ -1,0 +1,179 @@
+"""treespec on a batch of prompts against HF ``generate`` on the same batch, on this machine.
+
+The real Qwen2.5-Coder pair (1.5B target, 0.5B draft, the precisions ``treespec generate`` picks), greedy,
+HumanEval 100+ (code) and lee-news leads (prose), ``--max-new-tokens`` each. For each batch size B the prompts
+go in groups of B (a group: B prompts of one dataset); per group, in turn (interleaved, so a drift in the
+machine's speed hits every method alike):
+
+* ``hf``: HF ``generate`` on the batch, eager (left-padded, masked: HF's way);
+* ``hf-static-compiled``: the same with a static cache and ``torch.compile`` (inductor's weight freezing on a
+  CPU): HF's fastest plain decoding. Its compile runs in a warm-up call per batch size, apart;
+* ``hf-assisted``: HF assisted generation with the same draft, at B = 1 only (HF's assisted generation
+  takes one prompt);
+* ``treespec``: ``treespec.run`` on the batch (the eager batched step, ``treespec.core.batch``; the tree the
+  default recipe tunes for one prompt here).
+
+Tokens per second: every row's tokens over the group's seconds; speedups paired per group (ratio of sums,
+bootstrap 95% intervals over groups). Each method's greedy rows are compared with treespec's (same
+precision: bf16 near-ties may differ). Records are appended as they finish; a re-run resumes.
+
+    python experiments/bench_batch.py --out experiments/results/batch-cpu
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from treespec.bench import intervals
+from treespec.bench.baselines import fastest_compile_settings, hf_generate
+from treespec.bench.datasets import dataset_prompts
+from treespec.bench.sweep.records import append_record, read_records, repair_tail
+from treespec.calibrate.choices import resolve
+from treespec.calibrate.vectors import default_acceptance
+from treespec.common.device import execution_device
+from treespec.models import DEFAULT_DRAFT, DEFAULT_TARGET, cache_root, load
+from treespec.recipes import Recipe, run
+
+Batch = list[list[int]]
+#: method name -> run(batch, new tokens) -> (new tokens per row, seconds)
+Methods = dict[str, Callable[[Batch, int], tuple[Batch, float]]]
+
+
+def methods_for(target: torch.nn.Module, draft: torch.nn.Module, recipe: Recipe, batch_size: int) -> Methods:
+    def hf(batch: Batch, n: int) -> tuple[Batch, float]:
+        return hf_generate(target, batch, n)  # type: ignore[return-value]
+
+    def hf_compiled(batch: Batch, n: int) -> tuple[Batch, float]:
+        with fastest_compile_settings(execution_device(target)):
+            return hf_generate(target, batch, n, static_compiled=True)  # type: ignore[return-value]
+
+    def assisted(batch: Batch, n: int) -> tuple[Batch, float]:
+        tokens, seconds = hf_generate(target, batch[0], n, assistant_model=draft)
+        return [tokens], seconds  # type: ignore[list-item]
+
+    def treespec(batch: Batch, n: int) -> tuple[Batch, float]:
+        t = time.perf_counter()
+        out = run(recipe, target, [draft], batch, max_new_tokens=n)
+        return [row.new_tokens for row in out.rows], time.perf_counter() - t
+
+    methods: Methods = {"hf": hf, "hf-static-compiled": hf_compiled}
+    if batch_size == 1:
+        methods["hf-assisted"] = assisted
+    methods["treespec"] = treespec
+    return methods
+
+
+def summarize(records: list[dict[str, Any]], batch_size: int) -> dict[str, Any]:
+    """Tok/s per method at ``batch_size`` and treespec's paired speedup over each HF method and the fastest."""
+    mine = [r for r in records if r["batch_size"] == batch_size]
+    groups = sorted({(r["dataset"], r["group"]) for r in mine})
+    by = {(r["dataset"], r["group"], r["method"]): r for r in mine}
+    names = list(dict.fromkeys(r["method"] for r in mine))
+    complete = [g for g in groups if all((*g, m) in by for m in names)]
+    if not complete:
+        return {"batch_size": batch_size, "groups": 0}
+    tokens = {m: [sum(map(len, by[(*g, m)]["tokens"])) for g in complete] for m in names}
+    seconds = {m: [by[(*g, m)]["seconds"] for g in complete] for m in names}
+    tps = {m: sum(tokens[m]) / sum(seconds[m]) for m in names}
+    out: dict[str, Any] = {"batch_size": batch_size, "groups": len(complete), "tokens_per_second": tps,
+                           "speedup": {}, "greedy_rows_equal": {}}
+    for m in names:
+        if m == "treespec":
+            continue
+        # same tokens per group (greedy, exactly n each): the ratio of seconds is the ratio of tok/s
+        out["speedup"][m] = intervals.ratio_of_sums(seconds[m], seconds["treespec"]).as_dict()
+        rows = [(a, b) for g in complete for a, b in zip(by[(*g, m)]["tokens"], by[(*g, "treespec")]["tokens"])]
+        out["greedy_rows_equal"][m] = f"{sum(a == b for a, b in rows)}/{len(rows)}"
+    fastest = max((m for m in names if m != "treespec"), key=tps.get)
+    out["fastest_hf"] = fastest
+    out["speedup_over_fastest_hf"] = out["speedup"][fastest]
+    return out
+
+
+def markdown(summaries: list[dict[str, Any]]) -> str:
+    header = ("| batch | groups | HF eager tok/s | HF static+compile tok/s | HF assisted tok/s | treespec tok/s | "
+              "treespec / fastest HF [95% CI] |")
+    lines = [header, "|---|---|---|---|---|---|---|"]
+    for s in summaries:
+        if not s.get("groups"):
+            continue
+        t, sp = s["tokens_per_second"], s["speedup_over_fastest_hf"]
+        cells = [f"{t[m]:.2f}" if m in t else "n/a (one prompt only)" for m in ("hf", "hf-static-compiled", "hf-assisted")]
+        lines.append(f"| {s['batch_size']} | {s['groups']} | {' | '.join(cells)} | {t['treespec']:.2f} | {sp['estimate']:.2f}x [{sp['low']:.2f}, "
+                     f"{sp['high']:.2f}] vs {s['fastest_hf']} |")
+    lines.append("\nGreedy rows equal to treespec's, per method: " + "; ".join(
+        f"B={s['batch_size']}: " + ", ".join(f"{m} {v}" for m, v in s["greedy_rows_equal"].items())
+        for s in summaries if s.get("groups")))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=Path("experiments/results/batch-cpu"))
+    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 2, 4])
+    ap.add_argument("--prompts", type=int, default=4, help="prompts per dataset (a multiple of each batch size)")
+    ap.add_argument("--datasets", nargs="+", default=["humaneval", "lee-news"])
+    ap.add_argument("--max-new-tokens", type=int, default=48)
+    args = ap.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    results = args.out / "results.jsonl"
+    done = set()
+    if results.exists():
+        repair_tail(results)
+        done = {(r["batch_size"], r["dataset"], r["group"], r["method"]) for r in read_records(results)}
+
+    target, tok = load(DEFAULT_TARGET, dtype="auto", role="target")
+    draft, _ = load(DEFAULT_DRAFT, dtype="auto", role="draft")
+    resolved = resolve(Recipe(tree="sequoia", acceptance=default_acceptance(None, 0.0)), target, [draft],
+                       cache_file=cache_root() / "profiles.json")
+    recipe = resolved.recipe
+    print("treespec configuration:", resolved.why, flush=True)
+    first = {"humaneval": 100, "lee-news": 0}
+    prompts = {d: [tok(dataset_prompts(d)[first.get(d, 0) + i])["input_ids"] for i in range(args.prompts)]
+               for d in args.datasets}
+    warm = [prompts[args.datasets[0]][0][:32]]
+    for b in args.batch_sizes:
+        methods = methods_for(target, draft, recipe, b)
+        for name, method in methods.items():  # warm-up (HF static+compile compiles here), not recorded
+            t = time.perf_counter()
+            method(warm * b, 4)
+            print(f"B={b} {name}: warm-up {time.perf_counter() - t:.1f} s", flush=True)
+        for d in args.datasets:
+            for g in range(len(prompts[d]) // b):
+                batch = prompts[d][g * b : (g + 1) * b]
+                for name, method in methods.items():
+                    if (b, d, g, name) in done:
+                        continue
+                    tokens, seconds = method(batch, args.max_new_tokens)
+                    append_record(results, {"batch_size": b, "dataset": d, "group": g, "method": name,
+                                            "tokens": tokens, "seconds": seconds})
+                    print(f"B={b} {d}/{g} {name}: {sum(map(len, tokens)) / seconds:.2f} tok/s", flush=True)
+    records = read_records(results)
+    summaries = [summarize(records, b) for b in args.batch_sizes]
+    machine = (f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads, "
+               f"torch {torch.__version__}")
+    result = {"machine": machine, "configuration": resolved.why, "max_new_tokens": args.max_new_tokens,
+              "summaries": summaries}
+    (args.out / "summary.json").write_text(json.dumps(result, indent=1))
+    table = markdown(summaries)
+    (args.out / "README.md").write_text(
+        f"# treespec on a batch of prompts vs HF generate on the same batch, CPU\n\nMachine: {machine}.\n"
+        f"Configuration (chosen by treespec here for one prompt): {resolved.why}.\n{args.max_new_tokens} greedy "
+        f"tokens per prompt, {args.prompts} prompts per dataset ({', '.join(args.datasets)}), methods interleaved "
+        f"per group of B prompts.\nCommand: `python experiments/bench_batch.py --out {args.out} --batch-sizes "
+        f"{' '.join(map(str, args.batch_sizes))} --prompts {args.prompts} --max-new-tokens {args.max_new_tokens}`."
+        f"\n\n{table}\n")
+    print(table)
+    return result
+
+
+if __name__ == "__main__":
+    main()

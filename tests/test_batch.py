@@ -1,0 +1,132 @@
+"""Several prompts at once (treespec.core.batch): each row decodes exactly as its prompt alone.
+
+Greedy rows equal the target's greedy output and the single-prompt run step for step (float32); sampled rows
+equal the single-prompt run with the row's seed (the same random numbers in the same order), whichever prompts
+share the batch; the joint law of a batch's rows is the target's (G-tests, trials as tests/test_exactness.py).
+"""
+
+from collections import Counter
+
+import pytest
+
+import treespec
+from stats import ALPHA, exact_joint, g_test
+from test_exactness import BUSHY, K, pair, trials  # noqa: F401 (pair is a fixture)
+from treespec.core.batch import BatchOutput, row_seed
+from treespec.core.sampling import spread_seed
+from treespec.models.tiny import greedy_reference
+
+from conftest import tiny_pair
+
+#: prompts of different lengths (one of a single token: nothing to prefill)
+PROMPTS = [[1, 5, 7, 9, 3], [4], [2, 8, 8, 2, 8, 8, 2, 8, 8, 2, 6], [11, 12, 13]]
+TREE = [(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]
+
+
+def drafter_sets(draft):
+    return {
+        "model": lambda: [treespec.ModelDrafter(draft, TREE, "topk")],
+        "model+ngram": lambda: [treespec.ModelDrafter(draft, TREE, "topk"), treespec.NGramDrafter(width=2)],
+        "none": lambda: [],
+    }
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("drafters", ["model", "model+ngram", "none"])
+def test_greedy_rows_equal_each_prompt_decoded_alone(family, drafters):
+    target, draft = tiny_pair(family)
+    make = drafter_sets(draft)[drafters]
+    for size in (1, 2, 4):
+        prompts = PROMPTS[:size]
+        out = treespec.generate(target, prompts, make(), max_new_tokens=20)
+        assert isinstance(out, BatchOutput) and len(out.rows) == size
+        for prompt, row in zip(prompts, out.rows):
+            alone = treespec.generate(target, prompt, make(), max_new_tokens=20)
+            assert row.new_tokens == alone.new_tokens == greedy_reference(target, prompt, 20)
+            assert row.stats.step_tokens == alone.stats.step_tokens  # the same trees, step for step
+            assert row.sequences[0].tolist() == prompt + row.new_tokens
+        assert out.stats.new_tokens == 20 * size and out.forwards == max(r.stats.steps for r in out.rows)
+
+
+def test_rows_finish_at_different_steps_and_leave_the_batch():
+    """EOS ends a row early; the rows left go on (the finished row's cache rows dropped) and stay exact."""
+    target, draft = tiny_pair("llama")
+    prompts = PROMPTS[:3]
+    refs = [greedy_reference(target, p, 30) for p in prompts]
+    eos = refs[0][4]  # row 0 stops at its fifth token (or earlier, where that token comes first)
+    streamed = {r: [] for r in range(3)}
+    out = treespec.generate(target, prompts, [treespec.ModelDrafter(draft, TREE, "topk")], max_new_tokens=30,
+                            eos_token_id=eos, on_tokens=lambda r, toks: streamed[r].extend(toks))
+    for r, (ref, row) in enumerate(zip(refs, out.rows)):
+        cut = ref[: ref.index(eos) + 1] if eos in ref else ref
+        assert row.new_tokens == cut == streamed[r]
+    lengths = [len(row.new_tokens) for row in out.rows]
+    assert min(lengths) < max(lengths)  # the rows did finish at different steps
+    assert out.row_seconds[0] <= max(out.row_seconds)
+
+
+@pytest.mark.parametrize("verifier,mode,temperature", [("rrs", "sample", 1.0), ("traversal", "topk", 0.7),
+                                                        ("rrs", "sample_without_replacement", 1.0)])
+def test_sampled_rows_equal_each_prompt_alone_with_the_rows_seed(verifier, mode, temperature):
+    target, draft = tiny_pair("qwen2")
+    make = lambda: [treespec.ModelDrafter(draft, TREE, mode)]
+    for seed in (0, 7, 123):
+        out = treespec.generate(target, PROMPTS, make(), max_new_tokens=16, temperature=temperature, seed=seed,
+                                verifier=verifier)
+        for r, (prompt, row) in enumerate(zip(PROMPTS, out.rows)):
+            alone = treespec.generate(target, prompt, make(), max_new_tokens=16, temperature=temperature,
+                                      seed=row_seed(seed, r), verifier=verifier)
+            assert row.new_tokens == alone.new_tokens and row.stats.step_tokens == alone.stats.step_tokens
+
+
+def test_a_rows_output_does_not_depend_on_its_batch_mates():
+    target, draft = tiny_pair("llama")
+    make = lambda: [treespec.ModelDrafter(draft, TREE, "sample")]
+    first = treespec.generate(target, [PROMPTS[0], PROMPTS[1]], make(), max_new_tokens=16, temperature=1.0, seed=5)
+    other = treespec.generate(target, [PROMPTS[0], PROMPTS[2], PROMPTS[3]], make(), max_new_tokens=16,
+                              temperature=1.0, seed=5)
+    assert first.rows[0].new_tokens == other.rows[0].new_tokens
+    # the control: another seed changes the row
+    moved = treespec.generate(target, [PROMPTS[0], PROMPTS[1]], make(), max_new_tokens=16, temperature=1.0, seed=6)
+    assert moved.rows[0].new_tokens != first.rows[0].new_tokens
+
+
+def test_joint_law_of_each_row_of_a_batch_is_the_targets(pair):  # noqa: F811
+    """Three rows of different prompts at T=1 (rrs, a sampled tree): the first ``K`` tokens of each row, over
+    seeded batches, against the target's exact law for that row's prompt (trials: the most any row needs)."""
+    target, draft = pair
+    prompts = [[1, 2, 3], [4, 0], [5, 5, 1, 2]]
+    n = max(trials(target, draft, p) for p in prompts)
+    counts = [Counter() for _ in prompts]
+    for i in range(n):
+        out = treespec.generate(target, prompts, [treespec.ModelDrafter(draft, BUSHY, "sample")], max_new_tokens=K,
+                                temperature=1.0, seed=spread_seed("batch-joint", i))
+        for c, row in zip(counts, out.rows):
+            c[tuple(row.new_tokens)] += 1
+    for c, p in zip(counts, prompts):
+        assert g_test(c, exact_joint(target, p, K, 1.0)) > ALPHA
+
+
+def test_bad_batches_are_refused_with_what_to_do():
+    target, _ = tiny_pair("llama")
+    with pytest.raises(ValueError, match="prompt 1 of the batch: the prompt is empty"):
+        treespec.generate(target, [[1, 2], []], max_new_tokens=4)
+    with pytest.raises(ValueError, match="prompt 0 of the batch: .*exceeds the model's context"):
+        treespec.generate(target, [[1] * (target.config.max_position_embeddings - 2), [3]], max_new_tokens=4)
+    with pytest.raises(ValueError, match="a batch of prompts runs the eager step"):
+        treespec.generate(target, [[1], [2]], max_new_tokens=4, compile="aot_eager")
+    with pytest.raises(ValueError, match="non-empty list of prompts"):
+        treespec.core.batch.generate_batch(target, [], max_new_tokens=4)
+
+
+def test_the_hf_baseline_decodes_a_batch_left_padded_as_each_prompt_alone():
+    """``bench.baselines.hf_generate`` on a batch (HF's left padding and mask; the batch benchmark's baseline):
+    each row equals the prompt's own greedy output in float32, eager and with HF's static cache compiled."""
+    from treespec.bench.baselines import hf_generate
+
+    target, _ = tiny_pair("qwen2")
+    prompts = PROMPTS[:3]
+    for static in (False, True):
+        rows, seconds = hf_generate(target, prompts, 8, static_compiled=static, compile_backend="eager")
+        assert rows == [greedy_reference(target, p, 8) for p in prompts] and seconds > 0
+    assert hf_generate(target, prompts[0], 8)[0] == greedy_reference(target, prompts[0], 8)  # one prompt: one list
