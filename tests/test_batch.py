@@ -27,12 +27,15 @@ def drafter_sets(draft):
     return {
         "model": lambda: [treespec.ModelDrafter(draft, TREE, "topk")],
         "model+ngram": lambda: [treespec.ModelDrafter(draft, TREE, "topk"), treespec.NGramDrafter(width=2)],
+        # rows whose drafting ends at different depths: the dynamic tree and the confidence stop
+        "dynamic+stop": lambda: [treespec.ModelDrafter(draft, mode="dynamic", depth=4, topk=3, nodes=8),
+                                 treespec.ModelDrafter(draft, TREE, "topk", min_confidence=0.5)],
         "none": lambda: [],
     }
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
-@pytest.mark.parametrize("drafters", ["model", "model+ngram", "none"])
+@pytest.mark.parametrize("drafters", ["model", "model+ngram", "dynamic+stop", "none"])
 def test_greedy_rows_equal_each_prompt_decoded_alone(family, drafters):
     target, draft = tiny_pair(family)
     make = drafter_sets(draft)[drafters]
@@ -127,6 +130,7 @@ def test_the_hf_baseline_decodes_a_batch_left_padded_as_each_prompt_alone():
     target, _ = tiny_pair("qwen2")
     prompts = PROMPTS[:3]
     for static in (False, True):
-        rows, seconds = hf_generate(target, prompts, 8, static_compiled=static, compile_backend="eager")
-        assert rows == [greedy_reference(target, p, 8) for p in prompts] and seconds > 0
+        for batch in (prompts, prompts[:2], prompts):  # another batch size replaces the static cache, and back
+            rows, seconds = hf_generate(target, batch, 8, static_compiled=static, compile_backend="eager")
+            assert rows == [greedy_reference(target, p, 8) for p in batch] and seconds > 0
     assert hf_generate(target, prompts[0], 8)[0] == greedy_reference(target, prompts[0], 8)  # one prompt: one list

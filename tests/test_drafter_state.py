@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import treespec
+from treespec.core.drafting import drive
 from treespec.drafters import model as model_drafter
 from treespec.core.kv import forward_masked
 from treespec.models.tiny import perturbed_copy, tiny_model
@@ -63,7 +64,7 @@ def instrument(drafter: treespec.ModelDrafter, monkeypatch) -> list[tuple[list[i
         landed = drafter._last is not None and walk_last_tree(drafter, new) == len(new)
         in_tree = walk_last_tree(drafter, new[:-1])
         fed.clear()
-        logits = start(context)
+        logits = yield from start(context)  # the step's first draft forward (drafting is a coroutine of forwards)
         assert fed == [len(new) - in_tree], f"fed {fed} tokens, expected {len(new) - in_tree} (kept {in_tree} rows)"
         records.append((context, logits[0].detach().clone(), landed))
         return logits
@@ -88,7 +89,7 @@ def run(pair, drafter, monkeypatch, **kwargs):
     for k, prompt in enumerate(PROMPTS):
         out = treespec.generate(target, prompt, drafters=[drafter], max_new_tokens=30, seed=k, **kwargs)
         with torch.inference_mode():  # the sync the next step would do
-            drafter._start_step(out.sequences[0].tolist())
+            drive(drafter._start_step(out.sequences[0].tolist()), drafter._forward)
         emitted = 0
         for n in out.stats.step_tokens:  # a step that wants only the bonus token does not call the drafter
             proposing_steps += emitted < 30 - 1

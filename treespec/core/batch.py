@@ -3,12 +3,11 @@
 Each row is one request (its prompt, its own copies of the drafters, its own seed and random numbers,
 its own acceptance: ``padded.HostAcceptance``, the eager step's), so a row's output is what
 ``treespec.generate`` gives for that prompt alone with the row's seed (:func:`row_seed`), whichever
-prompts share its batch. What the rows share is the target's forward: their trees, each padded to the
-widest (``padded.PaddedTree``: a padding node attends to itself only), go through the model as one
-``[B, n]`` batch over one ``TreeCache`` whose batch row ``b`` holds row ``b``'s committed tokens in slots
-``[0, lengths[b])``. A step's tokens are written at one offset for every row (the cache's length, the
-longest row's), so a shorter row's slots between its own length and that offset are stale, and its mask
-never allows them. A finished row (EOS or ``max_new_tokens``) leaves the batch: it costs nothing after.
+prompts share its batch. What the rows share are the forwards: the target's over every row's tree, and a
+model drafter's over every row's level (its drafting is a coroutine of forwards, ``Drafter.drafting``), each
+through one ``kv.RowsCache`` (batch row ``b`` holds row ``b``'s committed tokens; a row's new tokens follow its
+own, padding attends to itself only). A finished row (EOS or ``max_new_tokens``) leaves the batch: it costs
+nothing after.
 """
 
 from __future__ import annotations
@@ -22,13 +21,13 @@ from typing import Callable, Sequence
 import torch
 
 from . import checks
-from .drafting import Drafter
-from .kv import TreeCache, forward_masked
-from .padded import HostAcceptance, PaddedTree
+from .drafting import DraftProposals, Drafter, Drafting, Forward, checked
+from .kv import RowCache, RowsCache, causal_allowed
+from .padded import HostAcceptance
 from .request import Request
 from .sampling import spread_seed
 from .stats import GenerateOutput, Progress, Stats
-from .step import Clock, draft_tree
+from .step import Clock, draft_tree, wants_drafts
 from .tree import TokenTree, flatten
 
 SECTIONS = ("prefill_seconds", "drafting_seconds", "verifying_seconds", "overhead_seconds")
@@ -56,59 +55,101 @@ def row_seed(seed: int, row: int) -> int:
 
 
 class BatchEagerStep:
-    """The eager step over a batch of rows (module docstring): drafting per row on the host, one target
-    forward for every row, acceptance per row."""
+    """The eager step over a batch of rows (module docstring). Each step: every row's proposals, a drafter that
+    drafts in forwards (``Drafter.drafting``: the model drafter) running all rows' forwards at once over one
+    ``RowsCache`` of its model (its rows' caches are views of it); one target forward for every row; the
+    acceptance per row."""
 
     name = "eager, batched"
 
     def __init__(self, reqs: Sequence[Request], gens: Sequence[torch.Generator]) -> None:
-        self.target, self.device = reqs[0].target, reqs[0].device
-        self.rows = [HostAcceptance(req, gen) for req, gen in zip(reqs, gens)]  # the rows still in the batch
-        self.cache = TreeCache()
-        self.lengths: list[int] = []  # committed cache rows per batch row
+        self.target, self.device, self.vocab = reqs[0].target, reqs[0].device, reqs[0].vocab
+        self.acceptance = [HostAcceptance(req, gen) for req, gen in zip(reqs, gens)]  # by row
+        self.cache = RowsCache(len(reqs))
+        #: drafter index -> the rows' shared draft cache, for drafters that draft in forwards
+        self.draft_caches: dict[int, RowsCache] = {}
+        for i, d in enumerate(reqs[0].drafters):
+            if type(d).drafting is not Drafter.drafting:
+                self.draft_caches[i] = shared = RowsCache(len(reqs))
+                for row, req in enumerate(reqs):
+                    req.drafters[i].cache = RowCache(shared, row)
 
     def prefill(self, prompts: Sequence[list[int]], clock: Clock) -> None:
-        """Cache each prompt but its last token (rows padded to the longest; padding attends to itself)."""
-        self.lengths = [len(p) - 1 for p in prompts]
-        n = max(self.lengths)
-        if n == 0:
-            return
-        ids = torch.zeros(len(prompts), n, dtype=torch.long)
-        allowed = torch.eye(n, dtype=torch.bool).repeat(len(prompts), 1, 1)
-        for b, (p, k) in enumerate(zip(prompts, self.lengths)):
-            ids[b, :k] = torch.tensor(p[:-1])
-            allowed[b, :k, :k] = torch.ones(k, k, dtype=torch.bool).tril()
-        pos = torch.arange(n).expand(len(prompts), n)
-        forward_masked(self.target, self.cache, ids.to(self.device), pos.to(self.device), allowed, logits_to_keep=1)
+        """Cache each prompt but its last token."""
+        asks = {row: Forward(torch.tensor(p[:-1], device=self.device), torch.arange(len(p) - 1, device=self.device),
+                             causal_allowed(0, len(p) - 1), last=True)
+                for row, p in enumerate(prompts) if len(p) > 1}
+        if asks:
+            self.cache.forward(self.target, asks)
 
-    def advance(self, runs: Sequence[Progress], clock: Clock) -> list[tuple[TokenTree, list[int], int, bool]]:
-        """One step of every row in the batch (``runs[b]`` is batch row ``b``'s generation)."""
-        drafted = [draft_tree(run.req, run.committed, run.remaining, run.req.budget, clock) for run in runs]
-        flats = [flatten(tree) for tree, _ in drafted]
-        n, past = max(len(f) for f in flats), self.cache.length
-        padded = [PaddedTree.of(f, n, self.device) for f in flats]
-        lengths = torch.tensor(self.lengths, device=self.device)
-        allowed = torch.cat([(torch.arange(past, device=self.device) < lengths[:, None]).unsqueeze(1).expand(-1, n, -1),
-                             torch.stack([t.anc for t in padded])], dim=-1)
-        ids, pos = torch.stack([t.tokens for t in padded]), lengths[:, None] + torch.stack([t.depth for t in padded])
+    def advance(self, runs: dict[int, Progress], clock: Clock) -> dict[int, tuple[TokenTree, list[int], int, bool]]:
+        """One step of every row still in the batch (``runs``: its generation by row)."""
+        drafts = self.propose(runs)
+        drafted = {row: draft_tree(run.req, run.committed, run.remaining, run.req.budget, clock, drafts[row])
+                   for row, run in runs.items()}
+        flats = {row: flatten(tree) for row, (tree, _) in drafted.items()}
+        asks = {}
+        for row, flat in flats.items():
+            length = self.cache.length_of(row)
+            allowed = torch.ones(len(flat), length + len(flat), dtype=torch.bool)
+            allowed[:, length:] = torch.from_numpy(flat.ancestors)
+            asks[row] = Forward(torch.from_numpy(flat.tokens).to(self.device),
+                                torch.from_numpy(length + flat.depth).to(self.device), allowed)
         clock.charge("overhead")
-        logits = forward_masked(self.target, self.cache, ids, pos, allowed)
+        logits = self.cache.forward(self.target, asks)
         clock.charge("verifying")
-        out, kept = [], []
-        for row, (tree, capped), flat, b_logits in zip(self.rows, drafted, flats, logits):
-            path, extra = row.accept(tree, flat, b_logits[: len(flat)])
-            kept.append(past + flat.index[path])
-            out.append((tree, path, extra, capped))
-        self.cache.keep_rows(self.lengths, [torch.as_tensor(k) for k in kept])
-        self.lengths = [length + len(k) for length, k in zip(self.lengths, kept)]
+        out = {}
+        for row, (tree, capped) in drafted.items():
+            path, extra = self.acceptance[row].accept(tree, flats[row], logits[row])
+            length = self.cache.length_of(row) - len(flats[row])
+            self.cache.keep_row(row, length, length + flats[row].index[path])
+            out[row] = (tree, path, extra, capped)
         return out
 
-    def drop(self, batch_rows: Sequence[int]) -> None:
-        """These batch rows finished: they leave the batch (and the cache)."""
-        stay = [b for b in range(len(self.rows)) if b not in set(batch_rows)]
-        self.cache.select(stay)
-        self.rows = [self.rows[b] for b in stay]
-        self.lengths = [self.lengths[b] for b in stay]
+    def propose(self, runs: dict[int, Progress]) -> dict[int, list[DraftProposals]]:
+        """Every row's proposals, in its drafters' order; a row that wants none gets none."""
+        wanting = {row: run for row, run in runs.items() if wants_drafts(run.req, run.committed, run.remaining)}
+        out: dict[int, list[DraftProposals]] = {row: [] for row in runs}
+        for i in range(len(self.acceptance[next(iter(runs))].req.drafters)):
+            coroutines = {}
+            for row, run in wanting.items():
+                d = run.req.drafters[i]
+                if i in self.draft_caches:
+                    coroutines[row] = d.drafting(run.committed)
+                else:
+                    out[row].append(checked(i, d, d.propose(run.committed), self.vocab))
+            if coroutines:
+                model = wanting[next(iter(coroutines))].req.drafters[i].model
+                done = together(coroutines, lambda asks, i=i, model=model: self.draft_caches[i].forward(model, asks))
+                for row, props in done.items():
+                    out[row].append(checked(i, wanting[row].req.drafters[i], props, self.vocab))
+        return out
+
+    def drop(self, rows: Sequence[int]) -> None:
+        """These rows finished: they leave the batch (and every cache)."""
+        self.cache.drop(rows)
+        for shared in self.draft_caches.values():
+            shared.drop(rows)
+
+
+def together(coroutines: dict[int, Drafting], forward: Callable[[dict[int, Forward]], dict[int, torch.Tensor]]
+             ) -> dict[int, DraftProposals]:
+    """Run several rows' drafting coroutines to their proposals, each round's forwards in one ``forward`` call
+    (a row whose drafting ends early drops out of the later rounds)."""
+    done, asks = {}, {}
+    for row, co in coroutines.items():
+        try:
+            asks[row] = next(co)
+        except StopIteration as end:
+            done[row] = end.value
+    while asks:
+        answers, asks = forward(asks), {}
+        for row, logits in answers.items():
+            try:
+                asks[row] = coroutines[row].send(logits)
+            except StopIteration as end:
+                done[row] = end.value
+    return done
 
 
 def decode_batch(reqs: Sequence[Request], step: BatchEagerStep) -> BatchOutput:
@@ -122,18 +163,18 @@ def decode_batch(reqs: Sequence[Request], step: BatchEagerStep) -> BatchOutput:
         step.prefill([req.prompt for req in reqs], clock)
         clock.charge("prefill")
         while active:
-            emitted = [runs[r].take(*result) for r, result in zip(active, step.advance([runs[r] for r in active], clock))]
+            emitted = {r: runs[r].take(*result) for r, result in step.advance({r: runs[r] for r in active}, clock).items()}
             forwards += 1
             clock.charge("overhead")
-            for r, tokens in zip(active, emitted):
+            for r, tokens in emitted.items():
                 runs[r].stream(tokens)
-            finished = [b for b, r in enumerate(active) if runs[r].done]
-            for b in finished:
-                row_seconds[active[b]] = time.perf_counter() - start
+            finished = [r for r in active if runs[r].done]
+            for r in finished:
+                row_seconds[r] = time.perf_counter() - start
                 for name in SECTIONS:  # the row's seconds: the batch's while it was in it
-                    setattr(runs[active[b]].stats, name, getattr(timing, name))
+                    setattr(runs[r].stats, name, getattr(timing, name))
             if finished:
-                active = [r for b, r in enumerate(active) if b not in finished]
+                active = [r for r in active if r not in finished]
                 if active:
                     step.drop(finished)
     outputs = [run.output() for run in runs]

@@ -18,7 +18,7 @@ from __future__ import annotations
 import abc
 import copy
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Generator, NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -192,17 +192,49 @@ class Drafter(abc.ABC):
         """How to draft this drafter's tree on the device (a :class:`Capture`), or why it cannot be."""
         return f"{self.describe()} drafts on the host"
 
+    def drafting(self, context: Sequence[int]) -> Drafting | None:
+        """This step's proposals as a coroutine of model forwards over the drafter's :attr:`cache` (so that a
+        batch of prompts runs the rows' forwards together, ``treespec.core.batch``); None (the default): the
+        drafter proposes in one call, :meth:`propose`."""
+        return None
+
 
 def propose_all(drafters: Sequence[Drafter], committed: list[int], vocab: int) -> list[DraftProposals]:
     """Every drafter's proposals for this step, validated; a bad drafter is named in the error."""
-    drafts = []
-    for i, d in enumerate(drafters):
-        draft = d.propose(committed)
-        try:
-            if not isinstance(draft, DraftProposals):
-                raise ValueError(f"propose() must return a DraftProposals, got {type(draft).__name__}")
-            draft.validate(vocab)
-        except ValueError as e:
-            raise ValueError(f"drafters[{i}] ({d.describe()}) returned invalid proposals: {e}") from None
-        drafts.append(draft)
-    return drafts
+    return [checked(i, d, d.propose(committed), vocab) for i, d in enumerate(drafters)]
+
+
+def checked(i: int, drafter: Drafter, draft: object, vocab: int) -> DraftProposals:
+    """``drafters[i]``'s proposals, validated; a bad drafter is named in the error."""
+    try:
+        if not isinstance(draft, DraftProposals):
+            raise ValueError(f"propose() must return a DraftProposals, got {type(draft).__name__}")
+        draft.validate(vocab)
+    except ValueError as e:
+        raise ValueError(f"drafters[{i}] ({drafter.describe()}) returned invalid proposals: {e}") from None
+    return draft
+
+
+class Forward(NamedTuple):
+    """One model forward a drafter asks for (:meth:`Drafter.drafting`), over ``ids`` [n] at ``positions`` [n]
+    appended to its cache; ``allowed`` [n, cache.length + n] (``treespec.core.kv.forward_masked``); ``last``: only
+    the last token's logits are needed. The answer is the logits ``[n, V]`` (``[1, V]`` with ``last``)."""
+
+    ids: torch.Tensor
+    positions: torch.Tensor
+    allowed: torch.Tensor
+    last: bool = False
+
+
+#: a step's drafting as a coroutine: it yields the forwards it needs, is sent their logits, returns its proposals
+Drafting = Generator[Forward, torch.Tensor, DraftProposals]
+
+
+def drive(drafting: Drafting, forward: Callable[[Forward], torch.Tensor]) -> DraftProposals:
+    """Run ``drafting`` to its proposals, answering each forward it asks for with ``forward``."""
+    try:
+        ask = next(drafting)
+        while True:
+            ask = drafting.send(forward(ask))
+    except StopIteration as done:
+        return done.value

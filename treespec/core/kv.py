@@ -13,12 +13,15 @@ step has the same shapes every time and rollback is an index.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 from transformers.cache_utils import Cache, DynamicLayer, StaticLayer
 
 from .attention import cache_argument, tree_forward
+
+if TYPE_CHECKING:
+    from .drafting import Forward
 
 
 class TreeKVLayer(DynamicLayer):
@@ -132,6 +135,81 @@ class TreeCache(Cache):
             if layer.is_initialized:
                 layer.select(index.setdefault(layer.device, torch.tensor(list(batch_rows), dtype=torch.long,
                                                                      device=layer.device)))
+
+
+class RowsCache(TreeCache):
+    """A :class:`TreeCache` over the rows of a batch of prompts (``treespec.core.batch``): batch row ``b`` holds
+    its row's committed tokens in slots ``[0, lengths[b])``. :meth:`forward` writes every row's new tokens at
+    one offset (the longest row's length; a shorter row's slots below it are stale and masked) and then moves
+    each row's to follow its own length, so each row sees a cache of its own (:class:`RowCache`). Rows are named
+    by their index in the batch as it started; a finished row leaves (:meth:`drop`)."""
+
+    def __init__(self, rows: int) -> None:
+        super().__init__()
+        self.rows = list(range(rows))  # the row in each batch row
+        self.lengths = [0] * rows  # committed slots of each batch row
+
+    def length_of(self, row: int) -> int:
+        return self.lengths[self.rows.index(row)]
+
+    def forward(self, model: torch.nn.Module, asks: dict[int, "Forward"]) -> dict[int, torch.Tensor]:
+        """One forward of ``model`` over every row's ask (``drafting.Forward``, in the row's own coordinates;
+        rows without one get padding): the asks' logits by row. A row's padding attends to itself only."""
+        device, past = next(iter(asks.values())).ids.device, self.length
+        n, batch = max(len(a.ids) for a in asks.values()), len(self.rows)
+        ids = torch.zeros(batch, n, dtype=torch.long, device=device)
+        pos = torch.zeros(batch, n, dtype=torch.long, device=device)
+        allowed = torch.zeros(batch, n, past + n, dtype=torch.bool)
+        allowed[:, :, past:] = torch.eye(n, dtype=torch.bool)
+        new = [0] * batch
+        for row, a in asks.items():
+            b, k = self.rows.index(row), len(a.ids)
+            length, new[b] = self.lengths[b], k
+            ids[b, :k], pos[b, :k] = a.ids, a.positions
+            allowed[b, :k, :length] = a.allowed[:, :length].cpu()
+            allowed[b, :k, past : past + k] = a.allowed[:, length:].cpu()
+        last = all(a.last for a in asks.values())  # then only each ask's last row goes through the LM head
+        keep = sorted({new[self.rows.index(row)] - 1 for row in asks}) if last else []
+        logits = forward_masked(model, self, ids, pos, allowed,
+                                logits_to_keep=torch.tensor(keep, device=device) if last else 0)
+        self.keep_rows(self.lengths, [past + torch.arange(k) for k in new])  # each row's new slots follow its own
+        out = {}
+        for row, a in asks.items():
+            b, k = self.rows.index(row), len(a.ids)
+            out[row] = logits[b, keep.index(k - 1)][None] if last else logits[b, :k]
+        return out
+
+    def keep_rows(self, prefixes: Sequence[int], rows: Sequence[torch.Tensor | list[int]]) -> None:
+        super().keep_rows(prefixes, rows)
+        self.lengths = [p + len(r) for p, r in zip(prefixes, rows)]
+
+    def keep_row(self, row: int, prefix: int, kept: torch.Tensor | list[int]) -> None:
+        """:meth:`TreeCache.keep` for one row: its slots ``[0, prefix)`` then ``kept`` (the others unchanged)."""
+        b = self.rows.index(row)
+        self.keep_rows([prefix if i == b else n for i, n in enumerate(self.lengths)],
+                       [kept if i == b else [] for i in range(len(self.rows))])
+
+    def drop(self, rows: Sequence[int]) -> None:
+        """These rows finished: they leave the batch (their slots are freed)."""
+        stay = [b for b, row in enumerate(self.rows) if row not in set(rows)]
+        self.select(stay)
+        self.rows = [self.rows[b] for b in stay]
+        self.lengths = [self.lengths[b] for b in stay]
+
+
+class RowCache:
+    """One row of a :class:`RowsCache` seen as a cache of its own (its ``length`` and ``keep``): the cache of a
+    batch row's drafter, whose forwards the batch runs for every row at once."""
+
+    def __init__(self, rows: RowsCache, row: int) -> None:
+        self.rows, self.row = rows, row
+
+    @property
+    def length(self) -> int:
+        return self.rows.length_of(self.row)
+
+    def keep(self, prefix: int, rows: torch.Tensor | list[int]) -> None:
+        self.rows.keep_row(self.row, prefix, rows)
 
 
 def forward_masked(

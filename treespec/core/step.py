@@ -16,7 +16,7 @@ import torch
 
 from ..common.device import sync
 from . import verifiers
-from .drafting import propose_all
+from .drafting import DraftProposals, propose_all
 from .stats import Stats
 from .tree import FlatTree, TokenTree, flatten
 
@@ -69,16 +69,28 @@ class HostDrafted:
         raise NotImplementedError
 
 
-def draft_tree(req: "Request", committed: list[int], remaining: int, width: int | None,
-               clock: Clock) -> tuple[TokenTree, bool]:
-    """This step's tree: every drafter's proposals merged under ``width`` nodes and the depth that can
-    still be emitted; and whether the end of the generation capped it (the step is then *cut*)."""
+def tree_depth(req: "Request", committed: list[int], remaining: int) -> int:
+    """The deepest a drafted token of this step can sit and still be emitted."""
     # A path of depth d commits d + 1 tokens (the bonus on top) and its last node sits at position
     # len(committed) - 1 + d: deeper proposals can never be emitted. Dropping them looks at depth
     # only, never at a token, so the output stays exact (TokenTree.merge).
-    max_depth = min(remaining - 1, req.max_positions - len(committed))
-    # With no drafted token wanted, drafters are not called; they see the tokens at their next propose().
-    drafts = propose_all(req.drafters, committed, req.vocab) if req.speculating and max_depth >= 1 else []
+    return min(remaining - 1, req.max_positions - len(committed))
+
+
+def wants_drafts(req: "Request", committed: list[int], remaining: int) -> bool:
+    """Whether this step asks the drafters at all: with no drafted token wanted they are not called (they see
+    the tokens at their next ``propose``)."""
+    return req.speculating and tree_depth(req, committed, remaining) >= 1
+
+
+def draft_tree(req: "Request", committed: list[int], remaining: int, width: int | None,
+               clock: Clock, drafts: list[DraftProposals] | None = None) -> tuple[TokenTree, bool]:
+    """This step's tree: every drafter's proposals (``drafts``, or asked here) merged under ``width`` nodes and
+    the depth that can still be emitted; and whether the end of the generation capped it (the step is then
+    *cut*)."""
+    max_depth = tree_depth(req, committed, remaining)
+    if drafts is None:
+        drafts = propose_all(req.drafters, committed, req.vocab) if wants_drafts(req, committed, remaining) else []
     clock.charge("drafting")
     tree = TokenTree.rooted_at(committed[-1])
     too_deep = tree.merge(drafts, width, max_depth)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Generator, Iterable, Sequence
 
 import numpy as np
 import torch
@@ -14,7 +14,7 @@ from tree_builders import TreeShape
 from ..common.device import execution_device
 from ..common.machine import model_name
 from ..core.checks import check_int, check_probability, vocab_size
-from ..core.drafting import ROOT, Capture, DraftProposals, Drafter
+from ..core.drafting import ROOT, Capture, DraftProposals, Drafter, Drafting, Forward, drive
 from ..core.kv import TreeCache, causal_allowed, forward_masked
 from ..core.sampling import SamplingParams, draw_children
 from ..core.tree import layout
@@ -154,8 +154,19 @@ class ModelDrafter(Drafter):
 
     @torch.inference_mode()
     def propose(self, context: Sequence[int]) -> DraftProposals:
-        q_root = self.sampling.probs(self._start_step(context))
-        return self._propose_dynamic(context, q_root) if self.mode == "dynamic" else self._propose_static(context, q_root)
+        return drive(self.drafting(context), self._forward)
+
+    def drafting(self, context: Sequence[int]) -> Drafting:
+        """The step's drafting as a coroutine of draft forwards (``propose`` answers them on :attr:`cache`; a
+        batch of prompts answers every row's at once, ``treespec.core.batch``)."""
+        q_root = self.sampling.probs((yield from self._start_step(context)))
+        if self.mode == "dynamic":
+            return (yield from self._propose_dynamic(context, q_root))
+        return (yield from self._propose_static(context, q_root))
+
+    def _forward(self, ask: Forward) -> torch.Tensor:
+        return forward_masked(self.model, self.cache, ask.ids, ask.positions, ask.allowed,
+                              logits_to_keep=1 if ask.last else 0)
 
     def _stop(self, confidence: float) -> bool:
         """The confidence stop: the best frontier path's cumulative draft probability is too low."""
@@ -163,7 +174,7 @@ class ModelDrafter(Drafter):
 
     # -- cache bookkeeping shared by both kinds of tree -------------------------------------------
 
-    def _start_step(self, context: Sequence[int]) -> torch.Tensor:
+    def _start_step(self, context: Sequence[int]) -> Generator[Forward, torch.Tensor, torch.Tensor]:
         """Keep last step's rows on the committed path, feed the tokens not yet cached.
 
         Returns the draft's logits ``[1, V]`` for the token after ``context`` (from its cache).
@@ -189,14 +200,14 @@ class ModelDrafter(Drafter):
         dev = self.device
         pending = torch.as_tensor(list(context[self._base :]), dtype=torch.long, device=dev)
         past = self.cache.length
-        logits = forward_masked(self.model, self.cache, pending, torch.arange(past, past + len(pending), device=dev),
-                                causal_allowed(past, len(pending), dev), logits_to_keep=1)
+        logits = yield Forward(pending, torch.arange(past, past + len(pending), device=dev),
+                               causal_allowed(past, len(pending), dev), last=True)
         self._seen = len(context)
         self._base = len(context)  # every committed token is cached now
         return logits[-1:]
 
     def _forward_level(self, ctx_len: int, fwd: np.ndarray, tokens: np.ndarray, depth: np.ndarray,
-                       rows: np.ndarray, ancestors: np.ndarray) -> torch.Tensor:
+                       rows: np.ndarray, ancestors: np.ndarray) -> Generator[Forward, torch.Tensor, torch.Tensor]:
         """One draft forward over tree nodes ``fwd`` whose ancestors are cached; sets their rows.
 
         Each node attends to the committed context, its cached tree ancestors and itself.
@@ -210,14 +221,14 @@ class ModelDrafter(Drafter):
         allowed[:, base:] = torch.eye(len(fwd), dtype=torch.bool)
         ids = torch.as_tensor(np.maximum(tokens[fwd], 0), device=self.device)
         pos = torch.as_tensor(ctx_len - 1 + depth[fwd], device=self.device)
-        out = forward_masked(self.model, self.cache, ids, pos, allowed)
+        out = yield Forward(ids, pos, allowed)
         rows[fwd] = base + np.arange(len(fwd))
         self.levels_forwarded += 1
         return self.sampling.probs(out)
 
     # -- static shapes ---------------------------------------------------------------------------
 
-    def _propose_static(self, context: Sequence[int], q_root: torch.Tensor) -> DraftProposals:
+    def _propose_static(self, context: Sequence[int], q_root: torch.Tensor) -> Drafting:
         layout, ctx_len = self.layout, len(context)
         n, max_depth = layout.shape.size, layout.shape.depth
         tokens = np.full(n, -1, dtype=np.int64)
@@ -248,7 +259,7 @@ class ModelDrafter(Drafter):
                 if self._stop(float(conf[fwd].max())):
                     break
             q_row[fwd] = sum(len(t) for t in dists) + np.arange(len(fwd))
-            dists.append(self._forward_level(ctx_len, fwd, tokens, layout.depth, rows, layout.ancestors))
+            dists.append((yield from self._forward_level(ctx_len, fwd, tokens, layout.depth, rows, layout.ancestors)))
             _share_rows_of_equal_contexts(fwd, layout.parent, tokens, q_row)
         self._last = (layout.parent, tokens, rows)
         return self._static_proposals(tokens, q_row, torch.cat(dists))
@@ -273,7 +284,7 @@ class ModelDrafter(Drafter):
 
     # -- dynamic trees (EAGLE-2) -----------------------------------------------------------------
 
-    def _propose_dynamic(self, context: Sequence[int], q_root: torch.Tensor) -> DraftProposals:
+    def _propose_dynamic(self, context: Sequence[int], q_root: torch.Tensor) -> Drafting:
         k, ctx_len = self.topk, len(context)
         cap = 1 + k + (self.depth - 1) * k * k
         parent = np.full(cap, -1, dtype=np.int64)
@@ -300,7 +311,7 @@ class ModelDrafter(Drafter):
             frontier = new[np.argsort(-score[new], kind="stable")[:k]]
             if self._stop(math.exp(score[frontier[0]])):
                 break
-            q = self._forward_level(ctx_len, frontier, tokens, depth, rows, ancestors)
+            q = yield from self._forward_level(ctx_len, frontier, tokens, depth, rows, ancestors)
         self._last = (parent[:n], tokens[:n], rows[:n])
         # Rerank: the `nodes` most confident candidates. Confidence never grows along a path and ties
         # go to the shallower node, so the kept set is ancestor-closed.
