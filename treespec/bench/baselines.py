@@ -70,7 +70,10 @@ def hf_generate(model: torch.nn.Module, ids: Sequence[int] | Sequence[Sequence[i
     with torch.inference_mode():
         if static_compiled:
             extra_cache.reset()
-        out = model.generate(x, attention_mask=mask, generation_config=GenerationConfig(**kw), **extra)
+        # exact shapes: a graph made dynamic in the batch size would serve another batch size with the cache it
+        # froze (``_static_cache``)
+        with torch._dynamo.config.patch(automatic_dynamic_shapes=not static_compiled):
+            out = model.generate(x, attention_mask=mask, generation_config=GenerationConfig(**kw), **extra)
     sync(device)
     new = out[:, width:].tolist()
     return new if batch else new[0], time.perf_counter() - t0
@@ -94,21 +97,20 @@ def _generation_settings(max_new_tokens: int, temperature: float, top_p: float, 
     return kw
 
 
-_STATIC_CACHES: dict[int, tuple[int, int, Any]] = {}  # id(model) -> (rows, batch size, cache)
+_STATIC_CACHES: dict[tuple[int, int], tuple[int, Any]] = {}  # (id(model), batch size) -> (rows, cache)
 
 
 def _static_cache(model: torch.nn.Module, length: int, batch: int = 1) -> Any:
-    """The model's reusable ``StaticCache`` for ``batch`` prompts of at least ``length`` rows. Another batch size,
-    or a longer run, replaces it, and then the model's compiled call too: under weight freezing a compiled graph
-    keeps the cache it was compiled with as a constant (a new cache must get graphs of its own)."""
+    """The model's reusable ``StaticCache`` for ``batch`` prompts of at least ``length`` rows (a longer run
+    replaces it). One per batch size: under weight freezing a compiled graph keeps the cache it was compiled
+    with as a constant, so each batch size's graphs (compiled for its exact shapes, ``hf_generate``) keep theirs."""
     from transformers import StaticCache
 
     rows = -(-length // 1024) * 1024
-    held = _STATIC_CACHES.get(id(model))
-    if held is None or held[0] < rows or held[1] != batch:
-        held = _STATIC_CACHES[id(model)] = (rows, batch, StaticCache(config=model.config, max_cache_len=rows))
-        model.__dict__.pop("_compiled_call", None)  # HF compiles again on the next call (get_compiled_call)
-    return held[2]
+    held = _STATIC_CACHES.get((id(model), batch))
+    if held is None or held[0] < rows:
+        held = _STATIC_CACHES[id(model), batch] = (rows, StaticCache(config=model.config, max_cache_len=rows))
+    return held[1]
 
 
 def fastest_compile_settings(device: torch.device) -> contextlib.AbstractContextManager:
