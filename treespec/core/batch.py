@@ -26,12 +26,9 @@ from .kv import RowCache, RowsCache, causal_allowed
 from .padded import HostAcceptance
 from .request import Request
 from .sampling import spread_seed
-from .stats import GenerateOutput, Progress, Stats
+from .stats import SECTIONS, GenerateOutput, Progress, Stats
 from .step import Clock, draft_tree, wants_drafts
 from .tree import TokenTree, flatten
-
-SECTIONS = ("prefill_seconds", "drafting_seconds", "verifying_seconds", "overhead_seconds")
-
 
 @dataclass
 class BatchOutput:
@@ -88,21 +85,20 @@ class BatchEagerStep:
         drafted = {row: draft_tree(run.req, run.committed, run.remaining, run.req.budget, clock, drafts[row])
                    for row, run in runs.items()}
         flats = {row: flatten(tree) for row, (tree, _) in drafted.items()}
+        committed = {row: self.cache.length_of(row) for row in flats}  # the tree's slots follow them
         asks = {}
         for row, flat in flats.items():
-            length = self.cache.length_of(row)
-            allowed = torch.ones(len(flat), length + len(flat), dtype=torch.bool)
-            allowed[:, length:] = torch.from_numpy(flat.ancestors)
+            allowed = torch.ones(len(flat), committed[row] + len(flat), dtype=torch.bool)
+            allowed[:, committed[row]:] = torch.from_numpy(flat.ancestors)
             asks[row] = Forward(torch.from_numpy(flat.tokens).to(self.device),
-                                torch.from_numpy(length + flat.depth).to(self.device), allowed)
+                                torch.from_numpy(committed[row] + flat.depth).to(self.device), allowed)
         clock.charge("overhead")
         logits = self.cache.forward(self.target, asks)
         clock.charge("verifying")
         out = {}
         for row, (tree, capped) in drafted.items():
             path, extra = self.acceptance[row].accept(tree, flats[row], logits[row])
-            length = self.cache.length_of(row) - len(flats[row])
-            self.cache.keep_row(row, length, length + flats[row].index[path])
+            self.cache.keep_row(row, committed[row], committed[row] + flats[row].index[path])
             out[row] = (tree, path, extra, capped)
         return out
 

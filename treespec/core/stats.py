@@ -18,6 +18,10 @@ if TYPE_CHECKING:
     from .request import Request
 
 
+#: the seconds of a call, by section (``Stats``): they add up to ``Stats.seconds``
+SECTIONS = ("prefill_seconds", "drafting_seconds", "verifying_seconds", "overhead_seconds")
+
+
 @dataclass
 class DrafterStats:
     name: str
@@ -117,8 +121,7 @@ class Stats:
         """Several calls' figures as one: counts, seconds and histograms added, per-step lists joined."""
         out = cls(verifier=parts[0].verifier if parts else "rrs", step=parts[0].step if parts else "eager")
         for s in parts:
-            for name in ("steps", "new_tokens", "prefill_seconds", "drafting_seconds", "verifying_seconds",
-                         "overhead_seconds"):
+            for name in ("steps", "new_tokens", *SECTIONS):
                 setattr(out, name, getattr(out, name) + getattr(s, name))
             for name in ("tree_sizes", "step_tokens", "step_cut"):
                 getattr(out, name).extend(getattr(s, name))

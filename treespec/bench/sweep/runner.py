@@ -18,7 +18,7 @@ from ...core.buffers import Envelope
 from ...core.captured import MODES as CAPTURED_MODES
 from ...core.compiling import graphs_compiled
 from ...core.sampling import spread_seed
-from ...core.stats import Stats
+from ...core.stats import SECTIONS, Stats
 from ...models import check_tokenizers
 from ...models.tiny import ByteTokenizer
 from ...recipes import Recipe, plan, run
@@ -30,8 +30,6 @@ from .points import Point, baseline_params, acceptance_params, enumerate_points,
 from .models import SweepModels, encode, pad_id
 from .records import RESULTS, machine, machine_of
 
-#: the seconds per section of a treespec point's timing (``treespec.core.stats.Stats``)
-SECTIONS = ("prefill_seconds", "drafting_seconds", "verifying_seconds", "overhead_seconds")
 #: the acceptance measurement (``treespec.calibrate.acceptance.measure`` or a stand-in with its signature)
 Measure = Callable[..., Any]
 
