@@ -11,11 +11,12 @@ machine's speed hits every method alike):
 * ``hf-assisted``: HF assisted generation with the same draft, at B = 1 only (HF's assisted generation
   takes one prompt);
 * ``treespec``: ``treespec.run`` on the batch (the eager batched step, ``treespec.core.batch``; the tree the
-  default recipe tunes for one prompt here).
+  default recipe tunes here for that batch size: ``resolve(batch_size=B)``, ``Profile.for_batch``).
 
 Tokens per second: every row's tokens over the group's seconds; speedups paired per group (ratio of sums,
 bootstrap 95% intervals over groups). Each method's greedy rows are compared with treespec's (same
-precision: bf16 near-ties may differ). Records are appended as they finish; a re-run resumes.
+precision: bf16 near-ties may differ). Records are appended as they finish; a re-run resumes (a batch size
+whose treespec records ran another tree runs again, every method, so that its methods stay interleaved).
 
     python experiments/bench_batch.py --out experiments/results/batch-cpu
 """
@@ -72,6 +73,11 @@ def methods_for(target: torch.nn.Module, draft: torch.nn.Module, recipe: Recipe,
     return methods
 
 
+def tree_of(recipe: Recipe) -> str:
+    """The tree a treespec record ran (its recipe's budget and depth)."""
+    return f"budget {recipe.budget}, depth {recipe.depth}"
+
+
 def summarize(records: list[dict[str, Any]], batch_size: int, dataset: str | None = None) -> dict[str, Any]:
     """Tok/s per method at ``batch_size`` (on ``dataset``, or all) and treespec's paired speedup over each HF
     method and the fastest."""
@@ -86,7 +92,7 @@ def summarize(records: list[dict[str, Any]], batch_size: int, dataset: str | Non
     seconds = {m: [by[(*g, m)]["seconds"] for g in complete] for m in names}
     tps = {m: sum(tokens[m]) / sum(seconds[m]) for m in names}
     out: dict[str, Any] = {"batch_size": batch_size, "dataset": dataset or "all", "groups": len(complete),
-                           "tokens_per_second": tps,
+                           "tokens_per_second": tps, "tree": by[(*complete[0], "treespec")].get("tree"),
                            "speedup": {}, "greedy_rows_equal": {}}
     for m in names:
         if m == "treespec":
@@ -102,15 +108,15 @@ def summarize(records: list[dict[str, Any]], batch_size: int, dataset: str | Non
 
 
 def markdown(summaries: list[dict[str, Any]]) -> str:
-    header = ("| batch | prompts | groups | HF eager tok/s | HF static+compile tok/s | HF assisted tok/s | treespec tok/s | "
-              "treespec / fastest HF [95% CI] |")
-    lines = [header, "|---|---|---|---|---|---|---|---|"]
+    header = ("| batch | prompts | groups | HF eager tok/s | HF static+compile tok/s | HF assisted tok/s | treespec tree | "
+              "treespec tok/s | treespec / fastest HF [95% CI] |")
+    lines = [header, "|---|---|---|---|---|---|---|---|---|"]
     for s in summaries:
         if not s.get("groups"):
             continue
         t, sp = s["tokens_per_second"], s["speedup_over_fastest_hf"]
         cells = [f"{t[m]:.2f}" if m in t else "n/a (one prompt only)" for m in ("hf", "hf-static-compiled", "hf-assisted")]
-        lines.append(f"| {s['batch_size']} | {s['dataset']} | {s['groups']} | {' | '.join(cells)} | {t['treespec']:.2f} | {sp['estimate']:.2f}x [{sp['low']:.2f}, "
+        lines.append(f"| {s['batch_size']} | {s['dataset']} | {s['groups']} | {' | '.join(cells)} | {s['tree']} | {t['treespec']:.2f} | {sp['estimate']:.2f}x [{sp['low']:.2f}, "
                      f"{sp['high']:.2f}] vs {s['fastest_hf']} |")
     lines.append("\nGreedy rows equal to treespec's, per method: " + "; ".join(
         f"B={s['batch_size']} {s['dataset']}: " + ", ".join(f"{m} {v}" for m, v in s["greedy_rows_equal"].items())
@@ -128,23 +134,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     results = args.out / "results.jsonl"
+    target, tok = load(DEFAULT_TARGET, dtype="auto", role="target")
+    draft, _ = load(DEFAULT_DRAFT, dtype="auto", role="draft")
+    resolved = {b: resolve(Recipe(tree="sequoia", acceptance=default_acceptance(None, 0.0)), target, [draft],
+                           cache_file=cache_root() / "profiles.json", batch_size=b) for b in args.batch_sizes}
+    for b, r in resolved.items():
+        print(f"treespec configuration at B={b}:", r.why, flush=True)
     done = set()
     if results.exists():
         repair_tail(results)
-        done = {(r["batch_size"], r["dataset"], r["group"], r["method"]) for r in read_records(results)}
-
-    target, tok = load(DEFAULT_TARGET, dtype="auto", role="target")
-    draft, _ = load(DEFAULT_DRAFT, dtype="auto", role="draft")
-    resolved = resolve(Recipe(tree="sequoia", acceptance=default_acceptance(None, 0.0)), target, [draft],
-                       cache_file=cache_root() / "profiles.json")
-    recipe = resolved.recipe
-    print("treespec configuration:", resolved.why, flush=True)
+        old = read_records(results)
+        stale = {r["batch_size"] for r in old if r["method"] == "treespec" and r["batch_size"] in resolved
+                 and r.get("tree") != tree_of(resolved[r["batch_size"]].recipe)}
+        done = {(r["batch_size"], r["dataset"], r["group"], r["method"]) for r in old if r["batch_size"] not in stale}
     first = {"humaneval": 100, "lee-news": 0}
     prompts = {d: [tok(dataset_prompts(d)[first.get(d, 0) + i])["input_ids"] for i in range(args.prompts)]
                for d in args.datasets}
     warm = [prompts[args.datasets[0]][0][:32]]
     for b in args.batch_sizes:
-        methods = methods_for(target, draft, recipe, b)
+        methods = methods_for(target, draft, resolved[b].recipe, b)
         todo = {(b, d, g, m) for d in args.datasets for g in range(len(prompts[d]) // b) for m in methods} - done
         if not todo:
             continue  # resumed: this batch size is done
@@ -160,25 +168,29 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         continue
                     tokens, seconds = method(batch, args.max_new_tokens)
                     append_record(results, {"batch_size": b, "dataset": d, "group": g, "method": name,
-                                            "tokens": tokens, "seconds": seconds})
+                                            "tokens": tokens, "seconds": seconds,
+                                            **({"tree": tree_of(resolved[b].recipe)} if name == "treespec" else {})})
                     print(f"B={b} {d}/{g} {name}: {sum(map(len, tokens)) / seconds:.2f} tok/s", flush=True)
     records = read_records(results)
     summaries = [summarize(records, b, d) for b in args.batch_sizes for d in [*args.datasets, None]]
     machine = f"{cpu_model()}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads, torch {torch.__version__}"
-    result = {"machine": machine, "configuration": resolved.why, "max_new_tokens": args.max_new_tokens,
+    result = {"machine": machine, "configuration": {b: r.why for b, r in resolved.items()},
+              "max_new_tokens": args.max_new_tokens,
               "summaries": summaries}
     (args.out / "summary.json").write_text(json.dumps(result, indent=1))
     table = markdown(summaries)
     (args.out / "README.md").write_text(
         f"# treespec on a batch of prompts vs HF generate on the same batch, CPU\n\nMachine: {machine}.\n"
-        f"Configuration (chosen by treespec here for one prompt): {resolved.why}.\n{args.max_new_tokens} greedy "
+        "Configuration chosen by treespec here for each batch size (`resolve(batch_size=B)`):\n\n"
+        + "".join(f"- B={b}: {r.why}\n" for b, r in resolved.items())
+        + f"\n{args.max_new_tokens} greedy "
         f"tokens per prompt, {args.prompts} prompts per dataset ({', '.join(args.datasets)}), methods interleaved "
         f"per group of B prompts.\nCommand: `python experiments/bench_batch.py --out {args.out} --batch-sizes "
         f"{' '.join(map(str, args.batch_sizes))} --prompts {args.prompts} --max-new-tokens {args.max_new_tokens}`."
         f"\n\n{table}\n\nThe target runs in bfloat16 for every method: a greedy row that differs from HF's is a "
         f"bfloat16 rounding of a batched forward (padded rows, another token count) where the top two logits nearly "
         f"tie; this script does not locate them (float32 rows equal HF's and the prompt alone: tests/test_batch.py). "
-        f"The tree is the one tuned for one prompt; treespec's batches run the eager step.\n")
+        f"The tree is the one tuned for each batch size; treespec's batches run the eager step.\n")
     print(table)
     return result
 

@@ -174,3 +174,30 @@ def test_resolve_calibrates_a_tuned_recipe_with_real_steps(pair, tmp_path) -> No
     prompt = tok("x = 1")["input_ids"]
     out = run(resolved.recipe, target, [draft], prompt, max_new_tokens=10)
     assert out.new_tokens == greedy_reference(target, prompt, 10)
+
+
+def test_a_tuned_tree_is_sized_for_the_batch_it_runs(pair, monkeypatch) -> None:
+    """``resolve(batch_size=B)`` chooses under ``Profile.for_batch(B)`` (a step verifies B trees in one forward),
+    and ``treespec.run`` on a list of prompts resolves for that many rows; the batch's rows stay exact."""
+    from treespec.calibrate import choices, tuning
+    from treespec.calibrate.costs import Profile
+    from treespec.calibrate.vectors import default_acceptance
+
+    target, draft, _ = pair
+    vector = default_acceptance(None, 0.0)
+    prof = Profile({1: 0.10, 2: 0.11, 4: 0.13, 8: 0.18, 16: 0.30, 32: 0.55, 64: 1.05},
+                   {1: 0.004, 4: 0.006, 16: 0.02}, {})
+    fake = lambda *a, **k: tuning.Tuned(prof.choose(vector, max_depth=8), prof)  # noqa: E731
+    recipe = Recipe(tree="sequoia", acceptance=vector)
+    one = resolve(recipe, target, [draft], tuner=fake)
+    eight = resolve(recipe, target, [draft], tuner=fake, batch_size=8)
+    assert eight.recipe.budget == prof.for_batch(8).choose(vector, max_depth=8).budget < one.recipe.budget
+    assert "for steps of 8 prompts at once" in eight.why and "plain batched decoding" in eight.why
+    assert "prompts at once" not in one.why
+    asked = []
+    real = choices.resolve
+    monkeypatch.setattr(choices, "resolve", lambda *a, **k: asked.append(k.get("batch_size")) or real(
+        *a, **{**k, "tuner": fake}))
+    prompts = [[1, 2, 3], [4, 5], [6]]
+    out = choices.run(recipe, target, [draft], prompts, max_new_tokens=6)
+    assert asked == [3] and [r.new_tokens for r in out.rows] == [greedy_reference(target, p, 6) for p in prompts]

@@ -213,3 +213,30 @@ def test_a_context_slope_moves_every_point_and_survives_calibration_and_json(mod
     assert cal.context_slope["target"][4] == pytest.approx(3 * 2e-3) and cal.context_slope["draft"][1] == pytest.approx(2e-4)
     with pytest.raises(ValueError, match="second_context must differ"):
         profile(model, None, sizes=(1,), context=16, second_context=16)
+
+
+def test_a_batch_step_costs_the_tokens_of_all_its_rows_and_shrinks_the_tree():
+    """``Profile.for_batch``: a tree of ``n`` nodes in a step of ``B`` rows costs ``t(B n)``, a draft level of
+    width ``w`` costs ``t_q(B w)``, the engine's seconds are per row; sizes past the measured ones are dropped.
+    Where ``t`` grows with the tokens, the tree shrinks with the batch down to plain decoding."""
+    target = {1: 0.10, 2: 0.11, 4: 0.13, 8: 0.18, 16: 0.30, 32: 0.55, 64: 1.05}  # flat, then linear in the tokens
+    prof = Profile(target, {1: 0.01, 2: 0.012, 4: 0.016, 8: 0.025, 16: 0.045}, {"x": 1}, 0.002,
+                   {"target": {1: 1e-4, 64: 5e-4}, "draft": {1: 1e-5, 16: 2e-5}})
+    assert prof.for_batch(1) is prof
+    four = prof.for_batch(4)
+    assert four.target_latency == {1: 0.13, 2: 0.18, 4: 0.30, 8: 0.55, 16: 1.05}  # t(4 n) at the measured 4 n
+    assert four.draft_level_latency[2] == pytest.approx(0.025) and four.draft_level_latency[4] == pytest.approx(0.045)
+    assert four.draft_level_latency[16] == pytest.approx(0.045 + 48 * (0.02 / 8))  # past the widest: its slope
+    assert four.step_overhead_seconds == pytest.approx(0.008) and four.meta == {"x": 1, "batch_rows": 4}
+    assert set(four.context_slope["target"]) == set(four.target_latency)
+    assert four.context_slope["target"][16] == pytest.approx(5e-4)
+    chosen = {rows: prof.for_batch(rows).choose(VECTOR, max_depth=8) for rows in (1, 2, 4, 8)}
+    sizes = [chosen[r].shape.size for r in (1, 2, 4, 8)]
+    assert sizes == sorted(sizes, reverse=True) and sizes[0] > 1  # never larger with more rows
+    # a target whose forward costs its tokens from the start: no batch of 8 pays for a tree
+    linear = Profile({n: 0.01 * n for n in (1, 2, 4, 8, 16, 32, 64)}, {1: 0.001, 16: 0.016})
+    assert linear.for_batch(8).choose(VECTOR, max_depth=8).depth == 0
+    with pytest.raises(ValueError, match="profile larger sizes"):
+        prof.for_batch(65)
+    with pytest.raises(ValueError, match=">= 1 rows"):
+        prof.for_batch(0)

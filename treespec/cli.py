@@ -134,7 +134,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     recipe = recipe_from_args(args, with_model=want_draft)  # validates before the models load
     target, tok, drafts = load_models(args, want_draft)
     walk = calibration_walk(args.acceptance, args.temperature) if recipe.acceptance is not None else None
-    resolved = resolve(recipe, target, drafts, tokenizer=tok, max_new_tokens=args.max_new_tokens, walk=walk)
+    resolved = resolve(recipe, target, drafts, tokenizer=tok, max_new_tokens=args.max_new_tokens, walk=walk,
+                       batch_size=min(args.batch_size, len(prompts)))  # a tuned tree is sized for the batch
     if args.compile is not False and args.batch_size == 1:  # by measurement, or as asked (a cached measurement still costs the why-line)
         resolved = resolve_compile(resolved, target, drafts, tok, prompts=len(prompts),
                                    max_new_tokens=args.max_new_tokens, backend=args.compile or True,

@@ -17,6 +17,7 @@ from ..drafters.ngram import NGramDrafter
 from ..models.pair import CrossDraft
 from ..models.precision import precision_of
 from ..core.batch import BatchOutput
+from ..core.checks import is_batch
 from ..core.stats import GenerateOutput
 from ..recipes import DEFAULT_BUDGET, DraftModel, Recipe, build_drafters, plan_depth
 from ..recipes import run as run_resolved
@@ -115,7 +116,8 @@ def _pilot_choice(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[Draf
 
 def resolve(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[DraftModel], *,
             cache_file: Path | None = None, tuner: Callable[..., Tuned] = tune, tokenizer: Any = None,
-            max_new_tokens: int = 128, pilot_cache: Path | None = None, walk: Any = None) -> Resolved:
+            max_new_tokens: int = 128, pilot_cache: Path | None = None, walk: Any = None,
+            batch_size: int = 1) -> Resolved:
     """``recipe`` with a budget: as given; tuned on this machine (:func:`tunable`; the profile is
     cached in ``cache_file``, default ``<treespec cache>/profiles.json``; given the target's
     ``tokenizer``, the profile is then corrected by a pilot of the tuned tree's real steps and the
@@ -124,7 +126,10 @@ def resolve(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[DraftModel
     (``treespec.calibrate.pilot``; pilots cached in ``pilot_cache``, default
     ``<treespec cache>/pilots.json``); without a tokenizer, :data:`DEFAULT_BUDGET`. ``walk``: the calibration
     walk the acceptance rows came from (``vectors.calibration_walk``): a tuned run's printed prediction then
-    replays the chosen tree over it with the run's confidence stop (``Tuned.prediction``)."""
+    replays the chosen tree over it with the run's confidence stop (``Tuned.prediction``). ``batch_size``: the
+    prompts each step decodes at once; a tuned tree is sized for that many rows (``Tuned.for_batch``: the costs
+    and the pilot's correction are measured on one row, then costed at ``batch_size`` times the tokens); a pilot
+    choice measures one prompt at a time whatever the batch."""
     models = _describe_models(target, drafts)
     if recipe.budget is not None:
         return Resolved(recipe, f"{models}; {recipe.tree} tree, budget {recipe.budget} (as given)")
@@ -150,9 +155,9 @@ def resolve(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[DraftModel
                              pilot_cache if pilot_cache is not None else cache_root() / "pilots.json",
                              tag="calibration-v1")
         tuned = calibrate(tuned, measured, acceptance, max_depth=recipe.depth or 8)
-        chosen = replace(recipe, **tuned.settings(), target_dtype=precision_of(target),
-                         draft_dtype=precision_of(drafts[0]))
-    tuned = tuned.with_walk(walk)
+    tuned = tuned.for_batch(batch_size, acceptance, max_depth=recipe.depth or 8).with_walk(walk)
+    chosen = replace(recipe, **tuned.settings(), target_dtype=precision_of(target),
+                     draft_dtype=precision_of(drafts[0]))
     return Resolved(chosen, tuned.why, tuned)
 
 
@@ -204,8 +209,9 @@ def resolve_compile(resolved: Resolved, target: torch.nn.Module, drafts: Sequenc
 def run(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[DraftModel],
         input_ids: torch.Tensor | Sequence[int] | Sequence[Sequence[int]], **kwargs: Any) -> GenerateOutput | BatchOutput:
     """``treespec.run``: ``treespec.recipes.run`` (same arguments; a list of prompts runs as a batch), after
-    :func:`resolve` when the recipe leaves its budget to tuning (resolve it once yourself to print its ``why`` or to
-    run many prompts; the tuning sizes the tree for one prompt at a time)."""
+    :func:`resolve` when the recipe leaves its budget to tuning, for the batch's size (resolve it once yourself to
+    print its ``why`` or to run many prompts)."""
     if recipe.budget is None:
-        recipe = resolve(recipe, target, drafts).recipe
+        rows = len(input_ids) if is_batch(input_ids) else 1
+        recipe = resolve(recipe, target, drafts, batch_size=rows).recipe
     return run_resolved(recipe, target, drafts, input_ids, **kwargs)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import datetime
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -259,6 +259,40 @@ class Profile(JSONFile):
             "target": {k: v * v_factor for k, v in self.context_slope.get("target", {}).items()},
             "draft": {k: v * d_factor for k, v in self.context_slope.get("draft", {}).items()}}
         return Profile(lat, curve, meta, float(overhead), slope)
+
+    def for_batch(self, rows: int) -> "Profile":
+        """The costs of one step of a batch of ``rows`` prompts (``treespec.core.batch``), each verifying its own
+        tree: the target forward over a tree of ``n`` nodes per row is one forward over ``rows * n`` tokens,
+        ``t(rows n)``, and a draft level of width ``w`` one draft forward over ``rows * w`` tokens; the engine's
+        seconds per step are per row (each row's acceptance and drafting bookkeeping on the host). Plain batched
+        decoding then costs ``t(rows)`` per ``rows`` tokens, so :meth:`choose` under this profile sizes the tree
+        for the batch, down to plain decoding where ``t`` grows with the tokens. Only tree sizes whose
+        ``rows * n`` was measured are kept (the target's curve is not extrapolated); the draft's curve is, as
+        :func:`choose_tree` extends it past its widest level. Attention over each row's own context costs what
+        one row's ``rows * n`` tokens over one context cost, so the context slopes carry over the same way."""
+        rows = int(rows)
+        if rows < 1:
+            raise ValueError(f"a batch has >= 1 rows, got {rows}")
+        if rows == 1:
+            return self
+        top = max(self.target_latency)
+        if rows > top:
+            raise ValueError(f"a step of {rows} rows verifies >= {rows} tokens; this profile measured the target up "
+                             f"to {top}: profile larger sizes (costs.profile(sizes=...)) or use a smaller batch")
+        sizes = [n for n in sorted(self.target_latency) if n * rows <= top]
+        q, slopes = self.draft_level_latency, self.context_slope
+
+        def batched(keys: Sequence[int], curve: Callable[[float], Any]) -> dict[int, float]:
+            return {k: float(curve(k * rows)) for k in keys}
+
+        def flat(points: Mapping[int, float]) -> Callable[[float], Any]:  # a slope may be < 0: no cost_curve
+            xs = sorted(points)
+            return lambda x: np.interp(x, xs, [points[k] for k in xs])
+
+        slope = None if slopes is None else {part: batched(sizes if part == "target" else list(points), flat(points))
+                                             for part, points in slopes.items() if points}
+        return Profile(batched(sizes, cost_curve(self.target_latency)), None if q is None else batched(list(q), cost_curve(q)),
+                       {**self.meta, "batch_rows": rows}, self.step_overhead_seconds * rows, slope)
 
     def step_seconds(self, shape: TreeShape) -> float:
         """Predicted seconds of one step of ``shape``: drafting, verifying and the engine's fixed seconds."""

@@ -125,6 +125,17 @@ class Tuned:
         choice = replace(c, step_seconds=float(step_seconds), speedup=c.tau * c.plain_seconds / step_seconds)
         return replace(self, choice=choice, compiled_step_seconds=float(step_seconds))
 
+    def for_batch(self, rows: int, acceptance: Sequence[float] | Any, max_depth: int = 8) -> "Tuned":
+        """This tuning's tree chosen again for steps of ``rows`` prompts at once (``Profile.for_batch``: one
+        target forward over ``rows`` trees, the engine's seconds per row), under the same ``acceptance`` rows (a
+        row's acceptance does not depend on its batch mates). Itself for one row."""
+        if int(rows) == 1:
+            return self
+        if self.compiled_step_seconds is not None:
+            raise ValueError("a batch runs the eager batched step: size its tree before costing compiled steps")
+        prof = self.profile.for_batch(rows)
+        return replace(self, choice=prof.choose(acceptance, max_depth=max_depth), profile=prof)
+
     @property
     def why(self) -> str:
         c, m, s, p = self.choice, self.profile.meta, self.settings(), self.prediction
@@ -136,10 +147,15 @@ class Tuned:
                 "s per compiled step (this tree's compiled steps on the pilot prompts)")
         how = ("" if p.model == "rows" else " (the tree replayed over the calibration walk" +
                ("" if self.min_confidence is None else f" with the confidence stop at {self.min_confidence:g}") + ")")
+        rows = int(m.get("batch_rows", 1))
+        batch = "" if rows == 1 else (f" for steps of {rows} prompts at once (one target forward over {rows} trees; "
+                                      f"costs of {rows}x the tokens)")
+        plain = "token plain (eager)" if rows == 1 else f"step of plain batched decoding ({rows} tokens)"
+        alone = "the target alone" if rows == 1 else "plain batched decoding"
         return (f"target {m.get('target_precision')}, draft {m.get('draft_precision')}; Sequoia tree of budget "
-                f"{c.shape.size}, depth {c.shape.depth} (width limit {s['max_width'] or 'none'}): "
-                f"predicted tau {p.tau:.2f}{how}, {p.step_seconds:.3f} {step} vs {p.plain_seconds:.3f} s per token "
-                f"plain (eager), predicted {p.speedup:.2f}x over the target alone in the same precision{fixed}")
+                f"{c.shape.size}, depth {c.shape.depth} (width limit {s['max_width'] or 'none'}){batch}: "
+                f"predicted tau {p.tau:.2f}{how}, {p.step_seconds:.3f} {step} vs {p.plain_seconds:.3f} s per {plain}, "
+                f"predicted {p.speedup:.2f}x over {alone} in the same precision{fixed}")
 
 
 def _key(target: torch.nn.Module, draft: torch.nn.Module) -> str:
