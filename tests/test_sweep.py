@@ -168,6 +168,8 @@ def test_config_is_validated() -> None:
         E.load_config({"grid": {"budget": [4]}})
     with pytest.raises(ValueError, match="budgets"):
         E.load_config({"grid": {"budgets": [1]}})
+    with pytest.raises(ValueError, match="batch_sizes"):
+        E.load_config({"grid": {"batch_sizes": [0]}})
     cfg = E.load_config({"data": {"datasets": ["humaneval"], "humaneval": {"calib": "0:50", "eval": "50:60"}}})
     assert E.split_ranges(cfg, "humaneval") == ((0, 50), (50, 60))
 
@@ -267,3 +269,30 @@ def test_a_compiled_sweep_pays_its_compiles_once_per_envelope(tmp_path: Path, ca
     assert [r["params"]["backend"] for r in records if "backend" in r["params"]] == ["aot_eager"]
     readme = (results.parent / "README.md").read_text()
     assert readme.count("graphs, ") == 1 and "## Compiles" in readme and "1 envelope(s)" in readme
+
+
+def test_a_batch_size_axis_runs_batched_points_and_plots_speedup_against_batch_size(tmp_path: Path) -> None:
+    """``grid.batch_sizes``: a point of batch size 2 decodes its prompts two at a time (treespec's batched step, HF
+    ``generate`` on the same batches; HF assisted takes one prompt, so it has no such point); its greedy rows are
+    each prompt's alone; its figures are per batch (paired with the baseline's batches) and each prompt's latency
+    is when its row finished; the report plots speedup against batch size."""
+    cfg = E.load_config(TINY)
+    cfg["grid"].update(builders=["chain"], budgets=[4], batch_sizes=[1, 2])
+    cfg["data"]["eval"] = "100:104"
+    cfg["baselines"]["methods"] = ["target", "assisted"]
+    path = E.sweep(cfg, tmp_path, progress=False)
+    records = E.read_records(path)
+    assert [r["status"] for r in records] == ["ok"] * 5
+    by = {(r["params"].get("batch_size", 1), r["params"].get("method", "treespec")): r for r in records}
+    assert set(by) == {(1, "target"), (1, "assisted"), (1, "treespec"), (2, "target"), (2, "treespec")}
+    one, two = by[1, "treespec"], by[2, "treespec"]
+    n = cfg["data"]["max_new_tokens"]
+    for r in (two, by[2, "target"]):
+        assert r["result"]["tokens_per_batch"] == [2 * n, 2 * n] and len(r["timing"]["per_batch_seconds"]) == 2
+        rows = r["timing"]["per_prompt_seconds"]
+        assert len(rows) == 4 and all(0 < s <= max(r["timing"]["per_batch_seconds"]) + 1e-9 for s in rows)
+        assert r["result"]["output_digests"] == by[1, "target"]["result"]["output_digests"]  # rows = prompts alone
+    assert "compile" not in two["params"] and set(two["speedup"]) == {"target"}
+    assert two["checks"]["greedy_same_as_target"] == "4/4" and set(one["speedup"]) == {"target", "assisted"}
+    readme = E.report(path)
+    assert (tmp_path / "speedup_vs_batch_size.png").exists() and "(batch 2)" in readme.read_text()

@@ -40,7 +40,7 @@ def _treespec(tokens, steps, seconds, *, uncut_tokens=None, uncut_steps=None, se
 
 
 def _baseline(record: dict, seconds, method: str = "target", tokens=None) -> dict:
-    params = {k: record["params"][k] for k in F._SAME_RUN}
+    params = {k: record["params"][k] for k in F._SAME_RUN if k in record["params"]}  # batch_size: only above 1
     params.update(kind="baseline", method=method)
     tokens = tokens if tokens is not None else record["result"]["tokens_per_prompt"]
     return {"key": f"b-{method}-{params['seed']}", "kind": "baseline", "status": "ok", "params": params,

@@ -12,6 +12,13 @@ from ..common.device import execution_device, sync
 from ..core.checks import is_batch
 
 
+def _left_padded(prompts: list[list[int]], pad_token_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompts left-padded with ``pad_token_id`` to one length, and their attention mask (HF's way of batching)."""
+    width = max(map(len, prompts))
+    return (torch.tensor([[pad_token_id] * (width - len(p)) + p for p in prompts], device=device),
+            torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device))
+
+
 def hf_generate(model: torch.nn.Module, ids: Sequence[int] | Sequence[Sequence[int]], max_new_tokens: int, *,
                 temperature: float = 0.0,
                 top_p: float = 1.0, top_k: int = 0, eos_token_id: int | Sequence[int] | None = None,
@@ -44,27 +51,23 @@ def hf_generate(model: torch.nn.Module, ids: Sequence[int] | Sequence[Sequence[i
                          "whose tokenizer differs from the target's (or none of the three tokenizer arguments)")
     device = execution_device(model)
     batch = is_batch(ids)
-    prompts = [list(p) for p in ids] if batch else [list(ids)]
-    width = max(map(len, prompts))
+    x, mask = _left_padded([list(p) for p in ids] if batch else [list(ids)], pad_token_id, device)
+    width = x.shape[1]
     kw = _generation_settings(max_new_tokens, temperature, top_p, top_k, eos_token_id, pad_token_id,
                               prompt_lookup_num_tokens, max_matching_ngram_size)
     extra: dict[str, Any] = {}
     if static_compiled:
         from transformers import CompileConfig
 
-        compile_config = CompileConfig(fullgraph=True, backend=compile_backend)
-        compile_config._compile_all_devices = True  # HF compiles on accelerators only unless told
-        kw.update(compile_config=compile_config)
-        extra["past_key_values"] = extra_cache = _static_cache(model, width + max_new_tokens, len(prompts))
+        kw["compile_config"] = CompileConfig(fullgraph=True, backend=compile_backend)
+        kw["compile_config"]._compile_all_devices = True  # HF compiles on accelerators only unless told
+        extra["past_key_values"] = extra_cache = _static_cache(model, width + max_new_tokens, x.shape[0])
     if assistant_model is not None:
         assistant_model.generation_config = GenerationConfig(**(assistant_config or {}))  # fresh: HF mutates it
-        extra["assistant_model"] = assistant_model
-    if tokenizer is not None:
-        extra.update(tokenizer=tokenizer, assistant_tokenizer=assistant_tokenizer)
+        extra.update(assistant_model=assistant_model, **({} if tokenizer is None else dict(
+            tokenizer=tokenizer, assistant_tokenizer=assistant_tokenizer)))  # tokenizers: only with an assistant
     if seed is not None:
         torch.manual_seed(seed)
-    x = torch.tensor([[pad_token_id] * (width - len(p)) + p for p in prompts], device=device)
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
     sync(device)
     t0 = time.perf_counter()
     with torch.inference_mode():

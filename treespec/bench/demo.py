@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -25,7 +26,7 @@ from ..calibrate.vectors import calibration_walk, default_acceptance
 from ..common.files import check_writable
 from ..models.precision import precision_of
 from ..recipes import Recipe, run
-from ..calibrate.choices import resolve, resolve_compile
+from ..calibrate.choices import Resolved, resolve, resolve_compile
 from . import compare
 from .datasets import humaneval_prompts
 
@@ -106,24 +107,9 @@ def run_demo(args: argparse.Namespace, target: torch.nn.Module, tok: Any, draft:
     ``target`` for the float32 baseline, ``quick``: HF eager only); returns 0 when every greedy output equals HF's."""
     out_dir = check_writable(args.out, directory=True)
     print(f"treespec demo on {platform.machine()} with {torch.get_num_threads()} threads, device {args.device}")
-    print("measuring forward latencies on this machine (cached after the first run) ...", flush=True)
-    acceptance = default_acceptance(None, 0.0)
-    resolved = resolve(Recipe(tree="sequoia", acceptance=acceptance), target, [draft], tokenizer=tok,
-                       max_new_tokens=args.max_new_tokens, walk=calibration_walk(None, 0.0))
-    resolved = resolve_compile(resolved, target, [draft], tok, prompts=args.prompts, max_new_tokens=args.max_new_tokens)
+    resolved, png, shape_note = _configuration(args, target, tok, draft, out_dir)
     recipe, tuned = resolved.recipe, resolved.tuned
     prof, choice = tuned.profile, tuned.choice
-    t1 = prof.target_latency[1]
-    levels = ", ".join(f"{w} tokens {s:.3f} s" for w, s in sorted((prof.draft_level_latency or {}).items()))
-    print(f"  target forward: {t1:.3f} s for 1 token, {prof.target_latency[16]:.3f} s for 16; "
-          f"draft level: {levels} (c = {choice.c:.2f})")
-    print(f"  chosen: {resolved.why}")
-    png = out_dir / "tree.png"
-    choice.shape.draw(str(png), acceptance=acceptance, title=f"treespec demo tree (budget {choice.shape.size})")
-    print(f"  tree drawn to {png}\n{choice.shape}")
-
-    shape_note = why_this_shape(tuned, acceptance)
-    print(f"  {shape_note}")
     quick = getattr(args, "quick", False)
     methods = baseline_methods(target, draft, quick)
     if precision_of(target) != "float32":  # the sceptic's baseline: the target alone in float32 too
@@ -166,6 +152,28 @@ def run_demo(args: argparse.Namespace, target: torch.nn.Module, tok: Any, draft:
                                                      "profile": prof.to_dict()}, indent=1))
     print(f"\nreport written to {out_dir / 'report.md'}; tree picture {png}")
     return 0 if exact else 1
+
+
+def _configuration(args: argparse.Namespace, target: torch.nn.Module, tok: Any, draft: torch.nn.Module,
+                   out_dir: Path) -> tuple[Resolved, Path, str]:
+    """The configuration the demo runs, tuned on this machine and printed with the costs it was chosen by; its tree
+    drawn to ``out_dir/tree.png``. Returns (the resolved recipe, the picture, why this shape won here)."""
+    print("measuring forward latencies on this machine (cached after the first run) ...", flush=True)
+    acceptance = default_acceptance(None, 0.0)
+    resolved = resolve(Recipe(tree="sequoia", acceptance=acceptance), target, [draft], tokenizer=tok,
+                       max_new_tokens=args.max_new_tokens, walk=calibration_walk(None, 0.0))
+    resolved = resolve_compile(resolved, target, [draft], tok, prompts=args.prompts, max_new_tokens=args.max_new_tokens)
+    prof, choice = resolved.tuned.profile, resolved.tuned.choice
+    levels = ", ".join(f"{w} tokens {s:.3f} s" for w, s in sorted((prof.draft_level_latency or {}).items()))
+    print(f"  target forward: {prof.target_latency[1]:.3f} s for 1 token, {prof.target_latency[16]:.3f} s for 16; "
+          f"draft level: {levels} (c = {choice.c:.2f})")
+    print(f"  chosen: {resolved.why}")
+    png = out_dir / "tree.png"
+    choice.shape.draw(str(png), acceptance=acceptance, title=f"treespec demo tree (budget {choice.shape.size})")
+    print(f"  tree drawn to {png}\n{choice.shape}")
+    shape_note = why_this_shape(resolved.tuned, acceptance)
+    print(f"  {shape_note}")
+    return resolved, png, shape_note
 
 
 def divergence_lines(divergences: list[dict[str, Any]], precision: str) -> str:

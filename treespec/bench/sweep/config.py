@@ -42,7 +42,7 @@ DEFAULTS: dict[str, Any] = {
     "models": {"target": DEFAULT_TARGET, "draft": DEFAULT_DRAFT, "pairs": []},
     "grid": {"drafters": ["model"], "builders": ["sequoia"], "budgets": [8], "max_depths": ["none"],
              "temperatures": [0.0], "top_p": [1.0], "seeds": [0], "model_mode": "auto",
-             "verifiers": [_RECIPE.verifier]},
+             "verifiers": [_RECIPE.verifier], "batch_sizes": [1]},
     # citable by default: >= 20 evaluation prompts x >= 96 tokens on a code and a prose set
     # (CITABLE), calibration prompts disjoint from evaluation prompts
     "data": {"datasets": ["humaneval", "lee-news"], "calib": "0:100", "eval": "100:132", "max_new_tokens": 96,
@@ -119,7 +119,8 @@ def load_config(config: str | os.PathLike | dict[str, Any]) -> dict[str, Any]:
     cfg["data"]["splits"] = splits
     check_types(cfg)
     g = cfg["grid"]
-    for key in ("drafters", "builders", "budgets", "max_depths", "temperatures", "top_p", "seeds", "verifiers"):
+    for key in ("drafters", "builders", "budgets", "max_depths", "temperatures", "top_p", "seeds", "verifiers",
+                "batch_sizes"):
         g[key] = _as_list(g[key])
     cfg["data"]["datasets"] = _as_list(cfg["data"]["datasets"])
     cfg["baselines"]["methods"] = _as_list(cfg["baselines"]["methods"])
@@ -307,7 +308,7 @@ TYPES: dict[str, Checker] = {
     "name": _name,
     "models.target": _text, "models.draft": _text, "models.pairs": _pairs,
     "grid.drafters": _list(_choice(DRAFTER_SETS)), "grid.builders": _list(_choice(BUILDERS)),
-    "grid.budgets": _list(_int(2)), "grid.max_depths": _list(_depth),
+    "grid.budgets": _list(_int(2)), "grid.max_depths": _list(_depth), "grid.batch_sizes": _list(_int(1)),
     "grid.temperatures": _list(_real(lambda t: t >= 0, ">= 0 (0 is greedy)")),
     "grid.top_p": _list(_real(lambda p: 0 < p <= 1, "in (0, 1]")), "grid.seeds": _list(_int(0)),
     "grid.model_mode": _choice(MODEL_MODES), "grid.verifiers": _list(_choice(tuple(VERIFIERS))),

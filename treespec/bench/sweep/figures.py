@@ -13,16 +13,25 @@ from tree_builders import TreeShape
 
 from ...calibrate.acceptance import MeasuredAcceptance
 from ..intervals import Interval, ratio_of_sums
+from .points import batch_size
 from .records import machine_of
 
 #: what a baseline shares with the treespec points it is compared with (same prompts, same settings)
 _SAME_RUN = ("target", "dataset", "eval", "max_new_tokens", "max_prompt_tokens", "temperature", "top_p", "seed",
-             "device", "dtype")
+             "device", "dtype", "batch_size")
 
 
 def panel(params: dict[str, Any]) -> tuple:
-    """The report panel a point belongs to: (target, dataset, temperature, top-p)."""
-    return (params["target"], params["dataset"], params["temperature"], params["top_p"])
+    """The report panel a point belongs to: (target, dataset, temperature, top-p, batch size)."""
+    return (params["target"], params["dataset"], params["temperature"], params["top_p"], batch_size(params))
+
+
+def _units(r: dict[str, Any]) -> tuple[list[float], list[float]]:
+    """A record's (tokens, seconds) per timed unit: per prompt, or per batch of prompts decoded at once (a batch
+    point's prompts share their seconds: its batches are what a baseline on the same batches pairs with)."""
+    if "per_batch_seconds" in r["timing"]:
+        return r["result"]["tokens_per_batch"], r["timing"]["per_batch_seconds"]
+    return r["result"]["tokens_per_prompt"], r["timing"]["per_prompt_seconds"]
 
 
 # -- figures with their spread over prompts (treespec.bench.intervals) ---------------------------------------
@@ -50,8 +59,8 @@ def tau_interval(records: list[dict[str, Any]], uncut: bool = False) -> Interval
 
 
 def speed_interval(records: list[dict[str, Any]]) -> Interval | None:
-    """Tokens per second over the prompts of ``records``."""
-    return _pooled(records, lambda r: r["result"]["tokens_per_prompt"], lambda r: r["timing"]["per_prompt_seconds"])
+    """Tokens per second over the prompts (or batches) of ``records``."""
+    return _pooled(records, lambda r: _units(r)[0], lambda r: _units(r)[1])
 
 
 def baseline_of(record: dict[str, Any], bases: list[dict[str, Any]], method: str) -> dict[str, Any] | None:
@@ -67,8 +76,8 @@ def baseline_of(record: dict[str, Any], bases: list[dict[str, Any]], method: str
 
 
 def speedup_interval(records: list[dict[str, Any]], bases: list[dict[str, Any]], method: str) -> Interval | None:
-    """Baseline seconds / treespec seconds over the prompts of ``records``, paired per prompt (each
-    record with the ``method`` baseline of its own prompts and seed). None unless every record has that
+    """Baseline seconds / treespec seconds over the prompts of ``records``, paired per prompt, or per batch
+    for a batch point (each record with the ``method`` baseline of its own prompts, batch size and seed). None unless every record has that
     baseline, finished, with exactly the same token count per prompt."""
     pairs = []
     for r in records:
@@ -77,8 +86,7 @@ def speedup_interval(records: list[dict[str, Any]], bases: list[dict[str, Any]],
                 or b["result"]["tokens_per_prompt"] != r["result"]["tokens_per_prompt"]):
             return None
         pairs.append((b, r))
-    return _pooled(pairs, lambda br: br[0]["timing"]["per_prompt_seconds"],
-                   lambda br: br[1]["timing"]["per_prompt_seconds"])
+    return _pooled(pairs, lambda br: _units(br[0])[1], lambda br: _units(br[1])[1])
 
 
 def depth_rows(record: dict[str, Any]) -> list[tuple[int, int, float, float | None]]:

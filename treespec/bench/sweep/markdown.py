@@ -12,6 +12,7 @@ from .config import CITABLE
 from .figures import (agreement, baseline_of, baseline_speedup, depth_rows, panel, per_depth_prediction,
                       same_greedy_outputs, speed_interval, speedup_interval, step_cost_rows, tau_interval, tree_vs_chain,
                       where_the_gap_is)
+from .points import batch_size
 from .records import machine_of
 
 
@@ -74,6 +75,12 @@ def _citable_note(records: list[dict[str, Any]]) -> str:
             + (f" ({split_text})" if split_text else "") + "." + flag + "\n")
 
 
+def _batch_note(p: dict[str, Any]) -> str:
+    """How a point of ``grid.batch_sizes`` > 1 is named in the tables (its tok/s: every row's tokens over its
+    batches' seconds)."""
+    return f" (batch {batch_size(p)})" if batch_size(p) > 1 else ""
+
+
 def _baseline_table(bases: list[dict[str, Any]]) -> list[str]:
     lines = ["## Baselines (HuggingFace generate)", "",
              "| target | dataset | T | top-p | seed | method | prompts | tokens | tok/s [95% CI] | wall s | "
@@ -82,7 +89,7 @@ def _baseline_table(bases: list[dict[str, Any]]) -> list[str]:
     for r in sorted(bases, key=lambda r: (str(panel(r["params"])), r["params"]["seed"], r["params"]["method"])):
         p, res, t = r["params"], r["result"], r["timing"]
         lines.append(f"| {p['target']} | {p['dataset']} | {p['temperature']:g} | {p['top_p']:g} | {p['seed']} | "
-                     f"{p['method']} | {res['prompts']} | {res['new_tokens']}"
+                     f"{p['method']}{_batch_note(p)} | {res['prompts']} | {res['new_tokens']}"
                      f"{'' if res['complete'] else ' (short!)'} | "
                      f"{_fmt(speed_interval([r]) or t['tokens_per_second'])} | "
                      f"{t['wall_seconds']:.3g} | {_fmt(baseline_speedup(r, bases))} | "
@@ -121,7 +128,7 @@ def _treespec_table(tres: list[dict[str, Any]], bases: list[dict[str, Any]]) -> 
                 s.get(method) if baseline_of(r, bases, method) is not None else None)
 
         lines.append(
-            f"| {p['dataset']} | {p['temperature']:g} | {p['top_p']:g} | {p['seed']} | {p['drafters']} | "
+            f"| {p['dataset']}{_batch_note(p)} | {p['temperature']:g} | {p['top_p']:g} | {p['seed']} | {p['drafters']} | "
             f"{p['builder']} | {p['budget']} | {_fmt(p['max_depth'])} | {res['mean_tree_size']:.1f} | "
             f"{_fmt(tau_interval([r]) or res['tau'])} | {_fmt(tau_interval([r], uncut=True))} | "
             f"{_fmt(res.get('predicted_tau'))} | {_fmt(res.get('replayed_tau'))} | "
@@ -249,7 +256,7 @@ def _verdict_section(tres: list[dict[str, Any]]) -> list[str]:
              "| dataset | T | B | tree | tree / chain | winner | tau tree / chain (measured) | predicted | "
              "size | verify s/step | draft s/level | siblings |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for v in rows:
-        _, dataset, t, _ = v["panel"]
+        _, dataset, t, *_ = v["panel"]
         pt, pc = v["predicted_tau"]["tree"], v["predicted_tau"]["chain"]
         dl = v["draft_level"]
         lines.append(
@@ -297,7 +304,8 @@ def _step_cost_section(tres: list[dict[str, Any]], directory: Path) -> list[str]
              "then predicted from its own tree (its draft levels at their widths, its mean verified size) and "
              "compared with its measured drafting + verifying + engine seconds per step.", "",
              "Largest gap per panel (held-out points): " + "; ".join(
-                 f"{d} T={t:g}: {g:.0%}" for (_, d, t, _), g in sorted(worst.items(), key=str)) + "."
+                 f"{d} T={t:g}" + (f" batch {b}" if b > 1 else "") + f": {g:.0%}"
+                 for (_, d, t, _, b), g in sorted(worst.items(), key=str)) + "."
              + ("" if drift is None else
                 " Timing drift between runs bounds what any cost model can match here: points that ran an "
                 f"identical tree on one panel differ by up to {drift:.0%} in measured seconds per step."), "",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 from dataclasses import dataclass, fields
 from typing import Any
@@ -81,22 +82,34 @@ def enumerate_points(cfg: dict[str, Any]) -> list[Point]:
             for dataset in cfg["data"]["datasets"]:
                 _, evals = split_ranges(cfg, dataset)
                 for top_p in g["top_p"]:
-                    for seed in g["seeds"]:
+                    for seed, batch in itertools.product(g["seeds"], g["batch_sizes"]):
                         common = {"target": target, "dataset": dataset, "eval": list(evals),
                                   "max_new_tokens": int(cfg["data"]["max_new_tokens"]),
                                   "max_prompt_tokens": int(cfg["data"]["max_prompt_tokens"]),
                                   "temperature": float(temperature), "top_p": float(top_p), "seed": int(seed),
-                                  "device": run["device"], "dtype": run["dtype"]}
+                                  "device": run["device"], "dtype": run["dtype"],
+                                  # recorded only above 1, so the keys of earlier records stay valid
+                                  **({"batch_size": int(batch)} if batch > 1 else {})}
                         for method in cfg["baselines"]["methods"]:
-                            add(baseline_params(cfg, common, method, draft))
+                            if batch == 1 or method in BATCHED_METHODS:
+                                add(baseline_params(cfg, common, method, draft))
                         for drafters in g["drafters"]:
                             for builder in (["ngram"] if drafters == "ngram" else g["builders"]):
-                                for max_depth in g["max_depths"]:
-                                    for budget in g["budgets"]:
-                                        for verifier in g["verifiers"]:
-                                            add(treespec_params(cfg, common, draft, drafters, builder, budget,
-                                                                max_depth, verifier))
+                                for max_depth, budget, verifier in itertools.product(g["max_depths"], g["budgets"],
+                                                                                     g["verifiers"]):
+                                    add(treespec_params(cfg, common, draft, drafters, builder, budget,
+                                                        max_depth, verifier))
     return points
+
+
+#: the baselines that run a batch of prompts at once (HF ``generate`` on the batch, left-padded); HF's assisted
+#: generation and prompt lookup take one prompt, so a point of batch size > 1 has no such baseline
+BATCHED_METHODS = ("target", "target_compiled")
+
+
+def batch_size(params: dict[str, Any]) -> int:
+    """The prompts a point decodes at once (``grid.batch_sizes``; 1 where the point does not say)."""
+    return int(params.get("batch_size", 1))
 
 
 def baseline_params(cfg: dict[str, Any], common: dict[str, Any], method: str, draft: str) -> dict[str, Any]:
@@ -119,7 +132,7 @@ def treespec_params(cfg: dict[str, Any], common: dict[str, Any], draft: str, dra
     # recorded in the point only when not the default, so the keys of earlier records stay valid
     if verifier != "rrs":
         params["verifier"] = verifier
-    if run_compile(cfg):
+    if run_compile(cfg) and batch_size(common) == 1:  # a batch runs the eager batched step (treespec.core.batch)
         params["compile"] = run_compile(cfg)
     if drafters in ("ngram", "both"):
         params["ngram"] = dict(cfg["ngram"])

@@ -23,6 +23,7 @@ from tree_builders import TreeShape
 from ..intervals import Interval
 from .figures import baseline_speedup, panel, speedup_interval, tau_interval
 from .markdown import summary
+from .points import batch_size
 from .records import read_records
 
 
@@ -46,9 +47,10 @@ def _save(fig: Any, out: Path, name: str, title: str, images: list[tuple[str, st
 
 
 def _panel_title(key: tuple, multi_target: bool) -> str:
-    target, dataset, t, top_p = key
+    target, dataset, t, top_p, *batch = key
     head = f"{target.split('/')[-1]}\n" if multi_target else ""
-    return f"{head}{dataset}, T={t:g}" + (f", top-p={top_p:g}" if top_p < 1 else "")
+    return (f"{head}{dataset}, T={t:g}" + (f", top-p={top_p:g}" if top_p < 1 else "")
+            + (f", batch {batch[0]}" if batch and batch[0] > 1 else ""))
 
 
 def _line(p: dict[str, Any], multi_depth: bool) -> str:
@@ -96,6 +98,7 @@ def report(results_jsonl: str | os.PathLike, out_dir: str | os.PathLike | None =
     plots.draw("tau_vs_budget.png", "tau (tokens per step, 95% CI over prompts)", plots.curves(tau_interval), None)
     plots.draw("speedup_vs_budget.png", "speedup over the target alone (95% CI)",
                plots.curves(lambda rs: speedup_interval(rs, bases, "target")), lambda pn: _base_speedups(pn, bases))
+    _batch_plot(tres, bases, out, images)
     _predicted_plot(tres, out, images)
     _acceptance_plot(tres, out, images)
     trees = _tree_images(tres, out)
@@ -164,6 +167,44 @@ def _base_speedups(pn: tuple, bases: list[dict[str, Any]]) -> dict[str, float]:
     out_lines = {k: float(np.mean(v)) for k, v in lines.items()}
     out_lines["target alone"] = 1.0
     return out_lines
+
+
+def _batch_plot(tres: list[dict[str, Any]], bases: list[dict[str, Any]], out: Path, images: list[tuple[str, str]],
+                method: str = "target") -> None:
+    """Speedup over HF ``generate`` on the same batches (``method``) against the batch size (``grid.batch_sizes``):
+    one panel per target, dataset, temperature and top-p, one line per tree (builder and budget), 95% CI paired
+    per batch. Drawn when the records hold more than one batch size."""
+    if len({batch_size(r["params"]) for r in tres}) < 2:
+        return
+    multi_depth = len({r["params"]["max_depth"] for r in tres}) > 1
+    groups: dict[tuple, dict[str, dict[int, list[dict[str, Any]]]]] = {}
+    for r in tres:
+        p = r["params"]
+        groups.setdefault(panel(p)[:4], {}).setdefault(f"{_line(p, multi_depth)} b={p['budget']}", {}).setdefault(
+            batch_size(p), []).append(r)
+    panels = sorted(groups, key=str)
+    fig, axes = _figure(len(panels), legend_space=1.8)
+    handles: dict[str, Any] = {}
+    for ax, pn in zip(axes, panels):
+        for ln, by_batch in sorted(groups[pn].items()):
+            pts = [(b, v) for b, v in ((b, speedup_interval(rs, bases, method)) for b, rs in sorted(by_batch.items()))
+                   if v is not None]
+            if not pts:
+                continue
+            ys = np.array([v.estimate for _, v in pts])
+            lows = np.array([v.low if v.known else v.estimate for _, v in pts])
+            highs = np.array([v.high if v.known else v.estimate for _, v in pts])
+            handles.setdefault(ln, ax.errorbar([b for b, _ in pts], ys, yerr=np.vstack([ys - lows, highs - ys]),
+                                               marker="o", markersize=4, capsize=3, label=ln))
+        handles.setdefault(f"HF {method}", ax.axhline(1.0, color="0.3", linestyle=(0, (4, 2)), linewidth=1.2))
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("batch size (prompts decoded at once)")
+        ax.set_ylabel(f"speedup over HF {method}, same batches (95% CI)", fontsize=9)
+        ax.set_title(_panel_title(pn, len({k[0] for k in panels}) > 1), fontsize=9)
+        ax.grid(alpha=0.3)
+    fig.legend(list(handles.values()), list(handles), loc="center right", fontsize=8)
+    _save(fig, out, "speedup_vs_batch_size.png", "speedup vs batch size (per tree)", images,
+          rect=(0, 0, 1 - 1.8 / fig.get_figwidth(), 1))
 
 
 def _predicted_plot(tres: list[dict[str, Any]], out: Path, images: list[tuple[str, str]]) -> None:

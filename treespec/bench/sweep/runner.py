@@ -25,8 +25,8 @@ from ...recipes import Recipe, plan, run
 from ..baselines import fastest_compile_settings, hf_generate
 from .config import calib_eval_prompts, draft_dtype, padded_envelope, \
     pairs, split_ranges
-from .points import Point, baseline_params, acceptance_params, enumerate_points, point_key, point_recipe, \
-    shape_record
+from .points import BATCHED_METHODS, Point, acceptance_params, baseline_params, batch_size, enumerate_points, \
+    point_key, point_recipe, shape_record
 from .models import SweepModels, encode, pad_id
 from .records import RESULTS, machine, machine_of
 
@@ -191,12 +191,13 @@ class Sweep:
 
         graphs = graphs_compiled()
         # a compiled step's warm-up runs the measured tree (the depth cap follows max_new_tokens): it compiles it
-        outs, walls = self._timed(call, prompts, n, p["seed"], next(target.parameters()).device,
-                                  full_warmup=bool(recipe.compile))
+        batches, walls = self._timed(call, prompts, n, p["seed"], next(target.parameters()).device,
+                                     full_warmup=bool(recipe.compile), batch=batch_size(p))
+        outs = [row for out in batches for row in out.rows] if batch_size(p) > 1 else batches
         if recipe.compile:  # the warm-up call compiles what this point needs first (CPU: the tree's own envelope)
             info["compile"] = {"graphs": graphs_compiled() - graphs, "seconds": self.warmup_seconds,
                                "envelope": envelope.describe() if envelope is not None else "the tree's own"}
-        s = Stats.combined([out.stats for out in outs])
+        s = Stats.combined([out.stats for out in batches])  # a batch's stats: its rows' counts, its seconds
         counts = [len(out.new_tokens) for out in outs]
         uncut_steps = [o.stats.steps - o.stats.cut_steps for o in outs]
         uncut_tokens = [sum(k for k, cut in zip(o.stats.step_tokens, o.stats.step_cut) if not cut) for o in outs]
@@ -210,24 +211,30 @@ class Sweep:
         wall = sum(walls)
         timing = {"wall_seconds": wall, "per_prompt_seconds": walls, "tokens_per_second": s.new_tokens / wall if wall else 0.0,
                   "warmup_seconds": self.warmup_seconds, **{k: getattr(s, k) for k in SECTIONS}}
+        if batch_size(p) > 1:  # per row: when it finished in its batch (what that prompt's user waited)
+            _per_batch(result, timing, [[len(r.new_tokens) for r in out.rows] for out in batches],
+                       [list(out.row_seconds) for out in batches])
         return {"result": result, "timing": timing}
 
-    def _timed(self, call: Callable[[list[int], int, int], Any], prompts: list[list[int]], n: int, seed: int,
-               device: torch.device, full_warmup: bool = False) -> tuple[list[Any], list[float]]:
+    def _timed(self, call: Callable[[Any, int, int], Any], prompts: list[list[int]], n: int, seed: int,
+               device: torch.device, full_warmup: bool = False, batch: int = 1) -> tuple[list[Any], list[float]]:
         """One warm-up call (the same for every method: it pays a compile where there is one; its seconds are kept
         in ``self.warmup_seconds``, apart from the timed ones), then ``call(ids, n, seed_i)`` per prompt, each timed
         with GPU synchronisation. ``full_warmup``: the warm-up generates all ``n`` tokens (a compiled treespec
-        point: its tree, capped by the tokens left, is then the measured one)."""
+        point: its tree, capped by the tokens left, is then the measured one). ``batch`` > 1: ``call`` takes a
+        list of that many prompts (the last batch may hold fewer) and each batch is timed as one call."""
         warm = n if full_warmup else int(self.cfg["run"]["warmup_tokens"])
         self.warmup_seconds = 0.0
         if warm > 0:
             sync(device)
             t0 = time.perf_counter()
-            call(prompts[0][-32:], min(warm, n), spread_seed("sweep", seed, -1))
+            first = prompts[0][-32:]
+            call(first if batch == 1 else [first] * batch, min(warm, n), spread_seed("sweep", seed, -1))
             sync(device)
             self.warmup_seconds = time.perf_counter() - t0
         outs, walls = [], []
-        for i, ids in enumerate(prompts):
+        units = prompts if batch == 1 else [prompts[i : i + batch] for i in range(0, len(prompts), batch)]
+        for i, ids in enumerate(units):
             sync(device)
             t0 = time.perf_counter()
             outs.append(call(ids, n, spread_seed("sweep", seed, i)))
@@ -240,7 +247,7 @@ class Sweep:
         device = next(target.parameters()).device
         n = p["max_new_tokens"]
 
-        def call(ids: list[int], tokens: int, seed: int) -> list[int]:
+        def call(ids: list[int] | list[list[int]], tokens: int, seed: int) -> list[int] | list[list[int]]:
             lookup = p["method"] == "prompt_lookup"
             with _quiet_transformers(), _hf_compile_settings(p["method"], device):
                 new, _ = hf_generate(target, ids, tokens, temperature=p["temperature"], top_p=p["top_p"],
@@ -252,7 +259,8 @@ class Sweep:
                                      compile_backend=p.get("backend", "inductor"))
             return new
 
-        outs, walls = self._timed(call, prompts, n, p["seed"], device)
+        batches, walls = self._timed(call, prompts, n, p["seed"], device, batch=batch_size(p))
+        outs = [row for rows in batches for row in rows] if batch_size(p) > 1 else batches
         counts = [len(new) for new in outs]
         digests = [_digest(new) for new in outs]
         total, wall = sum(counts), sum(walls)
@@ -260,6 +268,9 @@ class Sweep:
                   "new_tokens": total, "complete": all(c == n for c in counts), "output_digests": digests}
         timing = {"wall_seconds": wall, "per_prompt_seconds": walls, "tokens_per_second": total / wall if wall else 0.0,
                   "warmup_seconds": self.warmup_seconds}
+        if batch_size(p) > 1:  # HF returns a batch's rows together: each row waited the whole batch
+            _per_batch(result, timing, [[len(row) for row in rows] for rows in batches],
+                       [[w] * len(rows) for rows, w in zip(batches, walls)])
         return {"result": result, "timing": timing}
 
     # -- comparisons ----------------------------------------------------------------------------
@@ -271,9 +282,11 @@ class Sweep:
         """Finished baseline records measured on the same prompts and settings as treespec point ``p``,
         on ``machine`` (a speedup across machines measures the machines)."""
         common = {k: p[k] for k in ("target", "dataset", "eval", "max_new_tokens", "max_prompt_tokens",
-                                    "temperature", "top_p", "seed", "device", "dtype")}
+                                    "temperature", "top_p", "seed", "device", "dtype", "batch_size") if k in p}
         out: dict[str, dict[str, Any]] = {}
         for method in self.cfg["baselines"]["methods"]:
+            if batch_size(p) > 1 and method not in BATCHED_METHODS:
+                continue
             draft = p.get("draft") or pairs_draft(self.cfg, p["target"])
             rec = self.records.get(point_key(baseline_params(self.cfg, common, method, draft)))
             if rec is not None and rec.get("status") == "ok" and machine_of(rec) == machine:
@@ -302,6 +315,15 @@ class Sweep:
         if refused:
             record["speedup_refused"] = refused
         record["checks"] = checks
+
+
+def _per_batch(result: dict[str, Any], timing: dict[str, Any], tokens: list[list[int]],
+               row_seconds: list[list[float]]) -> None:
+    """A batch point's figures: the tokens and seconds of each batch (its timed unit, ``figures._units``), and each
+    prompt's seconds as when its row finished (``per_prompt_seconds``: its latency, not a share of the batch)."""
+    result["tokens_per_batch"] = [sum(t) for t in tokens]
+    timing["per_batch_seconds"] = timing["per_prompt_seconds"]
+    timing["per_prompt_seconds"] = [s for rows in row_seconds for s in rows]
 
 
 def pairs_draft(cfg: dict[str, Any], target: str) -> str:
