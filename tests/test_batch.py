@@ -94,16 +94,22 @@ def test_a_rows_output_does_not_depend_on_its_batch_mates():
     assert moved.rows[0].new_tokens != first.rows[0].new_tokens
 
 
-def test_joint_law_of_each_row_of_a_batch_is_the_targets(pair):  # noqa: F811
-    """Three rows of different prompts at T=1 (rrs, a sampled tree): the first ``K`` tokens of each row, over
-    seeded batches, against the target's exact law for that row's prompt (trials: the most any row needs)."""
+#: each joint test's seeds (rrs keeps the draws it had before traversal joined it)
+TAGS = {"rrs": "batch-joint", "traversal": "batch-joint-traversal"}
+
+
+@pytest.mark.parametrize("verifier", list(TAGS))
+def test_joint_law_of_each_row_of_a_batch_is_the_targets(pair, verifier):  # noqa: F811
+    """Three rows of different prompts at T=1 (a sampled tree; the token-level rule, and traversal verification):
+    the first ``K`` tokens of each row, over seeded batches, against the target's exact law for that row's prompt
+    (trials: the most any row needs). Rows accept different lengths, so they finish at different steps."""
     target, draft = pair
     prompts = [[1, 2, 3], [4, 0], [5, 5, 1, 2]]
     n = max(trials(target, draft, p) for p in prompts)
     counts = [Counter() for _ in prompts]
     for i in range(n):
         out = treespec.generate(target, prompts, [treespec.ModelDrafter(draft, BUSHY, "sample")], max_new_tokens=K,
-                                temperature=1.0, seed=spread_seed("batch-joint", i))
+                                temperature=1.0, seed=spread_seed(TAGS[verifier], i), verifier=verifier)
         for c, row in zip(counts, out.rows):
             c[tuple(row.new_tokens)] += 1
     for c, p in zip(counts, prompts):
