@@ -76,12 +76,27 @@ class Int4Linear(torch.nn.Module):
         groups = w.view(n, k // group_size, group_size)
         low, high = groups.amin(-1), groups.amax(-1)
         scale = ((high - low) / 15).clamp_min(torch.finfo(torch.float32).tiny)
-        codes = ((groups - low[..., None]) / scale[..., None]).round().clamp(0, 15).to(torch.int32).view(n, k)
-        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
-        zero = low + 8 * scale  # the kernel dequantises (code - 8) * scale + zero
-        scales_and_zeros = torch.stack([scale.t(), zero.t()], -1).to(torch.bfloat16).contiguous()
+        codes = ((groups - low[..., None]) / scale[..., None]).round().clamp(0, 15).view(n, k)
         bias = None if linear.bias is None else linear.bias.detach().float().clone()
-        return cls(packed, scales_and_zeros, group_size, k, n, bias, _int8_twin(linear))
+        return cls.from_groups(codes, scale, low + 8 * scale, bias, _int8_twin(linear))
+
+    @classmethod
+    def from_groups(cls, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, bias: torch.Tensor | None = None,
+                    wide: torch.nn.Module | None = None) -> "Int4Linear":
+        """The layer whose weight is ``(codes - 8) * scale + zero`` group by group (``codes`` ``[out, in]`` in
+        0..15; ``scale``, ``zero`` ``[out, groups]``, the group size ``in / groups``), the kernel keeping
+        ``scale`` and ``zero`` in bfloat16: what :meth:`from_linear` rounds a float weight to, or a file's own
+        4-bit blocks (``treespec.models.gguf_blocks``). ``wide``: a layer for wide inputs (see the module)."""
+        n, k = codes.shape
+        group_size = k // scale.shape[1]
+        if group_size not in _GROUPS or k % group_size or n % 16:
+            raise ValueError(f"the int4 kernel cannot take a {k} -> {n} Linear with group size {group_size} (it needs "
+                             f"the output size a multiple of 16 and the input size a multiple of a group size in "
+                             f"{_GROUPS})")
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(torch.as_tensor(codes).to(torch.int32), 1)
+        scales_and_zeros = torch.stack([torch.as_tensor(scale).float().t(), torch.as_tensor(zero).float().t()],
+                                       -1).to(torch.bfloat16).contiguous()
+        return cls(packed, scales_and_zeros, group_size, k, n, bias, wide)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.wide is not None and x.numel() >= WIDE_ROWS * self.in_features and not torch.compiler.is_compiling():

@@ -1,0 +1,76 @@
+"""A GGUF file's 4-bit blocks as the CPU int4 kernel's groups, kept as they are (not dequantised and re-rounded).
+
+llama.cpp's 4-bit types store each group of 32 weights of a row as 4-bit codes ``q`` (0..15) with a scale and,
+for some, a minimum (ggml's ``dequantize_row_q4_0`` / ``_q4_1`` / ``_q4_K``):
+
+* ``Q4_0`` (18-byte blocks of 32): ``w = d (q - 8)``;
+* ``Q4_1`` (20-byte blocks of 32): ``w = d q + m``;
+* ``Q4_K`` (144-byte super-blocks of 256: ``d``, ``dmin``, twelve bytes of 6-bit sub-block scales ``sc_j`` and
+  minima ``m_j``, then the codes): sub-block ``j`` of 32 is ``w = (d sc_j) q - dmin m_j``.
+
+torch's int4 kernel (``treespec.models.quantized.Int4Linear``) computes ``w = (q - 8) scale + zero`` per group of
+32 input columns, so each of these maps onto it with the file's own codes: ``scale = d`` (``d sc_j``) and
+``zero = 8 scale`` plus the block's offset (``0``, ``m``, ``-dmin m_j``). The mapped weights equal the file's
+up to the precision the kernel keeps its scales in (bfloat16). Other types (``Q5_*``, ``Q6_K``, ``Q8_0``, ...)
+have no such map: :func:`int4_groups` returns None for them, and the caller re-quantises or keeps floats.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+#: ggml type ids (``gguf.GGMLQuantizationType``) whose blocks map onto the int4 kernel exactly
+Q4_0, Q4_1, Q4_K = 2, 3, 12
+EXACT_INT4 = {Q4_0: "Q4_0", Q4_1: "Q4_1", Q4_K: "Q4_K"}
+GROUP = 32  # weights per scale (and offset) in every type above: the kernel's group size 32
+_BLOCK_BYTES = {Q4_0: 18, Q4_1: 20, Q4_K: 144}
+_BLOCK_WEIGHTS = {Q4_0: 32, Q4_1: 32, Q4_K: 256}
+
+
+def _halves(raw: np.ndarray, at: int) -> np.ndarray:
+    """The float16 at byte ``at`` of every block of ``raw`` ``[blocks, bytes]``, as float32 ``[blocks]``."""
+    return raw[:, at : at + 2].copy().view(np.float16)[:, 0].astype(np.float32)
+
+
+def _nibbles(qs: np.ndarray) -> np.ndarray:
+    """Codes ``[blocks, 2 * bytes]`` of ``qs`` ``[blocks, bytes]``: every byte's low nibbles, then its high ones
+    (the order of the 32 weights of a ggml 4-bit group)."""
+    return np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
+
+
+def _q4k_scales(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The eight 6-bit sub-block scales and minima ``[blocks, 8]`` packed in twelve bytes (ggml's
+    ``get_scale_min_k4``): bytes 0-3 and 4-7 hold the low six bits of scales and minima 0-3; bytes 8-11
+    hold the low four bits of 4-7, whose top two bits are the top bits of bytes 0-7."""
+    s = s.astype(np.int32)
+    sc = np.concatenate([s[:, 0:4] & 63, (s[:, 8:12] & 0x0F) | ((s[:, 0:4] >> 6) << 4)], axis=1)
+    m = np.concatenate([s[:, 4:8] & 63, (s[:, 8:12] >> 4) | ((s[:, 4:8] >> 6) << 4)], axis=1)
+    return sc.astype(np.float32), m.astype(np.float32)
+
+
+def int4_groups(raw: np.ndarray, qtype: int, rows: int, columns: int
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """``(codes [rows, columns] uint8, scale [rows, columns / 32], zero [rows, columns / 32])`` (float32) of a
+    weight stored as ``qtype`` blocks (``raw``: the tensor's bytes, row after row), such that
+    ``(codes - 8) * scale + zero`` is the file's weight group by group; None for a type with no such map."""
+    if qtype not in EXACT_INT4:
+        return None
+    per = _BLOCK_WEIGHTS[qtype]
+    if columns % per:
+        raise ValueError(f"a {EXACT_INT4[qtype]} row holds whole blocks of {per} weights, got {columns} columns")
+    blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(rows * columns // per, _BLOCK_BYTES[qtype])
+    if qtype == Q4_K:
+        d, dmin = _halves(blocks, 0), _halves(blocks, 2)
+        sc, m = _q4k_scales(blocks[:, 4:16])
+        # each 32 bytes of codes: sub-block 2i in the low nibbles, 2i + 1 in the high ones
+        codes = np.concatenate([_nibbles(blocks[:, 16 + 32 * i : 48 + 32 * i]) for i in range(4)], axis=1)
+        scale = d[:, None] * sc
+        offset = -(dmin[:, None] * m)
+    else:
+        scale = _halves(blocks, 0)[:, None]
+        codes = _nibbles(blocks[:, -16:])
+        # Q4_0: w = d (q - 8), zero 0; Q4_1: w = d q + m = (q - 8) d + (m + 8 d)
+        offset = -8 * scale if qtype == Q4_0 else _halves(blocks, 2)[:, None]
+    zero = 8 * scale + offset
+    return (codes.reshape(rows, columns).astype(np.uint8), scale.reshape(rows, -1).astype(np.float32),
+            zero.reshape(rows, -1).astype(np.float32))
