@@ -330,7 +330,6 @@ def test_an_int4_target_keeps_the_gguf_s_own_4bit_blocks(tmp_path, monkeypatch):
     decoding through the int4 target equals HF's greedy decoding of the same loaded model."""
     import gguf
 
-    import treespec
     from treespec.models.quantized import Int4Linear
     from treespec.models.tiny import greedy_reference
 
@@ -350,7 +349,29 @@ def test_an_int4_target_keeps_the_gguf_s_own_4bit_blocks(tmp_path, monkeypatch):
     again = Int4Linear.from_linear(draft.model.layers[1].mlp.down_proj, 32, wide=False)(x)
     assert (y - expected).abs().max() < 0.02 * expected.abs().max()  # up to bfloat16 scales and activations
     assert (again - expected).abs().max() > 4 * (y - expected).abs().max()  # measured here: 0.029 vs 0.0017
-    prompt = [3, 17, 42, 5]
-    out = treespec.generate(target, prompt, drafters=[treespec.ModelDrafter(draft, [(0,), (0, 0)], "topk")],
-                            max_new_tokens=12)
-    assert out.new_tokens == greedy_reference(target, prompt, 12)
+    assert greedy_through(target, draft, n=12) == greedy_reference(target, [3, 17, 42, 5], 12)
+
+
+def test_a_local_gguf_file_loads_and_keeps_its_4bit_blocks_in_int4(tmp_path):
+    """``load("model.gguf")``: a local GGUF file, dequantised by transformers; in ``int4`` its Q4_0 blocks are kept
+    (as for a built-in GGUF model); greedy through it equals HF's greedy on the same loaded model."""
+    import gguf
+
+    from treespec.models.tiny import greedy_reference
+
+    path = write_gguf(tiny_qwen2(seed=4), tmp_path / "m.gguf", gguf.GGMLQuantizationType.Q4_0)
+    floats, tok = models.load(str(path))
+    assert tok.eos_token_id == 96 and floats.treespec_precision["precision"] == "float32"
+    target, _ = models.load(str(path), dtype="int4")
+    assert target.treespec_precision["file_blocks"] == {"exact": 14, "requantized": 0, "float": 1}
+    assert greedy_through(target, floats) == greedy_reference(target, [3, 17, 42, 5], 10)
+    with pytest.raises(OSError, match="no such GGUF file"):
+        models.load(str(tmp_path / "missing.gguf"))
+
+
+def greedy_through(target, draft, prompt=(3, 17, 42, 5), n: int = 10) -> list[int]:
+    """``treespec.generate``'s greedy tokens with ``draft`` drafting a two-node chain."""
+    import treespec
+
+    return treespec.generate(target, list(prompt), drafters=[treespec.ModelDrafter(draft, [(0,), (0, 0)], "topk")],
+                             max_new_tokens=n).new_tokens

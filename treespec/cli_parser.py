@@ -65,14 +65,15 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     from .models.loading import DEFAULT_DRAFT, DEFAULT_TARGET
 
     p.add_argument("--target", default=DEFAULT_TARGET, metavar="M",
-                   help=f"target model: HF id, local dir, or a built-in name (default: {DEFAULT_TARGET})")
+                   help=f"target model: HF id, local dir, local .gguf file, or a built-in name (default: {DEFAULT_TARGET})")
     p.add_argument("--draft", action="append", metavar="M",
                    help=f"draft model (repeatable; default: {DEFAULT_DRAFT} unless --ngram alone is asked)")
     p.add_argument("--device", type=_device, default="cuda" if torch.cuda.is_available() else "cpu",
                    help="torch device, e.g. cpu, cuda or cuda:1 (default: cuda if available)")
     p.add_argument("--dtype", choices=CHOICES["target"], default=None,
                    help="target precision; auto times float32 and bfloat16 here and keeps the faster (the "
-                        "decision is cached). Default: auto on CPU, bfloat16 on CUDA")
+                        "decision is cached); int4 (CPU) keeps a GGUF's own 4-bit blocks. Default: auto on CPU, "
+                        "bfloat16 on CUDA")
     p.add_argument("--draft-dtype", choices=CHOICES["draft"], default=None,
                    help="draft precision; int8 is dynamic int8 quantisation, int4 weight-only 4-bit (both CPU), "
                         "auto also times them. "

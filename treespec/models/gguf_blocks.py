@@ -95,8 +95,9 @@ def read_file_blocks(gguf_path: str | Path, model: torch.nn.Module) -> dict[str,
     field = reader.fields["general.architecture"]
     arch = bytes(field.parts[field.data[0]]).decode()
     if arch not in SAME_ROWS:
-        raise ValueError(f"{gguf_path}: reading a {arch} GGUF's 4-bit blocks as they are is not supported (only "
-                         f"{', '.join(SAME_ROWS)}); load it with dtype='int4' from its float weights instead")
+        raise ValueError(f"{gguf_path}: int4 keeps a GGUF's own 4-bit blocks for {', '.join(SAME_ROWS)} only, not "
+                         f"{arch}; load it in bfloat16, or save it as safetensors and load that with dtype='int4' "
+                         "(re-quantised from its float weights)")
     names = gguf.TensorNameMap({v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}[arch],
                                model.config.num_hidden_layers)
     hf_of = {names.get_name(k, try_suffixes=(".weight", ".bias")): k for k in model.state_dict()}

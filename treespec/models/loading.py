@@ -15,12 +15,12 @@ import os
 import random
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from .gguf_blocks import with_file_blocks
+from .gguf_blocks import read_file_blocks, with_file_blocks
 from .packaged import DEFAULT_DRAFT, DEFAULT_TARGET, REGISTRY, build_cache, cache_is_valid, cache_root, \
     file_int4_blocks, log
 from .precision import FLOATS, ROLES, auto_precision, describe_choice, parse_precision, to_precision, torch_dtype
@@ -91,8 +91,8 @@ def load(name_or_path: str | os.PathLike = DEFAULT_TARGET, device: str | torch.d
 
     ``name_or_path``: ``DEFAULT_TARGET`` / ``DEFAULT_DRAFT`` (offline, from the installed chunk
     packages; the first load builds a safetensors cache, about a minute), a local directory with
-    safetensors weights, or a Hugging Face model id found in the local HF cache (the hub is only
-    contacted with ``allow_download=True``).
+    safetensors weights, a local ``.gguf`` file, or a Hugging Face model id found in the local HF cache (the hub
+    is only contacted with ``allow_download=True``).
     ``dtype``: ``"float32"``, ``"bfloat16"``, ``"float16"``, ``"int8"`` (dynamic int8 quantisation
     of the Linear layers, CPU only, for drafts; see ``treespec.models.precision``), ``"int4"`` (weight-only
     4-bit Linear layers, CPU only; ``treespec.models.quantized``; for a built-in GGUF model its Q4_0, Q4_1 and Q4_K
@@ -124,31 +124,47 @@ def load(name_or_path: str | os.PathLike = DEFAULT_TARGET, device: str | torch.d
                                                "offload_folder": tempfile.mkdtemp(prefix="treespec-offload-")}
     name = os.fspath(name_or_path)
     spec = REGISTRY.get(name.lower())
+    gguf_file = Path(name).expanduser() if name.lower().endswith(".gguf") else None
     if spec is not None:
         path = cache_root(cache_dir) / spec.name
         if not cache_is_valid(path, spec):
             path = build_cache(spec, cache_dir)
         model, tokenizer = _from_pretrained(path, load_dtype, local_files_only=True, **placement)
+    elif gguf_file is not None:
+        model, tokenizer = _load_gguf(gguf_file, load_dtype, **placement)
     else:
         model, tokenizer = _load_other(name, load_dtype, trust_remote_code, cache_dir, allow_download, **placement)
     model = (model if device_map is not None else model.to(device)).eval()
     model.requires_grad_(False)
-    model, record = _in_precision(model, precision, role, name, spec, cache_dir, traceable)
+    blocks = (None if precision != "int4" else (lambda: file_int4_blocks(spec, model, cache_dir)) if spec is not None
+              else (lambda: read_file_blocks(gguf_file, model)) if gguf_file is not None else None)
+    model, record = _in_precision(model, precision, role, name, blocks, spec, cache_dir, traceable)
     model.treespec_precision = record
     return model, tokenizer
 
 
-def _in_precision(model: PreTrainedModel, precision: str, role: str, name: str, spec: Any,
-                  cache_dir: str | os.PathLike | None, traceable: bool) -> tuple[PreTrainedModel, dict[str, Any]]:
-    """``load``'s model (float32 where it converts) in ``precision``, and the record of what was kept and why."""
+def _load_gguf(path: Path, dtype: torch.dtype, **placement: Any) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """A local GGUF file, dequantised by transformers (``dtype="int4"`` then keeps its 4-bit blocks: ``load``)."""
+    if not path.is_file():
+        raise OSError(f"{path}: no such GGUF file")
+    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype,
+                                                 attn_implementation="sdpa", **placement)
+    return model, AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+
+
+def _in_precision(model: PreTrainedModel, precision: str, role: str, name: str,
+                  blocks: Callable[[], dict[str, torch.Tensor]] | None, spec: Any, cache_dir: str | os.PathLike | None,
+                  traceable: bool) -> tuple[PreTrainedModel, dict[str, Any]]:
+    """``load``'s model (float32 where it converts) in ``precision``, and the record of what was kept and why
+    (``blocks``: the 4-bit blocks of the GGUF file it came from, read when asked)."""
     if precision == "auto":
         decisions = (cache_root(cache_dir if spec is not None else None)) / PRECISION_DECISIONS
         model, record = auto_precision(model, role, name=spec.name if spec is not None else name,
                                        decisions=decisions, traceable=traceable)
         log(f"{name} ({role}) precision: {describe_choice(record)}")
         return model, record
-    if spec is not None and precision == "int4":  # a GGUF's own 4-bit blocks, where the kernel takes them as they are
-        model, counts = with_file_blocks(model, file_int4_blocks(spec, model, cache_dir))
+    if blocks is not None:  # a GGUF's own 4-bit blocks, where the kernel takes them as they are
+        model, counts = with_file_blocks(model, blocks())
         log(f"{name} int4: {counts['exact']} Linear layers from the file's own 4-bit blocks, {counts['requantized']} "
             f"re-quantised from its other types, {counts['float']} kept in float32")
         return model, {"precision": precision, "cached": False, "requested": True, "file_blocks": counts}

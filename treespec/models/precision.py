@@ -40,7 +40,7 @@ PRECISIONS = ("float32", "bfloat16", "float16", "int8", "int4")
 FLOATS = PRECISIONS[:3]
 ROLES = ("target", "draft")
 #: the names a user may give per role (``auto`` measures; see :func:`auto_precision`)
-CHOICES = {"target": ("auto", *FLOATS), "draft": ("auto", *PRECISIONS)}
+CHOICES = {"target": ("auto", *FLOATS, "int4"), "draft": ("auto", *PRECISIONS)}
 #: precisions ``auto`` times, per role: int8 and int4 only for drafts (a quantised target changes the output)
 AUTO_CANDIDATES = {"target": ("float32", "bfloat16"), "draft": ("float32", "bfloat16", "int8", "int4")}
 #: the precisions that run on the CPU only
