@@ -29,11 +29,13 @@ class Point:
     @property
     def label(self) -> str:
         p = self.params
+        batch = f" batch {batch_size(p)}" if batch_size(p) > 1 else ""
         if p["kind"] == "baseline":
-            return f"{p['dataset']} T={p['temperature']} {p['method']}"
+            return f"{p['dataset']} T={p['temperature']} {p['method']}{batch}"
         depth = "" if p["max_depth"] is None else f" d<={p['max_depth']}"
         verifier = f" {p['verifier']}" if "verifier" in p else ""
-        return f"{p['dataset']} T={p['temperature']} {p['drafters']}/{p['builder']} B={p['budget']}{depth}{verifier}"
+        return (f"{p['dataset']} T={p['temperature']} {p['drafters']}/{p['builder']} B={p['budget']}{depth}{verifier}"
+                f"{batch}")
 
 
 def point_key(params: dict[str, Any]) -> str:
