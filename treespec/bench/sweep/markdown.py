@@ -256,11 +256,11 @@ def _verdict_section(tres: list[dict[str, Any]]) -> list[str]:
              "| dataset | T | B | tree | tree / chain | winner | tau tree / chain (measured) | predicted | "
              "size | verify s/step | draft s/level | siblings |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for v in rows:
-        _, dataset, t, *_ = v["panel"]
+        _, dataset, t, _, batch = v["panel"]
         pt, pc = v["predicted_tau"]["tree"], v["predicted_tau"]["chain"]
         dl = v["draft_level"]
         lines.append(
-            f"| {dataset} | {t:g} | {v['budget']} | {v['tree']} | {_fmt(v['ratio'])} | {v['winner'] or '-'} | "
+            f"| {dataset}{_batch_note({'batch_size': batch})} | {t:g} | {v['budget']} | {v['tree']} | {_fmt(v['ratio'])} | {v['winner'] or '-'} | "
             f"{_fmt(v['tau']['tree'])} / {_fmt(v['tau']['chain'])} | "
             f"{'-' if pt is None or pc is None else f'{pt:.2f} / {pc:.2f}'} | "
             f"{v['size']['tree']:.1f} / {v['size']['chain']:.1f} | {v['verify']['tree']:.3f} / {v['verify']['chain']:.3f} | "
