@@ -106,7 +106,7 @@ class BatchEagerStep:
         """Every row's proposals, in its drafters' order; a row that wants none gets none."""
         wanting = {row: run for row, run in runs.items() if wants_drafts(run.req, run.committed, run.remaining)}
         out: dict[int, list[DraftProposals]] = {row: [] for row in runs}
-        for i in range(len(self.acceptance[next(iter(runs))].req.drafters)):
+        for i in range(len(self.acceptance[0].req.drafters)):  # every row has copies of the same drafters
             coroutines = {}
             for row, run in wanting.items():
                 d = run.req.drafters[i]

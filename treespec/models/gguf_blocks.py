@@ -22,12 +22,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-#: ggml type ids (``gguf.GGMLQuantizationType``) whose blocks map onto the int4 kernel exactly
+#: ggml type ids (``gguf.GGMLQuantizationType``; their block sizes: ``gguf.GGML_QUANT_SIZES``) whose blocks map
+#: onto the int4 kernel exactly
 Q4_0, Q4_1, Q4_K = 2, 3, 12
 EXACT_INT4 = {Q4_0: "Q4_0", Q4_1: "Q4_1", Q4_K: "Q4_K"}
 GROUP = 32  # weights per scale (and offset) in every type above: the kernel's group size 32
-_BLOCK_BYTES = {Q4_0: 18, Q4_1: 20, Q4_K: 144}
-_BLOCK_WEIGHTS = {Q4_0: 32, Q4_1: 32, Q4_K: 256}
 
 
 def _halves(raw: np.ndarray, at: int) -> np.ndarray:
@@ -58,10 +57,12 @@ def int4_groups(raw: np.ndarray, qtype: int, rows: int, columns: int
     ``(codes - 8) * scale + zero`` is the file's weight group by group; None for a type with no such map."""
     if qtype not in EXACT_INT4:
         return None
-    per = _BLOCK_WEIGHTS[qtype]
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    per, size = GGML_QUANT_SIZES[GGMLQuantizationType(qtype)]  # weights and bytes per block
     if columns % per:
         raise ValueError(f"a {EXACT_INT4[qtype]} row holds whole blocks of {per} weights, got {columns} columns")
-    blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(rows * columns // per, _BLOCK_BYTES[qtype])
+    blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(rows * columns // per, size)
     if qtype == Q4_K:
         d, dmin = _halves(blocks, 0), _halves(blocks, 2)
         sc, m = _q4k_scales(blocks[:, 4:16])

@@ -136,8 +136,7 @@ def load(name_or_path: str | os.PathLike = DEFAULT_TARGET, device: str | torch.d
         model, tokenizer = _load_other(name, load_dtype, trust_remote_code, cache_dir, allow_download, **placement)
     model = (model if device_map is not None else model.to(device)).eval()
     model.requires_grad_(False)
-    blocks = (None if precision != "int4" else (lambda: file_int4_blocks(spec, model, cache_dir)) if spec is not None
-              else (lambda: read_file_blocks(gguf_file, model)) if gguf_file is not None else None)
+    blocks = _file_blocks(model, spec, gguf_file, cache_dir) if precision == "int4" else None
     model, record = _in_precision(model, precision, role, name, blocks, spec, cache_dir, traceable)
     model.treespec_precision = record
     return model, tokenizer
@@ -150,6 +149,17 @@ def _load_gguf(path: Path, dtype: torch.dtype, **placement: Any) -> tuple[PreTra
     model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype,
                                                  attn_implementation="sdpa", **placement)
     return model, AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+
+
+def _file_blocks(model: PreTrainedModel, spec: Any, gguf_file: Path | None, cache_dir: str | os.PathLike | None
+                 ) -> Callable[[], dict[str, torch.Tensor]] | None:
+    """How to read the 4-bit blocks of the GGUF file ``model`` came from (a built-in model's, cached; a local
+    file's); None for a model that did not come from one."""
+    if spec is not None:
+        return lambda: file_int4_blocks(spec, model, cache_dir)
+    if gguf_file is not None:
+        return lambda: read_file_blocks(gguf_file, model)
+    return None
 
 
 def _in_precision(model: PreTrainedModel, precision: str, role: str, name: str,

@@ -12,7 +12,7 @@ from .config import CITABLE
 from .figures import (agreement, baseline_of, baseline_speedup, depth_rows, panel, per_depth_prediction,
                       same_greedy_outputs, speed_interval, speedup_interval, step_cost_rows, tau_interval, tree_vs_chain,
                       where_the_gap_is)
-from .points import batch_size
+from .points import batch_note, batch_size
 from .records import machine_of
 
 
@@ -75,12 +75,6 @@ def _citable_note(records: list[dict[str, Any]]) -> str:
             + (f" ({split_text})" if split_text else "") + "." + flag + "\n")
 
 
-def _batch_note(p: dict[str, Any]) -> str:
-    """How a point of ``grid.batch_sizes`` > 1 is named in the tables (its tok/s: every row's tokens over its
-    batches' seconds)."""
-    return f" (batch {batch_size(p)})" if batch_size(p) > 1 else ""
-
-
 def _baseline_table(bases: list[dict[str, Any]]) -> list[str]:
     lines = ["## Baselines (HuggingFace generate)", "",
              "| target | dataset | T | top-p | seed | method | prompts | tokens | tok/s [95% CI] | wall s | "
@@ -89,7 +83,7 @@ def _baseline_table(bases: list[dict[str, Any]]) -> list[str]:
     for r in sorted(bases, key=lambda r: (str(panel(r["params"])), r["params"]["seed"], r["params"]["method"])):
         p, res, t = r["params"], r["result"], r["timing"]
         lines.append(f"| {p['target']} | {p['dataset']} | {p['temperature']:g} | {p['top_p']:g} | {p['seed']} | "
-                     f"{p['method']}{_batch_note(p)} | {res['prompts']} | {res['new_tokens']}"
+                     f"{p['method']}{batch_note(batch_size(p))} | {res['prompts']} | {res['new_tokens']}"
                      f"{'' if res['complete'] else ' (short!)'} | "
                      f"{_fmt(speed_interval([r]) or t['tokens_per_second'])} | "
                      f"{t['wall_seconds']:.3g} | {_fmt(baseline_speedup(r, bases))} | "
@@ -128,7 +122,7 @@ def _treespec_table(tres: list[dict[str, Any]], bases: list[dict[str, Any]]) -> 
                 s.get(method) if baseline_of(r, bases, method) is not None else None)
 
         lines.append(
-            f"| {p['dataset']}{_batch_note(p)} | {p['temperature']:g} | {p['top_p']:g} | {p['seed']} | {p['drafters']} | "
+            f"| {p['dataset']}{batch_note(batch_size(p))} | {p['temperature']:g} | {p['top_p']:g} | {p['seed']} | {p['drafters']} | "
             f"{p['builder']} | {p['budget']} | {_fmt(p['max_depth'])} | {res['mean_tree_size']:.1f} | "
             f"{_fmt(tau_interval([r]) or res['tau'])} | {_fmt(tau_interval([r], uncut=True))} | "
             f"{_fmt(res.get('predicted_tau'))} | {_fmt(res.get('replayed_tau'))} | "
@@ -260,7 +254,7 @@ def _verdict_section(tres: list[dict[str, Any]]) -> list[str]:
         pt, pc = v["predicted_tau"]["tree"], v["predicted_tau"]["chain"]
         dl = v["draft_level"]
         lines.append(
-            f"| {dataset}{_batch_note({'batch_size': batch})} | {t:g} | {v['budget']} | {v['tree']} | {_fmt(v['ratio'])} | {v['winner'] or '-'} | "
+            f"| {dataset}{batch_note(batch)} | {t:g} | {v['budget']} | {v['tree']} | {_fmt(v['ratio'])} | {v['winner'] or '-'} | "
             f"{_fmt(v['tau']['tree'])} / {_fmt(v['tau']['chain'])} | "
             f"{'-' if pt is None or pc is None else f'{pt:.2f} / {pc:.2f}'} | "
             f"{v['size']['tree']:.1f} / {v['size']['chain']:.1f} | {v['verify']['tree']:.3f} / {v['verify']['chain']:.3f} | "

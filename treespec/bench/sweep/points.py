@@ -29,7 +29,7 @@ class Point:
     @property
     def label(self) -> str:
         p = self.params
-        batch = f" batch {batch_size(p)}" if batch_size(p) > 1 else ""
+        batch = batch_note(batch_size(p))
         if p["kind"] == "baseline":
             return f"{p['dataset']} T={p['temperature']} {p['method']}{batch}"
         depth = "" if p["max_depth"] is None else f" d<={p['max_depth']}"
@@ -112,6 +112,11 @@ BATCHED_METHODS = ("target", "target_compiled")
 def batch_size(params: dict[str, Any]) -> int:
     """The prompts a point decodes at once (``grid.batch_sizes``; 1 where the point does not say)."""
     return int(params.get("batch_size", 1))
+
+
+def batch_note(batch: int) -> str:
+    """How a point of batch size ``batch`` > 1 is named after its other settings (labels, report tables)."""
+    return f" (batch {batch})" if batch > 1 else ""
 
 
 def baseline_params(cfg: dict[str, Any], common: dict[str, Any], method: str, draft: str) -> dict[str, Any]:

@@ -137,12 +137,7 @@ class _BudgetPlots:
         handles: dict[str, Any] = {}
         for ax, pn in zip(axes, self.panels):
             for ln, pts in sorted(data.get(pn, {}).items()):
-                ys = np.array([v.estimate for _, v in pts])
-                lows = np.array([v.low if v.known else v.estimate for _, v in pts])
-                highs = np.array([v.high if v.known else v.estimate for _, v in pts])
-                h = ax.errorbar([b for b, _ in pts], ys, yerr=np.vstack([ys - lows, highs - ys]), markersize=4,
-                                capsize=3, **_style(ln))
-                handles.setdefault(ln, h)
+                handles.setdefault(ln, _intervals(ax, pts, **_style(ln)))
             if hlines is not None:
                 for i, (label, y) in enumerate(sorted(hlines(pn).items())):
                     handles.setdefault(label, ax.axhline(y, color=("0.1", "0.45", "0.7")[i % 3], linestyle=(0, (4, 2)),
@@ -154,6 +149,15 @@ class _BudgetPlots:
             ax.grid(alpha=0.3)
         fig.legend(list(handles.values()), list(handles), loc="center right", fontsize=8)
         _save(fig, self.out, name, ylabel, self.images, rect=(0, 0, 1 - 1.8 / fig.get_figwidth(), 1))
+
+
+def _intervals(ax: Any, pts: list[tuple[int, Interval]], **style: Any) -> Any:
+    """``(x, interval)`` points drawn on ``ax`` as a line with 95% error bars (an unknown interval: no bar)."""
+    ys = np.array([v.estimate for _, v in pts])
+    lows = np.array([v.low if v.known else v.estimate for _, v in pts])
+    highs = np.array([v.high if v.known else v.estimate for _, v in pts])
+    return ax.errorbar([x for x, _ in pts], ys, yerr=np.vstack([ys - lows, highs - ys]), markersize=4, capsize=3,
+                       **style)
 
 
 def _base_speedups(pn: tuple, bases: list[dict[str, Any]]) -> dict[str, float]:
@@ -189,13 +193,8 @@ def _batch_plot(tres: list[dict[str, Any]], bases: list[dict[str, Any]], out: Pa
         for ln, by_batch in sorted(groups[pn].items()):
             pts = [(b, v) for b, v in ((b, speedup_interval(rs, bases, method)) for b, rs in sorted(by_batch.items()))
                    if v is not None]
-            if not pts:
-                continue
-            ys = np.array([v.estimate for _, v in pts])
-            lows = np.array([v.low if v.known else v.estimate for _, v in pts])
-            highs = np.array([v.high if v.known else v.estimate for _, v in pts])
-            handles.setdefault(ln, ax.errorbar([b for b, _ in pts], ys, yerr=np.vstack([ys - lows, highs - ys]),
-                                               marker="o", markersize=4, capsize=3, label=ln))
+            if pts:
+                handles.setdefault(ln, _intervals(ax, pts, marker="o", label=ln))
         handles.setdefault(f"HF {method}", ax.axhline(1.0, color="0.3", linestyle=(0, (4, 2)), linewidth=1.2))
         ax.set_xscale("log", base=2)
         ax.set_xlabel("batch size (prompts decoded at once)")
