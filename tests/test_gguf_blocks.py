@@ -1,14 +1,15 @@
 """A GGUF file's 4-bit blocks mapped onto the int4 kernel as they are (treespec.models.gguf_blocks): a tiny file
 written with the ``gguf`` package holding Q4_0, Q4_1, Q4_K and Q8_0 tensors; the mapped weights equal the
 package's own dequantisation, the kernel multiplies with them up to its bfloat16 scales, and Q8_0 (no exact map)
-is reported as such."""
+is reported as such and kept at the file's precision (bfloat16), not re-quantised to 4 bits."""
 
 import numpy as np
 import pytest
 import torch
 
 from treespec.models.gguf_blocks import EXACT_INT4, int4_groups
-from treespec.models.quantized import Int4Linear
+from treespec.models.gguf_blocks import with_file_blocks
+from treespec.models.quantized import BFloat16Linear, Int4Linear
 
 gguf = pytest.importorskip("gguf")
 ROWS, COLUMNS = 32, 256
@@ -79,3 +80,24 @@ def test_the_kernel_multiplies_with_the_file_s_weights_up_to_its_bfloat16_scales
 def test_a_row_of_partial_blocks_is_refused():
     with pytest.raises(ValueError, match="whole blocks of 256"):
         int4_groups(np.zeros((16, 144), np.uint8), 12, 16, 128)
+
+
+def test_a_type_without_an_exact_map_keeps_the_file_s_weights_in_bfloat16(reader):
+    """A Linear whose tensor has no 4-bit blocks (Q8_0 here; Q6_K in the built-in Q4_K_M files) runs its dequantised
+    weights in bfloat16, nearer the file than the same weights re-quantised to 4 bits (the control)."""
+    t = tensors(reader)["q8_0"]
+    w = torch.from_numpy(gguf.quants.dequantize(t.data, t.tensor_type).reshape(ROWS, COLUMNS).copy())
+    codes, scale, zero = int4_groups(tensors(reader)["q4_0"].data, int(gguf.GGMLQuantizationType.Q4_0), ROWS, COLUMNS)
+    model = torch.nn.Sequential(torch.nn.Linear(COLUMNS, ROWS, bias=False), torch.nn.Linear(COLUMNS, ROWS))
+    with torch.no_grad():
+        model[1].weight.copy_(w)
+    blocks = {"0.weight.codes": torch.from_numpy(codes[:, 0::2] | (codes[:, 1::2] << 4)),
+              "0.weight.scale": torch.from_numpy(scale), "0.weight.zero": torch.from_numpy(zero)}
+    requantized = Int4Linear.from_linear(model[1], 32, wide=False)
+    model, counts = with_file_blocks(model, blocks)
+    assert counts == {"exact": 1, "bfloat16": 1}
+    assert isinstance(model[0], Int4Linear) and isinstance(model[1], BFloat16Linear)
+    x = torch.randn(4, COLUMNS, generator=torch.Generator().manual_seed(2))
+    expected = x @ w.t() + model[1].bias
+    kept, again = (model[1](x) - expected).abs().max(), (requantized(x) - expected).abs().max()
+    assert kept < 0.01 * expected.abs().max() and again > 4 * kept

@@ -326,8 +326,8 @@ def test_real_defaults_share_a_tokenizer():
 def test_an_int4_target_keeps_the_gguf_s_own_4bit_blocks(tmp_path, monkeypatch):
     """``load(dtype="int4")`` of a built-in GGUF model: its Q4_0 Linear weights become int4 layers of the file's own
     codes (the kernel's product equals the file's dequantised weights up to its bfloat16 scales), the layer the
-    kernel refuses (a 97-row head) stays float32, the blocks are cached beside the float weights, and greedy
-    decoding through the int4 target equals HF's greedy decoding of the same loaded model."""
+    file holds in no 4-bit type the kernel takes (a 97-row head) runs its dequantised weights in bfloat16, the
+    blocks are cached beside the float weights, and greedy decoding through the int4 target equals HF's greedy decoding of the same loaded model."""
     import gguf
 
     from treespec.models.quantized import Int4Linear
@@ -336,7 +336,7 @@ def test_an_int4_target_keeps_the_gguf_s_own_4bit_blocks(tmp_path, monkeypatch):
     spec, model, _ = packaged_as_installed(tiny_qwen2(seed=3), tmp_path, monkeypatch, gguf.GGMLQuantizationType.Q4_0)
     root = tmp_path / "cache"
     target, _ = models.load(spec.name, dtype="int4", cache_dir=root)
-    assert target.treespec_precision["file_blocks"] == {"exact": 14, "requantized": 0, "float": 1}
+    assert target.treespec_precision["file_blocks"] == {"exact": 14, "bfloat16": 1}
     assert (root / spec.name / packaged.INT4_BLOCKS).is_file() and isinstance(target.model.layers[1].mlp.down_proj,
                                                                               Int4Linear)
     reader = gguf.GGUFReader(str(tmp_path / "whole.gguf"))
@@ -363,10 +363,27 @@ def test_a_local_gguf_file_loads_and_keeps_its_4bit_blocks_in_int4(tmp_path):
     floats, tok = models.load(str(path))
     assert tok.eos_token_id == 96 and floats.treespec_precision["precision"] == "float32"
     target, _ = models.load(str(path), dtype="int4")
-    assert target.treespec_precision["file_blocks"] == {"exact": 14, "requantized": 0, "float": 1}
+    assert target.treespec_precision["file_blocks"] == {"exact": 14, "bfloat16": 1}
     assert greedy_through(target, floats) == greedy_reference(target, [3, 17, 42, 5], 10)
     with pytest.raises(OSError, match="no such GGUF file"):
         models.load(str(tmp_path / "missing.gguf"))
+
+
+def test_the_cli_runs_a_local_gguf_target_in_its_own_4bit_blocks(tmp_path, capsys):
+    """``treespec generate --target m.gguf --dtype int4``: the target runs in the file's blocks (a recipe takes an
+    int4 target) and the configuration says so."""
+    import json
+
+    import gguf
+
+    from treespec import cli
+
+    path = write_gguf(tiny_qwen2(seed=4), tmp_path / "m.gguf", gguf.GGMLQuantizationType.Q4_0)
+    assert cli.main(["generate", "--target", str(path), "--draft", str(path), "--dtype", "int4", "--budget", "4",
+                     "--prompt", "ab", "--max-new-tokens", "6", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["recipe"]["target_dtype"] == "int4" and out["configuration"].startswith("target int4")
+    assert len(out["new_tokens"]) == 6
 
 
 def greedy_through(target, draft, prompt=(3, 17, 42, 5), n: int = 10) -> list[int]:

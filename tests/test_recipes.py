@@ -44,7 +44,7 @@ def test_draft_mode_rule() -> None:
     ({"draft_mode": "greedy"}, "draft_mode"), ({"budget": 0}, "budget"), ({"tree": "bush"}, "unknown tree builder"),
     ({"budget": 2.0}, "budget"), ({"depth": 0}, "depth"), ({"temperature": -1}, "temperature"),
     ({"top_p": 0}, "top_p"), ({"top_k": -1}, "top_k"), ({"verifier": "vote"}, "unknown verifier"),
-    ({"compile": 3}, "compile"), ({"target_dtype": "int8"}, "quantise drafts only"), ({"kary_width": 0}, "kary_width"),
+    ({"compile": 3}, "compile"), ({"target_dtype": "int8"}, "for drafts only"), ({"kary_width": 0}, "kary_width"),
     ({"acceptance": [0.9, 0.8]}, "sum"),
 ])
 def test_every_setting_is_checked_where_the_recipe_is_made(kwargs: dict, fragment: str) -> None:
@@ -52,6 +52,10 @@ def test_every_setting_is_checked_where_the_recipe_is_made(kwargs: dict, fragmen
         Recipe(**kwargs)
     with pytest.raises(ValueError, match="n-gram order"):
         NGramSettings(max_order=1)  # the n-gram drafter's own rule
+
+
+def test_a_target_may_run_in_int4() -> None:
+    assert Recipe(target_dtype="int4").target_dtype == "int4"  # e.g. a GGUF file's own 4-bit blocks (models.load)
 
 
 def test_ngram_shares_the_budget() -> None:

@@ -197,7 +197,7 @@ def summarize(records: Sequence[dict[str, Any]], dataset: str,
             out["speedups"][f"{s} vs {b}"] = intervals.ratio_of_sums([r["seconds"] for r in sel_b],
                                                                      [r["seconds"] for r in sel_s]).as_dict()
             if by_method[s][complete[0]]["precision"] == by_method[b][complete[0]]["precision"] and \
-                    b.startswith("hf-") and "assisted" not in b:
+                    b.startswith("hf-") and not speculative(b):
                 same = [r["output"] == q["output"] for r, q in zip(sel_s, sel_b)]
                 # against the first such baseline (HF eager, listed first): compiled HF may differ from it too
                 out.setdefault("agreement", {}).setdefault(s, {
@@ -205,7 +205,7 @@ def summarize(records: Sequence[dict[str, Any]], dataset: str,
                     "mismatched_prompts": [p for p, ok in zip(complete, same) if not ok]})
     if bases and spec:
         speed = lambda b: out["methods"][b]["tokens_per_second"]["estimate"]  # noqa: E731
-        plain = [b for b in bases if "assisted" not in b] or bases
+        plain = [b for b in bases if not speculative(b)] or bases
         out["fastest_baseline"] = max(plain, key=speed)  # the target alone, of the configurations run
         out["fastest_any"] = max(bases, key=speed)  # HF's own speculative decoding included (where it ran)
         out["headline"] = {s: out["speedups"][f"{s} vs {out['fastest_baseline']}"] for s in spec}
@@ -213,9 +213,18 @@ def summarize(records: Sequence[dict[str, Any]], dataset: str,
     return out
 
 
-#: the labels of the fastest baselines: of what ran, never a claim about HF's configurations that did not run
-FASTEST_PLAIN = "fastest plain HF decoding run here"
-FASTEST_ANY = "fastest of the HF methods run here"
+def speculative(method: str) -> bool:
+    """Whether a baseline decodes speculatively (HF assisted generation, llama.cpp's speculative decoding)."""
+    return "assisted" in method or "speculative" in method
+
+
+def fastest_labels(who: str = "HF") -> tuple[str, str]:
+    """The labels of the fastest plain baseline and of the fastest of all baselines: of what ran, never a claim
+    about ``who``'s configurations that did not run."""
+    return f"fastest plain {who} decoding run here", f"fastest of the {who} methods run here"
+
+
+FASTEST_PLAIN, FASTEST_ANY = fastest_labels()
 
 
 def fmt(iv: dict[str, Any] | None, digits: int = 2) -> str:
@@ -225,8 +234,10 @@ def fmt(iv: dict[str, Any] | None, digits: int = 2) -> str:
     return intervals.Interval(iv["estimate"], iv["low"], iv["high"], iv["confidence"], iv["n"]).fmt(digits)
 
 
-def markdown(summary: dict[str, Any]) -> str:
-    """A table per dataset: tok/s and tau per method, speedups, agreement."""
+def markdown(summary: dict[str, Any], who: str = "HF") -> str:
+    """A table per dataset: tok/s and tau per method, speedups (the fastest baselines labelled as ``who``'s),
+    agreement."""
+    fastest_plain, fastest_any = fastest_labels(who)
     lines = [f"### {summary['dataset']} ({len(summary['prompts'])} prompts)", "",
              "| method | precision | tok/s [95% CI] | tau (all steps) | tau (uncut steps) | warm-up call s |",
              "|---|---|---|---|---|---|"]
@@ -236,8 +247,8 @@ def markdown(summary: dict[str, Any]) -> str:
                      f"{fmt(e.get('tau_uncut'))} | {warm} |")
     lines += ["", "| speedup (paired per prompt) | ratio [95% CI] |", "|---|---|"]
     for k, iv in summary["speedups"].items():
-        star = (f" **({FASTEST_ANY})**" if k.endswith(f"vs {summary.get('fastest_any')}") else
-                f" **({FASTEST_PLAIN})**" if k.endswith(f"vs {summary.get('fastest_baseline')}") else "")
+        star = (f" **({fastest_any})**" if k.endswith(f"vs {summary.get('fastest_any')}") else
+                f" **({fastest_plain})**" if k.endswith(f"vs {summary.get('fastest_baseline')}") else "")
         lines.append(f"| {k}{star} | {fmt(iv)}x |")
     if any("warmup_seconds" in e for e in summary["methods"].values()):
         lines.append(f"\nEvery method made the same warm-up call first ({WARMUP_TOKENS} new tokens on the first prompt: "

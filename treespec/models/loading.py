@@ -175,8 +175,8 @@ def _in_precision(model: PreTrainedModel, precision: str, role: str, name: str,
         return model, record
     if blocks is not None:  # a GGUF's own 4-bit blocks, where the kernel takes them as they are
         model, counts = with_file_blocks(model, blocks())
-        log(f"{name} int4: {counts['exact']} Linear layers from the file's own 4-bit blocks, {counts['requantized']} "
-            f"re-quantised from its other types, {counts['float']} kept in float32")
+        log(f"{name} int4: {counts['exact']} Linear layers from the file's own 4-bit blocks, {counts['bfloat16']} "
+            "in bfloat16 (types the int4 kernel does not hold exactly)")
         return model, {"precision": precision, "cached": False, "requested": True, "file_blocks": counts}
     model = to_precision(model, precision, wide=role == "draft")  # a target: one set of weights
     return model, {"precision": precision, "cached": False, "requested": True}

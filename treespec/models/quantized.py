@@ -112,6 +112,22 @@ class Int4Linear(torch.nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, group_size={self.group_size}"
 
 
+class BFloat16Linear(torch.nn.Module):
+    """``y = x W^T + b`` with ``W`` kept in bfloat16 inside a float32 model (``x`` rounded to bfloat16 for the
+    product, ``y`` and ``b`` in ``x``'s dtype): a GGUF tensor of a type the int4 kernel does not hold (Q6_K, Q8_0,
+    ...) at its file's precision, where re-quantising it to 4 bits would change the model."""
+
+    def __init__(self, linear: torch.nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.register_buffer("weight", linear.weight.detach().to(torch.bfloat16).clone())
+        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float().clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.nn.functional.linear(x.to(torch.bfloat16), self.weight).to(x.dtype)
+        return y if self.bias is None else y + self.bias.to(x.dtype)
+
+
 def _check_cpu_float32(model: torch.nn.Module, what: str) -> None:
     """Refuse a model the quantiser ``what`` cannot take: one off the CPU, or not in float32."""
     param = next(model.parameters())

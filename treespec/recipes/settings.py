@@ -119,9 +119,9 @@ class Recipe:
         for name in ("target_dtype", "draft_dtype"):
             if getattr(self, name) is not None:
                 set_(name, parse_precision(getattr(self, name)))
-        if self.target_dtype in ("int8", "int4"):
-            raise ValueError(f"target_dtype {self.target_dtype} would change the target's output; quantise drafts "
-                             f"only (draft_dtype='{self.target_dtype}'), and give the target float32, bfloat16 or 'auto'")
+        if self.target_dtype == "int8":  # int4 is a target's too: a GGUF file's own 4-bit blocks (models.load)
+            raise ValueError("target_dtype int8 is for drafts only (draft_dtype='int8'); give the target float32, "
+                             "bfloat16, int4 (weight-only, a GGUF file's own blocks where it has them) or 'auto'")
         set_("min_confidence", checks.check_probability("min_confidence", self.min_confidence))
         for name, hint in (("kary_width", "children per node of the k-ary tree"),
                            ("dynamic_depth", "levels of the dynamic tree"), ("dynamic_topk", "children per node")):

@@ -1,0 +1,240 @@
+"""treespec against llama.cpp on the same GGUF files, on this CPU.
+
+The built-in pair's files (Qwen2.5-Coder-1.5B-Instruct and 0.5B-Instruct, Q4_K_M, assembled from their PyPI
+packages), greedy, ``--max-new-tokens`` per prompt, on HumanEval (code, raw prompts) and ShareGPT human first
+turns (chat, in the target's chat template). Every method uses ``--threads`` threads. Methods, interleaved per
+prompt (``treespec.bench.compare``):
+
+* ``llamacpp``: llama.cpp's plain decoding (``llama-completion``);
+* ``llamacpp-speculative-d<N>``: llama.cpp's speculative decoding with the 0.5B file as its draft
+  (``llama-speculative-simple``), at the ``--draft-max`` found fastest by a small search on prompts disjoint from
+  the measured ones (``search.json``; candidates ``--search-draft-max``);
+* ``treespec``: what ``treespec generate`` runs by default (the target in the precision measured fastest here,
+  the draft likewise, the tuned tree);
+* ``treespec-int4``: the same with the target in the file's own 4-bit blocks (``load(..., dtype="int4")``:
+  Q4_K blocks kept exactly, the file's Q6_K tensors re-quantized), tree tuned for it;
+* ``treespec-captured`` (``--treespec treespec-captured``, alone: three targets do not fit in 24 GiB):
+  ``treespec generate --compile`` (bfloat16 target, the captured step, inductor weight freezing).
+
+A llama.cpp method's seconds are its own timers (prompt evaluation + decoding, model load excluded, as
+treespec's is; ``treespec.bench.llamacpp``). Speedups are paired per prompt with bootstrap 95% intervals,
+with the prompt's prefill and without it (decoding alone). Greedy agreement with llama.cpp's plain output is
+the tokens the two outputs share from the start (llama.cpp's text tokenised again). Records are appended as
+they finish; a re-run resumes (the search too).
+
+    python experiments/bench_llamacpp.py --llamacpp-bin /path/to/llama.cpp/build/bin \\
+        --out experiments/results/llamacpp-cpu
+
+Building llama.cpp: see ``experiments/results/llamacpp-cpu/README.md`` (or ``treespec.bench.llamacpp.BUILD_HINT``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from treespec.bench import compare, intervals, llamacpp
+from treespec.bench.datasets import dataset_prompts, prompt_range
+from treespec.bench.sweep.records import read_records
+from treespec.calibrate.choices import resolve
+from treespec.calibrate.vectors import default_acceptance
+from treespec.common.machine import machine
+from treespec.models import DEFAULT_DRAFT, DEFAULT_TARGET, cache_root, load
+from treespec.models.packaged import REGISTRY, assemble_gguf, chunk_paths
+from treespec.models.precision import precision_of
+from treespec.recipes import Recipe, run
+
+DATASETS = ("humaneval", "sharegpt")
+TREESPEC = ("treespec", "treespec-int4", "treespec-captured")
+#: the build measured here (llama.cpp at the commit its --version names; any checkout of it builds the same way)
+BUILD = ("git clone https://github.com/ggml-org/llama.cpp && cd llama.cpp && git checkout <commit>\n"
+         "cmake -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF "
+         "-DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TESTS=OFF\n"
+         "cmake --build build -j2 --target llama-completion llama-speculative-simple")
+CHAT = ("sharegpt",)
+
+
+def gguf_file(name: str) -> Path:
+    """The built-in model's GGUF file, assembled once from its packages under the treespec cache."""
+    spec = REGISTRY[name]
+    dest = cache_root() / "gguf" / spec.gguf_file
+    if not (dest.is_file() and dest.stat().st_size == spec.size):
+        assemble_gguf(chunk_paths(spec), dest, expected_size=spec.size)
+    return dest
+
+
+def encode(tok: Any, dataset: str, text: str) -> list[int]:
+    if dataset in CHAT:
+        text = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False)
+    return list(tok(text, add_special_tokens=False)["input_ids"])
+
+
+def prompts_of(tok: Any, ranges: dict[str, str]) -> list[tuple[str, int, list[int]]]:
+    out = []
+    for name, spec in ranges.items():
+        if spec:
+            texts = dataset_prompts(name)
+            a, b = prompt_range(spec, len(texts), name)
+            out += [(name, i, encode(tok, name, texts[i])) for i in range(a, b)]
+    return out
+
+
+def search_speculative(llama: llamacpp.LlamaCpp, target: Path, draft: Path, tok: Any, prompts, n: int,
+                       candidates: list[int], path: Path) -> int:
+    """The ``--draft-max`` of llama.cpp's speculative decoding fastest on ``prompts`` (mean tok/s, plain decoding
+    among the candidates as 0), cached in ``path``."""
+    found = json.loads(path.read_text()) if path.exists() else {}
+    for d in candidates:
+        if str(d) in found:
+            continue
+        m = (llamacpp.plain_method(llama, target, tok) if d == 0 else
+             llamacpp.speculative_method(llama, target, draft, tok, draft_max=d))
+        m.run(prompts[0][2], compare.WARMUP_TOKENS)
+        speeds = []
+        for _, _, ids in prompts:
+            tokens, seconds, _ = m.run(ids, n)
+            speeds.append(len(tokens) / seconds)
+        found[str(d)] = statistics.mean(speeds)
+        print(f"  search: draft-max {d}: {found[str(d)]:.2f} tok/s", flush=True)
+        path.write_text(json.dumps(found, indent=1))
+    return int(max((k for k in found if int(k) > 0), key=lambda k: found[k]))
+
+
+def treespec_methods(tok: Any, names: list[str], n: int) -> tuple[list[compare.Method], dict[str, str]]:
+    """treespec's methods and the configuration each runs (``resolve``'s why)."""
+    draft, _ = load(DEFAULT_DRAFT, dtype="auto", role="draft")
+    vector = default_acceptance(None, 0.0)
+    methods, why = [], {}
+    for name in names:
+        dtype = {"treespec": "auto", "treespec-int4": "int4", "treespec-captured": "bfloat16"}[name]
+        target, _ = load(DEFAULT_TARGET, dtype=dtype, role="target")
+        drafts = [load(DEFAULT_DRAFT, dtype="auto", role="draft", traceable=True)[0]] if name.endswith(
+            "captured") else [draft]
+        resolved = resolve(Recipe(tree="sequoia", acceptance=vector, compile=name.endswith("captured")), target,
+                           drafts, tokenizer=tok, max_new_tokens=n, cache_file=cache_root() / "profiles.json")
+        why[name] = resolved.why
+        print(f"{name}: {resolved.why}", flush=True)
+        methods.append(compare.treespec_method(
+            lambda ids, k, r=resolved.recipe, t=target, d=drafts: run(r, t, d, ids, max_new_tokens=k),
+            precision_of(target), name=name))
+    return methods, why
+
+
+def decode_only(records: list[dict], summary: dict) -> dict[str, dict]:
+    """Each treespec method's speedup over each llama.cpp method on decoding alone (seconds less prefill)."""
+    by = {(r["method"], r["prompt"]): r for r in records if r["dataset"] == summary["dataset"]}
+    ps, out = summary["prompts"], {}
+    for s, e in summary["methods"].items():
+        for b, f in summary["methods"].items():
+            if not e["baseline"] and f["baseline"]:
+                dec = lambda m: [by[(m, p)]["seconds"] - by[(m, p)]["prefill_seconds"] for p in ps]  # noqa: E731
+                out[f"{s} vs {b}"] = intervals.ratio_of_sums(dec(b), dec(s)).as_dict()
+    return out
+
+
+def agreement(records: list[dict], summary: dict, tok: Any, reference: str = "llamacpp") -> dict[str, float]:
+    """Mean share of ``reference``'s generated text (llama.cpp's plain greedy output) that each method's output
+    reproduces from its start, compared as text (a retokenisation may split tokens differently)."""
+    by = {(r["method"], r["prompt"]): r for r in records if r["dataset"] == summary["dataset"]}
+    text = lambda r: r.get("llamacpp_text") or tok.decode(r["output"], skip_special_tokens=False)  # noqa: E731
+    out = {}
+    for m in summary["methods"]:
+        if m != reference:
+            shares = [llamacpp.common_prefix(text(by[(m, p)]), text(by[(reference, p)]))
+                      / max(len(text(by[(reference, p)])), 1) for p in summary["prompts"]]
+            out[m] = statistics.mean(shares)
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--llamacpp-bin", type=Path, required=True, help="llama.cpp's build/bin directory")
+    ap.add_argument("--out", type=Path, default=Path("experiments/results/llamacpp-cpu"))
+    ap.add_argument("--humaneval", default="150:160", metavar="A:B", help="HumanEval problems A..B-1 ('' to skip)")
+    ap.add_argument("--sharegpt", default="20:30", metavar="A:B", help="ShareGPT first turns A..B-1 ('' to skip)")
+    ap.add_argument("--search", default="humaneval=140:142,sharegpt=40:42", metavar="D=A:B,...",
+                    help="the speculative search's prompts (disjoint from the measured ones)")
+    ap.add_argument("--search-draft-max", type=int, nargs="+", default=[0, 2, 4, 8, 16],
+                    help="llama.cpp --draft-max candidates (0: plain decoding, for reference)")
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--treespec", nargs="+", choices=TREESPEC, default=list(TREESPEC[:2]),
+                    help="treespec's methods to run (treespec-captured: `treespec generate --compile`; in 24 GiB it "
+                         "does not fit beside the others: run it alone on a finished --out, it is then added later)")
+    args = ap.parse_args(argv)
+    bins = llamacpp.find_binaries(args.llamacpp_bin)
+    args.out.mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(args.threads)
+    if "treespec-captured" in args.treespec:
+        torch._inductor.config.freezing = True
+    target_file, draft_file = gguf_file(DEFAULT_TARGET), gguf_file(DEFAULT_DRAFT)
+    _, tok = load(DEFAULT_TARGET, dtype="bfloat16", role="target")
+    llama = llamacpp.LlamaCpp(args.llamacpp_bin, args.threads)
+    search = prompts_of(tok, dict(s.split("=") for s in args.search.split(",") if s))
+    best = search_speculative(llama, target_file, draft_file, tok, search, args.max_new_tokens,
+                              args.search_draft_max, args.out / "search.json")
+    mine, why = treespec_methods(tok, args.treespec, args.max_new_tokens)
+    methods = [llamacpp.plain_method(llama, target_file, tok),
+               llamacpp.speculative_method(llama, target_file, draft_file, tok, draft_max=best), *mine]
+    prompts = prompts_of(tok, {"humaneval": args.humaneval, "sharegpt": args.sharegpt})
+    for m in mine:  # compiles and one-off setup, paid before the timed prompts: a whole first prompt, untimed
+        t = time.perf_counter()
+        m.run(prompts[0][2], args.max_new_tokens)
+        print(f"{m.name} warm-up: {time.perf_counter() - t:.1f} s", flush=True)
+    results, summary_file = args.out / "results.jsonl", args.out / "summary.json"
+    before = {r["method"] for r in read_records(results)} if results.exists() else set()
+    earlier = json.loads(summary_file.read_text()) if summary_file.exists() else {}
+    new = {m.name for m in methods} - before if before else set()
+    added_later = sorted(set(earlier.get("added_later", [])) | new)
+    why = {**earlier.get("configurations", {}), **why}
+    records = compare.run(methods, prompts, args.max_new_tokens, results, on_record=lambda r: print(
+        f"  {r['dataset']}/{r['prompt']} {r['method']}: {r['tokens_per_second']:.2f} tok/s", flush=True))
+    summaries = [compare.summarize(records, d) for d in dict.fromkeys(p[0] for p in prompts)]
+    result = {"machine": machine("cpu"), "torch": torch.__version__, "threads": args.threads,
+              "llamacpp_version": llamacpp.version(args.llamacpp_bin), "files": [target_file.name, draft_file.name],
+              "speculative_search": json.loads((args.out / "search.json").read_text()), "draft_max": best,
+              "configurations": why, "added_later": added_later, "max_new_tokens": args.max_new_tokens,
+              "summaries": summaries,
+              "decode_only": {s["dataset"]: decode_only(records, s) for s in summaries},
+              "agreement_with_llamacpp": {s["dataset"]: agreement(records, s, tok) for s in summaries}}
+    summary_file.write_text(json.dumps(result, indent=1))
+    report(result, args)
+    compare.plot(summaries, args.out / "tokens_per_second.png")
+    return result
+
+
+def report(result: dict, args: argparse.Namespace) -> None:
+    parts = []
+    for s in result["summaries"]:
+        d = s["dataset"]
+        lines = [compare.markdown(s, who="llama.cpp"), "",
+                 "| decoding alone (prefill excluded), paired | ratio [95% CI] |", "|---|---|"]
+        lines += [f"| {k} | {compare.fmt(iv)}x |" for k, iv in result["decode_only"][d].items()]
+        lines += ["", "Share of llama.cpp's plain greedy text each output reproduces from its start: " + ", ".join(
+            f"{m} {v:.0%}" for m, v in result["agreement_with_llamacpp"][d].items()) + "."]
+        parts.append("\n".join(lines))
+    search = ", ".join(f"{'plain' if k == '0' else 'draft-max ' + k} {v:.2f}"
+                       for k, v in result["speculative_search"].items())
+    text = (f"# treespec against llama.cpp on the same GGUF files, CPU\n\nMachine: {result['machine']}, torch "
+            f"{result['torch']}, {result['threads']} threads for every method. Files: {', '.join(result['files'])}. "
+            f"{result['max_new_tokens']} greedy tokens per prompt, methods interleaved per prompt"
+            + (f" (except {', '.join(result['added_later'])}: added by a later run, after the others)"
+               if result["added_later"] else "") + ".\n\n"
+            f"llama.cpp's speculative search (mean tok/s on the search prompts): {search}; kept: draft-max "
+            f"{result['draft_max']}.\n\ntreespec's configurations: "
+            + "; ".join(f"{k}: {v}" for k, v in result["configurations"].items())
+            + f".\n\nllama.cpp: {result['llamacpp_version']}, built like this:\n\n```\n{BUILD}\n```\n\n"
+            f"Command: `python experiments/bench_llamacpp.py --llamacpp-bin <llama.cpp>/build/bin --out {args.out}` "
+            "(then `--treespec treespec-captured`, the same --out).\n\n" + "\n\n".join(parts) + "\n")
+    (args.out / "README.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
