@@ -13,8 +13,8 @@ prompt (``treespec.bench.compare``):
   the draft likewise, the tuned tree);
 * ``treespec-int4``: the same with the target in the file's own 4-bit blocks (``load(..., dtype="int4")``:
   Q4_K blocks kept exactly, the file's Q6_K tensors re-quantized), tree tuned for it;
-* ``treespec-captured`` (``--treespec treespec-captured``, alone: three targets do not fit in 24 GiB):
-  ``treespec generate --compile`` (bfloat16 target, the captured step, inductor weight freezing).
+* ``treespec-captured``: ``treespec generate --compile`` (the bfloat16 target, the captured step, inductor
+  weight freezing; its compiles are paid in an untimed run of the first prompt, as every treespec method's).
 
 A llama.cpp method's seconds are its own timers (prompt evaluation + decoding, model load excluded, as
 treespec's is; ``treespec.bench.llamacpp``). Speedups are paired per prompt with bootstrap 95% intervals,
@@ -31,6 +31,8 @@ Building llama.cpp: see ``experiments/results/llamacpp-cpu/README.md`` (or ``tre
 from __future__ import annotations
 
 import argparse
+import ctypes
+import ctypes.util
 import json
 import statistics
 import time
@@ -107,17 +109,28 @@ def search_speculative(llama: llamacpp.LlamaCpp, target: Path, draft: Path, tok:
 
 
 def treespec_methods(tok: Any, names: list[str], n: int) -> tuple[list[compare.Method], dict[str, str]]:
-    """treespec's methods and the configuration each runs (``resolve``'s why)."""
-    draft, _ = load(DEFAULT_DRAFT, dtype="auto", role="draft")
+    """treespec's methods and the configuration each runs (``resolve``'s why). Methods whose models load in the
+    same precision share them (the captured step's frozen graphs hold their own copy of the weights)."""
+    loaded: dict[tuple[str, str], torch.nn.Module] = {}
+
+    def model(name: str, role: str, dtype: str, traceable: bool = False) -> torch.nn.Module:
+        if (name, dtype) in loaded:
+            return loaded[(name, dtype)]
+        m, _ = load(name, dtype=dtype, role=role, traceable=traceable)
+        m = loaded.setdefault((name, precision_of(m)), m)  # an equal one loaded before wins; this one is freed
+        if libc := ctypes.util.find_library("c"):  # loading's float32 copies: back to the system (glibc)
+            getattr(ctypes.CDLL(libc), "malloc_trim", lambda _: None)(0)
+        return m
+
     vector = default_acceptance(None, 0.0)
     methods, why = [], {}
     for name in names:
-        dtype = {"treespec": "auto", "treespec-int4": "int4", "treespec-captured": "bfloat16"}[name]
-        target, _ = load(DEFAULT_TARGET, dtype=dtype, role="target")
-        drafts = [load(DEFAULT_DRAFT, dtype="auto", role="draft", traceable=True)[0]] if name.endswith(
-            "captured") else [draft]
-        resolved = resolve(Recipe(tree="sequoia", acceptance=vector, compile=name.endswith("captured")), target,
-                           drafts, tokenizer=tok, max_new_tokens=n, cache_file=cache_root() / "profiles.json")
+        captured = name == "treespec-captured"
+        target = model(DEFAULT_TARGET, "target", {"treespec-int4": "int4", "treespec-captured": "bfloat16"}.get(
+            name, "auto"))
+        drafts = [model(DEFAULT_DRAFT, "draft", "auto", traceable=captured)]
+        resolved = resolve(Recipe(tree="sequoia", acceptance=vector, compile=captured), target, drafts, tokenizer=tok,
+                           max_new_tokens=n, cache_file=cache_root() / "profiles.json")
         why[name] = resolved.why
         print(f"{name}: {resolved.why}", flush=True)
         methods.append(compare.treespec_method(
@@ -164,9 +177,8 @@ def main(argv: list[str] | None = None) -> dict:
                     help="llama.cpp --draft-max candidates (0: plain decoding, for reference)")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--treespec", nargs="+", choices=TREESPEC, default=list(TREESPEC[:2]),
-                    help="treespec's methods to run (treespec-captured: `treespec generate --compile`; in 24 GiB it "
-                         "does not fit beside the others: run it alone on a finished --out, it is then added later)")
+    ap.add_argument("--treespec", nargs="+", choices=TREESPEC, default=list(TREESPEC),
+                    help="treespec's methods to run (one added to a finished --out runs after the others)")
     args = ap.parse_args(argv)
     bins = llamacpp.find_binaries(args.llamacpp_bin)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -230,8 +242,9 @@ def report(result: dict, args: argparse.Namespace) -> None:
             f"{result['draft_max']}.\n\ntreespec's configurations: "
             + "; ".join(f"{k}: {v}" for k, v in result["configurations"].items())
             + f".\n\nllama.cpp: {result['llamacpp_version']}, built like this:\n\n```\n{BUILD}\n```\n\n"
-            f"Command: `python experiments/bench_llamacpp.py --llamacpp-bin <llama.cpp>/build/bin --out {args.out}` "
-            "(then `--treespec treespec-captured`, the same --out).\n\n" + "\n\n".join(parts) + "\n")
+            "Command: `python experiments/bench_llamacpp.py --llamacpp-bin <llama.cpp>/build/bin "
+            f"--out {args.out}`.\n\n"
+            + "\n\n".join(parts) + "\n")
     (args.out / "README.md").write_text(text)
     print(text)
 

@@ -369,6 +369,25 @@ def test_a_local_gguf_file_loads_and_keeps_its_4bit_blocks_in_int4(tmp_path):
         models.load(str(tmp_path / "missing.gguf"))
 
 
+def test_a_gguf_int4_target_runs_in_the_captured_step(tmp_path):
+    """The int4 target as loaded from a GGUF (file blocks and a bfloat16 layer) traced into the captured step (dynamo
+    and AOT autograd; inductor's lowering of the int4 kernel: test_freezing's int4 draft): greedy output equal to HF's
+    greedy decoding of the same loaded model."""
+    import gguf
+
+    import treespec
+    from treespec.models.quantized import BFloat16Linear
+    from treespec.models.tiny import greedy_reference
+
+    path = write_gguf(tiny_qwen2(seed=4), tmp_path / "m.gguf", gguf.GGMLQuantizationType.Q4_0)
+    target, _ = models.load(str(path), dtype="int4")
+    draft, _ = models.load(str(path))
+    assert any(isinstance(m, BFloat16Linear) for m in target.modules())
+    out = treespec.generate(target, [3, 17, 42, 5], [treespec.ModelDrafter(draft, [(0,), (0, 0)], "topk")],
+                            max_new_tokens=10, compile="aot_eager")
+    assert out.stats.step == "captured" and out.new_tokens == greedy_reference(target, [3, 17, 42, 5], 10)
+
+
 def test_the_cli_runs_a_local_gguf_target_in_its_own_4bit_blocks(tmp_path, capsys):
     """``treespec generate --target m.gguf --dtype int4``: the target runs in the file's blocks (a recipe takes an
     int4 target) and the configuration says so."""
