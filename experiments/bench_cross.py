@@ -48,7 +48,7 @@ from treespec.bench import compare
 
 from treespec.bench import intervals
 from treespec.bench.baselines import hf_generate
-from treespec.bench.datasets import DATASETS, dataset_prompts, humaneval_prompts
+from treespec.bench.datasets import DATASETS, dataset_prompts, encode_prompt, humaneval_prompts
 from treespec.drafters.model import ModelDrafter
 from treespec.common.machine import cpu_model
 from treespec.models.precision import precision_of
@@ -58,7 +58,6 @@ from treespec.models.pair import CrossDraft
 from treespec.recipes import Recipe, build_drafters
 from treespec.calibrate.choices import resolve
 
-CHAT_DATASETS = ("sharegpt",)  #: prompts that are a user's chat turn: wrapped in the target's chat template
 SAME, CROSS = "same", "cross"  # the two draft roles
 
 
@@ -206,14 +205,6 @@ def smoke_setup(args: argparse.Namespace) -> Setup:
                 SAME: "its perturbed copy (same tokenizer)",
                 CROSS: "tiny random Qwen2 with another byte-level BPE (320 tokens)"}
     return Setup(target, tok, methods_for(target, {SAME: same, CROSS: cross}, recipes, labels), settings)
-
-
-def encode_prompt(tok: Any, dataset: str, text: str) -> list[int]:
-    """Token ids of a prompt: chat turns in the tokenizer's chat template (if it has one), others raw."""
-    if dataset in CHAT_DATASETS and getattr(tok, "chat_template", None):
-        text = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                       tokenize=False)
-    return list(tok(text, add_special_tokens=False)["input_ids"])
 
 
 # -- summary ---------------------------------------------------------------------------------------

@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 from treespec.bench import compare, intervals, llamacpp
-from treespec.bench.datasets import dataset_prompts, prompt_range
+from treespec.bench.datasets import dataset_prompts, encode_prompt, prompt_range
 from treespec.bench.sweep.records import read_records
 from treespec.calibrate.choices import resolve
 from treespec.calibrate.vectors import default_acceptance
@@ -52,14 +52,7 @@ from treespec.models.packaged import REGISTRY, assemble_gguf, chunk_paths
 from treespec.models.precision import precision_of
 from treespec.recipes import Recipe, run
 
-DATASETS = ("humaneval", "sharegpt")
 TREESPEC = ("treespec", "treespec-int4", "treespec-captured")
-#: the build measured here (llama.cpp at the commit its --version names; any checkout of it builds the same way)
-BUILD = ("git clone https://github.com/ggml-org/llama.cpp && cd llama.cpp && git checkout <commit>\n"
-         "cmake -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF "
-         "-DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TESTS=OFF\n"
-         "cmake --build build -j2 --target llama-completion llama-speculative-simple")
-CHAT = ("sharegpt",)
 
 
 def gguf_file(name: str) -> Path:
@@ -71,19 +64,13 @@ def gguf_file(name: str) -> Path:
     return dest
 
 
-def encode(tok: Any, dataset: str, text: str) -> list[int]:
-    if dataset in CHAT:
-        text = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False)
-    return list(tok(text, add_special_tokens=False)["input_ids"])
-
-
 def prompts_of(tok: Any, ranges: dict[str, str]) -> list[tuple[str, int, list[int]]]:
     out = []
     for name, spec in ranges.items():
         if spec:
             texts = dataset_prompts(name)
             a, b = prompt_range(spec, len(texts), name)
-            out += [(name, i, encode(tok, name, texts[i])) for i in range(a, b)]
+            out += [(name, i, encode_prompt(tok, name, texts[i])) for i in range(a, b)]
     return out
 
 
@@ -241,7 +228,8 @@ def report(result: dict, args: argparse.Namespace) -> None:
             f"llama.cpp's speculative search (mean tok/s on the search prompts): {search}; kept: draft-max "
             f"{result['draft_max']}.\n\ntreespec's configurations: "
             + "; ".join(f"{k}: {v}" for k, v in result["configurations"].items())
-            + f".\n\nllama.cpp: {result['llamacpp_version']}, built like this:\n\n```\n{BUILD}\n```\n\n"
+            + f".\n\nllama.cpp: {result['llamacpp_version']}, built like this (at that commit):\n\n"
+            f"```\n{llamacpp.BUILD}\n```\n\n"
             "Command: `python experiments/bench_llamacpp.py --llamacpp-bin <llama.cpp>/build/bin "
             f"--out {args.out}`.\n\n"
             + "\n\n".join(parts) + "\n")

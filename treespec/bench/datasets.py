@@ -22,9 +22,11 @@ import importlib.metadata
 import importlib.resources
 import json
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 DATASETS = ("humaneval", "lee-news", "sharegpt")
+#: prompts that are a user's chat turn: wrapped in the target's chat template (:func:`encode_prompt`)
+CHAT_DATASETS = ("sharegpt",)
 SHAREGPT_MAX_CHARS = 1000  #: longer first turns are skipped (their prefill would dominate a CPU benchmark)
 
 
@@ -151,3 +153,11 @@ def prompt_range(spec: str | Sequence[int], size: int, what: str = "prompt range
     if not 0 <= a < b <= size:
         raise ValueError(f"{what} must have 0 <= START < STOP <= {size} (the dataset's prompts), got {spec!r}")
     return a, b
+
+
+def encode_prompt(tok: Any, dataset: str, text: str) -> list[int]:
+    """Token ids of a prompt of ``dataset``: chat turns in the tokenizer's chat template (if it has one), others raw."""
+    if dataset in CHAT_DATASETS and getattr(tok, "chat_template", None):
+        text = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                       tokenize=False)
+    return list(tok(text, add_special_tokens=False)["input_ids"])

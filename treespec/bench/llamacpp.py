@@ -25,10 +25,12 @@ from .compare import Method
 #: the tools a run needs, by role
 TOOLS = {"plain": "llama-completion", "speculative": "llama-speculative-simple"}
 
-#: how to build the tools (the experiment's README gives the version measured)
-BUILD_HINT = ("build llama.cpp (git clone https://github.com/ggml-org/llama.cpp; cd llama.cpp; cmake -B build "
-              "-DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_SERVER=OFF; cmake --build build -j "
-              "--target llama-completion llama-speculative-simple) and pass its build/bin directory")
+#: how the tools were built for experiments/results/llamacpp-cpu (check out the commit its README names)
+BUILD = ("git clone https://github.com/ggml-org/llama.cpp && cd llama.cpp\n"
+         "cmake -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF "
+         "-DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TESTS=OFF\n"
+         "cmake --build build -j2 --target llama-completion llama-speculative-simple")
+BUILD_HINT = f"build llama.cpp ({'; '.join(BUILD.splitlines())}) and pass its build/bin directory"
 
 _PROMPT = re.compile(r"prompt eval time =\s*([\d.]+) ms /\s*(\d+) tokens")
 _EVAL = re.compile(r"\beval time =\s*([\d.]+) ms /\s*(\d+) runs")
@@ -117,26 +119,21 @@ def _method(name: str, tokenizer: Any, call: Callable[[str, int], tuple[str, dic
     return Method(name, run, precision, True)
 
 
-def plain_method(llama: LlamaCpp, model: Path, tokenizer: Any, *, name: str = "llamacpp",
-                 extra: Sequence[str] = ()) -> Method:
-    """llama.cpp's plain decoding of ``model`` (``llama-completion``; ``extra``: more of its flags)."""
+def plain_method(llama: LlamaCpp, model: Path, tokenizer: Any, *, name: str = "llamacpp") -> Method:
+    """llama.cpp's plain decoding of ``model`` (``llama-completion``)."""
 
     def call(prompt: str, n: int):
-        out, err = llama.call(TOOLS["plain"], ["-m", str(model), "-n", str(n), "-no-cnv", "--special", *extra], prompt)
+        out, err = llama.call(TOOLS["plain"], ["-m", str(model), "-n", str(n), "-no-cnv", "--special"], prompt)
         return generated_text(out, prompt), parse_completion(err)
 
     return _method(name, tokenizer, call, f"gguf:{model.name}")
 
 
 def speculative_method(llama: LlamaCpp, model: Path, draft: Path, tokenizer: Any, *, draft_max: int,
-                       draft_min: int = 0, p_min: float | None = None, name: str | None = None,
-                       extra: Sequence[str] = ()) -> Method:
+                       name: str | None = None) -> Method:
     """llama.cpp's speculative decoding of ``model`` with ``draft`` (``llama-speculative-simple``, ``draft-simple``):
-    chains of up to ``draft_max`` drafted tokens (at least ``draft_min``; drafting stops below probability
-    ``p_min``)."""
-    flags = ["-m", str(model), "-md", str(draft), "--spec-type", "draft-simple", "--spec-draft-n-max", str(draft_max),
-             "--spec-draft-n-min", str(draft_min), *(["--spec-draft-p-min", str(p_min)] if p_min is not None else []),
-             *extra]
+    chains of up to ``draft_max`` drafted tokens (its other settings at their defaults)."""
+    flags = ["-m", str(model), "-md", str(draft), "--spec-type", "draft-simple", "--spec-draft-n-max", str(draft_max)]
 
     def call(prompt: str, n: int):
         out, err = llama.call(TOOLS["speculative"], [*flags, "-n", str(n)], prompt)
