@@ -1,6 +1,7 @@
 """The demo's whole path on tiny models (the real pair is what `make demo` runs)."""
 
 import argparse
+import re
 
 import pytest
 
@@ -20,7 +21,8 @@ def test_demo_runs_and_reports(tmp_path, monkeypatch, capsys):
     assert "identical to hf-float32 (same precision) on 2/2 prompts" in out
     assert "speedup over the fastest of the HF methods run here (hf-float32)" in out and "--quick: HF generate eager only" in out
     assert "fastest HF generate" not in out and "(fastest HF method)" not in out
-    assert "The best branching tree of the same budget" in out or "Plain decoding was chosen" in out
+    # why this shape won: which of its sentences depends on the costs this machine measured (test below for each)
+    assert re.search(r"^(Chosen: .* nodes|Plain decoding was chosen)", out, re.MULTILINE)
     assert "| warm-up call s |" in out  # every method's warm-up (its compiles) shown apart
     assert (tmp_path / "cache" / "profiles.json").exists()
     assert (tmp_path / "tree.png").stat().st_size > 0
@@ -84,6 +86,24 @@ def test_a_tuned_chain_is_set_beside_the_best_branching_tree():
     assert tau / seconds < choice.tau / prof.step_seconds(choice.shape)  # the chain was the faster prediction
     assert f"tau {tau:.2f} at {seconds:.3f} s per step" in text
     assert ("wider levels cost more" in text) == (tau > choice.tau) and ("accepts less" in text) == (tau <= choice.tau)
+
+
+def test_a_tuned_branching_tree_or_plain_decoding_says_so():
+    """Where width is nearly free the chosen tree is itself the best branching one; where drafting never pays,
+    plain decoding is named as the choice."""
+    from treespec.calibrate.costs import Profile
+    from treespec.calibrate.tuning import Tuned
+    from treespec.calibrate.vectors import default_acceptance
+
+    acceptance = default_acceptance(None, 0.0)
+    flat = Profile({1: 0.1, 8: 0.1, 16: 0.1, 32: 0.1}, {1: 0.01, 2: 0.01, 4: 0.01, 8: 0.01}, {}, 0.002)
+    choice = flat.choose(acceptance, max_depth=8)
+    assert choice.shape.max_width >= 2
+    assert "the best branching tree of its budget" in demo.why_this_shape(Tuned(choice, flat), acceptance)
+    dear = Profile({1: 0.1, 8: 0.5, 16: 0.9}, {1: 0.5, 2: 0.6, 4: 0.8, 8: 1.0}, {}, 0.002)
+    choice = dear.choose(acceptance, max_depth=8)
+    assert choice.shape.depth == 0
+    assert demo.why_this_shape(Tuned(choice, dear), acceptance).startswith("Plain decoding was chosen")
 
 
 def test_a_difference_at_a_tie_passes_and_one_where_a_token_leads_fails():
