@@ -11,7 +11,10 @@ machine's speed hits every method alike):
 * ``hf-assisted``: HF assisted generation with the same draft, at B = 1 only (HF's assisted generation
   takes one prompt);
 * ``treespec``: ``treespec.run`` on the batch (the eager batched step, ``treespec.core.batch``; the tree the
-  default recipe tunes here for that batch size: ``resolve(batch_size=B)``, ``Profile.for_batch``).
+  default recipe tunes here for that batch size: ``resolve(batch_size=B)``, ``Profile.for_batch``);
+* ``treespec-compiled`` (``--compile``): the same tree through the captured batched step
+  (``treespec.core.captured.BatchCapturedStep``); its compiles run in a warm-up on the first group's prompts,
+  apart (``warmups.jsonl`` keeps every method's warm-up seconds).
 
 Tokens per second: every row's tokens over the group's seconds; speedups paired per group (ratio of sums,
 bootstrap 95% intervals over groups). Each method's greedy rows are compared with treespec's (same
@@ -28,6 +31,7 @@ import json
 import os
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +53,8 @@ Batch = list[list[int]]
 Methods = dict[str, Callable[[Batch, int], tuple[Batch, float]]]
 
 
-def methods_for(target: torch.nn.Module, draft: torch.nn.Module, recipe: Recipe, batch_size: int) -> Methods:
+def methods_for(target: torch.nn.Module, draft: torch.nn.Module, recipe: Recipe, batch_size: int,
+                compiled: bool = False) -> Methods:
     def hf(batch: Batch, n: int) -> tuple[Batch, float]:
         return hf_generate(target, batch, n)  # type: ignore[return-value]
 
@@ -61,15 +66,20 @@ def methods_for(target: torch.nn.Module, draft: torch.nn.Module, recipe: Recipe,
         tokens, seconds = hf_generate(target, batch[0], n, assistant_model=draft)
         return [tokens], seconds  # type: ignore[list-item]
 
-    def treespec(batch: Batch, n: int) -> tuple[Batch, float]:
+    def treespec_run(recipe: Recipe, batch: Batch, n: int) -> tuple[Batch, float]:
         t = time.perf_counter()
         out = run(recipe, target, [draft], batch, max_new_tokens=n)
         return [row.new_tokens for row in out.rows], time.perf_counter() - t
+
+    def treespec(batch: Batch, n: int) -> tuple[Batch, float]:
+        return treespec_run(recipe, batch, n)
 
     methods: Methods = {"hf": hf, "hf-static-compiled": hf_compiled}
     if batch_size == 1:
         methods["hf-assisted"] = assisted
     methods["treespec"] = treespec
+    if compiled:
+        methods["treespec-compiled"] = lambda batch, n: treespec_run(replace(recipe, compile=True), batch, n)
     return methods
 
 
@@ -79,8 +89,8 @@ def tree_of(recipe: Recipe) -> str:
 
 
 def summarize(records: list[dict[str, Any]], batch_size: int, dataset: str | None = None) -> dict[str, Any]:
-    """Tok/s per method at ``batch_size`` (on ``dataset``, or all) and treespec's paired speedup over each HF
-    method and the fastest."""
+    """Tok/s per method at ``batch_size`` (on ``dataset``, or all) and each treespec method's paired speedup over
+    each HF method and the fastest."""
     mine = [r for r in records if r["batch_size"] == batch_size and dataset in (None, r["dataset"])]
     groups = sorted({(r["dataset"], r["group"]) for r in mine})
     by = {(r["dataset"], r["group"], r["method"]): r for r in mine}
@@ -91,36 +101,42 @@ def summarize(records: list[dict[str, Any]], batch_size: int, dataset: str | Non
     tokens = {m: [sum(map(len, by[(*g, m)]["tokens"])) for g in complete] for m in names}
     seconds = {m: [by[(*g, m)]["seconds"] for g in complete] for m in names}
     tps = {m: sum(tokens[m]) / sum(seconds[m]) for m in names}
+    ours = [m for m in names if m.startswith("treespec")]
+    hf = [m for m in names if m not in ours]
+    fastest = max(hf, key=tps.get)
     out: dict[str, Any] = {"batch_size": batch_size, "dataset": dataset or "all", "groups": len(complete),
                            "tokens_per_second": tps, "tree": by[(*complete[0], "treespec")].get("tree"),
-                           "speedup": {}, "greedy_rows_equal": {}}
-    for m in names:
-        if m == "treespec":
-            continue
+                           "fastest_hf": fastest, "speedup": {}, "greedy_rows_equal": {}}
+    for t in ours:
         # same tokens per group (greedy, exactly n each): the ratio of seconds is the ratio of tok/s
-        out["speedup"][m] = intervals.ratio_of_sums(seconds[m], seconds["treespec"]).as_dict()
-        rows = [(a, b) for g in complete for a, b in zip(by[(*g, m)]["tokens"], by[(*g, "treespec")]["tokens"])]
-        out["greedy_rows_equal"][m] = f"{sum(a == b for a, b in rows)}/{len(rows)}"
-    fastest = max((m for m in names if m != "treespec"), key=tps.get)
-    out["fastest_hf"] = fastest
-    out["speedup_over_fastest_hf"] = out["speedup"][fastest]
+        out["speedup"][t] = {m: intervals.ratio_of_sums(seconds[m], seconds[t]).as_dict() for m in names if m != t}
+        out["greedy_rows_equal"][t] = {}
+        for m in names:
+            if m != t:
+                rows = [(a, b) for g in complete for a, b in zip(by[(*g, m)]["tokens"], by[(*g, t)]["tokens"])]
+                out["greedy_rows_equal"][t][m] = f"{sum(a == b for a, b in rows)}/{len(rows)}"
+    out["speedup_over_fastest_hf"] = {t: out["speedup"][t][fastest] for t in ours}
     return out
 
 
 def markdown(summaries: list[dict[str, Any]]) -> str:
+    ours = list(dict.fromkeys(t for s in summaries if s.get("groups") for t in s["speedup"]))
     header = ("| batch | prompts | groups | HF eager tok/s | HF static+compile tok/s | HF assisted tok/s | treespec tree | "
-              "treespec tok/s | treespec / fastest HF [95% CI] |")
-    lines = [header, "|---|---|---|---|---|---|---|---|---|"]
+              + " | ".join(f"{t} tok/s | {t} / fastest HF [95% CI]" for t in ours) + " |")
+    lines = [header, "|" + "---|" * (7 + 2 * len(ours))]
     for s in summaries:
         if not s.get("groups"):
             continue
-        t, sp = s["tokens_per_second"], s["speedup_over_fastest_hf"]
+        t = s["tokens_per_second"]
         cells = [f"{t[m]:.2f}" if m in t else "n/a (one prompt only)" for m in ("hf", "hf-static-compiled", "hf-assisted")]
-        lines.append(f"| {s['batch_size']} | {s['dataset']} | {s['groups']} | {' | '.join(cells)} | {s['tree']} | {t['treespec']:.2f} | {sp['estimate']:.2f}x [{sp['low']:.2f}, "
-                     f"{sp['high']:.2f}] vs {s['fastest_hf']} |")
-    lines.append("\nGreedy rows equal to treespec's, per method: " + "; ".join(
-        f"B={s['batch_size']} {s['dataset']}: " + ", ".join(f"{m} {v}" for m, v in s["greedy_rows_equal"].items())
-        for s in summaries if s.get("groups")))
+        for m in ours:
+            sp = s["speedup_over_fastest_hf"][m]
+            cells += [f"{t[m]:.2f}", f"{sp['estimate']:.2f}x [{sp['low']:.2f}, {sp['high']:.2f}] vs {s['fastest_hf']}"]
+        lines.append(f"| {s['batch_size']} | {s['dataset']} | {s['groups']} | {' | '.join(cells[:3])} | {s['tree']} | "
+                     f"{' | '.join(cells[3:])} |")
+    lines.append("\nGreedy rows equal to each treespec method's, per method: " + "; ".join(
+        f"B={s['batch_size']} {s['dataset']} {t}: " + ", ".join(f"{m} {v}" for m, v in eq.items())
+        for s in summaries if s.get("groups") for t, eq in s["greedy_rows_equal"].items()))
     return "\n".join(lines)
 
 
@@ -131,6 +147,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--prompts", type=int, default=4, help="prompts per dataset (a multiple of each batch size)")
     ap.add_argument("--datasets", nargs="+", default=["humaneval", "lee-news"])
     ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--compile", action="store_true", help="add treespec's captured batched step (treespec-compiled)")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     results = args.out / "results.jsonl"
@@ -152,13 +169,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                for d in args.datasets}
     warm = [prompts[args.datasets[0]][0][:32]]
     for b in args.batch_sizes:
-        methods = methods_for(target, draft, resolved[b].recipe, b)
+        methods = methods_for(target, draft, resolved[b].recipe, b, compiled=args.compile)
         todo = {(b, d, g, m) for d in args.datasets for g in range(len(prompts[d]) // b) for m in methods} - done
         if not todo:
             continue  # resumed: this batch size is done
-        for name, method in methods.items():  # warm-up (HF static+compile compiles here), not recorded
+        for name, method in methods.items():  # warm-up (HF static+compile compiles here), not timed with the rest
             t = time.perf_counter()
-            method(warm * b, 4)
+            if name == "treespec-compiled":  # the captured step compiles every graph of the run's shapes here
+                method(prompts[args.datasets[0]][:b], args.max_new_tokens)
+            else:
+                method(warm * b, 4)
+            append_record(args.out / "warmups.jsonl", {"batch_size": b, "method": name,
+                                                        "seconds": time.perf_counter() - t})
             print(f"B={b} {name}: warm-up {time.perf_counter() - t:.1f} s", flush=True)
         for d in args.datasets:
             for g in range(len(prompts[d]) // b):
@@ -169,13 +191,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     tokens, seconds = method(batch, args.max_new_tokens)
                     append_record(results, {"batch_size": b, "dataset": d, "group": g, "method": name,
                                             "tokens": tokens, "seconds": seconds,
-                                            **({"tree": tree_of(resolved[b].recipe)} if name == "treespec" else {})})
+                                            **({"tree": tree_of(resolved[b].recipe)} if name.startswith("treespec")
+                                               else {})})
                     print(f"B={b} {d}/{g} {name}: {sum(map(len, tokens)) / seconds:.2f} tok/s", flush=True)
     records = read_records(results)
     summaries = [summarize(records, b, d) for b in args.batch_sizes for d in [*args.datasets, None]]
     machine = f"{cpu_model()}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads, torch {torch.__version__}"
     result = {"machine": machine, "configuration": {b: r.why for b, r in resolved.items()},
               "max_new_tokens": args.max_new_tokens,
+              "warmup_seconds": read_records(args.out / "warmups.jsonl") if (args.out / "warmups.jsonl").exists() else [],
               "summaries": summaries}
     (args.out / "summary.json").write_text(json.dumps(result, indent=1))
     table = markdown(summaries)
@@ -186,11 +210,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         + f"\n{args.max_new_tokens} greedy "
         f"tokens per prompt, {args.prompts} prompts per dataset ({', '.join(args.datasets)}), methods interleaved "
         f"per group of B prompts.\nCommand: `python experiments/bench_batch.py --out {args.out} --batch-sizes "
-        f"{' '.join(map(str, args.batch_sizes))} --prompts {args.prompts} --max-new-tokens {args.max_new_tokens}`."
+        f"{' '.join(map(str, args.batch_sizes))} --prompts {args.prompts} --max-new-tokens {args.max_new_tokens}"
+        f"{' --compile' if args.compile else ''}`."
         f"\n\n{table}\n\nThe target runs in bfloat16 for every method: a greedy row that differs from HF's is a "
         f"bfloat16 rounding of a batched forward (padded rows, another token count) where the top two logits nearly "
         f"tie; this script does not locate them (float32 rows equal HF's and the prompt alone: tests/test_batch.py). "
-        f"The tree is the one tuned for each batch size; treespec's batches run the eager step.\n")
+        f"The tree is the one tuned for each batch size (on eager costs); `treespec` runs the eager batched step, "
+        f"`treespec-compiled` the same tree through the captured batched step, its compiles in a warm-up apart "
+        f"(`warmups.jsonl`: every method's warm-up seconds).\n")
     print(table)
     return result
 

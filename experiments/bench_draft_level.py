@@ -41,7 +41,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from treespec.bench.datasets import _lee_articles, humaneval_tasks  # noqa: E402
 from treespec.common.machine import machine  # noqa: E402
 from treespec.core.attention import grouped_sdpa  # noqa: E402
-from treespec.core.kv import StaticTreeCache, TreeCache, causal_allowed, forward_masked  # noqa: E402
+from treespec.core.kv import TreeCache, causal_allowed, forward_masked  # noqa: E402
+from treespec.core.static_cache import StaticTreeCache  # noqa: E402
 from treespec.models import DEFAULT_DRAFT, DEFAULT_TARGET, load  # noqa: E402
 from treespec.models.quantized import quantize_int4  # noqa: E402
 from treespec.models.precision import to_precision  # noqa: E402

@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from treespec.bench.datasets import dataset_prompts  # noqa: E402
 from treespec.common.machine import machine  # noqa: E402
 from treespec.core.compiling import allow_recompiles  # noqa: E402
-from treespec.core.kv import StaticTreeCache  # noqa: E402
+from treespec.core.static_cache import StaticTreeCache  # noqa: E402
 from treespec.core.prefill import ChunkedPrefill, padded_length, pieces  # noqa: E402
 from treespec.models.loading import load  # noqa: E402
 from treespec.models.packaged import DEFAULT_TARGET  # noqa: E402

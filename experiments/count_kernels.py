@@ -30,7 +30,7 @@ from torch._inductor.utils import run_and_get_code  # noqa: E402
 from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
 from treespec.common.machine import machine  # noqa: E402
-from treespec.core.kv import StaticTreeCache  # noqa: E402
+from treespec.core.static_cache import StaticTreeCache  # noqa: E402
 
 DRAFT = dict(hidden_size=896, num_attention_heads=14, num_key_value_heads=2, intermediate_size=4864, vocab_size=151936,
              max_position_embeddings=32768, rms_norm_eps=1e-6, tie_word_embeddings=True,

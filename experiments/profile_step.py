@@ -24,7 +24,7 @@ import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E402
 
 import treespec  # noqa: E402
-from treespec.core import captured  # noqa: E402
+from treespec.core import captured, captured_runner  # noqa: E402
 from treespec.common.machine import cpu_model  # noqa: E402
 from treespec.models.tiny import perturbed_copy, tiny_model  # noqa: E402
 
@@ -97,7 +97,7 @@ def measure(compile, capture: bool, temperature: float, new_tokens: int, stop: f
     shape = [(0,), (1,), (0, 0), (0, 1), (1, 0), (1, 1), (0, 0, 0)]
     real_plan = captured.capturable
     captured.capturable = real_plan if capture else (lambda req: "drafted on the host for this profile")
-    real_draft = captured._CapturedRunner.draft_tree
+    real_draft = captured_runner.CapturedRunner.draft_tree
 
     def run(n: int, prof: bool):
         drafter = treespec.ModelDrafter(draft, shape, "topk" if temperature == 0 else "sample_without_replacement",
@@ -109,11 +109,11 @@ def measure(compile, capture: bool, temperature: float, new_tokens: int, stop: f
 
     try:
         run(8, False)  # warm-up: compiles
-        labelled(captured._CapturedRunner, "draft_tree", "drafting")
+        labelled(captured_runner.CapturedRunner, "draft_tree", "drafting")
         with profile(activities=[ProfilerActivity.CPU]) as prof, host_reads() as reads:
             out = run(new_tokens, True)
     finally:
-        captured.capturable, captured._CapturedRunner.draft_tree = real_plan, real_draft
+        captured.capturable, captured_runner.CapturedRunner.draft_tree = real_plan, real_draft
     ops = count(prof)
     steps = out.stats.steps
     return {"steps": steps, "ops_per_step": {k: v / steps for k, v in ops.items()},

@@ -7,7 +7,7 @@ from torch._dynamo.utils import counters
 from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 
 from treespec.core import attention
-from treespec.core.kv import StaticTreeCache
+from treespec.core.static_cache import StaticTreeCache
 from treespec.models.tiny import tiny_model
 
 

@@ -122,8 +122,9 @@ def test_bad_batches_are_refused_with_what_to_do():
         treespec.generate(target, [[1, 2], []], max_new_tokens=4)
     with pytest.raises(ValueError, match="prompt 0 of the batch: .*exceeds the model's context"):
         treespec.generate(target, [[1] * (target.config.max_position_embeddings - 2), [3]], max_new_tokens=4)
-    with pytest.raises(ValueError, match="a batch of prompts runs the eager step"):
-        treespec.generate(target, [[1], [2]], max_new_tokens=4, compile="aot_eager")
+    with pytest.raises(ValueError, match="prompt 0 of the batch: compile=... verifies on the device with"):
+        treespec.generate(target, [[1], [2]], max_new_tokens=4, compile="aot_eager", temperature=1.0,
+                          verifier="spectr")
     with pytest.raises(ValueError, match="non-empty list of prompts"):
         treespec.core.batch.generate_batch(target, [], max_new_tokens=4)
 

@@ -11,7 +11,7 @@ from torch._dynamo.utils import counters
 import treespec
 from stats import ALPHA
 from test_exactness import BUSHY, joint_p, pair  # noqa: F401 (pair is a fixture)
-from treespec.core import captured
+from treespec.core import captured, captured_runner
 from treespec.core import rule
 from treespec.core.buffers import Envelope, tree_buffers
 from treespec.core.engine import step_for
@@ -239,7 +239,7 @@ def test_older_siblings_are_removed_as_the_host_proposals_do():
     q = torch.softmax(torch.randn(5, 9, generator=g), -1)  # rows: the proposals of nodes 1..5
     tokens = torch.tensor([7, 7, 2, 5, 1, 8])  # node v's token; the root and node 1 share token 7
     earlier = torch.tensor([[-1, -1], [1, -1], [1, 2], [-1, -1], [4, -1]])  # each proposal's older siblings
-    runner = captured._CapturedRunner.__new__(captured._CapturedRunner)
+    runner = captured_runner.CapturedRunner.__new__(captured_runner.CapturedRunner)
     got = runner._without_older_siblings(q, tokens, earlier)
     for row in range(5):
         exclude = tuple(int(tokens[v]) for v in earlier[row] if v >= 0)

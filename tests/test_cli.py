@@ -335,14 +335,15 @@ def test_compile_names_the_route_it_took(tiny_dirs, tmp_path, capsys, monkeypatc
 
 def test_batch_size_decodes_the_prompts_in_batches_each_as_alone(tiny_dirs, tmp_path, capsys, monkeypatch):
     """``--batch-size 2`` over three prompts: batches of 2 and 1, one JSON record per prompt in order, each row's
-    tokens those of the prompt run alone; a batch refuses --compile with what to do instead."""
+    tokens those of the prompt run alone, eager and through the captured batched step (--compile); a batch refuses
+    --compare with what to do instead."""
     import json
 
     monkeypatch.setenv("TREESPEC_CACHE", str(tmp_path / "cache"))
     models = [a.format(**tiny_dirs) for a in MODELS]
     (tmp_path / "p.jsonl").write_text('{"prompt": "w1 w2"}\n{"prompt": "w5 w9 w3 w7"}\n{"prompt": "w4"}\n')
     common = [*models, "--prompts-jsonl", str(tmp_path / "p.jsonl"), "--tree", "chain", "--budget", "4",
-              "--max-new-tokens", "6", "--json", "--no-compile"]
+              "--max-new-tokens", "6", "--json", "--no-compile"]  # --no-compile last
     assert main(["generate", *common, "--batch-size", "2"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()]
     assert [(r["row"], r["batch_size"]) for r in rows] == [(0, 2), (1, 2), (2, 1)]
@@ -350,6 +351,10 @@ def test_batch_size_decodes_the_prompts_in_batches_each_as_alone(tiny_dirs, tmp_
     assert main(["generate", *common]) == 0
     alone = [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()]
     assert [r["new_tokens"] for r in rows] == [r["new_tokens"] for r in alone]
-    code, err = run_main(["generate", *models, "--prompt", "w1", "--batch-size", "2", "--compile"], capsys,
+    assert main(["generate", *common[:-1], "--compile", "aot_eager", "--batch-size", "2"]) == 0  # the captured step
+    compiled = [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()]
+    assert compiled[0]["batch"]["step"] == "captured, batched"
+    assert [r["new_tokens"] for r in compiled] == [r["new_tokens"] for r in alone]
+    code, err = run_main(["generate", *models, "--prompt", "w1", "--batch-size", "2", "--compare"], capsys,
                          monkeypatch)
-    assert code == 2 and "--batch-size 2 runs the eager batched step" in err
+    assert code == 2 and "--compare runs HF generate on one prompt at a time" in err

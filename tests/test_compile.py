@@ -11,7 +11,7 @@ from stats import ALPHA
 from test_exactness import BUSHY, PROMPT, joint_p, pair, sample_joint, trials  # noqa: F401 (pair is a fixture)
 from treespec.models.tiny import greedy_reference, tiny_model
 from treespec.core import compiled, rule
-from treespec.core.kv import StaticTreeCache
+from treespec.core.static_cache import StaticTreeCache
 
 KARY = [(0,), (1,), (0, 0), (0, 1), (1, 0), (1, 1)]
 BACKEND = "aot_eager"
@@ -219,7 +219,7 @@ def test_a_compiled_forward_is_not_compiled_again_when_another_model_class_comes
     would guard on its length and compile again once another class fills it (a wasted compile per graph,
     tens of seconds on a GPU for a real model; in one process, a second pair's first run recompiled the
     first pair's runners). Compiled forwards pass the name resolved when their cache is made."""
-    from treespec.core import attention, kv
+    from treespec.core import attention, static_cache
     from treespec.core.prefill import ChunkedPrefill
 
     other = tiny_model("qwen2", vocab=32, hidden=32)
@@ -241,5 +241,5 @@ def test_a_compiled_forward_is_not_compiled_again_when_another_model_class_comes
     assert graphs_after_another_class(model) == 0
     # negative control: the forward translates ``past_key_values`` through the memo inside the graph
     name = attention.cache_argument(type(model))
-    monkeypatch.setattr(kv, "tree_forward", lambda m, **kw: attention.tree_forward(m, past_key_values=kw.pop(name), **kw))
+    monkeypatch.setattr(static_cache, "tree_forward", lambda m, **kw: attention.tree_forward(m, past_key_values=kw.pop(name), **kw))
     assert graphs_after_another_class(model) == 1

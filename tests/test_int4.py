@@ -119,8 +119,8 @@ def test_captured_int4_draft_prefills_a_long_prompt_eagerly(pair, monkeypatch):
 
     target, draft = pair
     used = []
-    monkeypatch.setattr(prefill.EagerPrefill, "__call__", lambda self, prompt: (
-        used.append(len(prompt)), self.cache.prefill(self.model, prompt))[-1])
+    monkeypatch.setattr(prefill.EagerPrefill, "rows", lambda self, prompts: (
+        used.extend(len(p) for p in prompts), self.cache.prefill_rows(self.model, prompts))[-1])
     prompt = [(7 * i + 3) % 64 for i in range(30)]
     out = treespec.generate(target, prompt, [treespec.ModelDrafter(draft, [(0,), (0, 0)], "topk")],
                             max_new_tokens=10, compile="aot_eager")

@@ -9,7 +9,7 @@ from torch._dynamo.utils import counters
 
 import treespec
 from treespec.core import compiled, prefill
-from treespec.core.kv import StaticTreeCache
+from treespec.core.static_cache import StaticTreeCache
 from treespec.models.tiny import greedy_reference, perturbed_copy, tiny_model
 
 KARY = [(0,), (1,), (0, 0), (0, 1), (1, 0), (1, 1)]

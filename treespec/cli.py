@@ -127,16 +127,18 @@ def _compare(args: argparse.Namespace, recipe: Recipe, target, ids: list[int], e
 
 def cmd_generate(args: argparse.Namespace) -> int:
     prompts = read_prompts(args)
-    if args.batch_size > 1 and (args.compile not in (None, False) or args.compare):
-        raise ValueError(f"--batch-size {args.batch_size} runs the eager batched step, one batch at a time: drop "
-                         f"{'--compile' if args.compile not in (None, False) else '--compare'} (or use --batch-size 1)")
+    if args.batch_size > 1 and args.compare:
+        raise ValueError(f"--compare runs HF generate on one prompt at a time, beside a run of one prompt: drop it with "
+                         f"--batch-size {args.batch_size} (or use --batch-size 1)")
     want_draft = not (args.ngram and not args.draft)
     recipe = recipe_from_args(args, with_model=want_draft)  # validates before the models load
     target, tok, drafts = load_models(args, want_draft)
     walk = calibration_walk(args.acceptance, args.temperature) if recipe.acceptance is not None else None
     resolved = resolve(recipe, target, drafts, tokenizer=tok, max_new_tokens=args.max_new_tokens, walk=walk,
                        batch_size=min(args.batch_size, len(prompts)))  # a tuned tree is sized for the batch
-    if args.compile is not False and args.batch_size == 1:  # by measurement, or as asked (a cached measurement still costs the why-line)
+    # compiled by measurement, or as asked (a cached measurement still costs the why-line); a batch compiles only
+    # when asked (its captured step: treespec.core.captured.BatchCapturedStep)
+    if args.compile is not False and args.batch_size == 1:
         resolved = resolve_compile(resolved, target, drafts, tok, prompts=len(prompts),
                                    max_new_tokens=args.max_new_tokens, backend=args.compile or True,
                                    asked=args.compile is not None)

@@ -155,8 +155,8 @@ def _generate(sub) -> None:
     g.add_argument("--compare", action="store_true",
                    help="also run the target alone (HF generate) and compare speed and output")
     g.add_argument("--batch-size", type=_count("batch-size"), default=1, metavar="B",
-                   help="decode the prompts B at a time, each batch in one target forward per step (eager steps; "
-                        "every row exact as if alone; default 1)")
+                   help="decode the prompts B at a time, each batch in one target forward per step (eager steps, "
+                        "or the captured step with --compile; every row exact as if alone; default 1)")
 
 
 def _demo(sub) -> None:

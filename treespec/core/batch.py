@@ -22,6 +22,7 @@ import torch
 
 from . import checks
 from .drafting import DraftProposals, Drafter, Drafting, Forward, checked
+from .buffers import Envelope
 from .kv import RowCache, RowsCache, causal_allowed
 from .padded import HostAcceptance
 from .request import Request
@@ -195,22 +196,21 @@ def generate_batch(
     on_tokens: Callable[[int, list[int]], None] | None = None,
     verifier: str = "rrs",
     compile: bool | str = False,
+    envelope: Envelope | None = None,
 ) -> BatchOutput:
     """``treespec.generate`` over several prompts at once (``generate`` calls this for a list of prompts).
 
     Each prompt (a list of token ids or a ``[1, L]`` tensor; lengths may differ) decodes as it would alone
     with seed ``row_seed(seed, r)``: greedy output equal to the target's, sampled output distributed as the
     target's, per row. Each row gets its own copy of each drafter (``Drafter.for_row``). ``on_tokens`` is
-    called as ``on_tokens(row, tokens)``. The other arguments are ``generate``'s; ``compile`` must be False
-    (the batch runs the eager step).
+    called as ``on_tokens(row, tokens)``. The other arguments are ``generate``'s. With ``compile`` the batch runs
+    the captured step (``treespec.core.captured.BatchCapturedStep``: one model drafter of a static shape) where
+    its drafters allow, else the eager step, and ``stats.step`` says why.
     """
     if isinstance(prompts, (str, bytes, torch.Tensor)) or not isinstance(prompts, Sequence) or not prompts:
         raise ValueError("a batch is a non-empty list of prompts, each a list of token ids (or a [1, L] tensor); "
                          f"got {type(prompts).__name__ if prompts is not None else None}"
                          f"{' of length 0' if isinstance(prompts, Sequence) and not prompts else ''}")
-    if compile is not False:
-        raise ValueError("compile=... runs one prompt at a time; a batch of prompts runs the eager step: pass "
-                         "compile=False, or call generate once per prompt to compile")
     if on_tokens is not None and not callable(on_tokens):
         raise ValueError(f"on_tokens must be callable (it gets each row's index and tokens), got "
                          f"{type(on_tokens).__name__}")
@@ -223,7 +223,23 @@ def generate_batch(
         stream = None if on_tokens is None else functools.partial(on_tokens, r)
         try:
             reqs.append(Request.checked(target, prompt, [d.for_row() for d in drafters], max_new_tokens, temperature,
-                                        top_k, top_p, eos_token_id, row_seed(seed, r), budget, stream, verifier, False))
+                                        top_k, top_p, eos_token_id, row_seed(seed, r), budget, stream, verifier,
+                                        compile, envelope))
         except ValueError as e:
             raise ValueError(f"prompt {r} of the batch: {e}") from None
-    return decode_batch(reqs, BatchEagerStep(reqs, [req.start() for req in reqs]))
+    return decode_batch(reqs, batch_step_for(reqs, [req.start() for req in reqs]))
+
+
+def batch_step_for(reqs: Sequence[Request], gens: Sequence[torch.Generator]) -> BatchEagerStep:
+    """The batch's step: eager; or, compiled, the captured step where its drafters allow (else the eager step,
+    named with why: the host-drafted compiled step verifies one prompt at a time)."""
+    if reqs[0].compile is False:
+        return BatchEagerStep(reqs, gens)
+    from .captured import BatchCapturedStep, capturable  # torch.compile machinery only when asked for
+
+    spec = capturable(reqs[0])
+    if isinstance(spec, str):
+        step = BatchEagerStep(reqs, gens)
+        step.name = f"eager, batched: compile=... captures one model drafter's static tree, not this one ({spec})"
+        return step
+    return BatchCapturedStep(reqs, gens, spec)

@@ -28,6 +28,10 @@ CUDA the levels are padded to one row count (width is nearly free; one level gra
 envelope covers a new tree serves it. ``treespec.generate(envelope=...)`` pads to a given envelope
 (a sweep passes the envelope of all its trees).
 
+A batch of prompts of one tree shape runs the same calls over ``B`` rows (:class:`BatchCapturedStep`; the
+single-prompt :class:`CapturedStep` is its batch of one; the compiled calls are ``treespec.core.captured_runner``'s):
+the forwards take every row at once, the acceptance and the commits are each row's own.
+
 No compiled output is read after another compiled call unless cloned first on CUDA (CUDA graphs
 may reuse a graph's output memory at its next replay). Random numbers are drawn up front by one
 seeded eager call per step. The step's only device->host copy is the packed :class:`Outcome`
@@ -38,25 +42,24 @@ ids and the cache.
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import numpy as np
 import torch
 
 from . import verifiers
-from .buffers import Envelope, TreeBuffers, tree_buffers
-from .checks import has_dynamic_int8, vocab_size
+from .buffers import Envelope
+from .captured_runner import CapturedRunner
+from .checks import has_dynamic_int8
 from .compiled import capacity_for
-from .compiling import compile_graph, compile_options
+from .compiling import compile_options
 from .constructions import Construction
 from .drafting import Capture, DraftProposals
-from .kv import StaticTreeCache
 from .padded import Noise
-from .prefill import ChunkedPrefill, prefill_for
 from .request import Request
-from .rule import greedy_path, path_rows, sampled_path, traversal_path
 from .runners import RunnerCache
-from .sampling import SamplingParams
 from .step import Clock
-from .step_state import Drafted, LevelTensors, Outcome, StepState, TreeTensors
+from .step_state import Outcome, StepState
 from .tree import TokenTree
 
 MODES = ("topk", "sample_without_replacement")
@@ -92,190 +95,22 @@ def construction(spec: Capture) -> Construction:
     return Construction(draws, 1, chain, merged=False, truncated=False)
 
 
-def _select(scores: torch.Tensor, width: int) -> torch.Tensor:
-    """The ``width`` best columns of each row of ``scores``, best first; -1 where the score is -inf."""
-    top = torch.topk(scores, min(width, scores.shape[-1]), dim=-1)
-    return torch.where(torch.isfinite(top.values), top.indices, -1)
-
-
-class _CapturedRunner:
-    """The compiled calls of a captured step in one envelope and the caches they share.
-
-    Every static tensor a compiled call reads it also mutates, or gets as an input: inductor's weight
-    freezing folds a static tensor that a graph only reads into a constant. The tree's buffers are inputs
-    too (never constants), which is what lets one graph serve many trees.
-    """
-
-    def __init__(self, target: torch.nn.Module, draft: torch.nn.Module, mode: str, envelope: Envelope,
-                 capacity: int, backend: str, mode_compile: str | None, track_confidence: bool = False) -> None:
-        self.target, self.draft, self.mode, self.envelope = target, draft, mode, envelope
-        # the confidence stop: the graphs compute each node's path probability (a fixed choice per runner);
-        # the threshold is read on the host only, so another threshold needs no other graph
-        self.track_confidence = track_confidence
-        self.cache = StaticTreeCache(target, capacity)
-        self.draft_cache = StaticTreeCache(draft, capacity)
-        self.prefills = [ChunkedPrefill(target, self.cache, backend, mode_compile),
-                         prefill_for(draft, self.draft_cache, backend, mode_compile)]
-        self.params = self.draft_params = SamplingParams()
-        self.verifier = "rrs"  # the request's rule for sampled steps (set like params; dynamo guards on both)
-        self.clone_between = mode_compile == "reduce-overhead"  # CUDA graphs may reuse an output at the next replay
-        device = self.cache.length.device
-        self.level_counts = [torch.tensor(d, device=device) for d in range(envelope.depth + 1)]
-        vocab = vocab_size(target)
-        # the levels a tree does not draft (shallower than the envelope, or cut by the confidence stop): no q
-        self.no_q = [] if mode == "topk" else [torch.zeros(envelope.kept_rows(d), vocab, device=device)
-                                               for d in range(envelope.depth)]
-        self._trees: dict[tuple[bytes, bytes], tuple] = {}  # tree_data, per shape
-        self.level_step = compile_graph(self._level, backend, mode_compile)
-        self.verify_step = compile_graph(self._verify, backend, mode_compile)
-
-    def tree_data(self, parent: np.ndarray, rank: np.ndarray) -> tuple[TreeBuffers, TreeTensors, list[LevelTensors],
-                                                                       list[torch.Tensor]]:
-        """A tree's buffers in this runner's envelope and their device tensors: the node arrays, each drafted
-        level's, and the nodes each level forwards (what the confidence stop reads); made once per shape."""
-        key = (parent.tobytes(), rank.tobytes())
-        if key not in self._trees:
-            buf = tree_buffers(parent, rank, self.envelope)
-            device = self.cache.length.device
-            levels = buf.levels[: buf.depth_of_shape]
-            self._trees[key] = (buf, TreeTensors.of(buf, device), [LevelTensors.of(lv, d, device) for d, lv in
-                                                                     enumerate(levels)],
-                                [torch.as_tensor(lv.forwarded, device=device) for lv in levels])
-        return self._trees[key]
-
-    def prefill(self, prompt: list[int]) -> StepState:
-        """Cache ``prompt[:-1]`` in both models; returns the state the first step starts from."""
-        for fill in self.prefills:
-            fill(prompt)
-        device, n = self.cache.length.device, self.envelope.nodes
-        first = torch.arange(n, device=device) == 0
-        tokens = torch.where(first, prompt[-1], 0)
-        length = torch.tensor(len(prompt) - 1, device=device)
-        return StepState(tokens, first, first.float(), tokens[:1] * 0, length, length.clone())
-
-    def draft_tree(self, state: StepState, tree: TreeTensors, levels: list[LevelTensors], forwarded: list[torch.Tensor],
-              noise: list[torch.Tensor], min_confidence: float | None) -> tuple[Drafted, list[torch.Tensor], int]:
-        """The tree, level by level: ``(the drafted tree, q of each level, levels drafted)``. Nothing runs between
-        the compiled calls but this loop (no eager operator), except where a confidence stop (CPU only) ends it:
-        the depths not drafted are missing nodes."""
-        keep = (lambda out: tuple(t.clone() for t in out)) if self.clone_between else (lambda out: out)
-        drafted, qs = Drafted(state.tokens, state.exists, state.conf), []
-        for d, level in enumerate(levels):
-            if d and min_confidence is not None and float(drafted.conf[forwarded[d]].max()) < min_confidence:
-                break
-            *out, q = keep(self.level_step(drafted, state, tree, level, noise[d], self.envelope.keep_from(d)))
-            drafted = Drafted(*out)
-            qs.append(q)
-        n = len(qs)
-        return drafted, (qs + self.no_q[n:] if self.mode != "topk" else []), n
-
-    def _level(self, drafted: Drafted, state: StepState, tree: TreeTensors, level: LevelTensors, noise: torch.Tensor,
-               keep_from: int) -> tuple[torch.Tensor, ...]:
-        """One draft forward over the level's rows, then the next depth's tokens from their parent rows' choices:
-        ``(tokens, exists, conf, q of the kept rows)``."""
-        ext = torch.cat([drafted.tokens, state.pending, state.pending * 0])  # the pending and padding ids
-        pending_used = state.draft_length < state.length
-        block = level.block & ((torch.arange(level.block.shape[1], device=ext.device) != 0) | pending_used)
-        rows = level.nodes.shape[0]
-        logits = self.draft_cache.forward(self.draft, ext[level.nodes], (state.length + level.slot_depth).clamp_min(0),
-                                          block, state.draft_length, state.draft_length + level.start,
-                                          logits_to_keep=rows - keep_from if keep_from else 0)
-        p = None
-        if self.mode == "topk":
-            choice, q = _select(logits, self.envelope.children), logits.new_zeros(0)
-        else:
-            p = q = self.draft_params.probs(logits)
-            choice = _select(p.log() - (-noise.log()).log(), self.envelope.children)  # Gumbel-top-k: w/o replacement
-        row = tree.row.clamp_max(choice.shape[0] - 1)  # nodes of other levels index in range (and are not used)
-        cand = choice[row, tree.rank.clamp_max(choice.shape[1] - 1)]
-        here = tree.chosen_at == level.index
-        exists = torch.where(here, (cand >= 0) & drafted.exists[tree.flat_parent], drafted.exists)
-        tokens = torch.where(here, cand.clamp_min(0), drafted.tokens)
-        conf = drafted.conf
-        if self.track_confidence:
-            p = self.draft_params.probs(logits) if p is None else p
-            conf = torch.where(here, torch.where(exists, conf[tree.flat_parent] * p[row, tokens], 0.0), conf)
-        return tokens, exists, conf, q
-
-    def _verify(self, drafted: Drafted, qs: list[torch.Tensor], levels_drafted: torch.Tensor, noise: Noise | None,
-                state: StepState, tree: TreeTensors) -> tuple[StepState, torch.Tensor]:
-        """Target forward, acceptance, both commits: ``(the next step's state, the packed Outcome)``."""
-        tokens, exists, length = drafted.tokens, drafted.exists, self.cache.length
-        logits = self.cache.forward(self.target, tokens, length + tree.depth, tree.ancestors)
-        if self.params.greedy:
-            on_path, extra = greedy_path(logits, tokens, tree.flat_parent, tree.ancestors, exists)
-        else:
-            on_path, extra = self._walk(self.params.probs(logits), drafted, qs, noise, tree)
-        rows, m = path_rows(on_path)
-        self.cache.commit(length + rows, m)
-        pending, draft_length = self._commit_draft(on_path, rows, m, tokens, levels_drafted, state, tree)
-        first = torch.arange(tokens.shape[0], device=tokens.device) == 0
-        nxt = StepState(torch.where(first, extra, 0), first, first.float(), pending, self.cache.length + 0, draft_length)
-        return nxt, torch.cat([rows, m[None], extra[None], tokens, exists.long()])
-
-    def _commit_draft(self, on_path: torch.Tensor, rows: torch.Tensor, m: torch.Tensor, tokens: torch.Tensor,
-                      levels_drafted: torch.Tensor, state: StepState, tree: TreeTensors) -> tuple[torch.Tensor, ...]:
-        """Keep the pending row (if it was used) and the rows of the accepted nodes the draft forwarded (those of
-        the levels drafted: a confidence stop leaves the deepest chosen ones unforwarded); returns the next
-        pending token (the deepest accepted node: a leaf the draft never saw when its cache is one row short)
-        and the draft's committed length."""
-        cache = self.draft_cache
-        pending_used = state.draft_length < state.length
-        kept_node = torch.cat([on_path, pending_used.view(1), on_path.new_zeros(1)])  # node ids, pending, padding
-        keep = kept_node[tree.slot_node] & (tree.slot_level < levels_drafted)
-        kept, kept_n = path_rows(keep)
-        cache.commit(cache.length + kept, kept_n)
-        pending = tokens.index_select(0, rows.index_select(0, (m - 1).clamp_min(0).view(1)))
-        return pending, cache.length + 0
-
-    def _without_older_siblings(self, q: torch.Tensor, tokens: torch.Tensor, earlier: torch.Tensor) -> torch.Tensor:
-        """Each proposal's ``q`` with its older siblings' tokens removed, renormalised (the distribution a draw
-        without replacement came from); ``earlier`` ``[P, K - 1]``, -1 padding."""
-        # scatter-add, not scatter: a padding entry (-1, read as the root) may share its token with a real older
-        # sibling, and a plain scatter's later write would then clear that sibling's mark
-        drop = torch.zeros_like(q).scatter_add_(1, tokens[earlier.clamp_min(0)], (earlier >= 0).to(q.dtype)) > 0
-        q = q.masked_fill(drop, 0.0)
-        return q / q.sum(-1, keepdim=True).clamp_min(torch.finfo(q.dtype).tiny)
-
-    def _walk(self, probs: torch.Tensor, drafted: Drafted, qs: list[torch.Tensor], noise: Noise,
-              tree: TreeTensors) -> tuple[torch.Tensor, torch.Tensor]:
-        """The request's rule over the tree (``rule.sampled_path``, or ``rule.traversal_path``: traversal, and
-        block on a chain); node ``v``'s proposal is entry ``v - 1``, and missing nodes are no proposals."""
-        tokens, exists = drafted.tokens, drafted.exists
-        n = tokens.shape[0]
-        props = exists[1:]
-        pparent = torch.where(props, tree.flat_parent[1:], -1)
-        pchild = torch.arange(1, n, device=tokens.device)
-        if self.mode == "topk":
-            q = torch.nn.functional.one_hot(tokens[1:], probs.shape[-1]).float()
-        else:
-            q = self._without_older_siblings(torch.cat(qs)[tree.q_row[1:]], tokens, tree.earlier_siblings[1:])
-        if self.verifier != "rrs":  # one uniform per leaf test of a non-root node
-            return traversal_path(probs, q, tokens[1:], pparent, pchild, tree.ancestors, tree.post_order,
-                                  noise.uniforms, noise.exponentials)
-        nxt = tree.next_sibling[1:]
-        plast = props & ~((nxt >= 0) & exists[nxt.clamp_min(0)])
-        has_props = torch.zeros(n, dtype=torch.long, device=tokens.device).index_add_(
-            0, tree.flat_parent[1:], props.long()) > 0
-        return sampled_path(probs, q, tokens[1:], pparent, pchild, plast, has_props, noise.uniforms, noise.exponentials)
-
-
 #: each holds two full KV caches
-RUNNERS: RunnerCache[_CapturedRunner] = RunnerCache(2)
+RUNNERS: RunnerCache[CapturedRunner] = RunnerCache(2)
 
 
 def runner_for(req: Request, spec: Capture, envelope: Envelope, capacity: int, backend: str, mode: str | None,
-               any_covering: bool) -> _CapturedRunner:
-    """The (cached) runner: reusing it reuses its compiled graphs and caches. ``any_covering``: a cached runner
-    of another envelope that covers ``envelope`` serves too (padded trees)."""
+               any_covering: bool, rows: int = 1) -> CapturedRunner:
+    """The (cached) runner for ``rows`` rows: reusing it reuses its compiled graphs and caches. ``any_covering``:
+    a cached runner of another envelope that covers ``envelope`` serves too (padded trees)."""
     track = spec.min_confidence is not None
-    base = (id(req.target), id(spec.model), spec.mode, capacity, backend, mode, track)
+    base = (id(req.target), id(spec.model), spec.mode, capacity, backend, mode, track, rows)
 
-    def fits(key: tuple, runner: _CapturedRunner) -> bool:
+    def fits(key: tuple, runner: CapturedRunner) -> bool:
         return any_covering and key[:-1] == base and runner.envelope.covers(envelope)
 
-    return RUNNERS.get((*base, envelope), lambda: _CapturedRunner(req.target, spec.model, spec.mode, envelope, capacity,
-                                                                  backend, mode, track), fits)
+    return RUNNERS.get((*base, envelope), lambda: CapturedRunner(req.target, spec.model, spec.mode, envelope, capacity,
+                                                                 backend, mode, track, rows), fits)
 
 
 def envelope_for(req: Request, spec: Capture) -> tuple[Envelope, bool]:
@@ -294,7 +129,8 @@ def envelope_for(req: Request, spec: Capture) -> tuple[Envelope, bool]:
 
 
 class CapturedStep:
-    """The engine's step (``treespec.core.step.Step``) with a static draft tree drafted on the device.
+    """The engine's step (``treespec.core.step.Step``) with a static draft tree drafted on the device: a
+    :class:`BatchCapturedStep` of one row.
 
     Cache capacity is bucketed (``compiled.CAPACITY_BUCKET``) from prompt + ``max_new_tokens`` + the
     envelope, so prompts of similar length reuse the compiled calls. The tree is never capped by the end
@@ -306,53 +142,92 @@ class CapturedStep:
     name = "captured"
 
     def __init__(self, req: Request, gen: torch.Generator, spec: Capture) -> None:
+        self.rows = BatchCapturedStep([req], [gen], spec)
+
+    def prefill(self, prompt: list[int], clock: Clock) -> None:
+        self.rows.prefill([prompt], clock)
+
+    def advance(self, committed: list[int], remaining: int, clock: Clock) -> tuple[TokenTree, list[int], int, bool]:
+        return self.rows.step({0: committed}, clock)[0]
+
+
+class BatchCapturedStep:
+    """The captured step over a batch of requests of one tree shape (``treespec.core.batch``'s step interface):
+    every row's levels in one draft forward each, every row's tree in one target forward, each row's own random
+    numbers and acceptance (``captured_runner``). A finished row stays in its slot and commits nothing (a
+    runner's graphs are made for its number of rows: shrinking the batch would compile new ones)."""
+
+    name = "captured, batched"
+
+    def __init__(self, reqs: Sequence[Request], gens: Sequence[torch.Generator], spec: Capture | None = None) -> None:
+        req = reqs[0]
+        spec = spec if spec is not None else capturable(req)
+        if isinstance(spec, str):
+            raise ValueError(f"compile=... for a batch runs the captured step, which this request cannot: {spec}")
         if not req.params.greedy:  # refuse a verifier not exact for the shape before any work, as the eager step does
             verifiers.check_exact(req.verifier, construction(spec))
-        self.req, self.gen, self.spec = req, gen, spec
-        self.width = spec.size
+        self.reqs, self.gens, self.spec = list(reqs), list(gens), spec
         backend, mode = compile_options(req.compile, req.device)
         envelope, any_covering = envelope_for(req, spec)
-        capacity = capacity_for(len(req.prompt), req.max_new_tokens + envelope.nodes + 2)
-        self.runner = runner_for(req, spec, envelope, capacity, backend, mode, any_covering)
+        longest = max(len(r.prompt) for r in reqs)
+        capacity = capacity_for(longest, max(r.max_new_tokens for r in reqs) + envelope.nodes + 2)
+        self.runner = runner_for(req, spec, envelope, capacity, backend, mode, any_covering, len(reqs))
         self.runner.params, self.runner.draft_params = req.params, req.params.for_draft()
         self.runner.verifier = req.verifier
         self.buf, self.tree, self.levels, self.forwarded = self.runner.tree_data(spec.parent, spec.rank)
         self.vocab = req.vocab
-        self.empty = torch.zeros(0, device=req.device)
+        self.empty = torch.zeros(len(reqs), 0, device=req.device)
+        self.active = torch.ones(len(reqs), dtype=torch.bool, device=req.device)
 
-    def prefill(self, prompt: list[int], clock: Clock) -> None:
-        self.state = self.runner.prefill(prompt)
+    def prefill(self, prompts: Sequence[list[int]], clock: Clock) -> None:
+        self.state = self.runner.prefill(prompts)
 
     def _noise(self) -> tuple[list[torch.Tensor], Noise | None]:
-        """A step's random numbers from one seeded draw: Gumbel uniforms per drafted level (its kept rows; none
-        for top-k), and the acceptance's (``padded.Noise``: one uniform per non-root node, its proposal's test
-        under ``rrs``, its leaf test under traversal; the correction's exponentials), None when greedy."""
-        runner, v, device = self.runner, self.vocab, self.req.device
+        """A step's random numbers, each row's from one seeded draw of its own generator: Gumbel uniforms per
+        drafted level (its kept rows; none for top-k), and the acceptance's (``padded.Noise``: one uniform per
+        non-root node, its proposal's test under ``rrs``, its leaf test under traversal; the correction's
+        exponentials), None when greedy. Stacked by row: ``[B, ...]``."""
+        runner, v, device = self.runner, self.vocab, self.reqs[0].device
         rows = [0 if runner.mode == "topk" else runner.envelope.kept_rows(d) for d in range(len(self.levels))]
-        accept = 0 if self.req.params.greedy else runner.envelope.nodes - 1 + v
+        accept = 0 if self.reqs[0].params.greedy else runner.envelope.nodes - 1 + v
         if not sum(rows) and not accept:
             return [self.empty] * len(rows), None
-        u = torch.rand(sum(rows) * v + accept, generator=self.gen, device=device).clamp_(torch.finfo(torch.float32).tiny)
-        gumbel = [g.view(-1, v) for g in u[: sum(rows) * v].split([r * v for r in rows])]
+        u = torch.stack([torch.rand(sum(rows) * v + accept, generator=g, device=device) for g in self.gens])
+        u.clamp_(torch.finfo(torch.float32).tiny)
+        b = u.shape[0]
+        gumbel = [g.view(b, -1, v) for g in u[:, : sum(rows) * v].split([r * v for r in rows], dim=1)]
         if not accept:
             return gumbel, None
-        rest = u[sum(rows) * v :]
+        rest = u[:, sum(rows) * v :]
         n = runner.envelope.nodes - 1
-        return gumbel, Noise(rest[:n], -rest[n:].log())
+        return gumbel, Noise(rest[:, :n], -rest[:, n:].log())
 
-    def advance(self, committed: list[int], remaining: int, clock: Clock) -> tuple[TokenTree, list[int], int, bool]:
+    def step(self, committed: dict[int, list[int]], clock: Clock) -> dict[int, tuple[TokenTree, list[int], int, bool]]:
+        """One step of every row; the outcomes of the rows in ``committed`` (row -> its tokens so far)."""
         runner = self.runner
         gumbel, noise = self._noise()
         clock.charge("overhead")
-        drafted, qs, n_levels = runner.draft_tree(self.state, self.tree, self.levels, self.forwarded, gumbel,
-                                             self.spec.min_confidence)
+        drafted, qs, levels = runner.draft_tree(self.state, self.tree, self.levels, self.forwarded, gumbel,
+                                                self.spec.min_confidence, self.active)
         clock.charge("drafting")
-        state, packed = runner.verify_step(drafted, qs, runner.level_counts[n_levels], noise, self.state, self.tree)
+        state, packed = runner.verify_step(drafted, qs, levels, noise, self.state, self.tree, self.active)
         self.state = StepState(*(t.clone() for t in state)) if runner.clone_between else state
-        out = Outcome.unpack(packed.tolist(), runner.envelope.nodes)  # the step's one device->host copy
+        outcomes = packed.tolist()  # the step's one device->host copy
         clock.charge("verifying")
-        tree, node_of = self._tree(committed[-1], out.tokens, out.exists)
-        return tree, [node_of[i] for i in out.path], out.extra, False
+        out = {}
+        for row, tokens in committed.items():
+            o = Outcome.unpack(outcomes[row], runner.envelope.nodes)
+            tree, node_of = self._tree(tokens[-1], o.tokens, o.exists)
+            out[row] = (tree, [node_of[i] for i in o.path], o.extra, False)
+        return out
+
+    def advance(self, runs: dict, clock: Clock) -> dict[int, tuple[TokenTree, list[int], int, bool]]:
+        """``batch.BatchEagerStep.advance``'s interface: one step of the rows in ``runs`` (row -> its Progress)."""
+        return self.step({row: run.committed for row, run in runs.items()}, clock)
+
+    def drop(self, rows: Sequence[int]) -> None:
+        """These rows finished: they commit nothing from now on."""
+        self.active[list(rows)] = False
 
     def _tree(self, root: int, tokens: list[int], exists: list[int]) -> tuple[TokenTree, dict[int, int]]:
         """The drafted tree as a host ``TokenTree`` (for statistics); ``node_of``: shape node -> tree node."""

@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 
 from .compiling import compile_graph, compile_options
-from .kv import StaticTreeCache
+from .static_cache import StaticTreeCache
 from .padded import Noise, PaddedTree, Proposals, accept, next_pow2
 from .prefill import ChunkedPrefill, padded_length
 from .request import Request

@@ -5,7 +5,7 @@ weight freezing (``freezing``: the graph's weights become constants, prepacked f
 matmuls; what HF's fastest CPU decoding uses, and what ``experiments/results/cpu-fastest-zen4`` measured
 the captured step with). Freezing folds every tensor a graph only
 reads into a constant, which is why the compiled steps pass what they do not mutate as inputs
-(``treespec.core.kv.StaticTreeCache``). A string names another backend, compiled without options.
+(``treespec.core.static_cache.StaticTreeCache``). A string names another backend, compiled without options.
 """
 
 from __future__ import annotations

@@ -103,8 +103,9 @@ def generate(
     Args:
         target: a HuggingFace causal LM (Llama, Qwen2/2.5/3, Mistral without a window).
         input_ids: one prompt, ``[1, L]`` tensor or a list of ints; or a batch, a list of such prompts (of
-            any lengths): ``treespec.core.batch.generate_batch`` decodes them at once (eager step; each row as it
-            would decode alone, ``on_tokens(row, tokens)``) and returns a ``BatchOutput``.
+            any lengths): ``treespec.core.batch.generate_batch`` decodes them at once (each row as it
+            would decode alone, ``on_tokens(row, tokens)``) and returns a ``BatchOutput``; ``compile`` runs the
+            batch's captured step where the drafters allow (every row's levels and tree in one forward each).
         drafters: proposal sources, merged into one token trie in this order.
         max_new_tokens: tokens to generate (fewer only when ``eos_token_id`` is emitted).
         temperature, top_k, top_p: the target distribution to sample from (HF conventions).
@@ -130,10 +131,8 @@ def generate(
             width on CUDA.
     """
     if checks.is_batch(input_ids):
-        if envelope is not None:
-            raise ValueError("envelope=... is the captured step's; a batch of prompts runs the eager step: leave it out")
         return generate_batch(target, input_ids, drafters, max_new_tokens, temperature, top_k, top_p, eos_token_id,
-                              seed, budget, on_tokens, verifier, compile)
+                              seed, budget, on_tokens, verifier, compile, envelope)
     req = Request.checked(target, input_ids, drafters, max_new_tokens, temperature, top_k, top_p, eos_token_id,
                           seed, budget, on_tokens, verifier, compile, envelope)
     return decode(req, step_for(req, req.start()))

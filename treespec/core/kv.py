@@ -6,9 +6,7 @@ of a few rows plus a new length. ``forward_masked`` runs an unmodified model ove
 an explicit 4D additive mask and explicit position ids (``docs/design.md``, "Tree attention on HuggingFace models").
 
 Both run the model through ``attention.tree_forward`` (grouped-query SDPA without copying the
-key/value heads). ``StaticTreeCache`` is the compiled step's cache (``treespec.core.compiled``): zero-filled
-``[1, H, C, D]`` buffers at fixed addresses and a committed length that is a device tensor, so a
-step has the same shapes every time and rollback is an index.
+key/value heads). The compiled steps' cache, of fixed shapes, is ``treespec.core.static_cache``.
 """
 
 from __future__ import annotations
@@ -16,7 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Sequence
 
 import torch
-from transformers.cache_utils import Cache, DynamicLayer, StaticLayer
+from transformers.cache_utils import Cache, DynamicLayer
 
 from .attention import cache_argument, tree_forward
 
@@ -257,114 +255,3 @@ def kv_shape(config) -> tuple[int, int, int]:
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     return config.num_hidden_layers, getattr(config, "num_key_value_heads", None) or heads, head_dim
-
-
-class StaticTreeLayer(StaticLayer):
-    """One layer's K/V buffers ``[1, H, C, D]``; new tokens are written at ``length + arange(n)``."""
-
-    def __init__(self, capacity: int, length: torch.Tensor) -> None:
-        super().__init__(max_cache_len=capacity)
-        self.cumulative_length = length  # shared by every layer of the cache (see StaticTreeCache)
-        self.write_start: torch.Tensor | None = None  # where a forward writes (None: at the committed length)
-
-    def allocate(self, heads: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
-        self.dtype, self.device = dtype, device
-        self.batch_size, self.num_heads, self.k_head_dim = self.v_head_dim = 1, heads, head_dim
-        self.keys = torch.zeros(1, heads, self.max_cache_len, head_dim, dtype=dtype, device=device)
-        self.values = torch.zeros_like(self.keys)
-        # fixed data pointers: compiled graphs (and CUDA graphs) may mutate them in place. guard=True: under
-        # inductor's weight freezing a static tensor becomes an attribute of the graph, so a graph compiled
-        # for one cache must not pass its guards with another cache (it would read and write the first one)
-        torch._dynamo.mark_static_address(self.keys, guard=True)
-        torch._dynamo.mark_static_address(self.values, guard=True)
-        self.is_initialized = True
-
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        raise RuntimeError("StaticTreeLayer is allocated by StaticTreeCache, never lazily")
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        start = self.cumulative_length if self.write_start is None else self.write_start
-        slots = start + torch.arange(key_states.shape[-2], device=self.device)
-        self.keys.index_copy_(2, slots, key_states)
-        self.values.index_copy_(2, slots, value_states)
-        return self.keys, self.values
-
-
-class StaticTreeCache(Cache):
-    """Preallocated tree-verification cache for ``model``; rows ``[0, length)`` are committed.
-
-    ``length`` is a 0-d device tensor. A forward over ``n`` tokens writes slots
-    ``[length, length + n)`` and leaves ``length`` alone; ``commit`` then keeps the accepted rows.
-    """
-
-    def __init__(self, model: torch.nn.Module, capacity: int) -> None:
-        n_layers, heads, head_dim = kv_shape(model.config)
-        param = next(model.parameters())
-        self.capacity = capacity
-        self.length = torch.zeros((), dtype=torch.long, device=param.device)
-        torch._dynamo.mark_static_address(self.length, guard=True)
-        layers = [StaticTreeLayer(capacity, self.length) for _ in range(n_layers)]
-        super().__init__(layers=layers)
-        for layer in layers:
-            layer.allocate(heads, head_dim, param.dtype, param.device)
-        # the forward's name for its cache, resolved here: a compiled forward reads this attribute, never
-        # attention's memo, whose length its graph would guard on (another model class's first forward would
-        # then compile every earlier graph again)
-        self.cache_argument = cache_argument(type(model))
-
-    def forward(self, model: torch.nn.Module, ids: torch.Tensor, positions: torch.Tensor, block: torch.Tensor,
-                committed: torch.Tensor | None = None, write_start: torch.Tensor | None = None,
-                logits_to_keep: int = 0) -> torch.Tensor:
-        """``model`` over ``ids`` written at slots ``[write_start, write_start + n)``, not committed.
-
-        Each token attends to the ``committed`` rows (default: ``length``) and, inside the block of rows
-        ``[committed, committed + S)``, to the columns ``block[i]`` (bool ``[n, S]``: its tree ancestors
-        and itself). ``write_start`` defaults to ``committed`` (a tree drafted level by level writes each
-        level further into its block). The mask is built on the device, so shapes never change. A
-        compiled graph that only reads ``length`` should pass it as ``committed`` (a graph input):
-        inductor's weight freezing folds static tensors a graph does not mutate into constants.
-        Returns logits ``[n, V]`` (the last ``logits_to_keep`` rows if given).
-        """
-        committed = self.length if committed is None else committed
-        n_block = block.shape[1]
-        rel = torch.arange(self.capacity, device=block.device) - committed
-        allowed = (rel < 0) | (block[:, rel.clamp(0, n_block - 1)] & (rel >= 0) & (rel < n_block))
-        zero = torch.zeros((), dtype=model.dtype, device=block.device)
-        mask = torch.where(allowed, zero, torch.finfo(model.dtype).min)[None, None]
-        for layer in self.layers:
-            layer.write_start = committed if write_start is None else write_start
-        out = tree_forward(model, input_ids=ids[None], attention_mask=mask, position_ids=positions[None],
-                           use_cache=True, logits_to_keep=logits_to_keep, **{self.cache_argument: self})
-        for layer in self.layers:
-            layer.write_start = None
-        return out.logits[0]
-
-    def prefill(self, model: torch.nn.Module, prompt: Sequence[int]) -> None:
-        """Empty the cache and commit ``prompt[:-1]`` (eager: prompts vary in length and run once)."""
-        self.reset()
-        if len(prompt) > 1:
-            n = len(prompt) - 1
-            device = self.length.device
-            causal = torch.ones(n, n, dtype=torch.bool, device=device).tril()
-            self.forward(model, torch.tensor(prompt[:-1], device=device), torch.arange(n, device=device), causal,
-                         logits_to_keep=1)
-            self.length.fill_(n)
-
-    def commit(self, src: torch.Tensor, m: torch.Tensor) -> None:
-        """Move rows ``src[:m]`` (absolute slots, increasing, ``>= length``) to ``[length, length + m)``.
-
-        ``src`` has a fixed size ``P``: the entries past ``m`` should be ``length + j`` (a no-op copy);
-        whatever they copy lands beyond the new length, in scratch slots. One index for all layers.
-        """
-        dst = self.length + torch.arange(src.shape[0], device=src.device)
-        for layer in self.layers:
-            layer.keys.index_copy_(2, dst, layer.keys.index_select(2, src))
-            layer.values.index_copy_(2, dst, layer.values.index_select(2, src))
-        self.length.add_(m)
-
-    def reset(self) -> None:
-        """Empty the cache (buffers zeroed, addresses kept)."""
-        self.length.zero_()
-        for layer in self.layers:
-            layer.keys.zero_()
-            layer.values.zero_()

@@ -31,7 +31,7 @@ from typing import Sequence
 import torch
 
 from .compiling import compile_graph
-from .kv import StaticTreeCache
+from .static_cache import StaticTreeCache
 
 #: tokens per fixed chunk under CUDA graphs (a longer chunk costs less per token but pads more of the
 #: prompt's last chunk)
@@ -69,34 +69,44 @@ class ChunkedPrefill:
         self.step = compile_graph(self._piece, backend, mode)
 
     def _piece(self, ids: torch.Tensor, m: torch.Tensor, no_logits: torch.Tensor) -> None:
-        """Write ``ids`` (the first ``m`` real) at ``[length, length + len(ids))``, commit ``m``."""
+        """Write ``ids`` (the first ``m`` real) at ``[length, length + n)``, commit ``m`` (per row of a batched
+        cache: ``ids`` ``[B, n]``, ``m`` ``[B]``)."""
         length = self.cache.length
-        n = ids.shape[0]
+        n = ids.shape[-1]
         offsets = torch.arange(n, device=ids.device)
         causal = torch.ones(n, n, dtype=torch.bool, device=ids.device).tril()
-        self.cache.forward(self.model, ids, length + offsets, causal, length, logits_to_keep=no_logits)
+        self.cache.forward(self.model, ids, length[..., None] + offsets, causal, length, logits_to_keep=no_logits)
         length.add_(m)
 
     def __call__(self, prompt: Sequence[int]) -> None:
         """Empty the cache and commit ``prompt[:-1]`` (eagerly when it is shorter than ``CHUNKED_MIN``)."""
-        n = len(prompt) - 1
+        self.rows([prompt])
+
+    def rows(self, prompts: Sequence[Sequence[int]]) -> None:
+        """:meth:`__call__` for each row of a batched cache (one prompt per row; one for an unbatched cache):
+        the rows right-padded to the longest, each committing its own tokens only."""
+        lengths = [len(p) - 1 for p in prompts]
+        n = max(lengths)
         if n < CHUNKED_MIN:
-            self.cache.prefill(self.model, prompt)
+            self.cache.prefill_rows(self.model, prompts)
             return
-        rows = padded_length(n, self.chunk) if self.fixed else n
-        if rows > self.cache.capacity:
+        if (padded_length(n, self.chunk) if self.fixed else n) > self.cache.capacity:
             raise ValueError(f"a prompt of {n + 1} tokens does not fit a cache of {self.cache.capacity} rows")
         self.cache.reset()
         device = self.cache.length.device
+        tokens = torch.tensor([list(p[:-1]) + [0] * (n - k) for p, k in zip(prompts, lengths)], dtype=torch.long)
         sizes = [min(self.chunk, n - s) for s in range(0, n, self.chunk)] if self.fixed else pieces(n, self.chunk)
         start = 0
         for size in sizes:
-            ids = torch.as_tensor(list(prompt[start : start + size]), dtype=torch.long)
+            ids = tokens[:, start : start + size].clone()
+            m = torch.tensor([min(max(k - start, 0), size) for k in lengths])
+            if self.cache.rows is None:
+                ids, m = ids[0], m[0]
             if self.fixed:  # the last chunk padded to the graph's one width
                 ids = torch.nn.functional.pad(ids, (0, self.chunk - size))
             else:  # one graph for every token count (never 1: pieces are near-equal, n >= CHUNKED_MIN)
-                torch._dynamo.mark_dynamic(ids, 0, min=2, max=self.chunk)
-            self.step(ids.to(device), torch.tensor(size, device=device), self.no_logits)
+                torch._dynamo.mark_dynamic(ids, ids.dim() - 1, min=2, max=self.chunk)
+            self.step(ids.to(device), m.to(device), self.no_logits)
             start += size
 
 
@@ -107,7 +117,10 @@ class EagerPrefill:
         self.model, self.cache = model, cache
 
     def __call__(self, prompt: Sequence[int]) -> None:
-        self.cache.prefill(self.model, prompt)
+        self.rows([prompt])
+
+    def rows(self, prompts: Sequence[Sequence[int]]) -> None:
+        self.cache.prefill_rows(self.model, prompts)
 
 
 def prefill_for(model: torch.nn.Module, cache: StaticTreeCache, backend: str,

@@ -214,9 +214,10 @@ def traversal_path(probs: torch.Tensor, q: torch.Tensor, ptok: torch.Tensor, ppa
 
 
 def path_rows(on_path: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Flat indices of the path nodes first (increasing), then ``j`` at position ``j``; and the path length."""
-    w = on_path.shape[0]
+    """Flat indices of the path nodes first (increasing), then ``j`` at position ``j``; and the path length
+    (over the last dimension: ``[W]``, or ``[B, W]`` for a batch of rows)."""
+    w = on_path.shape[-1]
     j = torch.arange(w, device=on_path.device)
-    m = on_path.sum()
-    first = torch.where(on_path, j, w + j).sort().values
-    return torch.where(j < m, first, j), m
+    m = on_path.sum(-1)
+    first = torch.where(on_path, j, w + j).sort(-1).values
+    return torch.where(j < m[..., None], first, j), m

@@ -12,7 +12,8 @@ import torch
 from ..common.device import execution_device, sync
 from ..core.checks import vocab_size
 from ..core.compiling import compile_options
-from ..core.kv import StaticTreeCache, TreeCache, causal_allowed, forward_masked
+from ..core.kv import TreeCache, causal_allowed, forward_masked
+from ..core.static_cache import StaticTreeCache
 from ..core.tree import layout
 
 DEFAULT_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)

@@ -48,7 +48,6 @@ import torch
 
 from ..core.batch import BatchOutput
 from ..core.buffers import Envelope
-from ..core.checks import is_batch
 from ..core.engine import generate
 from ..core.stats import GenerateOutput
 from .plan import DraftPlan, build_drafters, ngram_reserve, plan, plan_depth, shape_for
@@ -71,11 +70,9 @@ def run(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[DraftModel],
     ``drafts``: draft models (a :class:`CrossDraft` for another tokenizer; none for an n-gram-only
     or plain recipe). The other arguments are those of ``treespec.generate`` (``envelope``: the captured step's
     tree envelope, e.g. a sweep's ``Envelope.for_shapes`` of all its trees). A batch of prompts (a list of token
-    lists) runs the eager batched step (``treespec.core.batch``) whatever the recipe's compile mode.
+    lists) decodes at once (``treespec.core.batch``; compiled: its captured step, where the drafters allow).
     """
-    batch = is_batch(input_ids)
     return generate(target, input_ids, build_drafters(recipe, drafts, max_new_tokens=max_new_tokens),
                     max_new_tokens=max_new_tokens, temperature=recipe.temperature, top_k=recipe.top_k,
                     top_p=recipe.top_p, eos_token_id=eos_token_id, seed=seed, budget=recipe.budget,
-                    on_tokens=on_tokens, verifier=recipe.verifier, compile=False if batch else recipe.compile,
-                    envelope=None if batch else envelope)
+                    on_tokens=on_tokens, verifier=recipe.verifier, compile=recipe.compile, envelope=envelope)

@@ -139,7 +139,7 @@ def treespec_params(cfg: dict[str, Any], common: dict[str, Any], draft: str, dra
     # recorded in the point only when not the default, so the keys of earlier records stay valid
     if verifier != "rrs":
         params["verifier"] = verifier
-    if run_compile(cfg) and batch_size(common) == 1:  # a batch runs the eager batched step (treespec.core.batch)
+    if run_compile(cfg):  # a batch compiled runs the captured batched step (treespec.core.captured)
         params["compile"] = run_compile(cfg)
     if drafters in ("ngram", "both"):
         params["ngram"] = dict(cfg["ngram"])
