@@ -113,3 +113,18 @@ def test_compiled_static_forward_uses_it_without_a_graph_break(calls):
         ref = cache.forward(model, *args, cache.length + 0)
     torch.testing.assert_close(out, ref)
     assert calls and not counters["graph_break"] and model.config._attn_implementation == "sdpa"
+
+
+def test_an_eager_logits_to_keep_gathers_the_last_rows_and_keeps_the_logits():
+    """``tree_forward`` turns an eager ``logits_to_keep=k`` into the index of the last ``k`` rows (HF slices for an
+    int, and the LM head over that slice takes a slow CPU kernel): the same logits as the int gives."""
+    from treespec.core.attention import last_rows, tree_forward
+    from treespec.models.tiny import tiny_model
+
+    model = tiny_model("qwen2", vocab=32, hidden=32)
+    ids = torch.tensor([[3, 1, 4, 1, 5, 9]])
+    assert last_rows(ids, 2).tolist() == [4, 5] and last_rows(ids, 9).tolist() == list(range(6))
+    with torch.no_grad():
+        full = model(input_ids=ids).logits
+        kept = tree_forward(model, input_ids=ids, logits_to_keep=2).logits
+    assert kept.shape == (1, 2, 32) and torch.allclose(kept, full[:, -2:])

@@ -132,7 +132,8 @@ class Tuned:
         if int(rows) == 1:
             return self
         if self.compiled_step_seconds is not None:
-            raise ValueError("a batch runs the eager batched step: size its tree before costing compiled steps")
+            raise ValueError("a batch's tree is sized on eager costs (Profile.for_batch): size it before costing "
+                             "compiled steps (resolve(batch_size=B), then the compile choice)")
         prof = self.profile.for_batch(rows)
         return replace(self, choice=prof.choose(acceptance, max_depth=max_depth), profile=prof)
 

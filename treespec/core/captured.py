@@ -59,6 +59,7 @@ from .padded import Noise
 from .request import Request
 from .runners import RunnerCache
 from .step import Clock
+from .stats import Progress
 from .step_state import Outcome, StepState
 from .tree import TokenTree
 
@@ -142,13 +143,13 @@ class CapturedStep:
     name = "captured"
 
     def __init__(self, req: Request, gen: torch.Generator, spec: Capture) -> None:
-        self.rows = BatchCapturedStep([req], [gen], spec)
+        self.batch = BatchCapturedStep([req], [gen], spec)
 
     def prefill(self, prompt: list[int], clock: Clock) -> None:
-        self.rows.prefill([prompt], clock)
+        self.batch.prefill([prompt], clock)
 
     def advance(self, committed: list[int], remaining: int, clock: Clock) -> tuple[TokenTree, list[int], int, bool]:
-        return self.rows.step({0: committed}, clock)[0]
+        return self.batch.step({0: committed}, clock)[0]
 
 
 class BatchCapturedStep:
@@ -159,11 +160,10 @@ class BatchCapturedStep:
 
     name = "captured, batched"
 
-    def __init__(self, reqs: Sequence[Request], gens: Sequence[torch.Generator], spec: Capture | None = None) -> None:
+    def __init__(self, reqs: Sequence[Request], gens: Sequence[torch.Generator], spec: Capture) -> None:
+        """``spec``: the rows' drafter's :class:`Capture` (:func:`capturable` of the first row: every row has a copy
+        of the same drafter)."""
         req = reqs[0]
-        spec = spec if spec is not None else capturable(req)
-        if isinstance(spec, str):
-            raise ValueError(f"compile=... for a batch runs the captured step, which this request cannot: {spec}")
         if not req.params.greedy:  # refuse a verifier not exact for the shape before any work, as the eager step does
             verifiers.check_exact(req.verifier, construction(spec))
         self.reqs, self.gens, self.spec = list(reqs), list(gens), spec
@@ -221,7 +221,7 @@ class BatchCapturedStep:
             out[row] = (tree, [node_of[i] for i in o.path], o.extra, False)
         return out
 
-    def advance(self, runs: dict, clock: Clock) -> dict[int, tuple[TokenTree, list[int], int, bool]]:
+    def advance(self, runs: dict[int, Progress], clock: Clock) -> dict[int, tuple[TokenTree, list[int], int, bool]]:
         """``batch.BatchEagerStep.advance``'s interface: one step of the rows in ``runs`` (row -> its Progress)."""
         return self.step({row: run.committed for row, run in runs.items()}, clock)
 

@@ -127,7 +127,8 @@ class CapturedRunner:
         rows)``, each ``[B, ...]``."""
         ext = torch.cat([drafted.tokens, state.pending, state.pending * 0], dim=1)  # the pending and padding ids
         pending_used = state.draft_length < state.length
-        block = level.block & ((torch.arange(level.block.shape[1], device=ext.device) != 0) | pending_used[:, None, None])
+        not_pending = torch.arange(level.block.shape[1], device=ext.device) != 0
+        block = level.block & (not_pending | pending_used[:, None, None])  # [B, rows, S]: each row's pending slot
         rows = level.nodes.shape[0]
         logits = self.draft_cache.forward(self.draft, ext[:, level.nodes],
                                           (state.length[:, None] + level.slot_depth).clamp_min(0), block,

@@ -4,9 +4,9 @@ Every step has the same tensor shapes and is ONE compiled call (forward, accepta
 no compiled output ever feeds another compiled graph), so ``torch.compile`` (and CUDA graphs under
 ``mode="reduce-overhead"``) capture the target's verification forward once and replay it:
 
-* ``StaticTreeCache``: a ``transformers`` ``Cache`` whose layers own zero-filled ``[1, H, C, D]``
-  key/value buffers at fixed addresses, ``C`` bucketed from prompt + ``max_new_tokens`` + tree
-  width (a multiple of 1024, so prompts and a sweep reuse its graphs). The committed length is one device
+* ``StaticTreeCache`` (``treespec.core.static_cache``): a ``transformers`` ``Cache`` whose layers own
+  zero-filled ``[1, H, C, D]`` key/value buffers at fixed addresses, ``C`` bucketed from prompt +
+  ``max_new_tokens`` + tree width (a multiple of 1024, so prompts and a sweep reuse its graphs). The committed length is one device
   tensor shared by all layers. Step ``t`` writes its tree into slots ``[L, L + W)``; the commit
   gathers the accepted rows into ``[L, L + m)`` with one index tensor for all layers.
 * The tree is padded to a fixed width ``W`` (the budget): padding rows attend only to themselves
