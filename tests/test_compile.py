@@ -241,5 +241,6 @@ def test_a_compiled_forward_is_not_compiled_again_when_another_model_class_comes
     assert graphs_after_another_class(model) == 0
     # negative control: the forward translates ``past_key_values`` through the memo inside the graph
     name = attention.cache_argument(type(model))
-    monkeypatch.setattr(static_cache, "tree_forward", lambda m, **kw: attention.tree_forward(m, past_key_values=kw.pop(name), **kw))
+    monkeypatch.setattr(static_cache, "tree_forward",
+                        lambda m, **kw: attention.tree_forward(m, past_key_values=kw.pop(name), **kw))
     assert graphs_after_another_class(model) == 1

@@ -128,8 +128,8 @@ def _compare(args: argparse.Namespace, recipe: Recipe, target, ids: list[int], e
 def cmd_generate(args: argparse.Namespace) -> int:
     prompts = read_prompts(args)
     if args.batch_size > 1 and args.compare:
-        raise ValueError(f"--compare runs HF generate on one prompt at a time, beside a run of one prompt: drop it with "
-                         f"--batch-size {args.batch_size} (or use --batch-size 1)")
+        raise ValueError(f"--compare runs HF generate on one prompt at a time, beside a run of one prompt: drop "
+                         f"it with --batch-size {args.batch_size} (or use --batch-size 1)")
     want_draft = not (args.ngram and not args.draft)
     recipe = recipe_from_args(args, with_model=want_draft)  # validates before the models load
     target, tok, drafts = load_models(args, want_draft)

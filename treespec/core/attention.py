@@ -101,8 +101,9 @@ def tree_forward(model: torch.nn.Module, **inputs: Any) -> Any:
 def last_rows(input_ids: torch.Tensor, k: int) -> torch.Tensor:
     """The index of the last ``k`` of ``input_ids``' rows, for ``logits_to_keep``. An int makes HF slice the hidden
     states, and the LM head over that slice (a view at an offset into the prompt's hidden states) takes a slow
-    kernel on this project's CPU: 1.4-1.8 s for one row of the 1.5B target in bfloat16 against 31 ms over a
-    tensor of its own, a 126-token prompt's eager forward 2.38 s against 1.09 s (``experiments/bench_lm_head_slice.py``).
+    kernel on this project's CPU: 1.4-1.5 s for one row of the 1.5B target in bfloat16 against 28 ms over a
+    tensor of its own; a 126-token prompt's eager forward 2.38 s against 1.09 s
+    (``experiments/bench_lm_head_slice.py``).
     An index gathers the rows into a tensor of their own."""
     n = input_ids.shape[-1]
     return torch.arange(max(n - k, 0), n, device=input_ids.device)

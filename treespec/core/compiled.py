@@ -6,8 +6,8 @@ no compiled output ever feeds another compiled graph), so ``torch.compile`` (and
 
 * ``StaticTreeCache`` (``treespec.core.static_cache``): a ``transformers`` ``Cache`` whose layers own
   zero-filled ``[1, H, C, D]`` key/value buffers at fixed addresses, ``C`` bucketed from prompt +
-  ``max_new_tokens`` + tree width (a multiple of 1024, so prompts and a sweep reuse its graphs). The committed length is one device
-  tensor shared by all layers. Step ``t`` writes its tree into slots ``[L, L + W)``; the commit
+  ``max_new_tokens`` + tree width (a multiple of 1024, so prompts and a sweep reuse its graphs). The committed
+  length is one device tensor shared by all layers. Step ``t`` writes its tree into slots ``[L, L + W)``; the commit
   gathers the accepted rows into ``[L, L + m)`` with one index tensor for all layers.
 * The tree is padded to a fixed width ``W`` (the budget): padding rows attend only to themselves
   and write their own scratch slot of the block. The 4D additive mask ``[1, 1, W, C]`` is built on
