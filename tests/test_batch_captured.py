@@ -7,7 +7,7 @@ import pytest
 
 import treespec
 from test_batch import PROMPTS, TREE
-from test_captured import BACKEND, PADDED
+from test_captured import BACKEND, JOINT_BACKEND, PADDED
 from treespec.core import captured
 from treespec.core.batch import row_seed
 from treespec.models.tiny import greedy_reference
@@ -22,19 +22,20 @@ def drafter(draft, mode="topk", **kwargs):
     return [treespec.ModelDrafter(draft, TREE, mode, **kwargs)]
 
 
-@pytest.mark.parametrize("stop", [None, 0.5], ids=["full-tree", "confidence-stop"])
-def test_captured_greedy_rows_equal_each_prompt_alone(stop):
+@pytest.mark.parametrize("stop,backend", [(None, BACKEND), (0.5, JOINT_BACKEND)], ids=["full-tree", "confidence-stop"])
+def test_captured_greedy_rows_equal_each_prompt_alone(stop, backend):
     """Batch 1-4 of prompts of different lengths (one of a single token); with the confidence stop each row's
-    drafting ends at its own depth (rows of one batch stop at different levels)."""
+    drafting ends at its own depth (rows of one batch stop at different levels). The full tree runs AOT's graphs
+    (functionalised), the confidence stop dynamo's (the per-row stop is host logic between the same calls)."""
     target, draft = tiny_pair("llama")
     for size in (1, 2, 4):
         prompts = PROMPTS[:size]
         out = treespec.generate(target, prompts, drafter(draft, min_confidence=stop), max_new_tokens=20,
-                                compile=BACKEND, envelope=PADDED)
+                                compile=backend, envelope=PADDED)
         assert out.stats.step == "captured, batched"
         for prompt, row in zip(prompts, out.rows):
             alone = treespec.generate(target, prompt, drafter(draft, min_confidence=stop), max_new_tokens=20,
-                                      compile=BACKEND, envelope=PADDED)
+                                      compile=backend, envelope=PADDED)
             assert alone.stats.step == "captured"
             assert row.new_tokens == alone.new_tokens == greedy_reference(target, prompt, 20)
             assert row.stats.step_tokens == alone.stats.step_tokens  # the same trees, step for step
@@ -65,9 +66,10 @@ def test_captured_rows_finish_at_different_steps_and_commit_nothing_after():
                                                         ("traversal", "topk", 0.7)])
 def test_captured_sampled_rows_equal_each_prompt_alone_with_the_rows_seed(verifier, mode, temperature):
     """Each row draws its own random numbers (its generator, seeded ``row_seed``) in the order the single-prompt
-    step draws them, so a row's output does not depend on its batch mates; another seed changes it (the control)."""
+    step draws them, so a row's output does not depend on its batch mates; another seed changes it (the control).
+    Dynamo's graphs without AOT (as the joint-distribution tests run): the rows' draws are what is checked."""
     target, draft = tiny_pair("qwen2")
-    kw = dict(max_new_tokens=16, temperature=temperature, verifier=verifier, compile=BACKEND, envelope=PADDED)
+    kw = dict(max_new_tokens=16, temperature=temperature, verifier=verifier, compile=JOINT_BACKEND, envelope=PADDED)
     outs = {}
     for seed in (0, 7):
         out = outs[seed] = treespec.generate(target, PROMPTS[:3], drafter(draft, mode), seed=seed, **kw)
