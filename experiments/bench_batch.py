@@ -71,13 +71,10 @@ def methods_for(target: torch.nn.Module, draft: torch.nn.Module, recipe: Recipe,
         out = run(recipe, target, [draft], batch, max_new_tokens=n)
         return [row.new_tokens for row in out.rows], time.perf_counter() - t
 
-    def treespec(batch: Batch, n: int) -> tuple[Batch, float]:
-        return treespec_run(recipe, batch, n)
-
     methods: Methods = {"hf": hf, "hf-static-compiled": hf_compiled}
     if batch_size == 1:
         methods["hf-assisted"] = assisted
-    methods["treespec"] = treespec
+    methods["treespec"] = lambda batch, n: treespec_run(recipe, batch, n)
     if compiled:
         methods["treespec-compiled"] = lambda batch, n: treespec_run(replace(recipe, compile=True), batch, n)
     return methods

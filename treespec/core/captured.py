@@ -192,7 +192,9 @@ class BatchCapturedStep:
         accept = 0 if self.reqs[0].params.greedy else runner.envelope.nodes - 1 + v
         if not sum(rows) and not accept:
             return [self.empty] * len(rows), None
-        u = torch.stack([torch.rand(sum(rows) * v + accept, generator=g, device=device) for g in self.gens])
+        u = torch.empty(len(self.gens), sum(rows) * v + accept, device=device)
+        for row, g in zip(u, self.gens):  # each row's draw in its own generator's order, in place (no copy)
+            torch.rand(row.shape, generator=g, device=device, out=row)
         u.clamp_(torch.finfo(torch.float32).tiny)
         b = u.shape[0]
         gumbel = [g.view(b, -1, v) for g in u[:, : sum(rows) * v].split([r * v for r in rows], dim=1)]

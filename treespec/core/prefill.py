@@ -33,7 +33,7 @@ from typing import Sequence
 import torch
 
 from .compiling import compile_graph
-from .static_cache import StaticTreeCache
+from .static_cache import StaticTreeCache, cached_parts
 
 #: tokens per fixed chunk under CUDA graphs (a longer chunk costs less per token but pads more of the
 #: prompt's last chunk)
@@ -87,8 +87,8 @@ class ChunkedPrefill:
     def rows(self, prompts: Sequence[Sequence[int]]) -> None:
         """:meth:`__call__` for each row of a batched cache (one prompt per row; one for an unbatched cache):
         the rows right-padded to the longest, each committing its own tokens only."""
-        lengths = [len(p) - 1 for p in prompts]
-        n = max(lengths)
+        tokens, lengths = cached_parts(prompts)
+        n = tokens.shape[1]
         if n < CHUNKED_MIN:
             self.cache.prefill_rows(self.model, prompts)
             return
@@ -96,7 +96,6 @@ class ChunkedPrefill:
             raise ValueError(f"a prompt of {n + 1} tokens does not fit a cache of {self.cache.capacity} rows")
         self.cache.reset()
         device = self.cache.length.device
-        tokens = torch.tensor([list(p[:-1]) + [0] * (n - k) for p, k in zip(prompts, lengths)], dtype=torch.long)
         sizes = [min(self.chunk, n - s) for s in range(0, n, self.chunk)] if self.fixed else pieces(n, self.chunk)
         start = 0
         for size in sizes:
@@ -113,13 +112,10 @@ class ChunkedPrefill:
 
 
 class EagerPrefill:
-    """Fills ``cache`` with a prompt in one eager forward (``StaticTreeCache.prefill``)."""
+    """Fills ``cache`` with each row's prompt in one eager forward (``StaticTreeCache.prefill_rows``)."""
 
     def __init__(self, model: torch.nn.Module, cache: StaticTreeCache) -> None:
         self.model, self.cache = model, cache
-
-    def __call__(self, prompt: Sequence[int]) -> None:
-        self.rows([prompt])
 
     def rows(self, prompts: Sequence[Sequence[int]]) -> None:
         self.cache.prefill_rows(self.model, prompts)

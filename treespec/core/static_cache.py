@@ -46,6 +46,14 @@ class StaticTreeLayer(StaticLayer):
         return self.keys, self.values
 
 
+def cached_parts(prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, list[int]]:
+    """What a prefill caches of each prompt (all but its last token), right-padded with 0 to the longest
+    (``[B, n]``), and each row's own token count."""
+    lengths = [len(p) - 1 for p in prompts]
+    n = max(lengths)
+    return torch.tensor([list(p[:-1]) + [0] * (n - k) for p, k in zip(prompts, lengths)], dtype=torch.long), lengths
+
+
 def write_rows(buffer: torch.Tensor, slots: torch.Tensor, states: torch.Tensor) -> None:
     """``buffer[:, :, slots] = states`` (``[B, H, n, D]``): the same slots for the one row (``slots`` ``[n]``), or
     each row's own (``[B, n]``; a batch of one takes the one row's index copy)."""
@@ -134,10 +142,10 @@ class StaticTreeCache(Cache):
         forward: a padding token lands past its row's length, where nothing reads it)."""
         self.reset()
         device = self.length.device
-        lengths = [len(p) - 1 for p in prompts]
-        n = max(lengths)
+        tokens, lengths = cached_parts(prompts)
+        n = tokens.shape[1]
         if n > 0:
-            ids = torch.tensor([list(p[:-1]) + [0] * (n - k) for p, k in zip(prompts, lengths)], device=device)
+            ids = tokens.to(device)
             causal = torch.ones(n, n, dtype=torch.bool, device=device).tril()
             positions = torch.arange(n, device=device).expand(len(prompts), n)
             if self.rows is None:
