@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import statistics
 import sys
@@ -78,7 +79,7 @@ TINY = {
 TINY_COMMON = dict(COMMON, vocab_size=512, max_position_embeddings=2048, tie_word_embeddings=False)
 CHAIN = [(0,) * k for k in range(1, 5)]  # a rank-0 chain of depth 4 ...
 CHECK_SHAPE = CHAIN + [(1,)]  # ... and a branch: draft = target accepts the whole chain every step
-PHASES = ("first", "costs", "hf", "treespec", "validate", "predict", "sweep", "levels")
+PHASES = ("first", "costs", "hf", "treespec", "validate", "predict", "levels", "sweep")
 
 
 def build(kind: str, tiny: bool, dtype: torch.dtype, device: torch.device, seed: int,
@@ -434,7 +435,22 @@ def kernel_table(call: Callable[[], Any], device: torch.device, top: int = 15) -
             "device_us_per_step": sum(r["us_per_step"] for r in rows) if cuda else None, "top": rows[:top]}
 
 
-def phase_sweep(b: Bench) -> dict[str, Any]:
+def sweep_lever(name: str, done: dict[str, Any]) -> tuple[str, Lever]:
+    """``--sweep-lever``: a lever of ``LEVERS`` by name, ``baseline``, or ``best`` (the lowest level seconds of
+    phase levels' saved results, ``done``)."""
+    if name == "baseline":
+        return "baseline", LEVERS["baseline"]
+    if name == "best":
+        timed = {k: v for k, v in ((done.get("levels") or {}).get("levers") or {}).items() if "level_ms" in v}
+        if not timed:
+            raise SystemExit("--sweep-lever best needs phase levels' timed levers in --out: run --phase levels first")
+        name = min(timed, key=lambda k: timed[k]["level_ms"])
+    if name not in LEVERS:
+        raise SystemExit(f"--sweep-lever {name!r} is not one of LEVERS, 'baseline' or 'best'")
+    return name, LEVERS[name]
+
+
+def phase_sweep(b: Bench, done: dict[str, Any]) -> dict[str, Any]:
     """Tree shapes x budgets on ONE set of compiled graphs (a padded envelope), then a tree sized by this device's
     costs, measured from those very steps (no graph of its own to compile: the phase fits one command on a cold
     machine).
@@ -450,7 +466,16 @@ def phase_sweep(b: Bench) -> dict[str, Any]:
        run in the same envelope when it fits.
     4. Predicted (NOT measured: random weights): each shape's tau from the shipped acceptance's replay, hence
        real-pair tok/s and the speedup over HF static+compile (phase hf, same machine). The kernel table of the
-       device-sized tree's step (``torch.profiler``)."""
+       device-sized tree's step (``torch.profiler``).
+
+    Every shape runs with ``--sweep-lever`` (:func:`sweep_lever`; ``done``: the phases saved so far)."""
+    name, setting = sweep_lever(b.args.sweep_lever, done)
+    with lever(setting):
+        return {"lever": name, "lever_setting": dataclasses.asdict(setting), **_sweep(b)}
+
+
+def _sweep(b: Bench) -> dict[str, Any]:
+    """:func:`phase_sweep`'s shapes, costs and device-sized tree, under whatever lever is in effect."""
     a, target, draft = b.args, b.model("target"), b.model("draft")
     acc = MeasuredAcceptance.load(ROOT / "treespec" / "data" / "acceptance-qwen2.5-coder-t0.json")
     out: dict[str, Any] = {}
@@ -509,58 +534,87 @@ def step_costs(runs: dict[str, dict[str, Any]]) -> dict[str, float]:
             "engine": statistics.median(r["per_step_seconds"]["overhead"] for r in per)}
 
 
-#: the draft level's levers (phase levels): name -> (cache rows bucket, torch.compile mode, inductor freezing)
+@dataclasses.dataclass(frozen=True)
+class Lever:
+    """One configuration of the captured step that phase levels times (each its own runner and compile)."""
+
+    what: str
+    bucket: int = 1024  # the caches' row bucket: attention reads the whole capacity, prompt + tokens rounded up
+    mode: str | None = None  # torch.compile mode (None: compiling.compile_options' own)
+    freezing: bool = False  # inductor's weight freezing (on CUDA it also concatenates linears sharing an input)
+    cudnn: bool = True  # let SDPA take cuDNN's attention (False: the memory-efficient kernel)
+
+
+#: the draft level's levers (phase levels), in the order they run: the baseline, all three together, then alone
 LEVERS = {
-    "baseline: caches in buckets of 1024 rows": (1024, None, False),
-    "attention over the used length: buckets of 256 rows": (256, None, False),
-    "inductor freezing (weights as constants)": (1024, None, True),
-    "max-autotune (GEMM autotuning)": (1024, "max-autotune", False),
+    "baseline": Lever("caches in buckets of 1024 rows, inductor + CUDA graphs"),
+    "bucket-256+freezing+sdpa-efficient": Lever("the next three together", bucket=256, freezing=True, cudnn=False),
+    "freezing": Lever("inductor weight freezing: weights as constants; on CUDA q/k/v and gate/up become one product "
+                      "each", freezing=True),
+    "bucket-256": Lever("attention over the used length: caches in buckets of 256 rows", bucket=256),
+    "sdpa-efficient": Lever("SDPA's memory-efficient kernel instead of cuDNN's", cudnn=False),
+    "bucket-256+freezing": Lever("buckets of 256 rows and freezing", bucket=256, freezing=True),
+    "max-autotune": Lever("torch.compile mode max-autotune (GEMM autotuning)", mode="max-autotune"),
 }
 
 
 @contextlib.contextmanager
-def lever(bucket: int, mode: str | None, freezing: bool):
-    """The captured step with one lever: its caches' row bucket (attention reads the whole capacity), its compile
-    mode, inductor's weight freezing; a fresh runner (its own compile)."""
+def lever(setting: Lever):
+    """The captured step with one lever (see :class:`Lever`); a fresh runner (its own compile)."""
     from treespec.core import captured
 
-    saved = compiled.CAPACITY_BUCKET, captured.compile_options
-    compiled.CAPACITY_BUCKET = bucket
-    if mode is not None:
-        captured.compile_options = lambda c, device: (saved[1](c, device)[0], mode)
+    saved = compiled.CAPACITY_BUCKET, captured.compile_options, torch.backends.cuda.cudnn_sdp_enabled()
+    compiled.CAPACITY_BUCKET = setting.bucket
+    if setting.mode is not None:
+        captured.compile_options = lambda c, device: (saved[1](c, device)[0], setting.mode)
+    torch.backends.cuda.enable_cudnn_sdp(setting.cudnn and saved[2])
     captured.RUNNERS.clear()
     try:
-        with torch._inductor.config.patch(freezing=freezing):
+        with torch._inductor.config.patch(freezing=setting.freezing):
             yield
     finally:
-        compiled.CAPACITY_BUCKET, captured.compile_options = saved
+        compiled.CAPACITY_BUCKET, captured.compile_options = saved[:2]
+        torch.backends.cuda.enable_cudnn_sdp(saved[2])
         captured.RUNNERS.clear()
 
 
 def phase_levels(b: Bench) -> dict[str, Any]:
-    """What each lever of ``LEVERS`` does to a draft level, timed inside the captured step (the level's own
-    graph, as a step replays it): a 4-level chain's drafting seconds per step over its 4 levels, its
-    verification, and its kernels per step (``torch.profiler``), one compile per lever. Saved after every lever
-    (max-autotune, a CUDA lever, compiles longest: last)."""
+    """What each lever of ``LEVERS`` (or ``--levers``) does to a draft level, timed inside the captured step
+    (the level's own graph, as a step replays it): a 4-level chain's drafting seconds per step over its 4
+    levels, its verification, and its kernels per step (``torch.profiler``), one compile per lever. Saved after
+    every lever; levers not started within ``--levels-seconds`` of the phase's start are skipped (and named)."""
     shape = for_budget("chain", 5)
-    out: dict[str, Any] = {"shape": "chain of 4", "context": b.args.prompt_len, "levers": {}}
-    for name, (bucket, mode, freezing) in LEVERS.items():
-        if (b.tiny or b.device.type != "cuda") and mode == "max-autotune":
-            continue  # a CUDA lever (on a CPU it times C++ templates for many minutes)
-        if freezing and b.backend != "inductor":
+    out: dict[str, Any] = {"shape": "chain of 4", "context": b.args.prompt_len, "levers": {}, "skipped": []}
+    start = time.perf_counter()
+    for name in b.args.levers or LEVERS:
+        setting = LEVERS[name]
+        if (b.tiny or b.device.type != "cuda") and (setting.mode == "max-autotune" or not setting.cudnn):
+            continue  # CUDA levers (on a CPU max-autotune times C++ templates for many minutes)
+        if setting.freezing and b.backend != "inductor":
             continue  # an inductor lever (the smoke compiles with dynamo's eager backend)
         if b.tiny and out["levers"]:
             break  # the smoke checks the phase's path: one lever (each compiles its own runner)
-        with lever(bucket, mode, freezing):
-            run = treespec_run(b, b.model("target"), b.model("draft"), shape, b.compile, budget=shape.size)
-            table = kernel_table(lambda: treespec.generate(b.model("target"), b.prompts[0],
-                                                           [treespec.ModelDrafter(b.model("draft"), shape)],
-                                                           max_new_tokens=b.args.new_tokens, compile=b.compile),
-                                 b.device)
+        if b.args.levels_seconds and time.perf_counter() - start > b.args.levels_seconds:
+            out["skipped"].append(name)
+            continue
+        try:
+            with lever(setting):
+                run = treespec_run(b, b.model("target"), b.model("draft"), shape, b.compile, budget=shape.size)
+                table = kernel_table(lambda: treespec.generate(b.model("target"), b.prompts[0],
+                                                               [treespec.ModelDrafter(b.model("draft"), shape)],
+                                                               max_new_tokens=b.args.new_tokens, compile=b.compile),
+                                     b.device)
+        except Exception as e:  # a lever that does not compile or run is a finding: record it, go on to the next
+            out["levers"][name] = {"error": f"{type(e).__name__}: {str(e)[:500]}", **dataclasses.asdict(setting)}
+            print(f"  {name}: failed: {out['levers'][name]['error']}", flush=True)
+            b.checkpoint("levels", out)
+            continue
         sec = run["per_step_seconds"]
         out["levers"][name] = {"level_ms": sec["drafting"] / shape.depth * 1e3, "verify_ms": sec["verifying"] * 1e3,
                                "step_ms": run["step_seconds"] * 1e3, "first_call_seconds": run["first_call_seconds"],
-                               "kernels_per_step": table["kernels_per_step"], "top": table["top"]}
+                               "kernels_per_step": table["kernels_per_step"],
+                               "device_us_per_step": table["device_us_per_step"], "top": table["top"],
+                               **dataclasses.asdict(setting)}
         print(f"  {name}: {out['levers'][name]['level_ms']:.3f} ms per level", flush=True)
         b.checkpoint("levels", out)
     return out
@@ -642,22 +696,34 @@ def report(r: dict[str, Any]) -> str:
                              f"{p['tok_s'] / hf_c:.2f}x |")
         lines += ["", "Predicted tok/s = G(n, d) / (t(n) + draft levels), from this machine's measured costs; the "
                   "engine's own time is not in the prediction (see the measured engine share).", ""]
-    if ph.get("sweep"):
-        lines += sweep_report(ph["sweep"], ph.get("hf", {}).get("hf_generate_static_compiled", {}).get("tok_s"))
     if ph.get("levels"):
         lv = ph["levels"]
         lines += [f"## Draft level levers (inside the captured step: a {lv.get('shape', '?')}, {lv['context']} "
-                  "cached tokens)", "", "| lever | ms per level (measured) | verification ms | step ms | first call s |",
-                  "|---|---|---|---|---|"]
-        lines += [f"| {k} | {v['level_ms']:.3f} | {v['verify_ms']:.3f} | {v['step_ms']:.3f} | "
+                  "cached tokens)", "", "| lever | ms per level (measured) | verification ms | step ms | kernels per step "
+                  "| device us per step | first call s |", "|---|---|---|---|---|---|---|"]
+        lines += [f"| {k}: {v.get('what', '')} | {v['level_ms']:.3f} | {v['verify_ms']:.3f} | {v['step_ms']:.3f} | "
+                  f"{_num(v.get('kernels_per_step'))} | {_num(v.get('device_us_per_step'))} | "
                   f"{v['first_call_seconds']:.0f} |" for k, v in lv["levers"].items() if "level_ms" in v]
+        failed = {k: v["error"] for k, v in lv["levers"].items() if "error" in v}
+        if failed:
+            lines += ["", "Failed: " + "; ".join(f"{k}: `{e}`" for k, e in failed.items()) + "."]
+        if lv.get("skipped"):
+            lines += ["", "Not run (the phase's time was spent): " + "; ".join(lv["skipped"]) + "."]
         lines.append("")
+    if ph.get("sweep"):
+        lines += sweep_report(ph["sweep"], ph.get("hf", {}).get("hf_generate_static_compiled", {}).get("tok_s"))
     return "\n".join(lines)
+
+
+def _num(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0f}"
 
 
 def sweep_report(sw: dict[str, Any], hf_c: float | None) -> list[str]:
     """The sweep phase's section of README.md."""
     lines = ["## Sweep: tree shapes x budgets on one set of compiled graphs", ""]
+    if "lever" in sw:
+        lines += [f"Every shape ran with the lever `{sw['lever']}` ({sw['lever_setting']}).", ""]
     if "step_costs" in sw:
         c = sw["step_costs"]
         lines += [f"Costs read off the swept steps (medians over the shapes): a draft level {c['level'] * 1e3:.2f} ms, "
@@ -722,6 +788,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                          "smoke: 8)")
     ap.add_argument("--max-depth", type=int, default=8, help="depth limit of those trees (the CLI's default)")
     ap.add_argument("--level-rows", type=int, default=4, help="rows of phase levels' draft level")
+    ap.add_argument("--levers", nargs="+", default=None, choices=list(LEVERS), metavar="LEVER",
+                    help="phase levels: these levers of LEVERS, in this order (default: all)")
+    ap.add_argument("--levels-seconds", type=float, default=None,
+                    help="phase levels: start no lever after this many seconds of the phase (the rest are named "
+                         "as skipped)")
+    ap.add_argument("--sweep-lever", default="baseline", metavar="LEVER",
+                    help="phase sweep: run every shape with this lever of LEVERS (or 'baseline', or 'best': the "
+                         "fastest level of phase levels' saved results)")
     ap.add_argument("--sweep-costs", choices=("steps", "dynamic"), default="steps",
                     help="phase sweep: the device's costs from the swept steps alone (default), or also the compiled "
                          "forwards timed alone (dynamic token counts: minutes of compiles on a GPU)")
@@ -750,7 +824,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     results = {"setup": b.setup(), "phases": results.get("phases", {})}
     phases = {"first": phase_first, "costs": phase_costs, "hf": phase_hf, "treespec": phase_treespec,
               "validate": phase_validate, "predict": lambda bench: phase_predict(bench, results["phases"]),
-              "sweep": phase_sweep, "levels": phase_levels}
+              "sweep": lambda bench: phase_sweep(bench, results["phases"]), "levels": phase_levels}
     for name in [p for p in PHASES if "all" in args.phase or p in args.phase]:
         t = time.perf_counter()
         print(f"phase {name} ...", flush=True)

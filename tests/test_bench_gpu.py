@@ -51,3 +51,17 @@ def test_phase_treespec_run_again_adds_its_runs_and_other_phases_replace_theirs(
     assert again == {"compiled_budget8": {"tau": 3.0}, "eager_budget8": {"tau": 1.0}, "compiled_budget12": {"tau": 2.0}}
     assert merged("treespec", None, {"a": 1}) == {"a": 1}
     assert merged("sweep", {"runs": 1, "envelope": 2}, {"runs": 3}) == {"runs": 3}
+
+
+def test_sweep_lever_best_is_the_fastest_timed_level_and_refuses_without_levels():
+    import pytest
+
+    pick = bench_gpu["sweep_lever"]
+    done = {"levels": {"levers": {"baseline": {"level_ms": 2.0}, "freezing": {"level_ms": 1.5},
+                                  "sdpa-efficient": {"error": "RuntimeError: no kernel"}}}}
+    assert pick("best", done) == ("freezing", bench_gpu["LEVERS"]["freezing"])  # the failed lever is not a candidate
+    assert pick("baseline", {})[0] == "baseline" and pick("bucket-256", {})[1].bucket == 256
+    with pytest.raises(SystemExit, match="run --phase levels first"):
+        pick("best", {})
+    with pytest.raises(SystemExit, match="not one of LEVERS"):
+        pick("fastest", done)
