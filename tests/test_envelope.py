@@ -95,3 +95,16 @@ def test_an_envelope_that_does_not_cover_the_tree_is_refused(models):
         run(target, draft, [1, 2], SHAPES["fan-4"], 4, compile=BACKEND, envelope=small)
     with pytest.raises(ValueError, match="envelope must be"):
         run(target, draft, [1, 2], SHAPES["fan-4"], 4, compile=BACKEND, envelope=(8, 2, 2))
+
+
+def test_a_wide_envelope_fits_its_caches_at_the_edge_of_their_capacity(models, monkeypatch):
+    """A padded envelope's draft levels can hold more rows than it has nodes (16 rows x 6 levels for 8 nodes):
+    the caches hold every row a step writes, even with no bucket rounding their capacity up (on CUDA the
+    write past the end was a device-side assert in an H200 sweep with 256-row buckets)."""
+    target, draft = models
+    monkeypatch.setattr(treespec.core.compiled, "CAPACITY_BUCKET", 1)
+    env = Envelope(8, (16,) * 6, 4)
+    assert env.draft_slots > env.nodes
+    prompt = [1, 5, 7, 9, 3]
+    out = run(target, draft, prompt, SHAPES["sequoia-8"], 24, compile="eager", envelope=env)
+    assert out.new_tokens == greedy_reference(target, prompt, 24)

@@ -70,6 +70,12 @@ class Envelope:
         return cls(max(e.nodes for e in envelopes), (max(max(e.rows) for e in envelopes),) * depth,
                    max(e.children for e in envelopes))
 
+    @property
+    def draft_slots(self) -> int:
+        """Draft-cache rows a step writes past the draft's committed length: every level's rows (a padded
+        envelope's levels can hold more rows than the tree has nodes)."""
+        return sum(self.rows)
+
     def keep_from(self, d: int) -> int:
         """The first row of level ``d`` whose logits are kept: level 0's pending row is never a parent, so where
         level 0 has a graph of its own (levels of different rows) its LM head skips that row."""

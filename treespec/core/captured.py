@@ -170,7 +170,9 @@ class BatchCapturedStep:
         backend, mode = compile_options(req.compile, req.device)
         envelope, any_covering = envelope_for(req, spec)
         longest = max(len(r.prompt) for r in reqs)
-        capacity = capacity_for(longest, max(r.max_new_tokens for r in reqs) + envelope.nodes + 2)
+        # the target writes a step's nodes past its length, the draft every level's rows past its own
+        written = max(envelope.nodes, envelope.draft_slots)
+        capacity = capacity_for(longest, max(r.max_new_tokens for r in reqs) + written + 2)
         self.runner = runner_for(req, spec, envelope, capacity, backend, mode, any_covering, len(reqs))
         self.runner.params, self.runner.draft_params = req.params, req.params.for_draft()
         self.runner.verifier = req.verifier
