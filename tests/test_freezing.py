@@ -117,3 +117,22 @@ def test_int4_draft_under_inductor_with_freezing():
     with torch._inductor.config.patch(freezing=True):
         out = run(target, draft, prompt, 12, KARY, compile=True)
     assert out.stats.step == "captured" and out.new_tokens == greedy_reference(target, prompt, 12)
+
+
+def test_compile_graph_freezes_the_weights_it_reads():
+    """``compile=True`` on a CPU folds a module's weights into the graph as constants: inductor's generated code
+    reads frozen parameters (``torch.compile(options={"freezing": True})`` alone left them graph inputs); another
+    backend, or a mode, compiles without freezing."""
+    from torch._inductor.utils import run_and_get_code
+
+    from treespec.core.compiling import compile_graph
+
+    layer = torch.nn.Linear(8, 8).eval()
+    x = torch.randn(2, 8)
+    with torch.inference_mode():
+        out, codes = run_and_get_code(compile_graph(lambda v: layer(v).relu(), "inductor", None), x)
+        assert torch.allclose(out, layer(x).relu())
+        assert "_frozen_param" in "\n".join(codes)
+        plain = torch.compile(lambda v: layer(v).relu(), fullgraph=True, options={"freezing": True})
+        _, codes = run_and_get_code(plain, x)
+        assert "_frozen_param" not in "\n".join(codes)  # the control: options alone freeze nothing

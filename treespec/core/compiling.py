@@ -10,6 +10,7 @@ reads into a constant, which is why the compiled steps pass what they do not mut
 
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import torch
@@ -28,9 +29,22 @@ def compile_options(compile: bool | str, device: torch.device) -> tuple[str, str
 
 
 def compile_graph(fn: Callable, backend: str, mode: str | None) -> Callable:
-    """``fn`` compiled as one graph (``fullgraph=True``): inductor without a mode (the CPU's) freezes weights."""
-    options = {"freezing": True} if backend == "inductor" and mode is None else None
-    return torch.compile(fn, fullgraph=True, backend=backend, mode=mode, options=options)
+    """``fn`` compiled as one graph (``fullgraph=True``): inductor without a mode (the CPU's) freezes weights.
+
+    Freezing is switched on around every call rather than passed in ``torch.compile``'s ``options``: dynamo
+    marks a module's weights static (so inductor may fold them) only when ``torch._inductor.config.freezing``
+    is on while it traces; ``options`` reach inductor alone, after the weights became ordinary graph inputs,
+    and froze nothing (tests/test_freezing.py checks the generated code)."""
+    compiled = torch.compile(fn, fullgraph=True, backend=backend, mode=mode)
+    if backend != "inductor" or mode is not None:
+        return compiled
+
+    @functools.wraps(fn)
+    def frozen(*args, **kwargs):
+        with torch._inductor.config.patch(freezing=True):
+            return compiled(*args, **kwargs)
+
+    return frozen
 
 
 def graphs_compiled() -> int:
