@@ -548,7 +548,8 @@ class Lever:
 #: the draft level's levers (phase levels), in the order they run: the baseline, all three together, then alone
 LEVERS = {
     "baseline": Lever("caches in buckets of 1024 rows, inductor + CUDA graphs"),
-    "bucket-256+freezing+sdpa-efficient": Lever("the next three together", bucket=256, freezing=True, cudnn=False),
+    "bucket-256+freezing+sdpa-efficient": Lever("caches in buckets of 256 rows, freezing, SDPA's memory-efficient kernel",
+                                                bucket=256, freezing=True, cudnn=False),
     "freezing": Lever("inductor weight freezing: weights as constants; on CUDA q/k/v and gate/up become one product "
                       "each", freezing=True),
     "bucket-256": Lever("attention over the used length: caches in buckets of 256 rows", bucket=256),

@@ -8,8 +8,9 @@ calls on CUDA (pointwise fusion is the same pass). This script compiles the capt
 (a forward of ``--rows`` rows on a static cache after a context, then the top-8 choices of each row) for a
 Qwen2 model of the real 0.5B draft's layer sizes with 1 and with 2 layers (random weights, the real
 vocabulary), counts the kernels in each, and reports their difference: the kernels of one layer, and the
-rest (embedding, mask, final norm, LM head, top-k). ``--freezing`` compiles with inductor's weight
-freezing (the CPU default of ``compile=True``; it folds constant work and can fuse linears sharing an input).
+rest (embedding, mask, final norm, LM head, top-k), under each of ``CONFIGS``: inductor without and with weight
+freezing (the CPU default of ``compile=True``; it folds constant work and prepacks weights), and freezing with
+the linears that share an input concatenated (q, k, v; gate, up), which freezing does by default on CUDA.
 
     python experiments/count_kernels.py --out experiments/results/kernels-per-layer-cpu.md
 """
@@ -51,7 +52,14 @@ def kernels(code: str) -> dict[str, int]:
     return counts
 
 
-def level_code(layers: int, rows: int, context: int, capacity: int, freezing: bool, dtype: torch.dtype) -> tuple[str, float]:
+#: the compile configurations counted: name -> (freezing, concatenate linears sharing an input). Freezing on
+#: CUDA concatenates them (q, k, v; gate, up) by default; on a CPU only with ``cpp.enable_concat_linear``
+CONFIGS = {"no freezing": (False, False), "freezing": (True, False),
+           "freezing with concatenated linears (as on CUDA)": (True, True)}
+
+
+def level_code(layers: int, rows: int, context: int, capacity: int, freezing: bool, dtype: torch.dtype,
+               concat: bool = False) -> tuple[str, float]:
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(Qwen2Config(num_hidden_layers=layers, attn_implementation="sdpa", **DRAFT)).to(dtype).eval()
     cache = StaticTreeCache(model, capacity)
@@ -63,9 +71,10 @@ def level_code(layers: int, rows: int, context: int, capacity: int, freezing: bo
     def level(ids, positions, block, committed):
         return torch.topk(cache.forward(model, ids, positions, block, committed), 8, dim=-1).indices
 
-    fn = torch.compile(level, fullgraph=True, options={"freezing": freezing})
+    fn = torch.compile(level, fullgraph=True)
     t = time.perf_counter()
-    with torch.inference_mode():
+    # freezing must be on while dynamo traces (it marks the weights static then), not only in inductor's options
+    with torch.inference_mode(), torch._inductor.config.patch(freezing=freezing, **{"cpp.enable_concat_linear": concat}):
         _, codes = run_and_get_code(fn, ids, committed + torch.arange(rows), block, committed)
     torch._dynamo.reset()
     return "\n".join(codes), time.perf_counter() - t
@@ -81,15 +90,15 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
     dtype = getattr(torch, args.dtype)
     result: dict = {}
-    for freezing in (False, True):
+    for name, (freezing, concat) in CONFIGS.items():
         per = {}
         for layers in (1, 2):
-            code, seconds = level_code(layers, args.rows, args.context, args.capacity, freezing, dtype)
+            code, seconds = level_code(layers, args.rows, args.context, args.capacity, freezing, dtype, concat)
             per[layers] = (kernels(code), seconds)
         one, two = per[1][0], per[2][0]
         layer = {k: two.get(k, 0) - one.get(k, 0) for k in sorted(set(one) | set(two))}
         rest = {k: one.get(k, 0) - layer.get(k, 0) for k in one}
-        result["freezing" if freezing else "no freezing"] = {"per_layer": {k: v for k, v in layer.items() if v},
+        result[name] = {"per_layer": {k: v for k, v in layer.items() if v},
                                                               "outside_layers": {k: v for k, v in rest.items() if v},
                                                               "compile_seconds": per[2][1]}
     lines = [f"# Kernels per draft layer in inductor's generated code ({machine(torch.device('cpu'))}, torch "
