@@ -474,17 +474,26 @@ def phase_sweep(b: Bench, done: dict[str, Any]) -> dict[str, Any]:
         return {"lever": name, "lever_setting": dataclasses.asdict(setting), **_sweep(b)}
 
 
-def _sweep(b: Bench) -> dict[str, Any]:
-    """:func:`phase_sweep`'s shapes, costs and device-sized tree, under whatever lever is in effect."""
-    a, target, draft = b.args, b.model("target"), b.model("draft")
-    acc = MeasuredAcceptance.load(ROOT / "treespec" / "data" / "acceptance-qwen2.5-coder-t0.json")
-    out: dict[str, Any] = {}
+def sweep_shapes(b: Bench, acc: MeasuredAcceptance) -> tuple[dict[str, Any], Envelope]:
+    """Phase sweep's tree shapes (``SWEEP_FAMILIES`` x ``--sweep-budgets``) and their envelope, widened so that a
+    device-sized tree fits it too (phase levels times its levers in this envelope, so that the sweep under the
+    lever the levels phase ran last replays that lever's graphs)."""
+    a = b.args
     shapes = {f"{name}-B{budget}": for_budget(builder, budget, acc.matrix, **kw)
               for budget in a.sweep_budgets for name, (builder, kw) in SWEEP_FAMILIES.items()
               if not a.sweep_families or name in a.sweep_families}
     env = Envelope.for_shapes(shapes.values())
     room = (max(a.sweep_budgets), 4, 4) if b.tiny else (64, 16, 8)  # nodes, rows, children a device tree may take
     env = Envelope(max(env.nodes, room[0]), (max(max(env.rows), room[1]),) * env.depth, max(env.children, room[2]))
+    return shapes, env
+
+
+def _sweep(b: Bench) -> dict[str, Any]:
+    """:func:`phase_sweep`'s shapes, costs and device-sized tree, under whatever lever is in effect."""
+    a, target, draft = b.args, b.model("target"), b.model("draft")
+    acc = MeasuredAcceptance.load(ROOT / "treespec" / "data" / "acceptance-qwen2.5-coder-t0.json")
+    out: dict[str, Any] = {}
+    shapes, env = sweep_shapes(b, acc)
     out["envelope"] = {"nodes": env.nodes, "rows": list(env.rows), "children": env.children, "describe": env.describe()}
     runs = out["runs"] = {}
     for name, shape in shapes.items():
@@ -559,9 +568,15 @@ LEVERS = {
 }
 
 
+#: the lever whose runners ``captured.RUNNERS`` holds (phase sweep reuses them when it runs the same lever)
+APPLIED: list[Lever | None] = [None]
+
+
 @contextlib.contextmanager
 def lever(setting: Lever):
-    """The captured step with one lever (see :class:`Lever`); a fresh runner (its own compile)."""
+    """The captured step with one lever (see :class:`Lever`). Runners are keyed by models, envelope and capacity,
+    not by the compile settings, so the runners of another lever are dropped (a fresh compile); those of the same
+    lever are kept (phase sweep after phase levels replays the last lever's graphs)."""
     from treespec.core import captured
 
     saved = compiled.CAPACITY_BUCKET, captured.compile_options, torch.backends.cuda.cudnn_sdp_enabled()
@@ -569,14 +584,15 @@ def lever(setting: Lever):
     if setting.mode is not None:
         captured.compile_options = lambda c, device: (saved[1](c, device)[0], setting.mode)
     torch.backends.cuda.enable_cudnn_sdp(setting.cudnn and saved[2])
-    captured.RUNNERS.clear()
+    if APPLIED[0] != setting:
+        captured.RUNNERS.clear()
+        APPLIED[0] = setting
     try:
         with torch._inductor.config.patch(freezing=setting.freezing):
             yield
     finally:
         compiled.CAPACITY_BUCKET, captured.compile_options = saved[:2]
         torch.backends.cuda.enable_cudnn_sdp(saved[2])
-        captured.RUNNERS.clear()
 
 
 def phase_levels(b: Bench) -> dict[str, Any]:
@@ -585,7 +601,9 @@ def phase_levels(b: Bench) -> dict[str, Any]:
     levels, its verification, and its kernels per step (``torch.profiler``), one compile per lever. Saved after
     every lever; levers not started within ``--levels-seconds`` of the phase's start are skipped (and named)."""
     shape = for_budget("chain", 5)
-    out: dict[str, Any] = {"shape": "chain of 4", "context": b.args.prompt_len, "levers": {}, "skipped": []}
+    _, env = sweep_shapes(b, MeasuredAcceptance.load(ROOT / "treespec" / "data" / "acceptance-qwen2.5-coder-t0.json"))
+    out: dict[str, Any] = {"shape": f"chain of 4 in the sweep's envelope ({env.describe()})", "context": b.args.prompt_len,
+                           "levers": {}, "skipped": []}
     start = time.perf_counter()
     for name in b.args.levers or LEVERS:
         setting = LEVERS[name]
@@ -598,13 +616,15 @@ def phase_levels(b: Bench) -> dict[str, Any]:
         if b.args.levels_seconds and time.perf_counter() - start > b.args.levels_seconds:
             out["skipped"].append(name)
             continue
+        graphs = graphs_compiled()
         try:
             with lever(setting):
-                run = treespec_run(b, b.model("target"), b.model("draft"), shape, b.compile, budget=shape.size)
+                run = treespec_run(b, b.model("target"), b.model("draft"), shape, b.compile, budget=env.nodes,
+                                   envelope=env)
                 table = kernel_table(lambda: treespec.generate(b.model("target"), b.prompts[0],
                                                                [treespec.ModelDrafter(b.model("draft"), shape)],
-                                                               max_new_tokens=b.args.new_tokens, compile=b.compile),
-                                     b.device)
+                                                               max_new_tokens=b.args.new_tokens, budget=env.nodes,
+                                                               compile=b.compile, envelope=env), b.device)
         except Exception as e:  # a lever that does not compile or run is a finding: record it, go on to the next
             out["levers"][name] = {"error": f"{type(e).__name__}: {str(e)[:500]}", **dataclasses.asdict(setting)}
             print(f"  {name}: failed: {out['levers'][name]['error']}", flush=True)
@@ -613,7 +633,7 @@ def phase_levels(b: Bench) -> dict[str, Any]:
         sec = run["per_step_seconds"]
         out["levers"][name] = {"level_ms": sec["drafting"] / shape.depth * 1e3, "verify_ms": sec["verifying"] * 1e3,
                                "step_ms": run["step_seconds"] * 1e3, "first_call_seconds": run["first_call_seconds"],
-                               "kernels_per_step": table["kernels_per_step"],
+                               "new_graphs": graphs_compiled() - graphs, "kernels_per_step": table["kernels_per_step"],
                                "device_us_per_step": table["device_us_per_step"], "top": table["top"],
                                **dataclasses.asdict(setting)}
         print(f"  {name}: {out['levers'][name]['level_ms']:.3f} ms per level", flush=True)

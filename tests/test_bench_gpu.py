@@ -30,10 +30,13 @@ def test_bench_gpu_smoke_runs_every_phase_and_resumes(tmp_path):
     assert weak["compiled_equals_eager"] and weak["compiled_equals_hf"]
     assert 1.0 < weak["tau_compiled"] < ph["validate"]["compiled"]["tau"]  # partial acceptance
     assert ph["predict"] and "NOT measured" in (tmp_path / "README.md").read_text()
-    # phase sweep: the trees share one envelope: the first compiles, the others compile nothing
+    # phase levels compiles the sweep's envelope under its lever; phase sweep, under the same lever, runs every tree
+    # of the envelope on those graphs: none compiles anything
+    levers = ph["levels"]["levers"]
+    assert list(levers) == ["baseline"] and levers["baseline"]["new_graphs"] > 0
     runs = ph["sweep"]["runs"]
-    assert len(runs) >= 3 and {r["step"] for r in runs.values()} == {"captured"}
-    assert list(runs.values())[0]["new_graphs"] > 0 and all(r["new_graphs"] == 0 for r in list(runs.values())[1:])
+    assert len(runs) >= 3 and {r["step"] for r in runs.values()} == {"captured"} and ph["sweep"]["lever"] == "baseline"
+    assert all(r["new_graphs"] == 0 for r in runs.values())
     assert ph["first"]["second_shape_compiled_nothing"]
     before = ph["costs"]
     bench_gpu["main"](["--smoke", "--out", str(tmp_path), "--phase", "predict"])
@@ -41,7 +44,6 @@ def test_bench_gpu_smoke_runs_every_phase_and_resumes(tmp_path):
     assert again["costs"] == json.loads(json.dumps(before)) and again["first"]["ok"]  # the rest kept
     assert again["predict"] == json.loads(json.dumps(ph["predict"]))  # the same inputs: the same choice
     assert result["setup"]["smoke"]
-    assert len(ph["levels"]["levers"]) == 1  # the smoke's one lever (each compiles a runner)
 
 
 def test_phase_treespec_run_again_adds_its_runs_and_other_phases_replace_theirs():
