@@ -27,8 +27,10 @@ from ..models.precision import precision_of
 from .sweep.records import append_record, read_records, repair_tail
 
 
-#: new tokens of the warm-up call every method makes first (:func:`run`; its seconds: :func:`warmup_seconds`)
-WARMUP_TOKENS = 4
+#: new tokens of the warm-up call every method makes first (:func:`run`; its seconds: :func:`warmup_seconds`):
+#: several steps, because a compiled step compiles a graph when a step first reaches it (after a 4-token warm-up
+#: the captured step's first timed prompt still compiled for 212 s: experiments/results/freezing-cpu)
+WARMUP_TOKENS = 32
 
 
 def warmup_file(results: Path) -> Path:
