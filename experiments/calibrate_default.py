@@ -18,6 +18,7 @@ acceptance of their own) and every position's accepted rank (for replays). Each 
 as its temperature is measured (about 20 minutes each on the project's 2-core CPU).
 
     python experiments/calibrate_default.py
+    python experiments/calibrate_default.py --draft-dtype int4 --temperatures 0   # the int4 draft's walk, T=0
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import numpy as np
 from treespec.bench.datasets import humaneval_prompts
 from treespec.calibrate.acceptance import encode_prompts, measure
 from treespec.models import DEFAULT_DRAFT, DEFAULT_TARGET, load
+from treespec.models.precision import precision_of, to_precision
 from treespec.recipes import draft_mode
 
 DATA = Path(__file__).resolve().parents[1] / "treespec" / "data"
@@ -48,11 +50,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--width", type=int, default=8)
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
+    ap.add_argument("--draft-dtype", default="int8",
+                    help="the draft's precision: int8 writes the default files, another (int4: what --compile and the "
+                         "demo draft with here) writes acceptance-qwen2.5-coder-t{T}-{dtype}.json beside them, which "
+                         "runs drafting in that precision are predicted with")
     args = ap.parse_args(argv)
     if not 1 <= args.prompts <= CALIBRATION_RANGE:
         ap.error(f"--prompts must be 1-{CALIBRATION_RANGE}: calibration prompts stay inside HumanEval 0-99")
     target, tok = load(DEFAULT_TARGET, dtype="bfloat16")
-    draft, _ = load(DEFAULT_DRAFT, dtype="int8", role="draft")
+    # converted from float32 as ``dtype="auto"`` converts what it keeps (``load(dtype="int4")`` would keep the GGUF
+    # file's own 4-bit blocks instead: another draft than the one the CLI's automatic choice runs)
+    draft = to_precision(load(DEFAULT_DRAFT, dtype="float32", role="draft")[0], args.draft_dtype)
     ids = calibration_prompts(args.prompts, args.seed)
     texts = humaneval_prompts(0, CALIBRATION_RANGE)
     prompts = encode_prompts(tok, [texts[i] for i in ids])
@@ -60,7 +68,8 @@ def main(argv: list[str] | None = None) -> None:
         acc = measure(target, draft, prompts, width=args.width, mode=draft_mode("sequoia", t), temperature=t,
                       max_new_tokens=args.max_new_tokens,
                       prompts_label=f"humaneval{ids} (random, seed {args.seed}, from 0-{CALIBRATION_RANGE - 1})")
-        path = DATA / f"acceptance-qwen2.5-coder-t{t:g}.json"
+        acc.meta.update(target_precision=precision_of(target), draft_precision=precision_of(draft))
+        path = DATA / f"acceptance-qwen2.5-coder-t{t:g}{'' if args.draft_dtype == 'int8' else '-' + args.draft_dtype}.json"
         acc.save(path)
         print(path, acc)
 

@@ -57,3 +57,20 @@ def test_the_cli_sizes_trees_from_the_rows_unless_asked_for_the_vector():
     vector = recipe_from_args(parser.parse_args(["generate", "--prompt", "x", "--positional-acceptance"])).acceptance
     assert len(rows) == 8 and all(len(r) == 8 for r in rows)
     assert np.allclose(vector, default_acceptance(None, 0.0, per_depth=False))
+
+
+def test_a_draft_precision_with_a_walk_of_its_own_is_predicted_with_it():
+    """The draft's precision changes what it proposes: a run drafting in int4 is sized and predicted with the int4
+    draft's walk where one is shipped; the int8 draft, no precision, or a temperature without such a walk fall
+    back to the int8 draft's files."""
+    from treespec.calibrate.vectors import calibration_walk, shipped_file
+
+    assert shipped_file(0.0) == shipped_file(0.0, "int8") == "data/acceptance-qwen2.5-coder-t0.json"
+    assert shipped_file(1.0, "int4") == "data/acceptance-qwen2.5-coder-t1.json"  # no int4 walk at T=1
+    assert shipped_file(0.0, "bfloat16") == "data/acceptance-qwen2.5-coder-t0.json"
+    own = shipped_file(0.0, "int4")
+    assert own == "data/acceptance-qwen2.5-coder-t0-int4.json"
+    walk = calibration_walk(None, 0.0, "int4")
+    assert walk.meta["draft_precision"] == "int4" and walk.meta["context"].endswith("(walk)") and len(walk.ranks) == 40
+    rows = np.asarray(default_acceptance(None, 0.0, draft_precision="int4"))
+    assert np.allclose(rows, walk.matrix) and not np.allclose(rows, default_acceptance(None, 0.0))

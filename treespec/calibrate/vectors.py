@@ -3,7 +3,8 @@
 The shipped files (``treespec/data/acceptance-qwen2.5-coder-t{0,1}.json``) are walked measurements
 (``treespec.calibrate.acceptance``, ``context="walk"``) of the built-in pair on 40 HumanEval prompts
 drawn at random from 0-99 (the evaluations use prompts from 100 on), 96 tokens each, bfloat16 target
-and int8 draft, 8 proposals per position (``experiments/calibrate_default.py``).
+and int8 draft, 8 proposals per position (``experiments/calibrate_default.py``); beside them, the same walk
+with the int4 draft at T=0 (``...-t0-int4.json``), which runs drafting in int4 are sized and predicted with.
 """
 
 from __future__ import annotations
@@ -16,21 +17,35 @@ from typing import Any
 from tree_builders import acceptance_rows
 
 
-def _text(path: str | Path | None, temperature: float) -> tuple[str, str]:
-    """(where, text) of the acceptance file at ``path``, or of the one shipped for this temperature."""
+def shipped_file(temperature: float, draft_precision: str | None = None) -> str:
+    """The shipped acceptance for this temperature (a path inside the package): the walk with the draft in
+    ``draft_precision`` where one was shipped (``...-t0-int4.json``: the draft precision changes what the draft
+    proposes, hence the tau a tree gets), else the int8 draft's."""
+    base = f"data/acceptance-qwen2.5-coder-t{0 if temperature == 0 else 1}"
+    if draft_precision and draft_precision != "int8":
+        own = f"{base}-{draft_precision}.json"
+        if resources.files("treespec").joinpath(own).is_file():
+            return own
+    return f"{base}.json"
+
+
+def _text(path: str | Path | None, temperature: float, draft_precision: str | None = None) -> tuple[str, str]:
+    """(where, text) of the acceptance file at ``path``, or of the one shipped for this temperature and draft
+    precision (:func:`shipped_file`)."""
     if path is None:
-        where = f"data/acceptance-qwen2.5-coder-t{0 if temperature == 0 else 1}.json"
+        where = shipped_file(temperature, draft_precision)
         return where, resources.files("treespec").joinpath(where).read_text()
     return str(path), Path(path).read_text()
 
 
-def calibration_walk(path: str | Path | None, temperature: float) -> Any:
-    """The measurement in ``path`` (else the shipped one at this temperature) as a ``MeasuredAcceptance`` when
+def calibration_walk(path: str | Path | None, temperature: float, draft_precision: str | None = None) -> Any:
+    """The measurement in ``path`` (else the shipped one at this temperature and draft precision) as a
+    ``MeasuredAcceptance`` when
     it keeps its walk's ranks (what a tuned run's prediction replays, ``treespec.calibrate.tuning.Tuned``);
     None for a file without them (a bare vector, or one written before the ranks were kept)."""
     from .acceptance import MeasuredAcceptance
 
-    _, text = _text(path, temperature)
+    _, text = _text(path, temperature, draft_precision)
     try:
         saved = json.loads(text)
         return MeasuredAcceptance.from_dict(saved) if saved.get("ranks") else None
@@ -38,13 +53,14 @@ def calibration_walk(path: str | Path | None, temperature: float) -> Any:
         return None  # default_acceptance says what is wrong with the file
 
 
-def default_acceptance(path: str | Path | None, temperature: float, per_depth: bool = True) -> list:
+def default_acceptance(path: str | Path | None, temperature: float, per_depth: bool = True,
+                       draft_precision: str | None = None) -> list:
     """The acceptance in ``path`` (JSON from ``treespec accept``), else the one shipped for the built-in
-    Qwen2.5-Coder pair at this temperature: its per-depth matrix (row ``d``: acceptance given that the
+    Qwen2.5-Coder pair at this temperature and draft precision (:func:`shipped_file`): its per-depth matrix (row ``d``: acceptance given that the
     walk reached depth ``d + 1``, what the Sequoia DP then sizes trees with), or with ``per_depth=False``
     or in a file without one, its positional vector (Sequoia's published model). Refused, with the file
     named, unless it holds probabilities in [0, 1] whose rows sum to at most 1 (``tree_builders.acceptance_rows``)."""
-    where, text = _text(path, temperature)
+    where, text = _text(path, temperature, draft_precision)
     try:
         saved = json.loads(text)
         rows = saved["matrix"] if per_depth and "matrix" in saved else saved["vector"]
