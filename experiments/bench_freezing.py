@@ -5,6 +5,9 @@ compiled steps) with weight freezing, the default since commit f89c7a7, against 
 which is what that route ran before the commit (freezing passed in ``torch.compile``'s options froze
 nothing: ``treespec/core/compiling.py``). The real Qwen2.5-Coder pair, HumanEval prompts, greedy.
 
+A third arm, ``frozen-concat``, adds the concatenation of the linears that share an input (q, k, v; gate, up),
+which freezing does on CUDA and on a CPU only when asked (``cpp.enable_concat_linear``).
+
 Each arm runs in a process of its own (a frozen runner holds the weights as constants of its graphs; two
 compiled pairs do not share a process well in 24 GiB), the unfrozen first, each making a warm-up call (its
 compiles, kept apart) before its timed prompts. Records are appended to ``results-<arm>.jsonl`` (a re-run
@@ -26,17 +29,17 @@ sys.path.insert(0, str(ROOT))  # runs from a checkout without installing treespe
 
 import torch  # noqa: E402
 
-from treespec.bench import compare  # noqa: E402
+from treespec.bench import compare, intervals  # noqa: E402
 from treespec.bench.datasets import dataset_prompts, prompt_range  # noqa: E402
 from treespec.calibrate.choices import resolve  # noqa: E402
 from treespec.calibrate.vectors import default_acceptance  # noqa: E402
 from treespec.common.machine import machine  # noqa: E402
-from treespec.core import captured_runner, compiled, prefill  # noqa: E402
+from treespec.core import captured_runner, compiled, compiling, prefill  # noqa: E402
 from treespec.models import DEFAULT_DRAFT, DEFAULT_TARGET, cache_root, load  # noqa: E402
 from treespec.models.precision import precision_of  # noqa: E402
 from treespec.recipes import Recipe, run  # noqa: E402
 
-ARMS = ("unfrozen", "frozen")
+ARMS = ("unfrozen", "frozen", "frozen-concat")
 
 
 def unfrozen_compile_graph(fn, backend: str, mode: str | None):
@@ -45,11 +48,24 @@ def unfrozen_compile_graph(fn, backend: str, mode: str | None):
     return torch.compile(fn, fullgraph=True, backend=backend, mode=mode, options=options)
 
 
+def concat_compile_graph(fn, backend: str, mode: str | None):
+    """``compiling.compile_graph`` with the linears that share an input concatenated under freezing (q, k, v;
+    gate, up: what freezing does by default on CUDA, on a CPU only with ``cpp.enable_concat_linear``)."""
+    frozen = compiling.compile_graph(fn, backend, mode)
+
+    def call(*args, **kwargs):
+        with torch._inductor.config.patch({"cpp.enable_concat_linear": True}):
+            return frozen(*args, **kwargs)
+
+    return call
+
+
 def run_arm(arm: str, args: argparse.Namespace) -> None:
     """One arm in this process: the warm-up call, then every prompt not yet recorded."""
-    if arm == "unfrozen":
+    patched = {"unfrozen": unfrozen_compile_graph, "frozen-concat": concat_compile_graph}.get(arm)
+    if patched is not None:
         for module in (captured_runner, compiled, prefill):
-            module.compile_graph = unfrozen_compile_graph
+            module.compile_graph = patched
     target, tok = load(DEFAULT_TARGET, dtype="bfloat16", role="target")
     draft, _ = load(DEFAULT_DRAFT, dtype="auto", role="draft", traceable=True)
     resolved = resolve(Recipe(tree="sequoia", acceptance=default_acceptance(None, 0.0), compile=True), target,
@@ -57,7 +73,7 @@ def run_arm(arm: str, args: argparse.Namespace) -> None:
     print(f"{arm}: {resolved.why}", flush=True)
     method = compare.treespec_method(lambda ids, n: run(resolved.recipe, target, [draft], ids, max_new_tokens=n),
                                      precision_of(target), name=f"treespec-captured-{arm}")
-    method.baseline = arm == "unfrozen"  # the summary's speedup: frozen over unfrozen
+    method.baseline = arm == "unfrozen"  # the summary's speedups: each frozen arm over the unfrozen one
     texts = dataset_prompts("humaneval")
     a, b = prompt_range(args.humaneval, len(texts), "humaneval")
     prompts = [("humaneval", i, tok(texts[i])["input_ids"]) for i in range(a, b)]
@@ -80,6 +96,13 @@ def report(args: argparse.Namespace) -> dict:
                      f"{m.get('warmup_seconds', float('nan')):.0f} |")
     lines += ["", "| paired per prompt | ratio [95% CI] |", "|---|---|"]
     lines += [f"| {k} | {compare.fmt(v)}x |" for k, v in summary["speedups"].items()]
+    by = {(r["method"], r["prompt"]): r for r in records}
+    a, b = "treespec-captured-frozen-concat", "treespec-captured-frozen"  # both speculative: not in summarize's pairs
+    both = [p for p in summary["prompts"] if (a, p) in by and (b, p) in by]
+    if both:
+        ratio = intervals.ratio_of_sums([by[b, p]["seconds"] for p in both], [by[a, p]["seconds"] for p in both])
+        summary["speedups"][f"{a} vs {b}"] = ratio.as_dict()
+        lines.append(f"| {a} vs {b} | {compare.fmt(ratio.as_dict())}x |")
     (args.out / "README.md").write_text("\n".join(lines) + "\n")
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
     print("\n".join(lines))
@@ -92,12 +115,14 @@ def main(argv: list[str] | None = None) -> dict | None:
     ap.add_argument("--humaneval", default="100:106", metavar="A:B", help="HumanEval problems A..B-1")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--arm", choices=ARMS, default=None, help="run one arm in this process (the driver's call)")
+    ap.add_argument("--arms", choices=ARMS, nargs="+", default=list(ARMS),
+                    help="the arms the driver runs, in order (each resumes from its own results file)")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.arm:
         run_arm(args.arm, args)
         return None
-    for arm in ARMS:
+    for arm in args.arms:
         subprocess.run([sys.executable, __file__, "--arm", arm, "--out", str(args.out), "--humaneval", args.humaneval,
                         "--max-new-tokens", str(args.max_new_tokens)], check=True)
     return report(args)
