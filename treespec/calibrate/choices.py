@@ -185,7 +185,8 @@ def resolve_compile(resolved: Resolved, target: torch.nn.Module, drafts: Sequenc
         return (Resolved(compiled, f"{resolved.why}; compiled steps (as asked)", resolved.tuned) if asked else
                 Resolved(recipe, f"{resolved.why}; eager steps (plain decoding)", resolved.tuned))
     prompt_ids = _pilot_prompts(tokenizer)
-    key = _measurement_key(f"compile-v4|backend={backend}", recipe, target, drafts, prompt_ids)
+    # v5: the CPU's compiled route freezes its weights (commit f89c7a7); v4's timings ran it unfrozen
+    key = _measurement_key(f"compile-v5|backend={backend}", recipe, target, drafts, prompt_ids)
     threshold = compile_choice.MEASURE_FROM_TOKENS if measure_from_tokens is None else measure_from_tokens
     measure_now = None
     if prompts * max_new_tokens >= threshold and not asked:
