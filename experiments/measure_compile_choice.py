@@ -24,8 +24,7 @@ from treespec.bench import compare
 from treespec.calibrate import compile_choice
 from treespec.calibrate.compile_choice import RouteTiming
 from treespec.bench.datasets import humaneval_prompts
-from treespec.calibrate.vectors import calibration_walk, default_acceptance
-from treespec.models.precision import precision_of
+from treespec.calibrate.vectors import acceptance_for_draft
 from treespec.common.machine import device_name, machine
 from treespec.models import DEFAULT_DRAFT, DEFAULT_TARGET
 from treespec.models.pair import load_pair
@@ -45,9 +44,9 @@ def main(argv: list[str] | None = None) -> None:
     cache = args.out / "compile.json"
 
     target, tok, drafts = load_pair(DEFAULT_TARGET, [DEFAULT_DRAFT])
-    precision = precision_of(drafts[0])  # as the CLI: the shipped walk of the draft's precision, replayed
-    resolved = resolve(Recipe(tree="sequoia", acceptance=default_acceptance(None, 0.0, draft_precision=precision)),
-                       target, drafts, tokenizer=tok, max_new_tokens=64, walk=calibration_walk(None, 0.0, precision))
+    acceptance, walk = acceptance_for_draft(None, 0.0, drafts[0])  # as the CLI: the draft precision's files
+    resolved = resolve(Recipe(tree="sequoia", acceptance=acceptance), target, drafts, tokenizer=tok,
+                       max_new_tokens=64, walk=walk)
     resolve_compile(resolved, target, drafts, tok, prompts=1, max_new_tokens=64, cache_file=cache,
                     measure_from_tokens=0)
     here = device_name("cpu")

@@ -14,16 +14,13 @@ import sys
 from dataclasses import replace
 from typing import Any, Callable, Sequence
 
-import torch
-
 
 from .calibrate.choices import Resolved, resolve, resolve_compile
-from .calibrate.vectors import calibration_walk, default_acceptance
+from .calibrate.vectors import acceptance_for_draft, default_acceptance
 from .cli_parser import build_parser
 from .common.files import check_writable
 from .core.stats import GenerateOutput
 from .models.pair import eos_ids, load_pair
-from .models.precision import precision_of
 from .recipes import NGramSettings, Recipe, draft_mode, run
 
 
@@ -138,12 +135,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
     recipe = recipe_from_args(args, with_model=want_draft)  # validates before the models load
     target, tok, drafts = load_models(args, want_draft)
     walk = None
-    if recipe.acceptance is not None:  # the shipped walk of the draft's precision where one was shipped
-        precision = precision_of(drafts[0]) if isinstance(drafts[0], torch.nn.Module) else None
-        if args.acceptance is None:
-            recipe = replace(recipe, acceptance=default_acceptance(None, args.temperature, draft_precision=precision,
-                                                                   per_depth=not args.positional_acceptance))
-        walk = calibration_walk(args.acceptance, args.temperature, precision)
+    if recipe.acceptance is not None:  # the shipped files of the draft's precision, where one was shipped
+        rows, walk = acceptance_for_draft(args.acceptance, args.temperature, drafts[0],
+                                          per_depth=not args.positional_acceptance)
+        recipe = replace(recipe, acceptance=rows)
     resolved = resolve(recipe, target, drafts, tokenizer=tok, max_new_tokens=args.max_new_tokens, walk=walk,
                        batch_size=min(args.batch_size, len(prompts)))  # a tuned tree is sized for the batch
     # compiled by measurement, or as asked (a cached measurement still costs the why-line); a batch compiles only

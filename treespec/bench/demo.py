@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from ..calibrate.vectors import calibration_walk, default_acceptance
+from ..calibrate.vectors import acceptance_for_draft
 from ..common.files import check_writable
 from ..models.precision import precision_of
 from ..recipes import Recipe, run
@@ -159,9 +159,9 @@ def _configuration(args: argparse.Namespace, target: torch.nn.Module, tok: Any, 
     """The configuration the demo runs, tuned on this machine and printed with the costs it was chosen by; its tree
     drawn to ``out_dir/tree.png``. Returns (the resolved recipe, the picture, why this shape won here)."""
     print("measuring forward latencies on this machine (cached after the first run) ...", flush=True)
-    acceptance = default_acceptance(None, 0.0, draft_precision=precision_of(draft))  # the walk of this draft's precision
+    acceptance, walk = acceptance_for_draft(None, 0.0, draft)  # the shipped files of this draft's precision
     resolved = resolve(Recipe(tree="sequoia", acceptance=acceptance), target, [draft], tokenizer=tok,
-                       max_new_tokens=args.max_new_tokens, walk=calibration_walk(None, 0.0, precision_of(draft)))
+                       max_new_tokens=args.max_new_tokens, walk=walk)
     resolved = resolve_compile(resolved, target, [draft], tok, prompts=args.prompts, max_new_tokens=args.max_new_tokens)
     prof, choice = resolved.tuned.profile, resolved.tuned.choice
     levels = ", ".join(f"{w} tokens {s:.3f} s" for w, s in sorted((prof.draft_level_latency or {}).items()))

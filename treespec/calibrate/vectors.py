@@ -74,3 +74,18 @@ def default_acceptance(path: str | Path | None, temperature: float, per_depth: b
     except ValueError as error:
         raise ValueError(f"acceptance file {where}: {error}; write one with `treespec accept`") from None
     return rows
+
+
+def acceptance_for_draft(path: str | Path | None, temperature: float, draft: Any,
+                         per_depth: bool = True) -> tuple[list, Any]:
+    """What a run drafting with ``draft`` is sized and predicted with: the acceptance rows
+    (:func:`default_acceptance`) and the calibration walk (:func:`calibration_walk`) in ``path``, else the
+    shipped ones of the draft's precision (a draft of another tokenizer, not a model: the int8 draft's)."""
+    import torch
+
+    from ..models.precision import precision_of
+
+    precision = precision_of(draft) if isinstance(draft, torch.nn.Module) else None
+    return (default_acceptance(path, temperature, per_depth, precision),
+            calibration_walk(path, temperature, precision))
+
