@@ -72,3 +72,36 @@ def test_the_replay_is_a_greedy_chain_runs_steps(threshold):
         assert any(s.drafted_depth < shape.depth for s in steps[:k])
     tokens, counted = walk.replayed_steps(shape, threshold)
     assert sum(tokens) / sum(counted) == pytest.approx(np.mean([s.tokens for s in steps]))
+    # over the run's horizon the replay is every step of the run, the last ones (capped depths) included
+    whole = walk.replay(shape, threshold, horizon=n)
+    assert [s.tokens for s in whole] == out.stats.step_tokens
+    assert [s.drafted_depth for s in whole] == [size - 1 for size in out.stats.tree_sizes]
+
+
+def test_a_horizon_caps_the_last_steps_as_the_engine_does():
+    """A run of 7 tokens with a 4-deep chain: 4 accepted + bonus, then 2 left: one level drafted, accepted, the
+    bonus; the walk's positions past the horizon are not read (the same steps with a rejection there)."""
+    shape = chain(4)
+    for tail in ([0, 0, 0], [-1, -1, -1]):
+        ranks = [[0] * 7 + tail]
+        assert [(s.tokens, s.drafted_depth) for s in replay_steps(ranks, shape, horizon=7)] == [(5, 4), (2, 1)]
+    assert [s.tokens for s in replay_steps([[0] * 10], shape, horizon=6)] == [5, 1]  # the last token: no draft
+    assert replay_steps([[0] * 9], shape, horizon=12) == replay_steps([[0] * 9], shape)  # shorter: replayed whole
+
+
+def test_a_tuned_run_is_predicted_over_its_own_horizon():
+    """``Tuned.prediction`` replays the chosen tree over the run's first ``max_new_tokens`` positions of the
+    shipped walk (every step, the capped last ones too): a 16-token run predicts 16 tokens per continuation,
+    and fewer per step than the whole 96-token walk, whose later positions accept more (code goes on as it began)."""
+    from treespec.calibrate.costs import Profile
+    from treespec.calibrate.tuning import MIN_CONFIDENCE, Tuned
+    from treespec.calibrate.vectors import calibration_walk, default_acceptance
+
+    acceptance, walk = default_acceptance(None, 0.0), calibration_walk(None, 0.0)
+    prof = Profile({1: 0.1, 8: 0.12, 16: 0.15}, {1: 0.03, 2: 0.045, 4: 0.07, 8: 0.12}, {}, 0.002)
+    tuned = Tuned(prof.choose(acceptance, max_depth=8), prof, MIN_CONFIDENCE)
+    short, whole = tuned.with_walk(walk, 16).prediction, tuned.with_walk(walk).prediction
+    steps = walk.replay(tuned.choice.shape, MIN_CONFIDENCE, 16)
+    assert sum(s.tokens for s in steps) == 16 * len(walk.ranks)
+    assert short.tau == pytest.approx(16 * len(walk.ranks) / len(steps)) and short.model == "replay"
+    assert short.tau < whole.tau == pytest.approx(walk.replayed_tau(tuned.choice.shape, MIN_CONFIDENCE))

@@ -136,16 +136,19 @@ class MeasuredAcceptance(JSONFile):
             steps[step.continuation] += 1
         return tokens, steps
 
-    def replay(self, shape: Any, min_confidence: float | None = None) -> list[ReplayedStep]:
+    def replay(self, shape: Any, min_confidence: float | None = None,
+               horizon: int | None = None) -> list[ReplayedStep]:
         """Every uncut step of ``shape`` run over the kept ranks (``treespec.calibrate.walk_replay``), with the
-        confidence stop at ``min_confidence`` (None: every level drafted)."""
+        confidence stop at ``min_confidence`` (None: every level drafted); ``horizon``: every step of a run of
+        that many new tokens over each continuation's first positions (the last ones' depth capped as the
+        engine caps it)."""
         if not self.ranks:
             raise ValueError("this measurement keeps no per-position ranks (written before they were kept): "
                              "measure it again with `treespec accept` to replay a tree over it")
         if shape.max_width > self.width:
             raise ValueError(f"the tree has a node with {shape.max_width} children but the measurement drew "
                              f"{self.width} proposals per position; measure with --width {shape.max_width} or more")
-        return replay_steps(self.ranks, shape, self.confidence or None, min_confidence)
+        return replay_steps(self.ranks, shape, self.confidence or None, min_confidence, horizon)
 
     @classmethod
     def merge(cls, parts: Sequence["MeasuredAcceptance"]) -> "MeasuredAcceptance":

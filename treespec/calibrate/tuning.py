@@ -73,18 +73,22 @@ class Tuned:
     compiled_step_seconds: float | None = None
     #: the calibration walk the run is predicted over (:meth:`with_walk`); None: the rows' expectation
     walk: MeasuredAcceptance | None = None
+    #: the run's new tokens, predicted over the walk's first ``horizon`` positions (None: the whole walk)
+    horizon: int | None = None
 
     @cached_property
     def prediction(self) -> Prediction:
         """The run's predicted tau and seconds per step. Over the calibration walk (:meth:`with_walk`): the
-        chosen tree replayed with the confidence stop the run uses (``treespec.calibrate.walk_replay``), each
-        replayed step costed by the profile at the depth it drafted (or, on the compiled route, the compiled
-        steps' measured seconds, which ran with the stop). Otherwise the choice's own figures (the DP's
-        expectation over the rows, every level drafted: optimistic where a stop cuts levels)."""
+        chosen tree replayed with the confidence stop the run uses (``treespec.calibrate.walk_replay``) over the
+        run's horizon (every step of a run of that many tokens, the last ones included: the run's tokens per
+        step over all its steps), each replayed step costed by the profile at the depth it drafted (or, on the
+        compiled route, the compiled steps' measured seconds, which ran with the stop). Otherwise the choice's
+        own figures (the DP's expectation over the rows, every level drafted: optimistic where a stop cuts
+        levels)."""
         c, walk = self.choice, self.walk
         usable = walk is not None and walk.ranks and c.shape.depth > 0 and c.shape.max_width <= walk.width and (
             self.min_confidence is None or walk.confidence)
-        steps = walk.replay(c.shape, self.min_confidence) if usable else []
+        steps = walk.replay(c.shape, self.min_confidence, self.horizon) if usable else []
         if not steps:
             return Prediction(c.tau, c.step_seconds, c.plain_seconds, "rows")
         tau = sum(s.tokens for s in steps) / len(steps)
@@ -96,9 +100,10 @@ class Tuned:
                           for d in set(depths)) / len(steps)
         return Prediction(tau, seconds, c.plain_seconds, "replay")
 
-    def with_walk(self, walk: MeasuredAcceptance | None) -> "Tuned":
-        """This tuning predicted over ``walk`` (the measurement its acceptance rows came from; :attr:`prediction`)."""
-        return replace(self, walk=walk)
+    def with_walk(self, walk: MeasuredAcceptance | None, horizon: int | None = None) -> "Tuned":
+        """This tuning predicted over ``walk`` (the measurement its acceptance rows came from; :attr:`prediction`)
+        for a run of ``horizon`` new tokens (None: over the whole walk, uncut steps)."""
+        return replace(self, walk=walk, horizon=horizon)
 
     @property
     def calibration(self) -> dict[str, Any] | None:
@@ -147,7 +152,8 @@ class Tuned:
         step = ("s per step" if self.compiled_step_seconds is None else
                 "s per compiled step (this tree's compiled steps on the pilot prompts)")
         how = ("" if p.model == "rows" else " (the tree replayed over the calibration walk" +
-               ("" if self.min_confidence is None else f" with the confidence stop at {self.min_confidence:g}") + ")")
+               ("" if self.min_confidence is None else f" with the confidence stop at {self.min_confidence:g}") +
+               ("" if self.horizon is None else f", a run of {self.horizon} tokens") + ")")
         rows = int(m.get("batch_rows", 1))
         batch = "" if rows == 1 else (f" for steps of {rows} prompts at once (one target forward over {rows} trees; "
                                       f"costs of {rows}x the tokens)")

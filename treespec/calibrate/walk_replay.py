@@ -36,11 +36,13 @@ class ReplayedStep:
 
 def replay_steps(ranks: Sequence[Sequence[int]], shape: TreeShape,
                  confidence: Sequence[Sequence[Sequence[float]]] | None = None,
-                 min_confidence: float | None = None) -> list[ReplayedStep]:
+                 min_confidence: float | None = None, horizon: int | None = None) -> list[ReplayedStep]:
     """Every uncut step of ``shape`` run over ``ranks`` (per continuation, each position's accepted rank, -1:
     none), with the confidence stop at ``min_confidence`` over ``confidence`` (per continuation and position,
     the draft probability of each rank's proposal; module doc). Steps the end of a continuation would cut are
-    left out."""
+    left out. ``horizon``: the steps of a run of that many new tokens over each continuation's first positions,
+    the depth of the last ones capped as the engine caps it (module doc); a continuation shorter than the
+    horizon is replayed whole."""
     if min_confidence is not None and confidence is None:
         raise ValueError("modelling the confidence stop needs the walk's proposal probabilities; this measurement "
                          "has none (written before they were kept): measure it again with `treespec accept`")
@@ -51,9 +53,12 @@ def replay_steps(ranks: Sequence[Sequence[int]], shape: TreeShape,
     steps: list[ReplayedStep] = []
     for c, walk in enumerate(ranks):
         probs = None if min_confidence is None else confidence[c]  # type: ignore[index]
+        end = len(walk) if horizon is None else min(len(walk), horizon)
         pos = 0
-        while pos < len(walk):
-            step = _one_step(walk, probs, pos, n_children, shape.depth, min_confidence)
+        while pos < end:
+            # within the horizon a step r tokens from the end drafts at most r - 1 levels (the engine's cap)
+            depth = shape.depth if horizon is None or end < horizon else min(shape.depth, end - pos - 1)
+            step = _one_step(walk[:end], probs, pos, n_children, depth, min_confidence)
             if step is None:
                 break  # cut by the end of the continuation
             accepted, drafted = step
@@ -69,7 +74,7 @@ def _one_step(walk: Sequence[int], probs: Sequence[Sequence[float]] | None, pos:
     path_prob, stopped = 1.0, None
     while True:
         d = len(node)
-        b = n_children[node]
+        b = n_children[node] if d < depth else 0  # below a capped depth: a leaf
         if b == 0 or (stopped is not None and d >= stopped):
             return d, stopped or depth  # a leaf: the next position is the bonus token
         if pos + d >= len(walk):
