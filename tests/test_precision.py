@@ -32,6 +32,23 @@ def test_parse_precision_refuses_with_the_choices(bad):
         parse_precision(bad)
 
 
+def test_bfloat16_is_the_model_hf_loads_in_bfloat16(tmp_path):
+    """Converting a float32 model to bfloat16 gives the model ``from_pretrained(dtype=torch.bfloat16)`` loads: the
+    same logits to the bit, RoPE's frequencies kept in float32 as HF keeps them. Control: ``model.to`` rounds them
+    too, and the logits move."""
+    from transformers import AutoModelForCausalLM
+
+    model = tiny_model("qwen2", vocab=96, hidden=64, max_positions=512)
+    model.save_pretrained(tmp_path)
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16).eval()
+    ids = torch.arange(300).remainder(96)[None]
+    ours = to_precision(model, "bfloat16")
+    assert ours.model.rotary_emb.inv_freq.dtype == torch.float32 and precision_of(ours) == "bfloat16"
+    assert torch.equal(ours(ids).logits, hf(ids).logits)
+    rounded = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval().to(torch.bfloat16)
+    assert not torch.equal(rounded(ids).logits, hf(ids).logits)
+
+
 def test_int8_quantises_every_linear_and_keeps_the_vocab_readable():
     model = tiny_model("qwen2", vocab=96, hidden=64)
     ref = model(torch.tensor([[1, 2, 3, 4]])).logits

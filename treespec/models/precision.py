@@ -97,7 +97,20 @@ def to_precision(model: torch.nn.Module, precision: str, wide: bool = True) -> t
         return quantize_int8(model)
     if precision == "int4":
         return quantize_int4(model, wide=wide)
-    return model.to(_TORCH_DTYPES[precision])
+    return _cast(model, _TORCH_DTYPES[precision])
+
+
+def _cast(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """``model``'s parameters and saved buffers in ``dtype``; the float buffers a checkpoint does not hold (RoPE's
+    ``inv_freq``, computed at construction) stay as they were, as HF's ``from_pretrained(dtype=...)`` leaves them.
+    ``model.to(dtype)`` would round the rotary frequencies to bfloat16 too: another model than the one a user
+    loads in bfloat16 (on the built-in 1.5B target, greedy continuations part within a few tokens)."""
+    kept = [(m, name, b) for m in model.modules() for name, b in m._buffers.items()
+            if b is not None and b.is_floating_point() and name in m._non_persistent_buffers_set]
+    model.to(dtype)
+    for m, name, b in kept:
+        m._buffers[name] = b
+    return model
 
 
 def default_timer(model: torch.nn.Module, sizes: tuple[int, ...]) -> float:
