@@ -41,8 +41,8 @@ def replay_steps(ranks: Sequence[Sequence[int]], shape: TreeShape,
     none), with the confidence stop at ``min_confidence`` over ``confidence`` (per continuation and position,
     the draft probability of each rank's proposal; module doc). Steps the end of a continuation would cut are
     left out. ``horizon``: the steps of a run of that many new tokens over each continuation's first positions,
-    the depth of the last ones capped as the engine caps it (module doc); a continuation shorter than the
-    horizon is replayed whole."""
+    the depth of the last ones capped as the engine caps it, so none is cut (module doc); a continuation shorter
+    than the horizon is replayed whole."""
     if min_confidence is not None and confidence is None:
         raise ValueError("modelling the confidence stop needs the walk's proposal probabilities; this measurement "
                          "has none (written before they were kept): measure it again with `treespec accept`")
@@ -53,12 +53,13 @@ def replay_steps(ranks: Sequence[Sequence[int]], shape: TreeShape,
     steps: list[ReplayedStep] = []
     for c, walk in enumerate(ranks):
         probs = None if min_confidence is None else confidence[c]  # type: ignore[index]
-        end = len(walk) if horizon is None else min(len(walk), horizon)
+        capped = horizon is not None and len(walk) >= horizon  # a run ends within this continuation
+        walk = walk[:horizon] if capped else walk
         pos = 0
-        while pos < end:
-            # within the horizon a step r tokens from the end drafts at most r - 1 levels (the engine's cap)
-            depth = shape.depth if horizon is None or end < horizon else min(shape.depth, end - pos - 1)
-            step = _one_step(walk[:end], probs, pos, n_children, depth, min_confidence)
+        while pos < len(walk):
+            # a step r tokens from the run's end drafts at most r - 1 levels (the engine's cap)
+            depth = min(shape.depth, len(walk) - pos - 1) if capped else shape.depth
+            step = _one_step(walk, probs, pos, n_children, depth, min_confidence)
             if step is None:
                 break  # cut by the end of the continuation
             accepted, drafted = step
