@@ -61,12 +61,14 @@ def test_the_cli_sizes_trees_from_the_rows_unless_asked_for_the_vector():
 
 def test_a_draft_precision_with_a_walk_of_its_own_is_predicted_with_it():
     """The draft's precision changes what it proposes: a run drafting in int4 is sized and predicted with the int4
-    draft's walk where one is shipped; the int8 draft, no precision, or a temperature without such a walk fall
-    back to the int8 draft's files."""
+    draft's walk where one is shipped (T=0; T=1, which serves every sampled temperature); the int8 draft, no
+    precision, or a precision without such a walk fall back to the int8 draft's files."""
     from treespec.calibrate.vectors import calibration_walk, shipped_file
 
     assert shipped_file(0.0) == shipped_file(0.0, "int8") == "data/acceptance-qwen2.5-coder-t0.json"
-    assert shipped_file(1.0, "int4") == "data/acceptance-qwen2.5-coder-t1.json"  # no int4 walk at T=1
+    assert shipped_file(1.0, "int4") == shipped_file(0.7, "int4") == "data/acceptance-qwen2.5-coder-t1-int4.json"
+    sampled = calibration_walk(None, 1.0, "int4")
+    assert sampled.meta["draft_precision"] == "int4" and sampled.meta["mode"] == "sample_without_replacement"
     assert shipped_file(0.0, "bfloat16") == "data/acceptance-qwen2.5-coder-t0.json"
     own = shipped_file(0.0, "int4")
     assert own == "data/acceptance-qwen2.5-coder-t0-int4.json"
