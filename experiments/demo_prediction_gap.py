@@ -42,9 +42,8 @@ def main(argv: list[str] | None = None) -> None:
     def replayed(walk) -> dict[str, float]:
         """The tree's tau over ``walk``: whole continuations (uncut steps), without and with the stop, and over
         the run's horizon with the stop (every step of an ``n``-token run: the demo's prediction)."""
-        steps = walk.replay(shape, MIN_CONFIDENCE, n)
         return {"no stop": walk.replayed_tau(shape), "stop": walk.replayed_tau(shape, MIN_CONFIDENCE),
-                f"stop, a run of {n} tokens": sum(s.tokens for s in steps) / len(steps)}
+                f"stop, a run of {n} tokens": walk.replayed_tau(shape, MIN_CONFIDENCE, n)}
 
     out = {"tree": f"chain of depth {args.depth}", "min_confidence": MIN_CONFIDENCE,
            "prompts": f"humaneval 100-{99 + args.prompts}"}

@@ -45,15 +45,6 @@ def prompt_range(text: str) -> tuple[int, int]:
     return int(start), int(stop)
 
 
-def per_continuation(steps: list, continuations: int) -> tuple[list[int], list[int]]:
-    """Tokens and steps per calibration continuation of replayed ``steps``."""
-    tokens, counted = [0] * continuations, [0] * continuations
-    for s in steps:
-        tokens[s.continuation] += s.tokens
-        counted[s.continuation] += 1
-    return tokens, counted
-
-
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
@@ -83,8 +74,8 @@ def main(argv: list[str] | None = None) -> None:
     mine = sorted((r for r in records if r["method"] == "treespec"), key=lambda r: r["prompt"])
 
     shape, stop_at = tuned.choice.shape, tuned.min_confidence
-    horizon = per_continuation(walk.replay(shape, stop_at, args.max_new_tokens), len(walk.ranks))
-    whole = per_continuation(walk.replay(shape, stop_at), len(walk.ranks))
+    horizon = walk.replayed_steps(shape, stop_at, args.max_new_tokens)
+    whole = walk.replayed_steps(shape, stop_at)
     measured = ([r["tokens"] for r in mine], [r["steps"] for r in mine])
     kept = [[t for t, cut in zip(r["step_tokens"], r["step_cut"]) if not cut] for r in mine]
     uncut = ([sum(k) for k in kept], [len(k) for k in kept])

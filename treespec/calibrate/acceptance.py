@@ -107,7 +107,7 @@ class MeasuredAcceptance(JSONFile):
                    positions=int(totals[0]), meta=dict(meta or {}), ranks=[list(map(int, r)) for r in ranks],
                    confidence=_rounded(confidence))
 
-    def replayed_tau(self, shape: Any, min_confidence: float | None = None) -> float:
+    def replayed_tau(self, shape: Any, min_confidence: float | None = None, horizon: int | None = None) -> float:
         """Tokens per step (uncut) of ``shape`` (a ``tree_builders.TreeShape``) run over the kept ranks.
 
         The walk's ranks decode like a real run of that tree: a step starts at the first position;
@@ -120,18 +120,20 @@ class MeasuredAcceptance(JSONFile):
         and the next position's proposals are fresh draws in that context. Unlike the rows, whose
         every position is a root, the replay starts steps only where a run of this tree starts them.
         Steps that the end of a continuation would cut are left out (as ``tau_uncut``). ``min_confidence``:
-        with the model drafter's confidence stop (``treespec.calibrate.walk_replay``)."""
-        tokens, steps = self.replayed_steps(shape, min_confidence)
+        with the model drafter's confidence stop (``treespec.calibrate.walk_replay``); ``horizon``: over every step
+        of a run of that many new tokens (:meth:`replay`)."""
+        tokens, steps = self.replayed_steps(shape, min_confidence, horizon)
         if sum(steps) == 0:
             raise ValueError("no complete step fits in the kept continuations; measure longer ones")
         return sum(tokens) / sum(steps)
 
-    def replayed_steps(self, shape: Any, min_confidence: float | None = None) -> tuple[list[int], list[int]]:
+    def replayed_steps(self, shape: Any, min_confidence: float | None = None,
+                       horizon: int | None = None) -> tuple[list[int], list[int]]:
         """Per calibration prompt, the committed tokens and the steps of ``shape`` run over its ranks
-        (:meth:`replayed_tau`; uncut steps only): what a bootstrap over the calibration prompts resamples
-        (``treespec.bench.intervals.ratio_of_sums``) for the spread a prediction carries."""
+        (:meth:`replayed_tau`; uncut steps only, or over a ``horizon``): what a bootstrap over the calibration
+        prompts resamples (``treespec.bench.intervals.ratio_of_sums``) for the spread a prediction carries."""
         tokens, steps = [0] * len(self.ranks), [0] * len(self.ranks)
-        for step in self.replay(shape, min_confidence):
+        for step in self.replay(shape, min_confidence, horizon):
             tokens[step.continuation] += step.tokens
             steps[step.continuation] += 1
         return tokens, steps

@@ -3,8 +3,9 @@
 The shipped files (``treespec/data/acceptance-qwen2.5-coder-t{0,1}.json``) are walked measurements
 (``treespec.calibrate.acceptance``, ``context="walk"``) of the built-in pair on 40 HumanEval prompts
 drawn at random from 0-99 (the evaluations use prompts from 100 on), 96 tokens each, bfloat16 target
-and int8 draft, 8 proposals per position (``experiments/calibrate_default.py``); beside them, the same walk
-with the int4 draft at T=0 (``...-t0-int4.json``), which runs drafting in int4 are sized and predicted with.
+and int8 draft, 8 proposals per position (``experiments/calibrate_default.py``); beside them, the same walks
+with the int4 draft (``...-t0-int4.json``, ``...-t1-int4.json``), which runs drafting in int4 are sized and
+predicted with.
 """
 
 from __future__ import annotations
@@ -40,34 +41,52 @@ def _text(path: str | Path | None, temperature: float, draft_precision: str | No
 
 def calibration_walk(path: str | Path | None, temperature: float, draft_precision: str | None = None) -> Any:
     """The measurement in ``path`` (else the shipped one at this temperature and draft precision) as a
-    ``MeasuredAcceptance`` when
-    it keeps its walk's ranks (what a tuned run's prediction replays, ``treespec.calibrate.tuning.Tuned``);
-    None for a file without them (a bare vector, or one written before the ranks were kept)."""
+    ``MeasuredAcceptance`` when it keeps its walk's ranks (what a tuned run's prediction replays,
+    ``treespec.calibrate.tuning.Tuned``); None for a file without them (a bare vector, or one written before the
+    ranks were kept)."""
+    try:
+        saved = _parsed(*_text(path, temperature, draft_precision))
+    except ValueError:
+        return None  # default_acceptance says what is wrong with the file
+    return _walk(saved)
+
+
+def _parsed(where: str, text: str) -> Any:
+    """The JSON in ``text`` (the file ``where``)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"acceptance file {where} is not valid JSON ({error}); write one with `treespec accept`") \
+            from error
+
+
+def _walk(saved: Any) -> Any:
+    """:func:`calibration_walk` of a parsed file."""
     from .acceptance import MeasuredAcceptance
 
-    _, text = _text(path, temperature, draft_precision)
     try:
-        saved = json.loads(text)
         return MeasuredAcceptance.from_dict(saved) if saved.get("ranks") else None
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
+    except (KeyError, TypeError, ValueError, AttributeError):
         return None  # default_acceptance says what is wrong with the file
 
 
 def default_acceptance(path: str | Path | None, temperature: float, per_depth: bool = True,
                        draft_precision: str | None = None) -> list:
     """The acceptance in ``path`` (JSON from ``treespec accept``), else the one shipped for the built-in
-    Qwen2.5-Coder pair at this temperature and draft precision (:func:`shipped_file`): its per-depth matrix (row ``d``: acceptance given that the
-    walk reached depth ``d + 1``, what the Sequoia DP then sizes trees with), or with ``per_depth=False``
-    or in a file without one, its positional vector (Sequoia's published model). Refused, with the file
-    named, unless it holds probabilities in [0, 1] whose rows sum to at most 1 (``tree_builders.acceptance_rows``)."""
+    Qwen2.5-Coder pair at this temperature and draft precision (:func:`shipped_file`): its per-depth matrix
+    (row ``d``: acceptance given that the walk reached depth ``d + 1``, what the Sequoia DP then sizes trees
+    with), or with ``per_depth=False`` or in a file without one, its positional vector (Sequoia's published
+    model). Refused, with the file named, unless it holds probabilities in [0, 1] whose rows sum to at most 1
+    (``tree_builders.acceptance_rows``)."""
     where, text = _text(path, temperature, draft_precision)
+    return _rows(where, _parsed(where, text), per_depth)
+
+
+def _rows(where: str, saved: Any, per_depth: bool) -> list:
+    """:func:`default_acceptance` of the parsed file ``where``."""
     try:
-        saved = json.loads(text)
         rows = saved["matrix"] if per_depth and "matrix" in saved else saved["vector"]
         acceptance_rows(rows)
-    except json.JSONDecodeError as error:
-        raise ValueError(f"acceptance file {where} is not valid JSON ({error}); write one with `treespec accept`") \
-            from error
     except (KeyError, TypeError) as error:
         raise ValueError(f"acceptance file {where} has no \"vector\" entry; write one with `treespec accept`") \
             from error
@@ -86,6 +105,6 @@ def acceptance_for_draft(path: str | Path | None, temperature: float, draft: Any
     from ..models.precision import precision_of
 
     precision = precision_of(draft) if isinstance(draft, torch.nn.Module) else None
-    return (default_acceptance(path, temperature, per_depth, precision),
-            calibration_walk(path, temperature, precision))
-
+    where, text = _text(path, temperature, precision)
+    saved = _parsed(where, text)  # one read and parse for both
+    return _rows(where, saved, per_depth), _walk(saved)
