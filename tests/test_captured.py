@@ -57,7 +57,6 @@ def test_tree_buffers_lay_out_levels_slots_and_siblings():
     assert buf.row.tolist() == [0, 0, 0, 0, 1, 0, 0, 0] and buf.rank.tolist() == [0, 0, 1, 0, 0, 0, 1, 0]
     assert buf.q_row.tolist() == [0, 0, 0, 1, 2, 3, 3, 4]
     assert buf.levels[3].block[0].tolist() == [True, True, True, False, True, True]  # node 5: pending, 0, 1, 3, self
-    assert buf.next_sibling.tolist() == [-1, 2, -1, -1, -1, 6, -1, -1]
     assert buf.earlier_siblings[:, 0].tolist() == [-1, -1, 1, -1, -1, -1, 5, -1]
     with pytest.raises(ValueError, match="BFS"):
         tree_buffers(np.array([-1, 0, 1, 0]), np.array([0, 0, 0, 1]))
@@ -121,8 +120,11 @@ def test_which_configurations_are_captured_and_why_not(models):
     target, draft = models
     assert route(target, [treespec.ModelDrafter(draft, KARY)]) == "captured"
     assert route(target, [treespec.ModelDrafter(draft, KARY, min_confidence=0.1)]) == "captured"  # read on the host
+    assert route(target, [treespec.NGramDrafter(), treespec.ModelDrafter(draft, KARY)]) == "captured"  # + given chain
     for drafters, why in [([treespec.ModelDrafter(draft, KARY, "sample")], "mode='sample'"),
-                          ([treespec.ModelDrafter(draft, KARY), treespec.NGramDrafter()], "2 drafters"),
+                          ([treespec.ModelDrafter(draft, KARY), treespec.NGramDrafter(width=2)], "width 2"),
+                          ([treespec.ModelDrafter(draft, KARY), treespec.ModelDrafter(draft, KARY),
+                           treespec.NGramDrafter()], "3 drafters"),
                           ([treespec.NGramDrafter()], "drafts on the host")]:
         step = route(target, drafters)
         assert step.startswith("compiled, drafted on the host") and why in step, step

@@ -23,6 +23,10 @@ step is a fixed sequence of compiled calls:
    a without-replacement proposal's ``q`` has its older siblings removed), the commit of the target's
    cache and of the draft rows on the accepted path, and the :class:`StepState` the next step starts from.
 
+Beside the model drafter, an n-gram drafter's chain (width 1) hangs under the root as given tokens
+(``buffers.with_chain``): asked on the host before each step, its tokens enter the level call as data, level 0
+forwards them in the draft beside the root, and the verify call tests each as a point-mass proposal.
+
 On a CPU the envelope is the tree's own (width is not free there: padding would cost every step); on
 CUDA the levels are padded to one row count (width is nearly free; one level graph), and a runner whose
 envelope covers a new tree serves it. ``treespec.generate(envelope=...)`` pads to a given envelope
@@ -42,37 +46,51 @@ ids and the cache.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Sequence
 
 import numpy as np
 import torch
 
 from . import verifiers
-from .buffers import Envelope
+from .buffers import Envelope, with_chain
 from .captured_runner import CapturedRunner
 from .checks import has_dynamic_int8
 from .compiled import capacity_for
 from .compiling import compile_options
 from .constructions import Construction
-from .drafting import Capture, DraftProposals
+from .drafting import Capture
 from .padded import Noise
 from .request import Request
 from .runners import RunnerCache
 from .step import Clock
 from .stats import Progress
 from .step_state import Outcome, StepState
-from .tree import TokenTree
+from .tree import Proposal, TokenTree
 
 MODES = ("topk", "sample_without_replacement")
 
 
 def capturable(req: Request) -> Capture | str:
-    """The drafter's :class:`Capture` when ``req`` can run the captured step, else why it cannot."""
-    if len(req.drafters) != 1:
-        return f"{len(req.drafters)} drafters merge into a trie on the host (captured: one model drafter)"
-    spec = req.drafters[0].capture()
-    if isinstance(spec, str):
-        return spec
+    """The drafter's :class:`Capture` when ``req`` can run the captured step, else why it cannot: one model
+    drafter, or one model drafter and one chain of point masses (an n-gram drafter of width 1), whose tokens
+    hang under the root as given tokens (``buffers.with_chain``)."""
+    specs = [d.capture() for d in req.drafters]
+    on_device = [i for i, s in enumerate(specs) if not isinstance(s, str)]
+    if len(specs) == 1:
+        spec = specs[0]
+        if isinstance(spec, str):
+            return spec
+    elif len(specs) == 2 and len(on_device) == 1:
+        spec, other = specs[on_device[0]], 1 - on_device[0]
+        length = req.drafters[other].given_chain()
+        if isinstance(length, str):
+            return f"2 drafters merge into a trie on the host (captured: a model drafter and a chain; {length})"
+        parent, rank, given = with_chain(spec.parent, spec.rank, length)
+        spec = replace(spec, parent=parent, rank=rank, given=given, given_by=other)
+    else:
+        return (f"{len(req.drafters)} drafters merge into a trie on the host (captured: one model drafter, with at "
+                "most one chain of point masses beside it)")
     if spec.mode not in MODES:
         return f"draft mode {spec.mode!r} drafts on the host (captured: {', '.join(MODES)})"
     if req.budget is not None and spec.size > req.budget:
@@ -90,7 +108,10 @@ def capturable(req: Request) -> Capture | str:
 
 def construction(spec: Capture) -> Construction:
     """The construction (``constructions.classify``) of the shape's drafted trees: one drafter, no merged
-    duplicates, no budget cut; point masses (top-k), or draws without replacement (one per node on a chain)."""
+    duplicates, no budget cut; point masses (top-k), or draws without replacement (one per node on a chain).
+    With a chain of given tokens: two drafters, whose proposals may repeat a token (point masses, or mixed)."""
+    if spec.given is not None:
+        return Construction("point_mass" if spec.mode == "topk" else "mixed", 2, False, True, False)
     chain = bool(np.bincount(spec.parent[1:], minlength=spec.size).max() <= 1)
     draws = "point_mass" if spec.mode == "topk" else "sampled" if chain else "without_replacement"
     return Construction(draws, 1, chain, merged=False, truncated=False)
@@ -118,7 +139,7 @@ def envelope_for(req: Request, spec: Capture) -> tuple[Envelope, bool]:
     """The envelope a request's tree runs in, and whether any cached runner covering it may serve: the given
     one (``generate(envelope=...)``), else on CUDA the tree's own padded to one row count per level, else (a
     CPU, where padding costs every step) the tree's own."""
-    own = Envelope.exact(spec.parent, spec.rank)
+    own = Envelope.exact(spec.parent, spec.rank, spec.given)
     if req.envelope is not None:
         if not req.envelope.covers(own):
             raise ValueError(f"the drafter's tree ({own.describe()}) does not fit envelope=({req.envelope.describe()}); "
@@ -176,7 +197,7 @@ class BatchCapturedStep:
         self.runner = runner_for(req, spec, envelope, capacity, backend, mode, any_covering, len(reqs))
         self.runner.params, self.runner.draft_params = req.params, req.params.for_draft()
         self.runner.verifier = req.verifier
-        self.buf, self.tree, self.levels, self.forwarded = self.runner.tree_data(spec.parent, spec.rank)
+        self.buf, self.tree, self.levels, self.forwarded = self.runner.tree_data(spec.parent, spec.rank, spec.given)
         self.vocab = req.vocab
         self.empty = torch.zeros(len(reqs), 0, device=req.device)
         self.active = torch.ones(len(reqs), dtype=torch.bool, device=req.device)
@@ -212,7 +233,7 @@ class BatchCapturedStep:
         gumbel, noise = self._noise()
         clock.charge("overhead")
         drafted, qs, levels = runner.draft_tree(self.state, self.tree, self.levels, self.forwarded, gumbel,
-                                                self.spec.min_confidence, self.active)
+                                                self.spec.min_confidence, self.active, self._given(committed))
         clock.charge("drafting")
         state, packed = runner.verify_step(drafted, qs, levels, noise, self.state, self.tree, self.active)
         self.state = StepState(*(t.clone() for t in state)) if runner.clone_between else state
@@ -225,6 +246,18 @@ class BatchCapturedStep:
             out[row] = (tree, [node_of[i] for i in o.path], o.extra, False)
         return out
 
+    def _given(self, committed: dict[int, list[int]]) -> torch.Tensor | None:
+        """This step's tokens of the chain of given tokens (``[B, envelope.chain]``, -1 past each chain's end and
+        for rows not stepping): each row's chain drafter asked on its committed tokens. None without a chain."""
+        if self.spec.given is None:
+            return None
+        length = int(np.sum(self.spec.given >= 0))
+        given = torch.full((len(self.reqs), self.runner.envelope.chain), -1, dtype=torch.long)
+        for row, tokens in committed.items():
+            chain = self.reqs[row].drafters[self.spec.given_by].propose(tokens).tokens[:length]
+            given[row, : len(chain)] = torch.as_tensor(chain, dtype=torch.long)
+        return given.to(self.reqs[0].device)
+
     def advance(self, runs: dict[int, Progress], clock: Clock) -> dict[int, tuple[TokenTree, list[int], int, bool]]:
         """``batch.BatchEagerStep.advance``'s interface: one step of the rows in ``runs`` (row -> its Progress)."""
         return self.step({row: run.committed for row, run in runs.items()}, clock)
@@ -234,10 +267,13 @@ class BatchCapturedStep:
         self.active[list(rows)] = False
 
     def _tree(self, root: int, tokens: list[int], exists: list[int]) -> tuple[TokenTree, dict[int, int]]:
-        """The drafted tree as a host ``TokenTree`` (for statistics); ``node_of``: shape node -> tree node."""
-        parent = self.spec.parent
-        kept = [i for i in range(1, self.spec.size) if exists[i]]
-        index = {v: j for j, v in enumerate(kept)}
-        tree = TokenTree.rooted_at(root)
-        tree.merge([DraftProposals([tokens[v] for v in kept], [index.get(int(parent[v]), -1) for v in kept])])
-        return tree, {0: 0, **{v: j + 1 for j, v in enumerate(kept)}}
+        """The drafted tree as a host ``TokenTree`` (for statistics; a chain's token equal to a drafted sibling's
+        shares its trie node); ``node_of``: shape node -> tree node."""
+        parent, given, by = self.spec.parent, self.spec.given, self.spec.given_by
+        model = 0 if given is None else 1 - by  # the drafters' indices in the request
+        tree, node_of = TokenTree.rooted_at(root), {0: 0}
+        for v in range(1, self.spec.size):
+            if exists[v]:
+                drafter = by if given is not None and given[v] >= 0 else model
+                node_of[v] = tree.add(node_of[int(parent[v])], Proposal(int(tokens[v]), -1, drafter))
+        return tree, node_of

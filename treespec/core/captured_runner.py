@@ -66,17 +66,20 @@ class CapturedRunner:
         # the levels a tree does not draft (shallower than the envelope, or cut by the confidence stop): no q
         self.no_q = [] if mode == "topk" else [torch.zeros(rows, envelope.kept_rows(d), vocab, device=device)
                                                for d in range(envelope.depth)]
-        self._trees: dict[tuple[bytes, bytes], tuple] = {}  # tree_data, per shape
+        self._trees: dict[tuple[bytes, ...], tuple] = {}  # tree_data, per shape
+        #: the chain's given tokens of a step without any ([B, chain], -1: none)
+        self.no_given = torch.full((rows, envelope.chain), -1, dtype=torch.long, device=device)
         self.level_step = compile_graph(self._level, backend, mode_compile)
         self.verify_step = compile_graph(self._verify, backend, mode_compile)
 
-    def tree_data(self, parent: np.ndarray, rank: np.ndarray) -> tuple[TreeBuffers, TreeTensors, list[LevelTensors],
-                                                                       list[torch.Tensor]]:
+    def tree_data(self, parent: np.ndarray, rank: np.ndarray, given: np.ndarray | None = None
+                  ) -> tuple[TreeBuffers, TreeTensors, list[LevelTensors], list[torch.Tensor]]:
         """A tree's buffers in this runner's envelope and their device tensors: the node arrays, each drafted
-        level's, and the nodes each level forwards (what the confidence stop reads); made once per shape."""
-        key = (parent.tobytes(), rank.tobytes())
+        level's, and the nodes each level forwards (what the confidence stop reads); made once per shape.
+        ``given``: the chain of given tokens (``buffers.with_chain``)."""
+        key = (parent.tobytes(), rank.tobytes(), b"" if given is None else given.tobytes())
         if key not in self._trees:
-            buf = tree_buffers(parent, rank, self.envelope)
+            buf = tree_buffers(parent, rank, self.envelope, given)
             device = self.cache.length.device
             levels = buf.levels[: buf.depth_of_shape]
             self._trees[key] = (buf, TreeTensors.of(buf, device), [LevelTensors.of(lv, d, device) for d, lv in
@@ -96,12 +99,14 @@ class CapturedRunner:
         return StepState(tokens, first, first.float(), tokens[:, :1] * 0, length, length.clone())
 
     def draft_tree(self, state: StepState, tree: TreeTensors, levels: list[LevelTensors], forwarded: list[torch.Tensor],
-                   noise: list[torch.Tensor], min_confidence: float | None, active: torch.Tensor
-                   ) -> tuple[Drafted, list[torch.Tensor], torch.Tensor]:
+                   noise: list[torch.Tensor], min_confidence: float | None, active: torch.Tensor,
+                   given: torch.Tensor | None = None) -> tuple[Drafted, list[torch.Tensor], torch.Tensor]:
         """The tree, level by level: ``(the drafted tree, q of each level, levels drafted per row)``. Nothing runs
         between the compiled calls but this loop (no eager operator), except where a confidence stop (CPU only)
         ends a row's drafting: its depths not drafted are missing nodes, and the levels end when no active row
-        drafts deeper."""
+        drafts deeper. ``given``: each row's tokens of the chain of given tokens (``[B, chain]``, -1 past its
+        end; None: none this step)."""
+        given = self.no_given if given is None else given
         keep = (lambda out: tuple(t.clone() for t in out)) if self.clone_between else (lambda out: out)
         drafted, qs = Drafted(state.tokens, state.exists, state.conf), []
         drafting, counts = self.all_rows, self.level_counts[len(levels)]
@@ -114,17 +119,23 @@ class CapturedRunner:
                 counts = torch.where(drafting & ~going, d, counts)
                 drafting = going
             *out, q = keep(self.level_step(drafted, state, tree, level, noise[d], self.envelope.keep_from(d),
-                                           drafting))
+                                           drafting, given))
             drafted = Drafted(*out)
             qs.append(q)
         n = len(qs)
         return drafted, (qs + self.no_q[n:] if self.mode != "topk" else []), counts
 
     def _level(self, drafted: Drafted, state: StepState, tree: TreeTensors, level: LevelTensors, noise: torch.Tensor,
-               keep_from: int, drafting: torch.Tensor) -> tuple[torch.Tensor, ...]:
+               keep_from: int, drafting: torch.Tensor, given: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """One draft forward over the level's rows of every row of the batch, then the next depth's tokens from
         their parent rows' choices (rows not ``drafting`` choose none): ``(tokens, exists, conf, q of the kept
-        rows)``, each ``[B, ...]``."""
+        rows)``, each ``[B, ...]``. The chain's nodes take the ``given`` tokens (every level alike: level 0,
+        which forwards them, is the first)."""
+        if self.envelope.chain:
+            at = given[:, tree.given.clamp_min(0)]  # [B, N]; a chain's tokens form a prefix (-1 past its end)
+            chain = tree.given >= 0
+            drafted = Drafted(torch.where(chain, at.clamp_min(0), drafted.tokens),
+                              torch.where(chain, at >= 0, drafted.exists), drafted.conf)
         ext = torch.cat([drafted.tokens, state.pending, state.pending * 0], dim=1)  # the pending and padding ids
         pending_used = state.draft_length < state.length
         not_pending = torch.arange(level.block.shape[1], device=ext.device) != 0
@@ -202,6 +213,15 @@ class CapturedRunner:
         q = q.masked_fill(drop, 0.0)
         return q / q.sum(-1, keepdim=True).clamp_min(torch.finfo(q.dtype).tiny)
 
+    def _proposal_q(self, qs: torch.Tensor | None, tokens: torch.Tensor, tree: TreeTensors, vocab: int) -> torch.Tensor:
+        """Each non-root node's proposal distribution ``[N - 1, V]``: a point mass for top-k and for a given token
+        (the chain's), else its level's draft distribution with its older siblings removed."""
+        point = torch.nn.functional.one_hot(tokens[1:], vocab).float()
+        if self.mode == "topk":
+            return point
+        q = self._without_older_siblings(qs[tree.q_row[1:]], tokens, tree.earlier_siblings[1:])
+        return torch.where((tree.given[1:] >= 0)[:, None], point, q)
+
     def _walk(self, probs: torch.Tensor, tokens: torch.Tensor, exists: torch.Tensor, qs: torch.Tensor | None,
               noise: Noise, tree: TreeTensors) -> tuple[torch.Tensor, torch.Tensor]:
         """The request's rule over one row's tree (``rule.sampled_path``, or ``rule.traversal_path``: traversal,
@@ -211,15 +231,14 @@ class CapturedRunner:
         props = exists[1:]
         pparent = torch.where(props, tree.flat_parent[1:], -1)
         pchild = torch.arange(1, n, device=tokens.device)
-        if self.mode == "topk":
-            q = torch.nn.functional.one_hot(tokens[1:], probs.shape[-1]).float()
-        else:
-            q = self._without_older_siblings(qs[tree.q_row[1:]], tokens, tree.earlier_siblings[1:])
+        q = self._proposal_q(qs, tokens, tree, probs.shape[-1])
         if self.verifier != "rrs":  # one uniform per leaf test of a non-root node
             return traversal_path(probs, q, tokens[1:], pparent, pchild, tree.ancestors, tree.post_order,
                                   noise.uniforms, noise.exponentials)
-        nxt = tree.next_sibling[1:]
-        plast = props & ~((nxt >= 0) & exists[nxt.clamp_min(0)])
+        # the last proposal of its parent: no younger sibling exists (a missing draw may precede the chain's node)
+        last = torch.zeros(n, dtype=torch.long, device=tokens.device).scatter_reduce(
+            0, tree.flat_parent[1:], torch.where(props, pchild, 0), "amax")
+        plast = props & (pchild == last[tree.flat_parent[1:]])
         has_props = torch.zeros(n, dtype=torch.long, device=tokens.device).index_add_(
             0, tree.flat_parent[1:], props.long()) > 0
         return sampled_path(probs, q, tokens[1:], pparent, pchild, plast, has_props, noise.uniforms, noise.exponentials)

@@ -152,6 +152,11 @@ class Capture:
     children of a node are chosen: ``"topk"`` (its most likely tokens, point-mass proposals) or
     ``"sample_without_replacement"`` (Gumbel-top-k draws from the draft distribution);
     ``min_confidence``: the drafter's confidence stop (None: every depth is drafted).
+
+    With a second drafter whose proposals are a chain of point masses (:meth:`Drafter.given_chain`: an n-gram
+    drafter), the captured step hangs that chain under the root: ``given[i]`` is node ``i``'s place in the
+    chain (-1: drafted by ``model``; ``treespec.core.buffers.with_chain``), and ``given_by`` the chain drafter's
+    index in the request's drafters, asked for the chain's tokens on the host before each step.
     """
 
     model: torch.nn.Module
@@ -159,6 +164,8 @@ class Capture:
     rank: np.ndarray
     mode: str
     min_confidence: float | None = None
+    given: np.ndarray | None = None
+    given_by: int = -1
 
     @property
     def size(self) -> int:
@@ -191,6 +198,11 @@ class Drafter(abc.ABC):
     def capture(self) -> Capture | str:
         """How to draft this drafter's tree on the device (a :class:`Capture`), or why it cannot be."""
         return f"{self.describe()} drafts on the host"
+
+    def given_chain(self) -> int | str:
+        """The most tokens of this drafter's proposals when they are one chain of point masses that cost no
+        forward (the captured step takes them as data under the root of a model drafter's tree), or why not."""
+        return f"{self.describe()} is no chain of point masses"
 
     def drafting(self, context: Sequence[int]) -> Drafting | None:
         """This step's proposals as a coroutine of model forwards over the drafter's :attr:`cache` (so that a

@@ -45,10 +45,10 @@ class TreeTensors(NamedTuple):
     rank: torch.Tensor
     q_row: torch.Tensor
     post_order: torch.Tensor
-    next_sibling: torch.Tensor
     earlier_siblings: torch.Tensor
     slot_node: torch.Tensor
     slot_level: torch.Tensor
+    given: torch.Tensor
 
     @classmethod
     def of(cls, buf: TreeBuffers, device: torch.device) -> "TreeTensors":

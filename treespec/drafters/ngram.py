@@ -142,6 +142,13 @@ class NGramDrafter(Drafter):
             tokens, parents = t.tree(max_tokens=self.max_tokens, width=self.width, max_nodes=self.max_nodes)
         return DraftProposals(tokens=tokens, parents=parents)
 
+    def given_chain(self) -> int | str:
+        """A chain (``width=1``) of at most ``max_tokens`` (and ``max_nodes``) tokens; a tree of several widths
+        is not one chain."""
+        if self.width != 1:
+            return f"{self.describe()} proposes a tree (width {self.width}); width=1 proposes one chain"
+        return min(self.max_tokens, self.max_nodes or self.max_tokens)
+
     def describe(self) -> str:
         extra = ""
         if self.window != 512:
