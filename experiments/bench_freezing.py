@@ -29,7 +29,6 @@ import torch  # noqa: E402
 
 from treespec.bench import arms  # noqa: E402
 from treespec.calibrate.vectors import default_acceptance  # noqa: E402
-from treespec.common.machine import machine  # noqa: E402
 from treespec.core import captured_runner, compiled, compiling, prefill  # noqa: E402
 from treespec.recipes import Recipe  # noqa: E402
 
@@ -65,14 +64,9 @@ def run_arm(arm: str, args: argparse.Namespace) -> None:
 
 
 def report(args: argparse.Namespace) -> dict:
-    records, summary = arms.summarized(args.out, ARMS)
-    lines = [f"# Weight freezing in the captured step on this CPU ({machine('cpu')}, torch {torch.__version__})", "",
-             f"Command: `python experiments/bench_freezing.py --out {args.out}` (HumanEval {args.humaneval}, "
-             f"{args.max_new_tokens} greedy tokens, `treespec generate --compile`'s recipe; each arm in its own "
-             "process, the unfrozen first).", ""]
-    lines += arms.table(records, summary)
-    lines += arms.paired(records, summary, "treespec-captured-frozen-concat", "treespec-captured-frozen")
-    return arms.write(args.out, lines, summary)
+    return arms.report(args, ARMS, "experiments/bench_freezing.py", "Weight freezing in the captured step",
+                       "`treespec generate --compile`'s recipe; each arm in its own process, the unfrozen first",
+                       ("treespec-captured-frozen-concat", "treespec-captured-frozen"))
 
 
 def main(argv: list[str] | None = None) -> dict | None:

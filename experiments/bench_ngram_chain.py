@@ -22,11 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # runs from a checkout without installing treespec
 
-import torch  # noqa: E402
-
 from treespec.bench import arms  # noqa: E402
 from treespec.calibrate.vectors import default_acceptance  # noqa: E402
-from treespec.common.machine import machine  # noqa: E402
 from treespec.core import captured  # noqa: E402
 from treespec.recipes import NGramSettings, Recipe  # noqa: E402
 
@@ -44,14 +41,9 @@ def run_arm(arm: str, args: argparse.Namespace) -> None:
 
 
 def report(args: argparse.Namespace) -> dict:
-    records, summary = arms.summarized(args.out, ARMS)
-    lines = [f"# The n-gram chain in the captured step on this CPU ({machine('cpu')}, torch {torch.__version__})", "",
-             f"Command: `python experiments/bench_ngram_chain.py --out {args.out}` (HumanEval {args.humaneval}, "
-             f"{args.max_new_tokens} greedy tokens, the `--compile` recipe, `--ngram` for chain and host; each arm in "
-             "its own process).", ""]
-    lines += arms.table(records, summary, step=True)
-    lines += arms.paired(records, summary, "treespec-chain", "treespec-host")
-    return arms.write(args.out, lines, summary)
+    return arms.report(args, ARMS, "experiments/bench_ngram_chain.py", "The n-gram chain in the captured step",
+                       "the `--compile` recipe, `--ngram` for chain and host; each arm in its own process",
+                       ("treespec-chain", "treespec-host"), step=True)
 
 
 def main(argv: list[str] | None = None) -> dict | None:

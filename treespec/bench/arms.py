@@ -12,7 +12,10 @@ import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
+import torch
+
 from ..calibrate.choices import resolve
+from ..common.machine import machine
 from ..models import DEFAULT_DRAFT, DEFAULT_TARGET, cache_root, load
 from ..models.precision import precision_of
 from ..recipes import Recipe, run
@@ -55,7 +58,7 @@ def table(records: list[dict], summary: dict, step: bool = False) -> list[str]:
     """The arms' table (tok/s, tau, warm-up seconds; ``step``: the step each ran) and the paired speedups."""
     steps = {r["method"]: r.get("step") for r in records}
     head = "| arm | step |" if step else "| arm |"
-    lines = [f"{head} tok/s [95% CI] | tau | warm-up call s (compiles) |", "|---" * (5 + step) + "|"]
+    lines = [f"{head} tok/s [95% CI] | tau | warm-up call s (compiles) |", "|---" * (4 + step) + "|"]
     for name, m in summary["methods"].items():
         lines.append(f"| {name} |{f' {steps.get(name)} |' if step else ''} {compare.fmt(m['tokens_per_second'])} | "
                      f"{compare.fmt(m.get('tau'))} | {m.get('warmup_seconds', float('nan')):.0f} |")
@@ -75,10 +78,17 @@ def paired(records: list[dict], summary: dict, a: str, b: str) -> list[str]:
     return [f"| {a} vs {b} | {compare.fmt(ratio.as_dict())}x |"]
 
 
-def write(out: Path, lines: list[str], summary: dict) -> dict:
-    """The report (``README.md``) and ``summary.json`` under ``out``; prints the report."""
-    (out / "README.md").write_text("\n".join(lines) + "\n")
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+def report(args: argparse.Namespace, arms: Sequence[str], script: str, title: str, setting: str,
+           pair: tuple[str, str], step: bool = False) -> dict:
+    """The arms' report (``README.md``) and ``summary.json`` under ``args.out``, printed: ``title`` on this CPU, the
+    command (``script``) and its ``setting``, the arms' :func:`table` and the two speculative arms ``pair`` paired."""
+    records, summary = summarized(args.out, arms)
+    lines = [f"# {title} on this CPU ({machine('cpu')}, torch {torch.__version__})", "",
+             f"Command: `python {script} --out {args.out}` (HumanEval {args.humaneval}, {args.max_new_tokens} greedy "
+             f"tokens, {setting}).", ""]
+    lines += table(records, summary, step) + paired(records, summary, *pair)
+    (args.out / "README.md").write_text("\n".join(lines) + "\n")
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
     print("\n".join(lines))
     return summary
 

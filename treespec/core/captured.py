@@ -251,10 +251,10 @@ class BatchCapturedStep:
         for rows not stepping): each row's chain drafter asked on its committed tokens. None without a chain."""
         if self.spec.given is None:
             return None
-        length = int(np.sum(self.spec.given >= 0))
-        given = torch.full((len(self.reqs), self.runner.envelope.chain), -1, dtype=torch.long)
+        width = self.runner.envelope.chain  # the drafter proposes at most its chain's length, which is within it
+        given = torch.full((len(self.reqs), width), -1, dtype=torch.long)
         for row, tokens in committed.items():
-            chain = self.reqs[row].drafters[self.spec.given_by].propose(tokens).tokens[:length]
+            chain = self.reqs[row].drafters[self.spec.given_by].propose(tokens).tokens[:width]
             given[row, : len(chain)] = torch.as_tensor(chain, dtype=torch.long)
         return given.to(self.reqs[0].device)
 
