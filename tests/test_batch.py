@@ -96,6 +96,8 @@ def test_a_rows_output_does_not_depend_on_its_batch_mates():
 
 #: each joint test's seeds (rrs keeps the draws it had before traversal joined it)
 TAGS = {"rrs": "batch-joint", "traversal": "batch-joint-traversal"}
+#: copies of the joint test's prompts in one batch
+COPIES = 16
 
 
 @pytest.mark.parametrize("verifier", list(TAGS))
@@ -107,11 +109,12 @@ def test_joint_law_of_each_row_of_a_batch_is_the_targets(pair, verifier):  # noq
     prompts = [[1, 2, 3], [4, 0], [5, 5, 1, 2]]
     n = max(trials(target, draft, p) for p in prompts)
     counts = [Counter() for _ in prompts]
-    for i in range(n):
-        out = treespec.generate(target, prompts, [treespec.ModelDrafter(draft, BUSHY, "sample")], max_new_tokens=K,
-                                temperature=1.0, seed=spread_seed(TAGS[verifier], i), verifier=verifier)
-        for c, row in zip(counts, out.rows):
-            c[tuple(row.new_tokens)] += 1
+    for i in range(-(-n // COPIES)):  # batches of the three prompts, COPIES times each (row j: prompt j % 3)
+        out = treespec.generate(target, prompts * COPIES, [treespec.ModelDrafter(draft, BUSHY, "sample")],
+                                max_new_tokens=K, temperature=1.0, seed=spread_seed(TAGS[verifier], i),
+                                verifier=verifier)
+        for j, row in enumerate(out.rows):
+            counts[j % len(prompts)][tuple(row.new_tokens)] += 1
     for c, p in zip(counts, prompts):
         assert g_test(c, exact_joint(target, p, K, 1.0)) > ALPHA
 

@@ -4,6 +4,7 @@ levels and tree in one forward each, and each row exactly as its prompt decoded 
 the single-prompt captured step's joint-distribution tests, tests/test_captured.py, carry over row by row)."""
 
 import pytest
+import torch
 
 import treespec
 from test_batch import PROMPTS, TREE
@@ -77,6 +78,36 @@ def test_captured_sampled_rows_equal_each_prompt_alone_with_the_rows_seed(verifi
             alone = treespec.generate(target, prompt, drafter(draft, mode), seed=row_seed(seed, r), **kw)
             assert row.new_tokens == alone.new_tokens and row.stats.step_tokens == alone.stats.step_tokens
     assert [r.new_tokens for r in outs[0].rows] != [r.new_tokens for r in outs[7].rows]
+
+
+#: the FX node count of each graph dynamo hands to :func:`_counting`
+GRAPH_SIZES: list[int] = []
+
+
+@torch._dynamo.register_backend(name="treespec_count_nodes")
+def _counting(gm: torch.fx.GraphModule, example_inputs) -> object:
+    """A ``torch.compile`` backend that runs dynamo's graph as it is and records its size."""
+    GRAPH_SIZES.append(len(gm.graph.nodes))
+    return gm.forward
+
+
+def test_the_captured_graphs_do_not_grow_with_the_batch():
+    """Every row's acceptance is one walk over the batch (``rule``'s walks run over ``[B, ...]``), so the captured
+    step's graphs hold the same operations for 6 rows as for 2 (a walk traced row by row grew with the rows, and so
+    did its compile time); and a row's output is still its prompt's alone. (Draws without replacement under
+    ``rrs``: the walk with the most per-row work, each proposal's ``q`` without its older siblings.)"""
+    target, draft = tiny_pair("qwen2")
+    mode = "sample_without_replacement"
+    kw = dict(max_new_tokens=6, temperature=1.0, compile="treespec_count_nodes", envelope=PADDED)
+    sizes = {}
+    for rows in (2, 6):
+        GRAPH_SIZES.clear()
+        out = treespec.generate(target, (PROMPTS * 2)[:rows], drafter(draft, mode), seed=3, **kw)
+        assert out.stats.step == "captured, batched"
+        sizes[rows] = list(GRAPH_SIZES)
+    assert len(sizes[2]) >= 2 and sizes[2] == sizes[6], sizes
+    alone = treespec.generate(target, PROMPTS[0], drafter(draft, mode), seed=3, **kw)
+    assert out.rows[0].new_tokens == alone.new_tokens
 
 
 def test_a_batch_the_captured_step_cannot_run_runs_eager_and_says_why():

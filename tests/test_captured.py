@@ -242,7 +242,7 @@ def test_older_siblings_are_removed_as_the_host_proposals_do():
     tokens = torch.tensor([7, 7, 2, 5, 1, 8])  # node v's token; the root and node 1 share token 7
     earlier = torch.tensor([[-1, -1], [1, -1], [1, 2], [-1, -1], [4, -1]])  # each proposal's older siblings
     runner = captured_runner.CapturedRunner.__new__(captured_runner.CapturedRunner)
-    got = runner._without_older_siblings(q, tokens, earlier)
+    got = runner._without_older_siblings(q[None], tokens[None], earlier)[0]  # a batch of one row
     for row in range(5):
         exclude = tuple(int(tokens[v]) for v in earlier[row] if v >= 0)
         assert torch.allclose(got[row], rule.draw_without_replacement_q(q[row], exclude))

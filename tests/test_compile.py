@@ -157,13 +157,13 @@ def test_greedy_path_is_the_deepest_matching_node():
     valid = torch.tensor([True, True, True, True, False])
     anc = torch.eye(5, dtype=torch.bool)
     anc[1, 0] = anc[2, 0] = anc[2, 1] = anc[3, 0] = True
-    logits = torch.zeros(5, 10)
-    logits[0, 4] = logits[1, 5] = logits[2, 7] = 1.0  # target argmax: 4 after root, 5 after node 1, then 7
-    on_path, extra = rule.greedy_path(logits, tokens, parent, anc, valid)
-    assert on_path.tolist() == [True, True, True, False, False] and int(extra) == 7
-    logits[1, 5], logits[1, 1] = 0.0, 1.0  # now node 2 does not match: stop at node 1, extra = 1
-    on_path, extra = rule.greedy_path(logits, tokens, parent, anc, valid)
-    assert on_path.tolist() == [True, True, False, False, False] and int(extra) == 1
+    logits = torch.zeros(2, 5, 10)  # two rows of one batch: the same tree, different targets
+    logits[:, 0, 4] = logits[:, 1, 5] = logits[:, 2, 7] = 1.0  # argmax: 4 after root, 5 after node 1, then 7
+    logits[1, 1, 5], logits[1, 1, 1] = 0.0, 1.0  # row 1: node 2 does not match: stop at node 1, extra = 1
+    on_path, extra = rule.greedy_path(logits, tokens.expand(2, 5), parent, anc, valid.expand(2, 5))
+    assert on_path.tolist() == [[True, True, True, False, False], [True, True, False, False, False]]
+    assert extra.tolist() == [7, 1]
+    on_path = on_path[1]
     rows, m = rule.path_rows(on_path)
     assert rows.tolist() == [0, 1, 2, 3, 4] and int(m) == 2
 

@@ -106,11 +106,11 @@ def device_counts(tree: TokenTree, target: torch.Tensor, walk=rule.traversal_pat
     g = torch.Generator().manual_seed(seed)
     uniforms = torch.rand(SAMPLES, ptok.shape[0], generator=g)
     exponentials = torch.empty(SAMPLES, V).exponential_(generator=g)
+    rows = lambda *ts: [t.expand(SAMPLES, *t.shape) for t in ts]  # noqa: E731 (the tree's, in every row)
     if walk is rule.traversal_path:
-        run = lambda u, e: walk(probs, q, ptok, pparent, pchild, padded.anc, post, u, e)  # noqa: E731
+        on_path, extra = walk(*rows(probs, q, ptok, pparent), pchild, padded.anc, post, uniforms, exponentials)
     else:
-        run = lambda u, e: walk(probs, q, ptok, pparent, pchild, plast, has_props, u, e)  # noqa: E731
-    on_path, extra = torch.vmap(run)(uniforms, exponentials)
+        on_path, extra = walk(*rows(probs, q, ptok, pparent), pchild, *rows(plast, has_props), uniforms, exponentials)
     deepest = (on_path * torch.arange(w)).argmax(-1)  # DFS order: the path's last node has the largest index
     return Counter(zip(flat.order[deepest.numpy()].tolist(), extra.tolist()))
 
@@ -175,11 +175,11 @@ def test_compiles_fullgraph_and_matches_eager():
     w, cpu = len(flat), torch.device("cpu")
     padded = padded_tree.PaddedTree.of(flat, w, cpu)
     q, ptok, pparent, pchild, _, _, post = padded_tree.Proposals.of(tree, flat, V, w, cpu)
-    args = (target[flat.order], q, ptok, pparent, pchild, padded.anc, post)
+    args = (target[flat.order][None], q[None], ptok[None], pparent[None], pchild, padded.anc, post)
     fn = torch.compile(rule.traversal_path, fullgraph=True, backend=BACKEND)
     g = torch.Generator().manual_seed(0)
     for _ in range(20):
-        u, e = torch.rand(ptok.shape[0], generator=g), torch.empty(V).exponential_(generator=g)
+        u, e = torch.rand(1, ptok.shape[0], generator=g), torch.empty(1, V).exponential_(generator=g)
         eager, traced = rule.traversal_path(*args, u, e), fn(*args, u, e)
         assert torch.equal(eager[0], traced[0]) and torch.equal(eager[1], traced[1])
 

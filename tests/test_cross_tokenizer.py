@@ -9,13 +9,13 @@ from collections import Counter
 import pytest
 import torch
 
+import test_exactness as exactness
 import treespec
 from stats import ALPHA, exact_joint, g_test
 from treespec.models.tiny import bigram_model, greedy_reference, tiny_model
 from treespec.drafters.cross_tokenizer import AlignmentError, CrossTokenizerDrafter, TextCodec, common_prefix
 from treespec.models.pair import load_cross_drafter, tokenizers_match
 from treespec.core.drafting import DraftProposals, Drafter
-from treespec.core.sampling import spread_seed
 
 
 class LongestMatch:
@@ -139,12 +139,8 @@ class ClaimsUniformDraws(Drafter):
 
 
 def sample_joint(target, make_drafter, tag) -> Counter:
-    counts = Counter()
-    for i in range(N):
-        out = treespec.generate(target, PROMPT, drafters=[make_drafter()], max_new_tokens=K, temperature=1.0,
-                                seed=spread_seed(tag, i))
-        counts[tuple(out.new_tokens)] += 1
-    return counts
+    """``N`` trials (test_exactness.sample_joint: as the rows of batches)."""
+    return exactness.sample_joint(target, lambda: [make_drafter()], tag, N, PROMPT, temperature=1.0)
 
 
 def test_joint_distribution_matches_target(stat_pair):

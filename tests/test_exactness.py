@@ -18,6 +18,7 @@ import torch
 
 import treespec
 from stats import ALPHA, exact_joint, g_test, root_unverified, trials_to_detect
+from treespec.core.batch import row_seed
 from treespec.core.sampling import spread_seed
 from treespec.models.tiny import perturbed_copy, tiny_model
 
@@ -25,6 +26,10 @@ K, PROMPT = 3, [1, 2, 3]
 #: the fewest trials a joint-distribution test runs, whatever the power calculation says: with fewer, the
 #: G-test pools most of the 216 cells of three tokens
 FEWEST = 400
+#: trials run as the rows of batches of this many prompts (:func:`sample_joint`); trial counts are multiples of 50
+ROWS = 50
+#: rows of the first batch that also run alone, and must give the row's tokens
+ALONE = 20
 BUSHY = [(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]
 REPEAT = [1, 2, 3, 1, 2, 3, 1, 2]
 CHAINS = [(0,), (1,), (2,), (0, 0), (1, 0), (2, 0)]  # 3 independent chains of length 2
@@ -49,12 +54,31 @@ def trials(target, draft, prompt=PROMPT, temperature: float = 1.0, top_k: int = 
 
 
 def sample_joint(target, make_drafters, tag, n: int, prompt=PROMPT, **kwargs) -> Counter:
-    """The first ``K`` tokens of ``n`` seeded ``treespec.generate`` calls, counted."""
+    """The first ``K`` tokens of ``n`` seeded trials of ``treespec.generate``, counted.
+
+    The trials run as the rows of batches of ``ROWS`` copies of the prompt (``n`` rounded up to whole batches): a
+    batch's row decodes as its prompt alone with the row's seed (``batch.row_seed``), by the batched form of the
+    step the prompt alone runs, so the rows are independent trials of that step's law (tests/test_batch.py and
+    tests/test_batch_captured.py test rows against prompts alone; here the first ``ALONE`` rows of the first batch
+    are run alone too, and must give the same tokens). A step with no batched form (the compiled step drafted on
+    the host: a batch falls back to the eager step) runs its ``n`` trials one by one.
+    """
+    first = treespec.generate(target, [prompt] * ROWS, make_drafters(), max_new_tokens=K, seed=spread_seed(tag, 0),
+                              **kwargs)
+    alone = [treespec.generate(target, prompt, make_drafters(), max_new_tokens=K,
+                               seed=row_seed(spread_seed(tag, 0), r), **kwargs) for r in range(ALONE)]
     counts = Counter()
-    for i in range(n):
-        out = treespec.generate(target, prompt, drafters=make_drafters(), max_new_tokens=K,
-                                seed=spread_seed(tag, i), **kwargs)
-        counts[tuple(out.new_tokens)] += 1
+    if first.stats.step != f"{alone[0].stats.step}, batched":  # no batched form: one trial per call
+        for i in range(n):
+            out = treespec.generate(target, prompt, make_drafters(), max_new_tokens=K, seed=spread_seed(tag, i),
+                                    **kwargs)
+            counts[tuple(out.new_tokens)] += 1
+        return counts
+    assert [row.new_tokens for row in first.rows[:ALONE]] == [out.new_tokens for out in alone]
+    for c in range(-(-n // ROWS)):
+        out = first if c == 0 else treespec.generate(target, [prompt] * ROWS, make_drafters(), max_new_tokens=K,
+                                                     seed=spread_seed(tag, c), **kwargs)
+        counts.update(tuple(row.new_tokens) for row in out.rows)
     return counts
 
 

@@ -4,6 +4,8 @@ a recorded tree (its proposals, the target's logits over it and the step's rando
 the compiled, padded walk must give the same path and the same extra token, rule by rule. A control that
 changes one side only (the compiled graph's padding read as nodes) must make them disagree."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -46,8 +48,8 @@ def walk(tree: TokenTree, logits: torch.Tensor, params: SamplingParams, verifier
         if verifier != "rrs":  # leaf tests: one per non-root node, in flat order
             noise = padded.Noise(torch.cat([torch.rand(len(flat) - 1, generator=g), torch.ones(width)])
                                  [: props.token.shape[0]], noise.exponentials)
-    on_path, extra = fn(logits, tree_t, props, noise, params, verifier)
-    return [int(flat.order[i]) for i in on_path[: len(flat)].nonzero()[:, 0].tolist()], int(extra)
+    on_path, extra = fn(logits[None], *padded.rows_of(tree_t, props, noise), params, verifier)  # a batch of one
+    return [int(flat.order[i]) for i in on_path[0, : len(flat)].nonzero()[:, 0].tolist()], int(extra[0])
 
 
 @pytest.mark.parametrize("verifier,temperature", [("rrs", 0.0), ("rrs", 1.0), ("traversal", 1.0), ("rrs", 0.6)])
@@ -79,3 +81,21 @@ def test_the_check_sees_a_compiled_walk_that_differs():
         eager = walk(tree, logits, params, "rrs", seed, tree.size)
         differs |= eager != walk(tree, logits, params, "rrs", seed, tree.size + 3, fn=padding_as_nodes)
     assert differs
+
+
+@pytest.mark.parametrize("verifier,temperature", [("rrs", 0.0), ("rrs", 1.0), ("traversal", 1.0)])
+def test_rows_walked_in_one_call_equal_each_row_walked_alone(verifier, temperature):
+    """A batch's rows (trees of different sizes, each its own generator) in one call of the rule
+    (``padded.accept_rows``: padded to the widest tree and the longest proposal list) give each row's outcome
+    alone; the rows accept paths of several lengths."""
+    req = SimpleNamespace(params=SamplingParams(temperature), verifier=verifier, vocab=V, device=torch.device("cpu"))
+    rows = []
+    for seed in range(10):
+        tree, logits = recorded_tree(seed)
+        flat = flatten(tree)
+        rows.append((tree, flat, logits[flat.order], seed))
+    alone = [padded.HostAcceptance(req, torch.Generator().manual_seed(s)).accept(t, f, x) for t, f, x, s in rows]
+    together = padded.accept_rows([(padded.HostAcceptance(req, torch.Generator().manual_seed(s)), t, f, x)
+                                   for t, f, x, s in rows])
+    assert together == alone
+    assert len({len(f) for _, f, _, _ in rows}) > 1 and len({len(path) for path, _ in alone}) > 1

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-from collections import Counter
 
 import pytest
 import torch
@@ -11,10 +10,9 @@ import torch
 import treespec
 from treespec.models.quantized import Int4Linear
 from stats import ALPHA, exact_joint, g_test
-from test_exactness import K, PROMPT, trials
+from test_exactness import K, PROMPT, sample_joint, trials
 from treespec.models.tiny import greedy_reference, perturbed_copy, tiny_model
 from treespec.models.precision import precision_of, to_precision
-from treespec.core.sampling import spread_seed
 
 BUSHY = [(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1), (0, 0, 0, 0)]
 CHAIN = [(0,), (0, 0), (0, 0, 0), (0, 0, 0, 0), (0, 0, 0, 0, 0)]
@@ -106,12 +104,8 @@ def test_quantised_sampling_drafter_keeps_the_joint_law(small_pair, case):
     target, draft = small_pair
     stop = 0.3 if case.endswith("confidence-stop") else None
     mode = case.removesuffix("-confidence-stop")
-    counts = Counter()
-    for i in range(trials(target, draft, PROMPT, temperature=1.0)):
-        drafter = treespec.ModelDrafter(draft, SMALL_BUSHY, mode, min_confidence=stop)
-        out = treespec.generate(target, PROMPT, drafters=[drafter], max_new_tokens=K, temperature=1.0,
-                                seed=spread_seed("int8", case, i))
-        counts[tuple(out.new_tokens)] += 1
+    counts = sample_joint(target, lambda: [treespec.ModelDrafter(draft, SMALL_BUSHY, mode, min_confidence=stop)],
+                          f"int8-{case}", trials(target, draft, PROMPT, temperature=1.0), temperature=1.0)
     assert g_test(counts, exact_joint(target, PROMPT, K, 1.0)) > ALPHA
 
 
@@ -122,9 +116,6 @@ def test_an_int4_target_keeps_the_joint_law():
     draft = perturbed_copy(base, 2.0, seed=2)
     target = to_precision(base, "int4", wide=False)
     assert sum(isinstance(m, Int4Linear) for m in target.modules()) == 7  # every layer but the 6-row head
-    counts = Counter()
-    for i in range(trials(target, draft, PROMPT, temperature=1.0)):
-        out = treespec.generate(target, PROMPT, drafters=[treespec.ModelDrafter(draft, SMALL_BUSHY, "sample")],
-                                max_new_tokens=K, temperature=1.0, seed=spread_seed("int4-target", i))
-        counts[tuple(out.new_tokens)] += 1
+    counts = sample_joint(target, lambda: [treespec.ModelDrafter(draft, SMALL_BUSHY, "sample")], "int4-target",
+                          trials(target, draft, PROMPT, temperature=1.0), temperature=1.0)
     assert g_test(counts, exact_joint(target, PROMPT, K, 1.0)) > ALPHA

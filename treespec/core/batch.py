@@ -3,7 +3,8 @@
 Each row is one request (its prompt, its own copies of the drafters, its own seed and random numbers,
 its own acceptance: ``padded.HostAcceptance``, the eager step's), so a row's output is what
 ``treespec.generate`` gives for that prompt alone with the row's seed (:func:`row_seed`), whichever
-prompts share its batch. What the rows share are the forwards: the target's over every row's tree, and a
+prompts share its batch. What the rows share are the forwards and the rule's call (``padded.accept_rows``: every
+row's tree padded to the widest, each with its own random numbers): the target's over every row's tree, and a
 model drafter's over every row's level (its drafting is a coroutine of forwards, ``Drafter.drafting``), each
 through one ``kv.RowsCache`` (batch row ``b`` holds row ``b``'s committed tokens; a row's new tokens follow its
 own, padding attends to itself only). A finished row (EOS or ``max_new_tokens``) leaves the batch: it costs
@@ -24,7 +25,7 @@ from . import checks
 from .drafting import DraftProposals, Drafter, Drafting, Forward, checked
 from .buffers import Envelope
 from .kv import RowCache, RowsCache, causal_allowed
-from .padded import HostAcceptance
+from .padded import HostAcceptance, accept_rows
 from .request import Request
 from .sampling import spread_seed
 from .stats import SECTIONS, GenerateOutput, Progress, Stats
@@ -55,8 +56,8 @@ def row_seed(seed: int, row: int) -> int:
 class BatchEagerStep:
     """The eager step over a batch of rows (module docstring). Each step: every row's proposals, a drafter that
     drafts in forwards (``Drafter.drafting``: the model drafter) running all rows' forwards at once over one
-    ``RowsCache`` of its model (its rows' caches are views of it); one target forward for every row; the
-    acceptance per row."""
+    ``RowsCache`` of its model (its rows' caches are views of it); one target forward for every row; every row's
+    acceptance in one call of the rule (each row's own random numbers)."""
 
     name = "eager, batched"
 
@@ -96,9 +97,10 @@ class BatchEagerStep:
         clock.charge("overhead")
         logits = self.cache.forward(self.target, asks)
         clock.charge("verifying")
+        accepted = accept_rows([(self.acceptance[row], tree, flats[row], logits[row])
+                                for row, (tree, _) in drafted.items()])
         out = {}
-        for row, (tree, capped) in drafted.items():
-            path, extra = self.acceptance[row].accept(tree, flats[row], logits[row])
+        for (row, (tree, capped)), (path, extra) in zip(drafted.items(), accepted):
             self.cache.keep_row(row, committed[row], committed[row] + flats[row].index[path])
             out[row] = (tree, path, extra, capped)
         return out

@@ -166,19 +166,15 @@ class CapturedRunner:
 
     def _verify(self, drafted: Drafted, qs: list[torch.Tensor], levels_drafted: torch.Tensor, noise: Noise | None,
                 state: StepState, tree: TreeTensors, active: torch.Tensor) -> tuple[StepState, torch.Tensor]:
-        """Target forward, each row's acceptance, both commits: ``(the next step's state, the packed Outcome of
-        each row)``. A row not ``active`` commits nothing."""
+        """Target forward, every row's acceptance (one walk over the batch), both commits: ``(the next step's
+        state, the packed Outcome of each row)``. A row not ``active`` commits nothing."""
         tokens, exists, length = drafted.tokens, drafted.exists, self.cache.length
         logits = self.cache.forward(self.target, tokens, length[:, None] + tree.depth, tree.ancestors)
         if self.params.greedy:
-            paths = [greedy_path(logits[b], tokens[b], tree.flat_parent, tree.ancestors, exists[b])
-                     for b in range(tokens.shape[0])]
+            on_path, extra = greedy_path(logits, tokens, tree.flat_parent, tree.ancestors, exists)
         else:
-            probs, q = self.params.probs(logits), (torch.cat(qs, dim=1) if qs else None)
-            paths = [self._walk(probs[b], tokens[b], exists[b], None if q is None else q[b],
-                                Noise(noise.uniforms[b], noise.exponentials[b]), tree)
-                     for b in range(tokens.shape[0])]
-        on_path, extra = torch.stack([p for p, _ in paths]), torch.stack([x for _, x in paths])
+            q = torch.cat(qs, dim=1) if qs else None
+            on_path, extra = self._walk(self.params.probs(logits), tokens, exists, q, noise, tree)
         rows, m = path_rows(on_path)
         m = m * active
         self.cache.commit(length[:, None] + rows, m)
@@ -205,40 +201,43 @@ class CapturedRunner:
         return pending, cache.length + 0
 
     def _without_older_siblings(self, q: torch.Tensor, tokens: torch.Tensor, earlier: torch.Tensor) -> torch.Tensor:
-        """Each proposal's ``q`` with its older siblings' tokens removed, renormalised (the distribution a draw
-        without replacement came from); ``earlier`` ``[P, K - 1]``, -1 padding."""
+        """Each proposal's ``q`` (``[B, P, V]``) with its older siblings' tokens (``tokens`` ``[B, N]``) removed,
+        renormalised (the distribution a draw without replacement came from); ``earlier`` ``[P, K - 1]``, -1
+        padding."""
         # scatter-add, not scatter: a padding entry (-1, read as the root) may share its token with a real older
         # sibling, and a plain scatter's later write would then clear that sibling's mark
-        drop = torch.zeros_like(q).scatter_add_(1, tokens[earlier.clamp_min(0)], (earlier >= 0).to(q.dtype)) > 0
+        marks = tokens[:, earlier.clamp_min(0)]  # [B, P, K - 1]
+        drop = torch.zeros_like(q).scatter_add_(2, marks, (earlier >= 0).to(q.dtype).expand(marks.shape)) > 0
         q = q.masked_fill(drop, 0.0)
         return q / q.sum(-1, keepdim=True).clamp_min(torch.finfo(q.dtype).tiny)
 
     def _proposal_q(self, qs: torch.Tensor | None, tokens: torch.Tensor, tree: TreeTensors, vocab: int) -> torch.Tensor:
-        """Each non-root node's proposal distribution ``[N - 1, V]``: a point mass for top-k and for a given token
-        (the chain's), else its level's draft distribution with its older siblings removed."""
-        point = torch.nn.functional.one_hot(tokens[1:], vocab).float()
+        """Each row's non-root nodes' proposal distributions ``[B, N - 1, V]``: a point mass for top-k and for a
+        given token (the chain's), else its level's draft distribution with its older siblings removed."""
+        point = torch.nn.functional.one_hot(tokens[:, 1:], vocab).float()
         if self.mode == "topk":
             return point
-        q = self._without_older_siblings(qs[tree.q_row[1:]], tokens, tree.earlier_siblings[1:])
+        q = self._without_older_siblings(qs[:, tree.q_row[1:]], tokens, tree.earlier_siblings[1:])
         return torch.where((tree.given[1:] >= 0)[:, None], point, q)
 
     def _walk(self, probs: torch.Tensor, tokens: torch.Tensor, exists: torch.Tensor, qs: torch.Tensor | None,
               noise: Noise, tree: TreeTensors) -> tuple[torch.Tensor, torch.Tensor]:
-        """The request's rule over one row's tree (``rule.sampled_path``, or ``rule.traversal_path``: traversal,
-        and block on a chain); node ``v``'s proposal is entry ``v - 1``, and missing nodes are no proposals.
-        ``qs``: the row's draft distributions of every level's kept rows (None for top-k)."""
-        n = tokens.shape[0]
-        props = exists[1:]
-        pparent = torch.where(props, tree.flat_parent[1:], -1)
+        """The request's rule over every row's tree at once (``rule.sampled_path``, or ``rule.traversal_path``:
+        traversal, and block on a chain); node ``v``'s proposal is entry ``v - 1``, and missing nodes are no
+        proposals. ``qs``: each row's draft distributions of every level's kept rows (None for top-k)."""
+        b, n = tokens.shape
+        props = exists[:, 1:]
+        parent = tree.flat_parent[1:].expand(b, n - 1)
+        pparent = torch.where(props, parent, -1)
         pchild = torch.arange(1, n, device=tokens.device)
         q = self._proposal_q(qs, tokens, tree, probs.shape[-1])
         if self.verifier != "rrs":  # one uniform per leaf test of a non-root node
-            return traversal_path(probs, q, tokens[1:], pparent, pchild, tree.ancestors, tree.post_order,
+            return traversal_path(probs, q, tokens[:, 1:], pparent, pchild, tree.ancestors, tree.post_order,
                                   noise.uniforms, noise.exponentials)
         # the last proposal of its parent: no younger sibling exists (a missing draw may precede the chain's node)
-        last = torch.zeros(n, dtype=torch.long, device=tokens.device).scatter_reduce(
-            0, tree.flat_parent[1:], torch.where(props, pchild, 0), "amax")
-        plast = props & (pchild == last[tree.flat_parent[1:]])
-        has_props = torch.zeros(n, dtype=torch.long, device=tokens.device).index_add_(
-            0, tree.flat_parent[1:], props.long()) > 0
-        return sampled_path(probs, q, tokens[1:], pparent, pchild, plast, has_props, noise.uniforms, noise.exponentials)
+        zeros = torch.zeros(b, n, dtype=torch.long, device=tokens.device)
+        last = zeros.scatter_reduce(1, parent, torch.where(props, pchild, 0), "amax")
+        plast = props & (pchild == last.gather(1, parent))
+        has_props = zeros.scatter_add(1, parent, props.long()) > 0
+        return sampled_path(probs, q, tokens[:, 1:], pparent, pchild, plast, has_props, noise.uniforms,
+                            noise.exponentials)

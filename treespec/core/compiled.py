@@ -31,7 +31,7 @@ import torch
 
 from .compiling import compile_graph, compile_options
 from .static_cache import StaticTreeCache
-from .padded import Noise, PaddedTree, Proposals, accept, next_pow2
+from .padded import Noise, PaddedTree, Proposals, accept, next_pow2, rows_of
 from .prefill import ChunkedPrefill, padded_length
 from .request import Request
 from .rule import path_rows
@@ -80,8 +80,9 @@ class _Runner:
     def _step(self, tree: PaddedTree, props: Proposals | None, noise: Noise | None) -> torch.Tensor:
         """Forward, acceptance (``padded.accept``) and commit: ``[path rows W, m, extra]``."""
         logits = self.run_eager(tree.tokens, tree.depth, tree.anc)
-        on_path, extra = accept(logits, tree, props, noise, self.params, self.verifier)
-        rows, m = path_rows(on_path)
+        on_path, extra = accept(logits[None], *rows_of(tree, props, noise), self.params, self.verifier)
+        rows, m = path_rows(on_path[0])
+        extra = extra[0]
         self.cache.commit(self.cache.length + rows, m)
         return torch.cat([rows, m[None], extra[None]])
 

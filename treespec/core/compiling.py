@@ -29,13 +29,19 @@ def compile_options(compile: bool | str, device: torch.device) -> tuple[str, str
 
 
 def compile_graph(fn: Callable, backend: str, mode: str | None) -> Callable:
-    """``fn`` compiled as one graph (``fullgraph=True``): inductor without a mode (the CPU's) freezes weights.
+    """``fn`` compiled as one graph (``fullgraph=True``) of static shapes: inductor without a mode (the CPU's)
+    freezes weights.
+
+    ``dynamic=False``: every runner compiles the same code objects for its own shapes (a batch's rows, an
+    envelope's widths), and dynamo's default would trace every runner after the first with those sizes symbolic
+    (automatic dynamic shapes), slower to compile and to run. A dimension marked dynamic (the prefill's token
+    count) stays dynamic.
 
     Freezing is switched on around every call rather than passed in ``torch.compile``'s ``options``: dynamo
     marks a module's weights static (so inductor may fold them) only when ``torch._inductor.config.freezing``
     is on while it traces; ``options`` reach inductor alone, after the weights became ordinary graph inputs,
     and froze nothing (tests/test_freezing.py checks the generated code)."""
-    compiled = torch.compile(fn, fullgraph=True, backend=backend, mode=mode)
+    compiled = torch.compile(fn, fullgraph=True, dynamic=False, backend=backend, mode=mode)
     if backend != "inductor" or mode is not None:
         return compiled
 

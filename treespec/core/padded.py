@@ -11,7 +11,7 @@ numbers, drawn up front by one seeded call each).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -65,10 +65,11 @@ class Proposals(NamedTuple):
     post: torch.Tensor  # [w] each node's rank in post-order (padding last)
 
     @classmethod
-    def of(cls, tree: TokenTree, flat: FlatTree, vocab: int, w: int, device: torch.device) -> "Proposals":
-        """``P`` is a power of two ``>= w`` (a fixed shape keeps one graph)."""
+    def of(cls, tree: TokenTree, flat: FlatTree, vocab: int, w: int, device: torch.device,
+           size: int = 0) -> "Proposals":
+        """``P`` is a power of two ``>= w`` (a fixed shape keeps one graph), or ``size`` where that is larger."""
         props = [(i, p) for i, node in enumerate(flat.order) for p in tree.proposals[node]]
-        n, size = len(props), next_pow2(len(props), w)
+        n, size = len(props), max(size, next_pow2(len(props), w))
         ints = np.zeros((6, size), dtype=np.int64)  # token, parent, child, last, (per flat node: has_props, post)
         ints[1] = -1
         ints[5, :w] = np.arange(w)
@@ -102,11 +103,17 @@ class Noise(NamedTuple):
                    torch.empty(vocab, device=device).exponential_(generator=generator))
 
 
+def rows_of(*trees: NamedTuple | None) -> list:
+    """Each container (``PaddedTree``, ``Proposals``, ``Noise``, or None) as a batch of one row."""
+    return [None if t is None else type(t)(*(x[None] for x in t)) for t in trees]
+
+
 def accept(logits: torch.Tensor, tree: PaddedTree, props: Proposals | None, noise: Noise | None,
            params: SamplingParams, verifier: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(on_path [w] bool, extra token)``: the greedy path, or the request's exact rule for a sampled step
-    (``rrs``: the token-level rule proposal by proposal; ``traversal``, and ``block``, the same rule on a
-    chain: traversal verification's leaf tests). Pure tensors: compiled as a part of a step's graph, or eager."""
+    """``(on_path [B, w] bool, extra token [B])`` of ``B`` rows (every tensor with a leading ``[B]``; one tree:
+    :func:`rows_of`): the greedy path, or the request's exact rule for a sampled step (``rrs``: the token-level
+    rule proposal by proposal; ``traversal``, and ``block``, the same rule on a chain: traversal verification's
+    leaf tests). Pure tensors: compiled as a part of a step's graph, or eager."""
     if params.greedy:
         return greedy_path(logits, tree.tokens, tree.parent, tree.anc, tree.valid)
     probs = params.probs(logits)
@@ -118,26 +125,45 @@ def accept(logits: torch.Tensor, tree: PaddedTree, props: Proposals | None, nois
 
 
 class HostAcceptance:
-    """One request's acceptance of an unpadded host-drafted tree (the eager step's, and each row's of a batch):
-    its random numbers from the request's own generator, its rule by :func:`accept` (``spectr``: on the host)."""
+    """One request's acceptance of an unpadded host-drafted tree (the eager step's, and each row's of a batch,
+    :func:`accept_rows`): its random numbers from the request's own generator, its rule by :func:`accept`
+    (``spectr``: on the host)."""
 
     def __init__(self, req: "Request", gen: torch.Generator) -> None:
         self.req, self.gen = req, gen
 
-    def noise(self, props: Proposals) -> Noise:
-        """The step's random numbers (the compiled step draws the same ones in the same order)."""
-        return Noise.draw(props.token.shape[0], self.req.vocab, self.gen, self.req.device)
+    def noise(self, props: int) -> Noise:
+        """The step's random numbers for ``props`` proposals (the compiled step draws the same ones in the same
+        order)."""
+        return Noise.draw(props, self.req.vocab, self.gen, self.req.device)
 
     def accept(self, tree: TokenTree, flat: FlatTree, logits: torch.Tensor) -> tuple[list[int], int]:
         """The accepted path (tree nodes) and the extra token, by the request's rule (``logits``: ``[n, V]``)."""
-        req = self.req
-        if not req.params.greedy and req.verifier == "spectr":
-            return verifiers.spectr(tree, verifiers.node_targets(flat, logits, req.params), verifiers.TorchCoins(self.gen))
-        padded = PaddedTree.of(flat, len(flat), req.device)
-        props = noise = None
-        if not req.params.greedy:
-            props = Proposals.of(tree, flat, req.vocab, len(flat), req.device)
-            noise = self.noise(props)
-        on_path, extra = accept(logits, padded, props, noise, req.params, req.verifier)
-        rows = torch.cat([on_path.nonzero()[:, 0], extra.view(1)]).tolist()  # one device->host copy
-        return [int(flat.order[i]) for i in rows[:-1]], rows[-1]
+        return accept_rows([(self, tree, flat, logits)])[0]
+
+
+def accept_rows(rows: Sequence[tuple[HostAcceptance, TokenTree, FlatTree, torch.Tensor]]
+                ) -> list[tuple[list[int], int]]:
+    """The acceptances of requests with the same sampling settings (a batch's rows; each its own tree, target
+    logits ``[n, V]`` and generator) in one call of the rule: each tree padded to the widest, its proposal list to
+    the longest, its random numbers drawn as it draws them alone (padding proposals are never tried:
+    ``parent == -1``), so each row's outcome is its outcome alone. ``spectr`` walks each row on the host."""
+    req = rows[0][0].req
+    if not req.params.greedy and req.verifier == "spectr":
+        return [verifiers.spectr(tree, verifiers.node_targets(flat, logits, req.params), verifiers.TorchCoins(acc.gen))
+                for acc, tree, flat, logits in rows]
+    device, w = req.device, max(len(flat) for _, _, flat, _ in rows)
+    padded = PaddedTree(*map(torch.stack, zip(*(PaddedTree.of(flat, w, device) for _, _, flat, _ in rows))))
+    logits = torch.stack([torch.cat([x, x.new_zeros(w - len(x), x.shape[1])]) for *_, x in rows])
+    props = noise = None
+    if not req.params.greedy:
+        count = [sum(len(tree.proposals[v]) for v in flat.order) for _, tree, flat, _ in rows]
+        size = max(next_pow2(n, w) for n in count)
+        props = Proposals(*map(torch.stack, zip(*(Proposals.of(tree, flat, req.vocab, w, device, size)
+                                                   for _, tree, flat, _ in rows))))
+        own = [acc.noise(next_pow2(n, len(flat))) for n, (acc, _, flat, _) in zip(count, rows)]  # as drawn alone
+        noise = Noise(torch.stack([torch.cat([x.uniforms, x.uniforms.new_ones(size - len(x.uniforms))]) for x in own]),
+                      torch.stack([x.exponentials for x in own]))
+    on_path, extra = accept(logits, padded, props, noise, req.params, req.verifier)
+    out = torch.cat([on_path.long(), extra[:, None]], 1).tolist()  # one device->host copy
+    return [([int(flat.order[i]) for i in range(len(flat)) if o[i]], o[-1]) for (_, _, flat, _), o in zip(rows, out)]

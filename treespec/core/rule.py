@@ -106,111 +106,123 @@ def draw_without_replacement_q(q: torch.Tensor, exclude: tuple[int, ...]) -> tor
     return q / q.sum()
 
 
-# -- a whole tree: the walks over a flat tree of fixed size (one graph each under torch.compile) ---------------
+# -- a whole tree: the walks over a batch of flat trees of fixed size (one graph each under torch.compile) ------
+#
+# Every walk runs over ``B`` rows at once (a batch's requests, or one tree as ``B = 1``): per-row tensors carry a
+# leading ``[B]``; the tree's structure (``parent``, ``anc``, ``pchild``, ``post``) may be one tree's, shared by
+# every row, or ``[B, ...]``. A row's loop over its proposals is the same loop for every row, so the walk is one
+# sequence of batched ops whatever ``B`` is (a graph that does not grow with the batch).
 
 
-
-def _at(x: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
-    """``x[i]`` for a one-element device index, without turning ``i`` into a host int."""
-    return x.index_select(0, i)[0]
+def _pick(x: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+    """``x[b, i[b]]`` for each row ``b`` (``x`` ``[B, W, ...]``, ``i`` ``[B]``), on the device (no host sync)."""
+    index = i.view(-1, *([1] * (x.dim() - 1))).expand(x.shape[0], 1, *x.shape[2:])
+    return x.gather(1, index)[:, 0]
 
 
 def greedy_path(logits: torch.Tensor, tokens: torch.Tensor, parent: torch.Tensor, anc: torch.Tensor,
                 valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Greedy acceptance over a padded flat tree: ``(on_path [W] bool, extra token)``.
+    """Greedy acceptance over padded flat trees: ``(on_path [B, W] bool, extra token [B])``.
 
-    Node ``i`` matches when its token is the target's argmax at its parent; the accepted node is the
-    deepest one whose ancestors (itself included, the root excepted) all match. In a trie siblings
+    ``logits`` ``[B, W, V]``, ``tokens`` and ``valid`` ``[B, W]``; ``parent`` ``[W]`` and ``anc`` ``[W, W]``
+    (or per row). Node ``i`` matches when its token is the target's argmax at its parent; the accepted node
+    is the deepest one whose ancestors (itself included, the root excepted) all match. In a trie siblings
     differ, so at most one node per depth qualifies.
     """
+    b, w = tokens.shape
     best = logits.argmax(-1)
-    first = torch.arange(tokens.shape[0], device=tokens.device) == 0
-    match = first | ((tokens == best[parent]) & valid)
-    ok = valid & ~(anc & ~match[None, :]).any(-1)
-    depth = anc.sum(-1)
-    node = torch.argmax(torch.where(ok, depth, -1)).view(1)
-    return _at(anc, node), _at(best, node)
+    anc = anc.expand(b, w, w)
+    first = torch.arange(w, device=tokens.device) == 0
+    match = first | ((tokens == best.gather(1, parent.expand(b, w))) & valid)
+    ok = valid & ~(anc & ~match[:, None, :]).any(-1)
+    node = torch.argmax(torch.where(ok, anc.sum(-1), -1), -1)
+    return _pick(anc, node), _pick(best, node)
 
 
 def sampled_path(probs: torch.Tensor, q: torch.Tensor, ptok: torch.Tensor, pparent: torch.Tensor,
                  pchild: torch.Tensor, plast: torch.Tensor, has_props: torch.Tensor, uniforms: torch.Tensor,
                  exponentials: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Multi-draft speculative sampling down a padded flat tree: ``(on_path [W] bool, extra token)``.
+    """Multi-draft speculative sampling down padded flat trees: ``(on_path [B, W] bool, extra token [B])``.
 
-    Proposals come in a fixed list ``[P]`` sorted by their parent's flat index (DFS order), each
-    parent's proposals in proposal order; padding has ``pparent == -1``. Walking the list once applies
+    ``probs`` ``[B, W, V]``; each row's proposals come in a fixed list ``[B, P]`` (``q`` ``[B, P, V]``) sorted
+    by their parent's flat index (DFS order), each parent's proposals in proposal order; padding has
+    ``pparent == -1``; ``pchild`` may be shared ``[P]``. Walking the list once applies
     ``verify_proposals`` at the current node, one proposal at a time (the rule is sequential, so this
     is the same rule): accept -> move to the child; reject -> keep the residual; the last proposal of
     the node rejected (or a leaf reached) -> stop. The correction token is ``argmax r / E``, an exact
-    draw from ``r`` (exponential race) with no host sync.
+    draw from ``r`` (exponential race; ``exponentials`` ``[B, V]``) with no host sync.
     """
-    w = probs.shape[0]
+    b, w, _ = probs.shape
     nodes = torch.arange(w, device=probs.device)
-    cur = torch.zeros(1, dtype=torch.long, device=probs.device)
-    r = probs[0]
-    on_path = nodes == 0
-    done = ~has_props[0]
-    for p in range(ptok.shape[0]):
-        here = ~done & (pparent[p] == cur)
-        acc, residual = verify_proposals(r, ptok[p : p + 1], q[p : p + 1], uniforms[p : p + 1])
+    pchild = pchild.expand_as(ptok)
+    cur = torch.zeros(b, dtype=torch.long, device=probs.device)
+    r = probs[:, 0]
+    on_path = (nodes == 0).expand(b, w)
+    done = ~has_props[:, 0]
+    for p in range(ptok.shape[1]):
+        here = ~done & (pparent[:, p] == cur)
+        acc, residual = verify_proposals(r, ptok[:, p : p + 1], q[:, p : p + 1], uniforms[:, p : p + 1])
         take = here & (acc == 0)
         reject = here & ~take
-        child = pchild[p : p + 1]
-        r = torch.where(take, _at(probs, child), torch.where(reject, residual, r))
+        child = pchild[:, p]
+        r = torch.where(take[:, None], _pick(probs, child), torch.where(reject[:, None], residual, r))
         cur = torch.where(take, child, cur)
-        on_path = on_path | (take & (nodes == child))
-        done = done | (reject & plast[p]) | (take & ~_at(has_props, child))
-    return on_path, torch.argmax(r / exponentials)
+        on_path = on_path | (take[:, None] & (nodes == child[:, None]))
+        done = done | (reject & plast[:, p]) | (take & ~_pick(has_props, child))
+    return on_path, torch.argmax(r / exponentials, -1)
 
 
 def traversal_path(probs: torch.Tensor, q: torch.Tensor, ptok: torch.Tensor, pparent: torch.Tensor,
                    pchild: torch.Tensor, anc: torch.Tensor, post: torch.Tensor, uniforms: torch.Tensor,
                    exponentials: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Traversal verification (``verifiers.traversal``; ``block`` on a chain) over a padded flat tree:
-    ``(on_path [W] bool, extra token)``.
+    """Traversal verification (``verifiers.traversal``; ``block`` on a chain) over padded flat trees:
+    ``(on_path [B, W] bool, extra token [B])``.
 
     The proposals come as for :func:`sampled_path` (each parent's proposals contiguous, in proposal
     order, parents before their children; ``pparent == -1``: no proposal), with the ancestor matrix
-    ``anc [W, W]`` and ``post [W]``, each node's rank in post-order (``tree.post_order``).
+    ``anc [W, W]`` and ``post [W]``, each node's rank in post-order (``tree.post_order``; both may be per row).
     The walk's only random decisions are its leaf tests (Weng et al., NeurIPS 2025, Algorithm 1): a node's
     test is reached only once all of its children's subtrees were rejected, i.e. after every update of
     its proposals, so each node's weight and target at its test follow from the tree alone. One pass
     over the proposals computes them (per proposal: the child's entry weight ``min(1, w P(x)/q(x))``,
     then the parent's update ``P <- normalize(max(wP - q, 0))``, ``w <- R/(R + 1 - w)``, in float64 logs)
-    and each node's extra token from its final ``P`` (exponential race, one ``E`` for every node: only
-    the accepted node's is used). Node ``v >= 1`` passes its test with ``uniforms[v - 1] < w_v``, the
+    and each node's extra token from its final ``P`` (exponential race, one ``E`` per row for every node: only
+    the accepted node's is used). Node ``v >= 1`` passes its test with ``uniforms[:, v - 1] < w_v``, the
     root always; the accepted node is the first to pass in post-order. Weight-0 subtrees stay at
     ``-inf`` (no NaN). A merged duplicate (a later proposal of an already proposed child) only updates
     the parent: the child had weight ``< 1`` when it was rejected (a weight-1 node is always accepted),
     so ``P(x)`` was zeroed and the host walk's re-visit has weight 0.
     """
-    w, device = probs.shape[0], probs.device
+    b, w, _ = probs.shape
+    device = probs.device
     nodes = torch.arange(w, device=device)
-    j = torch.arange(ptok.shape[0], device=device)
+    pchild = pchild.expand_as(ptok)
+    j = torch.arange(ptok.shape[1], device=device)
     valid = pparent >= 0
-    first = valid & ~((pchild[:, None] == pchild) & valid & (j < j[:, None])).any(-1)
-    log_w = torch.zeros(w, dtype=torch.float64, device=device).masked_fill(nodes > 0, -math.inf)
-    extra = torch.argmax(probs / exponentials, -1)  # nodes without proposals: their target's draw
-    cur = torch.full((1,), -1, dtype=pparent.dtype, device=device)  # the parent whose proposals run
-    r, lw = probs[0].double(), log_w[:1]  # its current P and log weight
-    for p in range(ptok.shape[0]):
-        par, here = pparent[p : p + 1], valid[p : p + 1]
+    # a proposal's child is proposed for the first time (no earlier proposal of the row has the same child)
+    first = valid & ~((pchild[:, :, None] == pchild[:, None, :]) & valid[:, None, :] & (j < j[:, None])).any(-1)
+    log_w = torch.zeros(b, w, dtype=torch.float64, device=device).masked_fill(nodes > 0, -math.inf)
+    extra = torch.argmax(probs / exponentials[:, None, :], -1)  # nodes without proposals: their target's draw
+    cur = torch.full((b,), -1, dtype=pparent.dtype, device=device)  # the parent whose proposals run
+    r, lw = probs[:, 0].double(), log_w[:, 0]  # its current P and log weight
+    for p in range(ptok.shape[1]):
+        par, here = pparent[:, p], valid[:, p]
         start = here & (par != cur)
-        r = torch.where(start, _at(probs, par.clamp_min(0)).double(), r)
-        lw = torch.where(start, log_w.index_select(0, par.clamp_min(0)), lw)
+        r = torch.where(start[:, None], _pick(probs, par.clamp_min(0)).double(), r)
+        lw = torch.where(start, _pick(log_w, par.clamp_min(0)), lw)
         cur = torch.where(here, par, cur)
-        x, qp = ptok[p : p + 1], q[p].double()
-        entry = child_log_weight(lw, r.index_select(0, x), qp.index_select(0, x))
-        log_w = torch.where(here & first[p] & (nodes == pchild[p]), entry, log_w)
-        r_after, mass = residual(r, qp, lw.exp())
+        x, qp = ptok[:, p : p + 1], q[:, p].double()
+        entry = child_log_weight(lw, r.gather(1, x)[:, 0], qp.gather(1, x)[:, 0])
+        log_w = torch.where((here & first[:, p])[:, None] & (nodes == pchild[:, p, None]), entry[:, None], log_w)
+        r_after, mass = residual(r, qp, lw.exp()[:, None])
         lw = torch.where(here, log_weight_after_rejection(lw, mass), lw)
-        r = torch.where(here, r_after, r)
-        mine = here & (nodes == par)
-        log_w = torch.where(mine, lw, log_w)
-        extra = torch.where(mine, torch.argmax(r / exponentials), extra)
-    passed = torch.cat([nodes[:1] == 0, uniforms[: w - 1].double() < log_w[1:].exp()])
-    node = torch.argmin(torch.where(passed, post, w)).view(1)
-    return _at(anc, node), _at(extra, node)
+        r = torch.where(here[:, None], r_after, r)
+        mine = here[:, None] & (nodes == par[:, None])
+        log_w = torch.where(mine, lw[:, None], log_w)
+        extra = torch.where(mine, torch.argmax(r / exponentials, -1)[:, None], extra)
+    passed = torch.cat([(nodes[:1] == 0).expand(b, 1), uniforms[:, : w - 1].double() < log_w[:, 1:].exp()], 1)
+    node = torch.argmin(torch.where(passed, post, w), -1)
+    return _pick(anc.expand(b, w, w), node), _pick(extra, node)
 
 
 def path_rows(on_path: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
