@@ -24,7 +24,7 @@ import torch
 
 from ..core.constructions import classify
 from ..core.engine import EagerStep, decode
-from ..core.padded import Noise, PaddedTree, Proposals, accept
+from ..core.padded import Noise, PaddedTree, Proposals, accept, rows_of
 from ..core.request import Request
 from ..core.sampling import SamplingParams
 from ..core.stats import GenerateOutput
@@ -59,7 +59,7 @@ class _RecordingStep(EagerStep):
         super().__init__(req, gen)
         self.recording = recording
 
-    def noise(self, props: Proposals) -> Noise:
+    def noise(self, props: int) -> Noise:
         noise = super().noise(props)
         if self.recording.steps and self.recording.steps[-1].noise is None:
             self.recording.steps[-1].noise = noise
@@ -100,7 +100,7 @@ def live(step: RecordedStep, params: SamplingParams, verifier: str) -> int:
     """Accepted drafted tokens of the live run's walk on ``step``, redone with its recorded random numbers."""
     padded = PaddedTree.of(step.flat, len(step.flat), step.logits.device)
     props = Proposals.of(step.tree, step.flat, step.logits.shape[-1], len(step.flat), step.logits.device)
-    on_path, _ = accept(step.logits, padded, props, step.noise, params, verifier)
+    on_path, _ = accept(step.logits[None], *rows_of(padded, props, step.noise), params, verifier)
     return int(on_path.sum()) - 1
 
 
