@@ -155,9 +155,9 @@ def measured(target, draft, shape, prompts, mode, temperature, n=64) -> tuple[fl
     """tau from the engine's per-step committed tokens (uncut steps only), its standard error
     clustered by prompt, and the naive per-step standard error (which treats all steps as independent)."""
     tokens, steps, per_step = [], [], []
-    for i, p in enumerate(prompts):
-        out = treespec.generate(target, p, drafters=[treespec.ModelDrafter(draft, shape, mode)], max_new_tokens=n,
-                                temperature=temperature, seed=7919 * i + 17)
+    batch = treespec.generate(target, prompts, drafters=[treespec.ModelDrafter(draft, shape, mode)], max_new_tokens=n,
+                              temperature=temperature, seed=17)  # each row as its prompt alone (tests/test_batch.py)
+    for out in batch.rows:
         # steps the end of the generation shortened (depth cap, EOS) would bias tau low: left out
         full = [n for n, cut in zip(out.stats.step_tokens, out.stats.step_cut) if not cut]
         tokens.append(float(sum(full)))

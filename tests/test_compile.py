@@ -8,7 +8,7 @@ from torch._dynamo.utils import counters
 
 import treespec
 from stats import ALPHA
-from test_exactness import BUSHY, PROMPT, joint_p, pair, sample_joint, trials  # noqa: F401 (pair is a fixture)
+from test_exactness import BUSHY, four_token_pair, joint_p
 from treespec.models.tiny import greedy_reference, tiny_model
 from treespec.core import compiled, rule
 from treespec.core.static_cache import StaticTreeCache
@@ -168,18 +168,19 @@ def test_greedy_path_is_the_deepest_matching_node():
     assert rows.tolist() == [0, 1, 2, 3, 4] and int(m) == 2
 
 
-def test_compiled_joint_distribution_matches_target(pair):  # noqa: F811
-    """The host-drafted compiled step (i.i.d. draws: merged duplicates); trials sized by ``test_exactness.trials``.
-    (Top-k trees of one drafter are captured: tests/test_captured.py.)"""
-    target, draft = pair
+def test_compiled_joint_distribution_matches_target():
+    """The host-drafted compiled step (i.i.d. draws: merged duplicates); trials sized by ``test_exactness.trials``
+    on its 4-token pair (this step runs its trials one by one). (Top-k trees of one drafter are captured:
+    tests/test_captured.py.)"""
+    target, draft = four_token_pair()
     assert joint_p(target, draft, lambda: [treespec.ModelDrafter(draft, BUSHY, "sample")], "compiled-sample",
                    temperature=1.0, budget=8, compile=JOINT_BACKEND) > ALPHA
 
 
-def test_compiled_exactness_test_detects_a_biased_verifier(pair, monkeypatch):  # noqa: F811
+def test_compiled_exactness_test_detects_a_biased_verifier(monkeypatch):
     """Negative control at the same size: accepting every proposal (the shared rule patched) is biased, and the
     host-drafted compiled step's test sees it."""
-    target, draft = pair
+    target, draft = four_token_pair()
 
     def always_accept(r, tokens, q, u):
         return torch.zeros(r.shape[:-1], dtype=torch.long, device=r.device), r

@@ -20,12 +20,12 @@ from torch._dynamo.utils import counters
 
 import treespec
 from stats import ALPHA, g_test
-from test_exactness import BUSHY, PROMPT, joint_p
+from test_exactness import BUSHY, PROMPT, four_token_pair, joint_p
 from test_verifiers import decisions
 from treespec.core import padded as padded_tree, rule, verifiers
 from treespec.core.drafting import ROOT, DraftProposals
 from treespec.core.tree import TokenTree, flatten
-from treespec.models.tiny import greedy_reference, perturbed_copy, tiny_model
+from treespec.models.tiny import greedy_reference
 
 BACKEND = "aot_eager"
 #: joint-distribution tests run their thousands of steps through dynamo's graphs without AOT's functionalisation
@@ -188,10 +188,8 @@ def test_compiles_fullgraph_and_matches_eager():
 
 @pytest.fixture(scope="module")
 def pair():
-    """``tests/test_exactness.py``'s pair with a 4-token vocabulary (64 cells for 3 tokens) and a draft perturbed
-    enough (noise 1.5) that the stated error of ``test_exactness.trials`` shows at its floor of 400 trials."""
-    target = tiny_model("llama", vocab=4, hidden=16, layers=1, scale=3, seed=5)
-    return target, perturbed_copy(target, 1.5, seed=2)
+    """``test_exactness.four_token_pair``: the stated error of ``test_exactness.trials`` shows at 400 trials."""
+    return four_token_pair()
 
 
 def joint(target, draft, make, tag, **kwargs) -> float:

@@ -42,6 +42,14 @@ def pair():
 
 
 @functools.lru_cache(maxsize=None)
+def four_token_pair():
+    """The pair with a 4-token vocabulary (64 cells for 3 tokens) and a draft perturbed enough (noise 1.5) that the
+    stated error of :func:`trials` shows at its floor of 400 trials: for the steps whose trials run one by one."""
+    target = tiny_model("llama", vocab=4, hidden=16, layers=1, scale=3, seed=5)
+    return target, perturbed_copy(target, 1.5, seed=2)
+
+
+@functools.lru_cache(maxsize=None)
 def _trials(target, draft, prompt: tuple[int, ...], temperature: float, top_k: int, top_p: float) -> int:
     exact = exact_joint(target, list(prompt), K, temperature, top_k, top_p)
     return max(FEWEST, trials_to_detect(exact, root_unverified(target, draft, list(prompt), K, temperature, top_k,
