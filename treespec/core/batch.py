@@ -99,10 +99,10 @@ class BatchEagerStep:
         clock.charge("verifying")
         accepted = accept_rows([(self.acceptance[row], tree, flats[row], logits[row])
                                 for row, (tree, _) in drafted.items()])
-        out = {}
-        for (row, (tree, capped)), (path, extra) in zip(drafted.items(), accepted):
-            self.cache.keep_row(row, committed[row], committed[row] + flats[row].index[path])
-            out[row] = (tree, path, extra, capped)
+        out = {row: (tree, path, extra, capped)
+               for (row, (tree, capped)), (path, extra) in zip(drafted.items(), accepted)}
+        self.cache.keep_each({row: (committed[row], committed[row] + flats[row].index[path])
+                              for row, (_, path, _, _) in out.items()})
         return out
 
     def propose(self, runs: dict[int, Progress]) -> dict[int, list[DraftProposals]]:

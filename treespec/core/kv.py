@@ -183,9 +183,12 @@ class RowsCache(TreeCache):
 
     def keep_row(self, row: int, prefix: int, kept: torch.Tensor | list[int]) -> None:
         """:meth:`TreeCache.keep` for one row: its slots ``[0, prefix)`` then ``kept`` (the others unchanged)."""
-        b = self.rows.index(row)
-        self.keep_rows([prefix if i == b else n for i, n in enumerate(self.lengths)],
-                       [kept if i == b else [] for i in range(len(self.rows))])
+        self.keep_each({row: (prefix, kept)})
+
+    def keep_each(self, kept: dict[int, tuple[int, torch.Tensor | list[int]]]) -> None:
+        """:meth:`keep_row` for several rows in one pass (row -> its prefix and kept slots; the others unchanged)."""
+        self.keep_rows([kept[row][0] if row in kept else n for row, n in zip(self.rows, self.lengths)],
+                       [kept[row][1] if row in kept else [] for row in self.rows])
 
     def drop(self, rows: Sequence[int]) -> None:
         """These rows finished: they leave the batch (their slots are freed)."""
