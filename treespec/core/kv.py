@@ -118,8 +118,10 @@ class TreeCache(Cache):
         for layer in self.layers:
             if not layer.is_initialized:
                 continue
-            if layer.device not in on:
-                on[layer.device] = [torch.as_tensor(r, dtype=torch.long, device=layer.device) for r in rows]
+            if layer.device not in on:  # (most rows of a batch's one-row commit keep nothing: one empty index)
+                empty = torch.empty(0, dtype=torch.long, device=layer.device)
+                on[layer.device] = [torch.as_tensor(r, dtype=torch.long, device=layer.device) if len(r) else empty
+                                    for r in rows]
             kept = on[layer.device]
             if len(kept) == 1:
                 layer.keep(prefixes[0], kept[0])
