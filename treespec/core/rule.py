@@ -17,8 +17,8 @@ One rule covers every tree (``docs/design.md``, "Exactness rule"): at a node wit
 
 A point mass ``q_i = onehot(x_i)`` reduces step 1 to "accept with probability r(x_i)" and step 2 to
 "zero r(x_i) and renormalise". The per-node functions are batched over leading dimensions so that
-tests can run many trials at once. Below them, the walks over a whole flat tree of fixed size
-(:func:`greedy_path`, :func:`sampled_path`, :func:`traversal_path`, :func:`path_rows`).
+tests can run many trials at once. Below them, the walks over a batch of flat trees of fixed size, one row
+per request (:func:`greedy_path`, :func:`sampled_path`, :func:`traversal_path`, :func:`path_rows`).
 """
 
 from __future__ import annotations
