@@ -8,8 +8,9 @@ import torch
 
 import treespec
 from test_batch import PROMPTS, TREE
-from test_captured import BACKEND, JOINT_BACKEND, PADDED
+from test_captured import BACKEND, PADDED
 from treespec.core import captured
+from treespec.core.compiling import UNCOMPILED
 from treespec.core.batch import row_seed
 from treespec.models.tiny import greedy_reference
 
@@ -23,7 +24,7 @@ def drafter(draft, mode="topk", **kwargs):
     return [treespec.ModelDrafter(draft, TREE, mode, **kwargs)]
 
 
-@pytest.mark.parametrize("stop,backend", [(None, BACKEND), (0.5, JOINT_BACKEND)], ids=["full-tree", "confidence-stop"])
+@pytest.mark.parametrize("stop,backend", [(None, BACKEND), (0.5, "eager")], ids=["full-tree", "confidence-stop"])
 def test_captured_greedy_rows_equal_each_prompt_alone(stop, backend):
     """Batch 1-4 of prompts of different lengths (one of a single token); with the confidence stop each row's
     drafting ends at its own depth (rows of one batch stop at different levels). The full tree runs AOT's graphs
@@ -68,14 +69,17 @@ def test_captured_rows_finish_at_different_steps_and_commit_nothing_after():
 def test_captured_sampled_rows_equal_each_prompt_alone_with_the_rows_seed(verifier, mode, temperature):
     """Each row draws its own random numbers (its generator, seeded ``row_seed``) in the order the single-prompt
     step draws them, so a row's output does not depend on its batch mates; another seed changes it (the control).
-    Dynamo's graphs without AOT (as the joint-distribution tests run): the rows' draws are what is checked."""
+    The batch runs dynamo's graphs, each prompt alone the step's functions uncompiled (what the joint-distribution
+    tests run: this ties their batched rows to the compiled batch; tests/test_captured.py ties one row's)."""
     target, draft = tiny_pair("qwen2")
-    kw = dict(max_new_tokens=16, temperature=temperature, verifier=verifier, compile=JOINT_BACKEND, envelope=PADDED)
+    kw = dict(max_new_tokens=16, temperature=temperature, verifier=verifier, envelope=PADDED)
     outs = {}
     for seed in (0, 7):
-        out = outs[seed] = treespec.generate(target, PROMPTS[:3], drafter(draft, mode), seed=seed, **kw)
+        out = outs[seed] = treespec.generate(target, PROMPTS[:3], drafter(draft, mode), seed=seed, compile="eager",
+                                             **kw)
         for r, (prompt, row) in enumerate(zip(PROMPTS, out.rows)):
-            alone = treespec.generate(target, prompt, drafter(draft, mode), seed=row_seed(seed, r), **kw)
+            alone = treespec.generate(target, prompt, drafter(draft, mode), seed=row_seed(seed, r),
+                                      compile=UNCOMPILED, **kw)
             assert row.new_tokens == alone.new_tokens and row.stats.step_tokens == alone.stats.step_tokens
     assert [r.new_tokens for r in outs[0].rows] != [r.new_tokens for r in outs[7].rows]
 

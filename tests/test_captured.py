@@ -14,6 +14,7 @@ from test_exactness import BUSHY, joint_p, pair  # noqa: F401 (pair is a fixture
 from treespec.core import captured, captured_runner
 from treespec.core import rule
 from treespec.core.buffers import Envelope, tree_buffers
+from treespec.core.compiling import UNCOMPILED
 from treespec.core.engine import step_for
 from treespec.core.request import Request
 from treespec.drafters.model import _Layout, as_shape
@@ -23,9 +24,10 @@ from treespec.models.tiny import greedy_reference, perturbed_copy
 pytestmark = pytest.mark.xdist_group("captured")
 
 BACKEND = "aot_eager"
-#: joint-distribution tests run their thousands of steps through dynamo's graphs without AOT's functionalisation
-#: (the greedy tests check the aot_eager and inductor graphs; a sampled law does not depend on the layer)
-JOINT_BACKEND = "eager"
+#: joint-distribution tests run their thousands of steps through the step's functions uncompiled (tracing cost
+#: 10-20 s a test); the compiled graphs are tied to them token for token under sampling with the same seed
+#: (test_no_graph_break_and_no_recompile_over_varying_steps, tests/test_batch_captured.py)
+JOINT_BACKEND = UNCOMPILED
 KARY = [(0,), (1,), (0, 0), (0, 1), (1, 0), (1, 1)]
 DEEP = [(0,), (1,), (0, 0), (1, 0), (0, 0, 0), (0, 0, 1), (0, 0, 0, 0)]  # a leaf at depth 1 under node 2
 CHAIN4 = [(0,), (0, 0), (0, 0, 0), (0, 0, 0, 0)]
@@ -153,6 +155,10 @@ def test_no_graph_break_and_no_recompile_over_varying_steps(models, temperature)
     assert not counters["graph_break"]
     assert out.stats.steps >= 30
     assert sum(1 for c in out.stats.accepted_hist if c) >= 2  # acceptance varied across the steps
+    # the graphs are the step's code: uncompiled, the same seed gives the same tokens (what the joint tests run)
+    plain = run(target, draft, [9, 8, 7, 6, 5, 4, 3], 90, mode=mode, temperature=temperature, seed=1,
+                compile=UNCOMPILED)
+    assert plain.new_tokens == out.new_tokens and plain.stats.step_tokens == out.stats.step_tokens
 
 
 @pytest.mark.parametrize("clone", [True, False], ids=["cloned", "control-not-cloned"])

@@ -14,6 +14,7 @@ from conftest import tiny_pair
 from stats import ALPHA
 from test_exactness import BUSHY, joint_p, pair  # noqa: F401 (pair is a fixture)
 from treespec.core.buffers import Envelope, tree_buffers, with_chain
+from treespec.core.compiling import UNCOMPILED
 from treespec.drafters.model import _Layout, as_shape
 from treespec.models.tiny import greedy_reference
 
@@ -21,7 +22,9 @@ from treespec.models.tiny import greedy_reference
 pytestmark = pytest.mark.xdist_group("captured-chain")
 
 BACKEND = "aot_eager"
-JOINT_BACKEND = "eager"  # as tests/test_captured.py: the law does not depend on the graph's layer
+#: as tests/test_captured.py: the joint tests run the step's functions uncompiled, tied to the compiled graphs token
+#: for token (test_sampled_chains_in_the_graphs_equal_the_steps_code)
+JOINT_BACKEND = UNCOMPILED
 KARY = [(0,), (1,), (0, 0), (0, 1), (1, 0), (1, 1)]
 REPEAT = [1, 2, 3, 1, 2, 3, 1, 2]  # test_exactness's prompt on which n-gram guesses overlap the model's draws
 
@@ -94,6 +97,21 @@ def test_no_recompile_whatever_the_chain_holds():
         out = treespec.generate(target, prompt, drafters(draft), max_new_tokens=60, compile=BACKEND)
     assert counters["stats"]["unique_graphs"] == graphs and not counters["graph_break"]
     assert out.stats.steps >= 10
+
+
+def test_sampled_chains_in_the_graphs_equal_the_steps_code():
+    """A batch of two rows sampled through dynamo's graphs gives the tokens the step's functions give uncompiled
+    with the same seed (what the joint tests run): the chain's point-mass proposals beside the model's draws
+    without replacement under ``rrs`` (traversal's walk: tests/test_compiled_traversal.py)."""
+    target, draft = tiny_pair("llama")
+    prompts = [repetitive_prompt(target), REPEAT]
+    kw = dict(max_new_tokens=24, temperature=1.0, seed=5)
+    mode = "sample_without_replacement"
+    out = treespec.generate(target, prompts, drafters(draft, mode=mode), compile="eager", **kw)
+    plain = treespec.generate(target, prompts, drafters(draft, mode=mode), compile=UNCOMPILED, **kw)
+    assert out.stats.step == plain.stats.step == "captured, batched"
+    assert [r.new_tokens for r in out.rows] == [r.new_tokens for r in plain.rows]
+    assert [r.stats.step_tokens for r in out.rows] == [r.stats.step_tokens for r in plain.rows]
 
 
 @pytest.mark.parametrize("mode,verifier", [("sample_without_replacement", "rrs"), ("topk", "traversal")])

@@ -11,13 +11,15 @@ from stats import ALPHA
 from test_exactness import BUSHY, four_token_pair, joint_p
 from treespec.models.tiny import greedy_reference, tiny_model
 from treespec.core import compiled, rule
+from treespec.core.compiling import UNCOMPILED
 from treespec.core.static_cache import StaticTreeCache
 
 KARY = [(0,), (1,), (0, 0), (0, 1), (1, 0), (1, 1)]
 BACKEND = "aot_eager"
-#: joint-distribution tests run their thousands of steps through dynamo's graphs without AOT's functionalisation
-#: (the greedy tests check the aot_eager and inductor graphs; a sampled law does not depend on the layer)
-JOINT_BACKEND = "eager"
+#: joint-distribution tests run their thousands of steps through the step's functions uncompiled; the compiled
+#: graphs are tied to them token for token under sampling with the same seed
+#: (test_no_graph_break_and_no_recompile_after_warmup)
+JOINT_BACKEND = UNCOMPILED
 
 
 def run(target, draft, prompt, n, shape=BUSHY, mode="topk", **kwargs):
@@ -77,6 +79,10 @@ def test_no_graph_break_and_no_recompile_after_warmup(models, temperature):
     assert not counters["graph_break"]
     assert out.stats.steps >= 20
     assert sum(1 for c in out.stats.accepted_hist if c) >= 2  # acceptance varied across the steps
+    # the graphs are the step's code: uncompiled, the same seed gives the same tokens (what the joint tests run)
+    plain = run(target, draft, [9, 8, 7, 6], 80, shape=KARY, mode=mode, budget=8, temperature=temperature, seed=1,
+                compile=UNCOMPILED)
+    assert plain.new_tokens == out.new_tokens and plain.stats.step_tokens == out.stats.step_tokens
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampled"])

@@ -23,14 +23,15 @@ from stats import ALPHA, g_test
 from test_exactness import BUSHY, PROMPT, four_token_pair, joint_p
 from test_verifiers import decisions
 from treespec.core import padded as padded_tree, rule, verifiers
+from treespec.core.compiling import UNCOMPILED
 from treespec.core.drafting import ROOT, DraftProposals
 from treespec.core.tree import TokenTree, flatten
 from treespec.models.tiny import greedy_reference
 
 BACKEND = "aot_eager"
-#: joint-distribution tests run their thousands of steps through dynamo's graphs without AOT's functionalisation
-#: (the greedy tests check the aot_eager and inductor graphs; a sampled law does not depend on the layer)
-JOINT_BACKEND = "eager"
+#: joint-distribution tests run their thousands of steps through the steps' functions uncompiled; the compiled
+#: graphs are tied to them token for token under sampling with the same seed (test_the_graphs_are_the_steps_code)
+JOINT_BACKEND = UNCOMPILED
 V = 5
 SAMPLES = 50_000
 
@@ -203,7 +204,7 @@ def test_joint_distribution_matches_target(pair, mode, step):
     target, draft = pair
     make = lambda: [treespec.ModelDrafter(draft, BUSHY, mode)]  # noqa: E731
     out = treespec.generate(target, PROMPT, make(), max_new_tokens=3, temperature=1.0, verifier="traversal",
-                            compile=JOINT_BACKEND, seed=0)  # the joint test's runner: compiled once
+                            compile=JOINT_BACKEND, seed=0)
     assert out.stats.step.startswith(step) and out.stats.verifier == "traversal"
     assert joint(target, draft, make, f"traversal-{mode}", verifier="traversal") > ALPHA
 
@@ -235,6 +236,20 @@ def test_no_graph_break_and_no_recompile_over_varying_steps(pair):
     assert counters["stats"]["unique_graphs"] == graphs
     assert not counters["graph_break"]
     assert out.stats.steps >= 30
+    assert sum(1 for c in out.stats.accepted_hist if c) >= 2  # acceptance varied across the steps
+
+
+@pytest.mark.parametrize("mode", ["sample_without_replacement", "sample"], ids=["captured", "host-drafted"])
+def test_the_graphs_are_the_steps_code(pair, mode):
+    """What the joint tests run uncompiled, the compiled graphs give token for token under traversal with the
+    same seed (the captured case: the runner of test_no_graph_break_and_no_recompile_over_varying_steps)."""
+    target, draft = pair
+    kw = dict(max_new_tokens=60, temperature=1.0, verifier="traversal", seed=3)
+    make = lambda: [treespec.ModelDrafter(draft, BUSHY, mode)]  # noqa: E731
+    out = treespec.generate(target, [1, 3, 2, 0, 3], make(), compile=BACKEND, **kw)
+    plain = treespec.generate(target, [1, 3, 2, 0, 3], make(), compile=UNCOMPILED, **kw)
+    assert out.stats.step == plain.stats.step and out.stats.step.startswith(("captured", "compiled"))
+    assert out.new_tokens == plain.new_tokens and out.stats.step_tokens == plain.stats.step_tokens
     assert sum(1 for c in out.stats.accepted_hist if c) >= 2  # acceptance varied across the steps
 
 

@@ -216,11 +216,12 @@ def check_sampling_dtype(model: torch.nn.Module, greedy: bool, role: str = "targ
 
 
 def check_compile(compile: object) -> bool | str:
-    """``False`` (eager steps), ``True`` or the name of a ``torch.compile`` backend (``treespec.core.compiled``)."""
+    """``False`` (eager steps), ``True``, the name of a ``torch.compile`` backend (``treespec.core.compiled``) or
+    ``"uncompiled"`` (the compiled steps' functions run as plain PyTorch: ``treespec.core.compiling``)."""
     if compile is False or compile is True or (isinstance(compile, str) and compile):
         return compile
-    raise ValueError(f"compile must be False, True or the name of a torch.compile backend (e.g. 'inductor', "
-                     f"'aot_eager'), got {compile!r}")
+    raise ValueError(f"compile must be False, True, the name of a torch.compile backend (e.g. 'inductor', "
+                     f"'aot_eager') or 'uncompiled', got {compile!r}")
 
 
 def has_dynamic_int8(model: torch.nn.Module) -> bool:

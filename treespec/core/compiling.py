@@ -5,7 +5,10 @@ weight freezing (``freezing``: the graph's weights become constants, prepacked f
 matmuls; what HF's fastest CPU decoding uses, and what ``experiments/results/cpu-fastest-zen4`` measured
 the captured step with). Freezing folds every tensor a graph only
 reads into a constant, which is why the compiled steps pass what they do not mutate as inputs
-(``treespec.core.static_cache.StaticTreeCache``). A string names another backend, compiled without options.
+(``treespec.core.static_cache.StaticTreeCache``). A string names another backend, compiled without options;
+``"uncompiled"`` runs the same step functions as plain PyTorch, without dynamo (the way gpt-fast's decoding
+runs without ``--compile``): no speed, but the captured step's code to step through in a debugger, and its
+sampled law checked without minutes of tracing (the tests tie it to the compiled graphs token for token).
 """
 
 from __future__ import annotations
@@ -16,6 +19,10 @@ from typing import Callable
 import torch
 
 from .checks import check_compile
+
+
+#: the ``compile`` value that runs the compiled steps' functions without compiling them
+UNCOMPILED = "uncompiled"
 
 
 def compile_options(compile: bool | str, device: torch.device) -> tuple[str, str | None]:
@@ -41,6 +48,8 @@ def compile_graph(fn: Callable, backend: str, mode: str | None) -> Callable:
     marks a module's weights static (so inductor may fold them) only when ``torch._inductor.config.freezing``
     is on while it traces; ``options`` reach inductor alone, after the weights became ordinary graph inputs,
     and froze nothing (tests/test_freezing.py checks the generated code)."""
+    if backend == UNCOMPILED:
+        return fn
     compiled = torch.compile(fn, fullgraph=True, dynamic=False, backend=backend, mode=mode)
     if backend != "inductor" or mode is not None:
         return compiled
