@@ -13,7 +13,7 @@ import pytest
 
 import treespec
 from tree_builders import sequoia
-from treespec.calibrate.acceptance import MeasuredAcceptance, depth_counts, encode_prompts, measure
+from treespec.calibrate.acceptance import MeasuredAcceptance, depth_counts, encode_prompts, measure, measure_each
 from treespec.models.tiny import opposite_copy, perturbed_copy, tiny_model
 
 #: one worker runs this file: its tau checks share the calibrations of the module's ``calibrated`` fixture
@@ -138,8 +138,8 @@ def test_same_seed_same_measurement_and_bad_inputs_are_refused(target, prompts):
 
 
 def calibrate(target, draft, prompts, **kwargs) -> list[MeasuredAcceptance]:
-    """One measurement per prompt: pooled for the vector, left out one at a time for its error."""
-    return [measure(target, draft, [p], progress=False, seed=i, **kwargs) for i, p in enumerate(prompts)]
+    """One measurement per prompt (walked together): pooled for the vector, left out one at a time for its error."""
+    return measure_each(target, draft, prompts, progress=False, batch_size=len(prompts), **kwargs)
 
 
 def predicted(shape, parts: list[MeasuredAcceptance]) -> tuple[float, float]:

@@ -18,7 +18,7 @@ from scipy import stats
 
 import treespec
 from tree_builders import TreeShape
-from treespec.calibrate.acceptance import MeasuredAcceptance, measure
+from treespec.calibrate.acceptance import MeasuredAcceptance, measure, measure_each
 from treespec.calibrate.ranks import walk_ranks
 from treespec.core.engine import generate
 from treespec.core.sampling import SamplingParams
@@ -62,13 +62,12 @@ def test_the_walk_writes_the_targets_law():
     samples, written without the rule, fail the same test."""
     target, draft = bigram_pair()
     params = SamplingParams(1.0)
-    blocks_walk, blocks_draft = [], []
-    for j in range(12):
-        gen = torch.Generator().manual_seed(1000 + j)
-        _, tokens, _, _ = walk_ranks(target, draft, [j % 2], 150, params, 1, "sample", gen)
-        blocks_walk += [tuple(tokens[i:i + 3]) for i in range(0, 150, 3)]
-        own = generate(draft, [j % 2], max_new_tokens=150, temperature=1.0, seed=2000 + j).new_tokens
-        blocks_draft += [tuple(own[i:i + 3]) for i in range(0, 150, 3)]
+    prompts = [[j % 2] for j in range(12)]
+    walks = walk_ranks(target, draft, prompts, 150, params, 1, "sample",
+                       [torch.Generator().manual_seed(1000 + j) for j in range(12)])
+    own = generate(draft, prompts, max_new_tokens=150, temperature=1.0, seed=2000).rows  # a batch: each row alone
+    blocks_walk = [tuple(w.tokens[i:i + 3]) for w in walks for i in range(0, 150, 3)]
+    blocks_draft = [tuple(row.new_tokens[i:i + 3]) for row in own for i in range(0, 150, 3)]
 
     def p_uniform(blocks: list[tuple[int, ...]]) -> float:
         cells = [(a, b, c) for a in (0, 1) for b in (0, 1) for c in (0, 1)]
@@ -137,9 +136,9 @@ def test_replay_predicts_the_engine_where_the_rows_cannot(measured):
     target, draft = bigram_pair()
     chain = TreeShape.from_paths([(0,), (0, 0), (0, 0, 0)])
     tokens, steps = [], []
-    for i in range(20):
-        out = treespec.generate(target, [i % 2], drafters=[treespec.ModelDrafter(draft, chain, "sample")],
-                                max_new_tokens=150, temperature=1.0, seed=4000 + i)
+    batch = treespec.generate(target, [[i % 2] for i in range(20)], drafters=[treespec.ModelDrafter(draft, chain,
+                              "sample")], max_new_tokens=150, temperature=1.0, seed=4000)  # each row as alone
+    for out in batch.rows:
         full = [n for n, cut in zip(out.stats.step_tokens, out.stats.step_cut) if not cut]
         tokens.append(sum(full))
         steps.append(len(full))
@@ -160,3 +159,27 @@ def test_replayed_steps_are_the_replay_per_prompt():
     tokens, steps = a.replayed_steps(chain)
     assert tokens == [7, 5, 0] and steps == [4, 3, 0]  # the last prompt's only step is cut
     assert a.replayed_tau(chain) == pytest.approx(12 / 7)
+
+
+@pytest.mark.parametrize("mode,temperature", [("sample_without_replacement", 1.0), ("topk", 0.0)])
+def test_prompts_walked_together_are_each_walked_as_alone(mode, temperature):
+    """``batch_size`` prompts of different lengths are the rows of one forward per position, each drawing from its
+    own generator: each prompt's ranks, confidences and overlap equal its walk alone (an EOS ends one row early,
+    and an empty prompt gives no measurement), whatever the batch size; another seed changes them (the control)."""
+    target = tiny_model("llama", vocab=64, hidden=64, scale=2, seed=0)
+    draft = perturbed_copy(target, 0.5)
+    prompts = [[5, 9, 11, 2, 7], [3], [], [8, 1, 4], [60, 2, 33, 12, 9, 1, 17]]
+    kw = dict(width=3, mode=mode, temperature=temperature, max_new_tokens=20, max_depth=4, progress=False,
+              eos_token_id=13)
+    together = measure_each(target, draft, prompts, batch_size=4, **kw)
+    alone = [m for j, p in enumerate(prompts) if p
+             for m in measure_each(target, draft, [[]] * j + [p], batch_size=1, **kw)]  # prompt j keeps its seed
+    assert len(together) == len(alone) == 4
+    assert [m.ranks for m in together] == [m.ranks for m in alone]
+    assert [m.confidence for m in together] == [m.confidence for m in alone]
+    assert [m.beta for m in together] == pytest.approx([m.beta for m in alone])
+    if temperature:
+        other = measure_each(target, draft, prompts, batch_size=4, seed=1, **kw)
+        assert [m.ranks for m in other] != [m.ranks for m in together]
+    merged = measure(target, draft, prompts, batch_size=2, **kw)
+    assert merged.ranks == [r for m in together for r in m.ranks] and merged.meta["prompts"] == len(prompts)

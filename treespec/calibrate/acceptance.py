@@ -238,7 +238,7 @@ def depth_counts(ranks: np.ndarray, width: int, max_depth: int) -> tuple[np.ndar
 def measure(target: torch.nn.Module, draft: torch.nn.Module, prompts: Sequence[Sequence[int]], width: int = 8,
             mode: str = "topk", temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, max_new_tokens: int = 64,
             max_depth: int = 8, seed: int = 0, progress: bool = True, *, eos_token_id: int | Sequence[int] | None = None,
-            prompts_label: str | None = None, context: str = "walk") -> MeasuredAcceptance:
+            prompts_label: str | None = None, context: str = "walk", batch_size: int = 8) -> MeasuredAcceptance:
     """Measure the positional acceptance vector of ``draft`` against ``target`` (see module doc).
 
     Args:
@@ -252,44 +252,57 @@ def measure(target: torch.nn.Module, draft: torch.nn.Module, prompts: Sequence[S
             ``SamplingParams.for_draft()``, like the engine.
         max_new_tokens: length of each target continuation (shorter if ``eos_token_id`` appears).
         max_depth: rows of the per-depth matrix.
-        seed: continuations, draws and uniforms are reproducible from it.
+        seed: continuations, draws and uniforms are reproducible from it (prompt ``j`` draws from its own
+            generator, so its walk does not depend on ``batch_size`` or on the other prompts).
         progress: show a tqdm bar over prompts.
         eos_token_id: stop continuations at this token (as ``generate``).
         prompts_label: free text recorded in ``meta`` (e.g. ``"humaneval[0:100]"``).
         context: how the continuation is written (module doc): ``"walk"`` or ``"target"``.
+        batch_size: prompts walked together, as the rows of one forward per position (``"walk"``).
     """
-    width, max_depth = _checked(prompts, width, mode, max_depth, context)
-    params = SamplingParams(temperature, top_k, top_p)
-    draft_params = params.for_draft()
-    checks.check_vocab(checks.vocab_size(target), checks.vocab_size(draft), f"model({model_name(draft)})")
-    counts = np.zeros((max_depth, width), dtype=np.int64)
-    totals = np.zeros(max_depth, dtype=np.int64)
-    beta_sum, n_tokens, all_ranks, all_q = 0.0, 0, [], []
-    for j, prompt in enumerate(tqdm(prompts, desc="acceptance", unit="prompt", disable=not progress)):
-        got = _prompt_ranks(target, draft, [int(t) for t in prompt], j, params, width, mode, max_new_tokens, seed,
-                            eos_token_id, context)
-        if got is None:
-            continue
-        ranks, overlap, proposal_q = got
-        c, t = depth_counts(ranks.cpu().numpy(), width, max_depth)
-        counts += c
-        totals += t
-        beta_sum += overlap
-        n_tokens += len(ranks)
-        all_ranks.append(ranks.tolist())
-        if proposal_q is not None:
-            all_q.append(proposal_q.tolist())
-    if n_tokens == 0:
+    parts = measure_each(target, draft, prompts, width, mode, temperature, top_k, top_p, max_new_tokens, max_depth,
+                         seed, progress, eos_token_id=eos_token_id, prompts_label=prompts_label, context=context,
+                         batch_size=batch_size)
+    if not parts:
         raise ValueError("no continuation tokens were generated: give at least one prompt (and max_new_tokens >= 1)")
+    merged = MeasuredAcceptance.merge(parts)
+    merged.meta["prompts"] = len(prompts)
+    return merged
+
+
+@torch.inference_mode()
+def measure_each(target: torch.nn.Module, draft: torch.nn.Module, prompts: Sequence[Sequence[int]], width: int = 8,
+                 mode: str = "topk", temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+                 max_new_tokens: int = 64, max_depth: int = 8, seed: int = 0, progress: bool = True, *,
+                 eos_token_id: int | Sequence[int] | None = None, prompts_label: str | None = None,
+                 context: str = "walk", batch_size: int = 8) -> list[MeasuredAcceptance]:
+    """:func:`measure` kept apart per prompt (a prompt with no continuation token gives none): what it pools, and
+    what an error over prompts (a jackknife, a bootstrap) resamples. The same arguments."""
+    width, max_depth = _checked(prompts, width, mode, max_depth, context)
+    batch_size = checks.check_int("batch_size", batch_size, 1, "prompts walked together.")
+    params = SamplingParams(temperature, top_k, top_p)
+    checks.check_vocab(checks.vocab_size(target), checks.vocab_size(draft), f"model({model_name(draft)})")
     meta = {"target": model_name(target), "draft": model_name(draft), "mode": mode, "width": int(width),
             "max_depth": int(max_depth), "temperature": float(temperature), "top_k": int(top_k), "top_p": float(top_p),
-            "draft_temperature": float(draft_params.temperature), "prompts": len(prompts),
+            "draft_temperature": float(params.for_draft().temperature), "prompts": 1,
             "prompts_label": prompts_label, "max_new_tokens": int(max_new_tokens), "seed": int(seed),
             "context": ("target's own continuation (teacher forced)" if context == "target" else
                         "written by the acceptance rule (walk)"),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "treespec": version()}
-    return MeasuredAcceptance.from_counts(counts, totals, beta_sum / n_tokens, meta, all_ranks,
-                                          all_q if len(all_q) == len(all_ranks) else ())
+    prompts = [[int(t) for t in p] for p in prompts]
+    parts = []
+    with tqdm(total=len(prompts), desc="acceptance", unit="prompt", disable=not progress) as bar:
+        for start in range(0, len(prompts), batch_size):
+            chunk = range(start, min(start + batch_size, len(prompts)))
+            for ranks, overlap, proposal_q in _prompts_ranks(target, draft, prompts, chunk, params, width, mode,
+                                                             max_new_tokens, seed, eos_token_id, context):
+                if len(ranks):
+                    counts, totals = depth_counts(ranks.cpu().numpy(), width, max_depth)
+                    parts.append(MeasuredAcceptance.from_counts(
+                        counts, totals, overlap / len(ranks), meta, [ranks.tolist()],
+                        [proposal_q.tolist()] if proposal_q is not None else ()))
+            bar.update(len(chunk))
+    return parts
 
 
 def _checked(prompts: Sequence[Sequence[int]], width: int, mode: str, max_depth: int, context: str) -> tuple[int, int]:
@@ -308,25 +321,34 @@ def _checked(prompts: Sequence[Sequence[int]], width: int, mode: str, max_depth:
             checks.check_int("max_depth", max_depth, 1, "rows of the per-depth matrix."))
 
 
-def _prompt_ranks(target: torch.nn.Module, draft: torch.nn.Module, prompt: list[int], j: int, params: SamplingParams,
-                  width: int, mode: str, max_new_tokens: int, seed: int, eos_token_id: int | Sequence[int] | None,
-                  context: str) -> tuple[torch.Tensor, float, torch.Tensor | None] | None:
-    """Prompt ``j``'s accepted ranks, summed overlap ``sum_x min(r, q)`` and (a walk only) each proposal's draft
-    probability (None: no continuation token)."""
+def _prompts_ranks(target: torch.nn.Module, draft: torch.nn.Module, prompts: list[list[int]], chunk: range,
+                   params: SamplingParams, width: int, mode: str, max_new_tokens: int, seed: int,
+                   eos_token_id: int | Sequence[int] | None, context: str
+                   ) -> list[tuple[torch.Tensor, float, torch.Tensor | None]]:
+    """The accepted ranks, summed overlap ``sum_x min(r, q)`` and (a walk only) each proposal's draft probability
+    of prompts ``chunk`` (prompt ``j`` drawing from its own generator): empty ranks for no continuation token."""
     device = execution_device(target)
-    gen = torch.Generator(device).manual_seed(spread_seed(seed, "verify", j))
+    gens = [torch.Generator(device).manual_seed(spread_seed(seed, "verify", j)) for j in chunk]
     if context == "walk":
-        if not prompt or max_new_tokens < 1:
-            return None
-        ranks, _, overlap, proposal_q = walk_ranks(target, draft, prompt, max_new_tokens, params, width, mode, gen,
-                                                   checks.eos_ids(eos_token_id))
-        return ranks, overlap, proposal_q
-    cont = generate(target, prompt, max_new_tokens=max_new_tokens, temperature=params.temperature, top_k=params.top_k,
-                    top_p=params.top_p, eos_token_id=eos_token_id, seed=spread_seed(seed, "continuation", j)).new_tokens
-    if not cont:
-        return None
-    ids = prompt + cont
-    r = params.probs(continuation_logits(target, ids, len(cont), device))
-    d_logits = continuation_logits(draft, ids, len(cont), execution_device(draft)).to(device)
-    overlap = float(torch.minimum(r, params.probs(d_logits)).sum(-1).sum())
-    return accepted_ranks(r, params.for_draft().probs(d_logits), width, mode, params.greedy, gen), overlap, None
+        walked = [j for j in chunk if prompts[j]]
+        walks = dict(zip(walked, walk_ranks(target, draft, [prompts[j] for j in walked], max(max_new_tokens, 0),
+                                            params, width, mode, [gens[j - chunk.start] for j in walked],
+                                            checks.eos_ids(eos_token_id))))
+        none = torch.zeros(0, dtype=torch.long)
+        return [(walks[j].ranks, walks[j].overlap, walks[j].proposal_q) if j in walks else (none, 0.0, None)
+                for j in chunk]
+    out = []
+    for j, gen in zip(chunk, gens):
+        cont = generate(target, prompts[j], max_new_tokens=max_new_tokens, temperature=params.temperature,
+                        top_k=params.top_k, top_p=params.top_p, eos_token_id=eos_token_id,
+                        seed=spread_seed(seed, "continuation", j)).new_tokens
+        if not cont:
+            out.append((torch.zeros(0, dtype=torch.long), 0.0, None))
+            continue
+        ids = prompts[j] + cont
+        r = params.probs(continuation_logits(target, ids, len(cont), device))
+        d_logits = continuation_logits(draft, ids, len(cont), execution_device(draft)).to(device)
+        overlap = float(torch.minimum(r, params.probs(d_logits)).sum(-1).sum())
+        out.append((accepted_ranks(r, params.for_draft().probs(d_logits), width, mode, params.greedy, gen), overlap,
+                    None))
+    return out

@@ -5,10 +5,13 @@ scored, :func:`accepted_ranks` over :func:`continuation_logits`)."""
 
 from __future__ import annotations
 
+from typing import NamedTuple, Sequence
+
 import torch
 
 from ..common.device import execution_device
-from ..core.kv import TreeCache, causal_allowed, forward_masked
+from ..core.drafting import Forward
+from ..core.kv import RowsCache, causal_allowed
 from ..core.rule import point_masses, verify_proposals
 from ..core.sampling import SamplingParams, draw_children
 
@@ -50,46 +53,75 @@ def accepted_ranks(r: torch.Tensor, q: torch.Tensor, width: int, mode: str, gree
     return out
 
 
-def walk_ranks(target: torch.nn.Module, draft: torch.nn.Module, prompt: list[int], n: int, params: SamplingParams,
-               width: int, mode: str, gen: torch.Generator, eos: frozenset[int] = frozenset()
-               ) -> tuple[torch.Tensor, list[int], float, torch.Tensor]:
-    """The ``"walk"`` continuation (module doc): ``n`` positions (fewer at an EOS), each written by the
-    acceptance rule over ``width`` proposals of the draft. Returns every position's accepted rank
-    (``[n]``, -1: the correction token was drawn), the tokens written, the sum over positions of
-    ``sum_x min(r, q)`` and each proposal's draft probability ``q(token)`` (``[n, width]``, 0 for a draw
-    ``q`` could not support: what the model drafter's confidence stop multiplies along a path)."""
+class Walk(NamedTuple):
+    """One prompt's ``"walk"`` continuation (:func:`walk_ranks`)."""
+
+    ranks: torch.Tensor  # [n] long: each position's accepted rank (-1: the correction token was drawn)
+    tokens: list[int]  # the tokens written
+    overlap: float  # the sum over positions of sum_x min(r, q)
+    proposal_q: torch.Tensor  # [n, width]: each proposal's draft probability q(token) (0: a draw q cannot support)
+
+
+def walk_ranks(target: torch.nn.Module, draft: torch.nn.Module, prompts: Sequence[list[int]], n: int,
+               params: SamplingParams, width: int, mode: str, gens: Sequence[torch.Generator],
+               eos: frozenset[int] = frozenset()) -> list[Walk]:
+    """The ``"walk"`` continuations (module doc) of several prompts at once: ``n`` positions each (fewer at an
+    EOS), each written by the acceptance rule over ``width`` proposals of the draft. The prompts are the rows
+    of one incremental forward per model and position (``treespec.core.kv.RowsCache``: each row attends to its
+    own tokens only), and prompt ``b`` draws from ``gens[b]`` in the order it would alone, so its walk is the
+    one it would have alone (up to the rounding of a batched forward). ``proposal_q`` is what the model
+    drafter's confidence stop multiplies along a path."""
     device = execution_device(target)
     draft_params = params.for_draft()
-    caches = (TreeCache(), TreeCache())
-    context = torch.tensor(prompt, device=device)
-
-    def last_logits(model: torch.nn.Module, cache: TreeCache, ids: torch.Tensor) -> torch.Tensor:
-        ids = ids.to(execution_device(model))
-        positions = torch.arange(cache.length, cache.length + len(ids), device=ids.device)
-        allowed = causal_allowed(cache.length, len(ids), ids.device)
-        return forward_masked(model, cache, ids, positions, allowed, logits_to_keep=1)[-1].float().to(device)
-
-    ranks, written, overlap, proposal_q = [], [], 0.0, []
+    caches = (RowsCache(len(prompts)), RowsCache(len(prompts)))
+    pending = {b: torch.tensor(p, device=device) for b, p in enumerate(prompts)}  # each row's tokens to forward
+    ranks: list[list[int]] = [[] for _ in prompts]
+    written: list[list[int]] = [[] for _ in prompts]
+    proposal_q: list[list[torch.Tensor]] = [[] for _ in prompts]
+    overlap = [0.0] * len(prompts)
     for _ in range(n):
-        r = params.probs(last_logits(target, caches[0], context))[None]
-        d_logits = last_logits(draft, caches[1], context)[None]
-        q = draft_params.probs(d_logits)
-        # beta compares both under the target's parameters (the draft's differ only under greedy decoding)
-        overlap += float(torch.minimum(r, q if draft_params == params else params.probs(d_logits)).sum())
-        tokens = draw_children(q, width, mode, gen)
-        proposal_q.append(torch.where(tokens >= 0, q.gather(-1, tokens.clamp_min(0)), 0.0)[0])
-        u = torch.rand(tokens.shape, generator=gen, device=device)
-        u = torch.where(tokens >= 0, u, torch.inf)  # a missing draw is never accepted
-        k, left = verify_proposals(r, tokens.clamp_min(0), _proposal_q(q, tokens, mode), u)
-        rank = int(k[0])
-        token = int(tokens[0, rank]) if rank >= 0 else int(torch.multinomial(left[0], 1, generator=gen))
-        ranks.append(rank)
-        written.append(token)
-        if token in eos:
+        if not pending:
             break
-        context = torch.tensor([token], device=device)
-    probs = torch.stack(proposal_q) if proposal_q else torch.zeros(0, width)
-    return torch.tensor(ranks, dtype=torch.long), written, overlap, probs.float().cpu()
+        r_rows, d_rows = _last_logits(target, caches[0], pending, device), _last_logits(draft, caches[1], pending,
+                                                                                       device)
+        following = {}
+        for b in pending:
+            r, d_logits = params.probs(r_rows[b]), d_rows[b]
+            q = draft_params.probs(d_logits)
+            # beta compares both under the target's parameters (the draft's differ only under greedy decoding)
+            overlap[b] += float(torch.minimum(r, q if draft_params == params else params.probs(d_logits)).sum())
+            tokens = draw_children(q, width, mode, gens[b])
+            proposal_q[b].append(torch.where(tokens >= 0, q.gather(-1, tokens.clamp_min(0)), 0.0)[0])
+            u = torch.rand(tokens.shape, generator=gens[b], device=device)
+            u = torch.where(tokens >= 0, u, torch.inf)  # a missing draw is never accepted
+            k, left = verify_proposals(r, tokens.clamp_min(0), _proposal_q(q, tokens, mode), u)
+            rank = int(k[0])
+            token = int(tokens[0, rank]) if rank >= 0 else int(torch.multinomial(left[0], 1, generator=gens[b]))
+            ranks[b].append(rank)
+            written[b].append(token)
+            if token not in eos:
+                following[b] = torch.tensor([token], device=device)
+        ended = [b for b in pending if b not in following]
+        if ended:
+            for cache in caches:
+                cache.drop(ended)
+        pending = following
+    return [Walk(torch.tensor(ranks[b], dtype=torch.long), written[b], overlap[b],
+                 (torch.stack(proposal_q[b]) if proposal_q[b] else torch.zeros(0, width)).float().cpu())
+            for b in range(len(prompts))]
+
+
+def _last_logits(model: torch.nn.Module, cache: RowsCache, pending: dict[int, torch.Tensor],
+                 device: torch.device) -> dict[int, torch.Tensor]:
+    """Each row's pending tokens appended to its cache in one forward: the last one's logits ``[1, V]`` (float32,
+    on ``device``) by row."""
+    on = execution_device(model)
+    asks = {}
+    for b, ids in pending.items():
+        past = cache.length_of(b)
+        asks[b] = Forward(ids.to(on), torch.arange(past, past + len(ids), device=on),
+                          causal_allowed(past, len(ids), on), last=True)
+    return {b: logits.float().to(device) for b, logits in cache.forward(model, asks).items()}
 
 
 @torch.inference_mode()
