@@ -183,3 +183,22 @@ def test_prompts_walked_together_are_each_walked_as_alone(mode, temperature):
         assert [m.ranks for m in other] != [m.ranks for m in together]
     merged = measure(target, draft, prompts, batch_size=2, **kw)
     assert merged.ranks == [r for m in together for r in m.ranks] and merged.meta["prompts"] == len(prompts)
+
+
+def test_a_dynamic_int8_draft_is_walked_one_prompt_at_a_time(monkeypatch):
+    """int8 activations share one quantisation scale per forward, so a row's draft logits depend on its batch
+    mates (the control: the rows walked together, as a float model is, measure other ranks); ``measure`` walks
+    such a pair one prompt at a time whatever ``batch_size`` asks, and gets each prompt's walk alone."""
+    from treespec.calibrate import acceptance
+    from treespec.models.precision import to_precision
+
+    target = tiny_model("llama", vocab=64, hidden=64, scale=2, seed=0)
+    draft = to_precision(perturbed_copy(target, 0.5), "int8")
+    prompts = [[5, 9, 11, 2, 7], [3, 1], [8, 1, 4], [60, 2, 33, 12, 9, 1, 17], [7], [40, 41]]
+    kw = dict(width=3, mode="sample_without_replacement", temperature=1.0, max_new_tokens=24, progress=False)
+    asked = measure_each(target, draft, prompts, batch_size=6, **kw)
+    alone = measure_each(target, draft, prompts, batch_size=1, **kw)
+    assert [m.ranks for m in asked] == [m.ranks for m in alone]
+    monkeypatch.setattr(acceptance.checks, "has_dynamic_int8", lambda model: False)  # walked together anyway
+    together = measure_each(target, draft, prompts, batch_size=6, **kw)
+    assert [m.confidence for m in together] != [m.confidence for m in alone]

@@ -228,7 +228,7 @@ def cmd_accept(args: argparse.Namespace) -> int:
     mode = draft_mode("sequoia", args.temperature, args.mode)
     acc = measure(target, drafts[0], encode_prompts(tok, texts), width=args.width,
                   mode=mode, temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
-                  max_depth=args.max_depth, prompts_label=label, context=args.context)
+                  max_depth=args.max_depth, prompts_label=label, context=args.context, batch_size=args.batch_size)
     acc.save(args.out)
     print(acc)
     print(f"written to {args.out}")

@@ -195,6 +195,9 @@ def _accept(sub) -> None:
     add_sampling_options(a)
     a.add_argument("--max-new-tokens", type=_count("max-new-tokens"), default=48, metavar="N")
     a.add_argument("--max-depth", type=_count("max-depth"), default=8, metavar="D", help="rows of the per-depth matrix")
+    a.add_argument("--batch-size", type=_count("batch-size"), default=8, metavar="B",
+                   help="prompts walked together, as the rows of one forward per position (default 8; each prompt's "
+                        "walk is the one it has alone)")
     a.add_argument("--context", choices=CONTEXTS, default="walk",
                    help="how the continuation is written: 'walk' (default: by the acceptance rule, one token at a "
                         "time, so an accepted child is the next context and both models run as a step runs them) "

@@ -35,7 +35,10 @@ Two ways to write the continuation (``context``):
   decoding, where both ways score the same continuation, the int8 draft's top-1 agreement with the
   target was 0.904 teacher-forced against 0.921 walked on HumanEval prompts 0-19, 0.733 against
   0.775 on Lee news (``experiments/results/acceptance-fit``; the teacher-forced files were measured
-  on another host of this VM).
+  on another host of this VM). Prompts are walked ``batch_size`` at a time, as the rows of one forward per model
+  and position, each row attending to its own tokens and drawing from its own generator (its walk is the one it
+  has alone, up to a batched forward's rounding), except where a model is in int8, whose activation scale
+  would then span the rows: such a pair is walked one prompt at a time.
 * ``"target"``: the target writes its continuation alone (greedy or sampled), and both models
   score it in one teacher-forced forward each: cheaper, and under greedy decoding with a draft in
   a floating-point precision the same ranks as the walk (an accepted child and a correction token
@@ -258,7 +261,9 @@ def measure(target: torch.nn.Module, draft: torch.nn.Module, prompts: Sequence[S
         eos_token_id: stop continuations at this token (as ``generate``).
         prompts_label: free text recorded in ``meta`` (e.g. ``"humaneval[0:100]"``).
         context: how the continuation is written (module doc): ``"walk"`` or ``"target"``.
-        batch_size: prompts walked together, as the rows of one forward per position (``"walk"``).
+        batch_size: prompts walked together, as the rows of one forward per position (``"walk"``; one at a time
+            where a model is in dynamic int8, whose activations share one quantisation scale per forward: rows
+            walked together would measure it as no single-prompt step runs it).
     """
     parts = measure_each(target, draft, prompts, width, mode, temperature, top_k, top_p, max_new_tokens, max_depth,
                          seed, progress, eos_token_id=eos_token_id, prompts_label=prompts_label, context=context,
@@ -280,6 +285,8 @@ def measure_each(target: torch.nn.Module, draft: torch.nn.Module, prompts: Seque
     what an error over prompts (a jackknife, a bootstrap) resamples. The same arguments."""
     width, max_depth = _checked(prompts, width, mode, max_depth, context)
     batch_size = checks.check_int("batch_size", batch_size, 1, "prompts walked together.")
+    if checks.has_dynamic_int8(target) or checks.has_dynamic_int8(draft):
+        batch_size = 1  # its output depends on the rows of a forward (the batch_size argument's doc)
     params = SamplingParams(temperature, top_k, top_p)
     checks.check_vocab(checks.vocab_size(target), checks.vocab_size(draft), f"model({model_name(draft)})")
     meta = {"target": model_name(target), "draft": model_name(draft), "mode": mode, "width": int(width),
