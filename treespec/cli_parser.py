@@ -143,7 +143,8 @@ def _generate(sub) -> None:
                    help="exact verification rule for sampled steps (docs/verifiers.md; default rrs)")
     g.add_argument("--compile", nargs="?", const=True, default=None, metavar="BACKEND",
                    help="compiled static-shape steps (optionally naming the torch.compile backend, or "
-                        "'uncompiled': the same steps as plain PyTorch, for debugging): one draft model's static tree is drafted on the device too (captured; the draft is loaded in a precision "
+                        "'uncompiled': the same steps as plain PyTorch, for debugging): one draft model's static "
+                        "tree is drafted on the device too (captured; the draft is loaded in a precision "
                         "torch.compile traces); other drafters draft on the host. Pays a compile (1-2 minutes on a "
                         "CPU the first time). Default: compiled when measured here to pay back its compile for "
                         "this run's prompts x --max-new-tokens (measured for runs of 4096+ new tokens, cached)")
