@@ -22,11 +22,15 @@ import treespec
 from stats import ALPHA, g_test
 from test_exactness import BUSHY, PROMPT, four_token_pair, joint_p
 from test_verifiers import decisions
-from treespec.core import padded as padded_tree, rule, verifiers
+from treespec.core import buffers, captured, padded as padded_tree, rule, verifiers
 from treespec.core.compiling import UNCOMPILED
 from treespec.core.drafting import ROOT, DraftProposals
 from treespec.core.tree import TokenTree, flatten
 from treespec.models.tiny import greedy_reference
+
+#: one worker runs this file in order: the tie of the graphs to the uncompiled step reuses the no-recompile test's
+#: runner (compiled graphs)
+pytestmark = pytest.mark.xdist_group("compiled-traversal")
 
 BACKEND = "aot_eager"
 #: joint-distribution tests run their thousands of steps through the steps' functions uncompiled; the compiled
@@ -217,11 +221,17 @@ def test_block_on_a_chain_matches_target(pair):
 
 def test_negative_control_leaf_tests_in_dfs_order(pair, monkeypatch):
     """Leaf tests taken in the flat tree's DFS order (each node before its subtree) instead of post-order:
-    biased, and the same test at the same size must see it."""
+    biased, and the same test at the same size must see it (the captured step's trees, draws without
+    replacement: its trials run as the rows of batches)."""
     target, draft = pair
-    monkeypatch.setattr(padded_tree, "post_order", lambda parent: np.arange(len(parent)))
-    assert joint(target, draft, lambda: [treespec.ModelDrafter(draft, BUSHY, "sample")], "traversal-dfs",
-                 verifier="traversal") < ALPHA
+    dfs = lambda parent: np.arange(len(parent))  # noqa: E731
+    monkeypatch.setattr(padded_tree, "post_order", dfs)
+    monkeypatch.setattr(buffers, "post_order", dfs)
+    captured.RUNNERS.clear()  # runners hold their tree's buffers: laid out again under the fault
+    p = joint(target, draft, lambda: [treespec.ModelDrafter(draft, BUSHY, "sample_without_replacement")],
+              "traversal-dfs", verifier="traversal")
+    captured.RUNNERS.clear()
+    assert p < ALPHA
 
 
 def test_no_graph_break_and_no_recompile_over_varying_steps(pair):
