@@ -72,7 +72,6 @@ def walk_ranks(target: torch.nn.Module, draft: torch.nn.Module, prompts: Sequenc
     one it would have alone (up to the rounding of a batched forward). ``proposal_q`` is what the model
     drafter's confidence stop multiplies along a path."""
     device = execution_device(target)
-    draft_params = params.for_draft()
     caches = (RowsCache(len(prompts)), RowsCache(len(prompts)))
     pending = {b: torch.tensor(p, device=device) for b, p in enumerate(prompts)}  # each row's tokens to forward
     ranks: list[list[int]] = [[] for _ in prompts]
@@ -82,23 +81,15 @@ def walk_ranks(target: torch.nn.Module, draft: torch.nn.Module, prompts: Sequenc
     for _ in range(n):
         if not pending:
             break
-        r_rows, d_rows = _last_logits(target, caches[0], pending, device), _last_logits(draft, caches[1], pending,
-                                                                                       device)
+        r_rows = _last_logits(target, caches[0], pending, device)
+        d_rows = _last_logits(draft, caches[1], pending, device)
         following = {}
         for b in pending:
-            r, d_logits = params.probs(r_rows[b]), d_rows[b]
-            q = draft_params.probs(d_logits)
-            # beta compares both under the target's parameters (the draft's differ only under greedy decoding)
-            overlap[b] += float(torch.minimum(r, q if draft_params == params else params.probs(d_logits)).sum())
-            tokens = draw_children(q, width, mode, gens[b])
-            proposal_q[b].append(torch.where(tokens >= 0, q.gather(-1, tokens.clamp_min(0)), 0.0)[0])
-            u = torch.rand(tokens.shape, generator=gens[b], device=device)
-            u = torch.where(tokens >= 0, u, torch.inf)  # a missing draw is never accepted
-            k, left = verify_proposals(r, tokens.clamp_min(0), _proposal_q(q, tokens, mode), u)
-            rank = int(k[0])
-            token = int(tokens[0, rank]) if rank >= 0 else int(torch.multinomial(left[0], 1, generator=gens[b]))
+            rank, token, beta, props_q = _write_position(r_rows[b], d_rows[b], params, width, mode, gens[b])
             ranks[b].append(rank)
             written[b].append(token)
+            overlap[b] += beta
+            proposal_q[b].append(props_q)
             if token not in eos:
                 following[b] = torch.tensor([token], device=device)
         ended = [b for b in pending if b not in following]
@@ -109,6 +100,23 @@ def walk_ranks(target: torch.nn.Module, draft: torch.nn.Module, prompts: Sequenc
     return [Walk(torch.tensor(ranks[b], dtype=torch.long), written[b], overlap[b],
                  (torch.stack(proposal_q[b]) if proposal_q[b] else torch.zeros(0, width)).float().cpu())
             for b in range(len(prompts))]
+
+
+def _write_position(r_logits: torch.Tensor, d_logits: torch.Tensor, params: SamplingParams, width: int, mode: str,
+                    gen: torch.Generator) -> tuple[int, int, float, torch.Tensor]:
+    """One position of a walk: the draft proposes ``width`` children, the exact rule accepts one (its token is
+    written) or the correction token is drawn from the residual. Returns the accepted rank (-1: none), the token,
+    ``sum_x min(r, q)`` and each proposal's ``q(token)`` (``[width]``)."""
+    r, q = params.probs(r_logits), params.for_draft().probs(d_logits)
+    # beta compares both under the target's parameters (the draft's differ only under greedy decoding)
+    beta = float(torch.minimum(r, params.probs(d_logits)).sum())
+    tokens = draw_children(q, width, mode, gen)
+    u = torch.rand(tokens.shape, generator=gen, device=r.device)
+    u = torch.where(tokens >= 0, u, torch.inf)  # a missing draw is never accepted
+    k, left = verify_proposals(r, tokens.clamp_min(0), _proposal_q(q, tokens, mode), u)
+    rank = int(k[0])
+    token = int(tokens[0, rank]) if rank >= 0 else int(torch.multinomial(left[0], 1, generator=gen))
+    return rank, token, beta, torch.where(tokens >= 0, q.gather(-1, tokens.clamp_min(0)), 0.0)[0]
 
 
 def _last_logits(model: torch.nn.Module, cache: RowsCache, pending: dict[int, torch.Tensor],
