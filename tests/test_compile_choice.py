@@ -13,6 +13,7 @@ from treespec.core.stats import GenerateOutput, Stats
 from treespec.models.tiny import ByteTokenizer, greedy_reference, perturbed_copy, tiny_model
 from treespec.recipes import Recipe, run
 from treespec.calibrate.choices import resolve, resolve_compile
+from treespec.core.compiling import UNCOMPILED
 
 # compile 100 s, then 80 ms per token against 125 ms eager; prefill 1.0 s compiled, 1.5 s eager
 TIMING = RouteTiming(compile=100.0, prefill_eager=1.5, token_eager=0.125, prefill_compiled=1.0, token_compiled=0.08)
@@ -83,20 +84,20 @@ def pair():
 
 def test_resolve_compile_measures_long_runs_only_and_the_choice_is_exact(pair, tmp_path) -> None:
     """A short run without a measurement stays eager and measures nothing; a long one measures both
-    routes on the tiny pair (dynamo's eager backend: the choice of route is checked here, not a compiler),
+    routes on the tiny pair (uncompiled: the choice of route is checked here, not a compiler),
     caches them, and whichever route it picks gives HF's greedy output."""
     target, draft, tok = pair
     cache = tmp_path / "compile.json"
     resolved = resolve(Recipe(tree="chain", budget=4), target, [draft])
     short = resolve_compile(resolved, target, [draft], tok, prompts=1, max_new_tokens=8, cache_file=cache,
-                            backend="eager")
+                            backend=UNCOMPILED)
     assert short.recipe.compile is False and "eager steps" in short.why and not cache.exists()
     long = resolve_compile(resolved, target, [draft], tok, prompts=10, max_new_tokens=100, cache_file=cache,
-                           backend="eager", measure_from_tokens=1000)
+                           backend=UNCOMPILED, measure_from_tokens=1000)
     assert cache.exists() and "measured here" in long.why
-    assert long.recipe.compile in (False, "eager")
+    assert long.recipe.compile in (False, UNCOMPILED)
     again = resolve_compile(resolved, target, [draft], tok, prompts=10, max_new_tokens=100, cache_file=cache,
-                            backend="eager", measure_from_tokens=1000)
+                            backend=UNCOMPILED, measure_from_tokens=1000)
     assert again.recipe == long.recipe  # read from the cache (a new measurement could decide otherwise)
     prompt = tok("def f(x):")["input_ids"]
     for recipe in (long.recipe, short.recipe):
@@ -148,15 +149,15 @@ def test_a_compiled_run_prints_the_compiled_steps_prediction(pair, tmp_path) -> 
     resolved = Resolved(Recipe(tree="sequoia", acceptance=[0.8, 0.1, 0.05], **tuned.settings()), tuned.why, tuned)
     cache = tmp_path / "compile.json"
     bare = resolve_compile(resolved, target, [draft], tok, prompts=1, max_new_tokens=8, cache_file=cache,
-                           backend="eager", asked=True)
-    assert bare.recipe.compile == "eager" and bare.tuned is tuned and not cache.exists()
+                           backend=UNCOMPILED, asked=True)
+    assert bare.recipe.compile == UNCOMPILED and bare.tuned is tuned and not cache.exists()
     assert bare.why.endswith("compiled steps (as asked)")
     resolve_compile(resolved, target, [draft], tok, prompts=1, max_new_tokens=8, cache_file=cache,
-                    backend="eager", measure_from_tokens=0)  # measures both routes and caches them
+                    backend=UNCOMPILED, measure_from_tokens=0)  # measures both routes and caches them
     (timing,) = [RouteTiming(**v) for v in __import__("json").loads(cache.read_text()).values()]
     assert timing.step_compiled > 0
     asked = resolve_compile(resolved, target, [draft], tok, prompts=1, max_new_tokens=8, cache_file=cache,
-                            backend="eager", asked=True)
-    assert asked.recipe.compile == "eager" and asked.tuned.choice.shape == tuned.choice.shape
+                            backend=UNCOMPILED, asked=True)
+    assert asked.recipe.compile == UNCOMPILED and asked.tuned.choice.shape == tuned.choice.shape
     assert asked.tuned.choice.step_seconds == pytest.approx(timing.step_compiled)
     assert "per compiled step" in asked.why and "(as asked; measured here: compile" in asked.why
