@@ -72,6 +72,7 @@ def walk_ranks(target: torch.nn.Module, draft: torch.nn.Module, prompts: Sequenc
     one it would have alone (up to the rounding of a batched forward). ``proposal_q`` is what the model
     drafter's confidence stop multiplies along a path."""
     device = execution_device(target)
+    draft_params = params.for_draft()
     caches = (RowsCache(len(prompts)), RowsCache(len(prompts)))
     pending = {b: torch.tensor(p, device=device) for b, p in enumerate(prompts)}  # each row's tokens to forward
     ranks: list[list[int]] = [[] for _ in prompts]
@@ -85,7 +86,8 @@ def walk_ranks(target: torch.nn.Module, draft: torch.nn.Module, prompts: Sequenc
         d_rows = _last_logits(draft, caches[1], pending, device)
         following = {}
         for b in pending:
-            rank, token, beta, props_q = _write_position(r_rows[b], d_rows[b], params, width, mode, gens[b])
+            rank, token, beta, props_q = _write_position(r_rows[b], d_rows[b], params, draft_params, width, mode,
+                                                            gens[b])
             ranks[b].append(rank)
             written[b].append(token)
             overlap[b] += beta
@@ -102,14 +104,15 @@ def walk_ranks(target: torch.nn.Module, draft: torch.nn.Module, prompts: Sequenc
             for b in range(len(prompts))]
 
 
-def _write_position(r_logits: torch.Tensor, d_logits: torch.Tensor, params: SamplingParams, width: int, mode: str,
-                    gen: torch.Generator) -> tuple[int, int, float, torch.Tensor]:
+def _write_position(r_logits: torch.Tensor, d_logits: torch.Tensor, params: SamplingParams,
+                    draft_params: SamplingParams, width: int, mode: str, gen: torch.Generator
+                    ) -> tuple[int, int, float, torch.Tensor]:
     """One position of a walk: the draft proposes ``width`` children, the exact rule accepts one (its token is
     written) or the correction token is drawn from the residual. Returns the accepted rank (-1: none), the token,
     ``sum_x min(r, q)`` and each proposal's ``q(token)`` (``[width]``)."""
-    r, q = params.probs(r_logits), params.for_draft().probs(d_logits)
+    r, q = params.probs(r_logits), draft_params.probs(d_logits)
     # beta compares both under the target's parameters (the draft's differ only under greedy decoding)
-    beta = float(torch.minimum(r, params.probs(d_logits)).sum())
+    beta = float(torch.minimum(r, q if draft_params == params else params.probs(d_logits)).sum())
     tokens = draw_children(q, width, mode, gen)
     u = torch.rand(tokens.shape, generator=gen, device=r.device)
     u = torch.where(tokens >= 0, u, torch.inf)  # a missing draw is never accepted
