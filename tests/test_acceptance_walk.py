@@ -43,7 +43,7 @@ def measured() -> dict[str, MeasuredAcceptance]:
     target, draft = bigram_pair()
     prompts = [[i % 2] for i in range(20)]
     return {c: measure(target, draft, prompts, width=1, mode="sample", temperature=1.0, max_new_tokens=150,
-                       max_depth=3, context=c, progress=False) for c in ("walk", "target")}
+                       max_depth=3, context=c, progress=False, batch_size=20) for c in ("walk", "target")}
 
 
 def test_walk_rows_are_conditional_on_the_accepted_child(measured):

@@ -24,9 +24,12 @@ from treespec.models.tiny import greedy_reference, perturbed_copy
 pytestmark = pytest.mark.xdist_group("captured")
 
 BACKEND = "aot_eager"
-#: joint-distribution tests run their thousands of steps through the step's functions uncompiled (tracing cost
-#: 10-20 s a test); the compiled graphs are tied to them token for token under sampling with the same seed
-#: (test_no_graph_break_and_no_recompile_over_varying_steps, tests/test_batch_captured.py)
+#: the tests of the step's behaviour (exactness, EOS, stale cache rows, outputs that die) run the step's functions
+#: uncompiled: tracing costs 2-3 s a graph and a test's runner compiles two, where running its steps takes a fraction
+#: of a second. The compiled graphs are tied to that code token for token, greedy and sampled with the same seed, in
+#: the tests about compiling (test_no_graph_break_and_no_recompile_over_varying_steps, the confidence stop's test,
+#: tests/test_batch_captured.py, tests/test_compiled_traversal.py, tests/test_captured_chain.py)
+STEP_BACKEND = UNCOMPILED
 JOINT_BACKEND = UNCOMPILED
 KARY = [(0,), (1,), (0, 0), (0, 1), (1, 0), (1, 1)]
 DEEP = [(0,), (1,), (0, 0), (1, 0), (0, 0, 0), (0, 0, 1), (0, 0, 0, 0)]  # a leaf at depth 1 under node 2
@@ -88,7 +91,7 @@ def test_captured_greedy_equals_hf_and_the_eager_step(models, mode):
     for k, prompt in enumerate([[1, 5, 7, 9, 3], [4], [10, 11, 12, 13, 14, 15, 16, 17]]):
         for shape in (KARY, DEEP):
             eager = run(target, draft, prompt, 30, shape=shape, mode=mode, seed=k)
-            out = run(target, draft, prompt, 30, shape=shape, mode=mode, seed=k, compile=BACKEND)
+            out = run(target, draft, prompt, 30, shape=shape, mode=mode, seed=k, compile=STEP_BACKEND)
             assert out.stats.step == "captured"
             assert out.new_tokens == eager.new_tokens == greedy_reference(target, prompt, 30)
             assert out.sequences[0].tolist() == prompt + out.new_tokens
@@ -99,7 +102,7 @@ def test_captured_greedy_equals_hf_and_the_eager_step(models, mode):
 
 def test_an_identical_draft_accepts_every_path(models):
     target, _ = models
-    out = run(target, target, [1, 2, 3], 40, shape=CHAIN4, compile=BACKEND)
+    out = run(target, target, [1, 2, 3], 40, shape=CHAIN4, compile=STEP_BACKEND)
     assert out.stats.step_tokens == [5] * 8 and out.new_tokens == greedy_reference(target, [1, 2, 3], 40)
 
 
@@ -107,7 +110,7 @@ def test_eos_stops_like_hf(models):
     target, draft = models
     prompt = [1, 5, 7, 9, 3]
     eos = greedy_reference(target, prompt, 30)[17]
-    out = run(target, draft, prompt, 30, eos_token_id=eos, compile=BACKEND)
+    out = run(target, draft, prompt, 30, eos_token_id=eos, compile=STEP_BACKEND)
     assert out.new_tokens == greedy_reference(target, prompt, 30, eos=eos)
 
 
@@ -159,6 +162,8 @@ def test_no_graph_break_and_no_recompile_over_varying_steps(models, temperature)
     plain = run(target, draft, [9, 8, 7, 6, 5, 4, 3], 90, mode=mode, temperature=temperature, seed=1,
                 compile=UNCOMPILED)
     assert plain.new_tokens == out.new_tokens and plain.stats.step_tokens == out.stats.step_tokens
+    if temperature == 0:  # and greedy, the graphs give HF's own tokens
+        assert out.new_tokens == greedy_reference(target, [9, 8, 7, 6, 5, 4, 3], 90)
 
 
 @pytest.mark.parametrize("clone", [True, False], ids=["cloned", "control-not-cloned"])
@@ -169,7 +174,7 @@ def test_correct_when_each_compiled_output_dies_at_the_next_compiled_call(models
     under CUDA graphs, output stays HF's greedy; without them (the control) it breaks."""
     target, draft = models
     captured.RUNNERS.clear()
-    run(target, draft, [1, 2], 2, compile=BACKEND)
+    run(target, draft, [1, 2], 2, compile=STEP_BACKEND)
     (runner,) = captured.RUNNERS.values()
     monkeypatch.setattr(runner, "clone_between", clone)
     live: list[torch.Tensor] = []
@@ -188,7 +193,7 @@ def test_correct_when_each_compiled_output_dies_at_the_next_compiled_call(models
         monkeypatch.setattr(runner, name, dying(getattr(runner, name)))
     prompt = [10, 11, 12, 13, 14, 15, 16, 17]
     try:
-        ok = run(target, draft, prompt, 30, compile=BACKEND).new_tokens == greedy_reference(target, prompt, 30)
+        ok = run(target, draft, prompt, 30, compile=STEP_BACKEND).new_tokens == greedy_reference(target, prompt, 30)
     except (IndexError, RuntimeError):  # junk indices
         ok = False
     assert ok == clone
@@ -199,7 +204,7 @@ def test_garbage_in_unused_rows_of_both_caches_changes_nothing(models):
     target, draft = models
     prompt = [1, 5, 7, 9, 3]
     captured.RUNNERS.clear()
-    clean = run(target, draft, prompt, 30, compile=BACKEND)
+    clean = run(target, draft, prompt, 30, compile=STEP_BACKEND)
     (runner,) = captured.RUNNERS.values()
     gen = torch.Generator().manual_seed(0)
 
@@ -218,9 +223,9 @@ def test_garbage_in_unused_rows_of_both_caches_changes_nothing(models):
         for layer in runner.cache.layers:
             for buf in (layer.keys, layer.values):
                 buf[..., rows, :] = 1e4 * torch.randn(buf[..., rows, :].shape, generator=gen)
-    poisoned = run(target, draft, prompt, 30, compile=BACKEND, on_tokens=poison)
+    poisoned = run(target, draft, prompt, 30, compile=STEP_BACKEND, on_tokens=poison)
     assert poisoned.new_tokens == clean.new_tokens and poisoned.stats.step_tokens == clean.stats.step_tokens
-    broken = run(target, draft, prompt, 30, compile=BACKEND, on_tokens=poison_committed)
+    broken = run(target, draft, prompt, 30, compile=STEP_BACKEND, on_tokens=poison_committed)
     assert broken.new_tokens != clean.new_tokens  # the control: junk in committed rows does show
 
 

@@ -22,8 +22,10 @@ from treespec.models.tiny import greedy_reference
 pytestmark = pytest.mark.xdist_group("captured-chain")
 
 BACKEND = "aot_eager"
-#: as tests/test_captured.py: the joint tests run the step's functions uncompiled, tied to the compiled graphs token
-#: for token (test_sampled_chains_in_the_graphs_equal_the_steps_code)
+#: as tests/test_captured.py: the tests of the step's behaviour and the joint tests run the step's functions
+#: uncompiled, tied to the compiled graphs token for token: greedy and HF's tokens (test_no_recompile_whatever_the_
+#: chain_holds), sampled in a batch with the same seed (test_sampled_chains_in_the_graphs_equal_the_steps_code)
+STEP_BACKEND = UNCOMPILED
 JOINT_BACKEND = UNCOMPILED
 KARY = [(0,), (1,), (0, 0), (0, 1), (1, 0), (1, 1)]
 REPEAT = [1, 2, 3, 1, 2, 3, 1, 2]  # test_exactness's prompt on which n-gram guesses overlap the model's draws
@@ -66,7 +68,7 @@ def test_greedy_with_a_chain_equals_hf_and_the_eager_steps_walk(family, mode, st
     ref = greedy_reference(target, prompt, 30)
     eager = treespec.generate(target, prompt, drafters(draft, mode=mode, min_confidence=stop), max_new_tokens=30)
     out = treespec.generate(target, prompt, drafters(draft, mode=mode, min_confidence=stop), max_new_tokens=30,
-                            compile=BACKEND)
+                            compile=STEP_BACKEND)
     alone = treespec.generate(target, prompt, drafters(draft, mode=mode, min_confidence=stop)[:1], max_new_tokens=30)
     assert out.stats.step == "captured" and out.new_tokens == eager.new_tokens == ref
     assert out.stats.steps < alone.stats.steps  # the chain was accepted where the model's tree was not
@@ -80,16 +82,16 @@ def test_greedy_with_a_chain_equals_hf_and_the_eager_steps_walk(family, mode, st
 def test_a_batch_with_chains_decodes_each_prompt_as_alone():
     target, draft = tiny_pair("llama")
     prompts = [repetitive_prompt(target), REPEAT]
-    out = treespec.generate(target, prompts, drafters(draft), max_new_tokens=24, compile=BACKEND)
+    out = treespec.generate(target, prompts, drafters(draft), max_new_tokens=24, compile=STEP_BACKEND)
     assert out.stats.step.startswith("captured")
     for prompt, row in zip(prompts, out.rows):
-        alone = treespec.generate(target, prompt, drafters(draft), max_new_tokens=24, compile=BACKEND)
+        alone = treespec.generate(target, prompt, drafters(draft), max_new_tokens=24, compile=STEP_BACKEND)
         assert row.new_tokens == alone.new_tokens == greedy_reference(target, prompt, 24)
         assert row.stats.step_tokens == alone.stats.step_tokens
 
 
 def test_no_recompile_whatever_the_chain_holds():
-    target, draft = tiny_pair("llama")  # the greedy test's runner, when one worker runs both (the file's group)
+    target, draft = tiny_pair("llama")
     prompt = repetitive_prompt(target)
     treespec.generate(target, [7, 1, 3] * 10, drafters(draft), max_new_tokens=8, compile=BACKEND)  # compiles
     graphs = counters["stats"]["unique_graphs"]
@@ -97,6 +99,10 @@ def test_no_recompile_whatever_the_chain_holds():
         out = treespec.generate(target, prompt, drafters(draft), max_new_tokens=60, compile=BACKEND)
     assert counters["stats"]["unique_graphs"] == graphs and not counters["graph_break"]
     assert out.stats.steps >= 10
+    # the graphs are the step's code (what the greedy tests run uncompiled), and give HF's tokens
+    plain = treespec.generate(target, prompt, drafters(draft), max_new_tokens=60, compile=STEP_BACKEND)
+    assert out.new_tokens == plain.new_tokens == greedy_reference(target, prompt, 60)
+    assert out.stats.step_tokens == plain.stats.step_tokens
 
 
 def test_sampled_chains_in_the_graphs_equal_the_steps_code():

@@ -14,6 +14,7 @@ from torch._dynamo.utils import counters
 import treespec
 from tree_builders import chain, for_budget, kary
 from treespec.core import captured
+from treespec.core.compiling import UNCOMPILED
 from treespec.core.buffers import Envelope
 from conftest import tiny_pair
 from treespec.models.tiny import greedy_reference
@@ -49,8 +50,8 @@ def test_the_default_envelope_is_the_trees_own_on_a_cpu(models):
     """On a CPU width costs every step, so without ``envelope=`` each shape runs in its own envelope."""
     target, draft = models
     captured.RUNNERS.clear()
-    for shape in (SHAPES["chain-4"], SHAPES["fan-4"]):
-        run(target, draft, [1, 2, 3], shape, 6, compile=BACKEND)
+    for shape in (SHAPES["chain-4"], SHAPES["fan-4"]):  # the choice of envelope, not the graphs: uncompiled
+        run(target, draft, [1, 2, 3], shape, 6, compile=UNCOMPILED)
     envs = sorted((r.envelope for r in captured.RUNNERS.values()), key=lambda e: e.nodes)
     assert envs == [Envelope(5, (2, 1, 1, 1), 1), Envelope(5, (2,), 4)]
 
@@ -80,9 +81,10 @@ def test_six_shapes_share_one_envelope_and_stay_exact(models):
 def test_padded_and_exact_envelopes_draft_the_same_trees(models):
     """Top-k trees are a function of the draft alone: padded or exact, the same trees step by step."""
     target, draft = models
-    shape = SHAPES["chain-4"]  # its exact envelope and the padded one: the runners of the tests above
-    exact = run(target, draft, [4, 2, 9], shape, 20, compile=BACKEND)
-    padded = run(target, draft, [4, 2, 9], shape, 20, compile=BACKEND, envelope=Envelope.for_shapes(SHAPES.values()))
+    shape = SHAPES["chain-4"]  # the steps' code (uncompiled): the test above ties an envelope's graphs to it
+    exact = run(target, draft, [4, 2, 9], shape, 20, compile=UNCOMPILED)
+    padded = run(target, draft, [4, 2, 9], shape, 20, compile=UNCOMPILED,
+                 envelope=Envelope.for_shapes(SHAPES.values()))
     assert padded.new_tokens == exact.new_tokens
     assert padded.stats.tree_sizes == exact.stats.tree_sizes and padded.stats.step_tokens == exact.stats.step_tokens
     assert np.sum(exact.stats.tree_sizes) > len(exact.stats.tree_sizes)  # trees were drafted
@@ -106,5 +108,5 @@ def test_a_wide_envelope_fits_its_caches_at_the_edge_of_their_capacity(models, m
     env = Envelope(8, (16,) * 6, 4)
     assert env.draft_slots > env.nodes
     prompt = [1, 5, 7, 9, 3]
-    out = run(target, draft, prompt, SHAPES["sequoia-8"], 24, compile="eager", envelope=env)
+    out = run(target, draft, prompt, SHAPES["sequoia-8"], 24, compile=UNCOMPILED, envelope=env)  # the same writes
     assert out.new_tokens == greedy_reference(target, prompt, 24)

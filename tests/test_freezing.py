@@ -72,16 +72,16 @@ def test_freezing_with_several_runners_in_one_process(mode, monkeypatch):
 
 def test_weight_freezing_keeps_long_prompts_exact_and_reuses_the_chunk_graph():
     """The chunk graph mutates the cache and its length (never folded into constants); a second prompt of another
-    length adds no graph."""
+    length adds no graph. Through the captured step (both steps prefill with the same ``ChunkedPrefill``; the
+    host-drafted step's own graphs under freezing: the test above)."""
     target, draft = fresh_pair()
     assert prefill.CHUNKED_MIN <= 70
     with torch._inductor.config.patch(freezing=True):
         for i, n in enumerate((70, 100)):
             prompt = prompt_of(n, seed=n)
             graphs = counters["stats"]["unique_graphs"]
-            for mode in ("topk", "sample"):
-                out = run(target, draft, prompt, 20, KARY, mode, budget=8, compile="inductor")
-                assert out.new_tokens == greedy_reference(target, prompt, 20)
+            out = run(target, draft, prompt, 20, KARY, "topk", budget=8, compile="inductor")
+            assert out.stats.step == "captured" and out.new_tokens == greedy_reference(target, prompt, 20)
             if i:
                 assert counters["stats"]["unique_graphs"] == graphs
 

@@ -9,6 +9,7 @@ from torch._dynamo.utils import counters
 
 import treespec
 from treespec.core import compiled, prefill
+from treespec.core.compiling import UNCOMPILED
 from treespec.core.static_cache import StaticTreeCache
 from treespec.models.tiny import greedy_reference, perturbed_copy, tiny_model
 
@@ -86,12 +87,14 @@ def test_exact_pieces_compile_one_graph_for_every_length():
 
 @pytest.mark.parametrize("mode", ["topk", "sample"], ids=["captured", "host-drafted"])
 def test_long_prompts_keep_greedy_output_equal_to_hf(mode):
+    """The steps' code (uncompiled: the prefill's graphs are the tests above, the steps' graphs are tied to their code
+    in tests/test_captured.py and tests/test_compile.py) prefills a long prompt in pieces and stays exact."""
     target = tiny_model("qwen2", vocab=64, hidden=64, layers=1, scale=6, seed=1)
     draft = perturbed_copy(target, 0.3)
     for n in (40, 150):
         prompt = prompt_of(n, seed=n)
         out = treespec.generate(target, prompt, drafters=[treespec.ModelDrafter(draft, KARY, mode)], max_new_tokens=24,
-                                budget=8, compile="aot_eager")
+                                budget=8, compile=UNCOMPILED)
         assert out.stats.step.startswith("captured" if mode == "topk" else "compiled")
         assert out.new_tokens == greedy_reference(target, prompt, 24)
 

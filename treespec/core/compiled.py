@@ -65,7 +65,7 @@ class _Runner:
     """
 
     def __init__(self, model: torch.nn.Module, capacity: int, width: int, backend: str, mode: str | None) -> None:
-        self.model, self.width = model, width
+        self.model, self.width, self.backend = model, width, backend
         self.cache = StaticTreeCache(model, capacity)
         self.prefill = ChunkedPrefill(model, self.cache, backend, mode)
         self.params = SamplingParams()
