@@ -85,6 +85,8 @@ class StaticTreeCache(Cache):
         n_layers, heads, head_dim = kv_shape(model.config)
         param = next(model.parameters())
         self.capacity, self.rows = capacity, rows
+        # the attention mask's dtype, read once: a traced ``model.dtype`` walks every parameter (7% of a graph's trace)
+        self.mask_dtype = model.dtype
         self.length = torch.zeros(() if rows is None else (rows,), dtype=torch.long, device=param.device)
         torch._dynamo.mark_static_address(self.length, guard=True)
         layers = [StaticTreeLayer(capacity, self.length) for _ in range(n_layers)]
@@ -123,8 +125,8 @@ class StaticTreeCache(Cache):
             cols = rel.clamp(0, n_block - 1)[:, None, :].expand(b, n, self.capacity)
             allowed = (rel < 0)[:, None] | (block.expand(b, n, n_block).gather(2, cols) & inside[:, None])
             mask_rows = allowed[:, None]
-        zero = torch.zeros((), dtype=model.dtype, device=block.device)
-        mask = torch.where(mask_rows, zero, torch.finfo(model.dtype).min)
+        zero = torch.zeros((), dtype=self.mask_dtype, device=block.device)
+        mask = torch.where(mask_rows, zero, torch.finfo(self.mask_dtype).min)
         for layer in self.layers:
             layer.write_start = committed if write_start is None else write_start
         out = tree_forward(model, input_ids=ids, attention_mask=mask, position_ids=positions,
