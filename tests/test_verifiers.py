@@ -11,6 +11,7 @@ for exactness step after step.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections import defaultdict
 
@@ -54,6 +55,12 @@ class World:
                 continue
             stack.extend((s + (t,), w * float(self.P[s][t])) for t in range(V))
         return out
+
+
+@functools.lru_cache(maxsize=None)
+def world_of(seed: int, depth: int) -> World:
+    """``World(seed, depth)``, built once per session: a pure function of its arguments, only read."""
+    return World(seed, depth)
 
 
 # -- drafted trees: every outcome of a static shape in one mode, with its probability -------------
@@ -154,7 +161,7 @@ class Replay:
         return self._choose([(True, prob), (False, 1.0 - prob)])
 
     def draw(self, dist: torch.Tensor) -> int:
-        return self._choose([(t, float(dist[t])) for t in range(len(dist))])
+        return self._choose(list(enumerate(dist.tolist())))
 
 
 def decisions(run):
@@ -168,9 +175,9 @@ def decisions(run):
         for choice, options in coins.log:
             prob *= options[choice][1]
         out.append((result, prob))
+        taken = tuple(c for c, _ in coins.log)
         for i in range(len(prefix), len(coins.log)):
-            taken = tuple(c for c, _ in coins.log[:i])
-            stack.extend(taken + (alt,) for alt in range(1, len(coins.log[i][1])))
+            stack.extend(taken[:i] + (alt,) for alt in range(1, len(coins.log[i][1])))
     return out
 
 
@@ -201,8 +208,12 @@ def tv(world: World, law, depth: int) -> float:
         v for k, v in full.items() if k not in exact)
 
 
+@functools.lru_cache(maxsize=None)
 def draft_sets(world: World, case: str):
-    """The draft outcomes of one named construction (a list of per-drafter outcome lists)."""
+    """The draft outcomes of one named construction (a tuple of per-drafter outcome tuples).
+
+    Built once per (world, case) and shared by every verifier's enumeration of it: only read (each
+    enumeration merges them into trees of its own)."""
     chain2, chain3 = [(0,), (0, 0)], [(0,), (0, 0), (0, 0, 0)]
     bushy = [(0,), (1,), (0, 0), (0, 1), (1, 0)]
     deep = [(0,), (1,), (0, 0), (0, 1), (0, 0, 0), (1, 0)]
@@ -227,7 +238,7 @@ def draft_sets(world: World, case: str):
                                                                "sample")))],
         "wor-as-iid": lambda: [list(drafted(world, bushy, "without_replacement", q_mode="sample"))],
     }
-    return cases[case]()
+    return tuple(tuple(outcomes) for outcomes in cases[case]())
 
 
 DEPTH = {"chain3-sample": 3, "chain3-topk": 3, "wor-deep": 3, "iid-deep": 3, "iid-deep-cut": 3}
@@ -247,7 +258,7 @@ SEEDS = (11, 12)
 def case_law(case: str, verify, seed: int):
     """(world, law, expected accepted tokens, depth) of one named case under ``verify``."""
     depth = DEPTH.get(case, 2)
-    world = World(seed, depth)
+    world = world_of(seed, depth)
     law, accepted = step_law(world, draft_sets(world, case.removesuffix("-cut")), verify, BUDGET.get(case))
     return world, law, accepted, depth
 
@@ -273,7 +284,7 @@ def test_exact_on_every_accepted_construction(name, case, seed):
 @pytest.mark.parametrize("name", ["block", "spectr"])
 def test_refused_constructions_are_really_refused(name):
     """Every case outside a verifier's list has some tree its declaration rejects."""
-    world = World(11, 3)
+    world = world_of(11, 3)
     for case in set(EVERY) - set(EXACT[name]):
         assert any(not verifiers.get(name).exact_for(verifiers.classify(t, cut)) for t, cut in trees(world, case)), case
 
@@ -391,3 +402,41 @@ def test_residual_is_the_normalised_positive_part_and_keeps_r_where_nothing_is_l
     res, mass = residual(r, q, w)
     assert torch.allclose(mass, torch.tensor([0.4, 1.0], dtype=torch.float64))
     assert torch.allclose(res[1], r[1])  # 2 r - q = r here, mass 1
+
+
+# -- K-SEQ's division factor against a direct sum -----------------------------------------------
+
+
+def test_kseq_rho_is_the_smallest_feasible_rho_of_a_direct_sum():
+    """Against the direct ``beta = sum_x min(q(x), r(x) / rho)`` in torch, ``kseq_rho``'s ``c`` is ``c(rho)``,
+    its ``rho`` is feasible (``c(rho) <= rho``) and a slightly smaller ``rho`` is not (the smallest feasible one,
+    the largest acceptance). Zeros in ``q`` and ``r``, tied ratios (a target proportional to the draft on part of
+    the vocabulary); tiny and larger vocabularies."""
+    g = torch.Generator().manual_seed(0)
+
+    def dist(n: int, zeros: float) -> torch.Tensor:
+        x = torch._standard_gamma(torch.full((n,), 0.7, dtype=torch.float64), g)
+        x[torch.rand(n, generator=g, dtype=torch.float64) < zeros] = 0.0
+        x[0] += 1e-3  # never all zero
+        return x / x.sum()
+
+    def c_direct(r: torch.Tensor, q: torch.Tensor, k: int, rho: float) -> float:
+        beta = float(torch.minimum(q, r / rho).sum())
+        return k if beta <= 0 else (1 - (1 - beta) ** k) / beta
+
+    cases = [(n, zeros, k, dist(n, zeros), dist(n, zeros)) for n in (3, 5, 50, 1000) for zeros in (0.0, 0.3)
+             for k in (1, 2, 3, 5)]
+    for n in (3, 1000):
+        q = dist(n, 0.0)
+        r = torch.where(torch.arange(n) % 3 > 0, q, 0.0)
+        cases += [(n, "tied", k, r / r.sum(), q) for k in (2, 3)]
+    interior = 0
+    for n, zeros, k, r, q in cases:
+        rho, c = verifiers.kseq_rho(r, q, k)
+        assert 1.0 <= rho <= k and abs(c - c_direct(r, q, k, rho)) < 1e-12, (n, zeros, k)
+        assert c <= rho or rho == 1.0  # k = 1: rho = 1 and c = 1 up to rounding
+        if rho > 1.0:
+            interior += 1
+            smaller = rho * (1 - 1e-9)
+            assert c_direct(r, q, k, smaller) > smaller, (n, zeros, k, rho)
+    assert interior >= 20  # most cases have 1 < rho < k
