@@ -12,10 +12,13 @@ $(VENV)/.installed: pyproject.toml
 	@if $(PYTHON) -c "import torch" 2>/dev/null; then \
 		$(PYTHON) -m venv --system-site-packages $(VENV); \
 	else \
-		$(PYTHON) -m venv $(VENV) && $(PY) -m pip install -q --upgrade pip && \
-		$(PY) -m pip install -q torch==2.13.0; \
+		$(PYTHON) -m venv $(VENV) && $(PY) -m pip install -q --no-compile --upgrade pip && \
+		$(PY) -m pip install -q --no-compile torch==2.13.0; \
 	fi
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q --no-compile -e '.[test]'
+	# the bytecode pip would write file by file on one core (a minute here), on every core at once; a few files
+	# of the packages' own tests do not compile under this Python (pip skips them too)
+	-$(PY) -m compileall -q -j 0 "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" > /dev/null
 	touch $@
 
 setup: $(VENV)/.installed
