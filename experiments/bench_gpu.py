@@ -79,6 +79,10 @@ TINY = {
 TINY_COMMON = dict(COMMON, vocab_size=512, max_position_embeddings=2048, tie_word_embeddings=False)
 CHAIN = [(0,) * k for k in range(1, 5)]  # a rank-0 chain of depth 4 ...
 CHECK_SHAPE = CHAIN + [(1,)]  # ... and a branch: draft = target accepts the whole chain every step
+SECOND_SHAPE = [(0,), (1,), (2,), (0, 0), (1, 0)]  # phase first's second tree, in the same envelope
+FIRST_ENVELOPE = Envelope.for_shapes([CHECK_SHAPE, SECOND_SHAPE])
+# the smoke's target: one layer (dynamo traces every layer of every graph; phase first on a device keeps TINY's)
+SMOKE_TARGET_LAYERS = 1
 PHASES = ("first", "costs", "hf", "treespec", "validate", "predict", "levels", "sweep")
 
 
@@ -141,6 +145,7 @@ class Bench:
         self.dtype = torch.float32 if self.tiny else torch.bfloat16
         self.backend, self.mode = ("eager", None) if self.tiny else compiling.compile_options(True, self.device)
         self.compile = self.backend if self.tiny else True
+        self.target_layers = SMOKE_TARGET_LAYERS if self.tiny else None
         self._models: dict[str, torch.nn.Module] = {}
         g = torch.Generator().manual_seed(0)
         vocab = (TINY_COMMON if self.tiny else COMMON)["vocab_size"]
@@ -149,14 +154,14 @@ class Bench:
     def model(self, name: str) -> torch.nn.Module:
         if name not in self._models:
             if name == "target":
-                self._models[name] = build("target", self.tiny, self.dtype, self.device, 0)
+                self._models[name] = build("target", self.tiny, self.dtype, self.device, 0, self.target_layers)
             elif name == "draft":
                 self._models[name] = build("draft", self.tiny, self.dtype, self.device, 1)
             elif name == "weak":
                 target = self.model("target32")
                 self._models[name] = weak_draft(target, max(1, target.config.num_hidden_layers // 4), noise=0.1)
             elif name == "target32":
-                self._models[name] = build("target", self.tiny, torch.float32, self.device, 0)
+                self._models[name] = build("target", self.tiny, torch.float32, self.device, 0, self.target_layers)
         return self._models[name]
 
     def setup(self) -> dict[str, Any]:
@@ -173,10 +178,12 @@ class Bench:
 def phase_first(b: Bench) -> dict[str, Any]:
     """A tiny float32 model through the real compiled step on the device: equal to eager and to HF; then a
     second tree shape in the same envelope compiles nothing and is exact too."""
-    model = build("target", True, torch.float32, b.device, 0)
-    weak = weak_draft(model, 2, noise=0.1)  # partial agreement: steps of several accepted lengths
-    second = [(0,), (1,), (2,), (0, 0), (1, 0)]
-    env = Envelope.for_shapes([CHECK_SHAPE, second])
+    if b.tiny:  # the smoke's float32 target and weak draft are tiny already: phase validate reuses this runner
+        model, weak = b.model("target32"), b.model("weak")
+    else:
+        model = build("target", True, torch.float32, b.device, 0)
+        weak = weak_draft(model, 2, noise=0.1)  # partial agreement: steps of several accepted lengths
+    second, env = SECOND_SHAPE, FIRST_ENVELOPE
     out: dict[str, Any] = {"cases": [], "envelope": env.describe()}
     for shape, prompts in ((CHECK_SHAPE, ([1, 2, 3, 4, 5], list(range(20, 60)), list(range(100, 107)))),
                            (second, ([7, 3, 9, 1], list(range(30, 90))))):
@@ -337,10 +344,13 @@ def phase_treespec(b: Bench) -> dict[str, Any]:
     acc = MeasuredAcceptance.load(ROOT / "treespec" / "data" / "acceptance-qwen2.5-coder-t0.json")
     runs = {}
     for i, (budget, shape) in enumerate(step_shapes(b, acc).items()):
+        # the smoke pads the tree's levels to one row count, as a device does (one level graph, not one per width)
+        env = Envelope.for_shapes([shape]) if b.tiny else None
         for mode, comp in (("compiled", b.compile), ("eager", False)):
             if mode == "eager" and (i or b.args.no_eager):
                 continue
-            run = treespec_run(b, b.model("target"), b.model("draft"), shape, comp, profile=True, budget=shape.size)
+            run = treespec_run(b, b.model("target"), b.model("draft"), shape, comp, profile=True, budget=shape.size,
+                               envelope=env)
             run.update(budget=budget, size=shape.size, depth=shape.depth, widths=list(shape.widths),
                        predicted_tau_t0=shape.expected_tokens(acc.matrix))
             runs[f"{mode}_budget{budget}"] = run
@@ -351,29 +361,34 @@ def phase_treespec(b: Bench) -> dict[str, Any]:
 def phase_validate(b: Bench) -> dict[str, Any]:
     """Float32 (bf16 random logits have near-ties). draft = target: every uncut step accepts the whole
     chain, eager and compiled. A weak draft (the target's first quarter of layers, perturbed): steps of
-    varying accepted length, compiled output == eager == HF greedy."""
+    varying accepted length, compiled output == eager == HF greedy. The weak draft runs first: in the smoke
+    it is phase first's pair, whose runner (``FIRST_ENVELOPE``) the smoke's compiled runs reuse (on a device the
+    envelope is the tree's own, padded)."""
     target = b.model("target32")
+    env = FIRST_ENVELOPE if b.tiny else None
+    weak = b.model("weak")
+    prompt, n = b.prompts[0], b.args.new_tokens
+    runs = [treespec.generate(target, prompt, [treespec.ModelDrafter(weak, CHECK_SHAPE)], max_new_tokens=n,
+                              budget=b.args.budget, compile=c, envelope=env if c else None) for c in (False, b.compile)]
+    with torch.inference_mode():
+        hf = target.generate(torch.tensor([prompt], device=b.device), do_sample=False, max_new_tokens=n,
+                             min_new_tokens=n, pad_token_id=0, eos_token_id=None)[0, len(prompt):].tolist()
+    weak_check = {"tau_eager": runs[0].stats.tau, "tau_compiled": runs[1].stats.tau,
+                  "accepted_hist_compiled": runs[1].stats.accepted_hist, "step": runs[1].stats.step,
+                  "compiled_equals_eager": runs[0].new_tokens == runs[1].new_tokens,
+                  "compiled_equals_hf": runs[1].new_tokens == hf}
     out: dict[str, Any] = {}
     for mode, comp in (("eager", False), ("compiled", b.compile)):
-        r = treespec_run(b, target, target, CHECK_SHAPE, comp)
+        r = treespec_run(b, target, target, CHECK_SHAPE, comp, envelope=env)
         share = r["uncut_steps_committing_whole_chain"] / max(r["uncut_steps"], 1)
         out[mode] = {"tau": r["tau"], "expected_tau": 5.0, "steps_accepting_whole_chain": share, "ok": share == 1.0,
                      "step": r["step"]}
     same = [treespec.generate(target, b.prompts[0], [treespec.ModelDrafter(target, CHECK_SHAPE)],
-                              max_new_tokens=b.args.new_tokens, budget=b.args.budget, compile=c).new_tokens
+                              max_new_tokens=b.args.new_tokens, budget=b.args.budget, compile=c,
+                              envelope=env if c else None).new_tokens
             for c in (False, b.compile)]
     out["compiled_equals_eager_greedy"] = same[0] == same[1]
-    weak = b.model("weak")
-    prompt, n = b.prompts[0], b.args.new_tokens
-    runs = [treespec.generate(target, prompt, [treespec.ModelDrafter(weak, CHECK_SHAPE)], max_new_tokens=n,
-                              budget=b.args.budget, compile=c) for c in (False, b.compile)]
-    with torch.inference_mode():
-        hf = target.generate(torch.tensor([prompt], device=b.device), do_sample=False, max_new_tokens=n,
-                             min_new_tokens=n, pad_token_id=0, eos_token_id=None)[0, len(prompt):].tolist()
-    out["weak_draft"] = {"tau_eager": runs[0].stats.tau, "tau_compiled": runs[1].stats.tau,
-                         "accepted_hist_compiled": runs[1].stats.accepted_hist, "step": runs[1].stats.step,
-                         "compiled_equals_eager": runs[0].new_tokens == runs[1].new_tokens,
-                         "compiled_equals_hf": runs[1].new_tokens == hf}
+    out["weak_draft"] = weak_check
     return out
 
 
@@ -826,7 +841,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = ap.parse_args(argv)
     args.device = args.device or ("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
     if args.smoke:
-        args.prompts, args.prompt_len, args.new_tokens, args.budget, args.repeats = 2, 16, 12, 8, 2
+        # prompts under prefill.CHUNKED_MIN tokens prefill eagerly: phase costs compiles no prefill of its own
+        # (phase first's longer prompts check the compiled prefill); short generations: the profiled ones (one
+        # prompt's) cost seconds per step, and 8 tokens still give draft = target a whole uncut step
+        args.prompts, args.prompt_len, args.new_tokens, args.budget, args.repeats = 3, 15, 8, 8, 2
         args.compiled_sizes = [1, 8]
     args.step_budgets = args.step_budgets or ([8] if args.smoke else [16, 32, 64])
     args.sweep_budgets = args.sweep_budgets or ([8] if args.smoke else [16, 32])
@@ -846,14 +864,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     phases = {"first": phase_first, "costs": phase_costs, "hf": phase_hf, "treespec": phase_treespec,
               "validate": phase_validate, "predict": lambda bench: phase_predict(bench, results["phases"]),
               "sweep": lambda bench: phase_sweep(bench, results["phases"]), "levels": phase_levels}
-    for name in [p for p in PHASES if "all" in args.phase or p in args.phase]:
-        t = time.perf_counter()
-        print(f"phase {name} ...", flush=True)
-        checkpoint(name, phases[name](b))
-        results["phases"][name + "_seconds"] = time.perf_counter() - t
-        results["phases"][name + "_settings"] = {k: results["setup"][k] for k in ("prompts", "prompt_len", "new_tokens")}
-        save(out, results)
-        print(f"phase {name} done in {time.perf_counter() - t:.0f} s; written to {out}", flush=True)
+    threads = torch.get_num_threads()
+    if args.smoke:  # tiny models: a second thread only waits on the first (on a busy machine, many times over)
+        torch.set_num_threads(1)
+    try:
+        for name in [p for p in PHASES if "all" in args.phase or p in args.phase]:
+            t = time.perf_counter()
+            print(f"phase {name} ...", flush=True)
+            checkpoint(name, phases[name](b))
+            results["phases"][name + "_seconds"] = time.perf_counter() - t
+            results["phases"][name + "_settings"] = {k: results["setup"][k] for k in ("prompts", "prompt_len",
+                                                                                        "new_tokens")}
+            save(out, results)
+            print(f"phase {name} done in {time.perf_counter() - t:.0f} s; written to {out}", flush=True)
+    finally:
+        torch.set_num_threads(threads)
     return results
 
 

@@ -16,6 +16,8 @@ def test_bench_gpu_smoke_runs_every_phase_and_resumes(tmp_path):
     assert ph["first"]["ok"]  # the compiled step equals eager and HF greedy
     assert {c["step"] for c in ph["first"]["cases"]} == {"captured"}  # the draft ran on the device too
     assert len({tuple(c["accepted_hist"]) for c in ph["first"]["cases"]}) > 1  # steps of varying acceptance
+    # its 40-token prompt compiles the prefill (the smoke's other prompts are short enough to prefill eagerly)
+    assert ph["first"]["cases"][1]["prompt_len"] == 40 and ph["first"]["cases"][1]["new_graphs"] > 0
     assert set(ph["hf"]) == {"hf_generate_eager", "hf_generate_static_compiled"}
     # smoke budget 8: captured and eager; all the same prompts and token counts
     assert set(ph["treespec"]) == {"compiled_budget8", "eager_budget8"}
