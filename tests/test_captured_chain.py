@@ -35,9 +35,11 @@ def drafters(draft, shape=KARY, mode="topk", tokens=4, **kwargs):
     return [treespec.ModelDrafter(draft, shape, mode, **kwargs), treespec.NGramDrafter(max_tokens=tokens)]
 
 
-def repetitive_prompt(target) -> list[int]:
-    """A prompt that holds the target's own greedy continuation: the n-gram tables predict much of what follows."""
-    return [5, 9, 11] + greedy_reference(target, [5, 9, 11], 40)
+def repetitive_prompt(target, n: int = 40) -> list[int]:
+    """A prompt that holds the target's own greedy continuation: the n-gram tables predict much of what follows. The
+    compiled tests take ``n = 12``: a prompt of 15 tokens prefills eagerly (``prefill.CHUNKED_MIN``), so their
+    runners compile the step's graphs alone (the prefill's graphs: tests/test_prefill.py)."""
+    return [5, 9, 11] + greedy_reference(target, [5, 9, 11], n)
 
 
 def test_a_chain_keeps_bfs_order_and_level_zero_forwards_it():
@@ -92,8 +94,8 @@ def test_a_batch_with_chains_decodes_each_prompt_as_alone():
 
 def test_no_recompile_whatever_the_chain_holds():
     target, draft = tiny_pair("llama")
-    prompt = repetitive_prompt(target)
-    treespec.generate(target, [7, 1, 3] * 10, drafters(draft), max_new_tokens=8, compile=BACKEND)  # compiles
+    prompt = repetitive_prompt(target, 12)
+    treespec.generate(target, [7, 1, 3] * 5, drafters(draft), max_new_tokens=8, compile=BACKEND)  # compiles
     graphs = counters["stats"]["unique_graphs"]
     with torch._dynamo.config.patch(error_on_recompile=True):
         out = treespec.generate(target, prompt, drafters(draft), max_new_tokens=60, compile=BACKEND)
@@ -110,7 +112,7 @@ def test_sampled_chains_in_the_graphs_equal_the_steps_code():
     with the same seed (what the joint tests run): the chain's point-mass proposals beside the model's draws
     without replacement under ``rrs`` (traversal's walk: tests/test_compiled_traversal.py)."""
     target, draft = tiny_pair("llama")
-    prompts = [repetitive_prompt(target), REPEAT]
+    prompts = [repetitive_prompt(target, 12), REPEAT]
     kw = dict(max_new_tokens=24, temperature=1.0, seed=5)
     mode = "sample_without_replacement"
     out = treespec.generate(target, prompts, drafters(draft, mode=mode), compile="eager", **kw)
