@@ -9,6 +9,7 @@ from typing import Any, Sequence
 import torch
 
 from ..common.device import execution_device, sync
+from ..core.attention import cache_argument
 from ..core.checks import is_batch
 
 
@@ -60,7 +61,8 @@ def hf_generate(model: torch.nn.Module, ids: Sequence[int] | Sequence[Sequence[i
 
         kw["compile_config"] = CompileConfig(fullgraph=True, backend=compile_backend)
         kw["compile_config"]._compile_all_devices = True  # HF compiles on accelerators only unless told
-        extra["past_key_values"] = extra_cache = _static_cache(model, width + max_new_tokens, x.shape[0])
+        # under the name this transformers version's generate takes (``past_key_values`` is deprecated from 5.2x)
+        extra[cache_argument(type(model))] = extra_cache = _static_cache(model, width + max_new_tokens, x.shape[0])
     if assistant_model is not None:
         assistant_model.generation_config = GenerationConfig(**(assistant_config or {}))  # fresh: HF mutates it
         extra.update(assistant_model=assistant_model, **({} if tokenizer is None else dict(
