@@ -171,7 +171,8 @@ def test_correct_when_each_compiled_output_dies_at_the_next_compiled_call(models
     """CUDA graphs (``reduce-overhead``) may reuse a graph's output memory at the next replay
     (pytorch issue 160281). Simulated on CPU at its strictest: every output of a compiled call is
     overwritten with junk as soon as any compiled call runs again. With the clones the runner makes
-    under CUDA graphs, output stays HF's greedy; without them (the control) it breaks."""
+    under CUDA graphs, output stays HF's greedy; without them (the control) it breaks. (The runner's calls run
+    uncompiled: what is checked is the runner's cloning between them, the same code around compiled calls.)"""
     target, draft = models
     captured.RUNNERS.clear()
     run(target, draft, [1, 2], 2, compile=STEP_BACKEND)
