@@ -336,21 +336,20 @@ def _prompts_ranks(target: torch.nn.Module, draft: torch.nn.Module, prompts: lis
     of prompts ``chunk`` (prompt ``j`` drawing from its own generator): empty ranks for no continuation token."""
     device = execution_device(target)
     gens = [torch.Generator(device).manual_seed(spread_seed(seed, "verify", j)) for j in chunk]
+    none = (torch.zeros(0, dtype=torch.long), 0.0, None)  # a prompt with no continuation token
     if context == "walk":
         walked = [j for j in chunk if prompts[j]]
         walks = dict(zip(walked, walk_ranks(target, draft, [prompts[j] for j in walked], max(max_new_tokens, 0),
                                             params, width, mode, [gens[j - chunk.start] for j in walked],
                                             checks.eos_ids(eos_token_id))))
-        none = torch.zeros(0, dtype=torch.long)
-        return [(walks[j].ranks, walks[j].overlap, walks[j].proposal_q) if j in walks else (none, 0.0, None)
-                for j in chunk]
+        return [(walks[j].ranks, walks[j].overlap, walks[j].proposal_q) if j in walks else none for j in chunk]
     out = []
     for j, gen in zip(chunk, gens):
         cont = generate(target, prompts[j], max_new_tokens=max_new_tokens, temperature=params.temperature,
                         top_k=params.top_k, top_p=params.top_p, eos_token_id=eos_token_id,
                         seed=spread_seed(seed, "continuation", j)).new_tokens
         if not cont:
-            out.append((torch.zeros(0, dtype=torch.long), 0.0, None))
+            out.append(none)
             continue
         ids = prompts[j] + cont
         r = params.probs(continuation_logits(target, ids, len(cont), device))
