@@ -42,6 +42,7 @@ from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # runs from a checkout without installing treespec
+sys.path.insert(0, str(ROOT / "experiments"))  # concat_linears, also when run through runpy (the tests)
 
 import torch  # noqa: E402
 from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
@@ -57,6 +58,8 @@ from treespec.common.files import write_json  # noqa: E402
 from treespec.core import compiled, compiling  # noqa: E402
 from treespec.core.compiling import graphs_compiled  # noqa: E402
 from treespec.core.buffers import Envelope  # noqa: E402
+
+import concat_linears  # noqa: E402  (beside this file)
 
 # Qwen2.5-Coder-{1.5B,0.5B}-Instruct (HF config.json; the GGUF-dequantised copies agree except that
 # they untie the LM head, which does not change the cost of a forward).
@@ -567,6 +570,7 @@ class Lever:
     mode: str | None = None  # torch.compile mode (None: compiling.compile_options' own)
     freezing: bool = False  # inductor's weight freezing (on CUDA it also concatenates linears sharing an input)
     cudnn: bool = True  # let SDPA take cuDNN's attention (False: the memory-efficient kernel)
+    concat_qkv: bool = False  # freezing's q/k/v concatenation for unequal widths too (``concat_linears.py``)
 
 
 #: the draft level's levers (phase levels), in the order they run: the baseline, all three together, then alone
@@ -580,6 +584,12 @@ LEVERS = {
     "sdpa-efficient": Lever("SDPA's memory-efficient kernel instead of cuDNN's", cudnn=False),
     "bucket-256+freezing": Lever("buckets of 256 rows and freezing", bucket=256, freezing=True),
     "max-autotune": Lever("torch.compile mode max-autotune (GEMM autotuning)", mode="max-autotune"),
+    "bucket-256+freezing+sdpa-efficient+qkv": Lever(
+        "the three levers above, q, k and v as one product (torch 2.11's freezing concatenates equal widths only)",
+        bucket=256, freezing=True, cudnn=False, concat_qkv=True),
+    "bucket-256+freezing+sdpa-efficient+max-autotune": Lever(
+        "the three levers above and max-autotune (Triton GEMM templates: bias fused, no split-K reduction)",
+        bucket=256, freezing=True, cudnn=False, mode="max-autotune"),
 }
 
 
@@ -603,7 +613,12 @@ def lever(setting: Lever):
         captured.RUNNERS.clear()
         APPLIED[0] = setting
     try:
-        with torch._inductor.config.patch(freezing=setting.freezing):
+        with torch._inductor.config.patch(freezing=setting.freezing), contextlib.ExitStack() as stack:
+            if setting.concat_qkv:
+                concat_linears.register()
+                stack.enter_context(concat_linears.caches_off())
+                concat_linears.ENABLED[0] = True
+                stack.callback(lambda: concat_linears.ENABLED.__setitem__(0, False))
             yield
     finally:
         compiled.CAPACITY_BUCKET, captured.compile_options = saved[:2]
