@@ -7,7 +7,7 @@ This times that one call alone, for each kernel SDPA can take with such a mask (
 and two calls it cannot be, as bounds: flash attention without a mask over the used length only, and
 FlexAttention with a block mask (which skips the key blocks past the used length).
 
-    python experiments/bench_attention.py --out experiments/results/attention-gpu.json
+    python experiments/bench_attention.py --out experiments/results/gpu-h200-sweep/attention.json
 
 Device microseconds per call from ``torch.profiler`` (kernels only, mean over ``--calls`` calls after a
 warm-up), so host launch costs do not enter. Shapes: the 0.5B draft's level (14 heads, 2 key/value heads, head

@@ -578,18 +578,18 @@ LEVERS = {
     "baseline": Lever("caches in buckets of 1024 rows, inductor + CUDA graphs"),
     "bucket-256+freezing+sdpa-efficient": Lever("caches in buckets of 256 rows, freezing, SDPA's memory-efficient kernel",
                                                 bucket=256, freezing=True, cudnn=False),
-    "freezing": Lever("inductor weight freezing: weights as constants; on CUDA q/k/v and gate/up become one product "
-                      "each", freezing=True),
+    "freezing": Lever("inductor weight freezing: weights as constants; on CUDA gate/up become one product (q/k/v "
+                      "too where their widths are equal, or from torch 2.13)", freezing=True),
     "bucket-256": Lever("attention over the used length: caches in buckets of 256 rows", bucket=256),
     "sdpa-efficient": Lever("SDPA's memory-efficient kernel instead of cuDNN's", cudnn=False),
     "bucket-256+freezing": Lever("buckets of 256 rows and freezing", bucket=256, freezing=True),
     "max-autotune": Lever("torch.compile mode max-autotune (GEMM autotuning)", mode="max-autotune"),
-    "bucket-256+freezing+sdpa-efficient+qkv": Lever(
-        "the three levers above, q, k and v as one product (torch 2.11's freezing concatenates equal widths only)",
-        bucket=256, freezing=True, cudnn=False, concat_qkv=True),
-    "bucket-256+freezing+sdpa-efficient+max-autotune": Lever(
-        "the three levers above and max-autotune (Triton GEMM templates: bias fused, no split-K reduction)",
-        bucket=256, freezing=True, cudnn=False, mode="max-autotune"),
+    "bucket-256+freezing+qkv": Lever(
+        "buckets of 256 rows (cuDNN's attention), freezing, and q, k, v as one product (torch 2.11's freezing "
+        "concatenates equal widths only)", bucket=256, freezing=True, concat_qkv=True),
+    "bucket-256+freezing+qkv+max-autotune": Lever(
+        "the lever above and max-autotune (Triton GEMM templates: bias fused, no split-K reduction)",
+        bucket=256, freezing=True, concat_qkv=True, mode="max-autotune"),
 }
 
 
