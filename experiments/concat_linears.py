@@ -5,8 +5,8 @@ Inductor's freezing already rewrites such triples into one product of concatenat
 2.11 only when the three weights have the same shape (its ``check_concat_weights``; torch 2.13 compares the
 input dimension alone). Under grouped-query attention q is wider than k and v (896 against 128 columns in the
 0.5B draft), so on the GPU image's torch 2.11 q, k and v stayed three products per layer
-(``experiments/results/gpu-h200-levers``). :func:`enable` registers the same rewrite with the input-dimension
-check in inductor's freezing pass; it applies only while :data:`ENABLED` is set (a lever of ``bench_gpu.py``).
+(``experiments/results/gpu-h200-levers``). :func:`register` adds the same rewrite with the input-dimension
+check as a freezing pass of its own; it applies only while :data:`ENABLED` is set (a lever of ``bench_gpu.py``).
 
     python experiments/concat_linears.py     # CPU check: q, k, v as one product, the layer's output unchanged
 """
