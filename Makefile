@@ -1,7 +1,8 @@
 # Two entry points for a fresh machine: `make demo` (main job on the default real model pair)
 # and `make test` (the test suite). Each creates .venv if missing.
-# On a machine whose python3 already has torch (a GPU node), the venv reuses it;
-# elsewhere torch 2.13.0 (CPU) installs from the machine's local wheel.
+# On a machine whose python3 already has torch (a GPU node), the venv reuses it (pip installs the rest);
+# elsewhere uv installs torch 2.13.0 (CPU, from the machine's local wheel: pip's PIP_FIND_LINKS) and the rest,
+# in a third of pip's time here (parallel downloads and unpacking).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -10,16 +11,18 @@ PY := $(VENV)/bin/python
 
 $(VENV)/.installed: pyproject.toml
 	@if $(PYTHON) -c "import torch" 2>/dev/null; then \
-		$(PYTHON) -m venv --system-site-packages $(VENV); \
+		$(PYTHON) -m venv --system-site-packages $(VENV) && $(PY) -m pip install -q --no-compile -e '.[test]'; \
 	else \
-		$(PYTHON) -m venv $(VENV) && $(PY) -m pip install -q --no-compile --upgrade pip && \
-		$(PY) -m pip install -q --no-compile torch==2.13.0; \
+		$(PYTHON) -m venv $(VENV) && $(PY) -m pip install -q --no-compile uv && \
+		$(PY) -m uv pip install -q --python $(PY) $(if $(PIP_FIND_LINKS),--find-links $(PIP_FIND_LINKS)) \
+			torch==2.13.0 -e '.[test]'; \
 	fi
-	$(PY) -m pip install -q --no-compile -e '.[test]'
-	# the bytecode pip would write file by file on one core (a minute here), on every core at once; a few files
-	# of the packages' own tests do not compile under this Python (pip skips them too): not an error
-	$(PY) -m compileall -q -j 0 "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
-		> /dev/null || true
+	# the bytecode pip would write file by file on one core (a minute here), on every core at once, for what the
+	# suite imports: not the packages' own tests, transformers' ~400 model folders (a test's model compiles on
+	# import in milliseconds), pip, setuptools, pygments (a third of the files, 22 s here); a few files do not
+	# compile under this Python (pip skips them too): not an error
+	$(PY) -m compileall -q -j 0 -x '/(tests?|transformers/models|pip|setuptools|pygments)/' \
+		"$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" > /dev/null || true
 	touch $@
 
 setup: $(VENV)/.installed
