@@ -5,14 +5,15 @@ outputs checked writable before the expensive work."""
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
-import subprocess
-import sys
+import time
 from pathlib import Path
 
 import pytest
 
 import treespec.bench.sweep as E
+import treespec.cli as cli
 from treespec.common.files import check_writable
 from treespec.bench.sweep.lock import FINGERPRINT, LOCK, OutputDirError, claim, exclusive
 from treespec.bench.sweep.records import CorruptRecordError, read_records, repair_tail
@@ -52,25 +53,33 @@ def test_second_sweep_into_the_same_directory_is_refused_while_the_first_runs(tm
     E.sweep(small(), tmp_path, progress=False, make_report=False)  # released on exit: a resume runs
 
 
-def test_locked_directory_refused_by_the_cli_and_released_when_the_holder_dies(tmp_path: Path) -> None:
-    """A second process gets `treespec: error:` naming the holder; a killed holder frees the directory."""
-    holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from pathlib import Path; from treespec.bench.sweep.lock import exclusive\n"
-                               "with exclusive(Path(sys.argv[1])):\n print('held', flush=True); time.sleep(120)",
-         str(tmp_path)], stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+def _hold(path: Path, held) -> None:
+    """The other sweep: holds ``path`` until killed."""
+    with exclusive(path):
+        held.set()
+        time.sleep(120)
+
+
+def test_locked_directory_refused_by_the_cli_and_released_when_the_holder_dies(tmp_path: Path, capsys) -> None:
+    """A sweep run while another process holds the directory gets `treespec: error:` naming the holder; a killed
+    holder frees the directory. The holder is this process forked (a new interpreter would import treespec for
+    seconds first)."""
+    fork = multiprocessing.get_context("fork")
+    held = fork.Event()
+    holder = fork.Process(target=_hold, args=(tmp_path, held), daemon=True)
+    holder.start()
     try:
-        assert holder.stdout.readline().strip() == "held"
+        assert held.wait(60)
         with pytest.raises(OutputDirError, match=f"in use by another sweep \\(pid {holder.pid} on host"):
             with exclusive(tmp_path):
                 pass
-        done = subprocess.run([sys.executable, "-m", "treespec.cli", "sweep", "--config", str(TINY), "--out",
-                               str(tmp_path), "--no-progress"], capture_output=True, text=True,
-                              env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
-        assert done.returncode == 2 and "Traceback" not in done.stderr
-        assert f"treespec: error: {tmp_path} is in use by another sweep (pid {holder.pid} on host" in done.stderr
+        assert cli.main(["sweep", "--config", str(TINY), "--out", str(tmp_path), "--no-progress"]) == 2
+        err = capsys.readouterr().err
+        assert "Traceback" not in err
+        assert f"treespec: error: {tmp_path} is in use by another sweep (pid {holder.pid} on host" in err
     finally:
         holder.kill()
-        holder.wait()
+        holder.join()
     with exclusive(tmp_path):  # the kernel dropped the dead holder's lock
         assert json.loads((tmp_path / LOCK).read_text())["pid"] == os.getpid()
 
@@ -303,7 +312,6 @@ def test_check_writable(tmp_path: Path) -> None:
 @pytest.mark.parametrize("command", ["accept", "profile", "demo"])
 def test_outputs_are_checked_before_models_load(command: str, tmp_path: Path, capsys, monkeypatch) -> None:
     """A bad --out fails at once: the model loader, which would take minutes, is never reached."""
-    import treespec.cli as cli
 
     def never(*args, **kwargs):
         raise AssertionError("models loaded before --out was checked")

@@ -35,6 +35,7 @@ from typing import Callable, Protocol
 
 import numpy as np
 import torch
+from scipy.optimize import brentq
 
 from .constructions import Construction, chain_only, classify, every_construction, iid_uncut
 from .rule import child_log_weight, log_weight_after_rejection, residual
@@ -216,18 +217,18 @@ def _log_weight(log_w: float, p_x: torch.Tensor, q_x: torch.Tensor) -> float:
 # -- spectr (K-SEQ) -----------------------------------------------------------------------------
 
 
-def kseq_rho(r: torch.Tensor, q: torch.Tensor, k: int, iters: int = 40) -> tuple[float, float]:
+def kseq_rho(r: torch.Tensor, q: torch.Tensor, k: int) -> tuple[float, float]:
     """SpecTr's division factor for ``k`` i.i.d. draws from ``q`` against target ``r``.
 
     With ``beta(rho) = sum_x min(q(x), r(x) / rho)`` (one draw's acceptance probability) and
     ``c(rho) = (1 - (1 - beta)^k) / beta`` (the expected number of tries, each accepting ``x`` with
     mass ``min(q(x), r(x) / rho)``), the output never exceeds ``r`` iff ``c(rho) <= rho`` (Sun et al.,
-    NeurIPS 2023, K-SEQ, Algorithm 3 and its choice of ``rho``). ``c(1) >= 1`` and ``c(k) <= k``: a
-    bisection keeps a feasible upper end and returns ``(rho, c(rho))`` near the smallest feasible
-    ``rho`` (the largest acceptance).
+    NeurIPS 2023, K-SEQ, Algorithm 3 and its choice of ``rho``). ``c(1) >= 1`` and ``c(k) <= k``: Brent's
+    method finds where ``c(rho) = rho`` on ``[1, k]``, and ``(rho, c(rho))`` is returned on the feasible side of
+    it, within 1e-12 (the smallest feasible ``rho``: the largest acceptance).
     """
 
-    q_np, r_np = q.double().cpu().numpy(), r.double().cpu().numpy()  # one copy: the bisection reads them ~40 times
+    q_np, r_np = q.double().cpu().numpy(), r.double().cpu().numpy()  # one copy: the root search reads them often
 
     def c_of(rho: float) -> float:
         beta = float(np.minimum(q_np, r_np / rho).sum())
@@ -236,13 +237,14 @@ def kseq_rho(r: torch.Tensor, q: torch.Tensor, k: int, iters: int = 40) -> tuple
         # (1 - (1 - beta)^k) / beta with the power in log space
         return -math.expm1(k * math.log1p(-min(beta, 1.0))) / beta if beta < 1 else 1.0
 
-    lo, hi = 1.0, float(k)
-    if c_of(lo) <= lo:
-        return lo, c_of(lo)
-    for _ in range(iters):
-        mid = 0.5 * (lo + hi)
-        lo, hi = (lo, mid) if c_of(mid) <= mid else (mid, hi)
-    return hi, c_of(hi)
+    if c_of(1.0) <= 1.0:
+        return 1.0, c_of(1.0)
+    if c_of(float(k)) >= k:  # k = 1 (c = 1 up to rounding), or no crossing before k
+        return float(k), c_of(float(k))
+    rho, step = brentq(lambda x: c_of(x) - x, 1.0, float(k), xtol=1e-13), 1e-13
+    while c_of(rho) > rho:  # on the infeasible side within the root's tolerance: step over (c(k) < k ends it)
+        rho, step = min(rho + step, float(k)), 2 * step
+    return rho, c_of(rho)
 
 
 def spectr(tree: TokenTree, target: Target, coins: Coins) -> tuple[list[int], int]:
