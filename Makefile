@@ -1,11 +1,14 @@
 # Two entry points for a fresh machine: `make demo` (main job on the default real model pair)
 # and `make test` (the test suite). Each creates .venv if missing.
 # On a machine whose python3 already has torch (a GPU node), the venv reuses it (pip installs the rest);
-# elsewhere uv installs torch 2.13.0 (CPU, from the machine's local wheel: pip's PIP_FIND_LINKS) and the rest,
+# elsewhere uv installs torch 2.13.0 (CPU, from the machine's local wheel in pip's find-links) and the rest,
 # in a third of pip's time here (parallel downloads and unpacking).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# the wheel folders pip is configured to look in (pip.conf or PIP_FIND_LINKS), for uv, which reads neither
+# (expanded only when the venv is made)
+FIND_LINKS = $(sort $(shell $(PYTHON) -m pip config list 2>/dev/null | sed -n "s/^[^ ]*find-links='\(.*\)'$$/\1/p"))
 
 .PHONY: setup test demo slow
 
@@ -14,7 +17,7 @@ $(VENV)/.installed: pyproject.toml
 		$(PYTHON) -m venv --system-site-packages $(VENV) && $(PY) -m pip install -q --no-compile -e '.[test]'; \
 	else \
 		$(PYTHON) -m venv $(VENV) && $(PY) -m pip install -q --no-compile uv && \
-		$(PY) -m uv pip install -q --python $(PY) $(if $(PIP_FIND_LINKS),--find-links $(PIP_FIND_LINKS)) \
+		$(PY) -m uv pip install -q --python $(PY) $(foreach f,$(FIND_LINKS),--find-links $(f)) \
 			torch==2.13.0 -e '.[test]'; \
 	fi
 	# the bytecode pip would write file by file on one core (a minute here), on every core at once, for what the
