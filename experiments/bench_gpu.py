@@ -615,10 +615,7 @@ def lever(setting: Lever):
     try:
         with torch._inductor.config.patch(freezing=setting.freezing), contextlib.ExitStack() as stack:
             if setting.concat_qkv:
-                concat_linears.register()
-                stack.enter_context(concat_linears.caches_off())
-                concat_linears.ENABLED[0] = True
-                stack.callback(lambda: concat_linears.ENABLED.__setitem__(0, False))
+                stack.enter_context(concat_linears.enabled())
             yield
     finally:
         compiled.CAPACITY_BUCKET, captured.compile_options = saved[:2]

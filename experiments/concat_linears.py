@@ -6,7 +6,7 @@ Inductor's freezing already rewrites such triples into one product of concatenat
 input dimension alone). Under grouped-query attention q is wider than k and v (896 against 128 columns in the
 0.5B draft), so on the GPU image's torch 2.11 q, k and v stayed three products per layer
 (``experiments/results/gpu-h200-levers``). :func:`register` adds the same rewrite with the input-dimension
-check as a freezing pass of its own; it applies only while :data:`ENABLED` is set (a lever of ``bench_gpu.py``).
+check as a freezing pass of its own; it applies only inside :func:`enabled` (a lever of ``bench_gpu.py``).
 
     python experiments/concat_linears.py     # CPU check: q, k, v as one product, the layer's output unchanged
 """
@@ -59,13 +59,18 @@ def register() -> None:
     freezing_patterns.pass_patterns.append(own)
 
 
-def caches_off() -> contextlib.ExitStack:
-    """Inductor's and AOT's compile caches off: their keys do not hold :data:`ENABLED`, so a graph compiled
-    without the rewrite would be served again with it."""
-    stack = contextlib.ExitStack()
-    stack.enter_context(torch._inductor.config.patch(fx_graph_cache=False))
-    stack.enter_context(torch._functorch.config.patch(enable_autograd_cache=False))
-    return stack
+@contextlib.contextmanager
+def enabled():
+    """The rewrite on (registered at first use), with inductor's and AOT's compile caches off: their keys do not
+    hold :data:`ENABLED`, so a graph compiled without the rewrite would be served again with it."""
+    register()
+    with torch._inductor.config.patch(fx_graph_cache=False), \
+            torch._functorch.config.patch(enable_autograd_cache=False):
+        ENABLED[0] = True
+        try:
+            yield
+        finally:
+            ENABLED[0] = False
 
 
 def main() -> None:
@@ -80,17 +85,15 @@ def main() -> None:
     ids = torch.arange(4)[None]
     # on a CPU oneDNN's weight packing takes each product first: off, as on CUDA
     settings = {"freezing": True, "cpp.weight_prepack": False}
-    with torch.inference_mode(), caches_off(), torch._inductor.config.patch(settings):
+    with torch.inference_mode(), torch._inductor.config.patch(settings):
         want = model(ids).logits
-        register()
         for on in (False, True):
-            ENABLED[0] = on
             torch._dynamo.reset()
-            got, (code,) = run_and_get_code(torch.compile(lambda x: model(x).logits), ids)
+            with enabled() if on else contextlib.nullcontext():
+                got, (code,) = run_and_get_code(torch.compile(lambda x: model(x).logits), ids)
             print(f"rewrite {'on ' if on else 'off'}: {code.count('extern_kernels.addmm(')} biased products, "
                   f"{code.count('extern_kernels.mm(')} others; max |logit difference| from eager "
                   f"{float((got - want).abs().max()):.1e}")
-    ENABLED[0] = False
 
 
 if __name__ == "__main__":
