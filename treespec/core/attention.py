@@ -20,8 +20,9 @@ models that use ``sdpa`` (an ``eager`` model keeps its own attention: the two ro
 
 from __future__ import annotations
 
+import contextlib
 import inspect
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from transformers import AttentionInterface
@@ -74,28 +75,36 @@ def cache_argument(model_class: type) -> str:
     return _CACHE_ARGUMENT[model_class]
 
 
-def tree_forward(model: torch.nn.Module, **inputs: Any) -> Any:
-    """``model(**inputs)`` with :func:`grouped_sdpa` as its attention when it uses ``sdpa``.
+@contextlib.contextmanager
+def grouped_attention(*models: torch.nn.Module) -> Iterator[None]:
+    """:func:`grouped_sdpa` as the attention of each model that uses ``sdpa``, for the block.
 
-    The choice is the config's ``_attn_implementation`` (what HF's ``set_attn_implementation``
-    writes), switched for the call and restored after it; under ``torch.compile`` the switch is traced
-    as well (no graph break; the graph guards on the model's own setting). A ``past_key_values`` input
-    is passed under the name this transformers version's forward takes. An eager call's ``logits_to_keep=k``
-    becomes the index of the last ``k`` rows (:func:`last_rows`)."""
+    The choice is the config's ``_attn_implementation`` (what HF's ``set_attn_implementation`` writes),
+    restored on leaving. A compiled step switches its models around each call of its graphs
+    (``compiling.compile_graph``): switched inside, the config's writes would be traced into every graph."""
+    configs = [m.config for m in models if m.config._attn_implementation == "sdpa"]
+    for config in configs:
+        config._attn_implementation = GROUPED_SDPA
+    try:
+        yield
+    finally:
+        for config in configs:
+            config._attn_implementation = "sdpa"
+
+
+def tree_forward(model: torch.nn.Module, **inputs: Any) -> Any:
+    """``model(**inputs)`` with :func:`grouped_sdpa` as its attention when it uses ``sdpa``
+    (:func:`grouped_attention`; a graph compiled by ``compiling.compile_graph`` finds it switched already,
+    another one traces the switch too and guards on the model's own setting).
+    A ``past_key_values`` input is passed under the name this transformers version's forward takes. An eager
+    call's ``logits_to_keep=k`` becomes the index of the last ``k`` rows (:func:`last_rows`)."""
     if "past_key_values" in inputs:
         inputs[cache_argument(type(model))] = inputs.pop("past_key_values")
     keep = inputs.get("logits_to_keep")
     if isinstance(keep, int) and keep > 0 and not torch.compiler.is_compiling():
         inputs["logits_to_keep"] = last_rows(inputs["input_ids"], keep)
-    config = model.config
-    previous = config._attn_implementation
-    if previous != "sdpa":
+    with grouped_attention(model):
         return model(**inputs)
-    config._attn_implementation = GROUPED_SDPA
-    try:
-        return model(**inputs)
-    finally:
-        config._attn_implementation = previous
 
 
 def last_rows(input_ids: torch.Tensor, k: int) -> torch.Tensor:

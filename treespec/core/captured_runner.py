@@ -69,8 +69,8 @@ class CapturedRunner:
         self._trees: dict[tuple[bytes, ...], tuple] = {}  # tree_data, per shape
         #: the chain's given tokens of a step without any ([B, chain], -1: none)
         self.no_given = torch.full((rows, envelope.chain), -1, dtype=torch.long, device=device)
-        self.level_step = compile_graph(self._level, backend, mode_compile)
-        self.verify_step = compile_graph(self._verify, backend, mode_compile)
+        self.level_step = compile_graph(self._level, backend, mode_compile, (draft,))
+        self.verify_step = compile_graph(self._verify, backend, mode_compile, (target,))
 
     def tree_data(self, parent: np.ndarray, rank: np.ndarray, given: np.ndarray | None = None
                   ) -> tuple[TreeBuffers, TreeTensors, list[LevelTensors], list[torch.Tensor]]:

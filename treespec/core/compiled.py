@@ -70,8 +70,8 @@ class _Runner:
         self.prefill = ChunkedPrefill(model, self.cache, backend, mode)
         self.params = SamplingParams()
         self.verifier = "rrs"  # the request's rule for sampled steps (set like params; dynamo guards on both)
-        self.forward = compile_graph(self.run_eager, backend, mode)
-        self.step = compile_graph(self._step, backend, mode)
+        self.forward = compile_graph(self.run_eager, backend, mode, (model,))
+        self.step = compile_graph(self._step, backend, mode, (model,))
 
     def run_eager(self, ids: torch.Tensor, depth: torch.Tensor, anc: torch.Tensor) -> torch.Tensor:
         """The target over ``ids`` written at ``[L, L + n)`` (not committed); logits ``[n, V]``."""

@@ -13,11 +13,13 @@ sampled law checked without minutes of tracing (the tests tie it to the compiled
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Callable
 
 import torch
 
+from .attention import grouped_attention
 from .checks import check_compile
 
 
@@ -35,9 +37,10 @@ def compile_options(compile: bool | str, device: torch.device) -> tuple[str, str
     return compile, None
 
 
-def compile_graph(fn: Callable, backend: str, mode: str | None) -> Callable:
+def compile_graph(fn: Callable, backend: str, mode: str | None, models: tuple[torch.nn.Module, ...] = ()) -> Callable:
     """``fn`` compiled as one graph (``fullgraph=True``) of static shapes: inductor without a mode (the CPU's)
-    freezes weights.
+    freezes weights. ``models``: those ``fn`` runs, switched to grouped-query attention around every call
+    (``attention.grouped_attention``), outside the graph.
 
     ``dynamic=False``: every runner compiles the same code objects for its own shapes (a batch's rows, an
     envelope's widths), and dynamo's default would trace every runner after the first with those sizes symbolic
@@ -51,15 +54,15 @@ def compile_graph(fn: Callable, backend: str, mode: str | None) -> Callable:
     if backend == UNCOMPILED:
         return fn
     compiled = torch.compile(fn, fullgraph=True, dynamic=False, backend=backend, mode=mode)
-    if backend != "inductor" or mode is not None:
-        return compiled
+    freezing = backend == "inductor" and mode is None
 
     @functools.wraps(fn)
-    def frozen(*args, **kwargs):
-        with torch._inductor.config.patch(freezing=True):
+    def call(*args, **kwargs):
+        freeze = torch._inductor.config.patch(freezing=True) if freezing else contextlib.nullcontext()
+        with grouped_attention(*models), freeze:
             return compiled(*args, **kwargs)
 
-    return frozen
+    return call
 
 
 def graphs_compiled() -> int:

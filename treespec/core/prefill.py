@@ -68,7 +68,7 @@ class ChunkedPrefill:
         self.chunk = chunk or (CHUNK if self.fixed else PIECE)
         # a graph input, not an attribute: under weight freezing a graph folds what it only reads into constants
         self.no_logits = torch.zeros(0, dtype=torch.long, device=cache.length.device)
-        self.step = compile_graph(self._piece, backend, mode)
+        self.step = compile_graph(self._piece, backend, mode, (model,))
 
     def _piece(self, ids: torch.Tensor, m: torch.Tensor, no_logits: torch.Tensor) -> None:
         """Write ``ids`` (the first ``m`` real) at ``[length, length + n)``, commit ``m`` (per row of a batched

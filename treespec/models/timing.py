@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from ..common.device import execution_device, sync
+from ..core.attention import grouped_attention
 from ..core.checks import vocab_size
 from ..core.compiling import compile_options
 from ..core.kv import TreeCache, causal_allowed, forward_masked
@@ -122,4 +123,9 @@ def _compiled_forward(model: torch.nn.Module, ctx: list[int], trees: dict, compi
     fn = torch.compile(forward, dynamic=True, fullgraph=True, backend=backend, mode=mode)
     inputs = {n: (ids, committed + torch.as_tensor(depth, device=device), torch.as_tensor(anc, device=device), committed)
               for n, (ids, depth, anc) in trees.items()}
-    return lambda n: fn(*inputs[n])
+
+    def run(n: int) -> torch.Tensor:
+        with grouped_attention(model):  # switched outside the graph, as the steps' graphs are (compile_graph)
+            return fn(*inputs[n])
+
+    return run
