@@ -39,34 +39,36 @@ def ray():
 
 
 @pytest.mark.xdist_group("ray")
-def test_a_killed_driver_resumes_a_killed_worker_loses_no_point_and_two_workers_give_the_points_of_one_process(
+def test_a_killed_worker_loses_no_point_a_killed_driver_resumes_and_two_workers_give_the_points_of_one_process(
         ray, tmp_path: Path) -> None:
-    def die_after_one(record: dict) -> None:
-        raise KeyboardInterrupt
-
+    """One run on two workers (a baseline, then two points) loses worker 0 after the baseline; the point it is
+    handed next goes to a new worker 0 (the only one left for it: if it were lost, the run would end without
+    it), and the driver dies as that point's record comes. A re-run (in one process: resuming reads the
+    driver's records, whoever ran them) finishes the sweep. Three worker processes in all (each imports torch:
+    the test's time)."""
+    cfg = _config()
     killed = []
 
-    def kill_once(record: dict) -> None:
+    def kill_then_die(record: dict) -> None:
+        if killed and record["meta"]["worker"] == 0:
+            raise KeyboardInterrupt
         if not killed and distributed.ACTIVE:
             killed.append(distributed.ACTIVE[0])
             ray.kill(distributed.ACTIVE[0])
 
     with pytest.raises(KeyboardInterrupt):
-        E.sweep(_config(), tmp_path / "there", progress=False, make_report=False, workers=2, share_cpu=True,
-                on_point=die_after_one)
+        E.sweep(cfg, tmp_path / "there", progress=False, make_report=False, workers=2, share_cpu=True,
+                on_point=kill_then_die)
     first = _by_key(tmp_path / "there" / "results.jsonl")
-    assert len(first) == 1
-    there = E.sweep(_config(), tmp_path / "there", progress=False, make_report=False, workers=2, share_cpu=True,
-                    on_point=kill_once)  # the resumed run loses a worker after its first new point
-    b = _by_key(there)
-    assert killed and len(b) == 3 and all(r["status"] == "ok" for r in b.values())
-    assert all(b[k] == first[k] for k in first)  # the finished point is kept as it was
-    a = _by_key(E.sweep(_config(), tmp_path / "here", progress=False, make_report=False))
+    assert killed and len(first) >= 2 and all(r["status"] == "ok" and r["meta"]["shared_cpu"] for r in first.values())
+    b = _by_key(E.sweep(cfg, tmp_path / "there", progress=False, make_report=False))  # the resumed run
+    assert len(b) == 3 and all(r["status"] == "ok" for r in b.values())
+    assert all(b[k] == first[k] for k in first)  # the finished points are kept as they were
+    a = _by_key(E.sweep(cfg, tmp_path / "here", progress=False, make_report=False))
     assert set(a) == set(b)
     for key in a:  # same greedy outputs, tau and counts; timings and where it ran aside
         assert comparable(a[key])["result"] == comparable(b[key])["result"], key
-    assert {r["meta"]["worker"] for r in b.values()} <= {0, 1} and all(r["meta"]["shared_cpu"] for r in b.values())
-    assert all(r.get("speedup", {}).get("target") for r in b.values() if r["kind"] == "treespec")
+    assert all(b[k].get("speedup", {}).get("target") for k in first if b[k]["kind"] == "treespec")
 
 
 @pytest.mark.xdist_group("ray")
