@@ -1,6 +1,7 @@
 """Shared test setup: one torch thread; slow real-model checks run only when asked (TREESPEC_SLOW=1 or -m slow)."""
 
 import functools
+import gc
 import os
 
 import pytest
@@ -57,6 +58,15 @@ def tiny_pair(family: str) -> tuple[torch.nn.Module, torch.nn.Module]:
 def models(request):
     """:func:`tiny_pair` of each family: the compiled-step tests' pair (a test file may define its own ``models``)."""
     return tiny_pair(request.param)
+
+
+def pytest_collection_finish(session):
+    """What is imported by now (torch, transformers, the test modules: millions of objects) lives to the end: out
+    of the garbage collector's scans (``gc.freeze``), which also run less often (compiling makes many short-lived
+    objects). The collector's time in test_captured's compiled and joint tests: 3.7 -> 2.4 s of ~50."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(100_000, 50, 50)
 
 
 def pytest_collection_modifyitems(config, items):
