@@ -35,16 +35,17 @@ from treespec.recipes import Recipe  # noqa: E402
 ARMS = ("unfrozen", "frozen", "frozen-concat")
 
 
-def unfrozen_compile_graph(fn, backend: str, mode: str | None):
-    """What ``compiling.compile_graph`` did before commit f89c7a7: ``freezing`` in ``torch.compile``'s options."""
+def unfrozen_compile_graph(fn, backend: str, mode: str | None, models: tuple = ()):
+    """What ``compiling.compile_graph`` did before commit f89c7a7: ``freezing`` in ``torch.compile``'s options (and
+    the attention switch traced into the graph, as then: ``models`` unused)."""
     options = {"freezing": True} if backend == "inductor" and mode is None else None
     return torch.compile(fn, fullgraph=True, backend=backend, mode=mode, options=options)
 
 
-def concat_compile_graph(fn, backend: str, mode: str | None):
+def concat_compile_graph(fn, backend: str, mode: str | None, models: tuple = ()):
     """``compiling.compile_graph`` with the linears that share an input concatenated under freezing (q, k, v;
     gate, up: what freezing does by default on CUDA, on a CPU only with ``cpp.enable_concat_linear``)."""
-    frozen = compiling.compile_graph(fn, backend, mode)
+    frozen = compiling.compile_graph(fn, backend, mode, models)
 
     def call(*args, **kwargs):
         with torch._inductor.config.patch({"cpp.enable_concat_linear": True}):

@@ -115,6 +115,27 @@ def test_compiled_static_forward_uses_it_without_a_graph_break(calls):
     assert calls and not counters["graph_break"] and model.config._attn_implementation == "sdpa"
 
 
+def test_compile_graph_switches_its_models_outside_the_graph(calls):
+    """A step's graph (``compiling.compile_graph``) finds grouped attention switched already: no config write is
+    traced into it (read after the forward, inside the graph, the setting is still the grouped one; switched by
+    ``tree_forward`` it would read ``sdpa`` again), and the model is given back as it was."""
+    from treespec.core.compiling import compile_graph
+
+    model = tiny_model("qwen2", vocab=40, seed=2)
+    cache = StaticTreeCache(model, 64)
+    args = (torch.tensor([4, 5, 6]), torch.arange(3), torch.ones(3, 3, dtype=torch.bool).tril())
+
+    def forward(ids, pos, blk, at):
+        return cache.forward(model, ids, pos, blk, at), model.config._attn_implementation
+
+    counters.clear()
+    with torch.inference_mode():
+        out, seen = compile_graph(forward, "eager", None, (model,))(*args, cache.length + 0)
+        torch.testing.assert_close(out, cache.forward(model, *args, cache.length + 0))
+    assert seen == attention.GROUPED_SDPA and calls and not counters["graph_break"]
+    assert model.config._attn_implementation == "sdpa"
+
+
 def test_an_eager_logits_to_keep_gathers_the_last_rows_and_keeps_the_logits():
     """``tree_forward`` turns an eager ``logits_to_keep=k`` into the index of the last ``k`` rows (HF slices for an
     int, and the LM head over that slice takes a slow CPU kernel): the same logits as the int gives."""
