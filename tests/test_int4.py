@@ -96,11 +96,17 @@ def pair():
     return target, to_precision(perturbed_copy(target, 0.3), "int4")
 
 
+#: the captured int4 tests' tree: one worker runs them in order (``xdist_group``), and the long prompt's test reuses
+#: the first one's step graphs (its own: the target's prefill chunks)
+SHAPE = [(0,), (1,), (0, 0), (0, 0, 0)]
+
+
+@pytest.mark.xdist_group("int4")
 @pytest.mark.parametrize("compile", [False, "aot_eager"], ids=["eager", "captured"])
 def test_int4_draft_greedy_equals_the_target(pair, compile):
     target, draft = pair
     prompt = [1, 5, 7, 9, 3]
-    out = treespec.generate(target, prompt, [treespec.ModelDrafter(draft, [(0,), (1,), (0, 0), (0, 0, 0)], "topk")],
+    out = treespec.generate(target, prompt, [treespec.ModelDrafter(draft, SHAPE, "topk")],
                             max_new_tokens=24, compile=compile)
     assert out.new_tokens == greedy_reference(target, prompt, 24)
     assert out.stats.tau > 1.5
@@ -112,6 +118,7 @@ def test_int4_draft_greedy_equals_the_target(pair, compile):
         assert host.stats.step.startswith("compiled, drafted on the host")
 
 
+@pytest.mark.xdist_group("int4")
 def test_captured_int4_draft_prefills_a_long_prompt_eagerly(pair, monkeypatch):
     """A prompt of 30 tokens: the target in compiled chunks, the int4 draft in one eager forward whose wide
     layers take their int8 twin; the output is still the target's greedy one."""
@@ -122,7 +129,7 @@ def test_captured_int4_draft_prefills_a_long_prompt_eagerly(pair, monkeypatch):
     monkeypatch.setattr(prefill.EagerPrefill, "rows", lambda self, prompts: (
         used.extend(len(p) for p in prompts), self.cache.prefill_rows(self.model, prompts))[-1])
     prompt = [(7 * i + 3) % 64 for i in range(30)]
-    out = treespec.generate(target, prompt, [treespec.ModelDrafter(draft, [(0,), (0, 0)], "topk")],
-                            max_new_tokens=10, compile="aot_eager")
+    out = treespec.generate(target, prompt, [treespec.ModelDrafter(draft, SHAPE, "topk")], max_new_tokens=10,
+                            compile="aot_eager")
     assert used == [30] and out.stats.step == "captured"
     assert out.new_tokens == greedy_reference(target, prompt, 10)
