@@ -1,5 +1,7 @@
 """Greedy treespec output is token-identical to the target's own greedy decoding (fp32)."""
 
+import functools
+
 import pytest
 import torch
 
@@ -18,8 +20,10 @@ def pair(request):
     return target, perturbed_copy(target, 0.3)
 
 
-#: HF's greedy continuations of the module's targets (never changed in place), made once for the nine cases below
-REFERENCES: dict[tuple[torch.nn.Module, tuple[int, ...]], list[int]] = {}
+@functools.lru_cache(maxsize=None)
+def reference(target: torch.nn.Module, prompt: tuple[int, ...]) -> list[int]:
+    """HF's greedy continuation of a module target (never changed in place), made once for the nine cases below."""
+    return greedy_reference(target, list(prompt), 40)
 
 
 @pytest.mark.parametrize("shape", [CHAIN, KARY, BUSHY], ids=["chain", "kary", "bushy"])
@@ -27,8 +31,7 @@ REFERENCES: dict[tuple[torch.nn.Module, tuple[int, ...]], list[int]] = {}
 def test_greedy_equals_target(pair, shape, mode):
     target, draft = pair
     for k, prompt in enumerate([[1, 5, 7, 9, 3], [4], [10, 11, 12, 13, 14, 15, 16, 17]]):
-        key = (target, tuple(prompt))
-        ref = REFERENCES[key] = REFERENCES.get(key) or greedy_reference(target, prompt, 40)
+        ref = reference(target, tuple(prompt))
         out = treespec.generate(target, torch.tensor([prompt]), drafters=[treespec.ModelDrafter(draft, shape, mode)],
                                 max_new_tokens=40, seed=k)
         assert out.new_tokens == ref

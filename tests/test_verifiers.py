@@ -190,21 +190,26 @@ def memoised_arithmetic():
     enumeration each input is computed once, by the verifier's own function (a formula a test patches in is
     what computes a miss)."""
     kseq_rho, log_weight = verifiers.kseq_rho, verifiers._log_weight
-    rhos, weights = {}, {}
-
-    def rho(r, q, k):
-        key = (r.dtype, r.shape, r.numpy().tobytes(), q.dtype, q.shape, q.numpy().tobytes(), k)
-        return rhos[key] if key in rhos else rhos.setdefault(key, kseq_rho(r, q, k))
-
-    def weight(log_w, p_x, q_x):
-        key = (log_w, float(p_x), float(q_x))
-        return weights[key] if key in weights else weights.setdefault(key, log_weight(log_w, p_x, q_x))
-
-    verifiers.kseq_rho, verifiers._log_weight = rho, weight
+    verifiers.kseq_rho = _memoised(kseq_rho, lambda r, q, k: (r.dtype, r.shape, r.numpy().tobytes(), q.dtype,
+                                                              q.shape, q.numpy().tobytes(), k))
+    verifiers._log_weight = _memoised(log_weight, lambda log_w, p_x, q_x: (log_w, float(p_x), float(q_x)))
     try:
         yield
     finally:
         verifiers.kseq_rho, verifiers._log_weight = kseq_rho, log_weight
+
+
+def _memoised(fn, key_of):
+    """``fn`` computing each input (as ``key_of`` names it) once."""
+    seen = {}
+
+    def call(*args):
+        key = key_of(*args)
+        if key not in seen:
+            seen[key] = fn(*args)
+        return seen[key]
+
+    return call
 
 
 def step_law(world: World, draft_sets, verify, budget: int | None = None):
