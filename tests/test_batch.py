@@ -82,6 +82,18 @@ def test_sampled_rows_equal_each_prompt_alone_with_the_rows_seed(verifier, mode,
             assert row.new_tokens == alone.new_tokens and row.stats.step_tokens == alone.stats.step_tokens
 
 
+def test_a_list_of_seeds_gives_each_row_its_own():
+    """``seed=[s0, s1, ...]``: row ``r`` decodes as its prompt alone with seed ``s_r`` (what a measurement that
+    seeds each prompt by itself batches)."""
+    target, draft = tiny_pair("qwen2")
+    make = lambda: [treespec.ModelDrafter(draft, TREE, "sample")]
+    seeds = [41, 5, 2**63, 41]
+    out = treespec.generate(target, PROMPTS, make(), max_new_tokens=16, temperature=1.0, seed=seeds)
+    for prompt, row, seed in zip(PROMPTS, out.rows, seeds):
+        alone = treespec.generate(target, prompt, make(), max_new_tokens=16, temperature=1.0, seed=seed)
+        assert row.new_tokens == alone.new_tokens and row.stats.step_tokens == alone.stats.step_tokens
+
+
 def test_a_rows_output_does_not_depend_on_its_batch_mates():
     target, draft = tiny_pair("llama")
     make = lambda: [treespec.ModelDrafter(draft, TREE, "sample")]
@@ -132,6 +144,10 @@ def test_bad_batches_are_refused_with_what_to_do():
                           verifier="spectr")
     with pytest.raises(ValueError, match="non-empty list of prompts"):
         treespec.core.batch.generate_batch(target, [], max_new_tokens=4)
+    with pytest.raises(ValueError, match="one seed per prompt; got 1 seeds for 2 prompts"):
+        treespec.generate(target, [[1], [2]], max_new_tokens=4, seed=[3])
+    with pytest.raises(ValueError, match="not None"):
+        treespec.generate(target, [[1], [2]], max_new_tokens=4, seed=[3, None])
 
 
 def test_the_hf_baseline_decodes_a_batch_left_padded_as_each_prompt_alone():

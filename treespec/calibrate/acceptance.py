@@ -261,9 +261,10 @@ def measure(target: torch.nn.Module, draft: torch.nn.Module, prompts: Sequence[S
         eos_token_id: stop continuations at this token (as ``generate``).
         prompts_label: free text recorded in ``meta`` (e.g. ``"humaneval[0:100]"``).
         context: how the continuation is written (module doc): ``"walk"`` or ``"target"``.
-        batch_size: prompts walked together, as the rows of one forward per position (``"walk"``; one at a time
-            where a model is in dynamic int8, whose activations share one quantisation scale per forward: rows
-            walked together would measure it as no single-prompt step runs it).
+        batch_size: prompts walked together, as the rows of one forward per position (``"target"``: the
+            target's continuations written as one batch, each row as its prompt alone); one at a time where a
+            model is in dynamic int8, whose activations share one quantisation scale per forward: rows walked
+            together would measure it as no single-prompt step runs it.
     """
     parts = measure_each(target, draft, prompts, width, mode, temperature, top_k, top_p, max_new_tokens, max_depth,
                          seed, progress, eos_token_id=eos_token_id, prompts_label=prompts_label, context=context,
@@ -344,10 +345,12 @@ def _prompts_ranks(target: torch.nn.Module, draft: torch.nn.Module, prompts: lis
                                             checks.eos_ids(eos_token_id))))
         return [(walks[j].ranks, walks[j].overlap, walks[j].proposal_q) if j in walks else none for j in chunk]
     out = []
-    for j, gen in zip(chunk, gens):
-        cont = generate(target, prompts[j], max_new_tokens=max_new_tokens, temperature=params.temperature,
-                        top_k=params.top_k, top_p=params.top_p, eos_token_id=eos_token_id,
-                        seed=spread_seed(seed, "continuation", j)).new_tokens
+    # the target's continuations in one batch, each row as its prompt alone with its own seed
+    conts = [row.new_tokens for row in generate(
+        target, [prompts[j] for j in chunk], max_new_tokens=max_new_tokens, temperature=params.temperature,
+        top_k=params.top_k, top_p=params.top_p, eos_token_id=eos_token_id,
+        seed=[spread_seed(seed, "continuation", j) for j in chunk]).rows]
+    for j, gen, cont in zip(chunk, gens, conts):
         if not cont:
             out.append(none)
             continue

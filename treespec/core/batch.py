@@ -53,6 +53,21 @@ def row_seed(seed: int, row: int) -> int:
     return seed if row == 0 else spread_seed("batch-row", seed, row)
 
 
+def row_seeds(seed: int | Sequence[int] | None, rows: int) -> list[int]:
+    """Each row's seed: ``seed`` itself when it is a list of one seed per prompt, else :func:`row_seed` of the
+    call's seed (drawn at random when None)."""
+    if isinstance(seed, (list, tuple)):
+        if len(seed) != rows:
+            raise ValueError(f"seed: a list gives one seed per prompt; got {len(seed)} seeds for {rows} prompts")
+        if any(s is None for s in seed):
+            raise ValueError("seed: a list of seeds holds whole numbers in [0, 2**64), not None")
+        return [checks.check_seed(s) for s in seed]
+    seed = checks.check_seed(seed)
+    if seed is None:
+        seed = int.from_bytes(os.urandom(7), "little")
+    return [row_seed(seed, r) for r in range(rows)]
+
+
 class BatchEagerStep:
     """The eager step over a batch of rows (module docstring). Each step: every row's proposals, a drafter that
     drafts in forwards (``Drafter.drafting``: the model drafter) running all rows' forwards at once over one
@@ -193,7 +208,7 @@ def generate_batch(
     top_k: int = 0,
     top_p: float = 1.0,
     eos_token_id: int | Sequence[int] | None = None,
-    seed: int | None = None,
+    seed: int | Sequence[int] | None = None,
     budget: int | None = None,
     on_tokens: Callable[[int, list[int]], None] | None = None,
     verifier: str = "rrs",
@@ -203,11 +218,12 @@ def generate_batch(
     """``treespec.generate`` over several prompts at once (``generate`` calls this for a list of prompts).
 
     Each prompt (a list of token ids or a ``[1, L]`` tensor; lengths may differ) decodes as it would alone
-    with seed ``row_seed(seed, r)``: greedy output equal to the target's, sampled output distributed as the
-    target's, per row. Each row gets its own copy of each drafter (``Drafter.for_row``). ``on_tokens`` is
-    called as ``on_tokens(row, tokens)``. The other arguments are ``generate``'s. With ``compile`` the batch runs
-    the captured step (``treespec.core.captured.BatchCapturedStep``: one model drafter of a static shape) where
-    its drafters allow, else the eager step, and ``stats.step`` says why.
+    with seed ``row_seed(seed, r)`` (``seed[r]`` when ``seed`` is a list of one seed per prompt): greedy output
+    equal to the target's, sampled output distributed as the target's, per row. Each row gets its own copy of
+    each drafter (``Drafter.for_row``). ``on_tokens`` is called as ``on_tokens(row, tokens)``. The other
+    arguments are ``generate``'s. With ``compile`` the batch runs the captured step
+    (``treespec.core.captured.BatchCapturedStep``: one model drafter of a static shape) where its drafters
+    allow, else the eager step, and ``stats.step`` says why.
     """
     if isinstance(prompts, (str, bytes, torch.Tensor)) or not isinstance(prompts, Sequence) or not prompts:
         raise ValueError("a batch is a non-empty list of prompts, each a list of token ids (or a [1, L] tensor); "
@@ -216,16 +232,14 @@ def generate_batch(
     if on_tokens is not None and not callable(on_tokens):
         raise ValueError(f"on_tokens must be callable (it gets each row's index and tokens), got "
                          f"{type(on_tokens).__name__}")
-    seed = checks.check_seed(seed)
-    if seed is None:
-        seed = int.from_bytes(os.urandom(7), "little")
+    seeds = row_seeds(seed, len(prompts))
     drafters = checks.check_drafters(drafters, Drafter)
     reqs = []
     for r, prompt in enumerate(prompts):
         stream = None if on_tokens is None else functools.partial(on_tokens, r)
         try:
             reqs.append(Request.checked(target, prompt, [d.for_row() for d in drafters], max_new_tokens, temperature,
-                                        top_k, top_p, eos_token_id, row_seed(seed, r), budget, stream, verifier,
+                                        top_k, top_p, eos_token_id, seeds[r], budget, stream, verifier,
                                         compile, envelope))
         except ValueError as e:
             raise ValueError(f"prompt {r} of the batch: {e}") from None

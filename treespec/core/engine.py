@@ -87,7 +87,7 @@ def generate(
     top_k: int = 0,
     top_p: float = 1.0,
     eos_token_id: int | Sequence[int] | None = None,
-    seed: int | None = None,
+    seed: int | Sequence[int] | None = None,
     budget: int | None = None,
     on_tokens: Callable[[list[int]], None] | Callable[[int, list[int]], None] | None = None,
     verifier: str = "rrs",
@@ -111,7 +111,8 @@ def generate(
         temperature, top_k, top_p: the target distribution to sample from (HF conventions).
         eos_token_id: stop after emitting it: an int, a list of ints or a 0-d/1-d integer tensor
             (as HF); None never stops early.
-        seed: same seed and inputs give the same output; None draws a random seed.
+        seed: same seed and inputs give the same output; None draws a random seed. A batch may take a list of
+            one seed per prompt (each row then decodes as its prompt alone with its seed).
         budget: cap on tokens per verification pass, root included; proposals beyond it are
             dropped in proposal order. None means no cap.
         on_tokens: called with each step's committed tokens (for streaming); gets its own list.
