@@ -219,15 +219,17 @@ def test_float16_sampling_is_refused():
 
 
 def test_compiled_without_drafters_and_with_an_ngram_drafter(models):
+    """No drafter (a one-node tree: compiled for real), and an n-gram drafter beside a model drafter (the step's
+    behaviour: its functions uncompiled, as the other behaviour tests)."""
     target, draft = models
     prompt = [1, 2, 3, 1, 2, 3, 1, 2]
     ref = greedy_reference(target, prompt, 20)
     assert treespec.generate(target, prompt, max_new_tokens=20, compile=BACKEND).new_tokens == ref
     mixed = [treespec.NGramDrafter(width=2), treespec.ModelDrafter(draft, KARY)]
-    out = treespec.generate(target, prompt, drafters=mixed, max_new_tokens=20, budget=8, compile=BACKEND)
+    out = treespec.generate(target, prompt, drafters=mixed, max_new_tokens=20, budget=8, compile=STEP_BACKEND)
     assert out.new_tokens == ref
     sampled = treespec.generate(target, prompt, drafters=mixed, max_new_tokens=20, budget=8, temperature=1.0, seed=5,
-                                compile=BACKEND)
+                                compile=STEP_BACKEND)
     assert len(sampled.new_tokens) == 20
 
 
