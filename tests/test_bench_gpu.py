@@ -5,10 +5,17 @@ import json
 import runpy
 from pathlib import Path
 
-bench_gpu = runpy.run_path(str(Path(__file__).resolve().parents[1] / "experiments" / "bench_gpu.py"))
+import pytest
 
 
-def test_bench_gpu_smoke_runs_every_phase_and_resumes(tmp_path):
+@pytest.fixture(scope="module")
+def bench_gpu() -> dict:
+    """The script's namespace, loaded when a test here runs (its imports reach into inductor's freezing passes:
+    seconds that a worker collecting this file but running none of it need not spend)."""
+    return runpy.run_path(str(Path(__file__).resolve().parents[1] / "experiments" / "bench_gpu.py"))
+
+
+def test_bench_gpu_smoke_runs_every_phase_and_resumes(bench_gpu, tmp_path):
     result = bench_gpu["main"](["--smoke", "--out", str(tmp_path)])
     saved = json.loads((tmp_path / "results.json").read_text())
     ph = saved["phases"]
@@ -48,7 +55,7 @@ def test_bench_gpu_smoke_runs_every_phase_and_resumes(tmp_path):
     assert result["setup"]["smoke"]
 
 
-def test_phase_treespec_run_again_adds_its_runs_and_other_phases_replace_theirs():
+def test_phase_treespec_run_again_adds_its_runs_and_other_phases_replace_theirs(bench_gpu):
     merged = bench_gpu["merged"]
     first = {"compiled_budget8": {"tau": 1.0}, "eager_budget8": {"tau": 1.0}}
     again = merged("treespec", first, {"compiled_budget12": {"tau": 2.0}, "compiled_budget8": {"tau": 3.0}})
@@ -57,9 +64,7 @@ def test_phase_treespec_run_again_adds_its_runs_and_other_phases_replace_theirs(
     assert merged("sweep", {"runs": 1, "envelope": 2}, {"runs": 3}) == {"runs": 3}
 
 
-def test_sweep_lever_best_is_the_fastest_timed_level_and_refuses_without_levels():
-    import pytest
-
+def test_sweep_lever_best_is_the_fastest_timed_level_and_refuses_without_levels(bench_gpu):
     pick = bench_gpu["sweep_lever"]
     done = {"levels": {"levers": {"baseline": {"level_ms": 2.0}, "freezing": {"level_ms": 1.5},
                                   "sdpa-efficient": {"error": "RuntimeError: no kernel"}}}}
