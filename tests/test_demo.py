@@ -51,6 +51,15 @@ def _records(method: str, seconds: float, baseline: bool = True, precision: str 
              "tokens": 10, "seconds": seconds, "output": [1] * 10} for p in (100, 101, 102)]
 
 
+def test_the_full_run_times_each_hf_method_a_user_would_pick_and_quick_hf_eager_alone():
+    target = tiny_model("llama", vocab=32, hidden=32, layers=1)
+    draft = perturbed_copy(target, 0.2)
+    full = demo.baseline_methods(target, draft, quick=False)
+    assert [m.name for m in full] == ["hf-float32", "hf-float32-static-compiled", "hf-assisted-float32"]
+    assert all(m.baseline for m in full)
+    assert [m.name for m in demo.baseline_methods(target, draft, quick=True)] == ["hf-float32"]
+
+
 @pytest.mark.parametrize("ran, fastest", [(["hf-bfloat16"], "hf-bfloat16"),
                                           (["hf-bfloat16", "hf-bfloat16-static-compiled"], "hf-bfloat16-static-compiled"),
                                           (["hf-bfloat16", "hf-bfloat16-static-compiled", "hf-assisted-bfloat16"],

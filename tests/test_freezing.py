@@ -1,7 +1,8 @@
 """Inductor with weight freezing, the captured step's CPU configuration: freezing folds what a graph only reads
 into constants, so every static tensor a call reads (caches, their lengths, the tree buffers) must stay an input
 or be mutated by it. Exact (greedy = HF greedy and the eager step) with several runners in one process, a long
-prompt's chunk graph, several trees in one envelope, and an int4 draft.
+prompt's chunk graph, several trees in one envelope, and an int4 draft; and HF's own compiled decoding under it (the
+baselines' fastest plain decoding on a CPU).
 
 The tests share one tiny configuration (qwen2, vocab 64, hidden 64, one layer) and the trees of one envelope
 (``KARY``'s own), and one worker runs them in order: inductor's graph cache keys a graph by its code and shapes,
@@ -106,6 +107,19 @@ def test_int4_draft_under_inductor_with_freezing():
     with torch._inductor.config.patch(freezing=True):
         out = run(target, draft, prompt, 12, KARY, compile=True)
     assert out.stats.step == "captured" and out.new_tokens == greedy_reference(target, prompt, 12)
+
+
+def test_hfs_fastest_plain_decoding_under_freezing_is_its_greedy_decoding():
+    """The baseline the demo and the benchmarks time as HF's fastest plain decoding on a CPU (``generate`` with a
+    static cache and ``torch.compile`` under inductor's weight freezing) gives HF's eager greedy tokens."""
+    from treespec.bench import compare
+
+    target, _ = fresh_pair()
+    method = compare.hf_compiled_method(target)
+    assert method.name == "hf-float32-static-compiled" and method.baseline
+    prompt = [5, 6, 7, 8]
+    tokens, seconds, _ = method.run(prompt, 12)
+    assert tokens == greedy_reference(target, prompt, 12) and seconds > 0
 
 
 def test_compile_graph_freezes_the_weights_it_reads():

@@ -150,7 +150,9 @@ def test_cli_demo_and_python_run_the_same_tuned_recipe(tmp_path: Path, monkeypat
                  "--draft-dtype", "float32", "--prompt", "w1 w2 w3", "--max-new-tokens", "16"]) == 0
     cli = _at(engine_calls, 16)
     engine_calls.clear()
-    args = argparse.Namespace(out=tmp_path / "demo", prompts=1, max_new_tokens=16, device="cpu", target="unused")
+    # --quick: the HF baselines (the full run's compiled one: tests/test_freezing.py) are not what this test is about
+    args = argparse.Namespace(out=tmp_path / "demo", prompts=1, max_new_tokens=16, device="cpu", target="unused",
+                              quick=True)
     demo.run_demo(args, target, ByteTokenizer(128, max_tokens=48), draft)
     from_demo = _at(engine_calls, 16)
 
