@@ -21,12 +21,11 @@ def _left_padded(prompts: list[list[int]], pad_token_id: int, device: torch.devi
 
 
 def hf_generate(model: torch.nn.Module, ids: Sequence[int] | Sequence[Sequence[int]], max_new_tokens: int, *,
-                temperature: float = 0.0,
-                top_p: float = 1.0, top_k: int = 0, eos_token_id: int | Sequence[int] | None = None,
-                pad_token_id: int = 0, seed: int | None = None, assistant_model: torch.nn.Module | None = None,
-                assistant_config: dict[str, Any] | None = None, prompt_lookup_num_tokens: int | None = None,
-                max_matching_ngram_size: int | None = None, tokenizer: Any = None,
-                assistant_tokenizer: Any = None, static_compiled: bool = False,
+                temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
+                eos_token_id: int | Sequence[int] | None = None, pad_token_id: int = 0, seed: int | None = None,
+                assistant_model: torch.nn.Module | None = None, assistant_config: dict[str, Any] | None = None,
+                prompt_lookup_num_tokens: int | None = None, max_matching_ngram_size: int | None = None,
+                tokenizer: Any = None, assistant_tokenizer: Any = None, static_compiled: bool = False,
                 compile_backend: str = "inductor") -> tuple[list[int] | list[list[int]], float]:
     """HF ``generate`` with an explicit, neutral ``GenerationConfig``; returns (new tokens, seconds).
 
