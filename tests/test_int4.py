@@ -1,6 +1,8 @@
 """int4 drafts (``treespec.models.quantized``): the kernel computes with the quantised weights it was given, layers
 the kernel cannot take stay float, and an int4 draft runs in every step (eager, host-drafted compiled, captured)
-with the target's greedy output (under inductor's weight freezing: tests/test_freezing.py)."""
+with the target's greedy output. The step tests here run the compiled steps' functions uncompiled
+(``UNCOMPILED``): the captured step's graphs with an int4 draft are traced and compiled, and checked against the
+target's greedy output, under inductor with weight freezing in tests/test_freezing.py (the same tiny pair)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import torch
 
 import treespec
 from treespec.core import checks
+from treespec.core.compiling import UNCOMPILED
 from treespec.models import quantized as int4
 from treespec.models.precision import precision_of, to_precision
 from treespec.models.tiny import greedy_reference, perturbed_copy, tiny_model
@@ -96,13 +99,10 @@ def pair():
     return target, to_precision(perturbed_copy(target, 0.3), "int4")
 
 
-#: the captured int4 tests' tree: one worker runs them in order (``xdist_group``), and the long prompt's test reuses
-#: the first one's step graphs (its own: the target's prefill chunks)
 SHAPE = [(0,), (1,), (0, 0), (0, 0, 0)]
 
 
-@pytest.mark.xdist_group("int4")
-@pytest.mark.parametrize("compile", [False, "aot_eager"], ids=["eager", "captured"])
+@pytest.mark.parametrize("compile", [False, UNCOMPILED], ids=["eager", "captured"])
 def test_int4_draft_greedy_equals_the_target(pair, compile):
     target, draft = pair
     prompt = [1, 5, 7, 9, 3]
@@ -118,7 +118,6 @@ def test_int4_draft_greedy_equals_the_target(pair, compile):
         assert host.stats.step.startswith("compiled, drafted on the host")
 
 
-@pytest.mark.xdist_group("int4")
 def test_captured_int4_draft_prefills_a_long_prompt_eagerly(pair, monkeypatch):
     """A prompt of 30 tokens: the target in compiled chunks, the int4 draft in one eager forward whose wide
     layers take their int8 twin; the output is still the target's greedy one."""
@@ -130,6 +129,6 @@ def test_captured_int4_draft_prefills_a_long_prompt_eagerly(pair, monkeypatch):
         used.extend(len(p) for p in prompts), self.cache.prefill_rows(self.model, prompts))[-1])
     prompt = [(7 * i + 3) % 64 for i in range(30)]
     out = treespec.generate(target, prompt, [treespec.ModelDrafter(draft, SHAPE, "topk")], max_new_tokens=10,
-                            compile="aot_eager")
+                            compile=UNCOMPILED)
     assert used == [30] and out.stats.step == "captured"
     assert out.new_tokens == greedy_reference(target, prompt, 10)
