@@ -22,7 +22,7 @@ from treespec.models.tiny import greedy_reference, perturbed_copy, tiny_model
 pytestmark = pytest.mark.xdist_group("freezing")
 
 KARY = [(0,), (1,), (0, 0), (0, 1), (1, 0), (1, 1)]
-FAN = [(0,), (1,)]
+ENVELOPE_TREES = [KARY, [(0,), (1,)], [(0,), (0, 0)], [(0,), (1,), (1, 0)]]  # KARY's envelope
 
 
 def fresh_pair() -> tuple[torch.nn.Module, torch.nn.Module]:
@@ -51,52 +51,37 @@ def no_runners_left():
 
 
 @pytest.mark.parametrize("mode", ["topk", "sample"], ids=["captured", "host-drafted"])
-def test_freezing_with_several_runners_and_prompt_lengths_in_one_process(mode):
+def test_freezing_with_several_runners_prompt_lengths_and_trees_in_one_process(mode):
     """Under weight freezing a compiled graph keeps the static tensors it saw (the caches) as its own attributes;
     a runner made later must compile its own graphs rather than pass the first one's guards and use its caches.
     The hardest case: the same models and tree again after the first runner was evicted (every graph the same
     code and shapes as the first runner's). Each runner prefills a prompt in pieces (the chunk graph mutates the
-    cache and its length: neither is folded into a constant), then a prompt of another length, which adds no
-    graph."""
+    cache and its length: neither is folded into a constant), then prompts of other lengths, which add no graph.
+    The captured step's second runner then runs the other trees of its envelope (smaller ones padded): a static
+    tensor that a graph only reads would be folded into a constant, so the tree buffers must stay graph inputs (a
+    tree frozen into the graph would replay the first shape); none adds a graph either. Every run's greedy output
+    equals HF's and the eager step's, and so does its walk."""
     target, draft = fresh_pair()
     assert prefill.CHUNKED_MIN <= 18
+    env = Envelope.for_shapes(ENVELOPE_TREES)
+    assert env == Envelope(7, (2, 2), 2)  # KARY's own
+    other_trees = [(tree, 8) for tree in ENVELOPE_TREES[1:]] + [(KARY, 3)] if mode == "topk" else [(KARY, 8)]
+    later = {0: [(KARY, 18)], 1: other_trees}  # after each runner's first prompt (which compiles)
     with torch._inductor.config.patch(freezing=True):
         for runner in range(2):
             captured.RUNNERS.clear()  # the first runner evicted: the second is made again
             compiled.RUNNERS.clear()
-            for i, n in enumerate((24, 18)):
+            for i, (tree, n) in enumerate([(KARY, 24), *later[runner]]):
                 prompt = prompt_of(n, seed=n + runner)
                 graphs = counters["stats"]["unique_graphs"]
-                eager = run(target, draft, prompt, 24, KARY, mode, seed=0)
-                out = run(target, draft, prompt, 24, KARY, mode, seed=0, compile="inductor", envelope=None)
+                eager = run(target, draft, prompt, 24, tree, mode, seed=0)
+                out = run(target, draft, prompt, 24, tree, mode, seed=0, compile="inductor", envelope=env)
                 assert (out.stats.step == "captured") == (mode == "topk")  # sampling with replacement: on the host
                 assert out.new_tokens == eager.new_tokens == greedy_reference(target, prompt, 24)
                 assert out.stats.step_tokens == eager.stats.step_tokens or mode == "topk"
                 assert out.stats.step_tokens[:-1] == eager.stats.step_tokens[: len(out.stats.step_tokens) - 1]
+                assert max(out.stats.tree_sizes) == len(tree) + 1 or mode == "sample"  # (draws may repeat)
                 assert (counters["stats"]["unique_graphs"] > graphs) == (i == 0)  # its own graphs, then none
-
-
-def test_inductor_with_freezing_runs_several_trees_in_one_envelope():
-    """A static tensor that a graph only reads would be folded into a constant: the tree buffers must stay graph
-    inputs. Later shapes in the same envelope (smaller ones: padded), and a prompt of another length, reuse the
-    graphs and stay exact: greedy output equals HF's and the eager step's walk (a tree frozen into the graph would
-    replay the first shape)."""
-    target, draft = fresh_pair()
-    shapes = [KARY, FAN, [(0,), (0, 0)], [(0,), (1,), (1, 0)], KARY]
-    env = Envelope.for_shapes(shapes)
-    assert env == Envelope(7, (2, 2), 2)  # KARY's own: the kernels the tests above built
-    graphs = None
-    with torch._inductor.config.patch(freezing=True):
-        for i, shape in enumerate(shapes):
-            prompt = [3, 4, 5] if i == len(shapes) - 1 else [10, 11, 12, 13, 14, 15, 16, 17]
-            eager = run(target, draft, prompt, 20, shape)
-            out = run(target, draft, prompt, 20, shape, compile="inductor", envelope=env)
-            assert out.stats.step == "captured"
-            assert out.new_tokens == eager.new_tokens == greedy_reference(target, prompt, 20)
-            assert out.stats.step_tokens[:-1] == eager.stats.step_tokens[: len(out.stats.step_tokens) - 1]
-            assert max(out.stats.tree_sizes) == len(shape) + 1
-            graphs = graphs or counters["stats"]["unique_graphs"]
-            assert counters["stats"]["unique_graphs"] == graphs
 
 
 def test_int4_draft_under_inductor_with_freezing():
