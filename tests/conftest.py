@@ -1,16 +1,26 @@
-"""Shared test setup: one torch thread; slow real-model checks run only when asked (TREESPEC_SLOW=1 or -m slow)."""
+"""Shared test setup: one torch thread; slow real-model checks run only when asked (TREESPEC_SLOW=1 or -m slow).
+
+torch is imported where a fixture needs it: pytest-xdist's controller process loads this file too, and runs no test
+(torch's import: 3 CPU seconds beside the workers' collecting)."""
+
+from __future__ import annotations
 
 import functools
 import gc
 import os
+from typing import TYPE_CHECKING
 
 import pytest
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 
 @pytest.fixture(scope="session", autouse=True)
 def one_thread():
     """Tiny models: threads only add overhead (and the machine's cores are shared); the same for every file."""
+    import torch
+
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
