@@ -87,6 +87,19 @@ def _is_int(x: object) -> bool:
     return isinstance(x, numbers.Integral) and not isinstance(x, (bool, np.bool_))
 
 
+_INT = {int}
+
+
+def _as_path(raw: object) -> Path:
+    """``raw`` as a tuple of Python ints, or the error saying what it is instead."""
+    if isinstance(raw, (str, bytes)) or not hasattr(raw, "__iter__"):
+        raise ValueError(f"a path must be a sequence of ints, got {raw!r}")
+    items = tuple(raw)
+    if not all(_is_int(r) for r in items):
+        raise ValueError(f"path {raw!r} has non-integer ranks: a path must be a sequence of ints, e.g. (0, 1)")
+    return tuple(int(r) for r in items)
+
+
 def _path_key(path: Path) -> tuple[int, Path]:
     return (len(path), path)
 
@@ -109,15 +122,11 @@ class TreeShape:
         """
         seen: set[Path] = set()
         for raw in paths:
-            if isinstance(raw, (str, bytes)) or not hasattr(raw, "__iter__"):
-                raise ValueError(f"a path must be a sequence of ints, got {raw!r}")
-            items = tuple(raw)
-            if not all(_is_int(r) for r in items):
-                raise ValueError(f"path {raw!r} has non-integer ranks: a path must be a sequence of ints, e.g. (0, 1)")
-            p = tuple(int(r) for r in items)
+            # a tuple of Python ints (what the builders make, thousands per tuning) is checked in C; others in full
+            p = raw if type(raw) is tuple and set(map(type, raw)) <= _INT else _as_path(raw)
             if len(p) == 0:
                 raise ValueError("the root () is implicit; use TreeShape.from_paths to pass it")
-            if any(r < 0 for r in p):
+            if min(p) < 0:
                 raise ValueError(f"path {p} has a negative rank")
             if p in seen:
                 raise ValueError(f"path {p} appears twice")
