@@ -135,6 +135,7 @@ class SequoiaDP:
         rows = rows[:, :W]
         R = rows.shape[0]
         self.budget = B
+        self._shapes: dict[int, TreeShape] = {}  # by node count: budgets past a plateau share one
         self.rows = rows
         # a subtree can never be deeper than the budget: a larger limit is no limit
         D = None if max_depth is None or max_depth >= B - 1 else int(max_depth)
@@ -182,6 +183,8 @@ class SequoiaDP:
         # smallest n' <= n reaching the optimum: its optimal shape uses exactly n' nodes
         target = self.values[n] - _TIE * max(1.0, self.values[n])
         n = int(np.argmax(self.values[: n + 1] >= target))
+        if n in self._shapes:
+            return self._shapes[n]
         paths: list[Path] = []
         stack: list[tuple[Path, int]] = [((), n)]  # explicit stack: trees may be very deep
         while stack:
@@ -196,7 +199,8 @@ class SequoiaDP:
                 paths.append(child)
                 stack.append((child, s))
                 m -= s
-        return TreeShape(paths)
+        self._shapes[n] = TreeShape(paths)
+        return self._shapes[n]
 
 
 def sequoia_values(
