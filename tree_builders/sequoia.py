@@ -199,8 +199,8 @@ class SequoiaDP:
                 paths.append(child)
                 stack.append((child, s))
                 m -= s
-        self._shapes[n] = TreeShape(paths)
-        return self._shapes[n]
+        shape = self._shapes[n] = TreeShape(paths)
+        return shape
 
 
 def sequoia_values(
