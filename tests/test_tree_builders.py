@@ -194,6 +194,22 @@ def test_sequoia_dp_reuse_for_smaller_budgets():
         dp.shape(31)
 
 
+def test_sequoia_dp_node_counts_and_branching_read_off_the_tables_match_the_shape():
+    """What a tuner costs without building shapes: the smallest optimal shape's node count and, per depth, its
+    nodes with children (the draft forwards of a step), over vectors, per-depth matrices and limits."""
+    rng = np.random.default_rng(3)
+    m = np.array([[0.3, 0.3, 0.2], [0.7, 0.1, 0.0], [0.6, 0.2, 0.1]])
+    for acc, max_depth, max_width in [((0.6, 0.2, 0.1), 5, None), ((0.9, 0.05), None, None), (m, None, 2),
+                                      (m, 4, None), (np.sort(rng.dirichlet(np.ones(8)))[::-1][:6], 7, 3)]:
+        dp = SequoiaDP(acc, 40, max_depth=max_depth, max_width=max_width)
+        for b in range(1, 41):
+            shape = dp.shape(b)
+            assert dp.nodes(b) == shape.size
+            with_children = [0] * shape.depth
+            for p in {p[:-1] for p in shape.paths}:
+                with_children[len(p)] += 1
+            assert dp.branching(b) == with_children, (acc, b)
+
 def test_sequoia_large_budget_builds():
     acc = [0.6, 0.15, 0.07, 0.04, 0.025, 0.015, 0.01, 0.008, 0.006, 0.005] + [0.002] * 22
     shape = sequoia(acc, 768, max_depth=20, max_width=32)

@@ -39,11 +39,12 @@ _TIE = 1e-12  # a strictly better value must beat the incumbent by more than thi
 @dataclass
 class _Level:
     """DP tables of one depth: ``F[n]``, the best number of children ``nkids[n]`` for budget ``n``
-    and ``split[j-1, m]``: nodes given to child rank ``j-1`` when the first ``j`` children share ``m``."""
+    and ``split[j-1][m]``: nodes given to child rank ``j-1`` when the first ``j`` children share ``m``
+    (Python lists: the traceback reads them an element at a time, thousands of shapes per tuning)."""
 
     F: np.ndarray  # [B+1], F[0] = -inf
-    nkids: np.ndarray  # [B+1] int
-    split: np.ndarray  # [W, B] int
+    nkids: list[int]  # [B+1]
+    split: list[list[int]]  # [W][B]
 
 
 def _check_limits(budget: int, max_depth: int | None, max_width: int | None) -> None:
@@ -76,7 +77,7 @@ def _level(F_child: np.ndarray, a: np.ndarray, B: int) -> _Level:
         nkids[1:][better] = j
         G_prev = G
     F = np.concatenate([[-np.inf], 1.0 + best])
-    return _Level(F=F, nkids=nkids, split=split)
+    return _Level(F=F, nkids=nkids.tolist(), split=split.tolist())
 
 
 def _stationary(a: np.ndarray, B: int) -> _Level:
@@ -106,7 +107,7 @@ def _stationary(a: np.ndarray, B: int) -> _Level:
                 best, bestj = float(vals[k]), j
         F[n] = 1.0 + best
         nkids[n] = bestj
-    return _Level(F=F, nkids=nkids, split=split)
+    return _Level(F=F, nkids=nkids.tolist(), split=split.tolist())
 
 
 class SequoiaDP:
@@ -175,32 +176,53 @@ class SequoiaDP:
             return None  # a leaf
         return self._levels[d] if d < len(self._levels) else self._tail
 
-    def shape(self, budget: int | None = None) -> TreeShape:
-        """The smallest optimal shape with at most ``budget`` nodes (default: the DP's budget)."""
+    def nodes(self, budget: int | None = None) -> int:
+        """Nodes of the smallest optimal shape with at most ``budget`` nodes (default: the DP's budget)."""
         n = self.budget if budget is None else check_count("budget", budget, 1, "it counts the root")
         if n > self.budget:
             raise ValueError(f"budget must be >= 1 and <= {self.budget} (the DP's budget), got {budget!r}")
         # smallest n' <= n reaching the optimum: its optimal shape uses exactly n' nodes
         target = self.values[n] - _TIE * max(1.0, self.values[n])
-        n = int(np.argmax(self.values[: n + 1] >= target))
+        return int(np.argmax(self.values[: n + 1] >= target))
+
+    @staticmethod
+    def _children(tab: _Level | None, nodes: int) -> list[int]:
+        """Nodes of each child's subtree (rank 0 first) of an optimal subtree of ``nodes`` nodes whose depth has
+        the tables ``tab`` (None: a leaf)."""
+        if tab is None or nodes <= 1:
+            return []
+        m, out = nodes - 1, []
+        for j in range(tab.nkids[nodes], 0, -1):  # the last rank's share first (the knapsack's order)
+            out.append(tab.split[j - 1][m])
+            m -= out[-1]
+        return out[::-1]
+
+    def shape(self, budget: int | None = None) -> TreeShape:
+        """The smallest optimal shape with at most ``budget`` nodes (default: the DP's budget)."""
+        n = self.nodes(budget)
         if n in self._shapes:
             return self._shapes[n]
         paths: list[Path] = []
         stack: list[tuple[Path, int]] = [((), n)]  # explicit stack: trees may be very deep
         while stack:
             node, nodes = stack.pop()
-            tab = self._tables(len(node))
-            if tab is None or nodes <= 1:
-                continue
-            m = nodes - 1
-            for j in range(int(tab.nkids[nodes]), 0, -1):
-                s = int(tab.split[j - 1, m])
-                child = node + (j - 1,)
-                paths.append(child)
-                stack.append((child, s))
-                m -= s
+            for rank, s in enumerate(self._children(self._tables(len(node)), nodes)):
+                paths.append(node + (rank,))
+                stack.append((paths[-1], s))
         shape = self._shapes[n] = TreeShape(paths)
         return shape
+
+    def branching(self, budget: int | None = None) -> list[int]:
+        """Nodes with children at each depth ``0..depth-1`` of :meth:`shape` ``(budget)``, read off the tables
+        without building the shape (a tuner costs thousands of shapes and keeps one)."""
+        level, out = [self.nodes(budget)], []
+        while True:
+            tab = self._tables(len(out))
+            kids = [self._children(tab, nodes) for nodes in level]
+            level = [s for k in kids for s in k]
+            if not level:
+                return out
+            out.append(sum(1 for k in kids if k))
 
 
 def sequoia_values(

@@ -174,14 +174,14 @@ def choose_tree(
     ratio = np.array([t_of(n) for n in bs]) / t1
     depths = list(range(int(max_depth) + 1))
     plain = t1 + overhead
-    taus, seconds, widths, shapes = search(_rows(acceptance, per_depth), bs, depths, width_limits, t_of, t_q,
+    taus, seconds, widths, shape_of = search(_rows(acceptance, per_depth), bs, depths, width_limits, t_of, t_q,
                                             ratio * t1 + overhead, overhead)
     speedups = taus * plain / seconds
     top = float(speedups.max())
     # first in (budget, depth) order reaching the maximum (up to rounding)
     hits = np.argwhere(speedups.T >= top - 1e-12 * max(1.0, top))
     j, i = (int(v) for v in hits[0])
-    return Choice(budget=bs[j], depth=depths[i], shape=shapes.get((i, j), TreeShape()), tau=float(taus[i, j]),
+    return Choice(budget=bs[j], depth=depths[i], shape=shape_of(i, j), tau=float(taus[i, j]),
                   speedup=float(speedups[i, j]), budgets=bs, depths=depths, taus=taus, speedups=speedups,
                   cost_ratio=ratio, c=c, seconds=seconds, widths=widths, step_seconds=float(seconds[i, j]),
                   plain_seconds=plain)

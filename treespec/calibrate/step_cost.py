@@ -66,23 +66,35 @@ def checked_costs(target_latency: Mapping[int, float], draft_cost: float | Mappi
 
 def search(rows: Any, bs: list[int], depths: list[int], width_limits: Sequence[int | None],
             t_of: Callable[[float], float], t_q: Callable[[Any], Any], root_seconds: np.ndarray,
-            overhead: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[tuple[int, int], TreeShape]]:
+            overhead: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, Callable[[int, int], TreeShape]]:
     """Per (depth, budget) cell, the best predicted tau / seconds over the width limits: ``(taus, seconds,
-    widths, shapes)``; depth 0 is the root alone at each budget."""
+    widths, shape_of)``, ``shape_of(i, j)`` the cell's shape (built on demand: a search costs thousands and
+    keeps one); depth 0 is the root alone at each budget."""
     taus = np.ones((len(depths), len(bs)))
     seconds = np.tile(root_seconds, (len(depths), 1))
     widths = np.zeros((len(depths), len(bs)), dtype=np.int64)
-    shapes: dict[tuple[int, int], TreeShape] = {}
+    best_cells: dict[tuple[int, int], tuple[SequoiaDP, int]] = {}
+    # seconds per target size and per draft width, tabulated once: the cells cost thousands of shapes
+    t_size = [t_of(n) for n in range(bs[-1] + 1)]
+    t_width = [float(t) for t in t_q(np.arange(bs[-1] + 1))]
     for i, d in enumerate(depths[1:], start=1):
         best = np.full(len(bs), -np.inf)
         for w in width_limits:
             dp = SequoiaDP(rows, bs[-1], max_depth=d, max_width=w)
+            values = dp.values.tolist()
             for j, n in enumerate(bs):
-                shape = dp.shape(n)
-                secs = t_of(shape.size) + draft_seconds(t_q, shape) + overhead
-                tau = float(dp.values[n])
+                size = dp.nodes(n)
+                branching = dp.branching(size)  # draft forwards: the root's, then one per level with children
+                draft = t_width[1] + sum(t_width[b] for b in branching[1:]) if branching else 0.0
+                secs = t_size[size] + draft + overhead
+                tau = values[n]
                 if tau / secs > best[j] * (1 + 1e-12):
                     best[j] = tau / secs
                     taus[i, j], seconds[i, j], widths[i, j] = tau, secs, -1 if w is None else w
-                    shapes[i, j] = shape
-    return taus, seconds, widths, shapes
+                    best_cells[i, j] = dp, size
+
+    def shape_of(i: int, j: int) -> TreeShape:
+        dp, size = best_cells.get((i, j), (None, 1))
+        return TreeShape() if dp is None else dp.shape(size)
+
+    return taus, seconds, widths, shape_of
