@@ -6,6 +6,7 @@ import re
 import pytest
 
 from treespec.bench import compare, demo
+from treespec.calibrate.tuning import Prediction
 from treespec.models.tiny import ByteTokenizer, perturbed_copy, tiny_model
 
 
@@ -34,7 +35,7 @@ def test_demo_runs_and_reports(tmp_path, monkeypatch, capsys):
 def test_prediction_table_charges_prefill_to_both_sides():
     """Hand-made records: 2 prompts of 10 tokens in 4 steps each, 1 s of prefill and 0.5 s per step;
     the prediction: tau 2.5, 0.5 s per step, plain decoding 0.4 s per token."""
-    choice = argparse.Namespace(tau=2.5, step_seconds=0.5, plain_seconds=0.4)
+    choice = Prediction(2.5, 0.5, 0.4, "rows")
     mine = [{"method": "treespec", "steps": 4, "tokens": 10, "seconds": 3.0, "prefill_seconds": 1.0,
              "drafting_seconds": 1.2, "verifying_seconds": 0.7, "engine_seconds": 0.1} for _ in range(2)]
     alone = [{"method": "hf-float32", "tokens": 10, "seconds": 5.0} for _ in range(2)]
@@ -44,6 +45,24 @@ def test_prediction_table_charges_prefill_to_both_sides():
     # predicted (1 + 10 * 0.4) / (1 + 10 / 2.5 * 0.5) = 5 / 3; measured (20 / 6) / (20 / 10) = 5 / 3
     assert "1.00 s of prefill per prompt charged to both | 1.67x | 1.67x |" in table
     assert demo.predicted_and_measured(choice, mine, "hf-float32") == ""  # nothing to compare with
+    # a replayed prediction carries the range of a 2-prompt run: calibration prompts of tau 2 and 3 (2.5 pooled)
+    replayed = Prediction(2.5, 0.5, 0.4, "replay", ((20, 10), (30, 10)))
+    table = demo.predicted_and_measured(replayed, mine + alone, "hf-float32")
+    assert "| tokens per step (tau) | 2.50 (90% of 2-prompt runs: 2.00-3.00) | 2.50 |" in table
+
+
+def test_a_predictions_tau_range_narrows_with_more_prompts_and_holds_the_calibrations_own_spread():
+    """Prompts drawn from the calibration's: one prompt lands anywhere among its prompts' taus, many near the
+    pooled tau; a run over the calibration prompts' own taus lies inside."""
+    per_prompt = tuple((t, 10) for t in (20, 30, 40, 50, 60))  # taus 2..6, pooled 4
+    p = Prediction(4.0, 0.5, 0.4, "replay", per_prompt)
+    one, six, many = p.tau_range(1), p.tau_range(6), p.tau_range(100)
+    assert one == (2.0, 6.0)
+    assert one[0] < six[0] < many[0] < 4.0 < many[1] < six[1] < one[1] and many[1] - many[0] < 0.8
+    assert p.tau_range(6) == six  # a fixed seed
+    assert Prediction(4.0, 0.5, 0.4, "rows").tau_range(6) is None and "tau_range_90_one_prompt" in p.as_dict()
+    with pytest.raises(ValueError, match="prompts >= 1"):
+        p.tau_range(0)
 
 
 def _records(method: str, seconds: float, baseline: bool = True, precision: str = "bfloat16") -> list[dict]:

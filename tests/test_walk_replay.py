@@ -105,3 +105,5 @@ def test_a_tuned_run_is_predicted_over_its_own_horizon():
     assert sum(s.tokens for s in steps) == 16 * len(walk.ranks)
     assert short.tau == pytest.approx(16 * len(walk.ranks) / len(steps)) and short.model == "replay"
     assert short.tau < whole.tau == pytest.approx(walk.replayed_tau(tuned.choice.shape, MIN_CONFIDENCE))
+    low, high = short.tau_range(1)  # single calibration prompts spread around the pooled figure, printed with it
+    assert low < short.tau < high and f"90% of single prompts {low:.2f}-{high:.2f}" in tuned.with_walk(walk, 16).why

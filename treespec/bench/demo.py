@@ -27,16 +27,18 @@ from ..common.files import check_writable
 from ..models.precision import precision_of
 from ..recipes import Recipe, run
 from ..calibrate.choices import Resolved, resolve, resolve_compile
+from ..calibrate.tuning import Prediction
 from . import compare
 from .datasets import humaneval_prompts
 
 
-def predicted_and_measured(predicted: Any, records: list[dict[str, Any]], target_alone: str) -> str:
-    """A markdown table of the tuner's prediction (``predicted``: a ``tuning.Prediction`` or anything with its
-    ``tau``, ``step_seconds`` and ``plain_seconds``) beside the demo's measurement: tokens per step, seconds
-    per step, and the speedup over the target alone with each prompt's prefill charged to both sides
-    (the treespec runs' mean prefill; plain decoding costs ``predicted.plain_seconds`` per token in the
-    prediction and is ``target_alone``, HF ``generate`` in the target's precision, in the measurement)."""
+def predicted_and_measured(predicted: Prediction, records: list[dict[str, Any]], target_alone: str) -> str:
+    """A markdown table of the tuner's prediction (a ``tuning.Prediction``) beside the demo's measurement: tokens
+    per step, seconds per step, and the speedup over the target alone with each prompt's prefill charged to both
+    sides (the treespec runs' mean prefill; plain decoding costs ``predicted.plain_seconds`` per token in the
+    prediction and is ``target_alone``, HF ``generate`` in the target's precision, in the measurement). A
+    replayed prediction's tau carries the range a run over this many prompts lands in
+    (:meth:`~treespec.calibrate.tuning.Prediction.tau_range`)."""
     mine = [r for r in records if r["method"] == "treespec"]
     alone = [r for r in records if r["method"] == target_alone]
     if not mine or not alone:
@@ -49,7 +51,10 @@ def predicted_and_measured(predicted: Any, records: list[dict[str, Any]], target
                      / (prefill + tokens / predicted.tau * predicted.step_seconds))
     measured_run = (sum(r["tokens"] for r in mine) / sum(r["seconds"] for r in mine)) / (
         sum(r["tokens"] for r in alone) / sum(r["seconds"] for r in alone))
-    rows = [("tokens per step (tau)", f"{predicted.tau:.2f}", f"{sum(r['tokens'] for r in mine) / steps:.2f}"),
+    spread = predicted.tau_range(len(mine))
+    tau = f"{predicted.tau:.2f}" + (f" (90% of {len(mine)}-prompt runs: {spread[0]:.2f}-{spread[1]:.2f})"
+                                    if spread else "")
+    rows = [("tokens per step (tau)", tau, f"{sum(r['tokens'] for r in mine) / steps:.2f}"),
             ("seconds per step", f"{predicted.step_seconds:.3f}", f"{step_seconds:.3f}"),
             (f"speedup over the target alone, {prefill:.2f} s of prefill per prompt charged to both",
              f"{predicted_run:.2f}x", f"{measured_run:.2f}x")]

@@ -17,6 +17,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Sequence
 
+import numpy as np
 import torch
 
 from ..common.files import read_json_dict, write_json
@@ -45,21 +46,41 @@ class Prediction:
     """What a tuned run is predicted to do: tokens per step, seconds per step and plain decoding's seconds per
     token, and the model behind them (``"replay"``: the tree replayed over the calibration walk with the run's
     confidence stop, the model the sweep's report validates; ``"rows"``: the Sequoia DP's expectation over the
-    per-depth rows, every level drafted)."""
+    per-depth rows, every level drafted). ``per_prompt``: the replay's (tokens, steps) on each calibration
+    prompt, the spread behind :meth:`tau_range`."""
 
     tau: float
     step_seconds: float
     plain_seconds: float
     model: str
+    per_prompt: tuple[tuple[int, int], ...] = ()
 
     @property
     def speedup(self) -> float:
         """Predicted speedup over plain decoding (the target alone, eager)."""
         return self.tau * self.plain_seconds / self.step_seconds
 
+    def tau_range(self, prompts: int, level: float = 0.9) -> tuple[float, float] | None:
+        """The central ``level`` range of the tokens per step of a run over ``prompts`` prompts like the
+        calibration's: prompts accept differently (code that goes on as it began accepts more), so a run over a
+        few lands away from :attr:`tau` by chance. The calibration prompts' replayed (tokens, steps), ``prompts``
+        of them drawn with replacement 4,000 times (a fixed seed: the same range every time). None without a
+        replay."""
+        if not self.per_prompt:
+            return None
+        if prompts < 1 or not 0 < level < 1:
+            raise ValueError(f"tau_range needs prompts >= 1 and 0 < level < 1, got {prompts} and {level}")
+        tokens, steps = np.array(self.per_prompt, dtype=np.float64).T
+        draws = np.random.default_rng(0).integers(0, len(tokens), (4000, prompts))
+        taus = tokens[draws].sum(1) / np.maximum(steps[draws].sum(1), 1)
+        low, high = np.quantile(taus, [(1 - level) / 2, (1 + level) / 2])
+        return float(low), float(high)
+
     def as_dict(self) -> dict[str, Any]:
+        """The JSON form (``treespec generate --json``: one prompt's record, so the tau range of one prompt)."""
+        one = self.tau_range(1)
         return {"tau": self.tau, "step_seconds": self.step_seconds, "plain_seconds": self.plain_seconds,
-                "speedup": self.speedup, "model": self.model}
+                "speedup": self.speedup, "model": self.model, **({"tau_range_90_one_prompt": one} if one else {})}
 
 
 @dataclass(frozen=True)
@@ -98,7 +119,8 @@ class Tuned:
             depths = [s.drafted_depth for s in steps]
             seconds = sum(depths.count(d) * self.profile.step_seconds(truncated(c.shape, d))
                           for d in set(depths)) / len(steps)
-        return Prediction(tau, seconds, c.plain_seconds, "replay")
+        per_prompt = tuple(zip(*walk.replayed_steps(c.shape, self.min_confidence, self.horizon)))
+        return Prediction(tau, seconds, c.plain_seconds, "replay", per_prompt)
 
     def with_walk(self, walk: MeasuredAcceptance | None, horizon: int | None = None) -> "Tuned":
         """This tuning predicted over ``walk`` (the measurement its acceptance rows came from; :attr:`prediction`)
@@ -153,7 +175,8 @@ class Tuned:
                 "s per compiled step (this tree's compiled steps on the pilot prompts)")
         how = ("" if p.model == "rows" else " (the tree replayed over the calibration walk" +
                ("" if self.min_confidence is None else f" with the confidence stop at {self.min_confidence:g}") +
-               ("" if self.horizon is None else f", a run of {self.horizon} tokens") + ")")
+               ("" if self.horizon is None else f", a run of {self.horizon} tokens") +
+               "; 90% of single prompts {:.2f}-{:.2f}".format(*p.tau_range(1)) + ")")
         rows = int(m.get("batch_rows", 1))
         batch = "" if rows == 1 else (f" for steps of {rows} prompts at once (one target forward over {rows} trees; "
                                       f"costs of {rows}x the tokens)")
