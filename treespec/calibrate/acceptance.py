@@ -66,7 +66,7 @@ from ..core.engine import generate
 from ..core.sampling import SamplingParams, spread_seed
 from ..drafters.model import STATIC_MODES
 from .ranks import accepted_ranks, continuation_logits, walk_ranks
-from .walk_replay import ReplayedStep, replay_steps
+from .walk_replay import ReplayedStep, per_continuation, replay_steps
 
 #: how a continuation is written (module doc)
 CONTEXTS = ("walk", "target")
@@ -135,11 +135,7 @@ class MeasuredAcceptance(JSONFile):
         """Per calibration prompt, the committed tokens and the steps of ``shape`` run over its ranks
         (:meth:`replayed_tau`; uncut steps only, or over a ``horizon``): what a bootstrap over the calibration
         prompts resamples (``treespec.bench.intervals.ratio_of_sums``) for the spread a prediction carries."""
-        tokens, steps = [0] * len(self.ranks), [0] * len(self.ranks)
-        for step in self.replay(shape, min_confidence, horizon):
-            tokens[step.continuation] += step.tokens
-            steps[step.continuation] += 1
-        return tokens, steps
+        return per_continuation(self.replay(shape, min_confidence, horizon), len(self.ranks))
 
     def replay(self, shape: Any, min_confidence: float | None = None,
                horizon: int | None = None) -> list[ReplayedStep]:

@@ -26,7 +26,7 @@ from ..models.precision import precision_of
 from .acceptance import MeasuredAcceptance
 from .costs import Choice, Profile, profile
 from .pilot import Pilot
-from .walk_replay import truncated
+from .walk_replay import per_continuation, truncated
 
 PROFILE_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 PROFILE_WIDTHS = (1, 2, 4, 8, 16)
@@ -119,7 +119,7 @@ class Tuned:
             depths = [s.drafted_depth for s in steps]
             seconds = sum(depths.count(d) * self.profile.step_seconds(truncated(c.shape, d))
                           for d in set(depths)) / len(steps)
-        per_prompt = tuple(zip(*walk.replayed_steps(c.shape, self.min_confidence, self.horizon)))
+        per_prompt = tuple(zip(*per_continuation(steps, len(walk.ranks))))
         return Prediction(tau, seconds, c.plain_seconds, "replay", per_prompt)
 
     def with_walk(self, walk: MeasuredAcceptance | None, horizon: int | None = None) -> "Tuned":

@@ -118,6 +118,15 @@ def _drafted_after_rejection(walk: Sequence[int], probs: Sequence[Sequence[float
     return level
 
 
+def per_continuation(steps: Sequence[ReplayedStep], continuations: int) -> tuple[list[int], list[int]]:
+    """The committed tokens and the number of ``steps`` on each of ``continuations`` walked continuations."""
+    tokens, counts = [0] * continuations, [0] * continuations
+    for step in steps:
+        tokens[step.continuation] += step.tokens
+        counts[step.continuation] += 1
+    return tokens, counts
+
+
 def truncated(shape: TreeShape, depth: int) -> TreeShape:
     """``shape`` without its nodes deeper than ``depth`` (what a step stopped there drafted)."""
     return shape if depth >= shape.depth else TreeShape([p for p in shape.paths if len(p) <= depth])
