@@ -198,7 +198,9 @@ def test_packaged_first_load_then_cached_load(fake_packaged, tmp_path, monkeypat
     cached = root / spec.name
     assert (cached / "model.safetensors").is_file() and (cached / "tokenizer.json").is_file()
     assert not list(cached.rglob("*.gguf")), "the assembled GGUF is deleted once cached"
-    assert sorted(p.name for p in root.iterdir()) == [spec.name], "no temp dirs left behind"
+    # beside it only the measured Linear layout's decision (``load``'s ``linear_layout="auto"``)
+    assert sorted(p.name for p in root.iterdir()) == ["linear-layout.json", spec.name], "no temp dirs left behind"
+    assert loaded.treespec_precision["linear_layout"]["layout"] in ("stock", "weight-first")
 
     def no_rebuild(*args, **kwargs):
         raise AssertionError("cache should have been reused")

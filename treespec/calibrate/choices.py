@@ -15,6 +15,7 @@ from ..drafters.cross_tokenizer import CrossTokenizerDrafter
 from ..drafters.model import ModelDrafter
 from ..drafters.ngram import NGramDrafter
 from ..models.pair import CrossDraft
+from ..core.linear_layout import layout_tags
 from ..models.precision import precision_of
 from ..core.batch import BatchOutput
 from ..core.checks import is_batch
@@ -75,6 +76,7 @@ def _measurement_key(tag: str, recipe: Recipe, target: torch.nn.Module, drafts: 
                            *(precision_of(m.model if isinstance(m, CrossDraft) else m) for m in drafts),
                            *(d.describe() for d in build_drafters(recipe, drafts)), f"T={recipe.temperature}",
                            f"top_p={recipe.top_p}", f"top_k={recipe.top_k}", recipe.verifier, prompts_digest(prompts),
+                           *layout_tags(target, *(m.model if isinstance(m, CrossDraft) else m for m in drafts)),
                            device=next(target.parameters()).device)
 
 

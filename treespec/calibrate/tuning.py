@@ -22,6 +22,7 @@ import torch
 
 from ..common.files import read_json_dict, write_json
 from ..common.machine import measurement_key, model_name
+from ..core.linear_layout import layout_tags
 from ..models.precision import precision_of
 from .acceptance import MeasuredAcceptance
 from .costs import Choice, Profile, profile
@@ -193,7 +194,8 @@ def _key(target: torch.nn.Module, draft: torch.nn.Module) -> str:
     # On CUDA the profile times compiled forwards (``costs.profile``): "compiled" in the key
     device = next(target.parameters()).device
     return measurement_key("profile-v2" + ("-compiled" if device.type == "cuda" else ""), model_name(target),
-                           precision_of(target), model_name(draft), precision_of(draft), device=device)
+                           precision_of(target), model_name(draft), precision_of(draft), *layout_tags(target, draft),
+                           device=device)
 
 
 def cached_profile(target: torch.nn.Module, draft: torch.nn.Module, cache_file: Path | None,

@@ -29,6 +29,8 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from .linear_layout import linear_layout
+
 #: the name under which the grouped attention is registered with ``transformers``
 GROUPED_SDPA = "treespec_grouped_sdpa"
 
@@ -92,10 +94,19 @@ def grouped_attention(*models: torch.nn.Module) -> Iterator[None]:
             config._attn_implementation = "sdpa"
 
 
+@contextlib.contextmanager
+def own_kernels(*models: torch.nn.Module) -> Iterator[None]:
+    """The kernels treespec's forwards run the models with, for the block: :func:`grouped_attention`, and each
+    model's measured ``nn.Linear`` layout (``linear_layout``)."""
+    with grouped_attention(*models), linear_layout(*models):
+        yield
+
+
 def tree_forward(model: torch.nn.Module, **inputs: Any) -> Any:
-    """``model(**inputs)`` with :func:`grouped_sdpa` as its attention when it uses ``sdpa``
-    (:func:`grouped_attention`; a graph compiled by ``compiling.compile_graph`` finds it switched already,
-    another one traces the switch too and guards on the model's own setting).
+    """``model(**inputs)`` with treespec's kernels (:func:`own_kernels`): :func:`grouped_sdpa` as its attention
+    when it uses ``sdpa``, and its measured ``nn.Linear`` layout. A graph compiled by ``compiling.compile_graph``
+    finds them switched already; another one traces the attention's switch too and guards on the model's own
+    setting (the layout is only switched outside graphs).
     A ``past_key_values`` input is passed under the name this transformers version's forward takes. An eager
     call's ``logits_to_keep=k`` becomes the index of the last ``k`` rows (:func:`last_rows`)."""
     if "past_key_values" in inputs:
@@ -103,7 +114,7 @@ def tree_forward(model: torch.nn.Module, **inputs: Any) -> Any:
     keep = inputs.get("logits_to_keep")
     if isinstance(keep, int) and keep > 0 and not torch.compiler.is_compiling():
         inputs["logits_to_keep"] = last_rows(inputs["input_ids"], keep)
-    with grouped_attention(model):
+    with own_kernels(model):
         return model(**inputs)
 
 

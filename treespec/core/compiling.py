@@ -19,7 +19,7 @@ from typing import Callable
 
 import torch
 
-from .attention import grouped_attention
+from .attention import own_kernels
 from .checks import check_compile
 
 
@@ -39,8 +39,8 @@ def compile_options(compile: bool | str, device: torch.device) -> tuple[str, str
 
 def compile_graph(fn: Callable, backend: str, mode: str | None, models: tuple[torch.nn.Module, ...] = ()) -> Callable:
     """``fn`` compiled as one graph (``fullgraph=True``) of static shapes: inductor without a mode (the CPU's)
-    freezes weights. ``models``: those ``fn`` runs, switched to grouped-query attention around every call
-    (``attention.grouped_attention``), outside the graph.
+    freezes weights. ``models``: those ``fn`` runs, switched to treespec's kernels (grouped-query attention, each
+    model's ``nn.Linear`` layout: ``attention.own_kernels``) around every call, outside the graph.
 
     ``dynamic=False``: every runner compiles the same code objects for its own shapes (a batch's rows, an
     envelope's widths), and dynamo's default would trace every runner after the first with those sizes symbolic
@@ -59,7 +59,7 @@ def compile_graph(fn: Callable, backend: str, mode: str | None, models: tuple[to
     @functools.wraps(fn)
     def call(*args, **kwargs):
         freeze = torch._inductor.config.patch(freezing=True) if freezing else contextlib.nullcontext()
-        with grouped_attention(*models), freeze:
+        with own_kernels(*models), freeze:
             return compiled(*args, **kwargs)
 
     return call

@@ -20,7 +20,9 @@ from typing import Any, Callable
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from ..core.linear_layout import LAYOUTS, set_layout
 from .gguf_blocks import read_file_blocks, with_file_blocks
+from .layout import LAYOUT_DECISIONS, auto_layout, describe_layout
 from .packaged import DEFAULT_DRAFT, DEFAULT_TARGET, REGISTRY, build_cache, cache_is_valid, cache_root, \
     file_int4_blocks, log
 from .precision import FLOATS, ROLES, auto_precision, describe_choice, parse_precision, to_precision, torch_dtype
@@ -85,7 +87,7 @@ PRECISION_DECISIONS = "precision.json"
 def load(name_or_path: str | os.PathLike = DEFAULT_TARGET, device: str | torch.device = "cpu",
          dtype: str | torch.dtype = torch.float32, *, role: str = "target", trust_remote_code: bool = False,
          cache_dir: str | os.PathLike | None = None, allow_download: bool = False,
-         device_map: str | dict[str, Any] | None = None, traceable: bool = False
+         device_map: str | dict[str, Any] | None = None, traceable: bool = False, linear_layout: str = "auto"
          ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a causal LM and its tokenizer, in eval mode on ``device`` with SDPA attention.
 
@@ -109,12 +111,20 @@ def load(name_or_path: str | os.PathLike = DEFAULT_TARGET, device: str | torch.d
     model on one device). ``treespec.generate`` runs such a target eagerly (``compile=`` refuses it).
     ``cache_dir``: for the built-in names and ``auto`` decisions the treespec cache root (default
     ``$TREESPEC_CACHE`` or ``~/.cache/treespec``); for hub ids the Hugging Face cache dir.
+    ``linear_layout``: how treespec's own forwards run the model's float ``nn.Linear`` layers
+    (``treespec.core.linear_layout``): ``"stock"``, ``"weight-first"``, or ``"auto"``: on a CPU, time a tree
+    forward in both and keep the faster (``treespec.models.layout``; cached in ``<cache root>/linear-layout.json``).
+    HF's own calls on the model (``generate``) always run stock layers.
     Gradients are switched off. The returned model carries ``treespec_precision``: a dict with the
-    kept ``precision`` and, for ``auto``, the timings it was chosen on (``precision.describe_choice``).
+    kept ``precision`` and, for ``auto``, the timings it was chosen on (``precision.describe_choice``), and under
+    ``"linear_layout"`` the layout's record (``layout.describe_layout``).
     """
     precision = parse_precision(dtype)
     if role not in ROLES:
         raise ValueError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
+    if linear_layout not in ("auto", *LAYOUTS):
+        raise ValueError(f"linear_layout must be 'auto' (measure here) or one of {', '.join(LAYOUTS)}, "
+                         f"got {linear_layout!r}")
     if device_map is not None and precision not in FLOATS:
         raise ValueError(f"device_map needs a floating precision ({', '.join(FLOATS)}), got {precision!r}: 'auto' "
                          "'int8' and 'int4' convert a whole model on one device")
@@ -138,6 +148,17 @@ def load(name_or_path: str | os.PathLike = DEFAULT_TARGET, device: str | torch.d
     model.requires_grad_(False)
     blocks = _file_blocks(model, spec, gguf_file, cache_dir) if precision == "int4" else None
     model, record = _in_precision(model, precision, role, name, blocks, spec, cache_dir, traceable)
+    if linear_layout != "auto":
+        record["linear_layout"] = {"layout": linear_layout, "seconds": {}, "why": "requested"}
+        set_layout(model, linear_layout)
+    elif device_map is not None:  # one model over several devices: not timed as one
+        record["linear_layout"] = {"layout": "stock", "seconds": {}, "why": "device_map"}
+        set_layout(model, "stock")
+    else:
+        decisions = cache_root(cache_dir if spec is not None else None) / LAYOUT_DECISIONS
+        model, record["linear_layout"] = auto_layout(model, role, name=spec.name if spec is not None else name,
+                                                     decisions=decisions)
+        log(f"{name} ({role}) nn.Linear layout: {describe_layout(record['linear_layout'])}")
     model.treespec_precision = record
     return model, tokenizer
 

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from ..common.device import execution_device, sync
-from ..core.attention import grouped_attention
+from ..core.attention import own_kernels
 from ..core.checks import vocab_size
 from ..core.compiling import compile_options
 from ..core.kv import TreeCache, causal_allowed, forward_masked
@@ -125,7 +125,7 @@ def _compiled_forward(model: torch.nn.Module, ctx: list[int], trees: dict, compi
               for n, (ids, depth, anc) in trees.items()}
 
     def run(n: int) -> torch.Tensor:
-        with grouped_attention(model):  # switched outside the graph, as the steps' graphs are (compile_graph)
+        with own_kernels(model):  # switched outside the graph, as the steps' graphs are (compile_graph)
             return fn(*inputs[n])
 
     return run
