@@ -27,6 +27,24 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
+def slow_checks_run(config) -> bool:
+    """Whether the slow real-model checks run (``TREESPEC_SLOW=1`` or ``-m slow``)."""
+    return os.environ.get("TREESPEC_SLOW") == "1" or "slow" in (config.getoption("-m") or "")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def scratch_cache(request, tmp_path_factory):
+    """What the tests measure and cache (precision, Linear layout and profile decisions of tiny models loaded from
+    files) goes to a scratch cache root, not the user's ``~/.cache/treespec``; the slow real-model checks read the
+    user's built models there, and a ``TREESPEC_CACHE`` already set is kept."""
+    if slow_checks_run(request.config) or "TREESPEC_CACHE" in os.environ:
+        yield
+        return
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TREESPEC_CACHE", str(tmp_path_factory.mktemp("treespec-cache")))
+        yield
+
+
 @pytest.fixture(scope="session", autouse=True)
 def shared_runners():
     """Compiled runners shared across tests: a test compiling the step of a (models, shape) another test of this
@@ -80,7 +98,7 @@ def pytest_collection_finish(session):
 
 
 def pytest_collection_modifyitems(config, items):
-    if os.environ.get("TREESPEC_SLOW") == "1" or "slow" in (config.getoption("-m") or ""):
+    if slow_checks_run(config):
         return
     skip = pytest.mark.skip(reason="slow real-model check; set TREESPEC_SLOW=1 (or run `make slow`)")
     for item in items:

@@ -265,8 +265,10 @@ def test_adversarial_inputs_are_one_line_errors(case, argv, code, fragment, tiny
     err = capsys.readouterr().err
     assert got == code, err
     assert "Traceback" not in err and fragment in err, err
-    # what is left once transformers' weight-loading progress bars are dropped
-    lines = [line for line in re.split(r"[\r\n]", err) if line.strip() and not line.startswith("Loading weights")]
+    # what is left once transformers' weight-loading progress bars and treespec's progress lines (the measured
+    # choices of the models it loaded) are dropped
+    lines = [line for line in re.split(r"[\r\n]", err)
+             if line.strip() and not line.startswith(("Loading weights", "[treespec] "))]
     assert lines and (lines[0].startswith("treespec: error: ") or lines[0].startswith("usage: ")), err
 
 
