@@ -148,19 +148,25 @@ def load(name_or_path: str | os.PathLike = DEFAULT_TARGET, device: str | torch.d
     model.requires_grad_(False)
     blocks = _file_blocks(model, spec, gguf_file, cache_dir) if precision == "int4" else None
     model, record = _in_precision(model, precision, role, name, blocks, spec, cache_dir, traceable)
-    if linear_layout != "auto":
-        record["linear_layout"] = {"layout": linear_layout, "seconds": {}, "why": "requested"}
-        set_layout(model, linear_layout)
-    elif device_map is not None:  # one model over several devices: not timed as one
-        record["linear_layout"] = {"layout": "stock", "seconds": {}, "why": "device_map"}
-        set_layout(model, "stock")
-    else:
-        decisions = cache_root(cache_dir if spec is not None else None) / LAYOUT_DECISIONS
-        model, record["linear_layout"] = auto_layout(model, role, name=spec.name if spec is not None else name,
-                                                     decisions=decisions)
-        log(f"{name} ({role}) nn.Linear layout: {describe_layout(record['linear_layout'])}")
+    record["linear_layout"] = _with_layout(model, linear_layout, role, name, spec, cache_dir, device_map)
     model.treespec_precision = record
     return model, tokenizer
+
+
+def _with_layout(model: PreTrainedModel, layout: str, role: str, name: str, spec: Any,
+                 cache_dir: str | os.PathLike | None, device_map: Any) -> dict[str, Any]:
+    """Mark ``load``'s model with its ``nn.Linear`` layout (``"auto"``: measured here, ``layout.auto_layout``);
+    returns the layout's record."""
+    if layout != "auto":
+        set_layout(model, layout)
+        return {"layout": layout, "seconds": {}, "why": "requested"}
+    if device_map is not None:  # one model over several devices: not timed as one
+        set_layout(model, "stock")
+        return {"layout": "stock", "seconds": {}, "why": "device_map"}
+    decisions = cache_root(cache_dir if spec is not None else None) / LAYOUT_DECISIONS
+    _, record = auto_layout(model, role, name=spec.name if spec is not None else name, decisions=decisions)
+    log(f"{name} ({role}) nn.Linear layout: {describe_layout(record)}")
+    return record
 
 
 def _load_gguf(path: Path, dtype: torch.dtype, **placement: Any) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
