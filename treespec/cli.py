@@ -19,6 +19,7 @@ from .calibrate.choices import Resolved, resolve, resolve_compile
 from .calibrate.vectors import acceptance_for_draft, default_acceptance
 from .cli_parser import build_parser
 from .common.files import check_writable
+from .core.linear_layout import layout_of
 from .core.stats import GenerateOutput
 from .models.pair import eos_ids, load_pair
 from .recipes import NGramSettings, Recipe, draft_mode, run
@@ -157,7 +158,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         ids = encode(tok, text, args.chat)
         out = run(recipe, target, drafts, ids, max_new_tokens=args.max_new_tokens, seed=args.seed,
                   eos_token_id=eos, on_tokens=None if args.json else Streamer(tok))
-        record = _record(text, out, resolved, tok)
+        record = _record(text, out, resolved, tok, _layouts(target, drafts))
         if not args.json:
             _print_stats(out.stats)
         if args.compare and not _compare(args, recipe, target, ids, eos, out, record):
@@ -167,14 +168,20 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return status
 
 
-def _record(text: str, out: GenerateOutput, resolved: Resolved, tok: Any) -> dict[str, Any]:
+def _layouts(target: Any, drafts: Sequence[Any]) -> dict[str, Any]:
+    """The ``nn.Linear`` layout each model's forwards run in (``treespec.core.linear_layout``), for the records."""
+    return {"target": layout_of(target), "drafts": [layout_of(getattr(d, "model", d)) for d in drafts]}
+
+
+def _record(text: str, out: GenerateOutput, resolved: Resolved, tok: Any, layouts: dict[str, Any]) -> dict[str, Any]:
     """The JSON record of one prompt's output: its figures, text, configuration, and the prediction beside them."""
     recipe = resolved.recipe
     record = {"prompt": text, **out.stats.record(), "new_tokens": out.new_tokens,
               "text": tok.decode(out.new_tokens, skip_special_tokens=True), "configuration": resolved.why,
               "recipe": {"tree": recipe.tree, "budget": recipe.budget, "depth": recipe.depth,
                          "max_width": recipe.max_width, "verifier": recipe.verifier, "compile": recipe.compile,
-                         "target_dtype": recipe.target_dtype, "draft_dtype": recipe.draft_dtype}}
+                         "target_dtype": recipe.target_dtype, "draft_dtype": recipe.draft_dtype},
+              "linear_layout": layouts}
     if resolved.tuned is not None:  # the prediction beside the measurement, for anyone to check
         s = out.stats
         record["predicted"] = resolved.tuned.prediction.as_dict()
@@ -187,14 +194,15 @@ def _generate_batches(args: argparse.Namespace, prompts: list[str], resolved: Re
                       drafts: Sequence[Any], eos: list[int]) -> int:
     """``--batch-size B``: the prompts in batches of B, each decoded at once (``treespec.core.batch``); each row's
     text (or JSON record, with its row, batch size and the batch's tokens/s) once its batch is done."""
+    layouts = _layouts(target, drafts)
     for start in range(0, len(prompts), args.batch_size):
         texts = prompts[start : start + args.batch_size]
         out = run(resolved.recipe, target, drafts, [encode(tok, t, args.chat) for t in texts],
                   max_new_tokens=args.max_new_tokens, seed=args.seed, eos_token_id=eos)
         for r, (text, row) in enumerate(zip(texts, out.rows)):
             if args.json:
-                print(json.dumps({**_record(text, row, resolved, tok), "row": start + r, "batch_size": len(texts),
-                                  "row_seconds": out.row_seconds[r],
+                print(json.dumps({**_record(text, row, resolved, tok, layouts), "row": start + r,
+                                  "batch_size": len(texts), "row_seconds": out.row_seconds[r],
                                   "batch": {"forwards": out.forwards, **out.stats.record()}}), flush=True)
             else:
                 print(f"--- prompt {start + r} (batch of {len(texts)}) ---\n"
