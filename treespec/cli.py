@@ -21,7 +21,7 @@ from .cli_parser import build_parser
 from .common.files import check_writable
 from .core.linear_layout import layout_of
 from .core.stats import GenerateOutput
-from .models.pair import eos_ids, load_pair
+from .models.pair import CrossDraft, eos_ids, load_pair
 from .recipes import NGramSettings, Recipe, draft_mode, run
 
 
@@ -170,7 +170,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 def _layouts(target: Any, drafts: Sequence[Any]) -> dict[str, Any]:
     """The ``nn.Linear`` layout each model's forwards run in (``treespec.core.linear_layout``), for the records."""
-    return {"target": layout_of(target), "drafts": [layout_of(getattr(d, "model", d)) for d in drafts]}
+    return {"target": layout_of(target),
+            "drafts": [layout_of(d.model if isinstance(d, CrossDraft) else d) for d in drafts]}
 
 
 def _record(text: str, out: GenerateOutput, resolved: Resolved, tok: Any, layouts: dict[str, Any]) -> dict[str, Any]:
