@@ -51,7 +51,8 @@ from transformers.generation import CompileConfig  # noqa: E402
 import treespec  # noqa: E402
 from treespec.calibrate.acceptance import MeasuredAcceptance  # noqa: E402
 from tree_builders.budgeted import for_budget  # noqa: E402
-from treespec.calibrate.costs import choose_tree, draft_level_cost, measure_latency  # noqa: E402
+from treespec.calibrate.costs import draft_level_cost, measure_latency  # noqa: E402
+from treespec.calibrate.step_cost import choose_tree  # noqa: E402
 from treespec.common.device import sync  # noqa: E402
 from treespec.common.machine import device_name  # noqa: E402
 from treespec.common.files import write_json  # noqa: E402

@@ -9,7 +9,8 @@ import torch
 from treespec.models.tiny import tiny_model
 from tree_builders import sequoia
 from treespec.calibrate.acceptance import MeasuredAcceptance
-from treespec.calibrate.costs import Profile, choose_tree, draft_level_cost, measure_latency, profile, random_tree
+from treespec.calibrate.costs import Profile, draft_level_cost, measure_latency, profile, random_tree
+from treespec.calibrate.step_cost import choose_tree
 
 VECTOR = [0.6, 0.15, 0.07, 0.04, 0.025, 0.015, 0.01, 0.008]
 CPU = {1: 0.32, 8: 0.67, 32: 1.12, 64: 1.64, 128: 2.74}  # the 1.5B target measured on this kind of CPU
@@ -240,3 +241,46 @@ def test_a_batch_step_costs_the_tokens_of_all_its_rows_and_shrinks_the_tree():
         prof.for_batch(65)
     with pytest.raises(ValueError, match=">= 1 rows"):
         prof.for_batch(0)
+
+
+def test_plain_decoding_is_timed_on_hfs_own_decoding_steps(model, monkeypatch):
+    """``measure_plain_decode`` times HF ``generate``'s decoding steps, not its prefill: a forward made to take 0.4 s
+    over the prompt and 0.03 s per decoded token reads 0.03 s (a timer of whole calls would read 0.06 s or more)."""
+    import time
+
+    from treespec.models.timing import measure_plain_decode
+
+    real = model.forward
+
+    def slowed(*args, **kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        time.sleep(0.4 if ids.shape[-1] > 1 else 0.03)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(model, "forward", slowed)
+    seconds = measure_plain_decode(model, context=16, tokens=5)
+    assert 0.03 <= seconds < 0.06
+    with pytest.raises(ValueError, match="tokens >= 3"):
+        measure_plain_decode(model, tokens=2)
+
+
+def test_speedups_are_relative_to_the_timed_plain_decoding(model, tmp_path):
+    """A profile's timed plain decoding (``plain_decode_seconds``) is what speedups are relative to; the choice
+    itself does not move. It survives JSON and calibration, moves with the context as a one-token forward, and a
+    batch's profile drops it (batched plain decoding is costed from ``t(rows)``)."""
+    prof = profile(model, model, sizes=(1, 4), draft_widths=(1, 2), context=16, repeats=1)
+    assert prof.plain_decode_seconds > 0  # eager: HF's decoding timed beside the forwards
+    prof.save(tmp_path / "p.json")
+    assert Profile.load(tmp_path / "p.json") == prof
+    target, draft = {1: 0.10, 4: 0.12, 8: 0.16, 16: 0.24}, {1: 0.02, 2: 0.025, 4: 0.03}
+    untimed = Profile(target, draft, {"context": 100}, 0.004, {"target": {1: 1e-3}})
+    timed = Profile(target, draft, {"context": 100}, 0.004, {"target": {1: 1e-3}}, 0.052)
+    a, b = untimed.choose(VECTOR, max_depth=6), timed.choose(VECTOR, max_depth=6)
+    assert a.shape == b.shape and a.plain_seconds == pytest.approx(0.104) and b.plain_seconds == 0.052
+    assert b.speedup == pytest.approx(a.speedup / 2)  # half the plain seconds: half the speedup
+    assert timed.at_context(150).plain_decode_seconds == pytest.approx(0.052 + 50e-3)
+    cal = timed.calibrated(a.shape, drafting=0.1, verifying=0.3, overhead=0.01, steps=5)
+    assert cal.plain_decode_seconds == 0.052 and cal.target_latency[1] != target[1]  # HF's loop is not rescaled
+    assert timed.for_batch(2).plain_decode_seconds is None
+    with pytest.raises(ValueError, match="plain decoding takes > 0"):
+        timed.choose(VECTOR, plain=0.0)

@@ -1,14 +1,35 @@
-"""The step cost model behind tree sizing (``treespec.calibrate.costs``, whose docstring gives the formula):
-the draft's cost curve ``t_q(w)``, the widths a tree's levels forward, a step's draft seconds, and the
-search over depth limits, budgets and width limits that ``choose_tree`` reads its choice from."""
+"""The step cost model behind tree sizing (Sequoia, sec. 4) and the choice it makes: the budget, depth and width
+limit with the best predicted wall-clock speed under a machine's measured costs (``treespec.calibrate.costs``).
+
+One step with a tree ``T`` of ``n`` nodes and depth ``D`` costs (seconds)
+
+    time(T) = t(n) + [D >= 1] (t_q(1) + sum_{l=1}^{D-1} t_q(f_l)) + o,
+
+where ``t(n)`` is one target forward over ``n`` tree tokens, ``t_q(w)`` one draft forward over
+``w`` tokens (``t_q(1)``: the root, fed at the start of the step; ``f_l``: the nodes of level
+``l`` that have children, the ones ``ModelDrafter`` forwards), and ``o`` a fixed per-step
+overhead. It commits ``G(T)`` tokens on average (the Sequoia DP's best shape for a budget, depth
+and width limit under a positional acceptance vector). Plain decoding commits one token per
+``p`` seconds (the target's own decoding, timed: ``measure_plain_decode``; ``t(1) + o`` where it was not), so
+
+    speedup(T) = G(T) p / time(T),      tokens per second = G(T) / time(T).
+
+Where ``t(n)`` is flat (a GPU, or bfloat16 matmuls on a CPU with wide bf16 units) wide, shallow
+trees pay; where it grows from the start (float32 on a small CPU) the best tree is a short chain.
+A draft whose ``t_q(w)`` grows with ``w`` favours narrow levels: the chooser searches the DP's
+width limit too. ``t_q = 0`` for model-free drafters (n-gram).
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from tree_builders import SequoiaDP, TreeShape
+
+from .acceptance import MeasuredAcceptance
 
 
 def cost_curve(points: Mapping[int, float]) -> Callable[[float | np.ndarray], float | np.ndarray]:
@@ -98,3 +119,137 @@ def search(rows: Any, bs: list[int], depths: list[int], width_limits: Sequence[i
         return TreeShape() if dp is None else dp.shape(size)
 
     return taus, seconds, widths, shape_of
+
+
+@dataclass
+class Choice:
+    """The tree ``choose_tree`` picked and the table it picked it from.
+
+    ``taus[i, j]``, ``seconds[i, j]`` and ``speedups[i, j]`` are for depth limit ``depths[i]`` and
+    budget ``budgets[j]`` (best over the width limits searched; ``widths[i, j]`` is the one kept);
+    depth 0 is plain decoding (tau 1). When the choice is depth 0 (``shape`` is the root alone),
+    speculation does not pay here: generate with no drafter.
+    """
+
+    budget: int
+    depth: int
+    shape: TreeShape
+    tau: float  # predicted tokens per step of ``shape``
+    speedup: float  # predicted, versus plain decoding with the target
+    budgets: list[int]
+    depths: list[int]
+    taus: np.ndarray  # [len(depths), len(budgets)]
+    speedups: np.ndarray  # [len(depths), len(budgets)]
+    cost_ratio: np.ndarray  # [len(budgets)]: t(n) / t(1)
+    c: float  # draft seconds of a one-token level / t(1)
+    seconds: np.ndarray | None = None  # [len(depths), len(budgets)]: predicted seconds per step
+    widths: np.ndarray | None = None  # [len(depths), len(budgets)]: the width limit of each cell
+    step_seconds: float = 0.0  # predicted seconds per step of ``shape``
+    plain_seconds: float = 0.0  # seconds per token of plain decoding (``choose_tree``'s ``plain``)
+
+    @property
+    def width(self) -> int:
+        """The width limit the chosen shape was built under."""
+        return int(self.widths[self.depths.index(self.depth), self.budgets.index(self.budget)])
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Predicted tokens per second of ``shape`` (``tau / step_seconds``)."""
+        return self.tau / self.step_seconds if self.step_seconds else 0.0
+
+    def rows(self) -> list[dict[str, float]]:
+        """The table as records (depth, budget, tau, relative cost, seconds, speedup)."""
+        return [
+            {"depth": d, "budget": n, "tau": float(self.taus[i, j]),
+             "cost": float(self.seconds[i, j] / self.plain_seconds), "seconds": float(self.seconds[i, j]),
+             "max_width": int(self.widths[i, j]), "speedup": float(self.speedups[i, j])}
+            for i, d in enumerate(self.depths) for j, n in enumerate(self.budgets)
+        ]
+
+    def as_dict(self) -> dict[str, Any]:
+        """The choice and its whole table as JSON types (the demo's ``report.json``)."""
+        return {"budget": self.budget, "depth": self.depth, "max_width": self.width,
+                "size": self.shape.size, "paths": [list(p) for p in self.shape.paths], "tau": self.tau,
+                "speedup": self.speedup, "step_seconds": self.step_seconds,
+                "tokens_per_second": self.tokens_per_second, "plain_seconds": self.plain_seconds, "c": self.c,
+                "budgets": self.budgets, "depths": self.depths, "taus": self.taus.tolist(),
+                "speedups": self.speedups.tolist(), "seconds": self.seconds.tolist(),
+                "widths": self.widths.tolist(), "cost_ratio": self.cost_ratio.tolist()}
+
+    def __repr__(self) -> str:
+        return (f"Choice(budget={self.budget}, depth={self.depth}, size={self.shape.size}, "
+                f"widths={self.shape.widths}, tau={self.tau:.3f}, speedup={self.speedup:.3f}, "
+                f"{self.tokens_per_second:.2f} tok/s)")
+
+
+def _rows(acceptance: MeasuredAcceptance | Any, per_depth: bool) -> Any:
+    if isinstance(acceptance, MeasuredAcceptance):
+        return acceptance.matrix if per_depth else acceptance.vector
+    return acceptance
+
+
+def choose_tree(
+    acceptance: MeasuredAcceptance | Any,
+    target_latency: Mapping[int, float],
+    draft_cost: float | Mapping[int, float] | None,
+    budgets: Sequence[int] | None = None,
+    max_depth: int = 12,
+    max_width: int | None = 16,
+    per_depth: bool = False,
+    *,
+    width_limits: Sequence[int | None] | None = None,
+    overhead: float = 0.0,
+    plain: float | None = None,
+) -> Choice:
+    """The tree with the best predicted speed ``G(T) / time(T)`` (module docstring).
+
+    Args:
+        acceptance: a measured :class:`~treespec.calibrate.acceptance.MeasuredAcceptance` (its vector, or its per-depth
+            matrix with ``per_depth=True``) or a raw vector / matrix.
+        target_latency: seconds of one target forward per tree size (``measure_latency``); must
+            include size 1. ``t(n)`` is interpolated linearly between measured sizes.
+        draft_cost: the draft's seconds per forward: per level width (``draft_level_latency``, a
+            dict ``width -> seconds``), one number for every width (``draft_level_cost``), or
+            ``None`` / 0 for a model-free drafter.
+        budgets: candidate budgets (tokens per verification, root included), each within the
+            measured sizes; default every integer from 1 to the largest measured size.
+        max_depth, max_width: limits of the Sequoia DP (depths ``0..max_depth`` are tabulated).
+        per_depth: use the acceptance's per-depth matrix instead of its vector.
+        width_limits: DP width limits to search (narrow levels cost less with a width-dependent
+            draft); default ``1, 2, 4, ... max_width`` for a per-width ``draft_cost``, else ``max_width``.
+        overhead: fixed seconds per step (engine bookkeeping), added to every step.
+        plain: seconds per token of plain decoding, what speedups are relative to (the choice does not depend on
+            it); None: ``t(1) + overhead``, the engine's own step without a draft.
+
+    Each cell's shape is the DP's smallest optimal one, costed at its own size and depth. Ties go
+    to the smaller budget, then the smaller depth, then the narrower width limit.
+    """
+    sizes, lat, t_q = checked_costs(target_latency, draft_cost, overhead)
+    t1 = float(target_latency[1])
+    c = float(t_q(1)) / t1
+    bs = list(range(1, sizes[-1] + 1)) if budgets is None else sorted({int(b) for b in budgets})
+    if not bs or bs[0] < 1 or bs[-1] > sizes[-1]:
+        raise ValueError(f"budgets must lie in [1, {sizes[-1]}] (the largest measured size), got {bs}")
+    if int(max_depth) != max_depth or max_depth < 0:
+        raise ValueError(f"max_depth must be an int >= 0, got {max_depth!r}")
+    if width_limits is None:
+        top = 16 if max_width is None else int(max_width)
+        width_limits = ([w for w in (1, 2, 4, 8, 16, 32, 64) if w < top] + [max_width]
+                        if isinstance(draft_cost, Mapping) else [max_width])
+    t_of = lambda n: float(np.interp(n, sizes, lat))  # noqa: E731
+    ratio = np.array([t_of(n) for n in bs]) / t1
+    depths = list(range(int(max_depth) + 1))
+    plain = t1 + overhead if plain is None else float(plain)
+    if plain <= 0:
+        raise ValueError(f"plain decoding takes > 0 seconds per token, got {plain}")
+    taus, seconds, widths, shape_of = search(_rows(acceptance, per_depth), bs, depths, width_limits, t_of, t_q,
+                                            ratio * t1 + overhead, overhead)
+    speedups = taus * plain / seconds
+    top = float(speedups.max())
+    # first in (budget, depth) order reaching the maximum (up to rounding)
+    hits = np.argwhere(speedups.T >= top - 1e-12 * max(1.0, top))
+    j, i = (int(v) for v in hits[0])
+    return Choice(budget=bs[j], depth=depths[i], shape=shape_of(i, j), tau=float(taus[i, j]),
+                  speedup=float(speedups[i, j]), budgets=bs, depths=depths, taus=taus, speedups=speedups,
+                  cost_ratio=ratio, c=c, seconds=seconds, widths=widths, step_seconds=float(seconds[i, j]),
+                  plain_seconds=plain)

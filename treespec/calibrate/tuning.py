@@ -25,7 +25,8 @@ from ..common.machine import measurement_key, model_name
 from ..core.linear_layout import layout_tags
 from ..models.precision import precision_of
 from .acceptance import MeasuredAcceptance
-from .costs import Choice, Profile, profile
+from .costs import Profile, profile
+from .step_cost import Choice
 from .pilot import Pilot
 from .walk_replay import per_continuation, truncated
 
@@ -181,7 +182,8 @@ class Tuned:
         rows = int(m.get("batch_rows", 1))
         batch = "" if rows == 1 else (f" for steps of {rows} prompts at once (one target forward over {rows} trees; "
                                       f"costs of {rows}x the tokens)")
-        plain = "token plain (eager)" if rows == 1 else f"step of plain batched decoding ({rows} tokens)"
+        plain = (f"step of plain batched decoding ({rows} tokens)" if rows > 1 else "token of the target's own decoding"
+                 + (" (HF generate, timed)" if self.profile.plain_decode_seconds else " (a one-token forward)"))
         alone = "the target alone" if rows == 1 else "plain batched decoding"
         return (f"target {m.get('target_precision')}, draft {m.get('draft_precision')}; Sequoia tree of budget "
                 f"{c.shape.size}, depth {c.shape.depth} (width limit {s['max_width'] or 'none'}){batch}: "
@@ -190,10 +192,11 @@ class Tuned:
 
 
 def _key(target: torch.nn.Module, draft: torch.nn.Module) -> str:
-    # v2: sizes timed in alternating rounds, 5 of them (``measure_latency``); older profiles are measured again.
+    # v2: sizes timed in alternating rounds, 5 of them (``measure_latency``); v3: HF's own plain decoding timed
+    # (``measure_plain_decode``). Older profiles are measured again.
     # On CUDA the profile times compiled forwards (``costs.profile``): "compiled" in the key
     device = next(target.parameters()).device
-    return measurement_key("profile-v2" + ("-compiled" if device.type == "cuda" else ""), model_name(target),
+    return measurement_key("profile-v3" + ("-compiled" if device.type == "cuda" else ""), model_name(target),
                            precision_of(target), model_name(draft), precision_of(draft), *layout_tags(target, draft),
                            device=device)
 
