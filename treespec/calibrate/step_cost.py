@@ -188,6 +188,21 @@ def _rows(acceptance: MeasuredAcceptance | Any, per_depth: bool) -> Any:
     return acceptance
 
 
+def _search_space(largest: int, budgets: Sequence[int] | None, max_depth: int, max_width: int | None,
+                  width_limits: Sequence[int | None] | None, per_width: bool
+                  ) -> tuple[list[int], list[int], Sequence[int | None]]:
+    """``choose_tree``'s budgets, depths and width limits, checked against the ``largest`` measured size."""
+    bs = list(range(1, largest + 1)) if budgets is None else sorted({int(b) for b in budgets})
+    if not bs or bs[0] < 1 or bs[-1] > largest:
+        raise ValueError(f"budgets must lie in [1, {largest}] (the largest measured size), got {bs}")
+    if int(max_depth) != max_depth or max_depth < 0:
+        raise ValueError(f"max_depth must be an int >= 0, got {max_depth!r}")
+    if width_limits is None:
+        top = 16 if max_width is None else int(max_width)
+        width_limits = [w for w in (1, 2, 4, 8, 16, 32, 64) if w < top] + [max_width] if per_width else [max_width]
+    return bs, list(range(int(max_depth) + 1)), width_limits
+
+
 def choose_tree(
     acceptance: MeasuredAcceptance | Any,
     target_latency: Mapping[int, float],
@@ -227,18 +242,10 @@ def choose_tree(
     sizes, lat, t_q = checked_costs(target_latency, draft_cost, overhead)
     t1 = float(target_latency[1])
     c = float(t_q(1)) / t1
-    bs = list(range(1, sizes[-1] + 1)) if budgets is None else sorted({int(b) for b in budgets})
-    if not bs or bs[0] < 1 or bs[-1] > sizes[-1]:
-        raise ValueError(f"budgets must lie in [1, {sizes[-1]}] (the largest measured size), got {bs}")
-    if int(max_depth) != max_depth or max_depth < 0:
-        raise ValueError(f"max_depth must be an int >= 0, got {max_depth!r}")
-    if width_limits is None:
-        top = 16 if max_width is None else int(max_width)
-        width_limits = ([w for w in (1, 2, 4, 8, 16, 32, 64) if w < top] + [max_width]
-                        if isinstance(draft_cost, Mapping) else [max_width])
+    bs, depths, width_limits = _search_space(sizes[-1], budgets, max_depth, max_width, width_limits,
+                                             isinstance(draft_cost, Mapping))
     t_of = lambda n: float(np.interp(n, sizes, lat))  # noqa: E731
     ratio = np.array([t_of(n) for n in bs]) / t1
-    depths = list(range(int(max_depth) + 1))
     plain = t1 + overhead if plain is None else float(plain)
     if plain <= 0:
         raise ValueError(f"plain decoding takes > 0 seconds per token, got {plain}")

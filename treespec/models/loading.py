@@ -135,15 +135,8 @@ def load(name_or_path: str | os.PathLike = DEFAULT_TARGET, device: str | torch.d
     name = os.fspath(name_or_path)
     spec = REGISTRY.get(name.lower())
     gguf_file = Path(name).expanduser() if name.lower().endswith(".gguf") else None
-    if spec is not None:
-        path = cache_root(cache_dir) / spec.name
-        if not cache_is_valid(path, spec):
-            path = build_cache(spec, cache_dir)
-        model, tokenizer = _from_pretrained(path, load_dtype, local_files_only=True, **placement)
-    elif gguf_file is not None:
-        model, tokenizer = _load_gguf(gguf_file, load_dtype, **placement)
-    else:
-        model, tokenizer = _load_other(name, load_dtype, trust_remote_code, cache_dir, allow_download, **placement)
+    model, tokenizer = _from_source(name, spec, gguf_file, load_dtype, trust_remote_code, cache_dir, allow_download,
+                                    placement)
     model = (model if device_map is not None else model.to(device)).eval()
     model.requires_grad_(False)
     blocks = _file_blocks(model, spec, gguf_file, cache_dir) if precision == "int4" else None
@@ -151,6 +144,21 @@ def load(name_or_path: str | os.PathLike = DEFAULT_TARGET, device: str | torch.d
     record["linear_layout"] = _with_layout(model, linear_layout, role, name, spec, cache_dir, device_map)
     model.treespec_precision = record
     return model, tokenizer
+
+
+def _from_source(name: str, spec: Any, gguf_file: Path | None, load_dtype: torch.dtype, trust_remote_code: bool,
+                 cache_dir: str | os.PathLike | None, allow_download: bool, placement: dict[str, Any]
+                 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The model and tokenizer as stored: a built-in ``spec`` (from its safetensors cache, built on first use), a
+    local ``gguf_file``, or a local directory / hub id."""
+    if spec is not None:
+        path = cache_root(cache_dir) / spec.name
+        if not cache_is_valid(path, spec):
+            path = build_cache(spec, cache_dir)
+        return _from_pretrained(path, load_dtype, local_files_only=True, **placement)
+    if gguf_file is not None:
+        return _load_gguf(gguf_file, load_dtype, **placement)
+    return _load_other(name, load_dtype, trust_remote_code, cache_dir, allow_download, **placement)
 
 
 def _with_layout(model: PreTrainedModel, layout: str, role: str, name: str, spec: Any,
