@@ -60,7 +60,7 @@ def instrument(drafter: treespec.ModelDrafter, monkeypatch) -> list[tuple[list[i
 
     def recorded(context):
         context = list(context)
-        new = context[drafter._seen:] if drafter._last is not None else context
+        new = context[drafter._seen:]  # all of it on a first step the prompt's prefill did not cache
         landed = drafter._last is not None and walk_last_tree(drafter, new) == len(new)
         in_tree = walk_last_tree(drafter, new[:-1])
         fed.clear()
@@ -172,3 +172,31 @@ def test_iid_siblings_that_draw_the_same_token_share_one_q(pair, monkeypatch) ->
                             seed=0)
     assert len(out.new_tokens) == 32
     assert sum(shared) > 0, "no two i.i.d. siblings drew the same token: the test proves nothing"
+
+
+@pytest.mark.parametrize("compile", [False, "aot_eager"])
+def test_the_drafts_pass_over_the_prompt_is_charged_to_the_prefill(pair, compile, monkeypatch):
+    """A host-drafted step caches the prompt in the draft during the prefill (``Drafter.prefill``), so the first
+    step's drafting feeds the root alone and the steps' drafting seconds are what a step costs (the tuner calibrates
+    per-step drafting on them). A draft forward over more than 8 tokens made to take 0.3 s lands in the prefill."""
+    import time
+
+    target, draft = pair
+    # a dynamic tree drafts on the host on both routes (a static one is captured on the compiled route, its draft
+    # prefilled by the captured runner)
+    drafter = treespec.ModelDrafter(draft, mode="dynamic", depth=4, topk=3, nodes=5)
+    sizes: list[int] = []
+
+    def slowed(model, cache, input_ids, *args, **kwargs):
+        sizes.append(len(input_ids))
+        if len(input_ids) > 8:
+            time.sleep(0.3)
+        return forward_masked(model, cache, input_ids, *args, **kwargs)
+
+    monkeypatch.setattr(model_drafter, "forward_masked", slowed)
+    prompt = list(range(1, 21))
+    out = treespec.generate(target, prompt, drafters=[drafter], max_new_tokens=6, compile=compile)
+    assert sizes[0] == len(prompt) - 1 and max(sizes[1:]) <= 8  # the prompt once, then tree levels
+    assert out.stats.prefill_seconds >= 0.3 and out.stats.drafting_seconds < 0.3
+    plain = treespec.generate(target, prompt, max_new_tokens=6, compile=compile)
+    assert out.sequences[0].tolist() == plain.sequences[0].tolist()

@@ -81,9 +81,11 @@ def _measurement_key(tag: str, recipe: Recipe, target: torch.nn.Module, drafts: 
 
 
 def _measured(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[DraftModel], tokenizer: Any,
-              cache_file: Path | None, *, chain: bool = False, tag: str = "pilot-v1") -> "Pilot":
+              cache_file: Path | None, *, chain: bool = False, tag: str = "pilot-v2") -> "Pilot":
     """A pilot of ``recipe`` (its eager steps and the target alone on the built-in pilot prompts,
-    ``treespec.calibrate.pilot.run_pilot``), cached per machine, models, drafters and sampling."""
+    ``treespec.calibrate.pilot.run_pilot``), cached per machine, models, drafters and sampling. Tags ``-v2``: a
+    draft's pass over the prompt is charged to the prefill (``Drafter.prefill``), no longer to the first step's
+    drafting; pilots measured before are measured again."""
     from . import pilot
 
     prompts = _pilot_prompts(tokenizer)
@@ -155,7 +157,7 @@ def resolve(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[DraftModel
     if tokenizer is not None and chosen.budget > 1:  # correct the isolated-forward costs by real steps
         measured = _measured(replace(chosen, min_confidence=None), target, drafts, tokenizer,
                              pilot_cache if pilot_cache is not None else cache_root() / "pilots.json",
-                             tag="calibration-v1")
+                             tag="calibration-v2")
         tuned = calibrate(tuned, measured, acceptance, max_depth=recipe.depth or 8)
     tuned = tuned.for_batch(batch_size, acceptance, max_depth=recipe.depth or 8).with_walk(walk, max_new_tokens)
     chosen = replace(recipe, **tuned.settings(), target_dtype=precision_of(target),

@@ -115,7 +115,9 @@ class CompiledStep(HostDrafted):
         self.runner: _Runner | None = None
 
     def prefill(self, prompt: list[int], clock: Clock) -> None:
-        """Deferred to the first :meth:`verify`: the padded width, and so the runner, is known then."""
+        """The drafters' pass over the prompt; the target's is deferred to the first :meth:`verify` (the padded
+        width, and so the runner, is known then)."""
+        self.prefill_drafters(prompt)
 
     def _start(self, first_tree_size: int, clock: Clock) -> _Runner:
         clock.charge("overhead")

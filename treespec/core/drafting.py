@@ -182,6 +182,11 @@ class Drafter(abc.ABC):
     def reset(self, prompt: Sequence[int], *, sampling: SamplingParams, seed: int) -> None:
         """Start a new generation from ``prompt``. Called once per ``generate`` call."""
 
+    def prefill(self, prompt: Sequence[int]) -> None:
+        """Cache what the drafter can of ``prompt`` before the first step, in the prompt's prefill (after
+        :meth:`reset`; the host-drafted steps call it, so a draft model's pass over the prompt is charged to the
+        prefill, not to the first step's drafting). Default: nothing (the first :meth:`propose` catches up)."""
+
     @abc.abstractmethod
     def propose(self, context: Sequence[int]) -> DraftProposals:
         """Proposals for the step whose root is ``context[-1]``."""

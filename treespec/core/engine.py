@@ -43,6 +43,7 @@ class EagerStep(HostDrafted, HostAcceptance):
             ids = torch.tensor(prompt[:-1], device=device)
             forward_masked(self.req.target, self.cache, ids, torch.arange(len(ids), device=device),
                            causal_allowed(0, len(ids), device), logits_to_keep=1)
+        self.prefill_drafters(prompt)
 
     def verify(self, tree: TokenTree, flat: FlatTree, clock: Clock) -> tuple[list[int], int]:
         past = self.cache.length

@@ -59,6 +59,12 @@ class HostDrafted:
     req: "Request"
     width: int | None
 
+    def prefill_drafters(self, prompt: list[int]) -> None:
+        """Each drafter's pass over ``prompt`` (``Drafter.prefill``), in the prefill's time."""
+        if self.req.speculating:
+            for d in self.req.drafters:
+                d.prefill(prompt)
+
     def advance(self, committed: list[int], remaining: int, clock: Clock) -> tuple[TokenTree, list[int], int, bool]:
         tree, capped = draft_tree(self.req, committed, remaining, self.width, clock)
         path, extra = self.verify(tree, flatten(tree), clock)
