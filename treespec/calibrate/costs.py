@@ -81,7 +81,8 @@ class Profile(JSONFile):
         def moved(points: dict[int, float], slopes: dict[int, float]) -> dict[int, float]:
             return {k: max(v + slopes.get(k, 0.0) * shift, 0.1 * v) for k, v in points.items()}
 
-        curve, target, plain = self.draft_level_latency, self.context_slope.get("target", {}), self.plain_decode_seconds
+        curve, plain = self.draft_level_latency, self.plain_decode_seconds
+        target = self.context_slope.get("target", {})
         return replace(self, target_latency=moved(self.target_latency, target),
                        draft_level_latency=None if curve is None else moved(curve, self.context_slope.get("draft", {})),
                        meta={**self.meta, "context": float(context)},  # plain decoding grows as a one-token forward
@@ -98,9 +99,9 @@ class Profile(JSONFile):
         verifying (a short run of plain decoding is too noisy to give size 1 a factor of its own:
         one pilot measured 1.5x where others measured 0.85-1.0x); the engine's seconds per step
         become ``overhead``. The timed plain decoding (``plain_decode_seconds``) is kept: it was HF's whole
-        decoding loop, with nothing for a real step to add. ``size``: the tokens the real steps verified on average (default ``shape.size``;
-        fewer where a confidence stop or the end of generation trimmed trees). The factors are measured
-        on one shape and applied to every shape."""
+        decoding loop, with nothing for a real step to add. ``size``: the tokens the real steps verified on
+        average (default ``shape.size``; fewer where a confidence stop or the end of generation trimmed trees).
+        The factors are measured on one shape and applied to every shape."""
         draft, _ = self.step_parts(shape)
         size = float(size or shape.size)
         sizes = sorted(self.target_latency)
