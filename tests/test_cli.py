@@ -306,7 +306,7 @@ def test_tiny_models_run_end_to_end(tiny_dirs, tmp_path, capsys, monkeypatch):
     # a tree is predicted over the file's walk with the run's confidence stop; plain decoding is tau 1
     assert tuned["predicted"]["model"] == "replay" if tuned["recipe"]["budget"] > 1 else tuned["predicted"]["tau"] == 1
     assert main(["profile", *models, "--sizes", "1", "2", "--max-depth", "2", "--out", str(tmp_path / "p.json")]) == 0
-    assert (tmp_path / "p.json").exists()
+    assert (tmp_path / "p.json").exists() and "the target's own decoding (HF generate)" in capsys.readouterr().out
 
 
 def test_interrupt_is_one_line(monkeypatch, capsys):

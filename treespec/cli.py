@@ -259,6 +259,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
         print(f"{n:>9} | {t:>16.3f} | {t / t1:.2f}")
     widths = ", ".join(f"{w} tokens {s:.3f} s" for w, s in sorted((prof.draft_level_latency or {}).items()))
     print(f"draft forward per level: {widths} (c = {choice.c:.2f})")
+    if prof.plain_decode_seconds:
+        print(f"the target's own decoding (HF generate): {prof.plain_decode_seconds:.3f} s per token, what the "
+              "speedup is relative to")
     print(f"best: {choice}\n{choice.shape}")
     prof.save(args.out)
     print(f"written to {args.out}")
