@@ -200,3 +200,31 @@ def test_the_drafts_pass_over_the_prompt_is_charged_to_the_prefill(pair, compile
     assert out.stats.prefill_seconds >= 0.3 and out.stats.drafting_seconds < 0.3
     plain = treespec.generate(target, prompt, max_new_tokens=6, compile=compile)
     assert out.sequences[0].tolist() == plain.sequences[0].tolist()
+
+
+def test_a_batchs_draft_pass_over_the_prompts_is_charged_to_the_prefill(pair, monkeypatch):
+    """The same in a batch of prompts (``treespec.core.batch``): every row's pass over its prompt in one forward of the
+    draft over the rows' cache during the prefill (``Drafter.prefilling``), then only tree levels; each row's output
+    is still what the target alone gives for its prompt."""
+    import time
+
+    from treespec.core import kv
+
+    target, draft = pair
+    real, widths = kv.RowsCache.forward, []
+
+    def slowed(self, model, asks):
+        if model is draft:
+            widths.append(max(len(a.ids) for a in asks.values()))
+            if widths[-1] > 8:
+                time.sleep(0.3)
+        return real(self, model, asks)
+
+    monkeypatch.setattr(kv.RowsCache, "forward", slowed)
+    prompts = [list(range(1, 21)), list(range(5, 17))]
+    out = treespec.generate(target, prompts, drafters=[treespec.ModelDrafter(draft, BUSHY, "topk")],
+                            max_new_tokens=6, seed=0)
+    assert widths[0] == 19 and max(widths[1:]) <= len(BUSHY)
+    assert out.stats.prefill_seconds >= 0.3 and out.stats.drafting_seconds < 0.3
+    for p, row in zip(prompts, out.rows):
+        assert row.sequences[0].tolist() == treespec.generate(target, p, max_new_tokens=6).sequences[0].tolist()

@@ -89,12 +89,20 @@ class BatchEagerStep:
                     req.drafters[i].cache = RowCache(shared, row)
 
     def prefill(self, prompts: Sequence[list[int]], clock: Clock) -> None:
-        """Cache each prompt but its last token."""
+        """Cache each prompt but its last token, in the target and in each drafter that drafts in forwards (every
+        row's pass in one forward of its model: ``Drafter.prefilling``)."""
         asks = {row: Forward(torch.tensor(p[:-1], device=self.device), torch.arange(len(p) - 1, device=self.device),
                              causal_allowed(0, len(p) - 1), last=True)
                 for row, p in enumerate(prompts) if len(p) > 1}
         if asks:
             self.cache.forward(self.target, asks)
+        reqs = [a.req for a in self.acceptance]
+        for i, shared in self.draft_caches.items():
+            coroutines = {row: c for row, (req, p) in enumerate(zip(reqs, prompts))
+                          if req.speculating and (c := req.drafters[i].prefilling(p)) is not None}
+            if coroutines:
+                model = reqs[0].drafters[i].model
+                together(coroutines, lambda asks, shared=shared, model=model: shared.forward(model, asks))
 
     def advance(self, runs: dict[int, Progress], clock: Clock) -> dict[int, tuple[TokenTree, list[int], int, bool]]:
         """One step of every row still in the batch (``runs``: its generation by row)."""

@@ -187,6 +187,11 @@ class Drafter(abc.ABC):
         :meth:`reset`; the host-drafted steps call it, so a draft model's pass over the prompt is charged to the
         prefill, not to the first step's drafting). Default: nothing (the first :meth:`propose` catches up)."""
 
+    def prefilling(self, prompt: Sequence[int]) -> Drafting | None:
+        """:meth:`prefill` as a coroutine of forwards over :attr:`cache`, for a drafter that drafts in forwards
+        (:meth:`drafting`): a batch runs every row's at once. None (the default): nothing to prefill."""
+        return None
+
     @abc.abstractmethod
     def propose(self, context: Sequence[int]) -> DraftProposals:
         """Proposals for the step whose root is ``context[-1]``."""

@@ -155,11 +155,14 @@ class ModelDrafter(Drafter):
     @torch.inference_mode()
     def prefill(self, prompt: Sequence[int]) -> None:
         """Cache ``prompt[:-1]`` (the first step feeds the root, as every step does)."""
+        drive(self.prefilling(prompt), self._forward)
+
+    def prefilling(self, prompt: Sequence[int]) -> Generator[Forward, torch.Tensor, None]:
         n = len(prompt) - 1
         if n > 0 and self._last is None and self.cache.length == 0:
             dev = self.device
-            self._forward(Forward(torch.as_tensor(list(prompt[:-1]), dtype=torch.long, device=dev),
-                                  torch.arange(n, device=dev), causal_allowed(0, n, dev), last=True))
+            yield Forward(torch.as_tensor(list(prompt[:-1]), dtype=torch.long, device=dev),
+                          torch.arange(n, device=dev), causal_allowed(0, n, dev), last=True)
             self._base = self._seen = n
 
     @torch.inference_mode()
