@@ -157,3 +157,20 @@ def test_a_difference_at_a_tie_passes_and_one_where_a_token_leads_fails():
     compare.locate_divergences(target, records, summary, lambda dataset, p: dict((i, t) for _, i, t in prompts)[p])
     found = {d["prompt"]: d for d in summary["agreement"]["treespec"]["divergences"]}
     assert found[104]["position"] == 2 and found[104]["tokens"] == [9, 10] and found[104]["near_tie"] is False
+
+
+def test_the_measured_speedup_charges_the_same_prefill_to_both_sides_when_hf_records_its_own():
+    """HF's records carry their own prefill (``compare.hf_method``: time to the first new token); the measured speedup
+    then charges treespec's prefill to both sides, as the prediction does, so only decoding differs: HF 5 s per
+    prompt of which 2 s prefill decodes in 3 s, treespec in 2 s, (1 + 3) / (1 + 2) = 1.33x (not 5 / 3)."""
+    choice = Prediction(2.5, 0.5, 0.4, "rows")
+    mine = [{"method": "treespec", "steps": 4, "tokens": 10, "seconds": 3.0, "prefill_seconds": 1.0,
+             "drafting_seconds": 1.2, "verifying_seconds": 0.7, "engine_seconds": 0.1} for _ in range(2)]
+    alone = [{"method": "hf-float32", "tokens": 10, "seconds": 5.0, "prefill_seconds": 2.0} for _ in range(2)]
+    assert "charged to both | 1.67x | 1.33x |" in demo.predicted_and_measured(choice, mine + alone, "hf-float32")
+
+
+def test_hf_alone_records_its_prefill():
+    target = tiny_model("llama", vocab=32, hidden=32, layers=1)
+    tokens, seconds, extra = compare.hf_method(target).run(list(range(1, 9)), 4)
+    assert len(tokens) == 4 and 0 < extra["prefill_seconds"] < seconds

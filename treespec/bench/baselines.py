@@ -26,7 +26,8 @@ def hf_generate(model: torch.nn.Module, ids: Sequence[int] | Sequence[Sequence[i
                 assistant_model: torch.nn.Module | None = None, assistant_config: dict[str, Any] | None = None,
                 prompt_lookup_num_tokens: int | None = None, max_matching_ngram_size: int | None = None,
                 tokenizer: Any = None, assistant_tokenizer: Any = None, static_compiled: bool = False,
-                compile_backend: str = "inductor") -> tuple[list[int] | list[list[int]], float]:
+                compile_backend: str = "inductor", stopping_criteria: Sequence[Any] = ()
+                ) -> tuple[list[int] | list[list[int]], float]:
     """HF ``generate`` with an explicit, neutral ``GenerationConfig``; returns (new tokens, seconds).
 
     ``ids``: one prompt, or a batch (a list of prompts, left-padded with ``pad_token_id`` and masked, HF's way):
@@ -39,7 +40,8 @@ def hf_generate(model: torch.nn.Module, ids: Sequence[int] | Sequence[Sequence[i
     ``assistant_model`` whose tokenizer differs from the target's ("universal assisted generation").
     ``static_compiled``: HF's fastest plain decoding, a static cache and its ``torch.compile``'d
     forward (on every device; inductor's weight freezing is the caller's ``torch._inductor.config``), compiled
-    with ``compile_backend``.
+    with ``compile_backend``. ``stopping_criteria``: HF stopping criteria to pass on (``timing.TokenClock`` stamps
+    each new token's time).
     The cache is one ``StaticCache`` per model (rows in multiples of 1024), reset before each call
     and reused: HF's own per-call cache (``cache_implementation="static"``) fails under weight
     freezing on a later, shorter prompt (its graphs keep the first call's cache as constants).
@@ -66,6 +68,8 @@ def hf_generate(model: torch.nn.Module, ids: Sequence[int] | Sequence[Sequence[i
         assistant_model.generation_config = GenerationConfig(**(assistant_config or {}))  # fresh: HF mutates it
         extra.update(assistant_model=assistant_model, **({} if tokenizer is None else dict(
             tokenizer=tokenizer, assistant_tokenizer=assistant_tokenizer)))  # tokenizers: only with an assistant
+    if stopping_criteria:
+        extra["stopping_criteria"] = list(stopping_criteria)
     if seed is not None:
         torch.manual_seed(seed)
     sync(device)

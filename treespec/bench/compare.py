@@ -13,6 +13,7 @@ batched forward) from a bug.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -24,6 +25,7 @@ from .baselines import fastest_compile_settings, hf_generate
 from ..common.device import execution_device
 from ..core.stats import GenerateOutput
 from ..models.precision import precision_of
+from ..models.timing import TokenClock
 from .sweep.records import append_record, read_records, repair_tail
 
 
@@ -56,12 +58,15 @@ class Method:
 
 
 def hf_method(target: torch.nn.Module, name: str | None = None) -> Method:
-    """HF ``generate`` with ``target`` alone (greedy, exactly ``max_new_tokens`` tokens)."""
+    """HF ``generate`` with ``target`` alone (greedy, exactly ``max_new_tokens`` tokens). Its records carry
+    ``prefill_seconds``: from the call to the first new token (the prompt's forward), as treespec's do."""
     precision = precision_of(target)
 
     def run(ids: list[int], n: int):
-        tokens, seconds = hf_generate(target, ids, n)
-        return tokens, seconds, {}
+        clock = TokenClock(execution_device(target))
+        start = time.perf_counter()
+        tokens, seconds = hf_generate(target, ids, n, stopping_criteria=[clock])
+        return tokens, seconds, {"prefill_seconds": clock.stamps[0] - start} if clock.stamps else {}
 
     return Method(name or f"hf-{precision}", run, precision, True)
 

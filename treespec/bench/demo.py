@@ -36,7 +36,8 @@ def predicted_and_measured(predicted: Prediction, records: list[dict[str, Any]],
     """A markdown table of the tuner's prediction (a ``tuning.Prediction``) beside the demo's measurement: tokens
     per step, seconds per step, and the speedup over the target alone with each prompt's prefill charged to both
     sides (the treespec runs' mean prefill; plain decoding costs ``predicted.plain_seconds`` per token in the
-    prediction and is ``target_alone``, HF ``generate`` in the target's precision, in the measurement). A
+    prediction and is ``target_alone``, HF ``generate`` in the target's precision, in the measurement: its decoding
+    seconds, the run's less its own prefill, where its records carry one, else its whole run). A
     replayed prediction's tau carries the range a run over this many prompts lands in
     (:meth:`~treespec.calibrate.tuning.Prediction.tau_range`)."""
     mine = [r for r in records if r["method"] == "treespec"]
@@ -49,8 +50,13 @@ def predicted_and_measured(predicted: Prediction, records: list[dict[str, Any]],
     prefill = sum(r["prefill_seconds"] for r in mine) / len(mine)
     predicted_run = ((prefill + tokens * predicted.plain_seconds)
                      / (prefill + tokens / predicted.tau * predicted.step_seconds))
-    measured_run = (sum(r["tokens"] for r in mine) / sum(r["seconds"] for r in mine)) / (
-        sum(r["tokens"] for r in alone) / sum(r["seconds"] for r in alone))
+    if all("prefill_seconds" in r for r in alone):  # both sides decode after the same prefill
+        def decoding(rs: list[dict[str, Any]]) -> float:  # seconds per token, prefill excluded
+            return sum(r["seconds"] - r["prefill_seconds"] for r in rs) / sum(r["tokens"] for r in rs)
+        measured_run = (prefill + tokens * decoding(alone)) / (prefill + tokens * decoding(mine))
+    else:
+        measured_run = (sum(r["tokens"] for r in mine) / sum(r["seconds"] for r in mine)) / (
+            sum(r["tokens"] for r in alone) / sum(r["seconds"] for r in alone))
     spread = predicted.tau_range(len(mine))
     tau = f"{predicted.tau:.2f}" + (f" (90% of {len(mine)}-prompt runs: {spread[0]:.2f}-{spread[1]:.2f})"
                                     if spread else "")

@@ -8,6 +8,7 @@ from typing import Sequence
 
 import numpy as np
 import torch
+from transformers import StoppingCriteria
 
 from ..common.device import execution_device, sync
 from ..core.attention import own_kernels
@@ -131,33 +132,40 @@ def _compiled_forward(model: torch.nn.Module, ctx: list[int], trees: dict, compi
     return run
 
 
+class TokenClock(StoppingCriteria):
+    """A stopping criterion of HF ``generate`` that never stops: it stamps ``time.perf_counter()`` into
+    :attr:`stamps` after each new token (``device`` synchronised first). The first stamp ends the prompt's prefill
+    (its forward gives the first token); the gaps between stamps are decoding steps."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device, self.stamps = device, []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor | None, **kwargs) -> torch.Tensor:
+        sync(self.device)
+        self.stamps.append(time.perf_counter())
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+
 @torch.inference_mode()
 def measure_plain_decode(model: torch.nn.Module, context: int = 128, tokens: int = 12, seed: int = 0) -> float:
     """Seconds per token of the model's own plain decoding: HF ``generate`` (greedy, its growable cache, the
     model's stock layers and attention, as the "target alone" baselines run it) after a ``context``-token prompt.
 
-    One ``generate`` call of ``tokens`` new tokens; a stopping criterion stamps the time after each token, and the
-    figure is the median of the gaps between stamps (one decoding step each: the prefill and the first token are
+    One ``generate`` call of ``tokens`` new tokens; a stopping criterion stamps the time after each token
+    (:class:`TokenClock`), and the figure is the median of the gaps between stamps (one decoding step each: the prefill and the first token are
     not in any gap; the median keeps a stall of the machine out). This is the cost plain decoding has, which a
     tree forward of one token (``measure_latency(model, [1])``: a 4D mask, treespec's own kernels) only
     approximates: on a 2-core CPU HF's step measured ~6% cheaper than that forward.
     """
-    from transformers import GenerationConfig, StoppingCriteria
+    from transformers import GenerationConfig
 
     if context < 1 or tokens < 3:
         raise ValueError(f"context must be >= 1 and tokens >= 3, got {context} and {tokens}")
     device = execution_device(model)
-    stamps: list[float] = []
-
-    class Stamp(StoppingCriteria):
-        def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor | None, **kwargs) -> torch.Tensor:
-            sync(device)
-            stamps.append(time.perf_counter())
-            return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
-
+    clock = TokenClock(device)
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(vocab_size(model), (1, context), generator=gen).to(device)
     config = GenerationConfig(max_new_tokens=tokens, min_new_tokens=tokens, eos_token_id=[], pad_token_id=0,
                               do_sample=False)  # neutral: nothing inherited from the checkpoint
-    model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config, stopping_criteria=[Stamp()])
-    return statistics.median(b - a for a, b in zip(stamps, stamps[1:]))
+    model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config, stopping_criteria=[clock])
+    return statistics.median(b - a for a, b in zip(clock.stamps, clock.stamps[1:]))
