@@ -31,11 +31,9 @@ def hf_generate(model: torch.nn.Module, ids: Sequence[int] | Sequence[Sequence[i
     """HF ``generate`` with an explicit, neutral ``GenerationConfig``; returns (new tokens, seconds).
 
     ``ids``: one prompt, or a batch (a list of prompts, left-padded with ``pad_token_id`` and masked, HF's way):
-    then the new tokens come back per prompt.
-
-    Nothing is inherited from the checkpoint's own generation settings (a repetition penalty there
-    would change the "target alone" output). ``eos_token_id=None`` never stops early and forces
-    exactly ``max_new_tokens`` (``eos_token_id=[]`` to HF: passing None lets HF fill in the model's).
+    then the new tokens come back per prompt. Nothing is inherited from the checkpoint's own generation settings (a
+    repetition penalty there would change the "target alone" output). ``eos_token_id=None`` never stops early and
+    forces exactly ``max_new_tokens`` (``eos_token_id=[]`` to HF: passing None lets HF fill in the model's).
     ``tokenizer`` and ``assistant_tokenizer`` (both or neither) run HF's assisted generation with an
     ``assistant_model`` whose tokenizer differs from the target's ("universal assisted generation").
     ``static_compiled``: HF's fastest plain decoding, a static cache and its ``torch.compile``'d
@@ -56,7 +54,7 @@ def hf_generate(model: torch.nn.Module, ids: Sequence[int] | Sequence[Sequence[i
     width = x.shape[1]
     kw = _generation_settings(max_new_tokens, temperature, top_p, top_k, eos_token_id, pad_token_id,
                               prompt_lookup_num_tokens, max_matching_ngram_size)
-    extra: dict[str, Any] = {}
+    extra: dict[str, Any] = {"stopping_criteria": list(stopping_criteria)} if stopping_criteria else {}
     if static_compiled:
         from transformers import CompileConfig
 
@@ -68,8 +66,6 @@ def hf_generate(model: torch.nn.Module, ids: Sequence[int] | Sequence[Sequence[i
         assistant_model.generation_config = GenerationConfig(**(assistant_config or {}))  # fresh: HF mutates it
         extra.update(assistant_model=assistant_model, **({} if tokenizer is None else dict(
             tokenizer=tokenizer, assistant_tokenizer=assistant_tokenizer)))  # tokenizers: only with an assistant
-    if stopping_criteria:
-        extra["stopping_criteria"] = list(stopping_criteria)
     if seed is not None:
         torch.manual_seed(seed)
     sync(device)
