@@ -159,7 +159,7 @@ class ModelDrafter(Drafter):
 
     def prefilling(self, prompt: Sequence[int]) -> Generator[Forward, torch.Tensor, None]:
         n = len(prompt) - 1
-        if n > 0 and self._last is None and self.cache.length == 0:
+        if n > 0 and self.cache.length == 0:  # a fresh generation (``reset``): nothing cached yet
             dev = self.device
             yield Forward(torch.as_tensor(list(prompt[:-1]), dtype=torch.long, device=dev),
                           torch.arange(n, device=dev), causal_allowed(0, n, dev), last=True)

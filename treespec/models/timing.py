@@ -153,9 +153,9 @@ def measure_plain_decode(model: torch.nn.Module, context: int = 128, tokens: int
 
     One ``generate`` call of ``tokens`` new tokens; a stopping criterion stamps the time after each token
     (:class:`TokenClock`), and the figure is the median of the gaps between stamps (one decoding step each: the
-    prefill and the first token are not in any gap; the median keeps a stall of the machine out). This is the cost plain decoding has, which a
-    tree forward of one token (``measure_latency(model, [1])``: a 4D mask, treespec's own kernels) only
-    approximates: on a 2-core CPU HF's step measured ~6% cheaper than that forward.
+    prefill and the first token are not in any gap; the median keeps a stall of the machine out). This is the cost
+    plain decoding has, which a tree forward of one token (``measure_latency(model, [1])``: a 4D mask, treespec's
+    own kernels) only approximates: HF's loop runs the stock layers and attention, and its cost differs.
     """
     from transformers import GenerationConfig
 
