@@ -167,7 +167,34 @@ def test_the_measured_speedup_charges_the_same_prefill_to_both_sides_when_hf_rec
     mine = [{"method": "treespec", "steps": 4, "tokens": 10, "seconds": 3.0, "prefill_seconds": 1.0,
              "drafting_seconds": 1.2, "verifying_seconds": 0.7, "engine_seconds": 0.1} for _ in range(2)]
     alone = [{"method": "hf-float32", "tokens": 10, "seconds": 5.0, "prefill_seconds": 2.0} for _ in range(2)]
-    assert "charged to both | 1.67x | 1.33x |" in demo.predicted_and_measured(choice, mine + alone, "hf-float32")
+    table = demo.predicted_and_measured(choice, mine + alone, "hf-float32")
+    assert "charged to both | 1.67x | 1.33x |" in table
+    # the miss's source on its own row: plain decoding predicted 0.4 s per token, HF decoded 3 s / 10 tokens
+    assert "decoding, seconds per token (HF generate, its prefill excluded) | 0.400 | 0.300 |" in table
+    without = [{k: v for k, v in r.items() if k != "prefill_seconds"} for r in alone]
+    assert "decoding, seconds per token" not in demo.predicted_and_measured(choice, mine + without, "hf-float32")
+
+
+def test_the_demo_times_the_target_alone_just_before_its_runs(monkeypatch):
+    """``retimed``: the prediction's plain decoding is HF's decoding timed now at the prompts' length (a forward
+    made to take 0.03 s per decoded token reads 0.03 s, whatever the cached profile said); tau and the step stay."""
+    import time
+
+    target = tiny_model("llama", vocab=32, hidden=32, layers=1)
+    real, contexts = target.forward, []
+
+    def slowed(*args, **kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if ids.shape[-1] > 1:
+            contexts.append(ids.shape[-1])
+        time.sleep(0.2 if ids.shape[-1] > 1 else 0.03)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(target, "forward", slowed)
+    cached = Prediction(2.5, 0.5, 0.4, "rows")
+    now = demo.retimed(cached, target, [list(range(1, 9)), list(range(1, 13))], tokens=5)
+    assert 0.03 <= now.plain_seconds < 0.06 and contexts == [10]
+    assert (now.tau, now.step_seconds, now.model) == (2.5, 0.5, "rows")
 
 
 def test_hf_alone_records_its_prefill():

@@ -15,8 +15,10 @@ beside the chosen one. ``--quick`` runs HF eager only, and the report says so.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import platform
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,7 @@ import torch
 from ..calibrate.vectors import acceptance_for_draft
 from ..common.files import check_writable
 from ..models.precision import precision_of
+from ..models.timing import measure_plain_decode
 from ..recipes import Recipe, run
 from ..calibrate.choices import Resolved, resolve, resolve_compile
 from ..calibrate.tuning import Prediction
@@ -50,9 +53,12 @@ def predicted_and_measured(predicted: Prediction, records: list[dict[str, Any]],
     prefill = sum(r["prefill_seconds"] for r in mine) / len(mine)
     predicted_run = ((prefill + tokens * predicted.plain_seconds)
                      / (prefill + tokens / predicted.tau * predicted.step_seconds))
-    if all("prefill_seconds" in r for r in alone):  # both sides decode after the same prefill
-        def decoding(rs: list[dict[str, Any]]) -> float:  # seconds per token, prefill excluded
-            return sum(r["seconds"] - r["prefill_seconds"] for r in rs) / sum(r["tokens"] for r in rs)
+
+    def decoding(rs: list[dict[str, Any]]) -> float:  # seconds per token, prefill excluded
+        return sum(r["seconds"] - r["prefill_seconds"] for r in rs) / sum(r["tokens"] for r in rs)
+
+    own_prefill = all("prefill_seconds" in r for r in alone)
+    if own_prefill:  # both sides decode after the same prefill
         measured_run = (prefill + tokens * decoding(alone)) / (prefill + tokens * decoding(mine))
     else:
         measured_run = (sum(r["tokens"] for r in mine) / sum(r["seconds"] for r in mine)) / (
@@ -62,9 +68,21 @@ def predicted_and_measured(predicted: Prediction, records: list[dict[str, Any]],
                                     if spread else "")
     rows = [("tokens per step (tau)", tau, f"{sum(r['tokens'] for r in mine) / steps:.2f}"),
             ("seconds per step", f"{predicted.step_seconds:.3f}", f"{step_seconds:.3f}"),
+            *([("the target alone's decoding, seconds per token (HF generate, its prefill excluded)",
+                f"{predicted.plain_seconds:.3f}", f"{decoding(alone):.3f}")] if own_prefill else []),
             (f"speedup over the target alone, {prefill:.2f} s of prefill per prompt charged to both",
              f"{predicted_run:.2f}x", f"{measured_run:.2f}x")]
     return "\n".join(["| | predicted | measured |", "|---|---|---|", *(f"| {a} | {b} | {c} |" for a, b, c in rows)])
+
+
+def retimed(prediction: Prediction, target: torch.nn.Module, prompts: list[list[int]], tokens: int = 24
+            ) -> Prediction:
+    """``prediction`` with the target alone's decoding timed now (``measure_plain_decode``, HF ``generate`` after a
+    context of the prompts' mean length, ``tokens`` tokens), not when the profile was measured: on a shared host
+    that speed moves by a fifth within minutes while a prompt's prefill holds (memory bandwidth, not compute;
+    ``experiments/hf_decode_timing.py --interleaved``), and a profile is cached for hours."""
+    context = round(statistics.mean(len(ids) for ids in prompts))
+    return dataclasses.replace(prediction, plain_seconds=measure_plain_decode(target, context, tokens))
 
 
 def baseline_methods(target: torch.nn.Module, draft: torch.nn.Module, quick: bool) -> list[compare.Method]:
@@ -131,6 +149,9 @@ def run_demo(args: argparse.Namespace, target: torch.nn.Module, tok: Any, draft:
                                            precision_of(target)))
     prompts = [("humaneval", 100 + i, tok(text)["input_ids"])
                for i, text in enumerate(humaneval_prompts(100, 100 + args.prompts))]
+    prediction = retimed(tuned.prediction, target, [tokens for _, _, tokens in prompts])
+    print(f"the target alone's decoding timed now: {prediction.plain_seconds:.3f} s per token (the profile's: "
+          f"{tuned.prediction.plain_seconds:.3f})", flush=True)
     results = out_dir / "results.jsonl"
     results.unlink(missing_ok=True)  # the demo measures afresh each run
     compare.warmup_file(results).unlink(missing_ok=True)
@@ -145,7 +166,6 @@ def run_demo(args: argparse.Namespace, target: torch.nn.Module, tok: Any, draft:
     exact = agreement["of"] == len(prompts) and all(d["near_tie"] for d in divergences)
     headline = headline_line(summary, quick)
     report = compare.markdown(summary) + f"\n\n{shape_note}"
-    prediction = tuned.prediction
     versus = predicted_and_measured(prediction, records, compare.hf_method(target).name)
     if versus:
         how = ("the tree replayed over the shipped calibration walk with the run's confidence stop"
