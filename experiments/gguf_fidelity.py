@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> dict:
     candidates = {"bfloat16": lambda: load(args.target, dtype="bfloat16")[0],
                   "int4 (file blocks, other types bfloat16)": lambda: load(args.target, dtype="int4")[0],
                   "int4 re-quantised from the float weights (control)":
-                      lambda: quantize_int4(copy.deepcopy(reference), group_size=32, wide=False)}
+                      lambda: quantize_int4(copy.deepcopy(reference), group_size=32, twin="bfloat16")}
     rows = {}
     for name, make in candidates.items():
         model = make()

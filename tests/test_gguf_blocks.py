@@ -93,7 +93,7 @@ def test_a_type_without_an_exact_map_keeps_the_file_s_weights_in_bfloat16(reader
         model[1].weight.copy_(w)
     blocks = {"0.weight.codes": torch.from_numpy(codes[:, 0::2] | (codes[:, 1::2] << 4)),
               "0.weight.scale": torch.from_numpy(scale), "0.weight.zero": torch.from_numpy(zero)}
-    requantized = Int4Linear.from_linear(model[1], 32, wide=False)
+    requantized = Int4Linear.from_linear(model[1], 32, twin=None)
     model, counts = with_file_blocks(model, blocks)
     assert counts == {"exact": 1, "bfloat16": 1}
     assert isinstance(model[0], Int4Linear) and isinstance(model[1], BFloat16Linear)

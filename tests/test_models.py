@@ -348,7 +348,7 @@ def test_an_int4_target_keeps_the_gguf_s_own_4bit_blocks(tmp_path, monkeypatch):
     y, expected = target.model.layers[1].mlp.down_proj(x), x @ w.t()
     draft, _ = models.load(spec.name, dtype="float32", cache_dir=root)
     # the control: the same (dequantised) weights rounded again to 4 bits by min-max groups of 32 are further off
-    again = Int4Linear.from_linear(draft.model.layers[1].mlp.down_proj, 32, wide=False)(x)
+    again = Int4Linear.from_linear(draft.model.layers[1].mlp.down_proj, 32, twin=None)(x)
     assert (y - expected).abs().max() < 0.02 * expected.abs().max()  # up to bfloat16 scales and activations
     assert (again - expected).abs().max() > 4 * (y - expected).abs().max()  # measured here: 0.029 vs 0.0017
     assert greedy_through(target, draft, n=12) == greedy_reference(target, [3, 17, 42, 5], 12)
@@ -388,6 +388,37 @@ def test_a_gguf_int4_target_runs_in_the_captured_step(tmp_path):
     out = treespec.generate(target, [3, 17, 42, 5], [treespec.ModelDrafter(draft, [(0,), (0, 0)], "topk")],
                             max_new_tokens=10, compile="aot_eager")
     assert out.stats.step == "captured" and out.new_tokens == greedy_reference(target, [3, 17, 42, 5], 10)
+
+
+@pytest.mark.parametrize("compile", [False, "aot_eager"])
+def test_an_int4_targets_prompt_runs_its_own_weights_in_bfloat16_and_its_steps_the_kernel(tmp_path, compile):
+    """An int4 target's layers keep a bfloat16 twin of their own 4-bit weights (the file's codes with the kernel's
+    bfloat16 scales and zeros), which runs inputs of ``PROMPT_ROWS`` rows or more (a prompt): the kernel's cost
+    grows with every four rows. Greedy decoding of a 40-token prompt (its prefill on the twins, eager and in the
+    captured step) equals HF's greedy decoding of the same loaded model; the steps' forwards never touch a twin."""
+    import gguf
+
+    import treespec
+    from treespec.models.quantized import PROMPT_ROWS, BFloat16Linear, Int4Linear
+    from treespec.models.tiny import greedy_reference
+
+    path = write_gguf(tiny_qwen2(seed=4), tmp_path / "m.gguf", gguf.GGMLQuantizationType.Q4_0)
+    target, _ = models.load(str(path), dtype="int4")
+    draft, _ = models.load(str(path))
+    down = target.model.layers[1].mlp.down_proj
+    assert isinstance(down, Int4Linear) and isinstance(down.wide, BFloat16Linear) and down.wide_rows == PROMPT_ROWS
+    x = torch.randn(PROMPT_ROWS, 64, generator=torch.Generator().manual_seed(0))
+    by_row = torch.cat([down(row[None]) for row in x])  # one row at a time: the kernel
+    assert (down(x) - by_row).abs().max() < 0.02 * by_row.abs().max()  # the twin: the same weights in bfloat16
+    prompt = [(7 * i + 3) % 90 for i in range(40)]
+    expected = greedy_reference(target, prompt, 10)
+    rows: list[int] = []  # the rows of every input a twin ran
+    for layer in [m for m in target.modules() if isinstance(m, Int4Linear)]:
+        layer.__dict__["wide"] = lambda x, twin=layer.wide: rows.append(x.numel() // x.shape[-1]) or twin(x)
+    out = treespec.generate(target, prompt, [treespec.ModelDrafter(draft, [(0,), (0, 0)], "topk")],
+                            max_new_tokens=10, compile=compile)
+    assert out.new_tokens == expected
+    assert rows and set(rows) == {len(prompt) - 1}  # the prompt (less its last token) only: no step on a twin
 
 
 def test_the_cli_runs_a_local_gguf_target_in_its_own_4bit_blocks(tmp_path, capsys):

@@ -110,11 +110,11 @@ def test_quantised_sampling_drafter_keeps_the_joint_law(small_pair, case):
 
 
 def test_an_int4_target_keeps_the_joint_law():
-    """A quantised target (int4, one set of weights: no int8 twin for wide inputs) with a float draft: the output
+    """A quantised target (int4, its prompt on a bfloat16 twin of its own weights: no int8 twin) with a float draft: the output
     follows the int4 target's own law (test_exactness's power calculation), the law as loaded."""
     base = tiny_model("llama", vocab=6, hidden=32, layers=1, scale=3, seed=5)
     draft = perturbed_copy(base, 2.0, seed=2)
-    target = to_precision(base, "int4", wide=False)
+    target = to_precision(base, "int4", twin="bfloat16")
     assert sum(isinstance(m, Int4Linear) for m in target.modules()) == 7  # every layer but the 6-row head
     counts = sample_joint(target, lambda: [treespec.ModelDrafter(draft, SMALL_BUSHY, "sample")], "int4-target",
                           trials(target, draft, PROMPT, temperature=1.0), temperature=1.0)

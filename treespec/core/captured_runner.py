@@ -20,7 +20,7 @@ from .buffers import Envelope, TreeBuffers, tree_buffers
 from .checks import vocab_size
 from .compiling import compile_graph
 from .padded import Noise
-from .prefill import ChunkedPrefill, prefill_for
+from .prefill import prefill_for
 from .rule import greedy_path, path_rows, sampled_path, traversal_path
 from .sampling import SamplingParams
 from .static_cache import StaticTreeCache
@@ -50,7 +50,7 @@ class CapturedRunner:
         self.track_confidence = track_confidence
         self.cache = StaticTreeCache(target, capacity, rows)
         self.draft_cache = StaticTreeCache(draft, capacity, rows)
-        self.prefills = [ChunkedPrefill(target, self.cache, backend, mode_compile),
+        self.prefills = [prefill_for(target, self.cache, backend, mode_compile),
                          prefill_for(draft, self.draft_cache, backend, mode_compile)]
         self.params = self.draft_params = SamplingParams()
         self.verifier = "rrs"  # the request's rule for sampled steps (set like params; dynamo guards on both)

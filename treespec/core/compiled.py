@@ -32,7 +32,7 @@ import torch
 from .compiling import compile_graph, compile_options
 from .static_cache import StaticTreeCache
 from .padded import Noise, PaddedTree, Proposals, accept, next_pow2, rows_of
-from .prefill import ChunkedPrefill, padded_length
+from .prefill import padded_length, prefill_for
 from .request import Request
 from .rule import path_rows
 from .runners import RunnerCache
@@ -67,7 +67,7 @@ class _Runner:
     def __init__(self, model: torch.nn.Module, capacity: int, width: int, backend: str, mode: str | None) -> None:
         self.model, self.width, self.backend = model, width, backend
         self.cache = StaticTreeCache(model, capacity)
-        self.prefill = ChunkedPrefill(model, self.cache, backend, mode)
+        self.prefill = prefill_for(model, self.cache, backend, mode)
         self.params = SamplingParams()
         self.verifier = "rrs"  # the request's rule for sampled steps (set like params; dynamo guards on both)
         self.forward = compile_graph(self.run_eager, backend, mode, (model,))

@@ -23,7 +23,8 @@ How a prompt is cut depends on the backend:
 A short prompt prefills eagerly: its eager forward costs a fraction of a second, a compile tens of
 seconds on a CPU (the graph is compiled at the first prompt of at least ``CHUNKED_MIN`` tokens).
 So does every prompt of a model whose fastest prompt forward cannot be traced (:func:`prefill_for`:
-an int4 draft, which takes its int8 weights for wide inputs, ``treespec.models.quantized``).
+an int4 model, whose prompt runs on its layers' twins for wide inputs outside ``torch.compile``: a draft's int8
+weights, a target's own weights in bfloat16, ``treespec.models.quantized``).
 """
 
 from __future__ import annotations
@@ -124,7 +125,7 @@ class EagerPrefill:
 def prefill_for(model: torch.nn.Module, cache: StaticTreeCache, backend: str,
                 mode: str | None) -> ChunkedPrefill | EagerPrefill:
     """How ``model``'s prompt is cached: compiled pieces, or eagerly for a model whose Linear layers keep
-    int8 weights for wide inputs that only run outside ``torch.compile`` (an int4 draft)."""
+    twins for wide inputs that only run outside ``torch.compile`` (an int4 draft's or target's)."""
     if any(getattr(m, "wide", None) is not None for m in model.modules()):
         return EagerPrefill(model, cache)
     return ChunkedPrefill(model, cache, backend, mode)

@@ -120,9 +120,9 @@ def with_file_blocks(model: torch.nn.Module, blocks: dict[str, torch.Tensor]) ->
     many layers went each way. Not re-quantised to 4 bits: on the built-in 1.5B target (29 Q6_K tensors, the LM
     head among them) that put the next-token distribution 0.0100 nats per token (KL) from the file's float32
     dequantisation, against 0.0002 kept in bfloat16 (a one-off measurement; the committed one,
-    ``experiments/results/gguf-fidelity-cpu``: 0.00035 as loaded, 0.0007 for the whole model in bfloat16). One
-    set of weights for every input (no int8 twin for wide inputs): a target's prompt and its steps run the same
-    model."""
+    ``experiments/results/gguf-fidelity-cpu``: 0.00035 as loaded, 0.0007 for the whole model in bfloat16). The
+    file's weights for every input (no int8 twin): a prompt runs the int4 layers' bfloat16 twins of the same codes
+    (``twin="bfloat16"``, ``quantized`` module doc), the steps the kernel."""
     from .quantized import BFloat16Linear, Int4Linear, _check_cpu_float32
 
     _check_cpu_float32(model, "int4 from a GGUF's blocks")
@@ -136,9 +136,10 @@ def with_file_blocks(model: torch.nn.Module, blocks: dict[str, torch.Tensor]) ->
             if f"{key}.codes" in blocks:
                 packed = blocks[f"{key}.codes"]
                 codes = torch.stack([packed & 0x0F, packed >> 4], -1).reshape(packed.shape[0], -1)
-                layer, how = Int4Linear.from_groups(codes, blocks[f"{key}.scale"], blocks[f"{key}.zero"], bias), "exact"
+                layer = Int4Linear.from_groups(codes, blocks[f"{key}.scale"], blocks[f"{key}.zero"], bias, "bfloat16")
+                how = "exact"
             else:
-                layer, how = BFloat16Linear(child), "bfloat16"
+                layer, how = BFloat16Linear.from_linear(child), "bfloat16"
             setattr(module, child_name, layer)
             counts[how] += 1
     return model, counts

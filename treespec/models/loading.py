@@ -213,7 +213,8 @@ def _in_precision(model: PreTrainedModel, precision: str, role: str, name: str,
         log(f"{name} int4: {counts['exact']} Linear layers from the file's own 4-bit blocks, {counts['bfloat16']} "
             "in bfloat16 (types the int4 kernel does not hold exactly)")
         return model, {"precision": precision, "cached": False, "requested": True, "file_blocks": counts}
-    model = to_precision(model, precision, wide=role == "draft")  # a target: one set of weights
+    # a target's prompt runs its own weights (in bfloat16), a draft's an int8 re-quantisation (quantized module doc)
+    model = to_precision(model, precision, twin="int8" if role == "draft" else "bfloat16")
     return model, {"precision": precision, "cached": False, "requested": True}
 
 

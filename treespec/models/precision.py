@@ -85,9 +85,10 @@ def precision_of(model: torch.nn.Module) -> str:
     return parse_precision(dtype) if dtype in _TORCH_DTYPES.values() else str(dtype).removeprefix("torch.")
 
 
-def to_precision(model: torch.nn.Module, precision: str, wide: bool = True) -> torch.nn.Module:
-    """``model`` (float32, or already in ``precision``) converted to ``precision`` in place (``wide``: int4
-    layers keep int8 twins for wide inputs, as a draft does; False for a target, ``quantized.quantize_int4``)."""
+def to_precision(model: torch.nn.Module, precision: str, twin: str | None = "int8") -> torch.nn.Module:
+    """``model`` (float32, or already in ``precision``) converted to ``precision`` in place (``twin``: what int4
+    layers run a prompt on: ``"int8"`` for a draft, ``"bfloat16"`` (their own weights) for a target;
+    ``quantized.quantize_int4``)."""
     precision = parse_precision(precision)
     if precision == "auto":
         raise ValueError("to_precision needs a concrete precision; use auto_precision to choose one")
@@ -96,7 +97,7 @@ def to_precision(model: torch.nn.Module, precision: str, wide: bool = True) -> t
     if precision == "int8":
         return quantize_int8(model)
     if precision == "int4":
-        return quantize_int4(model, wide=wide)
+        return quantize_int4(model, twin=twin)
     return _cast(model, _TORCH_DTYPES[precision])
 
 

@@ -29,6 +29,15 @@ the ``int8`` precision): inputs of at least :data:`WIDE_ROWS` rows outside ``tor
 them (the captured step prefills an int4 draft eagerly, ``treespec.core.prefill.prefill_for``).
 The draft's cache of the prompt then holds int8 results and its drafting int4 ones: both are the
 draft's own forwards, so its proposals stay exact drafts; only their acceptance could differ.
+
+A target cannot take other weights for its prompt (its law is what the output follows), and on the kernel the built-in
+target's prompts of 63-272 tokens took 3.21 s (median) against 2.26 s for the same weights in bfloat16
+(``experiments/int4_target_prefill.py``: whole 64-token runs 8.42 against 10.02 tok/s). So an int4 target's layers
+keep a **bfloat16 twin of their own 4-bit weights** (``twin="bfloat16"``: ``(code - 8) * scale +
+zero`` with the kernel's bfloat16 scales, rounded to bfloat16) for inputs of at least :data:`PROMPT_ROWS` rows
+outside ``torch.compile``: a prompt. A tree is never that wide on a CPU target in int4 (its forward grows with every
+four tokens), so every step verifies on the kernel, as HF's decoding of the same model does; the twin holds the
+same weights up to bfloat16 rounding (one part in 512), the rounding any two kernels differ by.
 """
 
 from __future__ import annotations
@@ -37,8 +46,12 @@ import warnings
 
 import torch
 
-#: inputs with at least this many rows (a prompt) take the int8 weights outside ``torch.compile``
+#: inputs with at least this many rows (a prompt) take a draft's int8 weights outside ``torch.compile``
 WIDE_ROWS = 16
+#: inputs with at least this many rows (a prompt) take a target's bfloat16 twin outside ``torch.compile``
+PROMPT_ROWS = 32
+#: the twins a layer may keep for wide inputs: a draft's int8 re-quantisation, a target's own weights in bfloat16
+TWINS = ("int8", "bfloat16")
 #: columns per scale/offset pair (32, 64, 128 or 256). 128: the fastest compiled draft level of the three
 #: measured (22.2 ms against 24.9 and 26.8 for 64 and 32, one token) at the same agreement with the target
 #: (0.939 code / 0.520 prose, int8 0.931 / 0.485; ``experiments/results/draft-level-cpu.md``)
@@ -52,20 +65,24 @@ class Int4Linear(torch.nn.Module):
     ``scales_and_zeros`` (``[in / group, out, 2]`` bfloat16: ``W = (code - 8) * scale + zero``)."""
 
     def __init__(self, packed: torch.Tensor, scales_and_zeros: torch.Tensor, group_size: int, in_features: int,
-                 out_features: int, bias: torch.Tensor | None, wide: torch.nn.Module | None = None) -> None:
+                 out_features: int, bias: torch.Tensor | None, wide: torch.nn.Module | None = None,
+                 wide_rows: int = WIDE_ROWS) -> None:
         super().__init__()
         self.in_features, self.out_features, self.group_size = in_features, out_features, group_size
         self.register_buffer("packed", packed)
         self.register_buffer("scales_and_zeros", scales_and_zeros)
         self.register_buffer("bias", bias)
-        # the int8 twin for wide inputs: a plain attribute, not a submodule (torch.compile never sees it, and
-        # model.modules() lists no torch.ao layer, so the model still counts as traceable)
+        # the twin for inputs of at least wide_rows rows: a plain attribute, not a submodule (torch.compile never
+        # sees it, and model.modules() lists no torch.ao layer, so the model still counts as traceable)
         self.__dict__["wide"] = wide
+        self.wide_rows = wide_rows
 
     @classmethod
-    def from_linear(cls, linear: torch.nn.Linear, group_size: int | None = None, wide: bool = True) -> "Int4Linear":
+    def from_linear(cls, linear: torch.nn.Linear, group_size: int | None = None, twin: str | None = "int8"
+                    ) -> "Int4Linear":
         """Quantise ``linear``'s weight group-wise (``group_size`` input columns per scale and offset; None: the
-        one :func:`group_size_for` gives); ``wide``: keep an int8 twin for wide inputs (see the module)."""
+        one :func:`group_size_for` gives); ``twin``: what wide inputs run on (one of :data:`TWINS`, or None: the
+        kernel for every input; see the module)."""
         w = linear.weight.detach().float()
         n, k = w.shape
         group_size = group_size_for(linear) if group_size is None else group_size
@@ -78,15 +95,20 @@ class Int4Linear(torch.nn.Module):
         scale = ((high - low) / 15).clamp_min(torch.finfo(torch.float32).tiny)
         codes = ((groups - low[..., None]) / scale[..., None]).round().clamp(0, 15).view(n, k)
         bias = None if linear.bias is None else linear.bias.detach().float().clone()
-        return cls.from_groups(codes, scale, low + 8 * scale, bias, _int8_twin(linear) if wide else None)
+        if twin == "int8":
+            return cls.from_groups(codes, scale, low + 8 * scale, bias, None)._with(_int8_twin(linear), WIDE_ROWS)
+        return cls.from_groups(codes, scale, low + 8 * scale, bias, twin)
 
     @classmethod
     def from_groups(cls, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, bias: torch.Tensor | None = None,
-                    wide: torch.nn.Module | None = None) -> "Int4Linear":
+                    twin: str | None = None) -> "Int4Linear":
         """The layer whose weight is ``(codes - 8) * scale + zero`` group by group (``codes`` ``[out, in]`` in
         0..15; ``scale``, ``zero`` ``[out, groups]``, the group size ``in / groups``), the kernel keeping
         ``scale`` and ``zero`` in bfloat16: what :meth:`from_linear` rounds a float weight to, or a file's own
-        4-bit blocks (``treespec.models.gguf_blocks``). ``wide``: a layer for wide inputs (see the module)."""
+        4-bit blocks (``treespec.models.gguf_blocks``). ``twin``: None, or ``"bfloat16"``, these weights in
+        bfloat16 for prompts (see the module; an int8 twin needs the float weight: :meth:`from_linear`)."""
+        if twin not in (None, "bfloat16"):
+            raise ValueError(f"from_groups keeps no twin or a bfloat16 one, got {twin!r}")
         n, k = codes.shape
         group_size = k // scale.shape[1]
         if group_size not in _GROUPS or k % group_size or n % 16:
@@ -96,10 +118,22 @@ class Int4Linear(torch.nn.Module):
         packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(torch.as_tensor(codes).to(torch.int32), 1)
         scales_and_zeros = torch.stack([torch.as_tensor(scale).float().t(), torch.as_tensor(zero).float().t()],
                                        -1).to(torch.bfloat16).contiguous()
-        return cls(packed, scales_and_zeros, group_size, k, n, bias, wide)
+        layer = cls(packed, scales_and_zeros, group_size, k, n, bias)
+        if twin == "bfloat16":  # the kernel's own weights: bfloat16 scales and zeros, codes - 8 exact
+            s, z = (g.float().t().repeat_interleave(group_size, dim=1) for g in scales_and_zeros.unbind(-1))
+            weight = (torch.as_tensor(codes).float() - 8) * s + z
+            layer._with(BFloat16Linear(weight, bias), PROMPT_ROWS)
+        return layer
+
+    def _with(self, wide: torch.nn.Module, rows: int) -> "Int4Linear":
+        """This layer, its inputs of at least ``rows`` rows (outside ``torch.compile``) run on ``wide``."""
+        self.__dict__["wide"], self.wide_rows = wide, rows
+        return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.wide is not None and x.numel() >= WIDE_ROWS * self.in_features and not torch.compiler.is_compiling():
+        # is_compiling first: a graph never takes the twin, nor guards on the input's size for it
+        if (not torch.compiler.is_compiling() and self.wide is not None
+                and x.numel() >= self.wide_rows * self.in_features):
             return self.wide(x.float()).to(x.dtype)
         flat = x.reshape(-1, self.in_features).to(torch.bfloat16)
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, self.group_size, self.scales_and_zeros)
@@ -115,13 +149,19 @@ class Int4Linear(torch.nn.Module):
 class BFloat16Linear(torch.nn.Module):
     """``y = x W^T + b`` with ``W`` kept in bfloat16 inside a float32 model (``x`` rounded to bfloat16 for the
     product, ``y`` and ``b`` in ``x``'s dtype): a GGUF tensor of a type the int4 kernel does not hold (Q6_K, Q8_0,
-    ...) at its file's precision, where re-quantising it to 4 bits would change the model."""
+    ...) at its file's precision, where re-quantising it to 4 bits would change the model; or an int4 target's
+    twin for its prompts (:class:`Int4Linear`). ``weight`` ``[out, in]``, ``bias`` ``[out]`` or None."""
 
-    def __init__(self, linear: torch.nn.Linear) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         super().__init__()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.register_buffer("weight", linear.weight.detach().to(torch.bfloat16).clone())
-        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float().clone())
+        self.out_features, self.in_features = weight.shape
+        self.register_buffer("weight", weight.detach().to(torch.bfloat16).clone())
+        self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
+
+    @classmethod
+    def from_linear(cls, linear: torch.nn.Linear) -> "BFloat16Linear":
+        """``linear``'s weight and bias, the weight kept in bfloat16."""
+        return cls(linear.weight, linear.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = torch.nn.functional.linear(x.to(torch.bfloat16), self.weight).to(x.dtype)
@@ -166,20 +206,24 @@ def group_size_for(linear: torch.nn.Linear, preferred: int = GROUP_SIZE) -> int 
     return max(fits) if fits else None
 
 
-def quantize_int4(model: torch.nn.Module, group_size: int = GROUP_SIZE, wide: bool = True) -> torch.nn.Module:
+def quantize_int4(model: torch.nn.Module, group_size: int = GROUP_SIZE, twin: str | None = "int8"
+                  ) -> torch.nn.Module:
     """Replace every ``nn.Linear`` of a float32 CPU model that the kernel takes by an :class:`Int4Linear`, in
     place; returns ``model``. Tied weights (an LM head sharing the embeddings) are copied, not shared: the
-    embeddings stay float32. ``wide``: each layer keeps an int8 twin for wide inputs (a draft's prompt); False
-    for a target, whose every forward must run one set of weights (its law is what the output follows)."""
+    embeddings stay float32. ``twin``: what each layer runs wide inputs on (see the module): ``"int8"``, a draft's
+    re-quantisation for its prompt; ``"bfloat16"``, a target's own 4-bit weights in bfloat16 for its prompt (its
+    law is what the output follows); None, the kernel for every input."""
     if group_size not in _GROUPS:
         raise ValueError(f"group_size must be one of {_GROUPS} (the int4 kernel's), got {group_size!r}")
+    if twin is not None and twin not in TWINS:
+        raise ValueError(f"twin must be one of {TWINS} or None, got {twin!r}")
     _check_cpu_float32(model, "int4 quantisation")
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
             if isinstance(child, torch.nn.Linear):
                 group = group_size_for(child, group_size)
                 if group is not None:
-                    setattr(module, name, Int4Linear.from_linear(child, group, wide))
+                    setattr(module, name, Int4Linear.from_linear(child, group, twin))
     return model
 
 

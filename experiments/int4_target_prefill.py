@@ -1,0 +1,104 @@
+"""An int4 target's prompt on torch's int4 kernel against its layers' bfloat16 twins of the same 4-bit weights
+(``treespec.models.quantized``: inputs of ``PROMPT_ROWS`` rows or more take the twin), and what that does to a whole
+run. The built-in target in its GGUF file's own blocks (``load(..., dtype="int4")``), HumanEval ``--prompts``,
+``--rounds`` rounds in alternating order:
+
+* the target's prefill (the prompt less its last token, as treespec's prefill commits it; no logits), seconds;
+* ``treespec.generate`` with the int4 draft (``dtype="auto"``) drafting a depth-``--depth`` chain, ``--tokens``
+  greedy tokens: tok/s including the prefill, the int4 target with its twins and without them (the kernel for every
+  input), beside the bfloat16 target (the file dequantised) with the same chain; greedy agreement of the two int4
+  runs (the same model: they may differ at ties only).
+
+Run at the commit that added the twins, the Zen 4 host (family 25 model 17), alone, 2 rounds, HumanEval 150-155
+(63-272 prompt tokens), a depth-4 chain (what the tuner picked for this int4 target in
+``experiments/results/llamacpp-cpu``), 64 tokens: prefill median **2.26 s with the twins, 3.21 s on the kernel**
+(per prompt 1.70-3.39 against 2.12-5.48); whole runs **10.02 tok/s with the twins, 8.42 on the kernel**, 8.96 for
+the bfloat16 target with the same chain; the int4 outputs identical with and without twins on 6/6 prompts.
+
+    python experiments/int4_target_prefill.py --rounds 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import time
+from typing import Iterator
+
+import torch
+
+import treespec
+from tree_builders import TreeShape
+from treespec.bench.datasets import humaneval_prompts
+from treespec.drafters.model import ModelDrafter
+from treespec.models.loading import DEFAULT_DRAFT, DEFAULT_TARGET, load
+from treespec.models.quantized import Int4Linear
+
+
+@contextlib.contextmanager
+def kernel_only(model: torch.nn.Module) -> Iterator[None]:
+    """``model``'s int4 layers run every input on the kernel (their twins set aside)."""
+    layers = [m for m in model.modules() if isinstance(m, Int4Linear)]
+    kept = [m.wide_rows for m in layers]
+    for m in layers:
+        m.wide_rows = 1 << 30
+    try:
+        yield
+    finally:
+        for m, rows in zip(layers, kept):
+            m.wide_rows = rows
+
+
+@torch.inference_mode()
+def prefill_seconds(model: torch.nn.Module, ids: list[int]) -> float:
+    start = time.perf_counter()
+    model(torch.tensor([ids[:-1]]), use_cache=True, logits_to_keep=1)
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--prompts", default="150:156", metavar="A:B", help="HumanEval problems A..B-1")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--depth", type=int, default=4, help="the chain's depth")
+    ap.add_argument("--tokens", type=int, default=64)
+    args = ap.parse_args()
+    torch.set_num_threads(2)
+    int4, tok = load(DEFAULT_TARGET, dtype="int4", role="target")
+    bf16, _ = load(DEFAULT_TARGET, dtype="bfloat16", role="target")
+    draft, _ = load(DEFAULT_DRAFT, dtype="auto", role="draft")
+    chain = TreeShape.from_paths([tuple([0] * k) for k in range(1, args.depth + 1)])
+    a, b = (int(x) for x in args.prompts.split(":"))
+    prompts = [tok(text)["input_ids"] for text in humaneval_prompts(a, b)]
+    arms = {"int4, twins": (int4, contextlib.nullcontext), "int4, kernel only": (int4, lambda: kernel_only(int4)),
+            "bfloat16": (bf16, contextlib.nullcontext)}
+    prefill = {k: [] for k in arms if k != "bfloat16"}
+    tokens = {k: 0 for k in arms}
+    seconds = {k: 0.0 for k in arms}
+    outputs: dict[str, list] = {k: [] for k in arms}
+    treespec.generate(int4, prompts[0], [ModelDrafter(draft, chain)], max_new_tokens=4)  # warm-up
+    for rnd in range(args.rounds):
+        order = list(arms) if rnd % 2 == 0 else list(arms)[::-1]
+        for i, ids in enumerate(prompts):
+            for name in order:
+                model, context = arms[name]
+                with context():
+                    if name in prefill:
+                        prefill[name].append(prefill_seconds(model, ids))
+                    out = treespec.generate(model, ids, [ModelDrafter(draft, chain)], max_new_tokens=args.tokens)
+                tokens[name] += len(out.new_tokens)
+                seconds[name] += out.stats.seconds
+                if rnd == 0:
+                    outputs[name].append(out.new_tokens)
+            print(f"round {rnd} prompt {a + i} ({len(ids)} tokens): "
+                  + ", ".join(f"{k} prefill {v[-1]:.2f} s" for k, v in prefill.items()), flush=True)
+    for name in arms:
+        extra = (f", prefill median {statistics.median(prefill[name]):.2f} s" if name in prefill else "")
+        print(f"{name}: {tokens[name] / seconds[name]:.2f} tok/s{extra}")
+    same = sum(x == y for x, y in zip(outputs["int4, twins"], outputs["int4, kernel only"]))
+    print(f"int4 outputs identical with and without twins on {same}/{len(prompts)} prompts")
+
+
+if __name__ == "__main__":
+    main()
