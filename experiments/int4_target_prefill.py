@@ -7,7 +7,10 @@ run. The built-in target in its GGUF file's own blocks (``load(..., dtype="int4"
 * ``treespec.generate`` with the int4 draft (``dtype="auto"``) drafting a depth-``--depth`` chain, ``--tokens``
   greedy tokens: tok/s including the prefill, the int4 target with its twins and without them (the kernel for every
   input), beside the bfloat16 target (the file dequantised) with the same chain; greedy agreement of the two int4
-  runs (the same model: they may differ at ties only).
+  runs (the same model: they may differ at ties only);
+* ``--tuned``: instead, each target with the tree the tuner sizes for it (``resolve``, the default recipe: Sequoia
+  over the shipped acceptance of the int4 draft, the profile and pilot of that target's precision, cached), eager
+  steps: which precision of the GGUF's target is fastest here with its own best tree.
 
 Run at the commit that added the twins, the Zen 4 host (family 25 model 17), alone, 2 rounds, HumanEval 150-155
 (63-272 prompt tokens), a depth-4 chain (what the tuner picked for this int4 target in
@@ -31,9 +34,12 @@ import torch
 import treespec
 from tree_builders import TreeShape
 from treespec.bench.datasets import humaneval_prompts
+from treespec.calibrate.choices import resolve
+from treespec.calibrate.vectors import acceptance_for_draft
 from treespec.drafters.model import ModelDrafter
 from treespec.models.loading import DEFAULT_DRAFT, DEFAULT_TARGET, load
 from treespec.models.quantized import Int4Linear
+from treespec.recipes import Recipe, run
 
 
 @contextlib.contextmanager
@@ -63,6 +69,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--depth", type=int, default=4, help="the chain's depth")
     ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--tuned", action="store_true", help="each target with its own tuned tree (no kernel-only arm)")
     args = ap.parse_args()
     torch.set_num_threads(2)
     int4, tok = load(DEFAULT_TARGET, dtype="int4", role="target")
@@ -73,6 +80,16 @@ def main() -> None:
     prompts = [tok(text)["input_ids"] for text in humaneval_prompts(a, b)]
     arms = {"int4, twins": (int4, contextlib.nullcontext), "int4, kernel only": (int4, lambda: kernel_only(int4)),
             "bfloat16": (bf16, contextlib.nullcontext)}
+    generate = {k: (lambda m, ids: treespec.generate(m, ids, [ModelDrafter(draft, chain)], max_new_tokens=args.tokens))
+                for k in arms}
+    if args.tuned:
+        del arms["int4, kernel only"]
+        acceptance, walk = acceptance_for_draft(None, 0.0, draft)
+        for name, (model, _) in arms.items():
+            resolved = resolve(Recipe(tree="sequoia", acceptance=acceptance), model, [draft], tokenizer=tok,
+                               max_new_tokens=args.tokens, walk=walk)
+            print(f"{name}: {resolved.why}", flush=True)
+            generate[name] = lambda m, ids, r=resolved.recipe: run(r, m, [draft], ids, max_new_tokens=args.tokens)
     prefill = {k: [] for k in arms if k != "bfloat16"}
     tokens = {k: 0 for k in arms}
     seconds = {k: 0.0 for k in arms}
@@ -86,7 +103,7 @@ def main() -> None:
                 with context():
                     if name in prefill:
                         prefill[name].append(prefill_seconds(model, ids))
-                    out = treespec.generate(model, ids, [ModelDrafter(draft, chain)], max_new_tokens=args.tokens)
+                    out = generate[name](model, ids)
                 tokens[name] += len(out.new_tokens)
                 seconds[name] += out.stats.seconds
                 if rnd == 0:
@@ -96,8 +113,9 @@ def main() -> None:
     for name in arms:
         extra = (f", prefill median {statistics.median(prefill[name]):.2f} s" if name in prefill else "")
         print(f"{name}: {tokens[name] / seconds[name]:.2f} tok/s{extra}")
-    same = sum(x == y for x, y in zip(outputs["int4, twins"], outputs["int4, kernel only"]))
-    print(f"int4 outputs identical with and without twins on {same}/{len(prompts)} prompts")
+    if "int4, kernel only" in outputs:
+        same = sum(x == y for x, y in zip(outputs["int4, twins"], outputs["int4, kernel only"]))
+        print(f"int4 outputs identical with and without twins on {same}/{len(prompts)} prompts")
 
 
 if __name__ == "__main__":
