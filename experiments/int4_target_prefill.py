@@ -10,7 +10,8 @@ run. The built-in target in its GGUF file's own blocks (``load(..., dtype="int4"
   runs (the same model: they may differ at ties only);
 * ``--tuned``: instead, each target with the tree the tuner sizes for it (``resolve``, the default recipe: Sequoia
   over the shipped acceptance of the int4 draft, the profile and pilot of that target's precision, cached), eager
-  steps: which precision of the GGUF's target is fastest here with its own best tree.
+  steps (``--compile``: the captured step, inductor with weight freezing, each arm's compiles paid in an untimed run
+  of the first prompt): which precision of the GGUF's target is fastest here with its own best tree.
 
 Run at the commit that added the twins, the Zen 4 host (family 25 model 17), alone, 2 rounds, HumanEval 150-155
 (63-272 prompt tokens), a depth-4 chain (what the tuner picked for this int4 target in
@@ -18,13 +19,21 @@ Run at the commit that added the twins, the Zen 4 host (family 25 model 17), alo
 (per prompt 1.70-3.39 against 2.12-5.48); whole runs **10.02 tok/s with the twins, 8.42 on the kernel**, 8.96 for
 the bfloat16 target with the same chain; the int4 outputs identical with and without twins on 6/6 prompts.
 
-    python experiments/int4_target_prefill.py --rounds 2
+``--tuned`` at 83df0b2 (same host, alone, 2 rounds): the tuner gave the int4 target a depth-3 chain (budget 4:
+predicted tau 3.37, 0.197 s per step, against 0.093 s per token of HF's own decoding of the int4 model) and the
+bfloat16 target its depth-8 chain (5.51, 0.413 s, 0.254 s per token plain): **int4 10.65 tok/s, bfloat16 9.58**,
+prefill included (the int4 prefill median 2.75 s this time). ``--tuned --compile`` right after (the same trees in the
+captured step, inductor with freezing; compiles 143 s for int4, 197 s for bfloat16, untimed): **int4 12.36 tok/s,
+bfloat16 10.32**.
+
+    python experiments/int4_target_prefill.py --rounds 2 [--tuned [--compile]]
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import statistics
 import time
 from typing import Iterator
@@ -70,6 +79,7 @@ def main() -> None:
     ap.add_argument("--depth", type=int, default=4, help="the chain's depth")
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--tuned", action="store_true", help="each target with its own tuned tree (no kernel-only arm)")
+    ap.add_argument("--compile", action="store_true", help="with --tuned: the captured step")
     args = ap.parse_args()
     torch.set_num_threads(2)
     int4, tok = load(DEFAULT_TARGET, dtype="int4", role="target")
@@ -89,7 +99,13 @@ def main() -> None:
             resolved = resolve(Recipe(tree="sequoia", acceptance=acceptance), model, [draft], tokenizer=tok,
                                max_new_tokens=args.tokens, walk=walk)
             print(f"{name}: {resolved.why}", flush=True)
-            generate[name] = lambda m, ids, r=resolved.recipe: run(r, m, [draft], ids, max_new_tokens=args.tokens)
+            recipe = dataclasses.replace(resolved.recipe, compile=args.compile)
+            generate[name] = lambda m, ids, r=recipe: run(r, m, [draft], ids, max_new_tokens=args.tokens)
+            if args.compile:
+                torch._inductor.config.freezing = True  # as bench_llamacpp's captured method
+                start = time.perf_counter()
+                generate[name](model, prompts[0])
+                print(f"{name}: compiled in an untimed first run of {time.perf_counter() - start:.0f} s", flush=True)
     prefill = {k: [] for k in arms if k != "bfloat16"}
     tokens = {k: 0 for k in arms}
     seconds = {k: 0.0 for k in arms}
