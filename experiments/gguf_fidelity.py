@@ -5,9 +5,10 @@ file's blocks decode). Against it, on held-out text (HumanEval problems with the
 lee-news leads: text none of treespec's calibrations saw), teacher-forced: the share of positions where the
 next-token argmax agrees, the mean KL divergence from the reference's next-token distribution, and each model's
 perplexity on the text. Candidates: bfloat16 (the float weights rounded), ``int4`` as loaded (the file's own
-4-bit blocks; its other types in bfloat16: ``treespec.models.gguf_blocks.with_file_blocks``), and, as the
-control, every layer re-quantised to 4 bits from the float weights (what ``int4`` does to a model that has no
-file blocks).
+4-bit blocks; its other types in bfloat16: ``treespec.models.gguf_blocks.with_file_blocks``) twice: on the kernel,
+as its decoding steps run, and on its layers' bfloat16 twins of the same codes, as its prompts run (a teacher-forced
+text is one wide input: ``treespec.models.quantized``), and, as the control, every layer re-quantised to 4 bits
+from the float weights (what ``int4`` does to a model that has no file blocks), on the kernel.
 
     python experiments/gguf_fidelity.py --out experiments/results/gguf-fidelity-cpu
 """
@@ -25,7 +26,15 @@ import torch
 from treespec.bench.datasets import dataset_prompts, humaneval_tasks
 from treespec.common.machine import machine
 from treespec.models import DEFAULT_TARGET, load
-from treespec.models.quantized import quantize_int4
+from treespec.models.quantized import Int4Linear, quantize_int4
+
+
+def kernel_only(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` with its int4 layers' twins dropped: every input on the kernel."""
+    for m in model.modules():
+        if isinstance(m, Int4Linear):
+            m.__dict__["wide"] = None
+    return model
 
 
 def texts(humaneval: range, lee: range, max_tokens: int, tok) -> list[torch.Tensor]:
@@ -60,9 +69,12 @@ def main(argv: list[str] | None = None) -> dict:
     reference, tok = load(args.target, dtype="float32")
     batches = texts(range(160, 164), range(40, 44), args.max_tokens, tok)
     candidates = {"bfloat16": lambda: load(args.target, dtype="bfloat16")[0],
-                  "int4 (file blocks, other types bfloat16)": lambda: load(args.target, dtype="int4")[0],
-                  "int4 re-quantised from the float weights (control)":
-                      lambda: quantize_int4(copy.deepcopy(reference), group_size=32, twin="bfloat16")}
+                  "int4 (file blocks, other types bfloat16), the kernel (its steps)":
+                      lambda: kernel_only(load(args.target, dtype="int4")[0]),
+                  "int4 (file blocks, other types bfloat16), the bfloat16 twins (its prompts)":
+                      lambda: load(args.target, dtype="int4")[0],
+                  "int4 re-quantised from the float weights (control), the kernel":
+                      lambda: quantize_int4(copy.deepcopy(reference), group_size=32, twin=None)}
     rows = {}
     for name, make in candidates.items():
         model = make()
