@@ -110,8 +110,8 @@ def test_quantised_sampling_drafter_keeps_the_joint_law(small_pair, case):
 
 
 def test_an_int4_target_keeps_the_joint_law():
-    """A quantised target (int4, its prompt on a bfloat16 twin of its own weights: no int8 twin) with a float draft: the output
-    follows the int4 target's own law (test_exactness's power calculation), the law as loaded."""
+    """A quantised target (int4, its prompt on a bfloat16 twin of its own weights: no int8 twin) with a float draft:
+    the output follows the int4 target's own law (test_exactness's power calculation), the law as loaded."""
     base = tiny_model("llama", vocab=6, hidden=32, layers=1, scale=3, seed=5)
     draft = perturbed_copy(base, 2.0, seed=2)
     target = to_precision(base, "int4", twin="bfloat16")

@@ -1,4 +1,5 @@
-"""Quantised Linear layers for CPU drafts: ``int8`` (``torch.ao``'s dynamic quantisation) and ``int4``.
+"""Quantised Linear layers on the CPU: ``int8`` (``torch.ao``'s dynamic quantisation, drafts) and ``int4`` (drafts,
+and targets: a GGUF file's own 4-bit blocks, ``treespec.models.gguf_blocks``).
 
 A draft model's forward over a few tree tokens reads every weight once and does little arithmetic
 with it: on a CPU its speed is the memory traffic of its weights. Both precisions quantise every
@@ -30,14 +31,17 @@ them (the captured step prefills an int4 draft eagerly, ``treespec.core.prefill.
 The draft's cache of the prompt then holds int8 results and its drafting int4 ones: both are the
 draft's own forwards, so its proposals stay exact drafts; only their acceptance could differ.
 
-A target cannot take other weights for its prompt (its law is what the output follows), and on the kernel the built-in
-target's prompts of 63-272 tokens took 3.21 s (median) against 2.26 s for the same weights in bfloat16
+A target cannot take other weights for its prompt (its law is what the output follows), and on the kernel the
+built-in target's prompts of 63-272 tokens took 3.21 s (median) against 2.26 s for the same weights in bfloat16
 (``experiments/int4_target_prefill.py``: whole 64-token runs 8.42 against 10.02 tok/s). So an int4 target's layers
-keep a **bfloat16 twin of their own 4-bit weights** (``twin="bfloat16"``: ``(code - 8) * scale +
-zero`` with the kernel's bfloat16 scales, rounded to bfloat16) for inputs of at least :data:`PROMPT_ROWS` rows
-outside ``torch.compile``: a prompt. A tree is never that wide on a CPU target in int4 (its forward grows with every
-four tokens), so every step verifies on the kernel, as HF's decoding of the same model does; the twin holds the
-same weights up to bfloat16 rounding (one part in 512), the rounding any two kernels differ by.
+keep a **bfloat16 twin of their own 4-bit weights** (``twin="bfloat16"``: ``(code - 8) * scale + zero`` with the
+kernel's bfloat16 scales, rounded to bfloat16) for inputs of at least :data:`PROMPT_ROWS` rows outside
+``torch.compile``: a prompt. A tree is never that wide on a CPU target in int4 (its forward grows with every four
+tokens), so every step verifies on the kernel, as HF's decoding of the same model does; the twin holds the same
+weights up to bfloat16 rounding (one part in 512: next-token KL from the file 0.00039 against the kernel's 0.00035,
+``experiments/results/gguf-fidelity-cpu``), the rounding any two kernels differ by. One length rounds apart: a prompt
+of exactly ``PROMPT_ROWS`` tokens, which HF's prefill runs on the twins and treespec's (the prompt less its last
+token) on the kernel; the two can then part at a near-tie, as forwards over a tree and over one token can.
 """
 
 from __future__ import annotations
