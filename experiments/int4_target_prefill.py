@@ -13,8 +13,8 @@ run. The built-in target in its GGUF file's own blocks (``load(..., dtype="int4"
   steps (``--compile``: the captured step, inductor with weight freezing, each arm's compiles paid in an untimed run
   of the first prompt): which precision of the GGUF's target is fastest here with its own best tree.
 
-Run at the commit that added the twins, the Zen 4 host (family 25 model 17), alone, 2 rounds, HumanEval 150-155
-(63-272 prompt tokens), a depth-4 chain (what the tuner picked for this int4 target in
+Run at 0a7121e (the commit that added the twins), the Zen 4 host (family 25 model 17), alone, 2 rounds, HumanEval
+150-155 (63-272 prompt tokens), a depth-4 chain (what the tuner picked for this int4 target in
 ``experiments/results/llamacpp-cpu``), 64 tokens: prefill median **2.26 s with the twins, 3.21 s on the kernel**
 (per prompt 1.70-3.39 against 2.12-5.48); whole runs **10.02 tok/s with the twins, 8.42 on the kernel**, 8.96 for
 the bfloat16 target with the same chain; the int4 outputs identical with and without twins on 6/6 prompts.
