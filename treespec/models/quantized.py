@@ -37,9 +37,10 @@ built-in target's prompts of 63-272 tokens took 3.21 s (median) against 2.26 s f
 keep a **bfloat16 twin of their own 4-bit weights** (``twin="bfloat16"``: ``(code - 8) * scale + zero`` with the
 kernel's bfloat16 scales, rounded to bfloat16) for inputs of at least :data:`PROMPT_ROWS` rows outside
 ``torch.compile``: a prompt. A tree is never that wide on a CPU target in int4 (its forward grows with every four
-tokens: ``experiments/linear_kernels_by_rows.py``), so every step verifies on the kernel, as HF's decoding of the same model does; the twin holds the same
-weights up to bfloat16 rounding (one part in 512: next-token KL from the file 0.00039 against the kernel's 0.00035,
-``experiments/results/gguf-fidelity-cpu``), the rounding any two kernels differ by. One length rounds apart: a prompt
+tokens: ``experiments/linear_kernels_by_rows.py``), so every step verifies on the kernel, as HF's decoding of the
+same model does; the twin holds the same weights up to bfloat16 rounding (one part in 512: next-token KL from the
+file 0.00039 against the kernel's 0.00035, ``experiments/results/gguf-fidelity-cpu``), the rounding any two kernels
+differ by. One length rounds apart: a prompt
 of exactly ``PROMPT_ROWS`` tokens, which HF's prefill runs on the twins and treespec's (the prompt less its last
 token) on the kernel; the two can then part at a near-tie, as forwards over a tree and over one token can.
 """
