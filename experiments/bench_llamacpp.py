@@ -12,7 +12,8 @@ prompt (``treespec.bench.compare``):
 * ``treespec``: what ``treespec generate`` runs by default (the target in the precision measured fastest here,
   the draft likewise, the tuned tree);
 * ``treespec-int4``: the same with the target in the file's own 4-bit blocks (``load(..., dtype="int4")``:
-  Q4_K blocks kept exactly, the file's Q6_K tensors re-quantized), tree tuned for it;
+  Q4_K blocks kept exactly, the file's Q6_K tensors in bfloat16, its prompt on bfloat16 twins), tree tuned for it;
+* ``treespec-int4-captured``: that int4 target in the captured step (``--compile``);
 * ``treespec-captured``: ``treespec generate --compile`` (the bfloat16 target, the captured step, inductor
   weight freezing; its compiles are paid in an untimed run of the first prompt, as every treespec method's).
 
@@ -52,7 +53,7 @@ from treespec.models.packaged import REGISTRY, assemble_gguf, chunk_paths
 from treespec.models.precision import precision_of
 from treespec.recipes import Recipe, run
 
-TREESPEC = ("treespec", "treespec-int4", "treespec-captured")
+TREESPEC = ("treespec", "treespec-int4", "treespec-captured", "treespec-int4-captured")
 
 
 def gguf_file(name: str) -> Path:
@@ -112,9 +113,9 @@ def treespec_methods(tok: Any, names: list[str], n: int) -> tuple[list[compare.M
     vector = default_acceptance(None, 0.0)
     methods, why = [], {}
     for name in names:
-        captured = name == "treespec-captured"
-        target = model(DEFAULT_TARGET, "target", {"treespec-int4": "int4", "treespec-captured": "bfloat16"}.get(
-            name, "auto"))
+        captured = name.endswith("-captured")
+        target = model(DEFAULT_TARGET, "target", {"treespec-int4": "int4", "treespec-int4-captured": "int4",
+                                                  "treespec-captured": "bfloat16"}.get(name, "auto"))
         drafts = [model(DEFAULT_DRAFT, "draft", "auto", traceable=captured)]
         resolved = resolve(Recipe(tree="sequoia", acceptance=vector, compile=captured), target, drafts, tokenizer=tok,
                            max_new_tokens=n, cache_file=cache_root() / "profiles.json")
@@ -170,7 +171,7 @@ def main(argv: list[str] | None = None) -> dict:
     bins = llamacpp.find_binaries(args.llamacpp_bin)
     args.out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(args.threads)
-    if "treespec-captured" in args.treespec:
+    if any(name.endswith("-captured") for name in args.treespec):
         torch._inductor.config.freezing = True
     target_file, draft_file = gguf_file(DEFAULT_TARGET), gguf_file(DEFAULT_DRAFT)
     _, tok = load(DEFAULT_TARGET, dtype="bfloat16", role="target")
