@@ -98,6 +98,21 @@ def test_a_step_graph_runs_the_layout_switched_outside_it(seen):
     assert type(model.lm_head) is torch.nn.Linear
 
 
+def test_a_frozen_graph_runs_stock_layers(monkeypatch):
+    """Inductor without a mode (the CPU's, which freezes the weights) packs a stock ``nn.Linear``'s weight for
+    oneDNN and not a weight-first product: ``compile_graph`` leaves such a graph's models stock, and switches them
+    for any other backend (``torch.compile`` made the identity here: what the call wrapper does is what is read)."""
+    model = weight_first(tiny_model("qwen2", vocab=40, seed=2))
+    monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: fn)
+
+    def forward():
+        return isinstance(model.lm_head, ll.WeightFirstLinear)
+
+    assert compile_graph(forward, "inductor", None, (model,))() is False
+    assert compile_graph(forward, "inductor", "reduce-overhead", (model,))() is True  # CUDA graphs: no freezing
+    assert compile_graph(forward, "aot_eager", None, (model,))() is True
+
+
 def test_sampled_law_through_weight_first_layers():
     """The joint law of 3 sampled tokens (tests/test_exactness.py's G-test) with weight-first target and draft."""
     target = weight_first(tiny_model("llama", vocab=6, hidden=16, layers=1, scale=3, seed=5))

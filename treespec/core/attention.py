@@ -95,10 +95,10 @@ def grouped_attention(*models: torch.nn.Module) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def own_kernels(*models: torch.nn.Module) -> Iterator[None]:
+def own_kernels(*models: torch.nn.Module, layouts: bool = True) -> Iterator[None]:
     """The kernels treespec's forwards run the models with, for the block: :func:`grouped_attention`, and each
-    model's measured ``nn.Linear`` layout (``linear_layout``)."""
-    with grouped_attention(*models), linear_layout(*models):
+    model's measured ``nn.Linear`` layout (``linear_layout``; ``layouts=False``: stock layers)."""
+    with grouped_attention(*models), linear_layout(*(models if layouts else ())):
         yield
 
 
