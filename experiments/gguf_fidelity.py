@@ -16,6 +16,7 @@ from the float weights (what ``int4`` does to a model that has no file blocks), 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import math
@@ -26,15 +27,8 @@ import torch
 from treespec.bench.datasets import dataset_prompts, humaneval_tasks
 from treespec.common.machine import machine
 from treespec.models import DEFAULT_TARGET, load
-from treespec.models.quantized import Int4Linear, quantize_int4
+from treespec.models.quantized import kernel_only, quantize_int4
 
-
-def kernel_only(model: torch.nn.Module) -> torch.nn.Module:
-    """``model`` with its int4 layers' twins dropped: every input on the kernel."""
-    for m in model.modules():
-        if isinstance(m, Int4Linear):
-            m.__dict__["wide"] = None
-    return model
 
 
 def texts(humaneval: range, lee: range, max_tokens: int, tok) -> list[torch.Tensor]:
@@ -68,17 +62,17 @@ def main(argv: list[str] | None = None) -> dict:
     args.out.mkdir(parents=True, exist_ok=True)
     reference, tok = load(args.target, dtype="float32")
     batches = texts(range(160, 164), range(40, 44), args.max_tokens, tok)
+    int4 = "int4 (file blocks, other types bfloat16)"
     candidates = {"bfloat16": lambda: load(args.target, dtype="bfloat16")[0],
-                  "int4 (file blocks, other types bfloat16), the kernel (its steps)":
-                      lambda: kernel_only(load(args.target, dtype="int4")[0]),
-                  "int4 (file blocks, other types bfloat16), the bfloat16 twins (its prompts)":
-                      lambda: load(args.target, dtype="int4")[0],
+                  f"{int4}, the kernel (its steps)": lambda: load(args.target, dtype="int4")[0],
+                  f"{int4}, the bfloat16 twins (its prompts)": lambda: load(args.target, dtype="int4")[0],
                   "int4 re-quantised from the float weights (control), the kernel":
                       lambda: quantize_int4(copy.deepcopy(reference), group_size=32, twin=None)}
     rows = {}
     for name, make in candidates.items():
         model = make()
-        rows[name] = compare(reference, model, batches)
+        with kernel_only(model) if name.endswith("(its steps)") else contextlib.nullcontext():
+            rows[name] = compare(reference, model, batches)
         print(name, rows[name], flush=True)
         del model
     result = {"machine": machine("cpu"), "target": args.target, "texts": "HumanEval 160-163 (prompt + canonical "

@@ -36,8 +36,6 @@ import contextlib
 import dataclasses
 import statistics
 import time
-from typing import Iterator
-
 import torch
 
 import treespec
@@ -47,22 +45,8 @@ from treespec.calibrate.choices import resolve
 from treespec.calibrate.vectors import acceptance_for_draft
 from treespec.drafters.model import ModelDrafter
 from treespec.models.loading import DEFAULT_DRAFT, DEFAULT_TARGET, load
-from treespec.models.quantized import Int4Linear
+from treespec.models.quantized import kernel_only
 from treespec.recipes import Recipe, run
-
-
-@contextlib.contextmanager
-def kernel_only(model: torch.nn.Module) -> Iterator[None]:
-    """``model``'s int4 layers run every input on the kernel (their twins set aside)."""
-    layers = [m for m in model.modules() if isinstance(m, Int4Linear)]
-    kept = [m.wide_rows for m in layers]
-    for m in layers:
-        m.wide_rows = 1 << 30
-    try:
-        yield
-    finally:
-        for m, rows in zip(layers, kept):
-            m.wide_rows = rows
 
 
 @torch.inference_mode()

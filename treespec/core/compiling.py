@@ -43,7 +43,7 @@ def compile_graph(fn: Callable, backend: str, mode: str | None, models: tuple[to
     model's ``nn.Linear`` layout: ``attention.own_kernels``) around every call, outside the graph; a frozen graph
     keeps stock layers: freezing packs their weights for oneDNN, which a weight-first product (a plain matmul) does
     not get (on the Zen 4 host the 1.5B bfloat16 target's compiled 9-token forward took 136-148 ms stock against
-    207-217 weight-first, the layout its eager forwards measured as a tie).
+    207-217 weight-first, the layout its eager forwards measured as a tie: ``experiments/compiled_layout.py``).
 
     ``dynamic=False``: every runner compiles the same code objects for its own shapes (a batch's rows, an
     envelope's widths), and dynamo's default would trace every runner after the first with those sizes symbolic

@@ -40,14 +40,16 @@ kernel's bfloat16 scales, rounded to bfloat16) for inputs of at least :data:`PRO
 tokens: ``experiments/linear_kernels_by_rows.py``), so every step verifies on the kernel, as HF's decoding of the
 same model does; the twin holds the same weights up to bfloat16 rounding (one part in 512: next-token KL from the
 file 0.00039 against the kernel's 0.00035, ``experiments/results/gguf-fidelity-cpu``), the rounding any two kernels
-differ by. One length rounds apart: a prompt
-of exactly ``PROMPT_ROWS`` tokens, which HF's prefill runs on the twins and treespec's (the prompt less its last
-token) on the kernel; the two can then part at a near-tie, as forwards over a tree and over one token can.
+differ by. One length rounds apart: a prompt of exactly ``PROMPT_ROWS`` tokens, which HF's prefill runs on the
+twins and treespec's (the prompt less its last token) on the kernel; the two can then part at a near-tie, as
+forwards over a tree and over one token can. :func:`kernel_only` sets the twins aside for a block (measurements).
 """
 
 from __future__ import annotations
 
+import contextlib
 import warnings
+from typing import Iterator
 
 import torch
 
@@ -70,17 +72,15 @@ class Int4Linear(torch.nn.Module):
     ``scales_and_zeros`` (``[in / group, out, 2]`` bfloat16: ``W = (code - 8) * scale + zero``)."""
 
     def __init__(self, packed: torch.Tensor, scales_and_zeros: torch.Tensor, group_size: int, in_features: int,
-                 out_features: int, bias: torch.Tensor | None, wide: torch.nn.Module | None = None,
-                 wide_rows: int = WIDE_ROWS) -> None:
+                 out_features: int, bias: torch.Tensor | None) -> None:
         super().__init__()
         self.in_features, self.out_features, self.group_size = in_features, out_features, group_size
         self.register_buffer("packed", packed)
         self.register_buffer("scales_and_zeros", scales_and_zeros)
         self.register_buffer("bias", bias)
-        # the twin for inputs of at least wide_rows rows: a plain attribute, not a submodule (torch.compile never
-        # sees it, and model.modules() lists no torch.ao layer, so the model still counts as traceable)
-        self.__dict__["wide"] = wide
-        self.wide_rows = wide_rows
+        # the twin for inputs of at least wide_rows rows (:meth:`_with`): a plain attribute, not a submodule
+        # (torch.compile never sees it, and model.modules() lists no torch.ao layer: the model counts as traceable)
+        self.__dict__["wide"], self.wide_rows = None, WIDE_ROWS
 
     @classmethod
     def from_linear(cls, linear: torch.nn.Linear, group_size: int | None = None, twin: str | None = "int8"
@@ -230,6 +230,20 @@ def quantize_int4(model: torch.nn.Module, group_size: int = GROUP_SIZE, twin: st
                 if group is not None:
                     setattr(module, name, Int4Linear.from_linear(child, group, twin))
     return model
+
+
+@contextlib.contextmanager
+def kernel_only(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """``model`` with its int4 layers running every input on the kernel for the block (their twins set aside)."""
+    layers = [m for m in model.modules() if isinstance(m, Int4Linear)]
+    kept = [m.wide for m in layers]
+    for m in layers:
+        m.__dict__["wide"] = None
+    try:
+        yield model
+    finally:
+        for m, wide in zip(layers, kept):
+            m.__dict__["wide"] = wide
 
 
 def has_int4(model: torch.nn.Module) -> bool:
