@@ -9,13 +9,14 @@ prompt (``treespec.bench.compare``):
 * ``llamacpp-speculative-d<N>``: llama.cpp's speculative decoding with the 0.5B file as its draft
   (``llama-speculative-simple``), at the ``--draft-max`` found fastest by a small search on prompts disjoint from
   the measured ones (``search.json``; candidates ``--search-draft-max``);
-* ``treespec``: what ``treespec generate`` runs by default (the target in the precision measured fastest here,
-  the draft likewise, the tuned tree);
-* ``treespec-int4``: the same with the target in the file's own 4-bit blocks (``load(..., dtype="int4")``:
-  Q4_K blocks kept exactly, the file's Q6_K tensors in bfloat16, its prompt on bfloat16 twins), tree tuned for it;
-* ``treespec-int4-captured``: that int4 target in the captured step (``--compile``);
-* ``treespec-captured``: ``treespec generate --compile`` (the bfloat16 target, the captured step, inductor
-  weight freezing; its compiles are paid in an untimed run of the first prompt, as every treespec method's).
+* ``treespec``: what ``treespec generate`` runs by default: the target in the precision whose tuned tree is
+  predicted fastest here (``treespec.calibrate.target_precision``: bfloat16, the file dequantised, or int4, the
+  file's own 4-bit blocks: Q4_K blocks kept exactly, its Q6_K tensors in bfloat16, its prompt on bfloat16 twins),
+  the draft in the precision measured fastest, the tuned tree;
+* ``treespec-captured``: ``treespec generate --compile`` (that target, the captured step, inductor weight freezing;
+  its compiles are paid in an untimed run of the first prompt, as every treespec method's);
+* ``treespec-int4``, ``treespec-bfloat16`` (and ``-captured``): the same with the target in that precision, the
+  tree tuned for it.
 
 A llama.cpp method's seconds are its own timers (prompt evaluation + decoding, model load excluded, as
 treespec's is; ``treespec.bench.llamacpp``). Speedups are paired per prompt with bootstrap 95% intervals,
@@ -45,6 +46,7 @@ import torch
 from treespec.bench import compare, intervals, llamacpp
 from treespec.bench.datasets import dataset_prompts, encode_prompt, prompt_range
 from treespec.bench.sweep.records import read_records
+from treespec.calibrate import target_precision
 from treespec.calibrate.choices import resolve
 from treespec.calibrate.vectors import default_acceptance
 from treespec.common.machine import machine
@@ -53,7 +55,7 @@ from treespec.models.packaged import REGISTRY, assemble_gguf, chunk_paths
 from treespec.models.precision import precision_of
 from treespec.recipes import Recipe, run
 
-TREESPEC = ("treespec", "treespec-int4", "treespec-captured", "treespec-int4-captured")
+TREESPEC = tuple(f"treespec{p}{c}" for p in ("", "-int4", "-bfloat16") for c in ("", "-captured"))
 
 
 def gguf_file(name: str) -> Path:
@@ -114,8 +116,8 @@ def treespec_methods(tok: Any, names: list[str], n: int) -> tuple[list[compare.M
     methods, why = [], {}
     for name in names:
         captured = name.endswith("-captured")
-        target = model(DEFAULT_TARGET, "target", {"treespec-int4": "int4", "treespec-int4-captured": "int4",
-                                                  "treespec-captured": "bfloat16"}.get(name, "auto"))
+        asked = name.removesuffix("-captured").removeprefix("treespec").removeprefix("-")
+        target = model(DEFAULT_TARGET, "target", asked or default_target_precision())
         drafts = [model(DEFAULT_DRAFT, "draft", "auto", traceable=captured)]
         resolved = resolve(Recipe(tree="sequoia", acceptance=vector, compile=captured), target, drafts, tokenizer=tok,
                            max_new_tokens=n, cache_file=cache_root() / "profiles.json")
@@ -125,6 +127,16 @@ def treespec_methods(tok: Any, names: list[str], n: int) -> tuple[list[compare.M
             lambda ids, k, r=resolved.recipe, t=target, d=drafts: run(r, t, d, ids, max_new_tokens=k),
             precision_of(target), name=name))
     return methods, why
+
+
+def default_target_precision() -> str:
+    """The precision ``treespec generate`` runs the built-in target in here (its tuned choice, decided now when this
+    machine has not decided it yet)."""
+    record = target_precision.cached_choice(DEFAULT_TARGET, DEFAULT_DRAFT)
+    if record is None:
+        model, _, _ = target_precision.load_pair_tuned(DEFAULT_TARGET, DEFAULT_DRAFT)
+        record = model.treespec_precision["tuned_choice"]
+    return record["precision"]
 
 
 def decode_only(records: list[dict], summary: dict) -> dict[str, dict]:

@@ -15,6 +15,7 @@ from dataclasses import replace
 from typing import Any, Callable, Sequence
 
 
+from .calibrate import target_precision
 from .calibrate.choices import Resolved, resolve, resolve_compile
 from .calibrate.vectors import acceptance_for_draft, default_acceptance
 from .cli_parser import build_parser
@@ -25,13 +26,21 @@ from .models.pair import CrossDraft, eos_ids, load_pair
 from .recipes import NGramSettings, Recipe, draft_mode, run
 
 
-def load_models(args: argparse.Namespace, want_draft: bool = True):
-    """Target, its tokenizer and the draft models the options ask for (default draft unless none is wanted)."""
+def load_models(args: argparse.Namespace, want_draft: bool = True, tuned_target: bool = False):
+    """Target, its tokenizer and the draft models the options ask for (default draft unless none is wanted).
+    ``tuned_target`` (the commands that run the pair: generate, demo): a GGUF target in ``auto`` precision on a CPU
+    runs in the precision whose tuned tree is predicted fastest here, bfloat16 or its file's own 4-bit blocks
+    (``treespec.calibrate.target_precision``); elsewhere ``auto`` keeps the floating precision one forward measures
+    fastest."""
     from .models import DEFAULT_DRAFT
 
     names = args.draft if args.draft else ([DEFAULT_DRAFT] if want_draft else [])
-    return load_pair(args.target, names, device=args.device, target_dtype=args.dtype,
-                     draft_dtype=getattr(args, "draft_dtype", None), compile=getattr(args, "compile", None) or False)
+    draft_dtype, compile = getattr(args, "draft_dtype", None), getattr(args, "compile", None) or False
+    if tuned_target and target_precision.applies(args.target, names, args.device, args.dtype):
+        return target_precision.load_pair_tuned(args.target, names[0], draft_dtype=draft_dtype, compile=compile,
+                                                temperature=getattr(args, "temperature", 0.0))
+    return load_pair(args.target, names, device=args.device, target_dtype=args.dtype, draft_dtype=draft_dtype,
+                     compile=compile)
 
 
 def recipe_from_args(args: argparse.Namespace, with_model: bool = True) -> Recipe:
@@ -134,7 +143,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
                          f"it with --batch-size {args.batch_size} (or use --batch-size 1)")
     want_draft = not (args.ngram and not args.draft)
     recipe = recipe_from_args(args, with_model=want_draft)  # validates before the models load
-    target, tok, drafts = load_models(args, want_draft)
+    target, tok, drafts = load_models(args, want_draft, tuned_target=True)
     walk = None
     if recipe.acceptance is not None:  # the shipped files of the draft's precision, where one was shipped
         rows, walk = acceptance_for_draft(args.acceptance, args.temperature, drafts[0],
@@ -218,7 +227,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     check_writable(args.out, directory=True)  # fail now, not after minutes of loading and profiling
     print("loading the target and the draft (the first run builds the model cache: a few minutes) ...", flush=True)
-    target, tok, drafts = load_models(args)
+    target, tok, drafts = load_models(args, tuned_target=True)
     return run_demo(args, target, tok, drafts[0])
 
 

@@ -71,9 +71,10 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", type=_device, default="cuda" if torch.cuda.is_available() else "cpu",
                    help="torch device, e.g. cpu, cuda or cuda:1 (default: cuda if available)")
     p.add_argument("--dtype", choices=CHOICES["target"], default=None,
-                   help="target precision; auto times float32 and bfloat16 here and keeps the faster (the "
-                        "decision is cached); int4 (CPU) keeps a GGUF's own 4-bit blocks. Default: auto on CPU, "
-                        "bfloat16 on CUDA")
+                   help="target precision; auto times float32 and bfloat16 here and keeps the faster, and for a "
+                        "GGUF target (a built-in one or a .gguf file) on a CPU, generate and demo keep int4 on the "
+                        "file's own 4-bit blocks instead where its tuned tree is predicted faster (decisions cached); "
+                        "int4 (CPU) keeps a GGUF's own 4-bit blocks. Default: auto on CPU, bfloat16 on CUDA")
     p.add_argument("--draft-dtype", choices=CHOICES["draft"], default=None,
                    help="draft precision; int8 is dynamic int8 quantisation, int4 weight-only 4-bit (both CPU), "
                         "auto also times them. "

@@ -146,6 +146,13 @@ def load(name_or_path: str | os.PathLike = DEFAULT_TARGET, device: str | torch.d
     return model, tokenizer
 
 
+def has_file_blocks(name_or_path: str | os.PathLike) -> bool:
+    """Whether ``load(name_or_path, dtype="int4")`` reads a GGUF file's own blocks: a built-in model or a local
+    ``.gguf`` file (which of its tensors are 4-bit blocks the kernel holds exactly, ``load`` reports)."""
+    name = os.fspath(name_or_path)
+    return name.lower() in REGISTRY or name.lower().endswith(".gguf")
+
+
 def _from_source(name: str, spec: Any, gguf_file: Path | None, load_dtype: torch.dtype, trust_remote_code: bool,
                  cache_dir: str | os.PathLike | None, allow_download: bool, placement: dict[str, Any]
                  ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:

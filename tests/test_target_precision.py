@@ -1,0 +1,88 @@
+"""A GGUF target's precision chosen by its tuned tree's predicted speed (``treespec.calibrate.target_precision``), on
+a tiny Qwen2 written to GGUF with Q4_0 Linear weights (``test_models.write_gguf``)."""
+
+from __future__ import annotations
+
+import json
+
+import gguf
+import pytest
+from test_models import tiny_qwen2, write_gguf
+
+from treespec import cli
+from treespec.calibrate import target_precision
+from treespec.calibrate.target_precision import Candidate, applies, load_pair_tuned
+from treespec.models.precision import FLOATS, precision_of
+
+
+@pytest.fixture
+def q4_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("TREESPEC_CACHE", str(tmp_path / "cache"))  # the decisions of this test only
+    model = tiny_qwen2(seed=4)
+    model.config.max_position_embeddings = 512  # the pilot's prompts (116 tokens here) and their steps fit
+    return str(write_gguf(model, tmp_path / "m.gguf", gguf.GGMLQuantizationType.Q4_0))
+
+
+def rates(int4_seconds: float, calls: list[str]):
+    """A stand-in for the tuner's prediction: 0.1 s per token for a float target, ``int4_seconds`` for int4."""
+    def rate(target, draft, tokenizer, temperature):
+        precision = precision_of(target)
+        calls.append(precision)
+        return Candidate(precision, int4_seconds if precision == "int4" else 0.1, f"tree of {precision}")
+    return rate
+
+
+@pytest.mark.parametrize("int4_seconds, int4_kept", [(0.05, True), (0.2, False)])
+def test_the_target_runs_in_the_precision_whose_tuned_tree_is_faster_and_the_choice_is_cached(q4_file, int4_seconds,
+                                                                                             int4_kept):
+    """Both renderings of the file are rated and the faster kept (int4 on the file's own blocks, or the floating
+    ``auto`` choice, float32 or bfloat16 for a model this small); a second load reads the decision and rates
+    nothing."""
+    calls: list[str] = []
+    target, tok, drafts = load_pair_tuned(q4_file, q4_file, rate=rates(int4_seconds, calls))
+    floating = calls[0]
+    assert floating in FLOATS and calls == [floating, "int4"]
+    kept = "int4" if int4_kept else floating
+    record = target.treespec_precision["tuned_choice"]
+    assert precision_of(target) == record["precision"] == kept and not record["cached"]
+    assert record["candidates"]["int4"]["seconds_per_token"] == int4_seconds
+    if int4_kept:
+        assert target.treespec_precision["file_blocks"] == {"exact": 14, "bfloat16": 1}
+    again, _, _ = load_pair_tuned(q4_file, q4_file, rate=rates(int4_seconds, calls))
+    assert len(calls) == 2 and precision_of(again) == kept and again.treespec_precision["tuned_choice"]["cached"]
+    other, _, _ = load_pair_tuned(q4_file, q4_file, temperature=1.0, rate=rates(int4_seconds, calls))
+    assert len(calls) == 4 and precision_of(other) == kept  # another temperature: decided apart
+
+
+def test_a_gguf_without_4bit_blocks_keeps_its_floating_precision(tmp_path, monkeypatch):
+    """A file whose Linear weights hold no 4-bit type: its int4 load keeps no block of the file, so only the floating
+    precision is rated (an int4 re-quantisation would be another model than the file's)."""
+    monkeypatch.setenv("TREESPEC_CACHE", str(tmp_path / "cache"))
+    path = str(write_gguf(tiny_qwen2(seed=4), tmp_path / "f.gguf"))  # F32 tensors only
+    calls: list[str] = []
+    target, _, _ = load_pair_tuned(path, path, rate=rates(0.01, calls))
+    assert len(calls) == 1 and calls[0] in FLOATS and precision_of(target) == calls[0]
+
+
+def test_the_choice_applies_to_auto_gguf_targets_on_a_cpu_with_one_draft(q4_file):
+    assert applies(q4_file, [q4_file], "cpu", None) and applies(q4_file, [q4_file], "cpu", "auto")
+    assert not applies(q4_file, [q4_file], "cpu", "bfloat16")  # a precision asked for is kept
+    assert not applies(q4_file, [q4_file], "cuda", None)
+    assert not applies(q4_file, [q4_file, q4_file], "cpu", None) and not applies(q4_file, [], "cpu", None)
+    assert not applies("some/safetensors-dir", [q4_file], "cpu", None)  # no file blocks: int4 would re-quantise
+
+
+def test_the_tuners_prediction_rates_each_precision_and_the_cli_runs_the_choice(q4_file, capsys):
+    """The real rating (the default recipe resolved: profile and pilot of each precision, on this tiny pair) gives a
+    positive prediction per precision, ``treespec generate`` without ``--dtype`` runs the precision kept, and its
+    record says so."""
+    assert cli.main(["generate", "--target", q4_file, "--draft", q4_file, "--prompt", "ab c", "--max-new-tokens", "6",
+                     "--json"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    target, _, _ = load_pair_tuned(q4_file, q4_file)  # the cached decision
+    record = target.treespec_precision["tuned_choice"]
+    assert record["cached"] and len(record["candidates"]) == 2 and "int4" in record["candidates"]
+    assert all(c["seconds_per_token"] > 0 for c in record["candidates"].values())
+    assert out["recipe"]["target_dtype"] == record["precision"] == precision_of(target)
+    assert out["configuration"].startswith(f"target {record['precision']}")
+    assert "tree predicted fastest" in target_precision.describe(record)

@@ -1,0 +1,130 @@
+"""A GGUF target's precision, chosen by how fast its own tuned tree is predicted to decode here.
+
+A GGUF file's target can run in bfloat16 (the file dequantised; or float32, whichever one forward measures faster:
+``precision.auto_precision``) or in ``int4`` on the file's own 4-bit blocks (``treespec.models.gguf_blocks``): two
+renderings of the same file, both within 0.0007 nats per token of its float32 dequantisation
+(``experiments/results/gguf-fidelity-cpu``). They want different trees: the int4 kernel's cost grows with every
+four rows while bfloat16's forward is nearly flat up to 16 (``experiments/linear_kernels_by_rows.py``), so on the
+Zen 4 host the tuner gives the int4 target a depth-3 chain and the bfloat16 one a depth-8 chain. One forward's
+timing (what ``auto_precision`` compares) cannot say which pair of (precision, tree) is faster; the tuner's
+prediction for each precision's own tree can (:func:`seconds_per_token`: its profile and the pilot's correction,
+both cached, as ``treespec generate`` would run it), and the faster is kept.
+
+The decision is cached in ``<cache root>/precision.json`` under a key naming the target, the draft, the
+temperature and this machine, so later runs load only the kept precision.
+"""
+
+from __future__ import annotations
+
+import datetime
+import gc
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+
+from ..common.files import read_json_dict, write_json
+from ..common.machine import measurement_key
+from ..models.loading import PRECISION_DECISIONS, has_file_blocks, load
+from ..models.packaged import cache_root, log
+from ..models.pair import CrossDraft, load_pair
+from ..models.precision import precision_of
+from ..recipes import Recipe
+from .choices import resolve
+from .vectors import acceptance_for_draft
+
+#: the int4 rendering: the file's own 4-bit blocks (the precision's name for ``load``)
+INT4 = "int4"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One precision of the target, as the tuner sizes it: predicted seconds per token and why."""
+
+    precision: str
+    seconds_per_token: float
+    tree: str
+
+
+def applies(target: str, drafts: Sequence[str], device: str, dtype: str | None) -> bool:
+    """Whether ``treespec``'s commands choose ``target``'s precision by tuning: ``auto`` (or no dtype) on a CPU, a
+    target with a GGUF file's 4-bit blocks behind it, one draft model."""
+    return (dtype in (None, "auto") and str(device) == "cpu" and len(drafts) == 1
+            and has_file_blocks(target))
+
+
+def seconds_per_token(target: torch.nn.Module, draft: torch.nn.Module, tokenizer: Any, temperature: float
+                      ) -> Candidate:
+    """What ``treespec generate`` would run for this pair (the default Sequoia recipe, tuned: ``choices.resolve``
+    with the shipped acceptance of the draft's precision) and its predicted seconds per token: a step's seconds
+    over its tokens, or the target alone's seconds per token where speculation is not predicted to pay."""
+    acceptance, walk = acceptance_for_draft(None, temperature, draft)
+    resolved = resolve(Recipe(tree="sequoia", acceptance=acceptance, temperature=temperature), target, [draft],
+                       tokenizer=tokenizer, walk=walk)
+    tuned = resolved.tuned
+    p, shape = tuned.prediction, tuned.choice.shape
+    if resolved.recipe.budget == 1:
+        return Candidate(precision_of(target), p.plain_seconds, "plain decoding")
+    return Candidate(precision_of(target), p.step_seconds / p.tau,
+                     f"budget {shape.size}, depth {shape.depth}: tau {p.tau:.2f}, {p.step_seconds:.3f} s per step")
+
+
+def _key(target: str, draft: str, draft_dtype: str | None, temperature: float) -> str:
+    return measurement_key("tuned-target", target, f"draft={draft}", f"draft_dtype={draft_dtype or 'auto'}",
+                           f"T={float(temperature):g}", device="cpu")
+
+
+def cached_choice(target: str, draft: str, *, draft_dtype: str | None = None, temperature: float = 0.0
+                  ) -> dict[str, Any] | None:
+    """The decision :func:`load_pair_tuned` cached for this pair on this machine (None: not decided yet)."""
+    record = read_json_dict(cache_root() / PRECISION_DECISIONS).get(_key(target, draft, draft_dtype, temperature))
+    ok = isinstance(record, dict) and isinstance(record.get("candidates"), dict) and record.get("precision")
+    return record if ok else None
+
+
+def describe(record: dict[str, Any]) -> str:
+    """One line: the precision kept and the predictions it was kept on."""
+    options = "; ".join(f"{p}: {c['seconds_per_token'] * 1e3:.0f} ms per token ({c['tree']})"
+                        for p, c in record["candidates"].items())
+    how = "cached decision" if record.get("cached") else "measured now"
+    return f"{record['precision']}, its tuned tree predicted fastest here ({how}; {options})"
+
+
+def load_pair_tuned(target: str, draft: str, *, draft_dtype: str | None = None, compile: bool | str = False,
+                    temperature: float = 0.0, rate: Callable[..., Candidate] = seconds_per_token
+                    ) -> tuple[torch.nn.Module, Any, list[Any]]:
+    """``load_pair(target, [draft])`` with the target in the precision (its floating ``auto`` choice, or int4 on
+    its file's own blocks) whose tuned tree ``rate`` predicts fastest here (module doc); the decision cached.
+    A draft of another tokenizer leaves the target in its floating ``auto`` precision (no tuned tree to compare)."""
+    path, key = cache_root() / PRECISION_DECISIONS, _key(target, draft, draft_dtype, temperature)
+    record = cached_choice(target, draft, draft_dtype=draft_dtype, temperature=temperature)
+    if record is not None:
+        model, tok, drafts = load_pair(target, [draft], target_dtype=record["precision"], draft_dtype=draft_dtype,
+                                       compile=compile)
+        return _marked(model, target, {**record, "cached": True}), tok, drafts
+    model, tok, drafts = load_pair(target, [draft], target_dtype="auto", draft_dtype=draft_dtype, compile=compile)
+    if isinstance(drafts[0], CrossDraft):
+        return model, tok, drafts
+    best = rate(model, drafts[0], tok, temperature)
+    candidates = {best.precision: best}
+    other, _ = load(target, dtype=INT4, role="target")
+    if other.treespec_precision.get("file_blocks", {}).get("exact", 0):  # the file holds 4-bit blocks
+        rated = rate(other, drafts[0], tok, temperature)
+        candidates[rated.precision] = rated
+        if rated.seconds_per_token < best.seconds_per_token:
+            model, best = other, rated
+    del other
+    gc.collect()
+    record = {"precision": best.precision, "key": key,
+              "candidates": {p: {"seconds_per_token": c.seconds_per_token, "tree": c.tree}
+                             for p, c in candidates.items()},
+              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    write_json(path, {**read_json_dict(path), key: record}, sort_keys=True)
+    return _marked(model, target, {**record, "cached": False}), tok, drafts
+
+
+def _marked(model: torch.nn.Module, name: str, record: dict[str, Any]) -> torch.nn.Module:
+    """``model`` carrying the tuned choice in its ``treespec_precision`` record, logged."""
+    log(f"{name} (target) precision: {describe(record)}")
+    model.treespec_precision = {**getattr(model, "treespec_precision", {}), "tuned_choice": record}
+    return model
