@@ -9,7 +9,7 @@ import torch
 
 from treespec.models.gguf_blocks import EXACT_INT4, int4_groups
 from treespec.models.gguf_blocks import with_file_blocks
-from treespec.models.quantized import BFloat16Linear, Int4Linear
+from treespec.models.quantized import PROMPT_ROWS, BFloat16Linear, Int4Linear, Int8Linear
 
 gguf = pytest.importorskip("gguf")
 ROWS, COLUMNS = 32, 256
@@ -82,9 +82,10 @@ def test_a_row_of_partial_blocks_is_refused():
         int4_groups(np.zeros((16, 144), np.uint8), 12, 16, 128)
 
 
-def test_a_type_without_an_exact_map_keeps_the_file_s_weights_in_bfloat16(reader):
+def test_a_type_without_an_exact_map_runs_the_file_s_weights_in_int8(reader):
     """A Linear whose tensor has no 4-bit blocks (Q8_0 here; Q6_K in the built-in Q4_K_M files) runs its dequantised
-    weights in bfloat16, nearer the file than the same weights re-quantised to 4 bits (the control)."""
+    weights re-quantised to int8 per row (with a bfloat16 twin of those weights for prompts), nearer the file than
+    the same weights re-quantised to 4 bits (the control)."""
     t = tensors(reader)["q8_0"]
     w = torch.from_numpy(gguf.quants.dequantize(t.data, t.tensor_type).reshape(ROWS, COLUMNS).copy())
     codes, scale, zero = int4_groups(tensors(reader)["q4_0"].data, int(gguf.GGMLQuantizationType.Q4_0), ROWS, COLUMNS)
@@ -95,9 +96,12 @@ def test_a_type_without_an_exact_map_keeps_the_file_s_weights_in_bfloat16(reader
               "0.weight.scale": torch.from_numpy(scale), "0.weight.zero": torch.from_numpy(zero)}
     requantized = Int4Linear.from_linear(model[1], 32, twin=None)
     model, counts = with_file_blocks(model, blocks)
-    assert counts == {"exact": 1, "bfloat16": 1}
-    assert isinstance(model[0], Int4Linear) and isinstance(model[1], BFloat16Linear)
-    x = torch.randn(4, COLUMNS, generator=torch.Generator().manual_seed(2))
+    assert counts == {"exact": 1, "int8": 1}
+    assert isinstance(model[0], Int4Linear) and isinstance(model[1], Int8Linear)
+    assert isinstance(model[1].wide, BFloat16Linear) and model[1].wide_rows == PROMPT_ROWS
+    x = torch.randn(PROMPT_ROWS, COLUMNS, generator=torch.Generator().manual_seed(2))
     expected = x @ w.t() + model[1].bias
-    kept, again = (model[1](x) - expected).abs().max(), (requantized(x) - expected).abs().max()
+    kept, again = (model[1](x[:4]) - expected[:4]).abs().max(), (requantized(x[:4]) - expected[:4]).abs().max()
     assert kept < 0.01 * expected.abs().max() and again > 4 * kept
+    twin = (model[1](x) - torch.cat([model[1](row[None]) for row in x])).abs().max()  # a prompt: the twin
+    assert twin < 0.01 * expected.abs().max()

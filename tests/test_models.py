@@ -328,7 +328,7 @@ def test_real_defaults_share_a_tokenizer():
 def test_an_int4_target_keeps_the_gguf_s_own_4bit_blocks(tmp_path, monkeypatch):
     """``load(dtype="int4")`` of a built-in GGUF model: its Q4_0 Linear weights become int4 layers of the file's own
     codes (the kernel's product equals the file's dequantised weights up to its bfloat16 scales), the layer the
-    file holds in no 4-bit type the kernel takes (a 97-row head) runs its dequantised weights in bfloat16, the
+    file holds in no 4-bit type the kernel takes (a 97-row head) runs its dequantised weights re-quantised to int8, the
     blocks are cached beside the float weights, and greedy decoding through the int4 target equals HF's greedy decoding of the same loaded model."""
     import gguf
 
@@ -338,7 +338,7 @@ def test_an_int4_target_keeps_the_gguf_s_own_4bit_blocks(tmp_path, monkeypatch):
     spec, model, _ = packaged_as_installed(tiny_qwen2(seed=3), tmp_path, monkeypatch, gguf.GGMLQuantizationType.Q4_0)
     root = tmp_path / "cache"
     target, _ = models.load(spec.name, dtype="int4", cache_dir=root)
-    assert target.treespec_precision["file_blocks"] == {"exact": 14, "bfloat16": 1}
+    assert target.treespec_precision["file_blocks"] == {"exact": 14, "int8": 1}
     assert (root / spec.name / packaged.INT4_BLOCKS).is_file() and isinstance(target.model.layers[1].mlp.down_proj,
                                                                               Int4Linear)
     reader = gguf.GGUFReader(str(tmp_path / "whole.gguf"))
@@ -365,26 +365,26 @@ def test_a_local_gguf_file_loads_and_keeps_its_4bit_blocks_in_int4(tmp_path):
     floats, tok = models.load(str(path))
     assert tok.eos_token_id == 96 and floats.treespec_precision["precision"] == "float32"
     target, _ = models.load(str(path), dtype="int4")
-    assert target.treespec_precision["file_blocks"] == {"exact": 14, "bfloat16": 1}
+    assert target.treespec_precision["file_blocks"] == {"exact": 14, "int8": 1}
     assert greedy_through(target, floats) == greedy_reference(target, [3, 17, 42, 5], 10)
     with pytest.raises(OSError, match="no such GGUF file"):
         models.load(str(tmp_path / "missing.gguf"))
 
 
 def test_a_gguf_int4_target_runs_in_the_captured_step(tmp_path):
-    """The int4 target as loaded from a GGUF (file blocks and a bfloat16 layer) traced into the captured step (dynamo
+    """The int4 target as loaded from a GGUF (file blocks and an int8 layer) traced into the captured step (dynamo
     and AOT autograd; inductor's lowering of the int4 kernel: test_freezing's int4 draft): greedy output equal to HF's
     greedy decoding of the same loaded model."""
     import gguf
 
     import treespec
-    from treespec.models.quantized import BFloat16Linear
+    from treespec.models.quantized import Int8Linear
     from treespec.models.tiny import greedy_reference
 
     path = write_gguf(tiny_qwen2(seed=4), tmp_path / "m.gguf", gguf.GGMLQuantizationType.Q4_0)
     target, _ = models.load(str(path), dtype="int4")
     draft, _ = models.load(str(path))
-    assert any(isinstance(m, BFloat16Linear) for m in target.modules())
+    assert any(isinstance(m, Int8Linear) for m in target.modules())
     out = treespec.generate(target, [3, 17, 42, 5], [treespec.ModelDrafter(draft, [(0,), (0, 0)], "topk")],
                             max_new_tokens=10, compile="aot_eager")
     assert out.stats.step == "captured" and out.new_tokens == greedy_reference(target, [3, 17, 42, 5], 10)
@@ -399,7 +399,7 @@ def test_an_int4_targets_prompt_runs_its_own_weights_in_bfloat16_and_its_steps_t
     import gguf
 
     import treespec
-    from treespec.models.quantized import PROMPT_ROWS, BFloat16Linear, Int4Linear
+    from treespec.models.quantized import PROMPT_ROWS, BFloat16Linear, Int4Linear, KernelLinear
     from treespec.models.tiny import greedy_reference
 
     path = write_gguf(tiny_qwen2(seed=4), tmp_path / "m.gguf", gguf.GGMLQuantizationType.Q4_0)
@@ -413,7 +413,7 @@ def test_an_int4_targets_prompt_runs_its_own_weights_in_bfloat16_and_its_steps_t
     prompt = [(7 * i + 3) % 90 for i in range(40)]
     expected = greedy_reference(target, prompt, 10)
     rows: list[int] = []  # the rows of every input a twin ran
-    for layer in [m for m in target.modules() if isinstance(m, Int4Linear)]:
+    for layer in [m for m in target.modules() if isinstance(m, KernelLinear)]:  # int4 and int8 layers
         layer.__dict__["wide"] = lambda x, twin=layer.wide: rows.append(x.numel() // x.shape[-1]) or twin(x)
     out = treespec.generate(target, prompt, [treespec.ModelDrafter(draft, [(0,), (0, 0)], "topk")],
                             max_new_tokens=10, compile=compile)

@@ -47,7 +47,7 @@ def test_the_target_runs_in_the_precision_whose_tuned_tree_is_faster_and_the_cho
     assert precision_of(target) == record["precision"] == kept and not record["cached"]
     assert record["candidates"]["int4"]["seconds_per_token"] == int4_seconds
     if int4_kept:
-        assert target.treespec_precision["file_blocks"] == {"exact": 14, "bfloat16": 1}
+        assert target.treespec_precision["file_blocks"] == {"exact": 14, "int8": 1}
     again, _, _ = load_pair_tuned(q4_file, q4_file, rate=rates(int4_seconds, calls))
     assert len(calls) == 2 and precision_of(again) == kept and again.treespec_precision["tuned_choice"]["cached"]
     other, _, _ = load_pair_tuned(q4_file, q4_file, temperature=1.0, rate=rates(int4_seconds, calls))

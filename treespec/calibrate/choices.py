@@ -16,7 +16,7 @@ from ..drafters.model import ModelDrafter
 from ..drafters.ngram import NGramDrafter
 from ..models.pair import CrossDraft
 from ..core.linear_layout import layout_tags
-from ..models.precision import precision_of
+from ..models.precision import kernel_tags, precision_of
 from ..core.batch import BatchOutput
 from ..core.checks import is_batch
 from ..core.stats import GenerateOutput
@@ -77,7 +77,7 @@ def _measurement_key(tag: str, recipe: Recipe, target: torch.nn.Module, drafts: 
                            *(d.describe() for d in build_drafters(recipe, drafts)), f"T={recipe.temperature}",
                            f"top_p={recipe.top_p}", f"top_k={recipe.top_k}", recipe.verifier, prompts_digest(prompts),
                            *layout_tags(target, *(m.model if isinstance(m, CrossDraft) else m for m in drafts)),
-                           device=next(target.parameters()).device)
+                           *kernel_tags(target), device=next(target.parameters()).device)
 
 
 def _measured(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[DraftModel], tokenizer: Any,

@@ -23,7 +23,7 @@ import torch
 from ..common.files import read_json_dict, write_json
 from ..common.machine import measurement_key, model_name
 from ..core.linear_layout import layout_tags
-from ..models.precision import precision_of
+from ..models.precision import kernel_tags, precision_of
 from .acceptance import MeasuredAcceptance
 from .costs import Profile, profile
 from .step_cost import Choice
@@ -198,7 +198,7 @@ def _key(target: torch.nn.Module, draft: torch.nn.Module) -> str:
     device = next(target.parameters()).device
     return measurement_key("profile-v3" + ("-compiled" if device.type == "cuda" else ""), model_name(target),
                            precision_of(target), model_name(draft), precision_of(draft), *layout_tags(target, draft),
-                           device=device)
+                           *kernel_tags(target, draft), device=device)
 
 
 def cached_profile(target: torch.nn.Module, draft: torch.nn.Module, cache_file: Path | None,

@@ -116,17 +116,22 @@ def read_file_blocks(gguf_path: str | Path, model: torch.nn.Module) -> dict[str,
 def with_file_blocks(model: torch.nn.Module, blocks: dict[str, torch.Tensor]) -> tuple[torch.nn.Module, dict[str, int]]:
     """``model`` (float32, CPU; loaded from the file ``blocks`` were read from) with every Linear layer whose weight
     has blocks an ``Int4Linear`` of the file's own codes and every other one (a type the int4 kernel does not hold
-    exactly: Q6_K, Q8_0, ...) a ``BFloat16Linear`` of its dequantised weights; in place. Returns the model and how
-    many layers went each way. Not re-quantised to 4 bits: on the built-in 1.5B target (29 Q6_K tensors, the LM
-    head among them) that put the next-token distribution 0.0100 nats per token (KL) from the file's float32
-    dequantisation, against 0.0002 kept in bfloat16 (a one-off measurement; the committed one,
-    ``experiments/results/gguf-fidelity-cpu``: 0.00035 as loaded, 0.0007 for the whole model in bfloat16). The
-    file's weights for every input (no int8 twin): a prompt runs the int4 layers' bfloat16 twins of the same codes
-    (``twin="bfloat16"``, ``quantized`` module doc), the steps the kernel."""
-    from .quantized import BFloat16Linear, Int4Linear, _check_cpu_float32
+    exactly: Q6_K, Q8_0, ...) an ``Int8Linear`` of its dequantised weights re-quantised to int8 per output row, in
+    place. Returns the model and how many layers went each way (``exact``, ``int8``).
+
+    Why int8 for the others (the nearest kernel that measures faster than bfloat16 here): on the built-in 1.5B
+    target the 29 Q6_K tensors (the LM head among them) kept in bfloat16 were half of a one-token forward; in int8
+    that forward took 75-78 ms against 97-132 (the whole target, one token after 128; 119-134 against 131-152 for
+    four: the int8 kernel's cost grows with the rows too, a tree that wide is not chosen for an int4 target here),
+    and the model's next-token distribution moved from the file's float32 dequantisation by 0.00044 nats per token
+    (KL) against 0.00035 with them in bfloat16, 0.0007 for the whole model in bfloat16
+    (``experiments/results/gguf-fidelity-cpu``). Re-quantised to 4 bits instead they put it 0.0100 away. Each layer
+    keeps bfloat16 twins for a prompt (``twin="bfloat16"``: the same codes, ``quantized`` module doc), its steps run
+    the kernels."""
+    from .quantized import Int4Linear, Int8Linear, _check_cpu_float32
 
     _check_cpu_float32(model, "int4 from a GGUF's blocks")
-    counts = {"exact": 0, "bfloat16": 0}
+    counts = {"exact": 0, "int8": 0}
     for prefix, module in list(model.named_modules()):
         for child_name, child in list(module.named_children()):
             if not isinstance(child, torch.nn.Linear):
@@ -139,7 +144,7 @@ def with_file_blocks(model: torch.nn.Module, blocks: dict[str, torch.Tensor]) ->
                 layer = Int4Linear.from_groups(codes, blocks[f"{key}.scale"], blocks[f"{key}.zero"], bias, "bfloat16")
                 how = "exact"
             else:
-                layer, how = BFloat16Linear.from_linear(child), "bfloat16"
+                layer, how = Int8Linear.from_weight(child.weight, bias), "int8"
             setattr(module, child_name, layer)
             counts[how] += 1
     return model, counts

@@ -217,8 +217,9 @@ def _in_precision(model: PreTrainedModel, precision: str, role: str, name: str,
         return model, record
     if blocks is not None:  # a GGUF's own 4-bit blocks, where the kernel takes them as they are
         model, counts = with_file_blocks(model, blocks())
-        log(f"{name} int4: {counts['exact']} Linear layers from the file's own 4-bit blocks, {counts['bfloat16']} "
-            "in bfloat16 (types the int4 kernel does not hold exactly); prompts run the 4-bit weights' bfloat16 twins")
+        log(f"{name} int4: {counts['exact']} Linear layers from the file's own 4-bit blocks, {counts['int8']} "
+            "re-quantised to int8 per row (types the int4 kernel does not hold exactly); prompts run bfloat16 twins "
+            "of those weights")
         return model, {"precision": precision, "cached": False, "requested": True, "file_blocks": counts}
     # a target's prompt runs its own weights (in bfloat16), a draft's an int8 re-quantisation (quantized module doc)
     model = to_precision(model, precision, twin="int8" if role == "draft" else "bfloat16")

@@ -33,7 +33,7 @@ import torch
 from ..common.files import read_json_dict, write_json
 from ..common.machine import measurement_key, model_name
 from ..core.checks import has_dynamic_int8
-from .quantized import has_int4, quantize_int4, quantize_int8
+from .quantized import Int8Linear, has_int4, quantize_int4, quantize_int8
 
 PRECISIONS = ("float32", "bfloat16", "float16", "int8", "int4")
 #: the floating-point precisions (a target may run in any of them; int8 and int4 are for drafts only)
@@ -83,6 +83,13 @@ def precision_of(model: torch.nn.Module) -> str:
         return "int4"
     dtype = next(model.parameters()).dtype
     return parse_precision(dtype) if dtype in _TORCH_DTYPES.values() else str(dtype).removeprefix("torch.")
+
+
+def kernel_tags(*models: torch.nn.Module) -> list[str]:
+    """What a cached timing of these models depends on besides their precision and layout: ``"rest=int8"`` for a
+    model whose layers outside the int4 kernel run int8 (a GGUF target's Q6_K tensors since they left bfloat16:
+    ``gguf_blocks.with_file_blocks``), so timings of the earlier loading are not read back for it."""
+    return ["rest=int8" for m in models if any(isinstance(x, Int8Linear) for x in m.modules())]
 
 
 def to_precision(model: torch.nn.Module, precision: str, twin: str | None = "int8") -> torch.nn.Module:

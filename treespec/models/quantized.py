@@ -1,5 +1,6 @@
 """Quantised Linear layers on the CPU: ``int8`` (``torch.ao``'s dynamic quantisation, drafts) and ``int4`` (drafts,
-and targets: a GGUF file's own 4-bit blocks, ``treespec.models.gguf_blocks``).
+and targets: a GGUF file's own 4-bit blocks, ``treespec.models.gguf_blocks``, whose other tensors run on torch's
+weight-only int8 kernel: :class:`Int8Linear`).
 
 A draft model's forward over a few tree tokens reads every weight once and does little arithmetic
 with it: on a CPU its speed is the memory traffic of its weights. Both precisions quantise every
@@ -66,21 +67,49 @@ GROUP_SIZE = 128
 _GROUPS = (32, 64, 128, 256)
 
 
-class Int4Linear(torch.nn.Module):
-    """``y = x W^T + b`` with ``W`` in 4 bits per entry (``from_linear``); ``x`` of any float dtype, ``y`` of
-    the same dtype. Buffers: ``packed`` (the kernel's layout, ``[out, in / 2]`` uint8),
-    ``scales_and_zeros`` (``[in / group, out, 2]`` bfloat16: ``W = (code - 8) * scale + zero``)."""
+class KernelLinear(torch.nn.Module):
+    """A Linear layer on a quantised kernel (:meth:`kernel`: ``x`` flattened to rows, in bfloat16, to ``y`` without
+    the bias), with an optional twin that runs inputs of at least ``wide_rows`` rows outside ``torch.compile``
+    (:meth:`_with`; the module doc). ``x`` of any float dtype, ``y`` of the same dtype."""
 
-    def __init__(self, packed: torch.Tensor, scales_and_zeros: torch.Tensor, group_size: int, in_features: int,
-                 out_features: int, bias: torch.Tensor | None) -> None:
+    def __init__(self, in_features: int, out_features: int, bias: torch.Tensor | None) -> None:
         super().__init__()
-        self.in_features, self.out_features, self.group_size = in_features, out_features, group_size
-        self.register_buffer("packed", packed)
-        self.register_buffer("scales_and_zeros", scales_and_zeros)
+        self.in_features, self.out_features = in_features, out_features
         self.register_buffer("bias", bias)
         # the twin for inputs of at least wide_rows rows (:meth:`_with`): a plain attribute, not a submodule
         # (torch.compile never sees it, and model.modules() lists no torch.ao layer: the model counts as traceable)
         self.__dict__["wide"], self.wide_rows = None, WIDE_ROWS
+
+    def _with(self, wide: torch.nn.Module, rows: int) -> "KernelLinear":
+        """This layer, its inputs of at least ``rows`` rows (outside ``torch.compile``) run on ``wide``."""
+        self.__dict__["wide"], self.wide_rows = wide, rows
+        return self
+
+    def kernel(self, flat: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # is_compiling first: a graph never takes the twin, nor guards on the input's size for it
+        if (not torch.compiler.is_compiling() and self.wide is not None
+                and x.numel() >= self.wide_rows * self.in_features):
+            return self.wide(x.float()).to(x.dtype)
+        y = self.kernel(x.reshape(-1, self.in_features).to(torch.bfloat16)).to(x.dtype)
+        if self.bias is not None:
+            y = y + self.bias.to(x.dtype)
+        return y.view(*x.shape[:-1], self.out_features)
+
+
+class Int4Linear(KernelLinear):
+    """``y = x W^T + b`` with ``W`` in 4 bits per entry (``from_linear``, ``from_groups``). Buffers: ``packed`` (the
+    kernel's layout, ``[out, in / 2]`` uint8), ``scales_and_zeros`` (``[in / group, out, 2]`` bfloat16:
+    ``W = (code - 8) * scale + zero``)."""
+
+    def __init__(self, packed: torch.Tensor, scales_and_zeros: torch.Tensor, group_size: int, in_features: int,
+                 out_features: int, bias: torch.Tensor | None) -> None:
+        super().__init__(in_features, out_features, bias)
+        self.group_size = group_size
+        self.register_buffer("packed", packed)
+        self.register_buffer("scales_and_zeros", scales_and_zeros)
 
     @classmethod
     def from_linear(cls, linear: torch.nn.Linear, group_size: int | None = None, twin: str | None = "int8"
@@ -130,25 +159,43 @@ class Int4Linear(torch.nn.Module):
             layer._with(BFloat16Linear(weight, bias), PROMPT_ROWS)
         return layer
 
-    def _with(self, wide: torch.nn.Module, rows: int) -> "Int4Linear":
-        """This layer, its inputs of at least ``rows`` rows (outside ``torch.compile``) run on ``wide``."""
-        self.__dict__["wide"], self.wide_rows = wide, rows
-        return self
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # is_compiling first: a graph never takes the twin, nor guards on the input's size for it
-        if (not torch.compiler.is_compiling() and self.wide is not None
-                and x.numel() >= self.wide_rows * self.in_features):
-            return self.wide(x.float()).to(x.dtype)
-        flat = x.reshape(-1, self.in_features).to(torch.bfloat16)
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, self.group_size, self.scales_and_zeros)
-        y = y.to(x.dtype)
-        if self.bias is not None:
-            y = y + self.bias.to(x.dtype)
-        return y.view(*x.shape[:-1], self.out_features)
+    def kernel(self, flat: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, self.group_size, self.scales_and_zeros)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, group_size={self.group_size}"
+
+
+class Int8Linear(KernelLinear):
+    """``y = x W^T + b`` with ``W`` in int8, one scale per output row (``W ~ code * scale``, codes in -127..127),
+    on torch's weight-only int8 kernel (``_weight_int8pack_mm``: bfloat16 activations, traceable). An int4 target's
+    GGUF tensors of a type the int4 kernel does not hold exactly (Q6_K, Q5_0, Q8_0, ...), re-quantised to the
+    nearest kernel that runs a few rows faster than bfloat16 (``treespec.models.gguf_blocks.with_file_blocks``);
+    with a bfloat16 twin of its own int8 weights for a prompt (``PROMPT_ROWS``: the kernel's cost grows with the
+    rows, as the int4 kernel's). Buffers: ``codes`` (``[out, in]`` int8), ``scales`` (``[out]`` bfloat16)."""
+
+    def __init__(self, codes: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__(codes.shape[1], codes.shape[0], bias)
+        self.register_buffer("codes", codes)
+        self.register_buffer("scales", scales)
+
+    @classmethod
+    def from_weight(cls, weight: torch.Tensor, bias: torch.Tensor | None = None, twin: str | None = "bfloat16"
+                    ) -> "Int8Linear":
+        """``weight`` (``[out, in]``) rounded to int8 per output row (symmetric: a row's largest magnitude is 127
+        steps); ``twin``: ``"bfloat16"`` (these int8 weights in bfloat16, for prompts) or None."""
+        if twin not in (None, "bfloat16"):
+            raise ValueError(f"an int8 layer keeps no twin or a bfloat16 one, got {twin!r}")
+        w = weight.detach().float()
+        scales = (w.abs().amax(1) / 127).clamp_min(torch.finfo(torch.float32).tiny).to(torch.bfloat16)
+        codes = (w / scales.float()[:, None]).round().clamp(-127, 127).to(torch.int8)
+        layer = cls(codes, scales, None if bias is None else bias.detach().float().clone())
+        if twin == "bfloat16":
+            layer._with(BFloat16Linear(codes.float() * scales.float()[:, None], layer.bias), PROMPT_ROWS)
+        return layer
+
+    def kernel(self, flat: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten._weight_int8pack_mm(flat, self.codes, self.scales)
 
 
 class BFloat16Linear(torch.nn.Module):
@@ -234,8 +281,8 @@ def quantize_int4(model: torch.nn.Module, group_size: int = GROUP_SIZE, twin: st
 
 @contextlib.contextmanager
 def kernel_only(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
-    """``model`` with its int4 layers running every input on the kernel for the block (their twins set aside)."""
-    layers = [m for m in model.modules() if isinstance(m, Int4Linear)]
+    """``model`` with its quantised layers running every input on their kernel for the block (twins set aside)."""
+    layers = [m for m in model.modules() if isinstance(m, KernelLinear)]
     kept = [m.wide for m in layers]
     for m in layers:
         m.__dict__["wide"] = None
