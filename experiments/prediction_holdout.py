@@ -65,8 +65,7 @@ def main(argv: list[str] | None = None) -> None:
 
     texts = humaneval_prompts(start, stop)
     prompts = [("humaneval", start + i, tok(text)["input_ids"]) for i, text in enumerate(texts)]
-    prediction, _ = retimed(tuned.prediction, target, [ids for _, _, ids in prompts], profile=tuned.profile,
-                            tree_size=tuned.choice.shape.size)  # as the demo: the host as it is now
+    prediction = retimed(tuned.prediction, target, [ids for _, _, ids in prompts])  # as the demo: timed now
     methods = [compare.hf_method(target),
                compare.treespec_method(lambda ids, n: run(recipe, target, drafts, ids, max_new_tokens=n),
                                        precision_of(target))]

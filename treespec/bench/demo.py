@@ -22,16 +22,14 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from ..calibrate.vectors import acceptance_for_draft
 from ..common.files import check_writable
 from ..models.precision import precision_of
-from ..models.timing import measure_latency, measure_plain_decode
+from ..models.timing import measure_plain_decode
 from ..recipes import Recipe, run
 from ..calibrate.choices import Resolved, resolve, resolve_compile
-from ..calibrate.costs import Profile
 from ..calibrate.tuning import Prediction
 from . import compare
 from .datasets import humaneval_prompts
@@ -77,27 +75,14 @@ def predicted_and_measured(predicted: Prediction, records: list[dict[str, Any]],
     return "\n".join(["| | predicted | measured |", "|---|---|---|", *(f"| {a} | {b} | {c} |" for a, b, c in rows)])
 
 
-def retimed(prediction: Prediction, target: torch.nn.Module, prompts: list[list[int]], tokens: int = 24,
-            profile: Profile | None = None, tree_size: int | None = None) -> tuple[Prediction, float]:
-    """``prediction`` on the host as it is now, not as it was when the profile was measured (on a shared host the
-    speed of decoding moves by a fifth within minutes while a prompt's prefill holds: memory bandwidth, not compute;
-    ``experiments/hf_decode_timing.py --interleaved``; a profile is cached for hours), and the factor its step was
-    scaled by. The target alone's decoding is timed now (``measure_plain_decode``, HF ``generate`` after a context
-    of the prompts' mean length, ``tokens`` tokens). Given the ``profile`` and the chosen tree's ``tree_size``, the
-    target's forwards over 1 and ``tree_size`` tokens are timed again at the profile's context and the predicted
-    step scaled by now / then (the draft's forwards read their weights from the same memory): the step's costs were
-    measured with the profile, and one side re-timed alone would put the host's drift into the predicted speedup
-    (a Zen 4 run: the target alone timed 1.27x slower than the profile's, the steps 1.20x, the speedup predicted
-    16% high)."""
+def retimed(prediction: Prediction, target: torch.nn.Module, prompts: list[list[int]], tokens: int = 24
+            ) -> Prediction:
+    """``prediction`` with the target alone's decoding timed now (``measure_plain_decode``, HF ``generate`` after a
+    context of the prompts' mean length, ``tokens`` tokens), not when the profile was measured: on a shared host
+    that speed moves by a fifth within minutes while a prompt's prefill holds (memory bandwidth, not compute;
+    ``experiments/hf_decode_timing.py --interleaved``), and a profile is cached for hours."""
     context = round(statistics.mean(len(ids) for ids in prompts))
-    now = dataclasses.replace(prediction, plain_seconds=measure_plain_decode(target, context, tokens))
-    if profile is None or tree_size is None:
-        return now, 1.0
-    sizes, then = (1, int(tree_size)), profile.timed_target_latency()
-    timed = measure_latency(target, sizes, context=int(profile.meta.get("context", 128)), repeats=5)
-    factor = sum(timed.values()) / sum(float(np.interp(n, sorted(then), [then[k] for k in sorted(then)]))
-                                       for n in sizes)
-    return dataclasses.replace(now, step_seconds=prediction.step_seconds * factor), factor
+    return dataclasses.replace(prediction, plain_seconds=measure_plain_decode(target, context, tokens))
 
 
 def baseline_methods(target: torch.nn.Module, draft: torch.nn.Module, quick: bool) -> list[compare.Method]:
@@ -164,12 +149,9 @@ def run_demo(args: argparse.Namespace, target: torch.nn.Module, tok: Any, draft:
                                            precision_of(target)))
     prompts = [("humaneval", 100 + i, tok(text)["input_ids"])
                for i, text in enumerate(humaneval_prompts(100, 100 + args.prompts))]
-    prediction, factor = retimed(tuned.prediction, target, [tokens for _, _, tokens in prompts], profile=prof,
-                                 tree_size=choice.shape.size)
+    prediction = retimed(tuned.prediction, target, [tokens for _, _, tokens in prompts])
     print(f"the target alone's decoding timed now: {prediction.plain_seconds:.3f} s per token (the profile's: "
-          f"{tuned.prediction.plain_seconds:.3f}); its forwards over 1 and {choice.shape.size} tokens {factor:.2f}x "
-          f"the profile's: the step predicted at {prediction.step_seconds:.3f} s (the profile's: "
-          f"{tuned.prediction.step_seconds:.3f})", flush=True)
+          f"{tuned.prediction.plain_seconds:.3f})", flush=True)
     results = out_dir / "results.jsonl"
     results.unlink(missing_ok=True)  # the demo measures afresh each run
     compare.warmup_file(results).unlink(missing_ok=True)

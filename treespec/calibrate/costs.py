@@ -88,12 +88,6 @@ class Profile(JSONFile):
                        meta={**self.meta, "context": float(context)},  # plain decoding grows as a one-token forward
                        plain_decode_seconds=None if plain is None else moved({1: plain}, target)[1])
 
-    def timed_target_latency(self) -> dict[int, float]:
-        """The target's forward seconds per tree size as :func:`profile` timed them (before :meth:`calibrated`
-        scaled them by real steps), after ``meta["context"]`` cached tokens."""
-        factor = float((self.meta.get("calibration") or {}).get("verify_factor", 1.0))
-        return {n: t / factor for n, t in self.target_latency.items()}
-
     def calibrated(self, shape: TreeShape, drafting: float, verifying: float, overhead: float, steps: int,
                    size: float | None = None) -> "Profile":
         """This profile corrected by real steps of ``shape``: measured seconds per step of drafting,
