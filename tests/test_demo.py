@@ -4,6 +4,7 @@ import argparse
 import re
 
 import pytest
+import torch
 
 from treespec.bench import compare, demo
 from treespec.calibrate.tuning import Prediction
@@ -157,6 +158,19 @@ def test_a_difference_at_a_tie_passes_and_one_where_a_token_leads_fails():
     compare.locate_divergences(target, records, summary, lambda dataset, p: dict((i, t) for _, i, t in prompts)[p])
     found = {d["prompt"]: d for d in summary["agreement"]["treespec"]["divergences"]}
     assert found[104]["position"] == 2 and found[104]["tokens"] == [9, 10] and found[104]["near_tie"] is False
+
+
+def test_a_quantised_target_rounds_at_bfloat16():
+    """An int4 target's kernels take and return bfloat16 (its embeddings and norms are float32): two logits one
+    bfloat16 step apart near 20 are a tie for it, not for a float32 model."""
+    from treespec.models.quantized import quantize_int4
+
+    floats = tiny_model("llama", vocab=128, hidden=64)
+    assert compare.rounding_dtype(floats) == torch.float32
+    quantised = quantize_int4(tiny_model("llama", vocab=128, hidden=64), group_size=32, twin="bfloat16")
+    assert next(quantised.parameters()).dtype == torch.float32 and compare.rounding_dtype(quantised) == torch.bfloat16
+    assert compare.near_tie(0.125, 20.0, compare.rounding_dtype(quantised))
+    assert not compare.near_tie(0.125, 20.0, compare.rounding_dtype(floats))
 
 
 def test_the_measured_speedup_charges_the_same_prefill_to_both_sides_when_hf_records_its_own():

@@ -24,7 +24,7 @@ from . import intervals
 from .baselines import fastest_compile_settings, hf_generate
 from ..common.device import execution_device
 from ..core.stats import GenerateOutput
-from ..models.precision import precision_of
+from ..models.precision import CPU_ONLY, precision_of
 from ..models.timing import TokenClock
 from .sweep.records import append_record, read_records, repair_tail
 
@@ -121,7 +121,13 @@ def first_divergence(target: torch.nn.Module, prompt: Sequence[int], a: Sequence
     top = torch.topk(logits, 2)
     return {"position": k, "tokens": [int(a[k]), int(b[k])], "top2": top.indices.tolist(),
             "top2_gap": float(top.values[0] - top.values[1]),
-            "near_tie": near_tie(float(top.values[0] - top.values[1]), float(top.values[0]), target.dtype)}
+            "near_tie": near_tie(float(top.values[0] - top.values[1]), float(top.values[0]), rounding_dtype(target))}
+
+
+def rounding_dtype(model: torch.nn.Module) -> torch.dtype:
+    """The precision ``model``'s products round at: bfloat16 for a quantised model (its int4 / int8 kernels take
+    bfloat16 activations and return bfloat16, and its twins are bfloat16 layers), else its parameters' dtype."""
+    return torch.bfloat16 if precision_of(model) in CPU_ONLY else next(model.parameters()).dtype
 
 
 def locate_divergences(target: torch.nn.Module, records: Sequence[dict[str, Any]], summary: dict[str, Any],
