@@ -5,10 +5,11 @@ file's blocks decode). Against it, on held-out text (HumanEval problems with the
 lee-news leads: text none of treespec's calibrations saw), teacher-forced: the share of positions where the
 next-token argmax agrees, the mean KL divergence from the reference's next-token distribution, and each model's
 perplexity on the text. Candidates: bfloat16 (the float weights rounded), ``int4`` as loaded (the file's own
-4-bit blocks; its other types in bfloat16: ``treespec.models.gguf_blocks.with_file_blocks``) twice: on the kernel,
-as its decoding steps run, and on its layers' bfloat16 twins of the same codes, as its prompts run (a teacher-forced
-text is one wide input: ``treespec.models.quantized``), and, as the control, every layer re-quantised to 4 bits
-from the float weights (what ``int4`` does to a model that has no file blocks), on the kernel.
+4-bit blocks; its other types re-quantised to int8 per row: ``treespec.models.gguf_blocks.with_file_blocks``) twice:
+on the kernels, as its decoding steps run, and on its layers' bfloat16 twins of the same weights, as its prompts run
+(a teacher-forced text is one wide input: ``treespec.models.quantized``); the same with its other types in bfloat16
+(the file's weights, as loaded until those layers moved to int8), on the kernel; and, as the control, every layer
+re-quantised to 4 bits from the float weights (what ``int4`` does to a model that has no file blocks), on the kernel.
 
     python experiments/gguf_fidelity.py --out experiments/results/gguf-fidelity-cpu
 """
@@ -27,7 +28,7 @@ import torch
 from treespec.bench.datasets import dataset_prompts, humaneval_tasks
 from treespec.common.machine import machine
 from treespec.models import DEFAULT_TARGET, load
-from treespec.models.quantized import kernel_only, quantize_int4
+from treespec.models.quantized import BFloat16Linear, Int8Linear, kernel_only, quantize_int4
 
 
 
@@ -53,6 +54,16 @@ def compare(reference: torch.nn.Module, model: torch.nn.Module, batches: list[to
             "reference_perplexity": math.exp(ref_nll / n), "tokens": int(n)}
 
 
+def with_bfloat16_rest(model: torch.nn.Module, reference: torch.nn.Module) -> torch.nn.Module:
+    """``model`` (int4 as loaded) with its int8 layers back in bfloat16, from the file's float weights."""
+    layers = dict(reference.named_modules())
+    for prefix, module in list(model.named_modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, Int8Linear):
+                setattr(module, name, BFloat16Linear.from_linear(layers[f"{prefix}.{name}" if prefix else name]))
+    return model
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=Path("experiments/results/gguf-fidelity-cpu"))
@@ -62,10 +73,12 @@ def main(argv: list[str] | None = None) -> dict:
     args.out.mkdir(parents=True, exist_ok=True)
     reference, tok = load(args.target, dtype="float32")
     batches = texts(range(160, 164), range(40, 44), args.max_tokens, tok)
-    int4 = "int4 (file blocks, other types bfloat16)"
+    int4 = "int4 (file blocks, other types int8)"
     candidates = {"bfloat16": lambda: load(args.target, dtype="bfloat16")[0],
-                  f"{int4}, the kernel (its steps)": lambda: load(args.target, dtype="int4")[0],
+                  f"{int4}, the kernels (its steps)": lambda: load(args.target, dtype="int4")[0],
                   f"{int4}, the bfloat16 twins (its prompts)": lambda: load(args.target, dtype="int4")[0],
+                  "int4 (file blocks, other types bfloat16), the kernel (its steps)":
+                      lambda: with_bfloat16_rest(load(args.target, dtype="int4")[0], reference),
                   "int4 re-quantised from the float weights (control), the kernel":
                       lambda: quantize_int4(copy.deepcopy(reference), group_size=32, twin=None)}
     rows = {}
