@@ -122,10 +122,11 @@ def with_file_blocks(model: torch.nn.Module, blocks: dict[str, torch.Tensor]) ->
     Why int8 for the others (the nearest kernel that measures faster than bfloat16 here): on the built-in 1.5B
     target the 29 Q6_K tensors (the LM head among them) kept in bfloat16 were half of a one-token forward; in int8
     that forward took 75-78 ms against 97-132 (the whole target, one token after 128; 119-134 against 131-152 for
-    four: the int8 kernel's cost grows with the rows too, a tree that wide is not chosen for an int4 target here),
-    and the model's next-token distribution moved from the file's float32 dequantisation by 0.00044 nats per token
-    (KL) against 0.00035 with them in bfloat16, 0.0007 for the whole model in bfloat16
-    (``experiments/results/gguf-fidelity-cpu``). Re-quantised to 4 bits instead they put it 0.0100 away. Each layer
+    four: the int8 kernel's cost grows with the rows too, and a wider tree is not chosen for an int4 target here),
+    and the model's next-token distribution moved from the file's float32 dequantisation by 0.00061 nats per token
+    (KL) against 0.00035 with them in bfloat16 and 0.00070 for the whole model in bfloat16
+    (``experiments/results/gguf-fidelity-cpu-int8``): as near the file as bfloat16. Re-quantised to 4 bits instead
+    they put it 0.0100 away. Each layer
     keeps bfloat16 twins for a prompt (``twin="bfloat16"``: the same codes, ``quantized`` module doc), its steps run
     the kernels."""
     from .quantized import Int4Linear, Int8Linear, _check_cpu_float32
