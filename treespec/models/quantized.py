@@ -200,9 +200,8 @@ class Int8Linear(KernelLinear):
 
 class BFloat16Linear(torch.nn.Module):
     """``y = x W^T + b`` with ``W`` kept in bfloat16 inside a float32 model (``x`` rounded to bfloat16 for the
-    product, ``y`` and ``b`` in ``x``'s dtype): a GGUF tensor of a type the int4 kernel does not hold (Q6_K, Q8_0,
-    ...) at its file's precision, where re-quantising it to 4 bits would change the model; or an int4 target's
-    twin for its prompts (:class:`Int4Linear`). ``weight`` ``[out, in]``, ``bias`` ``[out]`` or None."""
+    product, ``y`` and ``b`` in ``x``'s dtype): a quantised target layer's twin for its prompts (:class:`Int4Linear`,
+    :class:`Int8Linear`). ``weight`` ``[out, in]``, ``bias`` ``[out]`` or None."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         super().__init__()
