@@ -86,3 +86,15 @@ def test_the_tuners_prediction_rates_each_precision_and_the_cli_runs_the_choice(
     assert out["recipe"]["target_dtype"] == record["precision"] == precision_of(target)
     assert out["configuration"].startswith(f"target {record['precision']}")
     assert "tree predicted fastest" in target_precision.describe(record)
+
+
+def test_a_run_with_its_own_budget_keeps_the_floating_choice(q4_file, monkeypatch, capsys):
+    """``--budget`` (no tree to tune) leaves the target in its floating ``auto`` precision: nothing is rated."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("the tuned choice ran for a run with its own budget")
+
+    monkeypatch.setattr(target_precision, "load_pair_tuned", refuse)
+    assert cli.main(["generate", "--target", q4_file, "--draft", q4_file, "--budget", "4", "--prompt", "ab c",
+                     "--max-new-tokens", "4", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["configuration"].split(",")[0] in {f"target {p}" for p in FLOATS}

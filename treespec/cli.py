@@ -28,15 +28,17 @@ from .recipes import NGramSettings, Recipe, draft_mode, run
 
 def load_models(args: argparse.Namespace, want_draft: bool = True, tuned_target: bool = False):
     """Target, its tokenizer and the draft models the options ask for (default draft unless none is wanted).
-    ``tuned_target`` (the commands that run the pair: generate, demo): a GGUF target in ``auto`` precision on a CPU
-    runs in the precision whose tuned tree is predicted fastest here, bfloat16 or its file's own 4-bit blocks
-    (``treespec.calibrate.target_precision``); elsewhere ``auto`` keeps the floating precision one forward measures
-    fastest."""
+    ``tuned_target`` (the commands that run the pair: generate, demo): a GGUF target in ``auto`` precision on a CPU,
+    run with a tuned tree (no ``--budget``, a Sequoia tree, no n-gram drafter), runs in the precision whose tuned tree
+    is predicted fastest here, bfloat16 or its file's own 4-bit blocks (``treespec.calibrate.target_precision``);
+    elsewhere ``auto`` keeps the floating precision one forward measures fastest."""
     from .models import DEFAULT_DRAFT
 
     names = args.draft if args.draft else ([DEFAULT_DRAFT] if want_draft else [])
     draft_dtype, compile = getattr(args, "draft_dtype", None), getattr(args, "compile", None) or False
-    if tuned_target and target_precision.applies(args.target, names, args.device, args.dtype):
+    tuned = (getattr(args, "budget", None) is None and getattr(args, "tree", "sequoia") == "sequoia"
+             and not getattr(args, "ngram", False))
+    if tuned_target and tuned and target_precision.applies(args.target, names, args.device, args.dtype):
         return target_precision.load_pair_tuned(args.target, names[0], draft_dtype=draft_dtype, compile=compile,
                                                 temperature=getattr(args, "temperature", 0.0))
     return load_pair(args.target, names, device=args.device, target_dtype=args.dtype, draft_dtype=draft_dtype,
