@@ -28,7 +28,7 @@ import torch
 from treespec.bench.datasets import dataset_prompts, humaneval_tasks
 from treespec.common.machine import machine
 from treespec.models import DEFAULT_TARGET, load
-from treespec.models.quantized import BFloat16Linear, Int8Linear, kernel_only, quantize_int4
+from treespec.models.quantized import BFloat16Linear, Int8Linear, kernel_only, quantize_int4, replace_layers
 
 
 
@@ -57,11 +57,7 @@ def compare(reference: torch.nn.Module, model: torch.nn.Module, batches: list[to
 def with_bfloat16_rest(model: torch.nn.Module, reference: torch.nn.Module) -> torch.nn.Module:
     """``model`` (int4 as loaded) with its int8 layers back in bfloat16, from the file's float weights."""
     layers = dict(reference.named_modules())
-    for prefix, module in list(model.named_modules()):
-        for name, child in list(module.named_children()):
-            if isinstance(child, Int8Linear):
-                setattr(module, name, BFloat16Linear.from_linear(layers[f"{prefix}.{name}" if prefix else name]))
-    return model
+    return replace_layers(model, Int8Linear, lambda name, _: BFloat16Linear.from_linear(layers[name]))
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -33,7 +33,7 @@ from gguf_fidelity import compare, texts  # noqa: E402
 
 from treespec.common.machine import machine  # noqa: E402
 from treespec.models import DEFAULT_TARGET, load  # noqa: E402
-from treespec.models.quantized import quantize_int8  # noqa: E402
+from treespec.models.quantized import quantize_int8, replace_layers  # noqa: E402
 from treespec.models.timing import measure_latency  # noqa: E402
 
 
@@ -61,11 +61,7 @@ class PinnedInt8Linear(torch.nn.Module):
 
 
 def pinned(model: torch.nn.Module, reduce_range: bool) -> torch.nn.Module:
-    for module in list(model.modules()):
-        for name, child in list(module.named_children()):
-            if isinstance(child, torch.nn.Linear):
-                setattr(module, name, PinnedInt8Linear(child, reduce_range))
-    return model
+    return replace_layers(model, torch.nn.Linear, lambda _, linear: PinnedInt8Linear(linear, reduce_range))
 
 
 def rows_independent(model: torch.nn.Module) -> bool:

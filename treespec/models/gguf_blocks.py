@@ -121,31 +121,29 @@ def with_file_blocks(model: torch.nn.Module, blocks: dict[str, torch.Tensor]) ->
 
     Why int8 for the others (the nearest kernel that measures faster than bfloat16 here): on the built-in 1.5B
     target the 29 Q6_K tensors (the LM head among them) kept in bfloat16 were half of a one-token forward; in int8
-    that forward took 75-78 ms against 97-132 (the whole target, one token after 128; 119-134 against 131-152 for
-    four: the int8 kernel's cost grows with the rows too, and a wider tree is not chosen for an int4 target here),
+    that forward took 71-81 ms against 107-119 (the whole target, one token after 128; 112-120 against 128-142 for
+    four; none at eight: the int8 kernel's cost grows with the rows too, and a wider tree is not chosen for an int4
+    target here; ``experiments/int8_layers_forward.py``),
     and the model's next-token distribution moved from the file's float32 dequantisation by 0.00061 nats per token
     (KL) against 0.00035 with them in bfloat16 and 0.00070 for the whole model in bfloat16
     (``experiments/results/gguf-fidelity-cpu-int8``): as near the file as bfloat16. Re-quantised to 4 bits instead
     they put it 0.0100 away. Each layer
     keeps bfloat16 twins for a prompt (``twin="bfloat16"``: the same codes, ``quantized`` module doc), its steps run
     the kernels."""
-    from .quantized import Int4Linear, Int8Linear, _check_cpu_float32
+    from .quantized import Int4Linear, Int8Linear, _check_cpu_float32, replace_layers
 
     _check_cpu_float32(model, "int4 from a GGUF's blocks")
     counts = {"exact": 0, "int8": 0}
-    for prefix, module in list(model.named_modules()):
-        for child_name, child in list(module.named_children()):
-            if not isinstance(child, torch.nn.Linear):
-                continue
-            key = f"{prefix}.{child_name}.weight" if prefix else f"{child_name}.weight"
-            bias = None if child.bias is None else child.bias.detach().float().clone()
-            if f"{key}.codes" in blocks:
-                packed = blocks[f"{key}.codes"]
-                codes = torch.stack([packed & 0x0F, packed >> 4], -1).reshape(packed.shape[0], -1)
-                layer = Int4Linear.from_groups(codes, blocks[f"{key}.scale"], blocks[f"{key}.zero"], bias, "bfloat16")
-                how = "exact"
-            else:
-                layer, how = Int8Linear.from_weight(child.weight, bias), "int8"
-            setattr(module, child_name, layer)
-            counts[how] += 1
-    return model, counts
+
+    def from_file(name: str, linear: torch.nn.Linear) -> torch.nn.Module:
+        key = f"{name}.weight"
+        bias = None if linear.bias is None else linear.bias.detach().float().clone()
+        if f"{key}.codes" not in blocks:
+            counts["int8"] += 1
+            return Int8Linear.from_weight(linear.weight, bias)
+        counts["exact"] += 1
+        packed = blocks[f"{key}.codes"]
+        codes = torch.stack([packed & 0x0F, packed >> 4], -1).reshape(packed.shape[0], -1)
+        return Int4Linear.from_groups(codes, blocks[f"{key}.scale"], blocks[f"{key}.zero"], bias, "bfloat16")
+
+    return replace_layers(model, torch.nn.Linear, from_file), counts

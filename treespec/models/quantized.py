@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 
@@ -269,12 +269,24 @@ def quantize_int4(model: torch.nn.Module, group_size: int = GROUP_SIZE, twin: st
     if twin is not None and twin not in TWINS:
         raise ValueError(f"twin must be one of {TWINS} or None, got {twin!r}")
     _check_cpu_float32(model, "int4 quantisation")
-    for module in list(model.modules()):
+
+    def int4(name: str, linear: torch.nn.Linear) -> Int4Linear | None:
+        group = group_size_for(linear, group_size)
+        return None if group is None else Int4Linear.from_linear(linear, group, twin)
+
+    return replace_layers(model, torch.nn.Linear, int4)
+
+
+def replace_layers(model: torch.nn.Module, kind: type,
+                   make: Callable[[str, torch.nn.Module], torch.nn.Module | None]) -> torch.nn.Module:
+    """``model`` with each submodule of type ``kind`` replaced by ``make(its qualified name, it)`` (None: kept), in
+    place; returns ``model``."""
+    for prefix, module in list(model.named_modules()):
         for name, child in list(module.named_children()):
-            if isinstance(child, torch.nn.Linear):
-                group = group_size_for(child, group_size)
-                if group is not None:
-                    setattr(module, name, Int4Linear.from_linear(child, group, twin))
+            if isinstance(child, kind):
+                layer = make(f"{prefix}.{name}" if prefix else name, child)
+                if layer is not None:
+                    setattr(module, name, layer)
     return model
 
 
