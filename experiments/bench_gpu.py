@@ -172,7 +172,7 @@ class Bench:
         a = self.args
         return {"device": device_name(self.device), "torch": torch.__version__, "dtype": str(self.dtype),
                 "smoke": self.tiny, "backend": self.backend, "mode": self.mode, "prompts": a.prompts,
-                "prompt_len": a.prompt_len, "new_tokens": a.new_tokens, "budget": a.budget,
+                "prompt_len": a.prompt_len, "new_tokens": a.new_tokens, "budget": a.budget, "clock": a.clock,
                 "weights": "random (tiny configs)" if self.tiny else "random (real configs)"}
 
 
@@ -539,7 +539,58 @@ def _sweep(b: Bench) -> dict[str, Any]:
         out["kernel_table"] = kernel_table(
             lambda: treespec.generate(target, b.prompts[0], [treespec.ModelDrafter(draft, shape)],
                                       max_new_tokens=a.new_tokens, compile=b.compile, envelope=env), b.device)
+        b.checkpoint("sweep", out)
+        try:  # measurement aids: a failure is recorded, the sweep's results stay
+            out["clock"] = clock_ab(b, shape, env)
+            if a.trace:
+                out["traces"] = {name: step_trace(b, shape, env, events, Path(a.out) / f"trace-{name}.json.gz")
+                                 for name, events in (("waits", False), ("events", True))}
+        except Exception as e:
+            out["clock_error"] = f"{type(e).__name__}: {str(e)[:500]}"
     return out
+
+
+def clock_ab(b: Bench, shape, env: Envelope, rounds: int = 3) -> dict[str, Any]:
+    """The device-sized tree's seconds with the step's sections timed by CUDA events (``Clock.device_events``,
+    no wait) and by waiting for the device at every charge, alternating ``rounds`` times: the waits' cost."""
+    from treespec.core.step import Clock
+
+    out: dict[str, Any] = {"waits": [], "events": []}
+    saved = Clock.device_events
+    try:
+        for _ in range(rounds):
+            for name, events in (("waits", False), ("events", True)):
+                Clock.device_events = events
+                run = treespec_run(b, b.model("target"), b.model("draft"), shape, b.compile, budget=env.nodes,
+                                   envelope=env)
+                decode = run["seconds"] - run["sections_seconds"]["prefill"]
+                out[name].append({"seconds": run["seconds"], "steps": run["steps"], "wall_s_per_step": decode / run["steps"],
+                                  "sections_s_per_step": run["step_seconds"], "per_step_seconds": run["per_step_seconds"]})
+    finally:
+        Clock.device_events = saved
+    for name in ("waits", "events"):
+        out[f"{name}_median_s_per_step"] = statistics.median(r["wall_s_per_step"] for r in out[name])
+    return out
+
+
+def step_trace(b: Bench, shape, env: Envelope, events: bool, path: Path, new_tokens: int = 8) -> dict[str, Any]:
+    """A chrome trace (``torch.profiler``, gzipped) of one short ``generate`` of the device-sized tree, sections
+    timed by events or by waits: where the device idles inside a step, and what the host does meanwhile."""
+    from torch.profiler import ProfilerActivity, profile
+    from treespec.core.step import Clock
+
+    saved, Clock.device_events = Clock.device_events, events
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if b.device.type == "cuda" else [])
+    try:
+        with profile(activities=acts, with_stack=False) as prof:
+            out = treespec.generate(b.model("target"), b.prompts[1 % len(b.prompts)],
+                                    [treespec.ModelDrafter(b.model("draft"), shape)], max_new_tokens=new_tokens,
+                                    compile=b.compile, envelope=env)
+            sync(b.device)
+    finally:
+        Clock.device_events = saved
+    prof.export_chrome_trace(str(path))
+    return {"path": path.name, "steps": out.stats.steps, "bytes": path.stat().st_size}
 
 
 def _sweep_run(b: Bench, acc: MeasuredAcceptance, name: str, shape, env: Envelope) -> dict[str, Any]:
@@ -812,6 +863,14 @@ def sweep_report(sw: dict[str, Any], hf_c: float | None) -> list[str]:
                   "|---|---|---|"]
         lines += [f"| `{r['name']}` | {r['calls_per_step']:.1f} | {r['us_per_step']:.1f} |" for r in k["top"]]
         lines.append("")
+    if sw.get("clock"):
+        c = sw["clock"]
+        lines += [f"The device-sized tree's wall seconds per step (decoding, prefill apart; medians of "
+                  f"{len(c['events'])} alternating runs): sections timed by CUDA events "
+                  f"{c['events_median_s_per_step'] * 1e3:.2f} ms, by waiting for the device at each section "
+                  f"{c['waits_median_s_per_step'] * 1e3:.2f} ms.", ""]
+    if sw.get("clock_error"):
+        lines += [f"The clock comparison failed: {sw['clock_error']}", ""]
     return lines
 
 
@@ -849,6 +908,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     help="phase sweep: the device's costs from the swept steps alone (default), or also the compiled "
                          "forwards timed alone (dynamic token counts: minutes of compiles on a GPU)")
     ap.add_argument("--sweep-families", nargs="+", default=None, help="phase sweep: only these of SWEEP_FAMILIES")
+    ap.add_argument("--clock", choices=("events", "waits"), default="events",
+                    help="how treespec's steps time their sections on CUDA: events (the default, no wait) or a wait "
+                         "for the device at every section (treespec.core.step.Clock.device_events)")
+    ap.add_argument("--trace", action="store_true",
+                    help="phase sweep: chrome traces of the device-sized tree's short generate under each clock "
+                         "(trace-waits.json.gz, trace-events.json.gz in --out)")
     ap.add_argument("--sweep-budgets", type=int, nargs="+", default=None,
                     help="budgets of phase sweep's tree families (default: 16 32; smoke: 8, three families)")
     args = ap.parse_args(argv)
@@ -871,6 +936,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         results["phases"][phase] = merged(phase, results["phases"].get(phase), part)
         save(out, results)
 
+    from treespec.core.step import Clock
+    Clock.device_events = args.clock == "events"
     b = Bench(args, checkpoint)
     results = json.loads((out / "results.json").read_text()) if (out / "results.json").exists() else {}
     results = {"setup": b.setup(), "phases": results.get("phases", {})}

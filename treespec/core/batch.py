@@ -191,6 +191,8 @@ def decode_batch(reqs: Sequence[Request], step: BatchEagerStep) -> BatchOutput:
             for r, tokens in emitted.items():
                 runs[r].stream(tokens)
             finished = [r for r in active if runs[r].done]
+            if finished:
+                clock.settle()
             for r in finished:
                 row_seconds[r] = time.perf_counter() - start
                 for name in SECTIONS:  # the row's seconds: the batch's while it was in it

@@ -76,6 +76,7 @@ def decode(req: Request, step: Step) -> GenerateOutput:
             tokens = run.take(*step.advance(run.committed, run.remaining, clock))
             clock.charge("overhead")
             run.stream(tokens)
+    clock.settle()
     return run.output()
 
 

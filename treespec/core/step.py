@@ -25,18 +25,56 @@ if TYPE_CHECKING:
 
 
 class Clock:
-    """Charges wall-clock sections to ``stats`` (``<section>_seconds``); waits for the device first."""
+    """Charges wall-clock sections to ``stats`` (``<section>_seconds``).
+
+    On a CPU a charge reads the host's clock. On CUDA (``device_events``) it records an event on the current
+    stream instead of waiting for the device: a section's seconds are the device's timeline between two events
+    (a section whose work the device ran: its run; one with no device work while the device idled: the host's
+    time), read once both have happened (``Event.query``, no wait). Waiting at every charge would idle the
+    device while the host launches the next section's work (three waits per step where the step's own
+    device->host copy is one). :meth:`settle` waits once and adds what is left; read the sections after it."""
+
+    #: CUDA sections timed by events (False: wait for the device at every charge, as on a CPU)
+    device_events = True
 
     def __init__(self, stats: Stats, device: torch.device) -> None:
         self.stats, self.device, self.t = stats, device, time.perf_counter()
+        self.events = self.device_events and torch.device(device).type == "cuda"
+        self.last = self._event() if self.events else None
+        self.pending: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = []
+
+    @staticmethod
+    def _event() -> "torch.cuda.Event":
+        e = torch.cuda.Event(enable_timing=True)
+        e.record()
+        return e
 
     def charge(self, section: str) -> None:
-        """Add the time since the last charge to ``stats.<section>_seconds``."""
+        """Add the time since the last charge to ``stats.<section>_seconds`` (on CUDA: once it has happened)."""
+        if self.events:
+            end = self._event()
+            self.pending.append((section, self.last, end))
+            self.last = end
+            self._add(wait=False)
+            return
         sync(self.device)
         now = time.perf_counter()
-        name = f"{section}_seconds"
-        setattr(self.stats, name, getattr(self.stats, name) + now - self.t)
+        self._credit(section, now - self.t)
         self.t = now
+
+    def settle(self) -> None:
+        """Wait for the device and add every section still pending (no-op off CUDA)."""
+        self._add(wait=True)
+
+    def _add(self, wait: bool) -> None:
+        while self.pending and (wait or self.pending[0][2].query()):
+            section, start, end = self.pending.pop(0)
+            end.synchronize()
+            self._credit(section, start.elapsed_time(end) * 1e-3)  # milliseconds
+
+    def _credit(self, section: str, seconds: float) -> None:
+        name = f"{section}_seconds"
+        setattr(self.stats, name, getattr(self.stats, name) + seconds)
 
 
 class Step(Protocol):
