@@ -42,7 +42,6 @@ from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # runs from a checkout without installing treespec
-sys.path.insert(0, str(ROOT / "experiments"))  # concat_linears, also when run through runpy (the tests)
 
 import torch  # noqa: E402
 from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
@@ -56,11 +55,10 @@ from treespec.calibrate.step_cost import choose_tree  # noqa: E402
 from treespec.common.device import sync  # noqa: E402
 from treespec.common.machine import device_name  # noqa: E402
 from treespec.common.files import write_json  # noqa: E402
-from treespec.core import compiled, compiling  # noqa: E402
+from treespec.core import compiled, compiling, fused_qkv  # noqa: E402
 from treespec.core.compiling import graphs_compiled  # noqa: E402
 from treespec.core.buffers import Envelope  # noqa: E402
 
-import concat_linears  # noqa: E402  (beside this file)
 
 # Qwen2.5-Coder-{1.5B,0.5B}-Instruct (HF config.json; the GGUF-dequantised copies agree except that
 # they untie the LM head, which does not change the cost of a forward).
@@ -455,17 +453,15 @@ def kernel_table(call: Callable[[], Any], device: torch.device, top: int = 15) -
 
 
 def sweep_lever(name: str, done: dict[str, Any]) -> tuple[str, Lever]:
-    """``--sweep-lever``: a lever of ``LEVERS`` by name, ``baseline``, or ``best`` (the lowest level seconds of
-    phase levels' saved results, ``done``)."""
-    if name == "baseline":
-        return "baseline", LEVERS["baseline"]
+    """``--sweep-lever``: a lever of ``LEVERS`` by name, or ``best`` (the lowest level seconds of phase levels'
+    saved results, ``done``)."""
     if name == "best":
         timed = {k: v for k, v in ((done.get("levels") or {}).get("levers") or {}).items() if "level_ms" in v}
         if not timed:
             raise SystemExit("--sweep-lever best needs phase levels' timed levers in --out: run --phase levels first")
         name = min(timed, key=lambda k: timed[k]["level_ms"])
     if name not in LEVERS:
-        raise SystemExit(f"--sweep-lever {name!r} is not one of LEVERS, 'baseline' or 'best'")
+        raise SystemExit(f"--sweep-lever {name!r} is not one of LEVERS or 'best'")
     return name, LEVERS[name]
 
 
@@ -615,33 +611,39 @@ def step_costs(runs: dict[str, dict[str, Any]]) -> dict[str, float]:
 
 @dataclasses.dataclass(frozen=True)
 class Lever:
-    """One configuration of the captured step that phase levels times (each its own runner and compile)."""
+    """One configuration of the captured step that phase levels times (each its own runner and compile); the
+    defaults are treespec's own on CUDA."""
 
     what: str
-    bucket: int = 1024  # the caches' row bucket: attention reads the whole capacity, prompt + tokens rounded up
+    bucket: int = compiled.CUDA_CAPACITY_BUCKET  # the caches' row bucket: attention reads the whole capacity
     mode: str | None = None  # torch.compile mode (None: compiling.compile_options' own)
-    freezing: bool = False  # inductor's weight freezing (on CUDA it also concatenates linears sharing an input)
+    freezing: bool = True  # inductor's weight freezing (gate and up as one product): compiling.CUDA_GRAPHS_FREEZE
     cudnn: bool = True  # let SDPA take cuDNN's attention (False: the memory-efficient kernel)
-    concat_qkv: bool = False  # freezing's q/k/v concatenation for unequal widths too (``concat_linears.py``)
+    concat_qkv: bool = True  # q, k, v as one product whatever their widths: compiling.CUDA_GRAPHS_ONE_QKV
 
 
-#: the draft level's levers (phase levels), in the order they run: the baseline, all three together, then alone
+#: the draft level's levers (phase levels), in the order they run by default
 LEVERS = {
-    "baseline": Lever("caches in buckets of 1024 rows, inductor + CUDA graphs"),
+    "default": Lever("treespec's CUDA defaults: caches in buckets of 512 rows, freezing, q, k, v as one product, "
+                     "cuDNN's attention"),
+    "baseline": Lever("before the levers: caches in buckets of 1024 rows, inductor + CUDA graphs", bucket=1024,
+                      freezing=False, concat_qkv=False),
     "bucket-256+freezing+sdpa-efficient": Lever("caches in buckets of 256 rows, freezing, SDPA's memory-efficient kernel",
-                                                bucket=256, freezing=True, cudnn=False),
+                                                bucket=256, cudnn=False, concat_qkv=False),
     "freezing": Lever("inductor weight freezing: weights as constants; on CUDA gate/up become one product (q/k/v "
-                      "too where their widths are equal, or from torch 2.13)", freezing=True),
-    "bucket-256": Lever("attention over the used length: caches in buckets of 256 rows", bucket=256),
-    "sdpa-efficient": Lever("SDPA's memory-efficient kernel instead of cuDNN's", cudnn=False),
-    "bucket-256+freezing": Lever("buckets of 256 rows and freezing", bucket=256, freezing=True),
-    "max-autotune": Lever("torch.compile mode max-autotune (GEMM autotuning)", mode="max-autotune"),
+                      "too where their widths are equal, or from torch 2.13)", bucket=1024, concat_qkv=False),
+    "bucket-256": Lever("attention over the used length: caches in buckets of 256 rows", bucket=256, freezing=False,
+                        concat_qkv=False),
+    "sdpa-efficient": Lever("SDPA's memory-efficient kernel instead of cuDNN's", bucket=1024, freezing=False,
+                            cudnn=False, concat_qkv=False),
+    "bucket-256+freezing": Lever("buckets of 256 rows and freezing", bucket=256, concat_qkv=False),
+    "max-autotune": Lever("torch.compile mode max-autotune (GEMM autotuning)", bucket=1024, freezing=False,
+                          concat_qkv=False, mode="max-autotune"),
     "bucket-256+freezing+qkv": Lever(
         "buckets of 256 rows (cuDNN's attention), freezing, and q, k, v as one product (torch 2.11's freezing "
-        "concatenates equal widths only)", bucket=256, freezing=True, concat_qkv=True),
-    "bucket-256+freezing+qkv+max-autotune": Lever(
-        "the lever above and max-autotune (Triton GEMM templates: bias fused, no split-K reduction)",
-        bucket=256, freezing=True, concat_qkv=True, mode="max-autotune"),
+        "concatenates equal widths only)", bucket=256),
+    "default+max-autotune": Lever("treespec's CUDA defaults and max-autotune (Triton GEMM templates: no split-K "
+                                  "reduction)", mode="max-autotune"),
 }
 
 
@@ -653,25 +655,32 @@ APPLIED: list[Lever | None] = [None]
 def lever(setting: Lever):
     """The captured step with one lever (see :class:`Lever`). Runners are keyed by models, envelope and capacity,
     not by the compile settings, so the runners of another lever are dropped (a fresh compile); those of the same
-    lever are kept (phase sweep after phase levels replays the last lever's graphs)."""
+    lever are kept (phase sweep after phase levels replays the last lever's graphs). A frozen lever compiles
+    without inductor's graph cache, whose key does not hold the q/k/v rewrite (``fused_qkv.applied``)."""
     from treespec.core import captured
 
-    saved = compiled.CAPACITY_BUCKET, captured.compile_options, torch.backends.cuda.cudnn_sdp_enabled()
-    compiled.CAPACITY_BUCKET = setting.bucket
+    names = ("CAPACITY_BUCKET", "CUDA_CAPACITY_BUCKET"), ("CUDA_GRAPHS_FREEZE", "CUDA_GRAPHS_ONE_QKV")
+    saved = ([getattr(compiled, n) for n in names[0]], [getattr(compiling, n) for n in names[1]],
+             captured.compile_options, torch.backends.cuda.cudnn_sdp_enabled())
+    for n in names[0]:
+        setattr(compiled, n, setting.bucket)
+    compiling.CUDA_GRAPHS_FREEZE, compiling.CUDA_GRAPHS_ONE_QKV = setting.freezing, setting.concat_qkv
     if setting.mode is not None:
-        captured.compile_options = lambda c, device: (saved[1](c, device)[0], setting.mode)
-    torch.backends.cuda.enable_cudnn_sdp(setting.cudnn and saved[2])
+        captured.compile_options = lambda c, device: (saved[2](c, device)[0], setting.mode)
+    torch.backends.cuda.enable_cudnn_sdp(setting.cudnn and saved[3])
     if APPLIED[0] != setting:
         captured.RUNNERS.clear()
         APPLIED[0] = setting
     try:
-        with torch._inductor.config.patch(freezing=setting.freezing), contextlib.ExitStack() as stack:
-            if setting.concat_qkv:
-                stack.enter_context(concat_linears.enabled())
+        with fused_qkv.uncached() if setting.freezing else contextlib.nullcontext():
             yield
     finally:
-        compiled.CAPACITY_BUCKET, captured.compile_options = saved[:2]
-        torch.backends.cuda.enable_cudnn_sdp(saved[2])
+        for n, v in zip(names[0], saved[0]):
+            setattr(compiled, n, v)
+        for n, v in zip(names[1], saved[1]):
+            setattr(compiling, n, v)
+        captured.compile_options = saved[2]
+        torch.backends.cuda.enable_cudnn_sdp(saved[3])
 
 
 def phase_levels(b: Bench) -> dict[str, Any]:
@@ -688,8 +697,6 @@ def phase_levels(b: Bench) -> dict[str, Any]:
         setting = LEVERS[name]
         if (b.tiny or b.device.type != "cuda") and (setting.mode == "max-autotune" or not setting.cudnn):
             continue  # CUDA levers (on a CPU max-autotune times C++ templates for many minutes)
-        if setting.freezing and b.backend != "inductor":
-            continue  # an inductor lever (the smoke compiles with dynamo's eager backend)
         if b.tiny and out["levers"]:
             break  # the smoke checks the phase's path: one lever (each compiles its own runner)
         if b.args.levels_seconds and time.perf_counter() - start > b.args.levels_seconds:
@@ -901,8 +908,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--levels-seconds", type=float, default=None,
                     help="phase levels: start no lever after this many seconds of the phase (the rest are named "
                          "as skipped)")
-    ap.add_argument("--sweep-lever", default="baseline", metavar="LEVER",
-                    help="phase sweep: run every shape with this lever of LEVERS (or 'baseline', or 'best': the "
+    ap.add_argument("--sweep-lever", default="default", metavar="LEVER",
+                    help="phase sweep: run every shape with this lever of LEVERS (default: treespec's own settings; "
+                         "'best': the "
                          "fastest level of phase levels' saved results)")
     ap.add_argument("--sweep-costs", choices=("steps", "dynamic"), default="steps",
                     help="phase sweep: the device's costs from the swept steps alone (default), or also the compiled "

@@ -1,76 +1,25 @@
-"""A freezing rewrite for phase levels of ``bench_gpu.py``: three biased linears that share an input (attention's
-q, k and v) computed as one matrix product, whatever their output widths.
+"""A check of ``treespec.core.fused_qkv`` on a CPU: attention's three biased products (q, k, v) of a frozen Qwen2
+layer of the 0.5B draft's sizes become one, and the layer's logits stay eager's.
 
-Inductor's freezing already rewrites such triples into one product of concatenated weights, but up to torch
-2.11 only when the three weights have the same shape (its ``check_concat_weights``; torch 2.13 compares the
-input dimension alone). Under grouped-query attention q is wider than k and v (896 against 128 columns in the
-0.5B draft), so on the GPU image's torch 2.11 q, k and v stayed three products per layer
-(``experiments/results/gpu-h200-levers``). :func:`register` adds the same rewrite with the input-dimension
-check as a freezing pass of its own; it applies only inside :func:`enabled` (a lever of ``bench_gpu.py``).
+Inductor's own freezing pass for such triples wants weights of one shape on torch 2.11; under grouped-query
+attention q is wider than k and v, so on the GPU image's torch 2.11 q, k and v stayed three products per layer
+(``experiments/results/gpu-h200-levers``), and the frozen layer below keeps three on torch 2.13 too, until
+treespec's own rewrite (``fused_qkv``; on an H200: ``experiments/results/gpu-h200-qkv``).
 
-    python experiments/concat_linears.py     # CPU check: q, k, v as one product, the layer's output unchanged
+    python experiments/concat_linears.py     # q, k, v as one product, the layer's output unchanged
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
+import sys
+from pathlib import Path
 
 import torch
-from torch._inductor.fx_passes import freezing_patterns
-from torch._inductor.pattern_matcher import Match, fwd_only, register_replacement
 
-aten = torch.ops.aten
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runs from a checkout without installing treespec
 
-#: whether the rewrite applies (registered patterns stay for the process; this switches ours)
-ENABLED = [False]
-
-
-def _three_products(inp, w1, w2, w3, b1, b2, b3):
-    return aten.addmm(b1, inp, w1), aten.addmm(b2, inp, w2), aten.addmm(b3, inp, w3)
-
-
-def _one_product(inp, w1, w2, w3, b1, b2, b3):
-    widths = [w1.size(1), w2.size(1), w3.size(1)]
-    return aten.addmm(torch.cat((b1, b2, b3)), inp, torch.cat((w1, w2, w3), dim=1)).split(widths, dim=1)
-
-
-def _frozen_weights_of_one_input_width(match: Match) -> bool:
-    """The weights and biases are frozen constants, the weights take inputs of one width, the biases are vectors."""
-    weights = [match.kwargs[k] for k in ("w1", "w2", "w3")]
-    biases = [match.kwargs[k] for k in ("b1", "b2", "b3")]
-    return (ENABLED[0] and all(n.op == "get_attr" for n in weights + biases)
-            and len({w.meta["val"].shape[0] for w in weights}) == 1 and all(b.meta["val"].dim() == 1 for b in biases))
-
-
-@functools.cache
-def register() -> None:
-    """Add the rewrite to inductor's freezing passes (once per process), as a pass of its own after inductor's
-    (a pattern matcher refuses a pattern its pass already holds, and inductor's holds this one with the stricter
-    check)."""
-    from torch._inductor.pattern_matcher import PatternMatcherPass
-
-    freezing_patterns.lazy_init()
-    own = PatternMatcherPass()
-    example = [torch.empty(8, 8) for _ in range(7)]  # inductor traces its own patterns from 2-D examples alike
-    register_replacement(_three_products, _one_product, example, fwd_only, own,
-                         extra_check=_frozen_weights_of_one_input_width,
-                         exclusive_arg_names=("w1", "w2", "w3", "b1", "b2", "b3"))
-    freezing_patterns.pass_patterns.append(own)
-
-
-@contextlib.contextmanager
-def enabled():
-    """The rewrite on (registered at first use), with inductor's and AOT's compile caches off: their keys do not
-    hold :data:`ENABLED`, so a graph compiled without the rewrite would be served again with it."""
-    register()
-    with torch._inductor.config.patch(fx_graph_cache=False), \
-            torch._functorch.config.patch(enable_autograd_cache=False):
-        ENABLED[0] = True
-        try:
-            yield
-        finally:
-            ENABLED[0] = False
+from treespec.core import fused_qkv  # noqa: E402
 
 
 def main() -> None:
@@ -89,7 +38,7 @@ def main() -> None:
         want = model(ids).logits
         for on in (False, True):
             torch._dynamo.reset()
-            with enabled() if on else contextlib.nullcontext():
+            with fused_qkv.applied() if on else contextlib.nullcontext(), fused_qkv.uncached():
                 got, (code,) = run_and_get_code(torch.compile(lambda x: model(x).logits), ids)
             print(f"rewrite {'on ' if on else 'off'}: {code.count('extern_kernels.addmm(')} biased products, "
                   f"{code.count('extern_kernels.mm(')} others; max |logit difference| from eager "

@@ -42,9 +42,9 @@ def test_bench_gpu_smoke_runs_every_phase_and_resumes(bench_gpu, tmp_path):
     # phase levels compiles the sweep's envelope under its lever; phase sweep, under the same lever, runs every tree
     # of the envelope on those graphs: none compiles anything
     levers = ph["levels"]["levers"]
-    assert list(levers) == ["baseline"] and levers["baseline"]["new_graphs"] > 0
+    assert list(levers) == ["default"] and levers["default"]["new_graphs"] > 0
     runs = ph["sweep"]["runs"]
-    assert len(runs) >= 3 and {r["step"] for r in runs.values()} == {"captured"} and ph["sweep"]["lever"] == "baseline"
+    assert len(runs) >= 3 and {r["step"] for r in runs.values()} == {"captured"} and ph["sweep"]["lever"] == "default"
     assert all(r["new_graphs"] == 0 for r in runs.values())
     assert ph["first"]["second_shape_compiled_nothing"]
     before = ph["costs"]

@@ -105,3 +105,6 @@ def test_the_cache_holds_the_last_chunk_padding():
     assert compiled.capacity_for(1020, 2) == 1024 and prefill.padded_length(1019) == 1024
     assert compiled.capacity_for(1026, 2) == 2048  # 1025 tokens to cache pad to 1088
     assert compiled.capacity_for(1025, 30) == 2048
+    # on CUDA in buckets of 512 (attention reads every row of the capacity): the H200 run's 128 + 48 + 130 rows
+    assert compiled.capacity_for(128, 48 + 130, "cuda") == 512 and compiled.capacity_for(128, 48 + 130) == 1024
+    assert compiled.capacity_for(1000, 4, torch.device("cuda")) == 1024

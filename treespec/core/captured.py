@@ -154,7 +154,7 @@ class CapturedStep:
     """The engine's step (``treespec.core.step.Step``) with a static draft tree drafted on the device: a
     :class:`BatchCapturedStep` of one row.
 
-    Cache capacity is bucketed (``compiled.CAPACITY_BUCKET``) from prompt + ``max_new_tokens`` + the
+    Cache capacity is bucketed (``compiled.capacity_for``) from prompt + ``max_new_tokens`` + the
     envelope, so prompts of similar length reuse the compiled calls. The tree is never capped by the end
     of the generation (its shape is fixed): tokens past ``max_new_tokens`` are dropped by the loop,
     which keeps the output exact (the emitted tokens are a prefix of an exact continuation).
@@ -193,7 +193,7 @@ class BatchCapturedStep:
         longest = max(len(r.prompt) for r in reqs)
         # the target writes a step's nodes past its length, the draft every level's rows past its own
         written = max(envelope.nodes, envelope.draft_slots)
-        capacity = capacity_for(longest, max(r.max_new_tokens for r in reqs) + written + 2)
+        capacity = capacity_for(longest, max(r.max_new_tokens for r in reqs) + written + 2, reqs[0].device)
         self.runner = runner_for(req, spec, envelope, capacity, backend, mode, any_covering, len(reqs))
         self.runner.params, self.runner.draft_params = req.params, req.params.for_draft()
         self.runner.verifier = req.verifier

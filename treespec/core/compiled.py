@@ -43,16 +43,21 @@ from .tree import FlatTree, TokenTree
 #: cache rows are allocated in multiples of this: prompts up to ~1k tokens share one set of compiled graphs
 #: (a compile costs tens of seconds to minutes on a CPU; attending over masked rows costs little next to the weights)
 CAPACITY_BUCKET = 1024
+#: on CUDA: attention reads every row of the capacity, and a draft level's 24 attention calls are a fifth of it
+#: (cuDNN's kernel for 16 rows: 7.3 us a call over 256 cached rows, 18.1 over 1024 timed alone; 11.2 over 512
+#: inside the step, ``experiments/results/gpu-h200-qkv``), against a compile of minutes per capacity
+CUDA_CAPACITY_BUCKET = 512
 
 
 def round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
-def capacity_for(prompt: int, after: int) -> int:
-    """Cache rows for a prompt of ``prompt`` tokens and ``after`` more rows (new tokens, a tree), bucketed;
-    a chunked prefill's padding included."""
-    return round_up(max(prompt + after, padded_length(prompt - 1)), CAPACITY_BUCKET)
+def capacity_for(prompt: int, after: int, device: torch.device | str = "cpu") -> int:
+    """Cache rows for a prompt of ``prompt`` tokens and ``after`` more rows (new tokens, a tree), bucketed
+    (``CAPACITY_BUCKET``; ``CUDA_CAPACITY_BUCKET`` on CUDA); a chunked prefill's padding included."""
+    bucket = CUDA_CAPACITY_BUCKET if torch.device(device).type == "cuda" else CAPACITY_BUCKET
+    return round_up(max(prompt + after, padded_length(prompt - 1)), bucket)
 
 
 class _Runner:
@@ -123,7 +128,7 @@ class CompiledStep(HostDrafted):
         clock.charge("overhead")
         req = self.req
         width = req.budget or next_pow2(first_tree_size)
-        capacity = capacity_for(len(req.prompt), req.max_new_tokens + width)
+        capacity = capacity_for(len(req.prompt), req.max_new_tokens + width, req.device)
         self.runner = runner_for(req.target, capacity, width, self.backend, self.mode)
         self.runner.params, self.runner.verifier, self.width = req.params, req.verifier, width
         self.runner.prefill(req.prompt)

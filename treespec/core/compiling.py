@@ -1,9 +1,9 @@
 """How treespec compiles a step's functions: backend, mode and options, in one place.
 
-``compile=True`` is inductor: on CUDA with CUDA graphs (``reduce-overhead``), on a CPU with inductor's
-weight freezing (``freezing``: the graph's weights become constants, prepacked for oneDNN's bfloat16
-matmuls; what HF's fastest CPU decoding uses, and what ``experiments/results/cpu-fastest-zen4`` measured
-the captured step with). Freezing folds every tensor a graph only
+``compile=True`` is inductor with weight freezing (``freezing``: the graph's weights become constants; on a
+CPU prepacked for oneDNN's bfloat16 matmuls, what HF's fastest CPU decoding uses and what
+``experiments/results/cpu-fastest-zen4`` measured the captured step with), and on CUDA with CUDA graphs
+(``reduce-overhead``), q, k and v as one product (:data:`CUDA_GRAPHS_ONE_QKV`). Freezing folds every tensor a graph only
 reads into a constant, which is why the compiled steps pass what they do not mutate as inputs
 (``treespec.core.static_cache.StaticTreeCache``). A string names another backend, compiled without options;
 ``"uncompiled"`` runs the same step functions as plain PyTorch, without dynamo (the way gpt-fast's decoding
@@ -19,12 +19,22 @@ from typing import Callable
 
 import torch
 
+from . import fused_qkv
 from .attention import own_kernels
 from .checks import check_compile
 
 
 #: the ``compile`` value that runs the compiled steps' functions without compiling them
 UNCOMPILED = "uncompiled"
+
+#: CUDA graphs (``reduce-overhead``) of frozen weights, as a CPU's graphs always are: inductor concatenates the
+#: products that share an input (gate and up); with ``CUDA_GRAPHS_ONE_QKV`` q, k and v too, whatever their widths
+#: (``fused_qkv``). On an H200 the two took a 0.5B draft level to 1.53 ms (``experiments/results/gpu-h200-qkv``:
+#: 2.23 ms last measured without them, with the memory-efficient attention kernel). Frozen graphs hold the
+#: concatenated weights beside the model's own (by our count about 2 GB for the 1.5B + 0.5B pair; not measured).
+CUDA_GRAPHS_FREEZE = True
+CUDA_GRAPHS_ONE_QKV = True
+_NONE = contextlib.nullcontext()
 
 
 def compile_options(compile: bool | str, device: torch.device) -> tuple[str, str | None]:
@@ -37,9 +47,17 @@ def compile_options(compile: bool | str, device: torch.device) -> tuple[str, str
     return compile, None
 
 
+def graph_settings(backend: str, mode: str | None) -> tuple[bool, bool]:
+    """``(freezing, q/k/v as one product)`` of a step's graphs: inductor freezes on a CPU (no mode) and with CUDA
+    graphs (:data:`CUDA_GRAPHS_FREEZE`), and rewrites q, k, v into one product with CUDA graphs
+    (:data:`CUDA_GRAPHS_ONE_QKV`; a CPU's graphs were measured without it)."""
+    freezing = backend == "inductor" and (mode is None or (mode == "reduce-overhead" and CUDA_GRAPHS_FREEZE))
+    return freezing, freezing and mode is not None and CUDA_GRAPHS_ONE_QKV
+
+
 def compile_graph(fn: Callable, backend: str, mode: str | None, models: tuple[torch.nn.Module, ...] = ()) -> Callable:
-    """``fn`` compiled as one graph (``fullgraph=True``) of static shapes: inductor without a mode (the CPU's)
-    freezes weights. ``models``: those ``fn`` runs, switched to treespec's kernels (grouped-query attention, each
+    """``fn`` compiled as one graph (``fullgraph=True``) of static shapes: inductor freezes weights (with CUDA
+    graphs: :data:`CUDA_GRAPHS_FREEZE`). ``models``: those ``fn`` runs, switched to treespec's kernels (grouped-query attention, each
     model's ``nn.Linear`` layout: ``attention.own_kernels``) around every call, outside the graph; a frozen graph
     keeps stock layers: freezing packs their weights for oneDNN, which a weight-first product (a plain matmul) does
     not get (on the Zen 4 host the 1.5B bfloat16 target's compiled 9-token forward took 136-148 ms stock against
@@ -57,12 +75,12 @@ def compile_graph(fn: Callable, backend: str, mode: str | None, models: tuple[to
     if backend == UNCOMPILED:
         return fn
     compiled = torch.compile(fn, fullgraph=True, dynamic=False, backend=backend, mode=mode)
-    freezing = backend == "inductor" and mode is None
+    freezing, one_qkv = graph_settings(backend, mode)
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
         freeze = torch._inductor.config.patch(freezing=True) if freezing else contextlib.nullcontext()
-        with own_kernels(*models, layouts=not freezing), freeze:
+        with own_kernels(*models, layouts=not freezing), freeze, fused_qkv.applied() if one_qkv else _NONE:
             return compiled(*args, **kwargs)
 
     return call

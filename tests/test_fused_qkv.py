@@ -1,0 +1,50 @@
+"""q, k and v as one product in a frozen graph (``treespec.core.fused_qkv``), and when the step's graphs use it."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+from torch._inductor.utils import run_and_get_code
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from treespec.core import compiling, fused_qkv
+
+pytestmark = pytest.mark.xdist_group("freezing")
+
+
+def frozen_code(model: torch.nn.Module, ids: torch.Tensor, rewrite: bool) -> tuple[torch.Tensor, str]:
+    """The model's logits compiled frozen, with or without the rewrite, and inductor's code for them."""
+    torch._dynamo.reset()
+    settings = {"freezing": True, "cpp.weight_prepack": False}  # oneDNN's packing takes each product first
+    with torch.inference_mode(), torch._inductor.config.patch(settings), fused_qkv.uncached(), \
+            fused_qkv.applied() if rewrite else contextlib.nullcontext():
+        got, (code,) = run_and_get_code(torch.compile(lambda x: model(x).logits), ids)
+    return got, code
+
+
+def test_grouped_attention_q_k_v_become_one_product_with_the_same_logits():
+    """A layer under grouped-query attention (q 64 columns, k and v 32 each): three biased products in inductor's
+    frozen code without the rewrite, one with it, the logits eager's either way."""
+    cfg = Qwen2Config(hidden_size=64, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                      intermediate_size=128, vocab_size=96)
+    model = Qwen2ForCausalLM(cfg).eval()
+    ids = torch.arange(5)[None]
+    with torch.inference_mode():
+        want = model(ids).logits
+    for rewrite, products in ((False, 3), (True, 1)):
+        got, code = frozen_code(model, ids, rewrite)
+        assert code.count("extern_kernels.addmm(") == products, (rewrite, code.count("extern_kernels.addmm("))
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert not fused_qkv.ENABLED[0]  # switched off again after the block
+
+
+def test_step_graphs_freeze_and_join_q_k_v_with_cuda_graphs_only(monkeypatch):
+    assert compiling.graph_settings("inductor", None) == (True, False)  # a CPU: frozen, measured without the rewrite
+    assert compiling.graph_settings("inductor", "reduce-overhead") == (True, True)
+    assert compiling.graph_settings("eager", None) == (False, False)
+    monkeypatch.setattr(compiling, "CUDA_GRAPHS_ONE_QKV", False)
+    assert compiling.graph_settings("inductor", "reduce-overhead") == (True, False)
+    monkeypatch.setattr(compiling, "CUDA_GRAPHS_FREEZE", False)
+    assert compiling.graph_settings("inductor", "reduce-overhead") == (False, False)
