@@ -560,8 +560,9 @@ def clock_ab(b: Bench, shape, env: Envelope, rounds: int = 3) -> dict[str, Any]:
                 run = treespec_run(b, b.model("target"), b.model("draft"), shape, b.compile, budget=env.nodes,
                                    envelope=env)
                 decode = run["seconds"] - run["sections_seconds"]["prefill"]
-                out[name].append({"seconds": run["seconds"], "steps": run["steps"], "wall_s_per_step": decode / run["steps"],
-                                  "sections_s_per_step": run["step_seconds"], "per_step_seconds": run["per_step_seconds"]})
+                out[name].append({"seconds": run["seconds"], "steps": run["steps"],
+                                  "wall_s_per_step": decode / run["steps"], "sections_s_per_step": run["step_seconds"],
+                                  "per_step_seconds": run["per_step_seconds"]})
     finally:
         Clock.device_events = saved
     for name in ("waits", "events"):

@@ -28,8 +28,8 @@ DEVICE_WORK = ("kernel", "gpu_memcpy", "gpu_memset")
 def graph_replays(trace: dict[str, Any]) -> list[dict[str, Any]]:
     """Every graph replay of the trace in time order: start, span, busy, kernel count, idle before, kernels."""
     events = trace["traceEvents"]
-    launches = {e["args"]["correlation"] for e in events
-                if e.get("cat") == "cuda_runtime" and e.get("name") == "cudaGraphLaunch" and "correlation" in e.get("args", {})}
+    launches = {e["args"]["correlation"] for e in events if e.get("cat") == "cuda_runtime"
+                and e.get("name") == "cudaGraphLaunch" and "correlation" in e.get("args", {})}
     work: dict[int, list[dict[str, Any]]] = defaultdict(list)
     ends = []
     for e in events:
@@ -42,8 +42,8 @@ def graph_replays(trace: dict[str, Any]) -> list[dict[str, Any]]:
     for kernels in work.values():
         start, end = min(k["ts"] for k in kernels), max(k["ts"] + k["dur"] for k in kernels)
         before = max((b for a, b in ends if b <= start), default=start)  # the last device work ending before it
-        out.append({"start": start, "span": end - start, "busy": sum(k["dur"] for k in kernels), "kernels": len(kernels),
-                    "idle_before": start - before, "work": kernels})
+        out.append({"start": start, "span": end - start, "busy": sum(k["dur"] for k in kernels),
+                    "kernels": len(kernels), "idle_before": start - before, "work": kernels})
     return sorted(out, key=lambda r: r["start"])
 
 
@@ -68,14 +68,16 @@ def summary(replays: list[dict[str, Any]], skip: int, top: int) -> dict[int, dic
 
 
 def report(path: Path, kinds: dict[int, dict[str, Any]]) -> str:
-    lines = [f"# {path.name}", "", "| kernels per replay | replays | span us | busy us | idle inside us | idle before us |",
+    lines = [f"# {path.name}", "",
+             "| kernels per replay | replays | span us | busy us | idle inside us | idle before us |",
              "|---|---|---|---|---|---|"]
     lines += [f"| {n} | {k['replays']} | {k['span_us']:.0f} | {k['busy_us']:.0f} | {k['span_us'] - k['busy_us']:.0f} | "
               f"{k['idle_before_us']:.0f} |" for n, k in kinds.items()]
     for n, k in kinds.items():
-        lines += ["", f"## Graphs of {n} kernels: top kernels per replay", "", "| kernel | calls | us each | us per replay |",
-                  "|---|---|---|---|"]
-        lines += [f"| `{t['name']}` | {t['calls']:.0f} | {t['us_each']:.2f} | {t['us_per_replay']:.1f} |" for t in k["top"]]
+        lines += ["", f"## Graphs of {n} kernels: top kernels per replay", "",
+                  "| kernel | calls | us each | us per replay |", "|---|---|---|---|"]
+        lines += [f"| `{t['name']}` | {t['calls']:.0f} | {t['us_each']:.2f} | {t['us_per_replay']:.1f} |"
+                  for t in k["top"]]
     return "\n".join(lines) + "\n"
 
 

@@ -8,6 +8,7 @@ import torch
 
 import treespec
 from test_exactness import BUSHY, joint_p
+from treespec.core import compiling
 from treespec.core import linear_layout as ll
 from treespec.core.compiling import compile_graph
 from treespec.core.static_cache import StaticTreeCache
@@ -99,9 +100,10 @@ def test_a_step_graph_runs_the_layout_switched_outside_it(seen):
 
 
 def test_a_frozen_graph_runs_stock_layers(monkeypatch):
-    """Inductor without a mode (the CPU's, which freezes the weights) packs a stock ``nn.Linear``'s weight for
-    oneDNN and not a weight-first product: ``compile_graph`` leaves such a graph's models stock, and switches them
-    for any other backend (``torch.compile`` made the identity here: what the call wrapper does is what is read)."""
+    """A frozen graph (inductor on a CPU; with CUDA graphs while ``CUDA_GRAPHS_FREEZE``) packs a stock
+    ``nn.Linear``'s weight for oneDNN and not a weight-first product: ``compile_graph`` leaves such a graph's models
+    stock, and switches them for any other backend (``torch.compile`` made the identity here: what the call wrapper
+    does is what is read)."""
     model = weight_first(tiny_model("qwen2", vocab=40, seed=2))
     monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: fn)
 
@@ -109,7 +111,9 @@ def test_a_frozen_graph_runs_stock_layers(monkeypatch):
         return isinstance(model.lm_head, ll.WeightFirstLinear)
 
     assert compile_graph(forward, "inductor", None, (model,))() is False
-    assert compile_graph(forward, "inductor", "reduce-overhead", (model,))() is True  # CUDA graphs: no freezing
+    assert compile_graph(forward, "inductor", "reduce-overhead", (model,))() is False  # frozen CUDA graphs
+    monkeypatch.setattr(compiling, "CUDA_GRAPHS_FREEZE", False)
+    assert compile_graph(forward, "inductor", "reduce-overhead", (model,))() is True  # CUDA graphs, not frozen
     assert compile_graph(forward, "aot_eager", None, (model,))() is True
 
 

@@ -56,12 +56,13 @@ def graph_settings(backend: str, mode: str | None) -> tuple[bool, bool]:
 
 
 def compile_graph(fn: Callable, backend: str, mode: str | None, models: tuple[torch.nn.Module, ...] = ()) -> Callable:
-    """``fn`` compiled as one graph (``fullgraph=True``) of static shapes: inductor freezes weights (with CUDA
-    graphs: :data:`CUDA_GRAPHS_FREEZE`). ``models``: those ``fn`` runs, switched to treespec's kernels (grouped-query attention, each
-    model's ``nn.Linear`` layout: ``attention.own_kernels``) around every call, outside the graph; a frozen graph
-    keeps stock layers: freezing packs their weights for oneDNN, which a weight-first product (a plain matmul) does
-    not get (on the Zen 4 host the 1.5B bfloat16 target's compiled 9-token forward took 136-148 ms stock against
-    207-217 weight-first, the layout its eager forwards measured as a tie: ``experiments/compiled_layout.py``).
+    """``fn`` compiled as one graph (``fullgraph=True``) of static shapes: inductor freezes weights
+    (:func:`graph_settings`). ``models``: those ``fn`` runs, switched to treespec's kernels (grouped-query
+    attention, each model's ``nn.Linear`` layout: ``attention.own_kernels``) around every call, outside the graph;
+    a frozen graph keeps stock layers: freezing packs (or concatenates) their weights, which a weight-first product
+    (a plain matmul) does not get (on the Zen 4 host the 1.5B bfloat16 target's compiled 9-token forward took
+    136-148 ms stock against 207-217 weight-first, the layout its eager forwards measured as a tie:
+    ``experiments/compiled_layout.py``).
 
     ``dynamic=False``: every runner compiles the same code objects for its own shapes (a batch's rows, an
     envelope's widths), and dynamo's default would trace every runner after the first with those sizes symbolic
