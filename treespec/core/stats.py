@@ -42,6 +42,8 @@ class Stats:
     bonus/correction token included: ``tau`` over all steps (what the user got) and ``tau_uncut``
     over the steps that were not cut (what the tree shape and drafters deliver per full step; the
     per-step expected tokens of ``docs/design.md``, "Definitions", estimate this one).
+    The ``*_seconds`` sections are wall-clock; on CUDA they are read off events on the device's timeline
+    (``treespec.core.step.Clock``: no wait for the device per section) and add up to the same wall time.
     """
 
     steps: int = 0  # target forwards over a token tree (the prefill is not counted)
