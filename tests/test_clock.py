@@ -75,3 +75,20 @@ def test_cpu_clock_reads_the_host_clock():
     clock.charge("verifying")
     clock.settle()
     assert 0.01 <= stats.verifying_seconds < 1.0
+
+
+@pytest.mark.parametrize("every", [True, False])
+def test_hf_token_clock_stamps_every_token_or_the_prefill_alone(monkeypatch, every):
+    """``TokenClock`` in HF ``generate``: a stamp (and a wait for the device) after every new token, or after the
+    first alone (the demo's HF baseline: its prefill's end, without holding a GPU's host back at every token)."""
+    from treespec.models import timing
+    from treespec.models.tiny import tiny_model
+
+    waits = []
+    monkeypatch.setattr(timing, "sync", lambda device: waits.append(device))
+    model = tiny_model("qwen2", vocab=40, seed=1)
+    clock = timing.TokenClock(torch.device("cpu"), every=every)
+    with torch.inference_mode():
+        model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=5, min_new_tokens=5, do_sample=False,
+                       pad_token_id=0, eos_token_id=None, stopping_criteria=[clock])
+    assert len(clock.stamps) == len(waits) == (5 if every else 1)

@@ -134,15 +134,17 @@ def _compiled_forward(model: torch.nn.Module, ctx: list[int], trees: dict, compi
 
 class TokenClock(StoppingCriteria):
     """A stopping criterion of HF ``generate`` that never stops: it stamps ``time.perf_counter()`` into
-    :attr:`stamps` after each new token (``device`` synchronised first). The first stamp ends the prompt's prefill
-    (its forward gives the first token); the gaps between stamps are decoding steps."""
+    :attr:`stamps` after each new token (``device`` synchronised first), or after the first only (``every=False``:
+    no wait for the device at the later tokens, which would keep a GPU's host from running ahead). The first stamp
+    ends the prompt's prefill (its forward gives the first token); the gaps between stamps are decoding steps."""
 
-    def __init__(self, device: torch.device) -> None:
-        self.device, self.stamps = device, []
+    def __init__(self, device: torch.device, every: bool = True) -> None:
+        self.device, self.every, self.stamps = device, every, []
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor | None, **kwargs) -> torch.Tensor:
-        sync(self.device)
-        self.stamps.append(time.perf_counter())
+        if self.every or not self.stamps:
+            sync(self.device)
+            self.stamps.append(time.perf_counter())
         return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
 
