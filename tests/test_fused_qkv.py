@@ -9,7 +9,9 @@ import torch
 from torch._inductor.utils import run_and_get_code
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from treespec.core import compiling, fused_qkv
+import treespec
+from treespec.core import captured, compiling, fused_qkv
+from treespec.models.tiny import greedy_reference, perturbed_copy, tiny_model
 
 pytestmark = pytest.mark.xdist_group("freezing")
 
@@ -51,3 +53,23 @@ def test_step_graphs_freeze_and_join_q_k_v_with_cuda_graphs_only(monkeypatch):
     assert compiling.graph_settings("inductor", "reduce-overhead") == (True, False)
     monkeypatch.setattr(compiling, "CUDA_GRAPHS_FREEZE", False)
     assert compiling.graph_settings("inductor", "reduce-overhead") == (False, False)
+
+
+def test_captured_step_with_the_cuda_graph_settings_is_exact_on_a_cpu(monkeypatch):
+    """The captured step compiled as on CUDA (inductor, ``reduce-overhead``: frozen, q/k/v joined; CUDA graphs
+    themselves skipped on a CPU), in float64 (no CPU weight packing takes the products first): the rewrite takes
+    the attention triples of both models' graphs and the greedy output is HF's."""
+    target = tiny_model("qwen2", vocab=64, hidden=64, layers=1, scale=6, seed=0).double()
+    draft = perturbed_copy(target, 0.3)
+    assert target.config.num_key_value_heads < target.config.num_attention_heads  # q wider than k and v
+    monkeypatch.setattr(captured, "compile_options", lambda compile, device: ("inductor", "reduce-overhead"))
+    captured.RUNNERS.clear()
+    taken = fused_qkv.TAKEN[0]
+    prompt = list(range(3, 27))
+    with fused_qkv.uncached():  # compiled here, not loaded from an earlier run's cache (which would skip the pass)
+        out = treespec.generate(target, prompt, [treespec.ModelDrafter(draft, [(0,), (1,), (0, 0)], "topk")],
+                                max_new_tokens=16, compile=True)
+    captured.RUNNERS.clear()
+    assert out.stats.step == "captured"
+    assert fused_qkv.TAKEN[0] - taken >= 2  # the draft's level graph and the target's verification, at least
+    assert out.new_tokens == greedy_reference(target, prompt, 16)

@@ -24,6 +24,8 @@ aten = torch.ops.aten
 
 #: whether the rewrite applies (a registered pattern stays for the process; this switches ours)
 ENABLED = [False]
+#: triples the rewrite has taken in this process (a count to check it fired)
+TAKEN = [0]
 
 
 def _three_products(inp, w1, w2, w3, b1, b2, b3):
@@ -39,8 +41,10 @@ def _frozen_weights_of_one_input_width(match) -> bool:
     """The weights and biases are frozen constants, the weights take inputs of one width, the biases are vectors."""
     weights = [match.kwargs[k] for k in ("w1", "w2", "w3")]
     biases = [match.kwargs[k] for k in ("b1", "b2", "b3")]
-    return (ENABLED[0] and all(n.op == "get_attr" for n in weights + biases)
+    take = (ENABLED[0] and all(n.op == "get_attr" for n in weights + biases)
             and len({w.meta["val"].shape[0] for w in weights}) == 1 and all(b.meta["val"].dim() == 1 for b in biases))
+    TAKEN[0] += take
+    return take
 
 
 @functools.cache
