@@ -110,3 +110,29 @@ def test_a_wide_envelope_fits_its_caches_at_the_edge_of_their_capacity(models, m
     prompt = [1, 5, 7, 9, 3]
     out = run(target, draft, prompt, SHAPES["sequoia-8"], 24, compile=UNCOMPILED, envelope=env)  # the same writes
     assert out.new_tokens == greedy_reference(target, prompt, 24)
+
+
+@pytest.mark.parametrize("mode", ["topk", "sample"], ids=["captured", "host-drafted compiled"])
+def test_a_runner_of_larger_capacity_serves_shorter_prompts(models, monkeypatch, mode):
+    """Capacities in buckets of 64 rows here: after the longest prompt's run, prompts of smaller buckets run on its
+    runner (its graphs serve any prompt that fits), exact; a prompt longer still makes a new one. Without the
+    reuse a run over prompts of several lengths would compile a set of graphs per bucket (the GPU's buckets are
+    512 rows)."""
+    from treespec.core import compiled
+
+    target, draft = models
+    monkeypatch.setattr(compiled, "CAPACITY_BUCKET", 64)
+    runners = captured.RUNNERS if mode == "topk" else compiled.RUNNERS
+    runners.clear()
+    shape, n = SHAPES["fan-4"], 12
+    made = []
+    for length in (150, 20, 90, 150, 260):
+        prompt = [(7 * i + 3) % 60 + 2 for i in range(length)]
+        out = run(target, draft, prompt, shape, n, mode, seed=0, compile=UNCOMPILED, budget=8)
+        assert out.stats.step.split(",")[0] == ("captured" if mode == "topk" else "compiled")
+        assert out.new_tokens == greedy_reference(target, prompt, n)
+        made.append(len(runners))
+    capacities = sorted(r.cache.capacity for r in runners.values())
+    assert made == [1, 1, 1, 1, 2] and len(set(capacities)) == 2  # only the 260-token prompt outgrew the first
+    assert capacities[0] < 260 + n < capacities[1]
+    runners.clear()

@@ -337,3 +337,24 @@ def test_prompt_ranges_have_one_rule_in_the_cli_and_the_sweep() -> None:
             prompt_range(bad, 164, "--calib")
     with pytest.raises(ValueError, match="data.eval of humaneval must have 0 <= START < STOP <= 164"):
         E.load_config({"data": {"datasets": ["humaneval"], "calib": "0:20", "eval": "150:200"}})
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_the_warmup_runs_the_longest_prompt_so_no_timed_call_compiles(batch):
+    """The same warm-up for every method: the longest prompt (the caches a compiled step or HF's static cache
+    makes for it hold every prompt), then each prompt (or batch) timed once, in order."""
+    import torch
+    from types import SimpleNamespace
+
+    from treespec.bench.sweep.runner import Sweep
+
+    calls = []
+    stub = SimpleNamespace(cfg={"run": {"warmup_tokens": 4}}, warmup_seconds=None)
+    prompts = [[1] * 5, [2] * 40, [3] * 12]
+    outs, walls = Sweep._timed(stub, lambda ids, n, seed: calls.append((ids, n)) or len(calls), prompts, 8, 0,
+                               torch.device("cpu"), batch=batch)
+    warm = [2] * 40
+    assert calls[0] == ([warm] * batch if batch > 1 else warm, 4)
+    timed = [ids for ids, _ in calls[1:]]
+    assert timed == (prompts if batch == 1 else [prompts[:2], prompts[2:]]) and len(walls) == len(timed)
+    assert stub.warmup_seconds >= 0

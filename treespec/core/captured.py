@@ -123,16 +123,18 @@ RUNNERS: RunnerCache[CapturedRunner] = RunnerCache(2)
 
 def runner_for(req: Request, spec: Capture, envelope: Envelope, capacity: int, backend: str, mode: str | None,
                any_covering: bool, rows: int = 1) -> CapturedRunner:
-    """The (cached) runner for ``rows`` rows: reusing it reuses its compiled graphs and caches. ``any_covering``:
-    a cached runner of another envelope that covers ``envelope`` serves too (padded trees)."""
+    """The (cached) runner for ``rows`` rows: reusing it reuses its compiled graphs and caches. A cached runner of
+    a larger capacity serves too (prompts of several lengths after the longest compile nothing), and with
+    ``any_covering`` one of another envelope that covers ``envelope`` (padded trees)."""
     track = spec.min_confidence is not None
-    base = (id(req.target), id(spec.model), spec.mode, capacity, backend, mode, track, rows)
+    base = (id(req.target), id(spec.model), spec.mode, backend, mode, track, rows)
 
     def fits(key: tuple, runner: CapturedRunner) -> bool:
-        return any_covering and key[:-1] == base and runner.envelope.covers(envelope)
+        same_graphs = runner.envelope == envelope or (any_covering and runner.envelope.covers(envelope))
+        return key[:-2] == base and runner.cache.capacity >= capacity and same_graphs
 
-    return RUNNERS.get((*base, envelope), lambda: CapturedRunner(req.target, spec.model, spec.mode, envelope, capacity,
-                                                                 backend, mode, track, rows), fits)
+    return RUNNERS.get((*base, capacity, envelope), lambda: CapturedRunner(
+        req.target, spec.model, spec.mode, envelope, capacity, backend, mode, track, rows), fits)
 
 
 def envelope_for(req: Request, spec: Capture) -> tuple[Envelope, bool]:

@@ -97,9 +97,12 @@ RUNNERS: RunnerCache[_Runner] = RunnerCache(4)
 
 
 def runner_for(model: torch.nn.Module, capacity: int, width: int, backend: str, mode: str | None) -> _Runner:
-    """The (cached) runner for these shapes; reusing it reuses its compiled graphs and cache."""
-    return RUNNERS.get((id(model), capacity, width, backend, mode),
-                       lambda: _Runner(model, capacity, width, backend, mode))
+    """The (cached) runner for these shapes, or one of a larger capacity (its graphs serve any prompt that fits
+    in it: prompts of several lengths after the longest compile nothing); reusing it reuses its compiled graphs
+    and cache."""
+    base = (id(model), width, backend, mode)
+    return RUNNERS.get((*base, capacity), lambda: _Runner(model, capacity, width, backend, mode),
+                       lambda key, runner: key[:-1] == base and runner.cache.capacity >= capacity)
 
 
 class CompiledStep(HostDrafted):

@@ -220,15 +220,18 @@ class Sweep:
                device: torch.device, full_warmup: bool = False, batch: int = 1) -> tuple[list[Any], list[float]]:
         """One warm-up call (the same for every method: it pays a compile where there is one; its seconds are kept
         in ``self.warmup_seconds``, apart from the timed ones), then ``call(ids, n, seed_i)`` per prompt, each timed
-        with GPU synchronisation. ``full_warmup``: the warm-up generates all ``n`` tokens (a compiled treespec
-        point: its tree, capped by the tokens left, is then the measured one). ``batch`` > 1: ``call`` takes a
-        list of that many prompts (the last batch may hold fewer) and each batch is timed as one call."""
+        with GPU synchronisation. The warm-up runs the longest prompt: the caches it compiles for hold every
+        prompt, so no timed call compiles (a compiled step's runner of a larger capacity serves shorter prompts;
+        HF's static cache is reused when it fits). ``full_warmup``: the warm-up generates all ``n`` tokens (a
+        compiled treespec point: its tree, capped by the tokens left, is then the measured one). ``batch`` > 1:
+        ``call`` takes a list of that many prompts (the last batch may hold fewer) and each batch is timed as one
+        call."""
         warm = n if full_warmup else int(self.cfg["run"]["warmup_tokens"])
         self.warmup_seconds = 0.0
         if warm > 0:
             sync(device)
             t0 = time.perf_counter()
-            first = prompts[0][-32:]
+            first = max(prompts, key=len)
             call(first if batch == 1 else [first] * batch, min(warm, n), spread_seed("sweep", seed, -1))
             sync(device)
             self.warmup_seconds = time.perf_counter() - t0
