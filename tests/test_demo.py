@@ -215,3 +215,23 @@ def test_hf_alone_records_its_prefill():
     target = tiny_model("llama", vocab=32, hidden=32, layers=1)
     tokens, seconds, extra = compare.hf_method(target).run(list(range(1, 9)), 4)
     assert len(tokens) == 4 and 0 < extra["prefill_seconds"] < seconds
+
+
+def test_every_method_warms_up_on_the_longest_prompt_with_the_runs_token_count(tmp_path):
+    """The warm-up call (the same for every method, kept apart) runs the longest prompt and as many new tokens as
+    the runs, so the caches it makes hold every timed run's; then each prompt, methods interleaved."""
+    from treespec.bench import compare
+
+    calls = []
+
+    def method(name):
+        def run(ids, n):
+            calls.append((name, len(ids), n))
+            return [0] * n, 1.0, {}
+        return compare.Method(name, run, "float32", name == "hf")
+
+    prompts = [("d", 0, [1] * 5), ("d", 1, [2] * 30), ("d", 2, [3] * 9)]
+    compare.run([method("hf"), method("treespec")], prompts, 48, tmp_path / "results.jsonl")
+    assert calls[:2] == [("hf", 30, 48), ("treespec", 30, 48)]
+    assert calls[2:] == [(m, n, 48) for n in (5, 30, 9) for m in ("hf", "treespec")]
+    assert {r["prompt"] for r in compare.read_records(compare.warmup_file(tmp_path / "results.jsonl"))} == {1}

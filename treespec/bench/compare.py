@@ -29,9 +29,9 @@ from ..models.timing import TokenClock
 from .sweep.records import append_record, read_records, repair_tail
 
 
-#: new tokens of the warm-up call every method makes first (:func:`run`; its seconds: :func:`warmup_seconds`):
-#: several steps, because a compiled step compiles a graph when a step first reaches it (after a 4-token warm-up
-#: the captured step's first timed prompt still compiled for 212 s: experiments/results/freezing-cpu)
+#: new tokens of the warm-up call every method makes first (:func:`run`; its seconds: :func:`warmup_seconds`), at
+#: least: several steps, because a compiled step compiles a graph when a step first reaches it (after a 4-token
+#: warm-up the captured step's first timed prompt still compiled for 212 s: experiments/results/freezing-cpu)
 WARMUP_TOKENS = 32
 
 
@@ -156,10 +156,15 @@ def run(methods: Sequence[Method], prompts: Sequence[tuple[str, int, list[int]]]
     repair_tail(results)  # a torn last line from an interrupted run
     done = {(r["dataset"], r["prompt"], r["method"]) for r in read_records(results)}
     if prompts and len(done) < len(prompts) * len(methods):
-        for m in methods:  # the same warm-up call for every method: compiles and one-off setup, kept apart
-            _, seconds, _ = m.run(prompts[0][2], WARMUP_TOKENS)
-            append_record(warmup_file(results), {"dataset": prompts[0][0], "prompt": prompts[0][1], "method": m.name,
-                                                 "seconds": seconds, "tokens": WARMUP_TOKENS})
+        # the same warm-up call for every method (compiles and one-off setup, kept apart), on the longest prompt and
+        # as many new tokens as the runs: the caches it makes hold every run's (a compiled step's runner of a larger
+        # capacity serves shorter prompts), so no timed run compiles
+        dataset, index, ids = max(prompts, key=lambda p: len(p[2]))
+        warm = max(WARMUP_TOKENS, max_new_tokens)
+        for m in methods:
+            _, seconds, _ = m.run(ids, warm)
+            append_record(warmup_file(results), {"dataset": dataset, "prompt": index, "method": m.name,
+                                                 "seconds": seconds, "tokens": warm})
     for dataset, index, ids in prompts:
         for m in methods:
             if (dataset, index, m.name) in done:
