@@ -32,7 +32,7 @@ class FakeEvent:
 def fake_clock(monkeypatch, events: list[FakeEvent]) -> tuple[Clock, Stats]:
     """A clock on a 'cuda' device whose events are ``events``, in order (the first: the clock's start)."""
     queue = iter(events)
-    monkeypatch.setattr(Clock, "_event", staticmethod(lambda: next(queue)))
+    monkeypatch.setattr(Clock, "_event", staticmethod(lambda device: next(queue)))
     monkeypatch.setattr(step_module, "sync", lambda device: pytest.fail("a CUDA clock waited for the device"))
     stats = Stats()
     return Clock(stats, torch.device("cuda")), stats
@@ -58,7 +58,7 @@ def test_waiting_clock_on_cuda_when_events_are_off(monkeypatch):
     waits = []
     monkeypatch.setattr(step_module, "sync", lambda device: waits.append(device))
     monkeypatch.setattr(Clock, "device_events", False)
-    monkeypatch.setattr(Clock, "_event", staticmethod(lambda: pytest.fail("an event with device_events off")))
+    monkeypatch.setattr(Clock, "_event", staticmethod(lambda device: pytest.fail("an event with device_events off")))
     stats = Stats()
     clock = Clock(stats, torch.device("cuda"))
     time.sleep(0.01)

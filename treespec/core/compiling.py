@@ -3,8 +3,8 @@
 ``compile=True`` is inductor with weight freezing (``freezing``: the graph's weights become constants; on a
 CPU prepacked for oneDNN's bfloat16 matmuls, what HF's fastest CPU decoding uses and what
 ``experiments/results/cpu-fastest-zen4`` measured the captured step with), and on CUDA with CUDA graphs
-(``reduce-overhead``), q, k and v as one product (:data:`CUDA_GRAPHS_ONE_QKV`). Freezing folds every tensor a graph only
-reads into a constant, which is why the compiled steps pass what they do not mutate as inputs
+(``reduce-overhead``), q, k and v as one product (:data:`CUDA_GRAPHS_ONE_QKV`). Freezing folds every tensor a
+graph only reads into a constant, which is why the compiled steps pass what they do not mutate as inputs
 (``treespec.core.static_cache.StaticTreeCache``). A string names another backend, compiled without options;
 ``"uncompiled"`` runs the same step functions as plain PyTorch, without dynamo (the way gpt-fast's decoding
 runs without ``--compile``): no speed, but the captured step's code to step through in a debugger, and its

@@ -40,19 +40,20 @@ class Clock:
     def __init__(self, stats: Stats, device: torch.device) -> None:
         self.stats, self.device, self.t = stats, device, time.perf_counter()
         self.events = self.device_events and torch.device(device).type == "cuda"
-        self.last = self._event() if self.events else None
+        self.last = self._event(device) if self.events else None
         self.pending: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = []
 
     @staticmethod
-    def _event() -> "torch.cuda.Event":
+    def _event(device: torch.device) -> "torch.cuda.Event":
+        """An event recorded now on ``device``'s current stream (where the step's work is queued)."""
         e = torch.cuda.Event(enable_timing=True)
-        e.record()
+        e.record(torch.cuda.current_stream(device))
         return e
 
     def charge(self, section: str) -> None:
         """Add the time since the last charge to ``stats.<section>_seconds`` (on CUDA: once it has happened)."""
         if self.events:
-            end = self._event()
+            end = self._event(self.device)
             self.pending.append((section, self.last, end))
             self.last = end
             self._add(wait=False)
