@@ -256,6 +256,7 @@ def test_a_compiled_sweep_pays_its_compiles_once_per_envelope(tmp_path: Path, ca
     assert sweep_main(["--config", str(config), "--out", str(tmp_path / "out"), "--dry-run"]) == 0
     plan = capsys.readouterr().out
     assert "compile plan: 4 compiled points" in plan and "ONE padded envelope" in plan
+    assert "its longest prompt, whose runner serves every shorter one" in plan
     results = E.sweep(config, tmp_path / "out", progress=False)
     records = E.read_records(results)
     tres = [r for r in records if r["kind"] == "treespec"]

@@ -215,6 +215,8 @@ def compile_plan(cfg: dict[str, Any], points: list[Point]) -> list[str]:
         lines.append(f"  graphs per envelope: 2 prefill chunks (target, draft), 1 draft level per drafting setting, "
                      f"1 verification per sampling setting and verifier ({len(settings)}: "
                      + ", ".join(f"T={t:g} top-p={p:g} {v}" for t, p, v in settings) + ")")
+        lines.append("  cache capacity: each point's warm-up runs its longest prompt, whose runner serves every shorter "
+                     "one (a dataset of longer prompts compiles its set in its first warm-up; no timed call compiles)")
     if host:
         widths = sorted({pt.params["budget"] for pt in host})
         lines.append(f"  {len(host)} points draft on the host (n-gram, several drafters, i.i.d. sampling or dynamic "
