@@ -269,8 +269,9 @@ def markdown(summary: dict[str, Any], who: str = "HF") -> str:
                 f" **({fastest_plain})**" if k.endswith(f"vs {summary.get('fastest_baseline')}") else "")
         lines.append(f"| {k}{star} | {fmt(iv)}x |")
     if any("warmup_seconds" in e for e in summary["methods"].values()):
-        lines.append(f"\nEvery method made the same warm-up call first ({WARMUP_TOKENS} new tokens on the first prompt: "
-                     "its compiles and one-off setup); its seconds are shown apart and counted in no tok/s.")
+        lines.append("\nEvery method made the same warm-up call first (the longest prompt, as many new tokens as the runs "
+                     f"and at least {WARMUP_TOKENS}: its compiles and one-off setup); its seconds are shown apart and "
+                     "counted in no tok/s.")
     for s, a in summary.get("agreement", {}).items():
         lines.append(f"\nGreedy output of {s} identical to {a['against']} (same precision) on {a['identical']}/{a['of']}"
                      f" prompts" + (f"; differing: {a['mismatched_prompts']}" if a["mismatched_prompts"] else "."))
