@@ -74,3 +74,20 @@ def test_sweep_lever_best_is_the_fastest_timed_level_and_refuses_without_levels(
         pick("best", {})
     with pytest.raises(SystemExit, match="not one of LEVERS"):
         pick("fastest", done)
+
+
+def test_hf_under_freezing_is_timed_and_the_ratios_take_hfs_fastest(bench_gpu):
+    """Phase hf's third HF run (static cache + compile under inductor's freezing, treespec's own baseline helper)
+    times every prompt after a warm-up; the ratios' base is the fastest of HF's compiled runs."""
+    from types import SimpleNamespace
+
+    from treespec.models.tiny import tiny_model
+
+    model = tiny_model("qwen2", vocab=40, seed=3)
+    b = SimpleNamespace(args=SimpleNamespace(new_tokens=4), prompts=[[1, 2, 3], [4, 5, 6, 7]])
+    out = bench_gpu["hf_generate_frozen"](b, model)
+    assert out["tokens"] == 8 and out["seconds"] > 0 and out["tok_s"] == 8 / out["seconds"]
+    fastest = bench_gpu["hf_fastest"]
+    ph = {"hf": {"hf_generate_eager": {"tok_s": 50.0}, "hf_generate_static_compiled": {"tok_s": 200.0},
+                 "hf_generate_static_compiled_frozen": {"tok_s": 230.0}}}
+    assert fastest(ph) == 230.0 and fastest({"hf": {"hf_generate_eager": {"tok_s": 50.0}}}) is None
