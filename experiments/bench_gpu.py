@@ -660,7 +660,7 @@ LEVERS = {
     "bucket-256+freezing+sdpa-efficient": Lever("caches in buckets of 256 rows, freezing, SDPA's memory-efficient kernel",
                                                 bucket=256, cudnn=False, concat_qkv=False),
     "freezing": Lever("inductor weight freezing: weights as constants; on CUDA gate/up become one product (q/k/v "
-                      "too where their widths are equal, or from torch 2.13)", bucket=1024, concat_qkv=False),
+                      "too where their widths are equal)", bucket=1024, concat_qkv=False),
     "bucket-256": Lever("attention over the used length: caches in buckets of 256 rows", bucket=256, freezing=False,
                         concat_qkv=False),
     "sdpa-efficient": Lever("SDPA's memory-efficient kernel instead of cuDNN's", bucket=1024, freezing=False,
