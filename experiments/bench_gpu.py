@@ -55,7 +55,7 @@ from treespec.calibrate.step_cost import choose_tree  # noqa: E402
 from treespec.common.device import sync  # noqa: E402
 from treespec.common.machine import device_name  # noqa: E402
 from treespec.common.files import write_json  # noqa: E402
-from treespec.core import compiled, compiling, fused_qkv  # noqa: E402
+from treespec.core import attention, compiled, compiling, fused_qkv  # noqa: E402
 from treespec.core.compiling import graphs_compiled  # noqa: E402
 from treespec.core.buffers import Envelope  # noqa: E402
 
@@ -649,6 +649,7 @@ class Lever:
     freezing: bool = True  # inductor's weight freezing (gate and up as one product): compiling.CUDA_GRAPHS_FREEZE
     cudnn: bool = True  # let SDPA take cuDNN's attention (False: the memory-efficient kernel)
     concat_qkv: bool = True  # q, k, v as one product whatever their widths: compiling.CUDA_GRAPHS_ONE_QKV
+    flex: bool = False  # FlexAttention over a block mask in the tree forwards: attention.TREE_ATTENTION
 
 
 #: the draft level's levers (phase levels), in the order they run by default
@@ -671,6 +672,9 @@ LEVERS = {
     "bucket-256+freezing+qkv": Lever(
         "buckets of 256 rows (cuDNN's attention), freezing, and q, k, v as one product (torch 2.11's freezing "
         "concatenates equal widths only)", bucket=256),
+    "default+flex": Lever("treespec's CUDA defaults, the tree forwards' attention FlexAttention over a block mask "
+                          "(blocks past the used rows skipped; no cuDNN memset and launch gap)", flex=True),
+    "default+flex+max-autotune": Lever("the lever above and max-autotune", flex=True, mode="max-autotune"),
     "default+max-autotune": Lever("treespec's CUDA defaults and max-autotune (Triton GEMM templates: no split-K "
                                   "reduction)", mode="max-autotune"),
 }
@@ -690,7 +694,8 @@ def lever(setting: Lever):
 
     names = ("CAPACITY_BUCKET", "CUDA_CAPACITY_BUCKET"), ("CUDA_GRAPHS_FREEZE", "CUDA_GRAPHS_ONE_QKV")
     saved = ([getattr(compiled, n) for n in names[0]], [getattr(compiling, n) for n in names[1]],
-             captured.compile_options, torch.backends.cuda.cudnn_sdp_enabled())
+             captured.compile_options, torch.backends.cuda.cudnn_sdp_enabled(), attention.TREE_ATTENTION)
+    attention.TREE_ATTENTION = "flex" if setting.flex else "sdpa"
     for n in names[0]:
         setattr(compiled, n, setting.bucket)
     compiling.CUDA_GRAPHS_FREEZE, compiling.CUDA_GRAPHS_ONE_QKV = setting.freezing, setting.concat_qkv
@@ -710,6 +715,7 @@ def lever(setting: Lever):
             setattr(compiling, n, v)
         captured.compile_options = saved[2]
         torch.backends.cuda.enable_cudnn_sdp(saved[3])
+        attention.TREE_ATTENTION = saved[4]
 
 
 def phase_levels(b: Bench) -> dict[str, Any]:
@@ -724,8 +730,10 @@ def phase_levels(b: Bench) -> dict[str, Any]:
     start = time.perf_counter()
     for name in b.args.levers or LEVERS:
         setting = LEVERS[name]
-        if (b.tiny or b.device.type != "cuda") and (setting.mode == "max-autotune" or not setting.cudnn):
-            continue  # CUDA levers (on a CPU max-autotune times C++ templates for many minutes)
+        cuda_only = setting.mode == "max-autotune" or not setting.cudnn or setting.flex
+        if (b.tiny or b.device.type != "cuda") and cuda_only:
+            continue  # CUDA levers (on a CPU max-autotune times C++ templates for many minutes; inductor's CPU flex
+            # template takes no mask computed inside the graph)
         if b.tiny and out["levers"]:
             break  # the smoke checks the phase's path: one lever (each compiles its own runner)
         if b.args.levels_seconds and time.perf_counter() - start > b.args.levels_seconds:

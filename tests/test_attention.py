@@ -149,3 +149,54 @@ def test_an_eager_logits_to_keep_gathers_the_last_rows_and_keeps_the_logits():
         full = model(input_ids=ids).logits
         kept = tree_forward(model, input_ids=ids, logits_to_keep=2).logits
     assert kept.shape == (1, 2, 32) and torch.allclose(kept, full[:, -2:])
+
+
+def test_flex_tree_attention_equals_grouped_sdpa_on_a_tree_mask():
+    """``tree_flex`` over the block mask of a tree's boolean mask (some cache rows unseen, others seen by some
+    queries) equals :func:`grouped_sdpa` over the same mask (grouped heads read in the kernel; eager FlexAttention
+    is its reference implementation here); any other mask goes to grouped SDPA."""
+    g = torch.Generator().manual_seed(4)
+    b, heads, kv_heads, q, c, d = 1, 6, 2, 5, 40, 16
+    query, key, value = (torch.randn(b, h, n, d, generator=g) for h, n in ((heads, q), (kv_heads, c), (kv_heads, c)))
+    allowed = torch.rand(b, 1, q, c, generator=g) > 0.4
+    allowed[..., 0] = True  # every query sees a row
+    allowed[..., 30:] = False  # rows past the used length: a whole block no query sees
+    module = torch.nn.Module()
+    want, _ = attention.grouped_sdpa(module, query, key, value, allowed, scaling=0.25)
+    got, _ = attention.tree_flex(module, query, key, value, attention.block_mask(allowed), scaling=0.25)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    wrong = allowed.clone()
+    wrong[0, 0, 2, 0] = False  # negative control: one entry of the mask moved changes the output
+    wrong[0, 0, 2, 1] = True
+    other, _ = attention.tree_flex(module, query, key, value, attention.block_mask(wrong), scaling=0.25)
+    assert not torch.allclose(other, want, atol=1e-4)
+    plain, _ = attention.tree_flex(module, query, key, value, allowed, scaling=0.25)  # a tensor mask: grouped SDPA
+    torch.testing.assert_close(plain, want)
+
+
+@pytest.mark.parametrize("backend", ["uncompiled", "aot_eager"])
+def test_captured_step_with_flex_tree_attention_is_exact(monkeypatch, backend):
+    """The captured step's level and verification forwards over block masks (``TREE_ATTENTION = "flex"``, the
+    GPU benchmark's lever), uncompiled and traced whole by dynamo: greedy output is HF's (inductor's CPU flex
+    template takes no mask computed in the graph: a CUDA lever)."""
+    import treespec
+    from treespec.core import captured
+    from treespec.models.tiny import greedy_reference, perturbed_copy
+
+    target = tiny_model("qwen2", vocab=64, hidden=64, layers=2, scale=6, seed=0)
+    draft = perturbed_copy(target, 0.3)
+    monkeypatch.setattr(attention, "TREE_ATTENTION", "flex")
+    made, original = [], attention.block_mask
+
+    def spy(allowed):
+        made.append(tuple(allowed.shape))
+        return original(allowed)
+
+    monkeypatch.setattr(attention, "block_mask", spy)
+    captured.RUNNERS.clear()
+    prompt = list(range(3, 27))  # long enough for the compiled prefill's chunks (on 4D masks: grouped SDPA)
+    out = treespec.generate(target, prompt, [treespec.ModelDrafter(draft, [(0,), (1,), (0, 0), (0, 1)], "topk")],
+                            max_new_tokens=16, compile=backend)
+    captured.RUNNERS.clear()
+    assert out.stats.step == "captured" and out.new_tokens == greedy_reference(target, prompt, 16)
+    assert made  # the tree forwards made block masks (traced once each when compiled)

@@ -61,6 +61,44 @@ def grouped_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor
 AttentionInterface.register(GROUPED_SDPA, grouped_sdpa)
 AttentionMaskInterface.register(GROUPED_SDPA, sdpa_mask)  # masks are passed in 4D: never built through it
 
+#: the attention of a static cache's tree forwards (``StaticTreeCache.forward``): ``"sdpa"`` (:func:`grouped_sdpa`
+#: over an additive 4D mask) or ``"flex"`` (FlexAttention over a block mask made once per forward, which skips the
+#: cache's blocks that no query sees: the rows past the used length; :func:`tree_flex`). On an H200 cuDNN's SDPA
+#: call for a draft level cost 11.2 us over 512 rows, and a memset and 4.6 us of idling before it
+#: (``experiments/results/gpu-h200-qkv/trace-graphs.md``); FlexAttention timed alone 7.3 us over 1,024 rows
+#: (``experiments/results/gpu-h200-sweep/attention.json``). A lever of ``experiments/bench_gpu.py``, not a default.
+TREE_ATTENTION = "sdpa"
+#: the name under which :func:`tree_flex` is registered with ``transformers``
+TREE_FLEX = "treespec_flex"
+
+
+def tree_flex(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+              attention_mask: Any, dropout: float = 0.0, scaling: float | None = None, is_causal: bool | None = None,
+              **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """HF's attention-function signature over a FlexAttention ``BlockMask`` (grouped heads read their key/value
+    head in the kernel: no copy); any other mask (a prefill's 4D one, none) goes to :func:`grouped_sdpa`."""
+    from torch.nn.attention.flex_attention import BlockMask, flex_attention
+
+    if not isinstance(attention_mask, BlockMask):
+        return grouped_sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                            is_causal=is_causal, **kwargs)
+    out = flex_attention(query, key, value, block_mask=attention_mask, scale=scaling,
+                         enable_gqa=key.shape[1] != query.shape[1])
+    return out.transpose(1, 2).contiguous(), None
+
+
+def block_mask(allowed: torch.Tensor) -> Any:
+    """The FlexAttention block mask of a boolean ``allowed [B, 1, n, C]`` (query row may see cache row)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    b, _, n, c = allowed.shape
+    return create_block_mask(lambda batch, head, q, kv: allowed[batch, 0, q, kv], b, None, n, c,
+                             device=allowed.device)
+
+
+AttentionInterface.register(TREE_FLEX, tree_flex)
+AttentionMaskInterface.register(TREE_FLEX, sdpa_mask)  # masks are passed whole: never built through it
+
 
 _CACHE_ARGUMENT: dict[type, str] = {}  # model class -> its forward's name for the KV cache
 
@@ -79,14 +117,15 @@ def cache_argument(model_class: type) -> str:
 
 @contextlib.contextmanager
 def grouped_attention(*models: torch.nn.Module) -> Iterator[None]:
-    """:func:`grouped_sdpa` as the attention of each model that uses ``sdpa``, for the block.
+    """:func:`grouped_sdpa` (or :func:`tree_flex`: :data:`TREE_ATTENTION`) as the attention of each model that
+    uses ``sdpa``, for the block.
 
     The choice is the config's ``_attn_implementation`` (what HF's ``set_attn_implementation`` writes),
     restored on leaving. A compiled step switches its models around each call of its graphs
     (``compiling.compile_graph``): switched inside, the config's writes would be traced into every graph."""
     configs = [m.config for m in models if m.config._attn_implementation == "sdpa"]
     for config in configs:
-        config._attn_implementation = GROUPED_SDPA
+        config._attn_implementation = TREE_FLEX if TREE_ATTENTION == "flex" else GROUPED_SDPA
     try:
         yield
     finally:

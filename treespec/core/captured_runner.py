@@ -16,6 +16,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from . import attention
 from .buffers import Envelope, TreeBuffers, tree_buffers
 from .checks import vocab_size
 from .compiling import compile_graph
@@ -144,7 +145,8 @@ class CapturedRunner:
         logits = self.draft_cache.forward(self.draft, ext[:, level.nodes],
                                           (state.length[:, None] + level.slot_depth).clamp_min(0), block,
                                           state.draft_length, state.draft_length + level.start,
-                                          logits_to_keep=rows - keep_from if keep_from else 0)
+                                          logits_to_keep=rows - keep_from if keep_from else 0,
+                                          flex=attention.TREE_ATTENTION == "flex")
         p = None
         if self.mode == "topk":
             choice, q = _select(logits, self.envelope.children), logits.new_zeros(0)
@@ -169,7 +171,8 @@ class CapturedRunner:
         """Target forward, every row's acceptance (one walk over the batch), both commits: ``(the next step's
         state, the packed Outcome of each row)``. A row not ``active`` commits nothing."""
         tokens, exists, length = drafted.tokens, drafted.exists, self.cache.length
-        logits = self.cache.forward(self.target, tokens, length[:, None] + tree.depth, tree.ancestors)
+        logits = self.cache.forward(self.target, tokens, length[:, None] + tree.depth, tree.ancestors,
+                                    flex=attention.TREE_ATTENTION == "flex")
         if self.params.greedy:
             on_path, extra = greedy_path(logits, tokens, tree.flat_parent, tree.ancestors, exists)
         else:

@@ -11,6 +11,7 @@ from typing import Sequence
 import torch
 from transformers.cache_utils import Cache, StaticLayer
 
+from . import attention
 from .attention import cache_argument, tree_forward
 from .kv import kv_shape
 
@@ -100,7 +101,7 @@ class StaticTreeCache(Cache):
 
     def forward(self, model: torch.nn.Module, ids: torch.Tensor, positions: torch.Tensor, block: torch.Tensor,
                 committed: torch.Tensor | None = None, write_start: torch.Tensor | None = None,
-                logits_to_keep: int = 0) -> torch.Tensor:
+                logits_to_keep: int = 0, flex: bool = False) -> torch.Tensor:
         """``model`` over ``ids`` written at slots ``[write_start, write_start + n)``, not committed.
 
         Each token attends to the ``committed`` rows (default: ``length``) and, inside the block of rows
@@ -111,7 +112,8 @@ class StaticTreeCache(Cache):
         inductor's weight freezing folds static tensors a graph does not mutate into constants.
         Returns logits ``[n, V]`` (the last ``logits_to_keep`` rows if given). A batched cache takes
         ``ids``, ``positions`` ``[B, n]``, ``committed``, ``write_start`` ``[B]`` and ``block`` ``[n, S]``
-        or ``[B, n, S]``, and returns ``[B, n, V]``.
+        or ``[B, n, S]``, and returns ``[B, n, V]``. ``flex``: the mask as a FlexAttention block mask
+        (``attention.tree_flex``; a static token count).
         """
         committed = self.length if committed is None else committed
         n_block = block.shape[-1]
@@ -125,8 +127,11 @@ class StaticTreeCache(Cache):
             cols = rel.clamp(0, n_block - 1)[:, None, :].expand(b, n, self.capacity)
             allowed = (rel < 0)[:, None] | (block.expand(b, n, n_block).gather(2, cols) & inside[:, None])
             mask_rows = allowed[:, None]
-        zero = torch.zeros((), dtype=self.mask_dtype, device=block.device)
-        mask = torch.where(mask_rows, zero, torch.finfo(self.mask_dtype).min)
+        if flex:
+            mask = attention.block_mask(mask_rows)
+        else:
+            zero = torch.zeros((), dtype=self.mask_dtype, device=block.device)
+            mask = torch.where(mask_rows, zero, torch.finfo(self.mask_dtype).min)
         for layer in self.layers:
             layer.write_start = committed if write_start is None else write_start
         out = tree_forward(model, input_ids=ids, attention_mask=mask, position_ids=positions,
