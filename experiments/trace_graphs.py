@@ -7,7 +7,8 @@ replays after the first ``--skip`` (the profiler's warm-up slows the host at fir
 * span: first kernel's start to last kernel's end; busy: the kernels' summed durations; the difference is the
   device idling *inside* the graph, between its kernels;
 * idle before: the device idling between the previous graph's end and this one's start (the host late);
-* the kernels with the most device time per replay.
+* the kernels with the most device time per replay;
+* the idling inside the graph by the pair of kernels it falls between (the next kernel waits on what?).
 
     python experiments/trace_graphs.py experiments/results/gpu-h200-qkv/trace-events.json.gz
 """
@@ -63,8 +64,22 @@ def summary(replays: list[dict[str, Any]], skip: int, top: int) -> dict[int, dic
                          key=lambda k: -k["us_per_replay"])
         out[n] = {"replays": len(rs), "span_us": statistics.median(r["span"] for r in rs),
                   "busy_us": statistics.median(r["busy"] for r in rs),
-                  "idle_before_us": statistics.median(r["idle_before"] for r in rs), "top": kernels[:top]}
+                  "idle_before_us": statistics.median(r["idle_before"] for r in rs), "top": kernels[:top],
+                  "gaps": idle_between(rs)[:top]}
     return out
+
+
+def idle_between(replays: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The device's idling inside these replays by the pair of kernels it falls between, the most first: us per
+    replay, the median gap, and how often the pair follows in a replay."""
+    gaps: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for r in replays:
+        work = sorted(r["work"], key=lambda k: k["ts"])
+        for a, b in zip(work, work[1:]):
+            gaps[a["name"][:60], b["name"][:60]].append(max(b["ts"] - a["ts"] - a["dur"], 0.0))
+    rows = [{"after": a, "before": b, "us_per_replay": sum(d) / len(replays), "median_us": statistics.median(d),
+             "per_replay": len(d) / len(replays)} for (a, b), d in gaps.items()]
+    return sorted(rows, key=lambda g: -g["us_per_replay"])
 
 
 def report(path: Path, kinds: dict[int, dict[str, Any]]) -> str:
@@ -78,6 +93,10 @@ def report(path: Path, kinds: dict[int, dict[str, Any]]) -> str:
                   "| kernel | calls | us each | us per replay |", "|---|---|---|---|"]
         lines += [f"| `{t['name']}` | {t['calls']:.0f} | {t['us_each']:.2f} | {t['us_per_replay']:.1f} |"
                   for t in k["top"]]
+        lines += ["", f"## Graphs of {n} kernels: idling inside by the kernels it falls between", "",
+                  "| after | before | times per replay | median gap us | us per replay |", "|---|---|---|---|---|"]
+        lines += [f"| `{g['after']}` | `{g['before']}` | {g['per_replay']:.0f} | {g['median_us']:.2f} | "
+                  f"{g['us_per_replay']:.1f} |" for g in k["gaps"]]
     return "\n".join(lines) + "\n"
 
 
