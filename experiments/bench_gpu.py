@@ -649,7 +649,7 @@ class Lever:
     freezing: bool = True  # inductor's weight freezing (gate and up as one product): compiling.CUDA_GRAPHS_FREEZE
     cudnn: bool = True  # let SDPA take cuDNN's attention (False: the memory-efficient kernel)
     concat_qkv: bool = True  # q, k, v as one product whatever their widths: compiling.CUDA_GRAPHS_ONE_QKV
-    flex: bool = False  # FlexAttention over a block mask in the tree forwards: attention.TREE_ATTENTION
+    attention: str = "sdpa"  # the tree forwards' (FlexAttention: "flex", "flex-levels"): attention.TREE_ATTENTION
 
 
 #: the draft level's levers (phase levels), in the order they run by default
@@ -673,8 +673,10 @@ LEVERS = {
         "buckets of 256 rows (cuDNN's attention), freezing, and q, k, v as one product (torch 2.11's freezing "
         "concatenates equal widths only)", bucket=256),
     "default+flex": Lever("treespec's CUDA defaults, the tree forwards' attention FlexAttention over a block mask "
-                          "(blocks past the used rows skipped; no cuDNN memset and launch gap)", flex=True),
-    "default+flex+max-autotune": Lever("the lever above and max-autotune", flex=True, mode="max-autotune"),
+                          "(blocks past the used rows skipped; no cuDNN memset and launch gap)", attention="flex"),
+    "default+flex-levels": Lever("treespec's CUDA defaults, FlexAttention in the draft levels only (the "
+                                 "verification's 64 rows on cuDNN)", attention="flex-levels"),
+    "default+flex+max-autotune": Lever("the lever above and max-autotune", attention="flex", mode="max-autotune"),
     "default+max-autotune": Lever("treespec's CUDA defaults and max-autotune (Triton GEMM templates: no split-K "
                                   "reduction)", mode="max-autotune"),
 }
@@ -695,7 +697,7 @@ def lever(setting: Lever):
     names = ("CAPACITY_BUCKET", "CUDA_CAPACITY_BUCKET"), ("CUDA_GRAPHS_FREEZE", "CUDA_GRAPHS_ONE_QKV")
     saved = ([getattr(compiled, n) for n in names[0]], [getattr(compiling, n) for n in names[1]],
              captured.compile_options, torch.backends.cuda.cudnn_sdp_enabled(), attention.TREE_ATTENTION)
-    attention.TREE_ATTENTION = "flex" if setting.flex else "sdpa"
+    attention.TREE_ATTENTION = setting.attention
     for n in names[0]:
         setattr(compiled, n, setting.bucket)
     compiling.CUDA_GRAPHS_FREEZE, compiling.CUDA_GRAPHS_ONE_QKV = setting.freezing, setting.concat_qkv
@@ -730,7 +732,7 @@ def phase_levels(b: Bench) -> dict[str, Any]:
     start = time.perf_counter()
     for name in b.args.levers or LEVERS:
         setting = LEVERS[name]
-        cuda_only = setting.mode == "max-autotune" or not setting.cudnn or setting.flex
+        cuda_only = setting.mode == "max-autotune" or not setting.cudnn or setting.attention != "sdpa"
         if (b.tiny or b.device.type != "cuda") and cuda_only:
             continue  # CUDA levers (on a CPU max-autotune times C++ templates for many minutes; inductor's CPU flex
             # template takes no mask computed inside the graph)

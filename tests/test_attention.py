@@ -174,8 +174,9 @@ def test_flex_tree_attention_equals_grouped_sdpa_on_a_tree_mask():
     torch.testing.assert_close(plain, want)
 
 
-@pytest.mark.parametrize("backend", ["uncompiled", "aot_eager"])
-def test_captured_step_with_flex_tree_attention_is_exact(monkeypatch, backend):
+@pytest.mark.parametrize("backend, which", [("uncompiled", "flex"), ("uncompiled", "flex-levels"),
+                                            ("aot_eager", "flex")])
+def test_captured_step_with_flex_tree_attention_is_exact(monkeypatch, backend, which):
     """The captured step's level and verification forwards over block masks (``TREE_ATTENTION = "flex"``, the
     GPU benchmark's lever), uncompiled and traced whole by dynamo: greedy output is HF's (inductor's CPU flex
     template takes no mask computed in the graph: a CUDA lever)."""
@@ -185,7 +186,7 @@ def test_captured_step_with_flex_tree_attention_is_exact(monkeypatch, backend):
 
     target = tiny_model("qwen2", vocab=64, hidden=64, layers=2, scale=6, seed=0)
     draft = perturbed_copy(target, 0.3)
-    monkeypatch.setattr(attention, "TREE_ATTENTION", "flex")
+    monkeypatch.setattr(attention, "TREE_ATTENTION", which)
     made, original = [], attention.block_mask
 
     def spy(allowed):
@@ -200,3 +201,5 @@ def test_captured_step_with_flex_tree_attention_is_exact(monkeypatch, backend):
     captured.RUNNERS.clear()
     assert out.stats.step == "captured" and out.new_tokens == greedy_reference(target, prompt, 16)
     assert made  # the tree forwards made block masks (traced once each when compiled)
+    rows = {shape[2] for shape in made}  # a level forwards its rows, the verification the tree's 5 nodes
+    assert (5 in rows) == (which == "flex")

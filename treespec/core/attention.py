@@ -61,9 +61,10 @@ def grouped_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor
 AttentionInterface.register(GROUPED_SDPA, grouped_sdpa)
 AttentionMaskInterface.register(GROUPED_SDPA, sdpa_mask)  # masks are passed in 4D: never built through it
 
-#: the attention of a static cache's tree forwards (``StaticTreeCache.forward``): ``"sdpa"`` (:func:`grouped_sdpa`
-#: over an additive 4D mask) or ``"flex"`` (FlexAttention over a block mask made once per forward, which skips the
-#: cache's blocks that no query sees: the rows past the used length; :func:`tree_flex`). On an H200 cuDNN's SDPA
+#: the attention of the captured step's tree forwards (``StaticTreeCache.forward``): ``"sdpa"`` (:func:`grouped_sdpa`
+#: over an additive 4D mask), ``"flex"`` (FlexAttention over a block mask made once per forward, which skips the
+#: cache's blocks that no query sees: the rows past the used length; :func:`tree_flex`), or ``"flex-levels"``
+#: (FlexAttention in the draft levels only, the verification on SDPA). On an H200 cuDNN's SDPA
 #: call for a draft level cost 11.2 us over 512 rows, and a memset and 4.6 us of idling before it
 #: (``experiments/results/gpu-h200-qkv/trace-graphs.md``); FlexAttention timed alone 7.3 us over 1,024 rows
 #: (``experiments/results/gpu-h200-sweep/attention.json``). A lever of ``experiments/bench_gpu.py``, not a default.
@@ -85,6 +86,11 @@ def tree_flex(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, v
     out = flex_attention(query, key, value, block_mask=attention_mask, scale=scaling,
                          enable_gqa=key.shape[1] != query.shape[1])
     return out.transpose(1, 2).contiguous(), None
+
+
+def flex_in(forward: str) -> bool:
+    """Whether the captured step's ``forward`` (``"level"`` or ``"verify"``) attends by FlexAttention."""
+    return TREE_ATTENTION == "flex" or (TREE_ATTENTION == "flex-levels" and forward == "level")
 
 
 def block_mask(allowed: torch.Tensor) -> Any:
@@ -125,7 +131,7 @@ def grouped_attention(*models: torch.nn.Module) -> Iterator[None]:
     (``compiling.compile_graph``): switched inside, the config's writes would be traced into every graph."""
     configs = [m.config for m in models if m.config._attn_implementation == "sdpa"]
     for config in configs:
-        config._attn_implementation = TREE_FLEX if TREE_ATTENTION == "flex" else GROUPED_SDPA
+        config._attn_implementation = TREE_FLEX if TREE_ATTENTION != "sdpa" else GROUPED_SDPA
     try:
         yield
     finally:

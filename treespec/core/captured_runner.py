@@ -146,7 +146,7 @@ class CapturedRunner:
                                           (state.length[:, None] + level.slot_depth).clamp_min(0), block,
                                           state.draft_length, state.draft_length + level.start,
                                           logits_to_keep=rows - keep_from if keep_from else 0,
-                                          flex=attention.TREE_ATTENTION == "flex")
+                                          flex=attention.flex_in("level"))
         p = None
         if self.mode == "topk":
             choice, q = _select(logits, self.envelope.children), logits.new_zeros(0)
@@ -172,7 +172,7 @@ class CapturedRunner:
         state, the packed Outcome of each row)``. A row not ``active`` commits nothing."""
         tokens, exists, length = drafted.tokens, drafted.exists, self.cache.length
         logits = self.cache.forward(self.target, tokens, length[:, None] + tree.depth, tree.ancestors,
-                                    flex=attention.TREE_ATTENTION == "flex")
+                                    flex=attention.flex_in("verify"))
         if self.params.greedy:
             on_path, extra = greedy_path(logits, tokens, tree.flat_parent, tree.ancestors, exists)
         else:
