@@ -574,25 +574,31 @@ def _sweep(b: Bench) -> dict[str, Any]:
     return out
 
 
+@contextlib.contextmanager
+def clock_events(on: bool):
+    """treespec's step sections timed by CUDA events (``on``) or by a wait per section, for the block."""
+    from treespec.core.step import Clock
+
+    saved, Clock.device_events = Clock.device_events, on
+    try:
+        yield
+    finally:
+        Clock.device_events = saved
+
+
 def clock_ab(b: Bench, shape, env: Envelope, rounds: int = 3) -> dict[str, Any]:
     """The device-sized tree's seconds with the step's sections timed by CUDA events (``Clock.device_events``,
     no wait) and by waiting for the device at every charge, alternating ``rounds`` times: the waits' cost."""
-    from treespec.core.step import Clock
-
     out: dict[str, Any] = {"waits": [], "events": []}
-    saved = Clock.device_events
-    try:
-        for _ in range(rounds):
-            for name, events in (("waits", False), ("events", True)):
-                Clock.device_events = events
+    for _ in range(rounds):
+        for name, events in (("waits", False), ("events", True)):
+            with clock_events(events):
                 run = treespec_run(b, b.model("target"), b.model("draft"), shape, b.compile, budget=env.nodes,
                                    envelope=env)
-                decode = run["seconds"] - run["sections_seconds"]["prefill"]
-                out[name].append({"seconds": run["seconds"], "steps": run["steps"],
-                                  "wall_s_per_step": decode / run["steps"], "sections_s_per_step": run["step_seconds"],
-                                  "per_step_seconds": run["per_step_seconds"]})
-    finally:
-        Clock.device_events = saved
+            decode = run["seconds"] - run["sections_seconds"]["prefill"]
+            out[name].append({"seconds": run["seconds"], "steps": run["steps"],
+                              "wall_s_per_step": decode / run["steps"], "sections_s_per_step": run["step_seconds"],
+                              "per_step_seconds": run["per_step_seconds"]})
     for name in ("waits", "events"):
         out[f"{name}_median_s_per_step"] = statistics.median(r["wall_s_per_step"] for r in out[name])
     return out
@@ -602,18 +608,13 @@ def step_trace(b: Bench, shape, env: Envelope, events: bool, path: Path, new_tok
     """A chrome trace (``torch.profiler``, gzipped) of one short ``generate`` of the device-sized tree, sections
     timed by events or by waits: where the device idles inside a step, and what the host does meanwhile."""
     from torch.profiler import ProfilerActivity, profile
-    from treespec.core.step import Clock
 
-    saved, Clock.device_events = Clock.device_events, events
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if b.device.type == "cuda" else [])
-    try:
-        with profile(activities=acts, with_stack=False) as prof:
-            out = treespec.generate(b.model("target"), b.prompts[1 % len(b.prompts)],
-                                    [treespec.ModelDrafter(b.model("draft"), shape)], max_new_tokens=new_tokens,
-                                    compile=b.compile, envelope=env)
-            sync(b.device)
-    finally:
-        Clock.device_events = saved
+    with clock_events(events), profile(activities=acts, with_stack=False) as prof:
+        out = treespec.generate(b.model("target"), b.prompts[1 % len(b.prompts)],
+                                [treespec.ModelDrafter(b.model("draft"), shape)], max_new_tokens=new_tokens,
+                                compile=b.compile, envelope=env)
+        sync(b.device)
     prof.export_chrome_trace(str(path))
     return {"path": path.name, "steps": out.stats.steps, "bytes": path.stat().st_size}
 

@@ -34,7 +34,6 @@ UNCOMPILED = "uncompiled"
 #: concatenated weights beside the model's own (by our count about 2 GB for the 1.5B + 0.5B pair; not measured).
 CUDA_GRAPHS_FREEZE = True
 CUDA_GRAPHS_ONE_QKV = True
-_NONE = contextlib.nullcontext()
 
 
 def compile_options(compile: bool | str, device: torch.device) -> tuple[str, str | None]:
@@ -81,7 +80,8 @@ def compile_graph(fn: Callable, backend: str, mode: str | None, models: tuple[to
     @functools.wraps(fn)
     def call(*args, **kwargs):
         freeze = torch._inductor.config.patch(freezing=True) if freezing else contextlib.nullcontext()
-        with own_kernels(*models, layouts=not freezing), freeze, fused_qkv.applied() if one_qkv else _NONE:
+        joined = fused_qkv.applied() if one_qkv else contextlib.nullcontext()
+        with own_kernels(*models, layouts=not freezing), freeze, joined:
             return compiled(*args, **kwargs)
 
     return call
