@@ -290,6 +290,14 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {"generate": cmd_gene
 USER_ERRORS = (ValueError, OSError, ImportError)
 
 
+def user_message(error: BaseException) -> str:
+    """What ``main`` prints for a user error: an OS error on a named file as ``path: reason`` (the shell tools'
+    form, without Python's ``[Errno 2]``), anything else as its own message."""
+    if isinstance(error, OSError) and error.filename is not None and error.strerror:
+        return f"{error.filename}: {error.strerror}"
+    return str(error)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``treespec`` command; user errors print ``treespec: error: ...`` and return 2.
 
@@ -308,7 +316,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except USER_ERRORS as error:
         if debug:
             raise
-        print(f"treespec: error: {error}", file=sys.stderr)
+        print(f"treespec: error: {user_message(error)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         if debug:

@@ -62,8 +62,9 @@ def _load_other(name: str, dtype: torch.dtype, trust_remote_code: bool, cache_di
         if not allow_download:
             raise OSError(
                 f"model {name!r} is not a built-in name ({', '.join(REGISTRY)}); it is neither a local directory "
-                f"nor in the local Hugging Face cache, and downloads are off. Pass allow_download=True to fetch it "
-                f"from the Hugging Face hub, or pass a local directory with safetensors weights.\n"
+                f"nor in the local Hugging Face cache, and downloads are off. Download it once (`hf download {name}`; "
+                f"later runs read the cache), pass allow_download=True (Python API), or pass a local directory with "
+                f"safetensors weights.\n"
                 f"(cause: {local_error})") from local_error
         if _hub_offline():
             raise OSError(
