@@ -648,7 +648,8 @@ class Lever:
     bucket: int = compiled.CUDA_CAPACITY_BUCKET  # the caches' row bucket: attention reads the whole capacity
     mode: str | None = None  # torch.compile mode (None: compiling.compile_options' own)
     freezing: bool = True  # inductor's weight freezing (gate and up as one product): compiling.CUDA_GRAPHS_FREEZE
-    cudnn: bool = True  # let SDPA take cuDNN's attention (False: the memory-efficient kernel)
+    sdpa: str = "cudnn"  # SDPA's kernel: "cudnn" (cuDNN's where it takes the call), "efficient" (the memory-efficient
+    # kernel), or "math" (no fused kernel: inductor lowers attention to two batched products and a fused softmax)
     concat_qkv: bool = True  # q, k, v as one product whatever their widths: compiling.CUDA_GRAPHS_ONE_QKV
     attention: str = "sdpa"  # the tree forwards' (FlexAttention: "flex", "flex-levels"): attention.TREE_ATTENTION
 
@@ -660,13 +661,13 @@ LEVERS = {
     "baseline": Lever("before the levers: caches in buckets of 1024 rows, inductor + CUDA graphs", bucket=1024,
                       freezing=False, concat_qkv=False),
     "bucket-256+freezing+sdpa-efficient": Lever("caches in buckets of 256 rows, freezing, SDPA's memory-efficient kernel",
-                                                bucket=256, cudnn=False, concat_qkv=False),
+                                                bucket=256, sdpa="efficient", concat_qkv=False),
     "freezing": Lever("inductor weight freezing: weights as constants; on CUDA gate/up become one product (q/k/v "
                       "too where their widths are equal)", bucket=1024, concat_qkv=False),
     "bucket-256": Lever("attention over the used length: caches in buckets of 256 rows", bucket=256, freezing=False,
                         concat_qkv=False),
     "sdpa-efficient": Lever("SDPA's memory-efficient kernel instead of cuDNN's", bucket=1024, freezing=False,
-                            cudnn=False, concat_qkv=False),
+                            sdpa="efficient", concat_qkv=False),
     "bucket-256+freezing": Lever("buckets of 256 rows and freezing", bucket=256, concat_qkv=False),
     "max-autotune": Lever("torch.compile mode max-autotune (GEMM autotuning)", bucket=1024, freezing=False,
                           concat_qkv=False, mode="max-autotune"),
@@ -678,6 +679,9 @@ LEVERS = {
     "default+flex-levels": Lever("treespec's CUDA defaults, FlexAttention in the draft levels only (the "
                                  "verification's 64 rows on cuDNN)", attention="flex-levels"),
     "default+flex+max-autotune": Lever("the lever above and max-autotune", attention="flex", mode="max-autotune"),
+    "default+math": Lever("treespec's CUDA defaults, SDPA's math path in every tree forward: the level's attention "
+                          "(4 rows over 512) as two small batched products and one fused masked softmax instead of "
+                          "cuDNN's call and the memset before it", sdpa="math"),
     "default+max-autotune": Lever("treespec's CUDA defaults and max-autotune (Triton GEMM templates: no split-K "
                                   "reduction)", mode="max-autotune"),
 }
@@ -685,6 +689,21 @@ LEVERS = {
 
 #: the lever whose runners ``captured.RUNNERS`` holds (phase sweep reuses them when it runs the same lever)
 APPLIED: list[Lever | None] = [None]
+
+
+def sdpa_backends() -> dict[str, bool]:
+    """Which of SDPA's CUDA kernels it may take now (``torch.backends.cuda``'s switches; math is always allowed)."""
+    cuda = torch.backends.cuda
+    return {"cudnn": cuda.cudnn_sdp_enabled(), "flash": cuda.flash_sdp_enabled(),
+            "efficient": cuda.mem_efficient_sdp_enabled()}
+
+
+def set_sdpa_backends(enabled: dict[str, bool]) -> None:
+    """Allow exactly SDPA's CUDA kernels ``enabled`` names (see :func:`sdpa_backends`)."""
+    cuda = torch.backends.cuda
+    cuda.enable_cudnn_sdp(enabled["cudnn"])
+    cuda.enable_flash_sdp(enabled["flash"])
+    cuda.enable_mem_efficient_sdp(enabled["efficient"])
 
 
 @contextlib.contextmanager
@@ -697,14 +716,16 @@ def lever(setting: Lever):
 
     names = ("CAPACITY_BUCKET", "CUDA_CAPACITY_BUCKET"), ("CUDA_GRAPHS_FREEZE", "CUDA_GRAPHS_ONE_QKV")
     saved = ([getattr(compiled, n) for n in names[0]], [getattr(compiling, n) for n in names[1]],
-             captured.compile_options, torch.backends.cuda.cudnn_sdp_enabled(), attention.TREE_ATTENTION)
+             captured.compile_options, sdpa_backends(), attention.TREE_ATTENTION)
     attention.TREE_ATTENTION = setting.attention
     for n in names[0]:
         setattr(compiled, n, setting.bucket)
     compiling.CUDA_GRAPHS_FREEZE, compiling.CUDA_GRAPHS_ONE_QKV = setting.freezing, setting.concat_qkv
     if setting.mode is not None:
         captured.compile_options = lambda c, device: (saved[2](c, device)[0], setting.mode)
-    torch.backends.cuda.enable_cudnn_sdp(setting.cudnn and saved[3])
+    set_sdpa_backends({**saved[3], "cudnn": saved[3]["cudnn"] and setting.sdpa == "cudnn",
+                       "flash": saved[3]["flash"] and setting.sdpa != "math",
+                       "efficient": saved[3]["efficient"] and setting.sdpa != "math"})
     if APPLIED[0] != setting:
         captured.RUNNERS.clear()
         APPLIED[0] = setting
@@ -717,7 +738,7 @@ def lever(setting: Lever):
         for n, v in zip(names[1], saved[1]):
             setattr(compiling, n, v)
         captured.compile_options = saved[2]
-        torch.backends.cuda.enable_cudnn_sdp(saved[3])
+        set_sdpa_backends(saved[3])
         attention.TREE_ATTENTION = saved[4]
 
 
@@ -733,7 +754,7 @@ def phase_levels(b: Bench) -> dict[str, Any]:
     start = time.perf_counter()
     for name in b.args.levers or LEVERS:
         setting = LEVERS[name]
-        cuda_only = setting.mode == "max-autotune" or not setting.cudnn or setting.attention != "sdpa"
+        cuda_only = setting.mode == "max-autotune" or setting.sdpa == "efficient" or setting.attention != "sdpa"
         if (b.tiny or b.device.type != "cuda") and cuda_only:
             continue  # CUDA levers (on a CPU max-autotune times C++ templates for many minutes; inductor's CPU flex
             # template takes no mask computed inside the graph)

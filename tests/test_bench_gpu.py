@@ -91,3 +91,34 @@ def test_hf_under_freezing_is_timed_and_the_ratios_take_hfs_fastest(bench_gpu):
     ph = {"hf": {"hf_generate_eager": {"tok_s": 50.0}, "hf_generate_static_compiled": {"tok_s": 200.0},
                  "hf_generate_static_compiled_frozen": {"tok_s": 230.0}}}
     assert fastest(ph) == 230.0 and fastest({"hf": {"hf_generate_eager": {"tok_s": 50.0}}}) is None
+
+
+def test_the_math_lever_lowers_attention_to_products_and_restores_sdpas_kernels(bench_gpu):
+    """Lever ``default+math`` switches SDPA's fused kernels off for its block (a compiled SDPA call becomes two batched
+    products and a softmax in the graph AOT hands inductor; a CPU takes the same switches), and puts them back."""
+    import torch
+    from torch._functorch.aot_autograd import aot_module_simplified
+
+    def attention_ops() -> list[str]:
+        seen: list[str] = []
+
+        def backend(gm, example):
+            def forward(graph, _):
+                seen.extend(str(n.target) for n in graph.graph.nodes if n.op == "call_function")
+                return graph
+            return aot_module_simplified(gm, example, fw_compiler=forward)
+
+        q, k, v, mask = torch.randn(1, 2, 8, 16), torch.randn(1, 2, 32, 16), torch.randn(1, 2, 32, 16), torch.zeros(
+            1, 1, 8, 32)
+        torch._dynamo.reset()
+        torch.compile(torch.nn.functional.scaled_dot_product_attention, backend=backend)(q, k, v, attn_mask=mask)
+        return [s for s in seen if "attention" in s or "bmm" in s]
+
+    before = bench_gpu["sdpa_backends"]()
+    fused = attention_ops()
+    assert fused and all("scaled_dot_product" in s for s in fused)  # a fused kernel (CPU: flash for CPU)
+    with bench_gpu["lever"](bench_gpu["LEVERS"]["default+math"]):
+        assert not any(bench_gpu["sdpa_backends"]().values())
+        assert attention_ops() == ["aten.bmm.default", "aten.bmm.default"]
+    assert bench_gpu["sdpa_backends"]() == before and attention_ops() == fused
+    torch._dynamo.reset()
