@@ -444,3 +444,27 @@ def greedy_through(target, draft, prompt=(3, 17, 42, 5), n: int = 10) -> list[in
 
     return treespec.generate(target, list(prompt), drafters=[treespec.ModelDrafter(draft, [(0,), (0, 0)], "topk")],
                              max_new_tokens=n).new_tokens
+
+
+def test_an_int4_draft_of_a_gguf_file_runs_every_layer_on_the_int4_kernel(tmp_path):
+    """A draft asked for in int4 is re-quantised from its float weights as ``auto`` converts it (every Linear layer
+    an int4 layer; this tiny head's 97 rows take no int4 packing and stay float), not the target's rendering of the
+    file (its Q4_0 blocks kept, the head's F32 weights on the slower int8 kernel): the same GGUF as a target keeps
+    its file blocks."""
+    import collections
+
+    import gguf
+
+    from treespec.models.precision import to_precision
+    from treespec.models.quantized import Int4Linear, Int8Linear
+
+    path = write_gguf(tiny_qwen2(seed=4), tmp_path / "m.gguf", gguf.GGMLQuantizationType.Q4_0)
+    kinds = lambda m: collections.Counter(type(x).__name__ for x in m.modules()  # noqa: E731
+                                          if isinstance(x, (Int4Linear, Int8Linear)))
+    draft, _ = models.load(str(path), dtype="int4", role="draft")
+    assert kinds(draft) == {"Int4Linear": 14} and "file_blocks" not in draft.treespec_precision
+    converted = to_precision(models.load(str(path), role="draft")[0], "int4", twin="int8")
+    x = torch.randint(0, 97, (1, 6))
+    assert torch.equal(draft(x).logits, converted(x).logits)  # the model auto's int4 candidate is
+    target, _ = models.load(str(path), dtype="int4")
+    assert kinds(target) == {"Int4Linear": 14, "Int8Linear": 1}

@@ -98,8 +98,10 @@ def load(name_or_path: str | os.PathLike = DEFAULT_TARGET, device: str | torch.d
     is only contacted with ``allow_download=True``).
     ``dtype``: ``"float32"``, ``"bfloat16"``, ``"float16"``, ``"int8"`` (dynamic int8 quantisation
     of the Linear layers, CPU only, for drafts; see ``treespec.models.precision``), ``"int4"`` (weight-only
-    4-bit Linear layers, CPU only; ``treespec.models.quantized``; for a built-in GGUF model its Q4_0, Q4_1 and Q4_K
-    blocks are kept as they are, ``treespec.models.gguf_blocks``), a ``torch.dtype``, or
+    4-bit Linear layers, CPU only; ``treespec.models.quantized``; for a GGUF target, built-in or a local file, its
+    Q4_0, Q4_1 and Q4_K blocks are kept as they are, ``treespec.models.gguf_blocks``; a draft is re-quantised from
+    its float weights, as ``auto`` converts it: the file's other types would run on the slower int8 kernel, and a
+    draft is there for its speed), a ``torch.dtype``, or
     ``"auto"``: time one forward in each candidate precision on this machine (float32 and bfloat16;
     int8 and int4 too for ``role="draft"``) and keep the fastest. The decision is cached in
     ``<cache root>/precision.json`` keyed by model, role, device, CPU model and thread count, so
@@ -140,7 +142,9 @@ def load(name_or_path: str | os.PathLike = DEFAULT_TARGET, device: str | torch.d
                                     placement)
     model = (model if device_map is not None else model.to(device)).eval()
     model.requires_grad_(False)
-    blocks = _file_blocks(model, spec, gguf_file, cache_dir) if precision == "int4" else None
+    # a target's int4 keeps its file's own blocks (the model the file holds); a draft's is the converted one (its
+    # other types on the int4 kernel too: a forward about half as long as with them on the int8 kernel)
+    blocks = _file_blocks(model, spec, gguf_file, cache_dir) if precision == "int4" and role == "target" else None
     model, record = _in_precision(model, precision, role, name, blocks, spec, cache_dir, traceable)
     record["linear_layout"] = _with_layout(model, linear_layout, role, name, spec, cache_dir, device_map)
     model.treespec_precision = record
@@ -148,8 +152,8 @@ def load(name_or_path: str | os.PathLike = DEFAULT_TARGET, device: str | torch.d
 
 
 def has_file_blocks(name_or_path: str | os.PathLike) -> bool:
-    """Whether ``load(name_or_path, dtype="int4")`` reads a GGUF file's own blocks: a built-in model or a local
-    ``.gguf`` file (which of its tensors are 4-bit blocks the kernel holds exactly, ``load`` reports)."""
+    """Whether ``load(name_or_path, dtype="int4")`` of a target reads a GGUF file's own blocks: a built-in model or
+    a local ``.gguf`` file (which of its tensors are 4-bit blocks the kernel holds exactly, ``load`` reports)."""
     name = os.fspath(name_or_path)
     return name.lower() in REGISTRY or name.lower().endswith(".gguf")
 
