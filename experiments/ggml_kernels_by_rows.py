@@ -10,7 +10,8 @@ M, computed on a persistent 2-thread ggml threadpool; llama.cpp runs the same ke
 * ``ggml repacked``: the tensors llama.cpp's ``CPU_REPACK`` buffer takes (Q4_0, Q4_K, IQ4_NL on this x86) in its
   interleaved layout with its multi-row ``gemm`` kernels (what llama.cpp uses by default), the rest plain;
 * ``treespec``: the same model as ``load(name, dtype="int4")`` builds it, each Linear layer on its kernel
-  (``quantized.kernel_only``: the file's 4-bit blocks on torch's int4 kernel, the other types on the int8 kernel).
+  (``quantized.kernel_only``: a target's 4-bit blocks on torch's int4 kernel, its other types on the int8 kernel; a
+  draft's every layer re-quantised to int4, as ``auto`` converts it).
 
 It also checks, per ggml type, whether M rows multiplied together equal the rows one at a time, bit for bit (an
 exact tree's rows must compute what one-token forwards compute: ``treespec.core.checks``).
