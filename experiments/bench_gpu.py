@@ -793,9 +793,16 @@ def phase_levels(b: Bench) -> dict[str, Any]:
 
 def merged(phase: str, old: dict[str, Any] | None, part: dict[str, Any]) -> dict[str, Any]:
     """A phase's saved entry after ``part``: phase treespec adds its runs to earlier ones (a run with other
-    --step-budgets extends it, a run of the same budget replaces that budget's runs); any other phase replaces
-    its entry."""
-    return {**old, **part} if phase == "treespec" and isinstance(old, dict) else dict(part)
+    --step-budgets extends it, a run of the same budget replaces that budget's runs), phase levels its levers (a
+    device session's second call times more levers into the same --out: ``--sweep-lever best`` picks among all);
+    any other phase replaces its entry."""
+    if phase == "treespec" and isinstance(old, dict):
+        return {**old, **part}
+    if phase == "levels" and isinstance(old, dict):
+        levers = {**old.get("levers", {}), **part["levers"]}
+        skipped = dict.fromkeys(n for n in [*old.get("skipped", []), *part.get("skipped", [])] if n not in levers)
+        return {**part, "levers": levers, "skipped": list(skipped)}
+    return dict(part)
 
 
 def save(out: Path, results: dict[str, Any]) -> None:

@@ -62,6 +62,16 @@ def test_phase_treespec_run_again_adds_its_runs_and_other_phases_replace_theirs(
     assert again == {"compiled_budget8": {"tau": 3.0}, "eager_budget8": {"tau": 1.0}, "compiled_budget12": {"tau": 2.0}}
     assert merged("treespec", None, {"a": 1}) == {"a": 1}
     assert merged("sweep", {"runs": 1, "envelope": 2}, {"runs": 3}) == {"runs": 3}
+    # a second run of phase levels (another device call, the same --out) adds its levers; one timed again replaces
+    first_levels = {"shape": "s", "levers": {"default": {"level_ms": 1.5}, "default+math": {"level_ms": 1.4}},
+                    "skipped": ["default+flex"]}
+    later = {"shape": "s", "levers": {"default+flex": {"level_ms": 1.2}, "default+math": {"level_ms": 1.3}},
+             "skipped": ["default+max-autotune"]}
+    assert merged("levels", first_levels, later) == {
+        "shape": "s", "levers": {"default": {"level_ms": 1.5}, "default+math": {"level_ms": 1.3},
+                                 "default+flex": {"level_ms": 1.2}}, "skipped": ["default+max-autotune"]}
+    assert merged("levels", {"levers": {}, "skipped": ["a"]}, {"levers": {"b": {}}, "skipped": ["c"]})["skipped"] == [
+        "a", "c"]
 
 
 def test_sweep_lever_best_is_the_fastest_timed_level_and_refuses_without_levels(bench_gpu):
