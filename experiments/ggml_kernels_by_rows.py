@@ -38,15 +38,13 @@ from __future__ import annotations
 
 import argparse
 import ctypes as C
-import statistics
 import tempfile
-import time
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
 
+from linear_kernels_by_rows import median_ms  # this folder's: run as a script
 from treespec.models import DEFAULT_TARGET, load
 from treespec.models.packaged import REGISTRY, assemble_gguf, chunk_paths
 from treespec.models.quantized import KernelLinear, kernel_only
@@ -153,16 +151,6 @@ def file_matrices(name: str, workdir: Path) -> list[tuple[str, int, np.ndarray, 
     return [(t.name, int(t.tensor_type), np.ascontiguousarray(t.data).view(np.uint8).reshape(-1),
              int(t.shape[0]), int(t.shape[1])) for t in reader.tensors
             if len(t.shape) == 2 and (t.name.startswith("blk.") or t.name == head)]
-
-
-def median_ms(fn: Callable[[], None], repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times)
 
 
 def rows_independent(mats: list[GgmlMatrix], types: list[int], m: int) -> dict[int, bool]:
