@@ -723,9 +723,8 @@ def lever(setting: Lever):
     compiling.CUDA_GRAPHS_FREEZE, compiling.CUDA_GRAPHS_ONE_QKV = setting.freezing, setting.concat_qkv
     if setting.mode is not None:
         captured.compile_options = lambda c, device: (saved[2](c, device)[0], setting.mode)
-    set_sdpa_backends({**saved[3], "cudnn": saved[3]["cudnn"] and setting.sdpa == "cudnn",
-                       "flash": saved[3]["flash"] and setting.sdpa != "math",
-                       "efficient": saved[3]["efficient"] and setting.sdpa != "math"})
+    allowed = {"cudnn": setting.sdpa == "cudnn", "flash": setting.sdpa != "math", "efficient": setting.sdpa != "math"}
+    set_sdpa_backends({k: saved[3][k] and allowed[k] for k in allowed})
     if APPLIED[0] != setting:
         captured.RUNNERS.clear()
         APPLIED[0] = setting
