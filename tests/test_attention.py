@@ -174,12 +174,25 @@ def test_flex_tree_attention_equals_grouped_sdpa_on_a_tree_mask():
     torch.testing.assert_close(plain, want)
 
 
+#: a dynamo backend that runs the traced graphs eagerly and records the query shapes of their FlexAttention calls
+#: (a spy inside the traced code would put its growing list under dynamo's guards: a recompile per call)
+FLEX_QUERIES: list[tuple[int, ...]] = []
+
+
+def _recording_backend(gm: torch.fx.GraphModule, example_inputs):
+    FLEX_QUERIES.extend(tuple(n.args[0].meta["example_value"].shape) for n in gm.graph.nodes
+                        if n.op == "call_function" and "flex_attention" in str(n.target))
+    return gm.forward
+
+
 @pytest.mark.parametrize("backend, which", [("uncompiled", "flex"), ("uncompiled", "flex-levels"),
-                                            ("eager", "flex")])
+                                            ("traced", "flex")])
 def test_captured_step_with_flex_tree_attention_is_exact(monkeypatch, backend, which):
     """The captured step's level and verification forwards over block masks (``TREE_ATTENTION = "flex"``, the
-    GPU benchmark's lever), uncompiled and traced whole by dynamo: greedy output is HF's (inductor's CPU flex
-    template takes no mask computed in the graph: a CUDA lever)."""
+    GPU benchmark's lever), uncompiled and traced whole by dynamo (its graphs run eagerly): greedy output is HF's
+    (inductor's CPU flex template takes no mask computed in the graph: a CUDA lever)."""
+    from torch._dynamo.backends.registry import list_backends, register_backend
+
     import treespec
     from treespec.core import captured
     from treespec.models.tiny import greedy_reference, perturbed_copy
@@ -193,13 +206,20 @@ def test_captured_step_with_flex_tree_attention_is_exact(monkeypatch, backend, w
         made.append(tuple(allowed.shape))
         return original(allowed)
 
-    monkeypatch.setattr(attention, "block_mask", spy)
+    if backend == "traced":
+        if "treespec_flex_queries" not in list_backends(exclude_tags=()):
+            register_backend(_recording_backend, name="treespec_flex_queries")
+        backend = "treespec_flex_queries"
+        FLEX_QUERIES.clear()
+    else:
+        monkeypatch.setattr(attention, "block_mask", spy)
     captured.RUNNERS.clear()
     prompt = list(range(3, 13))  # prefilled eagerly (dynamo traces the level and the verification alone)
     out = treespec.generate(target, prompt, [treespec.ModelDrafter(draft, [(0,), (1,), (0, 0), (0, 1)], "topk")],
                             max_new_tokens=16, compile=backend)
     captured.RUNNERS.clear()
     assert out.stats.step == "captured" and out.new_tokens == greedy_reference(target, prompt, 16)
-    assert made  # the tree forwards made block masks (traced once each when compiled)
+    made = made or FLEX_QUERIES
+    assert made  # the tree forwards attended over block masks (traced: FlexAttention calls in the graphs)
     rows = {shape[2] for shape in made}  # a level forwards its rows, the verification the tree's 5 nodes
     assert (5 in rows) == (which == "flex")
