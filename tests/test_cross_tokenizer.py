@@ -295,8 +295,7 @@ def test_smollm2_greedy_equals_hf_with_ngram_and_bf16_self_draft():
     """A Llama-family target: SmolLM2-135M (fp32), drafted by n-grams and by itself in bfloat16."""
     import copy
 
-    from treespec.models import loading as models
-    from treespec.models import packaged
+    from treespec import models
     from treespec.drafters.model import ModelDrafter
 
     target, tok = models.load(models.SMOLLM2)
@@ -314,7 +313,7 @@ def test_smollm2_greedy_equals_hf_with_ngram_and_bf16_self_draft():
 @pytest.mark.slow
 def test_qwen_target_with_smollm2_cross_tokenizer_draft():
     """Qwen2.5-Coder-1.5B drafted by SmolLM2-135M (another tokenizer): greedy output as HF's."""
-    from treespec.models import loading as models
+    from treespec import models
     from treespec.models import packaged
 
     spec = packaged.REGISTRY[models.DEFAULT_TARGET]
