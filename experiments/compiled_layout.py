@@ -13,6 +13,7 @@ why a frozen graph keeps stock layers (``treespec.core.compiling.compile_graph``
 
 from __future__ import annotations
 
+import argparse
 import time
 
 import torch
@@ -23,6 +24,7 @@ from treespec.models.timing import measure_latency
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()  # no options: --help says what it does
     torch.set_num_threads(2)
     torch._inductor.config.freezing = True
     target, _ = load(DEFAULT_TARGET, dtype="bfloat16", role="target")

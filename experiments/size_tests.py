@@ -14,6 +14,7 @@ prompts. One thread; minutes in all.
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 from pathlib import Path
@@ -82,5 +83,8 @@ def tau() -> None:
 
 
 if __name__ == "__main__":
+    SIZINGS = {"quantised": quantised, "cross": cross, "tau": tau}
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("sizing", choices=SIZINGS, help="which test's sizing to run (the module doc)")
     torch.set_num_threads(1)
-    {"quantised": quantised, "cross": cross, "tau": tau}[sys.argv[1]]()
+    SIZINGS[ap.parse_args().sizing]()
