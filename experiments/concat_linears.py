@@ -11,6 +11,7 @@ treespec's own rewrite (``fused_qkv``; on an H200: ``experiments/results/gpu-h20
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import sys
 from pathlib import Path
@@ -25,6 +26,7 @@ from treespec.core import fused_qkv  # noqa: E402
 def main() -> None:
     """A Qwen2 layer of the draft's sizes (grouped-query attention), frozen, without and with the rewrite: the
     products in inductor's code, and the logits against eager's."""
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()  # no options: --help says what it does
     from torch._inductor.utils import run_and_get_code
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
