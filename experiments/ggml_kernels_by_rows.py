@@ -26,7 +26,7 @@ ggml comes from the llama.cpp that ``llama-cpp-python``'s source package on PyPI
     python experiments/ggml_kernels_by_rows.py --ggml-lib /tmp/ggml-build/bin [--model qwen2.5-coder-0.5b-instruct]
 
 torch runs one thread while ggml's arms run: torch's OpenMP workers spin after every torch op and took the cores
-from ggml's two threads (the target's set at 4 rows: 184 ms with torch at 2 threads, 78 ms at 1; a one-off check).
+from ggml's two threads (seen while writing this script; not timed here).
 
 Run at 09bb04d on the Zen 4 host (family 25 model 17), alone (1 min 22 s; ``experiments/results/ggml-kernels-cpu``):
 the target's set, ms at 1 / 2 / 4 / 8 rows, two rounds: ggml 48.6-52.6 / 98-104 / 127-153 / 290-312, **ggml

@@ -143,7 +143,8 @@ def load(name_or_path: str | os.PathLike = DEFAULT_TARGET, device: str | torch.d
     model = (model if device_map is not None else model.to(device)).eval()
     model.requires_grad_(False)
     # a target's int4 keeps its file's own blocks (the model the file holds); a draft's is the converted one (its
-    # other types on the int4 kernel too: a forward about half as long as with them on the int8 kernel)
+    # other types on the int4 kernel too: the built-in draft's Linear layers at one row 19.7-21.8 ms against 40.1-54.9
+    # with them on the int8 kernel, experiments/results/ggml-kernels-cpu)
     blocks = _file_blocks(model, spec, gguf_file, cache_dir) if precision == "int4" and role == "target" else None
     model, record = _in_precision(model, precision, role, name, blocks, spec, cache_dir, traceable)
     record["linear_layout"] = _with_layout(model, linear_layout, role, name, spec, cache_dir, device_map)
