@@ -38,6 +38,15 @@ def test_help(command, capsys):
     assert "usage: treespec " + command in capsys.readouterr().out
 
 
+def test_version_names_the_installed_versions(capsys):
+    import torch
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("treespec 0.") and f"torch {torch.__version__}" in out
+
+
 @pytest.mark.slow
 def test_real_pair_greedy_equals_target_alone(capsys):
     """`treespec generate --compare` on HumanEval/100 with the default pair: identical greedy output."""

@@ -99,12 +99,26 @@ def build_parser() -> argparse.ArgumentParser:
         prog="treespec", description="Exact tree-based speculative decoding for HuggingFace causal LMs.")
     parser.add_argument("--debug", action="store_true",
                         help="show the full traceback of an error (also: environment TREESPEC_DEBUG=1)")
+    parser.add_argument("--version", action="version", version=_version(),
+                        help="print treespec's version, and torch's and transformers', and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in (_generate, _demo, _accept, _profile):
         add(sub)
     sub.add_parser("sweep", help="run a tree-budget sweep from a TOML config (see `treespec sweep --help`)",
                    add_help=False)
     return parser
+
+
+def _version() -> str:
+    """``treespec X (torch Y, transformers Z)``: the installed distributions, as a bug report wants them."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def of(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "not installed"
+    return f"treespec {of('treespec')} (torch {of('torch')}, transformers {of('transformers')})"
 
 
 def _generate(sub) -> None:
