@@ -9,7 +9,7 @@ and :func:`run` runs it: ``treespec generate``, ``treespec demo``,
 ``treespec sweep``, the scripts under ``experiments/`` and the README's API example all go through
 :func:`run`, so the same recipe gives the same tree, the same cap and the same sampling everywhere.
 
-Rules (also in the README):
+Rules (also in docs/api.md):
 
 * **Drafting mode** (:func:`draft_mode`): ``dynamic`` trees draft point masses (``"dynamic"``);
   otherwise an explicit mode wins; else ``topk`` at temperature 0 and
