@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--treespec", nargs="+", choices=TREESPEC, default=list(TREESPEC),
                     help="treespec's methods to run (one added to a finished --out runs after the others)")
     args = ap.parse_args(argv)
-    bins = llamacpp.find_binaries(args.llamacpp_bin)
+    llamacpp.find_binaries(args.llamacpp_bin)  # says how to build the tools when they are missing
     args.out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(args.threads)
     if any(name.endswith("-captured") for name in args.treespec):

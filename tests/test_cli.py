@@ -154,7 +154,8 @@ def tiny_dirs(tmp_path_factory):
 def _files(tmp: Path) -> dict[str, str]:
     """Bad input files for the pass."""
     files = {"prompts.txt": "w1 w2 w3\n", "blank.txt": "\n\n", "bad.jsonl": '{"prompt": "w1"}\n{"text": 3}\n',
-             "notstr.jsonl": '{"prompt": 5}\n', "acc-empty.json": '{"vector": []}', "acc-text.json": '{"vector": ["a"]}',
+             "notstr.jsonl": '{"prompt": 5}\n', "acc-empty.json": '{"vector": []}',
+             "acc-text.json": '{"vector": ["a"]}',
              "acc-neg.json": '{"vector": [0.5, -0.2]}', "acc-big.json": '{"vector": [0.9, 0.8, 0.7]}',
              "acc-list.json": "[0.5]", "a-file": "x", "bad.toml": "[grid\n", "typo.toml": "[grid]\nbudget = [4]\n",
              "float.toml": "[grid]\nseeds = [1.5]\n", "evil.toml": 'name = "../../escape"\n',

@@ -74,7 +74,6 @@ def test_no_drafting_when_nothing_beyond_the_bonus_is_wanted(target):
 
 def test_a_drafter_skipped_for_a_step_catches_up():
     """ModelDrafter's cache stays right when it did not see a step (reused across generate calls)."""
-    target = tiny_model("llama", vocab=64, hidden=64, scale=6)
     draft = tiny_model("llama", vocab=64, hidden=64, scale=6, seed=3)
     drafter = treespec.ModelDrafter(draft, CHAIN)
     drafter.reset([1, 2, 3], sampling=treespec.SamplingParams(1.0), seed=0)

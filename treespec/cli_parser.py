@@ -65,7 +65,8 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     from .models.loading import DEFAULT_DRAFT, DEFAULT_TARGET
 
     p.add_argument("--target", default=DEFAULT_TARGET, metavar="M",
-                   help=f"target model: HF id, local dir, local .gguf file, or a built-in name (default: {DEFAULT_TARGET})")
+                   help="target model: HF id, local dir, local .gguf file, or a built-in name "
+                        f"(default: {DEFAULT_TARGET})")
     p.add_argument("--draft", action="append", metavar="M",
                    help=f"draft model (repeatable; default: {DEFAULT_DRAFT} unless --ngram alone is asked)")
     p.add_argument("--device", type=_device, default="cuda" if torch.cuda.is_available() else "cpu",
@@ -127,8 +128,10 @@ def _generate(sub) -> None:
                                    "tau, tokens/s and the accepted-length histogram.")
     src = g.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", metavar="TEXT", help="the prompt text")
-    src.add_argument("--prompt-file", type=Path, metavar="F", help="a text file: one prompt per line (\\n inside a line is a newline)")
-    src.add_argument("--prompts-jsonl", type=Path, metavar="F", help="a JSONL file: one object with a 'prompt' per line")
+    src.add_argument("--prompt-file", type=Path, metavar="F",
+                     help="a text file: one prompt per line (\\n inside a line is a newline)")
+    src.add_argument("--prompts-jsonl", type=Path, metavar="F",
+                     help="a JSONL file: one object with a 'prompt' per line")
     add_model_options(g)
     g.add_argument("--ngram", action="store_true",
                    help="add the n-gram drafter over the running context; beside a draft model it reserves up to "

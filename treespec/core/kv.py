@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Sequence
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
-from .attention import cache_argument, tree_forward
+from .attention import tree_forward
 
 if TYPE_CHECKING:
     from .drafting import Forward
