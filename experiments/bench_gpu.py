@@ -684,6 +684,11 @@ LEVERS = {
                           "cuDNN's call and the memset before it", sdpa="math"),
     "default+max-autotune": Lever("treespec's CUDA defaults and max-autotune (Triton GEMM templates: no split-K "
                                   "reduction)", mode="max-autotune"),
+    # the attention levers with max-autotune: a second device call times the pair whose attention won the first
+    "default+math+max-autotune": Lever("SDPA's math path in every tree forward and max-autotune", sdpa="math",
+                                       mode="max-autotune"),
+    "default+flex-levels+max-autotune": Lever("FlexAttention in the draft levels and max-autotune",
+                                              attention="flex-levels", mode="max-autotune"),
 }
 
 
