@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -12,7 +13,7 @@ from treespec.calibrate.compile_choice import RouteTiming, decide
 from treespec.core.stats import GenerateOutput, Stats
 from treespec.models.tiny import ByteTokenizer, greedy_reference, perturbed_copy, tiny_model
 from treespec.recipes import Recipe, run
-from treespec.calibrate.choices import resolve, resolve_compile
+from treespec.calibrate.choices import compile_batch, resolve, resolve_compile
 from treespec.core.compiling import UNCOMPILED
 
 # compile 100 s, then 80 ms per token against 125 ms eager; prefill 1.0 s compiled, 1.5 s eager
@@ -161,3 +162,30 @@ def test_a_compiled_run_prints_the_compiled_steps_prediction(pair, tmp_path) -> 
     assert asked.recipe.compile == UNCOMPILED and asked.tuned.choice.shape == tuned.choice.shape
     assert asked.tuned.choice.step_seconds == pytest.approx(timing.step_compiled)
     assert "per compiled step" in asked.why and "(as asked; measured here: compile" in asked.why
+
+
+def test_off_a_cpu_a_compiled_tuned_run_drops_its_confidence_stop(pair, tmp_path) -> None:
+    """The captured step reads the draft's confidence only on a CPU (elsewhere a read is a device sync), so a tuned
+    tree with the stop would draft on the host, level by level uncompiled, while the device's profile costs
+    captured levels. Compiled off a CPU (a meta device stands in for a GPU here) the tuned recipe drops its stop,
+    says so, and predicts the tree with every level drafted; on the CPU the stop stays, and a stop the user set
+    (no tuning) stays anywhere."""
+    from treespec.calibrate.choices import Resolved
+
+    target, draft, tok = pair
+    tuned = replace(_tuned([0.8, 0.1, 0.05]), min_confidence=0.3)
+    resolved = Resolved(Recipe(tree="sequoia", acceptance=[0.8, 0.1, 0.05], **tuned.settings()), tuned.why, tuned)
+    assert resolved.recipe.min_confidence == 0.3
+    kwargs = dict(prompts=1, max_new_tokens=8, cache_file=tmp_path / "c.json", backend=UNCOMPILED)
+    on_cpu = resolve_compile(resolved, target, [draft], tok, asked=True, **kwargs)
+    assert on_cpu.recipe.min_confidence == 0.3 and on_cpu.tuned.min_confidence == 0.3
+    target, draft = target.to("meta"), draft.to("meta")  # (in place)
+    elsewhere = resolve_compile(resolved, target, [draft], tok, asked=True, **kwargs)
+    assert elsewhere.recipe.min_confidence is None and elsewhere.tuned.min_confidence is None
+    assert elsewhere.recipe.budget == resolved.recipe.budget and "no confidence stop on meta" in elsewhere.why
+    eager = resolve_compile(resolved, target, [draft], tok, **kwargs)  # nothing measured: stays eager, with its stop
+    assert eager.recipe.compile is False and eager.recipe.min_confidence == 0.3
+    users = Resolved(resolved.recipe, "as given")
+    assert resolve_compile(users, target, [draft], tok, asked=True, **kwargs).recipe.min_confidence == 0.3
+    batch = compile_batch(resolved, target, UNCOMPILED)  # a batch compiles as asked, nothing measured
+    assert batch.recipe.compile == UNCOMPILED and batch.recipe.min_confidence is None and "no confidence" in batch.why

@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 
 
 from .calibrate import target_precision
-from .calibrate.choices import Resolved, resolve, resolve_compile
+from .calibrate.choices import Resolved, compile_batch, resolve, resolve_compile
 from .calibrate.vectors import acceptance_for_draft, default_acceptance
 from .cli_parser import build_parser
 from .common.files import check_writable
@@ -159,6 +159,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         resolved = resolve_compile(resolved, target, drafts, tok, prompts=len(prompts),
                                    max_new_tokens=args.max_new_tokens, backend=args.compile or True,
                                    asked=args.compile is not None)
+    elif args.compile:
+        resolved = compile_batch(resolved, target, args.compile)
     recipe = resolved.recipe
     print(f"configuration: {resolved.why}", file=sys.stderr if args.json else sys.stdout, flush=True)
     eos = eos_ids(target, tok)

@@ -179,18 +179,20 @@ def resolve_compile(resolved: Resolved, target: torch.nn.Module, drafts: Sequenc
 
     When the run compiles and the measurement holds the tuned tree's compiled steps, the tuning's
     prediction is re-costed by them (:meth:`Tuned.on_compiled_steps`): the seconds per step it
-    prints are the compiled step's, not the eager step's it was chosen with."""
+    prints are the compiled step's, not the eager step's it was chosen with. Off a CPU a compiled tuned run drops
+    its confidence stop, so that the tree runs captured (:func:`compiled_recipe`), and says so."""
     from . import compile_choice
     from ..models import cache_root
 
     recipe = replace(resolved.recipe, compile=False)
-    compiled = replace(recipe, compile=backend)
+    compiled, dropped = compiled_recipe(recipe, backend, resolved.tuned, next(target.parameters()).device)
     if recipe.budget == 1:
         return (Resolved(compiled, f"{resolved.why}; compiled steps (as asked)", resolved.tuned) if asked else
                 Resolved(recipe, f"{resolved.why}; eager steps (plain decoding)", resolved.tuned))
     prompt_ids = _pilot_prompts(tokenizer)
     # v5: the CPU's compiled route freezes its weights (commit f89c7a7); v4's timings ran it unfrozen
-    key = _measurement_key(f"compile-v5|backend={backend}", recipe, target, drafts, prompt_ids)
+    key = _measurement_key(f"compile-v5|backend={backend}" + ("|captured-without-stop" if dropped else ""), recipe,
+                           target, drafts, prompt_ids)
     threshold = compile_choice.MEASURE_FROM_TOKENS if measure_from_tokens is None else measure_from_tokens
     measure_now = None
     if prompts * max_new_tokens >= threshold and not asked:
@@ -205,10 +207,40 @@ def resolve_compile(resolved: Resolved, target: torch.nn.Module, drafts: Sequenc
         why = "compiled steps (as asked" + ("" if timing is None else
                                            f"; {compile_choice.figures(timing, prompts, max_new_tokens)}") + ")"
     tuned = resolved.tuned
-    if not chosen or tuned is None or timing is None or timing.step_compiled <= 0:
+    if not chosen or tuned is None:
         return Resolved(compiled if chosen else recipe, f"{resolved.why}; {why}", tuned)
-    tuned = tuned.on_compiled_steps(timing.step_compiled)
+    if dropped:  # the prediction replays the tree as it now runs, every level drafted
+        tuned, why = replace(tuned, min_confidence=None), f"{why}; {dropped}"
+    if timing is not None and timing.step_compiled > 0:
+        tuned = tuned.on_compiled_steps(timing.step_compiled)
     return Resolved(compiled, f"{tuned.why}; {why}", tuned)
+
+
+def compile_batch(resolved: Resolved, target: torch.nn.Module, backend: bool | str) -> Resolved:
+    """``resolved`` compiled with ``backend`` for a batch of prompts, which compiles only when asked (nothing is
+    measured: its captured step, ``treespec.core.captured.BatchCapturedStep``); off a CPU a tuned recipe drops its
+    confidence stop, as in :func:`resolve_compile`."""
+    compiled, dropped = compiled_recipe(resolved.recipe, backend, resolved.tuned, next(target.parameters()).device)
+    if not dropped:
+        return Resolved(compiled, resolved.why, resolved.tuned)
+    tuned = replace(resolved.tuned, min_confidence=None)
+    return Resolved(compiled, f"{tuned.why}; {dropped}", tuned)
+
+
+def compiled_recipe(recipe: Recipe, backend: bool | str, tuned: Tuned | None,
+                    device: torch.device) -> tuple[Recipe, str]:
+    """``recipe`` compiled with ``backend``, and why it changed beyond that ("" when it did not). A tuned recipe's
+    confidence stop is dropped off a CPU: the captured step reads the draft's confidence only where reading a
+    number costs no device sync, so elsewhere a step with the stop drafts on the host, level by level uncompiled
+    (on an H200 a level 14.8 ms eager against 2.3 ms captured), while the tuner's profile there costs the captured
+    step's compiled forwards; without the stop the tuned tree runs captured, every level drafted. A stop the user
+    set (no ``tuned``) is kept, and the engine says where the step drafts."""
+    compiled = replace(recipe, compile=backend)
+    if device.type == "cpu" or tuned is None or recipe.min_confidence is None:
+        return compiled, ""
+    return (replace(compiled, min_confidence=None),
+            f"no confidence stop on {device.type}: the captured step drafts every level (a stop would read the "
+            f"draft's confidence from the device after each level, and drafts on the host)")
 
 
 def run(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[DraftModel],
