@@ -45,7 +45,9 @@ def test_draft_mode_rule() -> None:
     ({"budget": 2.0}, "budget"), ({"depth": 0}, "depth"), ({"temperature": -1}, "temperature"),
     ({"top_p": 0}, "top_p"), ({"top_k": -1}, "top_k"), ({"verifier": "vote"}, "unknown verifier"),
     ({"compile": 3}, "compile"), ({"target_dtype": "int8"}, "for drafts only"), ({"kary_width": 0}, "kary_width"),
-    ({"acceptance": [0.9, 0.8]}, "sum"),
+    ({"acceptance": [0.9, 0.8]}, "sum"), ({"tree": "paths"}, "needs paths"),
+    ({"tree": "paths", "paths": []}, "at least"),
+    ({"tree": "paths", "paths": [[0, 0], [0]]}, "comes before"), ({"tree": "chain", "paths": [[0]]}, "tree='paths'"),
 ])
 def test_every_setting_is_checked_where_the_recipe_is_made(kwargs: dict, fragment: str) -> None:
     with pytest.raises(ValueError, match=fragment):
@@ -225,3 +227,47 @@ def test_the_recipe_carries_sampling_verifier_and_compile(engine_calls) -> None:
     treespec.run(Recipe(tree="chain", budget=4, temperature=0.8, top_k=5, verifier="block"), target,
                  [perturbed_copy(target, 0.3)], [1, 2], max_new_tokens=6, seed=0)
     assert engine_calls[calls:] == engine_calls[calls - 1 : calls]
+
+
+STATIC = [[0], [0, 0], [1], [0, 1], [0, 0, 0]]  # a static tree in priority order (Medusa style)
+
+
+def test_cli_sweep_and_python_run_the_same_static_tree(tmp_path: Path, engine_calls, tiny_dirs) -> None:
+    """``tree="paths"``: ``--paths``, the sweep's ``shapes.paths`` and a Recipe draft the same static tree, cut to
+    the budget (its first B - 1 paths), and greedy output is the target's own."""
+    recipe = Recipe(tree="paths", paths=STATIC, budget=5)
+    assert shape_for(recipe).paths == ((0,), (1,), (0, 0), (0, 1))
+    assert Recipe(tree="paths", paths=STATIC).mode == "topk"
+    assert Recipe(tree="paths", paths=STATIC, temperature=1).mode == "sample_without_replacement"
+    target = tiny_model("llama", vocab=64, scale=4)
+    out = run(recipe, target, [perturbed_copy(target, 0.3)], [1, 2, 3], max_new_tokens=16, seed=1)
+    assert out.new_tokens == treespec.models.tiny.greedy_reference(target, [1, 2, 3], 16)
+    python = _at(engine_calls, 16)
+    engine_calls.clear()
+
+    tree = tmp_path / "tree.json"
+    tree.write_text(json.dumps(STATIC))
+    assert main(["generate", "--target", tiny_dirs["target"], "--draft", tiny_dirs["draft"], "--dtype", "float32",
+                 "--draft-dtype", "float32", "--prompt", "w1 w2", "--max-new-tokens", "16", "--tree", "paths",
+                 "--paths", str(tree), "--budget", "5", "--seed", "1", "--no-compile"]) == 0
+    cli = _at(engine_calls, 16)
+    engine_calls.clear()
+
+    cfg = S.load_config(ROOT / "experiments" / "configs" / "tiny.toml")
+    cfg["grid"].update(builders=["paths"], budgets=[5])
+    cfg["shapes"]["paths"] = STATIC
+    cfg["data"].update(eval="100:101", max_new_tokens=16)
+    (tmp_path / "sweep").mkdir()
+    state = S.Sweep(cfg, tmp_path / "sweep", progress=False, measure=None)
+    state.run_point(next(p for p in S.enumerate_points(cfg) if p.kind == "treespec"))
+    sweep = _at(engine_calls, 16)
+
+    assert python == cli == sweep
+    assert python["drafters"][0] == ("model", "topk", ((0,), (1,), (0, 0), (0, 1)), None)
+
+
+def test_a_static_tree_left_to_measurement_keeps_its_own_size() -> None:
+    """Without a budget (and no tokenizer for a pilot) a static tree runs whole: its own size, not DEFAULT_BUDGET."""
+    target = tiny_model("llama", vocab=64, scale=4)
+    resolved = resolve(Recipe(tree="paths", paths=STATIC), target, [perturbed_copy(target, 0.3)])
+    assert resolved.recipe.budget == len(STATIC) + 1 and "budget 6" in resolved.why

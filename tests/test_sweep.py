@@ -121,26 +121,29 @@ def test_report_writes_plots_and_table(full: Path, tmp_path: Path) -> None:
 
 def test_ngram_both_and_the_other_builders(tmp_path: Path) -> None:
     cfg = E.load_config(TINY)
-    cfg["grid"].update(drafters=["ngram", "both"], builders=["kary", "chains", "dynamic"], budgets=[8],
+    cfg["grid"].update(drafters=["ngram", "both"], builders=["kary", "chains", "dynamic", "paths"], budgets=[8],
                        temperatures=[1.0])
+    cfg["shapes"]["paths"] = [[0], [0, 0], [1], [0, 1], [2], [0, 0, 0], [1, 0]]  # a static tree, priority order
     cfg["ngram"]["max_tokens"] = 2
     cfg["data"].update(eval="100:101", max_new_tokens=8)
     cfg["baselines"]["methods"] = ["target"]
     results = E.sweep(cfg, tmp_path, progress=False, make_report=False)
     records = E.read_records(results)
-    assert [r["status"] for r in records] == ["ok"] * 5, [r.get("error") for r in records]
+    assert [r["status"] for r in records] == ["ok"] * 6, [r.get("error") for r in records]
     tres = {(r["params"]["drafters"], r["params"]["builder"]): r for r in records if r["kind"] == "treespec"}
-    assert set(tres) == {("ngram", "ngram"), ("both", "kary"), ("both", "chains"), ("both", "dynamic")}
+    assert set(tres) == {("ngram", "ngram"), ("both", "kary"), ("both", "chains"), ("both", "dynamic"),
+                         ("both", "paths")}
     for (drafters, builder), r in tres.items():
         assert r["result"]["tokens_per_prompt"] == [8]
         # the n-gram reserves 2 of the 8 nodes in "both"; the model's tree is sized for the other 6
         assert r["result"]["cap"] == 8 and r["result"]["mean_tree_size"] <= 8
-        if builder in ("kary", "chains"):
+        if builder in ("kary", "chains", "paths"):
             assert r["result"]["tree"]["size"] <= 6
         assert len(r["result"]["drafters"]) == (1 if drafters == "ngram" else 2)
         assert r["speedup"]["target"] > 0 and "greedy_same_as_target" not in r["checks"]
     assert tres[("both", "kary")]["result"]["tree"]["widths"] == [2, 2]  # nodes per level of kary((2, 1))
     assert tres[("both", "chains")]["result"]["tree"]["widths"] == [4]
+    assert tres[("both", "paths")]["result"]["tree"]["paths"] == [[0], [1], [2], [0, 0], [0, 1]]  # its first 5
     assert tres[("both", "kary")]["params"]["mode"] == "sample_without_replacement"
     assert tres[("both", "chains")]["params"]["mode"] == "sample"  # SpecInfer's independent chains
     assert tres[("both", "dynamic")]["params"]["mode"] == "dynamic"

@@ -402,3 +402,33 @@ def test_greedy_best_first_basic():
     assert greedy_best_first(acc, 4, max_width=1) == chain(3)
     with pytest.raises(ValueError, match="budget must be an int >= 1"):
         greedy_best_first(acc, 0)
+
+
+def test_a_static_tree_in_priority_order_is_cut_to_a_budget_and_a_depth():
+    from tree_builders import for_budget, paths_prefix, priority_paths
+
+    medusa_like = [[0], [0, 0], [1], [0, 1], [2], [0, 0, 0], [1, 0]]  # each path after its parent and elder sibling
+    assert priority_paths(medusa_like) == tuple(tuple(p) for p in medusa_like)
+    assert priority_paths([(), *medusa_like]) == priority_paths(medusa_like)  # the root is optional
+    assert paths_prefix(medusa_like, 4) == from_paths([[0], [0, 0], [1]])  # the first B - 1 paths
+    assert paths_prefix(medusa_like, 100) == from_paths(medusa_like)
+    assert paths_prefix(medusa_like, 100, max_depth=1) == from_paths([[0], [1], [2]])
+    assert paths_prefix(medusa_like, 3, max_depth=1) == from_paths([[0], [1]])  # depth first, then the budget
+    assert paths_prefix(medusa_like, 1).size == 1
+    assert for_budget("paths", 5, paths=medusa_like, max_depth=2) == from_paths([[0], [0, 0], [1], [0, 1]])
+    with pytest.raises(ValueError, match="needs its static tree"):
+        for_budget("paths", 5)
+
+
+@pytest.mark.parametrize("paths, fragment", [
+    ([[0, 0], [0]], r"\(0, 0\) comes before \(0,\)"),  # a child before its parent
+    ([[1], [0]], r"\(1,\) comes before \(0,\)"),  # a sibling before its elder
+    ([[0], [2], [1]], r"\(2,\) comes before \(1,\)"),
+    ([[0], [0]], "appears twice"), ([[1]], "sibling of rank 0 is missing"), ([[0.0]], "non-integer"),
+    ([[0], 3], "sequence of ints"),
+])
+def test_a_static_tree_out_of_order_is_refused_naming_the_path(paths, fragment):
+    from tree_builders import priority_paths
+
+    with pytest.raises(ValueError, match=fragment):
+        priority_paths(paths)

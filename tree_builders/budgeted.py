@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from .args import check_count, check_optional_count
-from .builders import chain, independent_chains, kary
+from .builders import chain, independent_chains, kary, paths_prefix
 from .sequoia import sequoia
 from .shape import Acceptance, TreeShape
 
 #: static builders that ``for_budget`` knows (the dynamic EAGLE-2 tree is a drafter mode, not a shape)
-STATIC_BUILDERS = ("sequoia", "chain", "kary", "chains")
+STATIC_BUILDERS = ("sequoia", "chain", "kary", "chains", "paths")
 
 
 def kary_widths(budget: int, width: int, max_depth: int | None = None) -> tuple[int, ...]:
@@ -32,7 +34,8 @@ def kary_widths(budget: int, width: int, max_depth: int | None = None) -> tuple[
 
 
 def for_budget(builder: str, budget: int, acceptance: Acceptance | None = None, max_depth: int | None = None,
-               *, kary_width: int = 2, chains: int | None = None, max_width: int | None = None) -> TreeShape:
+               *, kary_width: int = 2, chains: int | None = None, max_width: int | None = None,
+               paths: Sequence[Sequence[int]] | None = None) -> TreeShape:
     """The ``builder``'s tree of at most ``budget`` nodes (root included).
 
     * ``sequoia``: the DP optimum for ``acceptance`` (required) under ``max_depth`` and ``max_width``
@@ -41,7 +44,9 @@ def for_budget(builder: str, budget: int, acceptance: Acceptance | None = None, 
     * ``kary``: ``kary(kary_widths(budget, kary_width, max_depth))``;
     * ``chains``: ``k`` independent chains of ``(budget - 1) // k`` tokens (SpecInfer's k x d
       baseline; use it with a sampling drafter mode); ``k = chains``, by default 2 up to budget 16,
-      else 4.
+      else 4;
+    * ``paths``: the static tree ``paths`` (required; Medusa style, in priority order) cut to the budget and depth
+      (``paths_prefix``).
     """
     if not isinstance(builder, str) or builder not in STATIC_BUILDERS:
         raise ValueError(f"unknown tree builder {builder!r}; choose one of {', '.join(STATIC_BUILDERS)} "
@@ -60,5 +65,10 @@ def for_budget(builder: str, budget: int, acceptance: Acceptance | None = None, 
         return chain(cap)
     if builder == "kary":
         return kary(kary_widths(budget, kary_width, max_depth))
+    if builder == "paths":
+        if paths is None:
+            raise ValueError("the paths builder needs its static tree: a list of child-rank paths in priority order, "
+                             "e.g. [[0], [1], [0, 0]]")
+        return paths_prefix(paths, budget, max_depth)
     k = min(chains if chains is not None else (2 if budget <= 16 else 4), budget - 1)
     return independent_chains(k, min((budget - 1) // k, cap))

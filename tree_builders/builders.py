@@ -56,6 +56,35 @@ def from_paths(paths: Iterable[Sequence[int]]) -> TreeShape:
     return TreeShape.from_paths(paths)
 
 
+def priority_paths(paths: Iterable[Sequence[int]]) -> tuple[Path, ...]:
+    """``paths`` checked as a static tree in priority order (Medusa's path lists are: most valuable first), so that
+    every prefix of the list is a tree: each path comes after its parent and after its sibling of the rank below.
+    Returns the paths as tuples of ints, in the list's order; raises ``ValueError`` naming the first path out of
+    order (and, through :class:`TreeShape`, on a list that is no tree at all)."""
+    listed = [p for p in paths if not (hasattr(p, "__len__") and len(p) == 0)]  # the root () is optional
+    TreeShape(listed)  # ancestor-closed, contiguous ranks, whole numbers, no repeats
+    ordered = tuple(tuple(int(r) for r in p) for p in listed)
+    seen: set[Path] = {()}
+    for p in ordered:
+        needed = [p[:-1]] + ([p[:-1] + (p[-1] - 1,)] if p[-1] > 0 else [])
+        missing = [q for q in needed if q not in seen]
+        if missing:
+            raise ValueError(f"path {p} comes before {missing[0]} in the list: a static tree's paths are in priority "
+                             "order, each after its parent and its sibling of the rank below (as Medusa's lists "
+                             "are), so that the first B - 1 paths make the tree of budget B")
+        seen.add(p)
+    return ordered
+
+
+def paths_prefix(paths: Sequence[Sequence[int]], budget: int, max_depth: int | None = None) -> TreeShape:
+    """The static tree ``paths`` (a list in priority order, :func:`priority_paths`) cut to ``budget`` nodes, root
+    included: its first paths no deeper than ``max_depth`` (None: no limit) while they fit."""
+    budget = check_count("budget", budget, 1, "it counts the root")
+    max_depth = check_optional_count("max_depth", max_depth, 0)
+    kept = [p for p in priority_paths(paths) if max_depth is None or len(p) <= max_depth][: budget - 1]
+    return TreeShape(kept)
+
+
 def greedy_best_first(
     acceptance: Acceptance,
     budget: int,

@@ -12,6 +12,7 @@ import json
 import os
 import sys
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 
@@ -45,10 +46,27 @@ def load_models(args: argparse.Namespace, want_draft: bool = True, tuned_target:
                      compile=compile)
 
 
+def read_paths(value: str | None, tree: str) -> list | None:
+    """``--paths``: a JSON list of child-rank paths, or a JSON file holding one (None when not given)."""
+    if value is None:
+        if tree == "paths":
+            raise ValueError("--tree paths needs --paths: its static tree as a JSON list of child-rank paths in "
+                             "priority order, e.g. --paths '[[0], [1], [0, 0]]', or a JSON file holding one")
+        return None
+    source = Path(value)
+    text = source.read_text() if source.suffix == ".json" or source.is_file() else value
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"--paths must be a JSON list of child-rank paths (e.g. '[[0], [1], [0, 0]]') or a JSON file "
+                         f"holding one; {value!r} is not JSON: {error}") from None
+
+
 def recipe_from_args(args: argparse.Namespace, with_model: bool = True) -> Recipe:
     """The recipe ``treespec generate`` runs for its options (``--budget`` absent: None, resolved later)."""
     sequoia = args.tree == "sequoia" and with_model
     return Recipe(tree=args.tree, budget=args.budget, depth=args.depth, temperature=args.temperature,
+                  paths=read_paths(getattr(args, "paths", None), args.tree),
                   top_k=args.top_k, top_p=args.top_p, draft_mode=args.draft_mode,
                   ngram=NGramSettings() if args.ngram else None,
                   acceptance=default_acceptance(args.acceptance, args.temperature,

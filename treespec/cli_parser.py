@@ -137,6 +137,10 @@ def _generate(sub) -> None:
                    help="add the n-gram drafter over the running context; beside a draft model it reserves up to "
                         "4 of the budget's nodes, the tree gets the rest")
     g.add_argument("--tree", choices=TREES, default="sequoia", help="tree builder (default: sequoia)")
+    g.add_argument("--paths", default=None, metavar="JSON",
+                   help="the static tree of --tree paths: child-rank paths in priority order (Medusa style: each "
+                        "after its parent and its sibling of the rank below), as JSON, e.g. '[[0], [1], [0, 0]]', "
+                        "or a JSON file holding that list; --budget B keeps its first B - 1 paths (default: all)")
     g.add_argument("--budget", type=_budget, default=None, metavar="B",
                    help="tokens per verification pass, root included. Default: for a Sequoia tree with one "
                         "draft model, the budget, depth and width measured fastest on this machine (profile "

@@ -20,7 +20,7 @@ from ..models.precision import kernel_tags, precision_of
 from ..core.batch import BatchOutput
 from ..core.checks import is_batch
 from ..core.stats import GenerateOutput
-from ..recipes import DEFAULT_BUDGET, DraftModel, Recipe, build_drafters, plan_depth
+from ..recipes import DraftModel, Recipe, build_drafters, default_budget, plan_depth
 from ..recipes import run as run_resolved
 from .tuning import Tuned, calibrate, tune
 
@@ -103,10 +103,10 @@ def _pilot_choice(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[Draf
     predicted fastest on this machine, or plain decoding (budget 1) when no depth is predicted to pay."""
     from . import pilot
 
-    base = replace(recipe, budget=DEFAULT_BUDGET)
+    base = replace(recipe, budget=default_budget(recipe))
     drafters = build_drafters(base, drafts)
     if not drafters:
-        return Resolved(base, f"{models}; {recipe.tree} tree, budget {DEFAULT_BUDGET} (no drafter to measure)")
+        return Resolved(base, f"{models}; {recipe.tree} tree, budget {base.budget} (no drafter to measure)")
     depth = plan_depth(base, bool(drafts))
     measured = _measured(base, target, drafts, tokenizer, cache_file, chain=_single_chain(base, drafters))
     # a depth cap d is only a candidate when the recipe's drafters then really draft d deep
@@ -128,7 +128,8 @@ def resolve(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[DraftModel
     tree chosen again); otherwise, given the ``tokenizer``, the depth a short pilot predicts fastest
     for ``max_new_tokens`` new tokens, or plain decoding when speculation is not predicted to pay
     (``treespec.calibrate.pilot``; pilots cached in ``pilot_cache``, default
-    ``<treespec cache>/pilots.json``); without a tokenizer, :data:`DEFAULT_BUDGET`. ``walk``: the calibration
+    ``<treespec cache>/pilots.json``); without a tokenizer, ``recipes.default_budget`` (:data:`DEFAULT_BUDGET`, or a
+    static tree's own size). ``walk``: the calibration
     walk the acceptance rows came from (``vectors.calibration_walk``): a tuned run's printed prediction then
     replays the chosen tree over it with the run's confidence stop (``Tuned.prediction``). ``batch_size``: the
     prompts each step decodes at once; a tuned tree is sized for that many rows (``Tuned.for_batch``: the costs
@@ -143,8 +144,8 @@ def resolve(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[DraftModel
         if tokenizer is not None:
             return _pilot_choice(recipe, target, drafts, models, tokenizer, max_new_tokens,
                                  pilot_cache if pilot_cache is not None else cache_root() / "pilots.json")
-        return Resolved(replace(recipe, budget=DEFAULT_BUDGET),
-                        f"{models}; {recipe.tree} tree, budget {DEFAULT_BUDGET} (the default: tuning needs a "
+        return Resolved(replace(recipe, budget=default_budget(recipe)),
+                        f"{models}; {recipe.tree} tree, budget {default_budget(recipe)} (the default: tuning needs a "
                         "Sequoia tree with one draft model of the target's tokenizer and no n-gram; with the "
                         "target's tokenizer a pilot measures whether it pays)")
     if cache_file is None:

@@ -20,7 +20,7 @@ Rules (also in docs/api.md):
   ``B = 1`` is plain decoding: no drafter is built. ``budget=None`` lets :func:`resolve` choose:
   the measured-fastest Sequoia tree (``treespec.calibrate.tuning``) for a Sequoia recipe with one
   draft model of the target's tokenizer, no n-gram and an acceptance vector; otherwise
-  :data:`DEFAULT_BUDGET`.
+  :data:`DEFAULT_BUDGET` (a static tree's own size for ``tree="paths"``: :func:`default_budget`).
 * **The n-gram drafter shares the budget**: beside a draft model it reserves
   ``r = min(ngram.max_tokens, B - 2)`` nodes (so at least one node is left for the model's tree;
   at ``B = 2`` it gets none and is left out); the model's tree (or the dynamic tree's ``nodes=``)
@@ -32,7 +32,8 @@ Rules (also in docs/api.md):
   depth + 1 tokens; deeper nodes could never be kept). The dynamic tree's depth is
   ``min(dynamic_depth, depth cap, model budget - 1)``.
 * **Shapes** come from ``tree_builders.for_budget`` (``sequoia`` needs the acceptance vector or
-  per-depth matrix); the dynamic tree is a drafter mode, not a shape.
+  per-depth matrix; ``paths`` its static tree, of which a budget ``B`` keeps the first ``B - 1`` paths that fit
+  the depth cap); the dynamic tree is a drafter mode, not a shape.
 
 Precision: ``target_dtype`` / ``draft_dtype`` are names for ``treespec.models.load``
 (``treespec.models.precision.CHOICES``: ``auto``, ``float32``, ``bfloat16``, ``float16``, and
@@ -51,10 +52,10 @@ from ..core.buffers import Envelope
 from ..core.engine import generate
 from ..core.stats import GenerateOutput
 from .plan import DraftPlan, build_drafters, ngram_reserve, plan, plan_depth, shape_for
-from .settings import DEFAULT_BUDGET, TREES, DraftModel, NGramSettings, Recipe, draft_mode
+from .settings import DEFAULT_BUDGET, TREES, DraftModel, NGramSettings, Recipe, default_budget, draft_mode
 
 __all__ = ["DEFAULT_BUDGET", "TREES", "DraftModel", "DraftPlan", "NGramSettings", "Recipe", "build_drafters",
-           "draft_mode", "ngram_reserve", "plan", "plan_depth", "run", "shape_for"]
+           "default_budget", "draft_mode", "ngram_reserve", "plan", "plan_depth", "run", "shape_for"]
 
 
 def run(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[DraftModel],

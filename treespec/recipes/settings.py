@@ -62,6 +62,27 @@ def _frozen(acceptance: Any) -> Any:
     return tuple(tuple(r) if isinstance(r, list) else r for r in rows)
 
 
+def _static_tree(tree: str, paths: Any) -> tuple[tuple[int, ...], ...] | None:
+    """``paths`` as the checked static tree of ``tree="paths"`` (tuples, in the list's priority order)."""
+    if tree != "paths":
+        if paths is not None:
+            raise ValueError(f"paths gives the static tree of tree='paths'; the {tree!r} tree builds its own shape")
+        return None
+    if paths is None or isinstance(paths, (str, bytes)) or not hasattr(paths, "__iter__"):
+        raise ValueError("tree='paths' needs paths: its static tree as child-rank paths in priority order, e.g. "
+                         f"paths=[[0], [1], [0, 0]], got {paths!r}")
+    ordered = tree_builders.priority_paths(paths)
+    if not ordered:
+        raise ValueError("tree='paths' needs at least one path, e.g. paths=[[0]]")
+    return ordered
+
+
+def default_budget(recipe: "Recipe") -> int:
+    """The budget of a recipe that leaves it to tuning where tuning does not apply: a static tree's own size
+    (root included), else :data:`DEFAULT_BUDGET`."""
+    return len(recipe.paths) + 1 if recipe.paths is not None else DEFAULT_BUDGET
+
+
 def _optional_count(name: str, value: Any, minimum: int, hint: str) -> int | None:
     return None if value is None else checks.check_int(name, value, minimum, hint)
 
@@ -75,8 +96,10 @@ class Recipe:
     distribution (HF conventions); ``draft_mode``: None for the rule of :func:`draft_mode`;
     ``ngram``: the n-gram drafter's options, None for off; ``acceptance``: vector or per-depth
     matrix (``sequoia`` needs one); ``kary_width``, ``chains``: options of those builders;
-    ``dynamic_depth``, ``dynamic_topk``: of the dynamic tree; ``max_width``: children per node of
-    the sequoia tree (None: no limit); ``min_confidence``: the model drafter's confidence stop
+    ``dynamic_depth``, ``dynamic_topk``: of the dynamic tree; ``paths``: the static tree of ``tree="paths"``
+    (child-rank paths in priority order, Medusa style: ``tree_builders.priority_paths``; a budget keeps its first
+    ``B - 1``); ``max_width``: children per node of the sequoia tree (None: no limit); ``min_confidence``: the
+    model drafter's confidence stop
     (``ModelDrafter``); ``target_dtype``/``draft_dtype``: precision names (module docstring);
     ``verifier``: the exact rule for sampled steps (``treespec.core.verifiers.VERIFIERS``);
     ``compile``: False, True or a ``torch.compile`` backend name (``treespec.core.captured`` for one
@@ -96,6 +119,7 @@ class Recipe:
     chains: int | None = None
     dynamic_depth: int = 6
     dynamic_topk: int = 8
+    paths: Any = None
     max_width: int | None = None
     min_confidence: float | None = None
     target_dtype: str | None = None
@@ -127,6 +151,7 @@ class Recipe:
                            ("dynamic_depth", "levels of the dynamic tree"), ("dynamic_topk", "children per node")):
             set_(name, checks.check_int(name, getattr(self, name), 1, hint))
         set_("chains", _optional_count("chains", self.chains, 1, "independent chains; None for the default"))
+        set_("paths", _static_tree(self.tree, self.paths))
         set_("max_width", _optional_count("max_width", self.max_width, 1, "children per node; None for no limit"))
         verifiers.get(self.verifier)
         checks.check_compile(self.compile)

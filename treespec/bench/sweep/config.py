@@ -10,6 +10,8 @@ import re
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+import tree_builders
+
 from ...core.verifiers import VERIFIERS
 from ...drafters.model import STATIC_MODES
 from ...recipes import NGramSettings, Recipe
@@ -17,7 +19,7 @@ from ...models.packaged import DEFAULT_DRAFT, DEFAULT_TARGET
 from ...models.precision import FLOATS, PRECISIONS
 from ..datasets import DATASETS, dataset_prompts, dataset_size, prompt_range
 
-BUILDERS = ("sequoia", "kary", "chains", "chain", "dynamic")
+BUILDERS = ("sequoia", "kary", "chains", "chain", "dynamic", "paths")
 DRAFTER_SETS = ("model", "ngram", "both")
 #: HF generate: eager ("target"), with a static cache + torch.compile ("target_compiled": CUDA graphs on CUDA,
 #: inductor's weight freezing on a CPU: HF's fastest plain decoding; compiled with the backend ``run.compile`` names,
@@ -53,8 +55,9 @@ DEFAULTS: dict[str, Any] = {
     "acceptance": {"width": 8, "max_new_tokens": "eval", "max_depth": 8, "use": "matrix"},
     # the sweep's own choices: 4 independent chains at every budget (the recipe's default is 2 up to budget
     # 16), and 6 n-gram tokens (the recipe's 4); the rest are the recipe's defaults
+    # shapes.paths: the static tree of builder "paths" (child-rank paths in priority order; [] when none is swept)
     "shapes": {"kary_width": _RECIPE.kary_width, "chains": 4, "dynamic_depth": _RECIPE.dynamic_depth,
-               "dynamic_topk": _RECIPE.dynamic_topk},
+               "dynamic_topk": _RECIPE.dynamic_topk, "paths": []},
     "ngram": {"mode": _NGRAM.mode, "max_order": _NGRAM.max_order, "max_tokens": 6, "width": _NGRAM.width,
               "window": _NGRAM.window},
     "baselines": {"methods": ["target", "assisted", "prompt_lookup"], "prompt_lookup_num_tokens": 10,
@@ -125,6 +128,9 @@ def load_config(config: str | os.PathLike | dict[str, Any]) -> dict[str, Any]:
     cfg["data"]["datasets"] = _as_list(cfg["data"]["datasets"])
     cfg["baselines"]["methods"] = _as_list(cfg["baselines"]["methods"])
     g["max_depths"] = [None if isinstance(d, str) else d for d in g["max_depths"]]  # "none" (checked above)
+    check("paths" not in g["builders"] or bool(cfg["shapes"]["paths"]),
+          "grid.builders has \"paths\": give its static tree as shapes.paths, child-rank paths in priority order, "
+          "e.g. [shapes] paths = [[0], [1], [0, 0]]")
     for name in cfg["data"]["datasets"]:
         calib, evals = split_ranges(cfg, name)
         if not set(range(*calib)).isdisjoint(range(*evals)):
@@ -280,6 +286,16 @@ def _list(item: Checker, allow_empty: bool = False) -> Checker:
     return check_value
 
 
+def _static_tree(where: str, value: Any) -> None:
+    """A static tree (``tree_builders.priority_paths``), or [] for none."""
+    if not isinstance(value, list):
+        _refuse(where, value, "a list of child-rank paths in priority order, e.g. [[0], [1], [0, 0]]")
+    try:
+        tree_builders.priority_paths(value)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"config key {where}: {error}") from None
+
+
 def _table(where: str, value: Any) -> None:
     if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
         _refuse(where, value, "a table of GenerationConfig options (e.g. {num_assistant_tokens = 4})")
@@ -317,7 +333,7 @@ TYPES: dict[str, Checker] = {
     "acceptance.width": _int(1), "acceptance.max_new_tokens": _int_or_eval, "acceptance.max_depth": _int(1),
     "acceptance.use": _choice(("vector", "matrix")),
     "shapes.kary_width": _int(1), "shapes.chains": _int(1), "shapes.dynamic_depth": _int(1),
-    "shapes.dynamic_topk": _int(1),
+    "shapes.dynamic_topk": _int(1), "shapes.paths": _static_tree,
     "ngram.mode": _choice(("ngram", "prompt_lookup")), "ngram.max_order": _int(2), "ngram.max_tokens": _int(1),
     "ngram.width": _int(1), "ngram.window": _int(1),
     "baselines.methods": _list(_choice(BASELINES), allow_empty=True),

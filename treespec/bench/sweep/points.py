@@ -155,6 +155,8 @@ def treespec_params(cfg: dict[str, Any], common: dict[str, Any], draft: str, dra
             params["chains"] = int(s["chains"])
         elif builder == "dynamic":
             params.update(dynamic_depth=int(s["dynamic_depth"]), dynamic_topk=int(s["dynamic_topk"]))
+        elif builder == "paths":
+            params["paths"] = [list(p) for p in s["paths"]]
         elif builder == "sequoia":
             params["acceptance"] = acceptance_params(cfg, common["target"], draft, common["dataset"], params["mode"],
                                                      common["temperature"], common["top_p"])
