@@ -53,8 +53,7 @@ def read_paths(value: str | None, tree: str) -> list | None:
             raise ValueError("--tree paths needs --paths: its static tree as a JSON list of child-rank paths in "
                              "priority order, e.g. --paths '[[0], [1], [0, 0]]', or a JSON file holding one")
         return None
-    source = Path(value)
-    text = source.read_text() if source.suffix == ".json" or source.is_file() else value
+    text = value if value.lstrip().startswith("[") else Path(value).read_text()  # a JSON list, or a file holding one
     try:
         return json.loads(text)
     except json.JSONDecodeError as error:
