@@ -273,6 +273,24 @@ def test_a_compiled_sweep_pays_its_compiles_once_per_envelope(tmp_path: Path, ca
     assert [r["params"]["backend"] for r in records if "backend" in r["params"]] == ["eager"]
     readme = (results.parent / "README.md").read_text()
     assert readme.count("graphs, ") == 1 and "## Compiles" in readme and "1 envelope(s)" in readme
+    assert all(r["result"]["step"] == "captured" for r in tres) and "Not captured" not in readme
+
+
+def test_the_report_names_compiled_points_that_drafted_on_the_host() -> None:
+    """A record keeps the route its steps took (``result.step``); the compile section names the compiled points
+    that were not captured and why, so a GPU sweep's dynamic trees are not read as captured ones."""
+    from treespec.bench.sweep.markdown import _compile_section
+
+    def record(builder: str, step: str, graphs: int) -> dict:
+        return {"params": {"builder": builder, "budget": 8, "drafters": "model", "dataset": "humaneval",
+                           "temperature": 0.0},
+                "result": {"step": step, "compile": {"graphs": graphs, "seconds": 1.0, "envelope": "e"}}}
+
+    why = "compiled, drafted on the host: draft mode 'dynamic' drafts on the host"
+    lines = _compile_section([record("chain", "captured", 3), record("dynamic", why, 1), record("kary", "captured", 0)])
+    text = "\n".join(lines)
+    assert "Not captured" in text and f"- 1 points (model/dynamic B=8): {why}" in text and "kary" not in text
+    assert "Not captured" not in "\n".join(_compile_section([record("chain", "captured", 3)]))
 
 
 def test_a_batch_size_axis_runs_batched_points_and_plots_speedup_against_batch_size(tmp_path: Path) -> None:

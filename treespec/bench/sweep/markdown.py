@@ -155,6 +155,17 @@ def _compile_section(tres: list[dict[str, Any]]) -> list[str]:
         lines.append(f"- envelope {c['envelope']}: {c['graphs']} graphs, {c['seconds']:.1f} s (warm-up of "
                      f"{r['params']['builder']} B={r['params']['budget']}, {r['params']['dataset']} "
                      f"T={r['params']['temperature']:g})")
+    host: dict[str, list[str]] = {}  # why a compiled point drafted on the host -> its points (records say "step")
+    for r in compiled:
+        route = r["result"].get("step", "captured")
+        if not route.startswith("captured"):
+            host.setdefault(route, []).append(f"{r['params']['drafters']}/{r['params']['builder']} "
+                                              f"B={r['params']['budget']}")
+    if host:
+        lines += ["", "Not captured: these points drafted on the host, each step's drafting outside the compiled "
+                      "graphs (compare their speed with the captured points' knowing that):", ""]
+        lines += [f"- {len(pts)} points ({', '.join(sorted(set(pts))[:6])}{', ...' if len(set(pts)) > 6 else ''}): "
+                  f"{route}" for route, pts in sorted(host.items())]
     return lines + [""]
 
 

@@ -207,7 +207,7 @@ class Sweep:
                   "uncut_tokens_per_prompt": uncut_tokens, "uncut_steps_per_prompt": uncut_steps,
                   "depth_tried": s.depth_tried, "depth_accepted": s.depth_accepted, "accepted_hist": s.accepted_hist,
                   "mean_tree_size": s.mean_tree_size, "drafters": [asdict(d) for d in s.drafters],
-                  "output_digests": [_digest(out.new_tokens) for out in outs], **info}
+                  "output_digests": [_digest(out.new_tokens) for out in outs], "step": s.step, **info}
         wall = sum(walls)
         timing = {"wall_seconds": wall, "per_prompt_seconds": walls, "tokens_per_second": s.new_tokens / wall if wall else 0.0,
                   "warmup_seconds": self.warmup_seconds, **{k: getattr(s, k) for k in SECTIONS}}
