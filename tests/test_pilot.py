@@ -176,6 +176,33 @@ def test_resolve_calibrates_a_tuned_recipe_with_real_steps(pair, tmp_path) -> No
     assert out.new_tokens == greedy_reference(target, prompt, 10)
 
 
+def test_a_compiled_run_keeps_a_compiled_profile_uncalibrated_by_eager_steps(pair, tmp_path, monkeypatch) -> None:
+    """On CUDA the profile times compiled forwards; the calibration pilot runs eager steps (launch-bound there), so
+    a run that compiles keeps the profile's costs and says they are uncalibrated; an eager run, or a profile of
+    eager forwards (a CPU's), is calibrated as before."""
+    from treespec.calibrate import choices, tuning
+    from treespec.calibrate.costs import Profile
+    from treespec.calibrate.vectors import default_acceptance
+
+    target, draft, tok = pair
+    vector = default_acceptance(None, 0.0)
+    curves = ({1: 0.10, 2: 0.101, 4: 0.103, 8: 0.11, 16: 0.13}, {1: 0.004, 4: 0.005, 16: 0.008})
+    on_gpu = Profile(*curves, {"compiled": True})
+    pilots: list[int] = []
+    real = choices._measured
+    monkeypatch.setattr(choices, "_measured", lambda *a, **k: pilots.append(1) or real(*a, **k))
+    fake = lambda prof: lambda *a, **k: tuning.Tuned(prof.choose(vector, max_depth=8), prof)  # noqa: E731
+    kwargs = dict(tokenizer=tok, max_new_tokens=16, pilot_cache=tmp_path / "pilots.json")
+    recipe = Recipe(tree="sequoia", acceptance=vector)
+    compiled = resolve(recipe, target, [draft], tuner=fake(on_gpu), compiled=True, **kwargs)
+    assert pilots == [] and compiled.tuned.calibration is None
+    assert "costs of compiled forwards timed alone (not calibrated on real steps)" in compiled.why
+    eager = resolve(recipe, target, [draft], tuner=fake(on_gpu), **kwargs)
+    assert pilots == [1] and eager.tuned.calibration is not None and "real steps (drafting" in eager.why
+    on_cpu = resolve(recipe, target, [draft], tuner=fake(Profile(*curves, {})), compiled=True, **kwargs)
+    assert pilots == [1, 1] and on_cpu.tuned.calibration is not None
+
+
 def test_a_tuned_tree_is_sized_for_the_batch_it_runs(pair, monkeypatch) -> None:
     """``resolve(batch_size=B)`` chooses under ``Profile.for_batch(B)`` (a step verifies B trees in one forward),
     and ``treespec.run`` on a list of prompts resolves for that many rows; the batch's rows stay exact."""

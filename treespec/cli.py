@@ -169,7 +169,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
                                           per_depth=not args.positional_acceptance)
         recipe = replace(recipe, acceptance=rows)
     resolved = resolve(recipe, target, drafts, tokenizer=tok, max_new_tokens=args.max_new_tokens, walk=walk,
-                       batch_size=min(args.batch_size, len(prompts)))  # a tuned tree is sized for the batch
+                       batch_size=min(args.batch_size, len(prompts)),  # a tuned tree is sized for the batch
+                       compiled=bool(args.compile))
     # compiled by measurement, or as asked (a cached measurement still costs the why-line); a batch compiles only
     # when asked (its captured step: treespec.core.captured.BatchCapturedStep)
     if args.compile is not False and args.batch_size == 1:

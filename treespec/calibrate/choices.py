@@ -121,7 +121,7 @@ def _pilot_choice(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[Draf
 def resolve(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[DraftModel], *,
             cache_file: Path | None = None, tuner: Callable[..., Tuned] = tune, tokenizer: Any = None,
             max_new_tokens: int = 128, pilot_cache: Path | None = None, walk: Any = None,
-            batch_size: int = 1) -> Resolved:
+            batch_size: int = 1, compiled: bool = False) -> Resolved:
     """``recipe`` with a budget: as given; tuned on this machine (:func:`tunable`; the profile is
     cached in ``cache_file``, default ``<treespec cache>/profiles.json``; given the target's
     ``tokenizer``, the profile is then corrected by a pilot of the tuned tree's real steps and the
@@ -134,7 +134,9 @@ def resolve(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[DraftModel
     replays the chosen tree over it with the run's confidence stop (``Tuned.prediction``). ``batch_size``: the
     prompts each step decodes at once; a tuned tree is sized for that many rows (``Tuned.for_batch``: the costs
     and the pilot's correction are measured on one row, then costed at ``batch_size`` times the tokens); a pilot
-    choice measures one prompt at a time whatever the batch."""
+    choice measures one prompt at a time whatever the batch. ``compiled``: the run compiles its steps (asked); a
+    profile of compiled forwards (on CUDA) is then not corrected by the pilot's eager steps, which run another
+    route (launch-bound there: 5-6x a compiled forward on an H200); the why-line says the costs are uncalibrated."""
     models = _describe_models(target, drafts)
     if recipe.budget is not None:
         return Resolved(recipe, f"{models}; {recipe.tree} tree, budget {recipe.budget} (as given)")
@@ -155,7 +157,9 @@ def resolve(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[DraftModel
                   cache_file=cache_file)
     chosen = replace(recipe, **tuned.settings(), target_dtype=precision_of(target),
                      draft_dtype=precision_of(drafts[0]))
-    if tokenizer is not None and chosen.budget > 1:  # correct the isolated-forward costs by real steps
+    other_route = compiled and bool(tuned.profile.meta.get("compiled"))  # the pilot's eager steps calibrate no
+    # compiled forward
+    if tokenizer is not None and chosen.budget > 1 and not other_route:  # correct the isolated costs by real steps
         measured = _measured(replace(chosen, min_confidence=None), target, drafts, tokenizer,
                              pilot_cache if pilot_cache is not None else cache_root() / "pilots.json",
                              tag="calibration-v2")

@@ -173,6 +173,8 @@ class Tuned:
         fixed = "" if cal is None else (
             f"; costs calibrated on {cal['steps']} real steps (drafting x{cal['draft_factor']:.2f}, target forwards "
             f"x{cal['verify_factor']:.2f} of the isolated ones)")
+        if cal is None and m.get("compiled"):
+            fixed = "; costs of compiled forwards timed alone (not calibrated on real steps)"
         step = ("s per step" if self.compiled_step_seconds is None else
                 "s per compiled step (this tree's compiled steps on the pilot prompts)")
         how = ("" if p.model == "rows" else " (the tree replayed over the calibration walk" +
