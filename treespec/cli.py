@@ -24,7 +24,7 @@ from .common.files import check_writable
 from .core.linear_layout import layout_of
 from .core.stats import GenerateOutput
 from .models.pair import CrossDraft, eos_ids, load_pair
-from .recipes import NGramSettings, Recipe, draft_mode, run
+from .recipes import NGramSettings, Recipe, draft_mode, plan, run
 
 
 def load_models(args: argparse.Namespace, want_draft: bool = True, tuned_target: bool = False):
@@ -189,7 +189,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         ids = encode(tok, text, args.chat)
         out = run(recipe, target, drafts, ids, max_new_tokens=args.max_new_tokens, seed=args.seed,
                   eos_token_id=eos, on_tokens=None if args.json else Streamer(tok))
-        record = _record(text, out, resolved, tok, _layouts(target, drafts))
+        record = _record(text, out, resolved, tok, _layouts(target, drafts), _tree(recipe, drafts, args.max_new_tokens))
         if not args.json:
             _print_stats(out.stats)
         if args.compare and not _compare(args, recipe, target, ids, eos, out, record):
@@ -205,14 +205,23 @@ def _layouts(target: Any, drafts: Sequence[Any]) -> dict[str, Any]:
             "drafts": [layout_of(d.model if isinstance(d, CrossDraft) else d) for d in drafts]}
 
 
-def _record(text: str, out: GenerateOutput, resolved: Resolved, tok: Any, layouts: dict[str, Any]) -> dict[str, Any]:
-    """The JSON record of one prompt's output: its figures, text, configuration, and the prediction beside them."""
+def _tree(recipe: Recipe, drafts: Sequence[Any], max_new_tokens: int) -> list[list[int]] | None:
+    """The static tree the model drafter drafts (its child-rank paths, BFS order), None without one (a dynamic tree,
+    the n-gram drafter alone, plain decoding)."""
+    shape = plan(recipe, with_model=bool(drafts), max_new_tokens=max_new_tokens).shape
+    return None if shape is None else [list(p) for p in shape.paths]
+
+
+def _record(text: str, out: GenerateOutput, resolved: Resolved, tok: Any, layouts: dict[str, Any],
+            tree: list[list[int]] | None) -> dict[str, Any]:
+    """The JSON record of one prompt's output: its figures, text, configuration (``tree``: the static tree
+    drafted), and the prediction beside them."""
     recipe = resolved.recipe
     record = {"prompt": text, **out.stats.record(), "new_tokens": out.new_tokens,
               "text": tok.decode(out.new_tokens, skip_special_tokens=True), "configuration": resolved.why,
               "recipe": {"tree": recipe.tree, "budget": recipe.budget, "depth": recipe.depth,
                          "max_width": recipe.max_width, "verifier": recipe.verifier, "compile": recipe.compile,
-                         "target_dtype": recipe.target_dtype, "draft_dtype": recipe.draft_dtype},
+                         "target_dtype": recipe.target_dtype, "draft_dtype": recipe.draft_dtype, "paths": tree},
               "linear_layout": layouts}
     if resolved.tuned is not None:  # the prediction beside the measurement, for anyone to check
         s = out.stats
@@ -226,14 +235,14 @@ def _generate_batches(args: argparse.Namespace, prompts: list[str], resolved: Re
                       drafts: Sequence[Any], eos: list[int]) -> int:
     """``--batch-size B``: the prompts in batches of B, each decoded at once (``treespec.core.batch``); each row's
     text (or JSON record, with its row, batch size and the batch's tokens/s) once its batch is done."""
-    layouts = _layouts(target, drafts)
+    layouts, tree = _layouts(target, drafts), _tree(resolved.recipe, drafts, args.max_new_tokens)
     for start in range(0, len(prompts), args.batch_size):
         texts = prompts[start : start + args.batch_size]
         out = run(resolved.recipe, target, drafts, [encode(tok, t, args.chat) for t in texts],
                   max_new_tokens=args.max_new_tokens, seed=args.seed, eos_token_id=eos)
         for r, (text, row) in enumerate(zip(texts, out.rows)):
             if args.json:
-                print(json.dumps({**_record(text, row, resolved, tok, layouts), "row": start + r,
+                print(json.dumps({**_record(text, row, resolved, tok, layouts, tree), "row": start + r,
                                   "batch_size": len(texts), "row_seconds": out.row_seconds[r],
                                   "batch": {"forwards": out.forwards, **out.stats.record()}}), flush=True)
             else:

@@ -174,7 +174,8 @@ def _generate(sub) -> None:
                    help="eager steps, without measuring whether compiling pays")
     g.add_argument("--json", action="store_true",
                    help="print one JSON object per prompt (new_tokens, steps, tau, seconds, tokens_per_second, "
-                        "configuration) instead of streaming text")
+                        "configuration, the recipe with the tree drafted as child-rank paths) instead of streaming "
+                        "text")
     g.add_argument("--compare", action="store_true",
                    help="also run the target alone (HF generate) and compare speed and output")
     g.add_argument("--batch-size", type=_count("batch-size"), default=1, metavar="B",
