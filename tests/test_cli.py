@@ -329,6 +329,27 @@ def test_tiny_models_run_end_to_end(tiny_dirs, tmp_path, capsys, monkeypatch):
     assert (tmp_path / "p.json").exists() and "the target's own decoding (HF generate)" in capsys.readouterr().out
 
 
+def test_compare_warms_both_methods_up_before_timing(tiny_dirs, tmp_path, capsys, monkeypatch):
+    """``--compare`` times neither method's first call: one untimed warm-up of each on the longest prompt (a
+    compiled step compiles there, not inside the first timed prompt), then each prompt timed and compared."""
+    from treespec import cli
+
+    monkeypatch.setenv("TREESPEC_CACHE", str(tmp_path / "cache"))
+    calls: list[int] = []
+    real = cli.run
+    monkeypatch.setattr(cli, "run", lambda recipe, target, drafts, ids, **k: calls.append(len(ids)) or real(
+        recipe, target, drafts, ids, **k))
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("w1\nw1 w2 w3 w4\n")
+    models = [a.format(**tiny_dirs) for a in MODELS]
+    assert main(["generate", *models, "--prompt-file", str(prompts), "--tree", "chain", "--budget", "3",
+                 "--max-new-tokens", "4", "--compare", "--compile", "uncompiled"]) == 0
+    out = capsys.readouterr().out
+    assert calls[0] == max(calls) and len(calls) == 3  # the longest prompt's warm-up, then each prompt
+    assert out.index("warm-up (untimed") < out.index("treespec: ") and "(compiling its graphs)" in out
+    assert out.count("speedup: ") == 2 and out.count("greedy outputs identical: yes") == 2
+
+
 def test_interrupt_is_one_line(monkeypatch, capsys):
     """Ctrl-C prints `treespec: interrupted` and exits 130 (the shell's code for SIGINT), no traceback."""
     import treespec.cli as cli

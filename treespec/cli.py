@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -137,6 +138,24 @@ def _print_stats(s) -> None:
     print("accepted drafted tokens per step:\n" + histogram(s.accepted_hist))
 
 
+def _warm_up(args: argparse.Namespace, recipe: Recipe, target, drafts: Sequence[Any], prompts: list[list[int]],
+             eos: list[int]) -> None:
+    """``--compare``'s warm-up, untimed and the same for both methods, as the benchmarks give every method: the
+    longest prompt once through treespec (its whole run: a compiled step compiles its graphs for this tree, depth
+    cap and cache size here, not inside the first timed prompt) and through HF ``generate``."""
+    from .bench.baselines import hf_generate
+
+    longest = max(prompts, key=len)
+    t0 = time.perf_counter()
+    run(recipe, target, drafts, longest, max_new_tokens=args.max_new_tokens, seed=args.seed, eos_token_id=eos)
+    t1 = time.perf_counter()
+    hf_generate(target, longest, args.max_new_tokens, temperature=recipe.temperature, top_p=recipe.top_p,
+                top_k=recipe.top_k, eos_token_id=eos, pad_token_id=(eos or [0])[0], seed=args.seed)
+    print(f"warm-up (untimed, the longest prompt through each method): treespec {t1 - t0:.1f} s"
+          f"{' (compiling its graphs)' if recipe.compile else ''}, HF generate {time.perf_counter() - t1:.1f} s",
+          file=sys.stderr if args.json else sys.stdout, flush=True)
+
+
 def _compare(args: argparse.Namespace, recipe: Recipe, target, ids: list[int], eos: list[int], out,
              record: dict[str, Any]) -> bool:
     """``--compare``: the target alone (HF generate) on the same prompt; False if greedy outputs differ."""
@@ -185,6 +204,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.batch_size > 1:
         return _generate_batches(args, prompts, resolved, target, tok, drafts, eos)
     status = 0
+    if args.compare:
+        _warm_up(args, recipe, target, drafts, [encode(tok, t, args.chat) for t in prompts], eos)
     for text in prompts:
         ids = encode(tok, text, args.chat)
         out = run(recipe, target, drafts, ids, max_new_tokens=args.max_new_tokens, seed=args.seed,

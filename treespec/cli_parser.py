@@ -177,7 +177,8 @@ def _generate(sub) -> None:
                         "configuration, the recipe with the tree drafted as child-rank paths) instead of streaming "
                         "text")
     g.add_argument("--compare", action="store_true",
-                   help="also run the target alone (HF generate) and compare speed and output")
+                   help="also run the target alone (HF generate) and compare speed and output, after one untimed "
+                        "warm-up of each on the longest prompt (a compiled step compiles there)")
     g.add_argument("--batch-size", type=_count("batch-size"), default=1, metavar="B",
                    help="decode the prompts B at a time, each batch in one target forward per step (eager steps, "
                         "or the captured step with --compile; every row exact as if alone; default 1)")
