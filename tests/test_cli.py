@@ -302,6 +302,7 @@ def test_tiny_models_run_end_to_end(tiny_dirs, tmp_path, capsys, monkeypatch):
     record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert 1 <= len(record["new_tokens"]) <= 6 and record["identical"] is True  # w62 is EOS: may stop early
     assert record["recipe"]["paths"] == [[0], [0, 0], [0, 0, 0]]  # the tree drafted: a chain of budget 4
+    assert record["recipe"]["min_confidence"] is None  # no confidence stop: every level drafted
     assert main(["accept", *models, "--calib", "0:2", "--width", "2", "--max-new-tokens", "4", "--max-depth", "2",
                  "--out", str(tmp_path / "acc" / "acc.json")]) == 0
     assert len(json.loads((tmp_path / "acc" / "acc.json").read_text())["vector"]) == 2

@@ -242,7 +242,8 @@ def _record(text: str, out: GenerateOutput, resolved: Resolved, tok: Any, layout
               "text": tok.decode(out.new_tokens, skip_special_tokens=True), "configuration": resolved.why,
               "recipe": {"tree": recipe.tree, "budget": recipe.budget, "depth": recipe.depth,
                          "max_width": recipe.max_width, "verifier": recipe.verifier, "compile": recipe.compile,
-                         "target_dtype": recipe.target_dtype, "draft_dtype": recipe.draft_dtype, "paths": tree},
+                         "target_dtype": recipe.target_dtype, "draft_dtype": recipe.draft_dtype, "paths": tree,
+                         "min_confidence": recipe.min_confidence},
               "linear_layout": layouts}
     if resolved.tuned is not None:  # the prediction beside the measurement, for anyone to check
         s = out.stats
