@@ -150,6 +150,31 @@ def test_ngram_both_and_the_other_builders(tmp_path: Path) -> None:
     assert not list(tmp_path.glob("acceptance-*.json"))  # nothing here needs an acceptance vector
 
 
+def test_named_static_trees_are_points_of_their_own(tmp_path: Path) -> None:
+    """``[shapes.paths]`` as a table of named static trees: builder "paths" runs each tree at each budget (cut to its
+    first B - 1 paths), and the report names each (``paths:<name>``) in its tables, lines and pictures, never
+    pooling two trees; a single unnamed tree's points hold no name (their keys as before)."""
+    cfg = E.load_config(TINY)
+    cfg["grid"].update(builders=["paths"], budgets=[4, 8])
+    cfg["shapes"]["paths"] = {"wide": [[0], [1], [2], [0, 0], [1, 0]], "deep": [[0], [0, 0], [0, 0, 0], [1]]}
+    cfg["data"].update(eval="100:101", max_new_tokens=8)
+    cfg["baselines"]["methods"] = ["target"]
+    results = E.sweep(cfg, tmp_path, progress=False)
+    tres = {(r["params"]["paths_name"], r["params"]["budget"]): r["result"]["tree"]["paths"]
+            for r in E.read_records(results) if r["kind"] == "treespec"}
+    assert tres == {("wide", 4): [[0], [1], [2]], ("wide", 8): [[0], [1], [2], [0, 0], [1, 0]],
+                    ("deep", 4): [[0], [0, 0], [0, 0, 0]], ("deep", 8): [[0], [1], [0, 0], [0, 0, 0]]}
+    readme = (results.parent / "README.md").read_text()
+    assert readme.count("| model | paths:wide |") == 2 and readme.count("| model | paths:deep |") == 2
+    assert {p.name for p in (tmp_path / "trees").glob("paths-*.png")} == {
+        "paths-wide-B4-dnone.png", "paths-wide-B8-dnone.png", "paths-deep-B4-dnone.png", "paths-deep-B8-dnone.png"}
+    single = E.load_config(TINY)
+    single["grid"].update(builders=["paths"])
+    single["shapes"]["paths"] = [[0], [1]]
+    (point,) = [p for p in E.enumerate_points(single) if p.kind == "treespec" and p.params["budget"] == 8]
+    assert point.params["paths"] == [[0], [1]] and "paths_name" not in point.params and "model/paths B=8" in point.label
+
+
 def test_shape_rules() -> None:
     assert [tree_builders.kary_widths(b, 2) for b in (2, 4, 6, 8, 16, 32)] == [
         (1,), (2,), (2, 1), (2, 2), (2, 2, 2), (2, 2, 2, 2)]

@@ -128,7 +128,7 @@ def load_config(config: str | os.PathLike | dict[str, Any]) -> dict[str, Any]:
     cfg["data"]["datasets"] = _as_list(cfg["data"]["datasets"])
     cfg["baselines"]["methods"] = _as_list(cfg["baselines"]["methods"])
     g["max_depths"] = [None if isinstance(d, str) else d for d in g["max_depths"]]  # "none" (checked above)
-    check("paths" not in g["builders"] or bool(cfg["shapes"]["paths"]),
+    check("paths" not in g["builders"] or bool(static_trees(cfg)),
           "grid.builders has \"paths\": give its static tree as shapes.paths, child-rank paths in priority order, "
           "e.g. [shapes] paths = [[0], [1], [0, 0]]")
     for name in cfg["data"]["datasets"]:
@@ -287,13 +287,32 @@ def _list(item: Checker, allow_empty: bool = False) -> Checker:
 
 
 def _static_tree(where: str, value: Any) -> None:
-    """A static tree (``tree_builders.priority_paths``), or [] for none."""
+    """A static tree (``tree_builders.priority_paths``), [] for none, or a table of named ones."""
+    if isinstance(value, dict):
+        for name, tree in value.items():
+            if not re.fullmatch(r"[A-Za-z0-9_.-]{1,40}", name):
+                _refuse(f"{where}.{name}", name, "a tree's name: 1 to 40 letters, digits, '_', '.' or '-' (it names "
+                                                 "the tree in the report and its picture's file)")
+            check(isinstance(tree, list) and bool(tree), f"config key {where}.{name} must be a non-empty list of "
+                                                         "child-rank paths in priority order, e.g. [[0], [1], [0, 0]]")
+            _static_tree(f"{where}.{name}", tree)
+        return
     if not isinstance(value, list):
-        _refuse(where, value, "a list of child-rank paths in priority order, e.g. [[0], [1], [0, 0]]")
+        _refuse(where, value, "a list of child-rank paths in priority order, e.g. [[0], [1], [0, 0]], or a table "
+                              "of named ones ([shapes.paths] mine = [[0], [1]])")
     try:
         tree_builders.priority_paths(value)
     except (TypeError, ValueError) as error:
         raise ValueError(f"config key {where}: {error}") from None
+
+
+def static_trees(cfg: dict[str, Any]) -> list[tuple[str | None, list]]:
+    """The static trees of builder ``"paths"`` (``shapes.paths``): ``(name, paths)``, the name None for a single
+    unnamed tree (so its points' keys hold no name)."""
+    given = cfg["shapes"]["paths"]
+    if isinstance(given, dict):
+        return [(name, tree) for name, tree in given.items()]
+    return [(None, given)] if given else []
 
 
 def _table(where: str, value: Any) -> None:

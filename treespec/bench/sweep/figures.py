@@ -13,7 +13,7 @@ from tree_builders import TreeShape
 
 from ...calibrate.acceptance import MeasuredAcceptance
 from ..intervals import Interval, ratio_of_sums
-from .points import batch_size
+from .points import batch_size, tree_label
 from .records import machine_of
 
 #: what a baseline shares with the treespec points it is compared with (same prompts, same settings)
@@ -213,7 +213,7 @@ def tree_vs_chain(tres: list[dict[str, Any]]) -> list[dict[str, Any]]:
         p = r["params"]
         if p["drafters"] != "model" or p.get("verifier", "rrs") != "rrs":
             continue
-        groups.setdefault(panel(p), {}).setdefault(p["budget"], {}).setdefault(p["builder"], []).append(r)
+        groups.setdefault(panel(p), {}).setdefault(p["budget"], {}).setdefault(tree_label(p), []).append(r)
     rows = []
     for pn in sorted(groups, key=str):
         for budget, by_builder in sorted(groups[pn].items()):

@@ -12,7 +12,7 @@ from .config import CITABLE
 from .figures import (agreement, baseline_of, baseline_speedup, depth_rows, panel, per_depth_prediction,
                       same_greedy_outputs, speed_interval, speedup_interval, step_cost_rows, tau_interval, tree_vs_chain,
                       where_the_gap_is)
-from .points import batch_note, batch_size
+from .points import batch_note, batch_size, tree_label
 from .records import machine_of
 
 
@@ -93,7 +93,7 @@ def _baseline_table(bases: list[dict[str, Any]]) -> list[str]:
 
 def _order(r: dict[str, Any]) -> tuple:
     p = r["params"]
-    return (str(panel(p)), p["seed"], p["drafters"], p["builder"], str(p["max_depth"]), p["budget"])
+    return (str(panel(p)), p["seed"], p["drafters"], tree_label(p), str(p["max_depth"]), p["budget"])
 
 
 def _treespec_table(tres: list[dict[str, Any]], bases: list[dict[str, Any]]) -> list[str]:
@@ -123,7 +123,7 @@ def _treespec_table(tres: list[dict[str, Any]], bases: list[dict[str, Any]]) -> 
 
         lines.append(
             f"| {p['dataset']}{batch_note(batch_size(p))} | {p['temperature']:g} | {p['top_p']:g} | {p['seed']} | {p['drafters']} | "
-            f"{p['builder']} | {p['budget']} | {_fmt(p['max_depth'])} | {res['mean_tree_size']:.1f} | "
+            f"{tree_label(p)} | {p['budget']} | {_fmt(p['max_depth'])} | {res['mean_tree_size']:.1f} | "
             f"{_fmt(tau_interval([r]) or res['tau'])} | {_fmt(tau_interval([r], uncut=True))} | "
             f"{_fmt(res.get('predicted_tau'))} | {_fmt(res.get('replayed_tau'))} | "
             f"{_fmt(speed_interval([r]) or t['tokens_per_second'])} | "
@@ -153,13 +153,13 @@ def _compile_section(tres: list[dict[str, Any]]) -> list[str]:
     for r in paying:
         c = r["result"]["compile"]
         lines.append(f"- envelope {c['envelope']}: {c['graphs']} graphs, {c['seconds']:.1f} s (warm-up of "
-                     f"{r['params']['builder']} B={r['params']['budget']}, {r['params']['dataset']} "
+                     f"{tree_label(r['params'])} B={r['params']['budget']}, {r['params']['dataset']} "
                      f"T={r['params']['temperature']:g})")
     host: dict[str, list[str]] = {}  # why a compiled point drafted on the host -> its points (records say "step")
     for r in compiled:
         route = r["result"].get("step", "captured")
         if not route.startswith("captured"):
-            host.setdefault(route, []).append(f"{r['params']['drafters']}/{r['params']['builder']} "
+            host.setdefault(route, []).append(f"{r['params']['drafters']}/{tree_label(r['params'])} "
                                               f"B={r['params']['budget']}")
     if host:
         lines += ["", "Not captured: these points drafted on the host, each step's drafting outside the compiled "
@@ -221,8 +221,8 @@ def _prediction_section(tres: list[dict[str, Any]], directory: Path) -> list[str
     for r, a in rows:
         p, depthwise = r["params"], per_depth_prediction(r, directory)
         depth_gap = "-" if depthwise is None else f"{a['measured'].estimate / depthwise - 1:+.1%}"
-        lines.append(f"| {p['dataset']} | {p['temperature']:g} | {p['builder']} | {p['budget']} | {a['predicted']:.2f} | "
-                     f"{_fmt(depthwise)} | {a['measured'].fmt()} | {a['gap']:+.1%} | {depth_gap} | "
+        lines.append(f"| {p['dataset']} | {p['temperature']:g} | {tree_label(p)} | {p['budget']} | "
+                     f"{a['predicted']:.2f} | {_fmt(depthwise)} | {a['measured'].fmt()} | {a['gap']:+.1%} | {depth_gap} | "
                      f"{'yes' if a['agrees'] else '**no**'} | "
                      f"{'-' if a['cut_cost'] is None else format(a['cut_cost'], '+.1%')} |")
     lines.append("")
@@ -235,7 +235,7 @@ def _prediction_section(tres: list[dict[str, Any]], directory: Path) -> list[str
                   "predicted: tau lost there; above: the calibration vector underrates the draft).", ""]
         for r, a in off:
             p = r["params"]
-            lines += [f"**{p['dataset']} T={p['temperature']:g} {p['builder']} B={p['budget']}** "
+            lines += [f"**{p['dataset']} T={p['temperature']:g} {tree_label(p)} B={p['budget']}** "
                       f"(predicted {a['predicted']:.2f}, measured {a['measured'].fmt()}):", "",
                       "| depth | steps reaching it | measured | predicted | difference |", "|---|---|---|---|---|"]
             for d, tried, rate, pred in depth_rows(r):
@@ -318,7 +318,7 @@ def _step_cost_section(tres: list[dict[str, Any]], directory: Path) -> list[str]
              "|---|---|---|---|---|---|---|---|"]
     for v in rows:
         p, parts = v["record"]["params"], v["parts"]
-        lines.append(f"| {v['machine']} | {p['dataset']} | {p['temperature']:g} | {p['builder']} | {p['budget']} | "
+        lines.append(f"| {v['machine']} | {p['dataset']} | {p['temperature']:g} | {tree_label(p)} | {p['budget']} | "
                      f"{v['predicted']:.3f} ({parts['drafting'][0]:.3f} + {parts['verifying'][0]:.3f}) | "
                      f"{v['measured']:.3f} ({parts['drafting'][1]:.3f} + {parts['verifying'][1]:.3f}) | "
                      + ("*calibration*" if v["calibration"] else f"{v['gap']:+.1%}") + " |")

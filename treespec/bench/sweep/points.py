@@ -12,7 +12,7 @@ from tree_builders import TreeShape
 
 from ...drafters.model import STATIC_MODES
 from ...recipes import NGramSettings, Recipe, draft_mode
-from .config import draft_dtype, padded_envelope, pairs, run_compile, split_ranges
+from .config import draft_dtype, padded_envelope, pairs, run_compile, split_ranges, static_trees
 
 
 @dataclass(frozen=True)
@@ -34,8 +34,15 @@ class Point:
             return f"{p['dataset']} T={p['temperature']} {p['method']}{batch}"
         depth = "" if p["max_depth"] is None else f" d<={p['max_depth']}"
         verifier = f" {p['verifier']}" if "verifier" in p else ""
-        return (f"{p['dataset']} T={p['temperature']} {p['drafters']}/{p['builder']} B={p['budget']}{depth}{verifier}"
+        return (f"{p['dataset']} T={p['temperature']} {p['drafters']}/{tree_label(p)} B={p['budget']}{depth}{verifier}"
                 f"{batch}")
+
+
+def tree_label(params: dict[str, Any]) -> str:
+    """A treespec point's tree as reports name it: its builder, or ``paths:<name>`` for a named static tree (the
+    points of two static trees are never pooled)."""
+    name = params.get("paths_name")
+    return f"paths:{name}" if name else params["builder"]
 
 
 def point_key(params: dict[str, Any]) -> str:
@@ -97,10 +104,15 @@ def enumerate_points(cfg: dict[str, Any]) -> list[Point]:
                                 add(baseline_params(cfg, common, method, draft))
                         for drafters in g["drafters"]:
                             for builder in (["ngram"] if drafters == "ngram" else g["builders"]):
-                                for max_depth, budget, verifier in itertools.product(g["max_depths"], g["budgets"],
-                                                                                     g["verifiers"]):
-                                    add(treespec_params(cfg, common, draft, drafters, builder, budget,
-                                                        max_depth, verifier))
+                                trees = static_trees(cfg) if builder == "paths" else [(None, None)]
+                                for (name, tree), max_depth, budget, verifier in itertools.product(
+                                        trees, g["max_depths"], g["budgets"], g["verifiers"]):
+                                    params = treespec_params(cfg, common, draft, drafters, builder, budget,
+                                                             max_depth, verifier)
+                                    if tree is not None and "draft" in params:
+                                        params.update(paths=[list(t) for t in tree],
+                                                      **({"paths_name": name} if name else {}))
+                                    add(params)
     return points
 
 
@@ -155,8 +167,6 @@ def treespec_params(cfg: dict[str, Any], common: dict[str, Any], draft: str, dra
             params["chains"] = int(s["chains"])
         elif builder == "dynamic":
             params.update(dynamic_depth=int(s["dynamic_depth"]), dynamic_topk=int(s["dynamic_topk"]))
-        elif builder == "paths":
-            params["paths"] = [list(p) for p in s["paths"]]
         elif builder == "sequoia":
             params["acceptance"] = acceptance_params(cfg, common["target"], draft, common["dataset"], params["mode"],
                                                      common["temperature"], common["top_p"])

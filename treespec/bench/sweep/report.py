@@ -13,6 +13,7 @@ plots; ``markdown`` writes the summary, ``figures`` computes what both show.
 from __future__ import annotations
 
 import os
+import zlib
 from pathlib import Path
 from typing import Any, Callable
 
@@ -23,7 +24,7 @@ from tree_builders import TreeShape
 from ..intervals import Interval
 from .figures import baseline_speedup, panel, speedup_interval, tau_interval
 from .markdown import summary
-from .points import batch_size
+from .points import batch_size, tree_label
 from .records import read_records
 
 
@@ -54,8 +55,8 @@ def _panel_title(key: tuple, multi_target: bool) -> str:
 
 
 def _line(p: dict[str, Any], multi_depth: bool) -> str:
-    name = "ngram" if p["drafters"] == "ngram" else (p["builder"] if p["drafters"] == "model"
-                                                     else f"both/{p['builder']}")
+    name = "ngram" if p["drafters"] == "ngram" else (tree_label(p) if p["drafters"] == "model"
+                                                     else f"both/{tree_label(p)}")
     if multi_depth:
         name += f" d<={p['max_depth'] if p['max_depth'] is not None else 'none'}"
     if "verifier" in p:
@@ -72,7 +73,14 @@ def _style(line: str) -> dict[str, Any]:
     builder = name.split("/")[-1]
     dash = "--" if name.startswith("both/") else ":" if builder == "ngram" else "-"
     marker = "o" if " d<=" not in line or line.endswith("none") else "s"  # square: a depth limit
-    return {"color": _BUILDER_COLOR.get(builder, "k"), "linestyle": dash, "marker": marker, "label": line}
+    return {"color": _color(builder), "linestyle": dash, "marker": marker, "label": line}
+
+
+def _color(label: str) -> str:
+    """A tree's colour: its builder's, or for a named static tree (``paths:<name>``) one of four more by its name."""
+    if label in _BUILDER_COLOR:
+        return _BUILDER_COLOR[label]
+    return f"C{6 + zlib.crc32(label.encode()) % 4}" if label.startswith("paths:") else "k"
 
 
 def report(results_jsonl: str | os.PathLike, out_dir: str | os.PathLike | None = None,
@@ -211,15 +219,15 @@ def _predicted_plot(tres: list[dict[str, Any]], out: Path, images: list[tuple[st
     if not predicted:
         return
     fig, (ax,) = _figure(1, width=5.5, height=5.0)
-    for b in sorted({r["params"]["builder"] for r in predicted}):
-        rs = [r for r in predicted if r["params"]["builder"] == b]
+    for b in sorted({tree_label(r["params"]) for r in predicted}):
+        rs = [r for r in predicted if tree_label(r["params"]) == b]
         xs = [r["result"]["predicted_tau"] for r in rs]
         ivs = [tau_interval([r], uncut=True) for r in rs]
         ys = np.array([iv.estimate if iv else r["result"]["tau"] for iv, r in zip(ivs, rs)])
         lows = np.array([iv.low if iv and iv.known else y for iv, y in zip(ivs, ys)])
         highs = np.array([iv.high if iv and iv.known else y for iv, y in zip(ivs, ys)])
         ax.errorbar(xs, ys, yerr=np.vstack([ys - lows, highs - ys]), fmt="o", markersize=4, capsize=3, label=b,
-                    color=_BUILDER_COLOR.get(b, "k"))
+                    color=_color(b))
     hi = max(max(r["result"]["predicted_tau"], r["result"]["tau"]) for r in predicted) * 1.05
     ax.plot([1, hi], [1, hi], color="0.5", linestyle="--", linewidth=1, label="measured = predicted")
     ax.set_xlabel("predicted tau (acceptance vector, calibration prompts)")
@@ -262,12 +270,12 @@ def _tree_images(tres: list[dict[str, Any]], out: Path) -> list[tuple[str, str]]
         depth = "none" if p["max_depth"] is None else p["max_depth"]
         a = r["result"].get("acceptance")
         tag = f"-{a['file'][len('acceptance-'):-len('.json')]}" if (a and p["builder"] == "sequoia") else ""
-        name = f"trees/{p['builder']}-B{p['budget']}-d{depth}{tag}.png"
+        name = f"trees/{tree_label(p).replace(':', '-')}-B{p['budget']}-d{depth}{tag}.png"
         if any(name == seen for _, seen in trees):
             continue
         (out / "trees").mkdir(exist_ok=True)
         shape = TreeShape(tuple(x) for x in tree["paths"])
-        title = f"{p['builder']} B={p['budget']} depth<={depth}" + (
+        title = f"{tree_label(p)} B={p['budget']} depth<={depth}" + (
             f" ({p['dataset']}, T={p['temperature']:g})" if tag else "")
         shape.draw(str(out / name), acceptance=a["vector"] if a else None, title=title)
         trees.append((title, name))
