@@ -220,7 +220,7 @@ def compile_plan(cfg: dict[str, Any], points: list[Point]) -> list[str]:
             lines.append(f"  {len(captured)} points capture their tree in ONE padded envelope (run.envelope): made at the "
                          f"first compiled point from every tree of the sweep, at most {max(budgets)} nodes")
         else:
-            trees = {(pt.params["builder"], pt.params["budget"], pt.params["max_depth"], pt.params["dataset"]
+            trees = {(tree_label(pt.params), pt.params["budget"], pt.params["max_depth"], pt.params["dataset"]
                       if pt.params["builder"] == "sequoia" else "") for pt in captured}
             lines.append(f"  {len(captured)} points capture their tree, each in its own envelope (run.envelope: no "
                          f"padding): up to {len(trees)} envelopes, one per distinct tree")
