@@ -187,5 +187,7 @@ def test_off_a_cpu_a_compiled_tuned_run_drops_its_confidence_stop(pair, tmp_path
     assert eager.recipe.compile is False and eager.recipe.min_confidence == 0.3
     users = Resolved(resolved.recipe, "as given")
     assert resolve_compile(users, target, [draft], tok, asked=True, **kwargs).recipe.min_confidence == 0.3
+    because = resolve_compile(resolved, target, [draft], tok, asked="the demo compiles on CUDA", **kwargs)
+    assert because.recipe.compile == UNCOMPILED and "compiled steps (the demo compiles on CUDA)" in because.why
     batch = compile_batch(resolved, target, UNCOMPILED)  # a batch compiles as asked, nothing measured
     assert batch.recipe.compile == UNCOMPILED and batch.recipe.min_confidence is None and "no confidence" in batch.why

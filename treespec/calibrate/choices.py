@@ -173,14 +173,15 @@ def resolve(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[DraftModel
 def resolve_compile(resolved: Resolved, target: torch.nn.Module, drafts: Sequence[DraftModel], tokenizer: Any, *,
                     prompts: int, max_new_tokens: int, cache_file: Path | None = None,
                     measure_from_tokens: int | None = None, backend: bool | str = True,
-                    asked: bool = False) -> Resolved:
+                    asked: bool | str = False) -> Resolved:
     """``resolved`` with ``compile`` chosen for a run of ``prompts`` prompts of ``max_new_tokens`` new
     tokens: the compiled step when it is measured to pay back its compile on this machine
     (``treespec.calibrate.compile_choice``; measured on the built-in pilot prompts when the run has at
     least ``measure_from_tokens`` new tokens, default ``compile_choice.MEASURE_FROM_TOKENS``, and cached
     in ``cache_file``, default ``<treespec cache>/compile.json``). ``backend``: the compiled recipe's
     ``compile`` (True: the device's default backend). ``asked``: the user asked for compiled steps, so
-    nothing is measured and the run compiles. Plain decoding (budget 1) stays eager unless asked.
+    nothing is measured and the run compiles (a string: why the caller asks, said in the why-line instead of "as
+    asked"). Plain decoding (budget 1) stays eager unless asked.
 
     When the run compiles and the measurement holds the tuned tree's compiled steps, the tuning's
     prediction is re-costed by them (:meth:`Tuned.on_compiled_steps`): the seconds per step it
@@ -191,8 +192,9 @@ def resolve_compile(resolved: Resolved, target: torch.nn.Module, drafts: Sequenc
 
     recipe = replace(resolved.recipe, compile=False)
     compiled, dropped = compiled_recipe(recipe, backend, resolved.tuned, next(target.parameters()).device)
+    reason = asked if isinstance(asked, str) else "as asked"
     if recipe.budget == 1:
-        return (Resolved(compiled, f"{resolved.why}; compiled steps (as asked)", resolved.tuned) if asked else
+        return (Resolved(compiled, f"{resolved.why}; compiled steps ({reason})", resolved.tuned) if asked else
                 Resolved(recipe, f"{resolved.why}; eager steps (plain decoding)", resolved.tuned))
     prompt_ids = _pilot_prompts(tokenizer)
     # v5: the CPU's compiled route freezes its weights (commit f89c7a7); v4's timings ran it unfrozen
@@ -209,7 +211,7 @@ def resolve_compile(resolved: Resolved, target: torch.nn.Module, drafts: Sequenc
     chosen, why = compile_choice.decide(timing, prompts, max_new_tokens)
     if asked:
         chosen = True
-        why = "compiled steps (as asked" + ("" if timing is None else
+        why = f"compiled steps ({reason}" + ("" if timing is None else
                                            f"; {compile_choice.figures(timing, prompts, max_new_tokens)}") + ")"
     tuned = resolved.tuned
     if not chosen or tuned is None:
