@@ -290,7 +290,7 @@ def _static_tree(where: str, value: Any) -> None:
     """A static tree (``tree_builders.priority_paths``), [] for none, or a table of named ones."""
     if isinstance(value, dict):
         for name, tree in value.items():
-            if not re.fullmatch(r"[A-Za-z0-9_.-]{1,40}", name):
+            if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]{1,40}", name):
                 _refuse(f"{where}.{name}", name, "a tree's name: 1 to 40 letters, digits, '_', '.' or '-' (it names "
                                                  "the tree in the report and its picture's file)")
             check(isinstance(tree, list) and bool(tree), f"config key {where}.{name} must be a non-empty list of "
