@@ -406,3 +406,18 @@ def test_batch_size_decodes_the_prompts_in_batches_each_as_alone(tiny_dirs, tmp_
     code, err = run_main(["generate", *models, "--prompt", "w1", "--batch-size", "2", "--compare"], capsys,
                          monkeypatch)
     assert code == 2 and "--compare runs HF generate on one prompt at a time" in err
+
+
+def test_the_json_record_names_the_static_tree_drafted_and_none_for_a_cross_tokenizer_draft():
+    """``--json`` records the model drafter's static tree (capped by the new tokens), and none where the draft has
+    another tokenizer (it proposes re-tokenised chains, not that tree) or no model drafts."""
+    from treespec.cli import _tree
+    from treespec.models.pair import CrossDraft
+    from treespec.models.tiny import tiny_model
+    from treespec.recipes import Recipe
+
+    model = tiny_model("llama", vocab=32)
+    chain = Recipe(tree="chain", budget=4)
+    assert _tree(chain, [model], 64) == [[0], [0, 0], [0, 0, 0]] and _tree(chain, [model], 3) == [[0], [0, 0]]
+    assert _tree(chain, [CrossDraft(model, None, None)], 64) is None
+    assert _tree(chain, [], 64) is None and _tree(Recipe(tree="dynamic", budget=8), [model], 64) is None

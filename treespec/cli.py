@@ -228,7 +228,9 @@ def _layouts(target: Any, drafts: Sequence[Any]) -> dict[str, Any]:
 
 def _tree(recipe: Recipe, drafts: Sequence[Any], max_new_tokens: int) -> list[list[int]] | None:
     """The static tree the model drafter drafts (its child-rank paths, BFS order), None without one (a dynamic tree,
-    the n-gram drafter alone, plain decoding)."""
+    the n-gram drafter alone, plain decoding, a draft of another tokenizer, which proposes re-tokenised chains)."""
+    if any(isinstance(d, CrossDraft) for d in drafts):
+        return None
     shape = plan(recipe, with_model=bool(drafts), max_new_tokens=max_new_tokens).shape
     return None if shape is None else [list(p) for p in shape.paths]
 
