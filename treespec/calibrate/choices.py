@@ -136,7 +136,8 @@ def resolve(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[DraftModel
     and the pilot's correction are measured on one row, then costed at ``batch_size`` times the tokens); a pilot
     choice measures one prompt at a time whatever the batch. ``compiled``: the run compiles its steps (asked); a
     profile of compiled forwards (on CUDA) is then not corrected by the pilot's eager steps, which run another
-    route (launch-bound there: 5-6x a compiled forward on an H200); the why-line says the costs are uncalibrated."""
+    route (launch-bound there: an eager forward 21-44 ms whatever its tokens on an H100,
+    ``experiments/results/gpu-h100/NOTES.md``); the why-line says the costs are uncalibrated."""
     models = _describe_models(target, drafts)
     if recipe.budget is not None:
         return Resolved(recipe, f"{models}; {recipe.tree} tree, budget {recipe.budget} (as given)")
@@ -239,7 +240,8 @@ def compiled_recipe(recipe: Recipe, backend: bool | str, tuned: Tuned | None,
     """``recipe`` compiled with ``backend``, and why it changed beyond that ("" when it did not). A tuned recipe's
     confidence stop is dropped off a CPU: the captured step reads the draft's confidence only where reading a
     number costs no device sync, so elsewhere a step with the stop drafts on the host, level by level uncompiled
-    (on an H200 a level 14.8 ms eager against 2.3 ms captured), while the tuner's profile there costs the captured
+    (an eager level 26.7 ms on an H100, ``experiments/results/gpu-h100/NOTES.md``; a captured one 1.53 ms on an
+    H200, ``experiments/results/gpu-h200-qkv/NOTES.md``), while the tuner's profile there costs the captured
     step's compiled forwards; without the stop the tuned tree runs captured, every level drafted. A stop the user
     set (no ``tuned``) is kept, and the engine says where the step drafts."""
     compiled = replace(recipe, compile=backend)
