@@ -204,13 +204,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.batch_size > 1:
         return _generate_batches(args, prompts, resolved, target, tok, drafts, eos)
     status = 0
+    encoded = [encode(tok, text, args.chat) for text in prompts]
+    layouts, tree = _layouts(target, drafts), _tree(recipe, drafts, args.max_new_tokens)  # the same for every prompt
     if args.compare:
-        _warm_up(args, recipe, target, drafts, [encode(tok, t, args.chat) for t in prompts], eos)
-    for text in prompts:
-        ids = encode(tok, text, args.chat)
+        _warm_up(args, recipe, target, drafts, encoded, eos)
+    for text, ids in zip(prompts, encoded):
         out = run(recipe, target, drafts, ids, max_new_tokens=args.max_new_tokens, seed=args.seed,
                   eos_token_id=eos, on_tokens=None if args.json else Streamer(tok))
-        record = _record(text, out, resolved, tok, _layouts(target, drafts), _tree(recipe, drafts, args.max_new_tokens))
+        record = _record(text, out, resolved, tok, layouts, tree)
         if not args.json:
             _print_stats(out.stats)
         if args.compare and not _compare(args, recipe, target, ids, eos, out, record):

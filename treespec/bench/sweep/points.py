@@ -109,7 +109,7 @@ def enumerate_points(cfg: dict[str, Any]) -> list[Point]:
                                         trees, g["max_depths"], g["budgets"], g["verifiers"]):
                                     params = treespec_params(cfg, common, draft, drafters, builder, budget,
                                                              max_depth, verifier)
-                                    if tree is not None and "draft" in params:
+                                    if tree is not None and drafters in ("model", "both"):  # a model drafts it
                                         params.update(paths=[list(t) for t in tree],
                                                       **({"paths_name": name} if name else {}))
                                     add(params)
