@@ -154,7 +154,8 @@ def tiny_dirs(tmp_path_factory):
 def _files(tmp: Path) -> dict[str, str]:
     """Bad input files for the pass."""
     files = {"prompts.txt": "w1 w2 w3\n", "blank.txt": "\n\n", "bad.jsonl": '{"prompt": "w1"}\n{"text": 3}\n',
-             "notstr.jsonl": '{"prompt": 5}\n', "acc-empty.json": '{"vector": []}',
+             "notstr.jsonl": '{"prompt": 5}\n',
+             "empty.jsonl": '{"prompt": "w1"}\n{"prompt": ""}\n', "acc-empty.json": '{"vector": []}',
              "acc-text.json": '{"vector": ["a"]}',
              "acc-neg.json": '{"vector": [0.5, -0.2]}', "acc-big.json": '{"vector": [0.9, 0.8, 0.7]}',
              "acc-list.json": "[0.5]", "a-file": "x", "bad.toml": "[grid\n", "typo.toml": "[grid]\nbudget = [4]\n",
@@ -207,6 +208,7 @@ ADVERSARIAL = [
     ("prompt file is a directory", [*GEN, "--prompt-file", "{tmp}"], 2, ": Is a directory"),
     ("prompt file blank", [*GEN, "--prompt-file", "{blank.txt}"], 2, "holds no prompt"),
     ("jsonl without prompt", [*GEN, "--prompts-jsonl", "{bad.jsonl}"], 2, "line 2: expected a JSON object"),
+    ("jsonl with an empty prompt", [*GEN, "--prompts-jsonl", "{empty.jsonl}"], 2, "prompt 2 of 2 is empty"),
     ("jsonl prompt not text", [*GEN, "--prompts-jsonl", "{notstr.jsonl}"], 2, '"prompt" must be a string'),
     ("chat without template", [*GEN, "--prompt", "w1", "--chat"], 2, "chat template"),
     ("acceptance missing", [*GEN, "--prompt", "w1", "--tree", "sequoia", "--acceptance", "{tmp}/none.json"], 2,

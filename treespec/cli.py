@@ -76,7 +76,8 @@ def recipe_from_args(args: argparse.Namespace, with_model: bool = True) -> Recip
 
 
 def read_prompts(args: argparse.Namespace) -> list[str]:
-    """``--prompt``, the lines of ``--prompt-file`` (blank lines skipped) or the ``prompt`` fields of ``--prompts-jsonl``."""
+    """``--prompt``, the lines of ``--prompt-file`` (blank lines skipped) or the ``prompt`` fields of
+    ``--prompts-jsonl``."""
     if getattr(args, "prompt", None) is not None:
         return [args.prompt]
     if args.prompt_file is not None:
@@ -105,6 +106,17 @@ def encode(tok, text: str, chat: bool) -> list[int]:
         return tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
                                        tokenize=True, return_dict=False)
     return tok(text)["input_ids"]
+
+
+def encode_all(tok, prompts: list[str], chat: bool) -> list[list[int]]:
+    """Every prompt in the target's tokens; a prompt of no tokens is refused, naming it."""
+    encoded = [encode(tok, text, chat) for text in prompts]
+    for i, ids in enumerate(encoded):
+        if not ids:
+            where = "the prompt" if len(prompts) == 1 else f"prompt {i + 1} of {len(prompts)}"
+            raise ValueError(f"{where} is empty in the target's tokens ({prompts[i]!r}; this tokenizer adds no BOS "
+                             "token): give it some text, or pass --chat to wrap it in the chat template")
+    return encoded
 
 
 class Streamer:
@@ -182,6 +194,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     want_draft = not (args.ngram and not args.draft)
     recipe = recipe_from_args(args, with_model=want_draft)  # validates before the models load
     target, tok, drafts = load_models(args, want_draft, tuned_target=True)
+    encoded = encode_all(tok, prompts, args.chat)  # an empty prompt is refused before anything is measured
     walk = None
     if recipe.acceptance is not None:  # the shipped files of the draft's precision, where one was shipped
         rows, walk = acceptance_for_draft(args.acceptance, args.temperature, drafts[0],
@@ -202,9 +215,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     print(f"configuration: {resolved.why}", file=sys.stderr if args.json else sys.stdout, flush=True)
     eos = eos_ids(target, tok)
     if args.batch_size > 1:
-        return _generate_batches(args, prompts, resolved, target, tok, drafts, eos)
+        return _generate_batches(args, prompts, encoded, resolved, target, tok, drafts, eos)
     status = 0
-    encoded = [encode(tok, text, args.chat) for text in prompts]
     layouts, tree = _layouts(target, drafts), _tree(recipe, drafts, args.max_new_tokens)  # the same for every prompt
     if args.compare:
         _warm_up(args, recipe, target, drafts, encoded, eos)
@@ -256,14 +268,14 @@ def _record(text: str, out: GenerateOutput, resolved: Resolved, tok: Any, layout
     return record
 
 
-def _generate_batches(args: argparse.Namespace, prompts: list[str], resolved: Resolved, target: Any, tok: Any,
-                      drafts: Sequence[Any], eos: list[int]) -> int:
+def _generate_batches(args: argparse.Namespace, prompts: list[str], encoded: list[list[int]], resolved: Resolved,
+                      target: Any, tok: Any, drafts: Sequence[Any], eos: list[int]) -> int:
     """``--batch-size B``: the prompts in batches of B, each decoded at once (``treespec.core.batch``); each row's
     text (or JSON record, with its row, batch size and the batch's tokens/s) once its batch is done."""
     layouts, tree = _layouts(target, drafts), _tree(resolved.recipe, drafts, args.max_new_tokens)
     for start in range(0, len(prompts), args.batch_size):
         texts = prompts[start : start + args.batch_size]
-        out = run(resolved.recipe, target, drafts, [encode(tok, t, args.chat) for t in texts],
+        out = run(resolved.recipe, target, drafts, encoded[start : start + args.batch_size],
                   max_new_tokens=args.max_new_tokens, seed=args.seed, eos_token_id=eos)
         for r, (text, row) in enumerate(zip(texts, out.rows)):
             if args.json:
