@@ -179,6 +179,20 @@ def test_drafters_must_be_a_list_of_distinct_drafters(target):
         treespec.generate(target, [1, 2], drafters=[d, d], max_new_tokens=2)
     with pytest.raises(ValueError, match=r"drafters\[0\] is a str, not a treespec Drafter"):
         treespec.generate(target, [1, 2], drafters=["ngram"], max_new_tokens=2)
+    with pytest.raises(ValueError, match=r"a draft model drafts through treespec.ModelDrafter\(model"):
+        treespec.generate(target, [1, 2], drafters=[target], max_new_tokens=2)
+
+
+@pytest.mark.parametrize("budget", [4, None])  # as given, and left to resolve (which sees the drafts first)
+@pytest.mark.parametrize("drafts, fragment", [
+    ("model", r"got one LlamaForCausalLM: pass \[draft\]"),
+    ("draft", "drafts must be a list of draft models, got str"),
+    (["draft"], r"drafts\[0\] is a str, not a draft model"),
+])
+def test_run_takes_a_list_of_draft_models(target, budget, drafts, fragment):
+    drafts = target if drafts == "model" else drafts
+    with pytest.raises(ValueError, match=fragment):
+        treespec.run(treespec.Recipe(tree="chain", budget=budget), target, drafts, [1, 2], max_new_tokens=2)
 
 
 class FixedDrafter(treespec.Drafter):

@@ -20,7 +20,7 @@ from ..models.precision import kernel_tags, precision_of
 from ..core.batch import BatchOutput
 from ..core.checks import is_batch
 from ..core.stats import GenerateOutput
-from ..recipes import DraftModel, Recipe, build_drafters, default_budget, plan_depth
+from ..recipes import DraftModel, Recipe, build_drafters, check_draft_models, default_budget, plan_depth
 from ..recipes import run as run_resolved
 from .tuning import Tuned, calibrate, tune
 
@@ -138,6 +138,7 @@ def resolve(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[DraftModel
     profile of compiled forwards (on CUDA) is then not corrected by the pilot's eager steps, which run another
     route (launch-bound there: an eager forward 21-44 ms whatever its tokens on an H100,
     ``experiments/results/gpu-h100/NOTES.md``); the why-line says the costs are uncalibrated."""
+    drafts = check_draft_models(drafts)
     models = _describe_models(target, drafts)
     if recipe.budget is not None:
         return Resolved(recipe, f"{models}; {recipe.tree} tree, budget {recipe.budget} (as given)")

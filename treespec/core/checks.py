@@ -197,8 +197,10 @@ def check_drafters(drafters: object, drafter_cls: type) -> list:
         raise ValueError(f"drafters must be a list of Drafter objects, got {type(drafters).__name__}.")
     for i, d in enumerate(drafters):
         if not isinstance(d, drafter_cls):
+            model = ("; a draft model drafts through treespec.ModelDrafter(model, ...), or pass it to "
+                     "treespec.run(recipe, target, [model], ...)") if hasattr(d, "forward") else ""
             raise ValueError(f"drafters[{i}] is a {type(d).__name__}, not a treespec Drafter; subclass "
-                             "treespec.Drafter (propose(context) -> DraftProposals).")
+                             f"treespec.Drafter (propose(context) -> DraftProposals){model}.")
         if any(d is e for e in drafters[:i]):
             raise ValueError(f"drafters[{i}] is the same object as an earlier drafter; each slot needs its "
                              "own instance (its state is per generation), e.g. create a second drafter.")

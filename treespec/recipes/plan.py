@@ -7,6 +7,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+import torch
+
 import tree_builders
 from tree_builders import TreeShape
 
@@ -30,6 +32,22 @@ class DraftPlan:
     model: dict[str, Any] | None = None
     ngram: dict[str, Any] | None = None
     shape: TreeShape | None = field(default=None, compare=False)
+
+
+def check_draft_models(draft_models: Any) -> list[DraftModel]:
+    """``draft_models`` as a list, each a model (an ``nn.Module``) or a :class:`CrossDraft`; anything else is refused
+    saying what to pass (one model where a list belongs is the usual slip)."""
+    if isinstance(draft_models, (torch.nn.Module, CrossDraft)):
+        raise ValueError(f"drafts must be a list of draft models, got one {type(draft_models).__name__}: pass "
+                         "[draft] (or [] for an n-gram-only or plain recipe)")
+    if isinstance(draft_models, (str, bytes)) or not isinstance(draft_models, Sequence):
+        raise ValueError(f"drafts must be a list of draft models, got {type(draft_models).__name__}")
+    for i, m in enumerate(draft_models):
+        if not isinstance(m, (torch.nn.Module, CrossDraft)):
+            raise ValueError(f"drafts[{i}] is a {type(m).__name__}, not a draft model: pass models loaded by "
+                             "treespec.models.load (or any HF causal LM), or a treespec.models.pair.CrossDraft for "
+                             "a draft of another tokenizer")
+    return list(draft_models)
 
 
 def _budget(recipe: Recipe) -> int:
@@ -104,6 +122,7 @@ def build_drafters(recipe: Recipe, draft_models: Sequence[DraftModel], max_new_t
 
     A :class:`CrossDraft` (another tokenizer) becomes a ``CrossTokenizerDrafter`` drafting greedy
     text chains as deep as the recipe's tree (point masses in the target's tokens)."""
+    draft_models = check_draft_models(draft_models)
     p = plan(recipe, with_model=bool(draft_models), max_new_tokens=max_new_tokens)
     drafters: list[Drafter] = []
     if p.model is not None:
