@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from treespec.cli import build_parser, main
+from treespec.models import load
 
 
 def parse_error(argv, capsys) -> str:
@@ -110,8 +111,12 @@ def test_bad_calibration_range_is_a_user_error(capsys, monkeypatch):
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has CUDA")
 def test_cuda_without_cuda_is_a_user_error(capsys, monkeypatch):
-    code, err = run_main(["generate", "--prompt", "x", "--tree", "chain", "--device", "cuda"], capsys, monkeypatch)
-    assert code == 2 and "no CUDA device" in err
+    with pytest.raises(SystemExit) as exc:  # refused as the arguments are parsed, before any model loads
+        run_main(["generate", "--prompt", "x", "--tree", "chain", "--device", "cuda"], capsys, monkeypatch)
+    assert exc.value.code == 2 and "argument --device: device 'cuda': this machine has no CUDA device" in \
+        capsys.readouterr().err
+    with pytest.raises(ValueError, match="no CUDA device"):  # the Python API too
+        load("tiny-llama-not-loaded", device="cuda:1")
 
 
 def test_sweep_config_errors_are_user_errors(tmp_path, capsys, monkeypatch):

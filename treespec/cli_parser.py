@@ -11,6 +11,7 @@ from typing import Any, Callable
 import torch
 
 from .calibrate.acceptance import CONTEXTS
+from .common.device import check_device
 from .core import checks
 from .core.sampling import SamplingParams
 from .core.verifiers import VERIFIERS
@@ -53,11 +54,11 @@ _demo_prompts = _arg(int, _demo_prompt_count)
 
 
 def _device(text: str) -> str:
-    """An argparse type: a torch device name (``cpu``, ``cuda``, ``cuda:1``, ...)."""
+    """An argparse type: a torch device of this machine (``cpu``, ``cuda``, ``cuda:1``, ...)."""
     try:
-        torch.device(text)
-    except (RuntimeError, ValueError):
-        raise argparse.ArgumentTypeError(f"not a torch device: {text!r} (e.g. cpu, cuda, cuda:1)") from None
+        check_device(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
     return text
 
 

@@ -5,6 +5,25 @@ from __future__ import annotations
 import torch
 
 
+def check_device(device: torch.device | str) -> torch.device:
+    """``device`` as a ``torch.device``, refused with what to pass instead when it is not a device name or this
+    machine has no such device (e.g. ``cuda`` under a CPU-only torch)."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError, TypeError):
+        raise ValueError(f"not a torch device: {device!r} (e.g. cpu, cuda, cuda:1)") from None
+    backend = getattr(torch, dev.type, None) if dev.type != "cpu" else None
+    if backend is not None and hasattr(backend, "is_available") and hasattr(backend, "device_count"):
+        if not backend.is_available():
+            kind = {"cuda": "CUDA", "xpu": "XPU", "mps": "MPS"}.get(dev.type, dev.type)
+            raise ValueError(f"device {str(dev)!r}: this machine has no {kind} device (torch {torch.__version__} "
+                             "sees none); use cpu")
+        if dev.index is not None and dev.index >= backend.device_count():
+            raise ValueError(f"device {str(dev)!r} does not exist: this machine has {backend.device_count()} "
+                             f"{dev.type} device(s), numbered from 0")
+    return dev
+
+
 def sync(device: torch.device | str) -> None:
     """Wait for queued GPU work, so that a wall-clock section measures what it claims (no-op on CPU)."""
     device = torch.device(device)

@@ -20,6 +20,7 @@ from typing import Any, Callable
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from ..common.device import check_device
 from ..core.linear_layout import LAYOUTS, set_layout
 from .gguf_blocks import read_file_blocks, with_file_blocks
 from .layout import LAYOUT_DECISIONS, auto_layout, describe_layout
@@ -123,6 +124,7 @@ def load(name_or_path: str | os.PathLike = DEFAULT_TARGET, device: str | torch.d
     ``"linear_layout"`` the layout's record (``layout.describe_layout``).
     """
     precision = parse_precision(dtype)
+    device = check_device(device)
     if role not in ROLES:
         raise ValueError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
     if linear_layout not in ("auto", *LAYOUTS):

@@ -8,6 +8,7 @@ from typing import Any, Sequence
 
 import torch
 
+from ..common.device import check_device
 from ..drafters.cross_tokenizer import CrossTokenizerDrafter
 from .loading import check_tokenizers, load
 from .precision import parse_precision
@@ -40,8 +41,7 @@ def load_pair(target: str, drafts: Sequence[str], *, device: str = "cpu", target
     a draft's candidates, not the target's) and bfloat16 on CUDA. With ``compile`` (the captured step
     drafts in compiled calls) ``auto`` times only the draft precisions ``torch.compile`` can trace.
     """
-    if str(device).startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"--device {device}: this machine has no CUDA device (torch sees none); use --device cpu")
+    check_device(device)
     model, tok = load(target, device=device, dtype=default_precision(target_dtype, device), role="target")
     out: list[torch.nn.Module | CrossDraft] = []
     for name in drafts:

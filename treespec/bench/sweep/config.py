@@ -240,12 +240,11 @@ def _device(where: str, value: Any) -> None:
 
 
 def check_device_available(device: str) -> None:
-    """Refuse a CUDA device on a machine without one (before any model loads)."""
-    import torch
+    """Refuse a device this machine does not have, e.g. CUDA without one (before any model loads)."""
+    from ...common.device import check_device
 
     _device("run.device", device)
-    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r}: this machine has no CUDA device (torch sees none); use --device cpu")
+    check_device(device)
 
 
 def _compile(where: str, value: Any) -> None:
