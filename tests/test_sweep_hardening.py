@@ -195,6 +195,7 @@ def test_cli_help_says_what_new_does(capsys) -> None:
     ({"run": {"threads": 1.0}}, "run.threads must be an integer >= 0"),
     ({"run": {"warmup_tokens": True}}, "run.warmup_tokens must be an integer >= 0"),
     ({"run": {"compile": 1}}, 'run.compile must be false, true, "auto"'),
+    ({"run": {"compile": "banana"}}, 'run.compile must be .*"uncompiled" or a torch.compile backend name'),
 ])
 def test_config_types_are_strict(given: dict, fragment: str) -> None:
     with pytest.raises(ValueError, match=fragment):

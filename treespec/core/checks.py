@@ -220,7 +220,16 @@ def check_sampling_dtype(model: torch.nn.Module, greedy: bool, role: str = "targ
 def check_compile(compile: object) -> bool | str:
     """``False`` (eager steps), ``True``, the name of a ``torch.compile`` backend (``treespec.core.compiled``) or
     ``"uncompiled"`` (the compiled steps' functions run as plain PyTorch: ``treespec.core.compiling``)."""
-    if compile is False or compile is True or (isinstance(compile, str) and compile):
+    if compile is False or compile is True:
+        return compile
+    if isinstance(compile, str) and compile:
+        if compile != "uncompiled":  # compiling.UNCOMPILED (core.compiling imports this module)
+            from torch._dynamo import list_backends
+
+            if compile not in list_backends(exclude_tags=()):
+                raise ValueError(f"compile={compile!r} names no torch.compile backend here; pass True (inductor), "
+                                 "'uncompiled' (the compiled steps run as plain PyTorch), or a backend name such as "
+                                 "'aot_eager' (torch._dynamo.list_backends() lists them)")
         return compile
     raise ValueError(f"compile must be False, True, the name of a torch.compile backend (e.g. 'inductor', "
                      f"'aot_eager') or 'uncompiled', got {compile!r}")

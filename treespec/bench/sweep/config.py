@@ -250,6 +250,14 @@ def check_device_available(device: str) -> None:
 def _compile(where: str, value: Any) -> None:
     if not isinstance(value, bool) and not (isinstance(value, str) and value.strip()):
         _refuse(where, value, "false, true, \"auto\" (compiled on CUDA) or a torch.compile backend name")
+    if isinstance(value, str) and value != "auto":
+        from ...core.checks import check_compile
+
+        try:
+            check_compile(value)
+        except ValueError:
+            _refuse(where, value, "false, true, \"auto\" (compiled on CUDA), \"uncompiled\" or a torch.compile "
+                    "backend name (torch._dynamo.list_backends() lists them)")
 
 
 def run_compile(cfg: dict[str, Any]) -> bool | str:
