@@ -428,3 +428,26 @@ def test_the_json_record_names_the_static_tree_drafted_and_none_for_a_cross_toke
     assert _tree(chain, [model], 64) == [[0], [0, 0], [0, 0, 0]] and _tree(chain, [model], 3) == [[0], [0, 0]]
     assert _tree(chain, [CrossDraft(model, None, None)], 64) is None
     assert _tree(chain, [], 64) is None and _tree(Recipe(tree="dynamic", budget=8), [model], 64) is None
+
+
+def test_streamed_text_keeps_characters_whose_bytes_span_tokens():
+    """Byte tokens (as byte-level BPE splits an emoji): a character's first bytes decode as U+FFFD until its
+    last comes; the stream must not print that U+FFFD and then skip the character."""
+    import io
+
+    from treespec.cli import Streamer
+    from treespec.models.tiny import ByteTokenizer
+
+    tok, text = ByteTokenizer(256), "héllo 你好 🎉 𝔘"
+    out = io.StringIO()
+    streamer = Streamer(tok, out)
+    for b in text.encode("utf-8"):
+        streamer([b])
+    streamer.end()
+    assert out.getvalue() == text
+    out = io.StringIO()  # a sequence that never completes prints as it decodes, once the generation ends
+    streamer = Streamer(tok, out)
+    streamer(list("ok🎉".encode("utf-8"))[:-1])
+    assert out.getvalue() == "ok"
+    streamer.end()
+    assert out.getvalue() == "ok\ufffd"

@@ -120,17 +120,25 @@ def encode_all(tok, prompts: list[str], chat: bool) -> list[list[int]]:
 
 
 class Streamer:
-    """Prints the decoded text as tokens are committed."""
+    """Prints the decoded text as tokens are committed. A character whose bytes span several tokens (an emoji, a
+    rare CJK character under byte-level BPE) decodes as U+FFFD until its last byte comes, so a trailing U+FFFD is
+    held back until then (or until :meth:`end`, where an invalid sequence prints as it decodes)."""
 
     def __init__(self, tok, out=sys.stdout) -> None:
         self.tok, self.out, self.ids, self.printed = tok, out, [], 0
 
     def __call__(self, tokens: list[int]) -> None:
         self.ids += tokens
-        text = self.tok.decode(self.ids, skip_special_tokens=True)
+        self._write(self.tok.decode(self.ids, skip_special_tokens=True).rstrip("\ufffd"))
+
+    def end(self) -> None:
+        """Print what was held back: the generation is over."""
+        self._write(self.tok.decode(self.ids, skip_special_tokens=True))
+
+    def _write(self, text: str) -> None:
         self.out.write(text[self.printed :])
         self.out.flush()
-        self.printed = len(text)
+        self.printed = max(self.printed, len(text))
 
 
 def histogram(hist: list[int], width: int = 40) -> str:
@@ -221,8 +229,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.compare:
         _warm_up(args, recipe, target, drafts, encoded, eos)
     for text, ids in zip(prompts, encoded):
+        streamer = None if args.json else Streamer(tok)
         out = run(recipe, target, drafts, ids, max_new_tokens=args.max_new_tokens, seed=args.seed,
-                  eos_token_id=eos, on_tokens=None if args.json else Streamer(tok))
+                  eos_token_id=eos, on_tokens=streamer)
+        if streamer is not None:
+            streamer.end()
         record = _record(text, out, resolved, tok, layouts, tree)
         if not args.json:
             _print_stats(out.stats)
