@@ -231,6 +231,7 @@ ADVERSARIAL = [
     ("accept calib reversed", ["accept", *MODELS, "--calib", "20:0"], 2, "--calib must have 0 <= START < STOP <= 164"),
     ("accept calib past HumanEval", ["accept", *MODELS, "--calib", "100:200"], 2, "STOP <= 164"),
     ("accept calib negative", ["accept", *MODELS, "--calib=-5:3"], 2, "START < STOP"),
+    ("accept chat without template", ["accept", *MODELS, "--chat"], 2, "chat template"),
     ("accept width 0", ["accept", *MODELS, "--width", "0"], 2, "width must be an int >= 1"),
     ("accept batch size 0", ["accept", *MODELS, "--batch-size", "0"], 2, "batch-size must be an int >= 1"),
     ("accept unknown context", ["accept", *MODELS, "--context", "teacher"], 2, "invalid choice: 'teacher'"),

@@ -312,7 +312,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_accept(args: argparse.Namespace) -> int:
     from .bench.datasets import dataset_size, humaneval_prompts, prompt_range
-    from .calibrate.acceptance import encode_prompts, measure
+    from .calibrate.acceptance import measure
 
     if args.prompt_file is not None or args.prompts_jsonl is not None:
         texts = read_prompts(args)
@@ -320,10 +320,11 @@ def cmd_accept(args: argparse.Namespace) -> int:
     else:
         start, stop = prompt_range(args.calib, dataset_size("humaneval"), "--calib")
         texts, label = humaneval_prompts(start, stop), f"humaneval[{start}:{stop}]"
+    label += " in the chat template" if args.chat else ""
     check_writable(args.out)  # fail now, not after minutes of measuring
     target, tok, drafts = load_models(args)
     mode = draft_mode("sequoia", args.temperature, args.mode)
-    acc = measure(target, drafts[0], encode_prompts(tok, texts), width=args.width,
+    acc = measure(target, drafts[0], encode_all(tok, texts, args.chat), width=args.width,
                   mode=mode, temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
                   max_depth=args.max_depth, prompts_label=label, context=args.context, batch_size=args.batch_size)
     acc.save(args.out)

@@ -161,7 +161,7 @@ def _generate(sub) -> None:
     g.add_argument("--top-k", type=_top_k, default=0, metavar="K", help="keep the K most likely tokens (0: all)")
     g.add_argument("--max-new-tokens", type=_count("max-new-tokens"), default=128, metavar="N")
     g.add_argument("--seed", type=_seed, default=None, metavar="S", help="random seed (default: a random one)")
-    g.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
+    add_chat_option(g)
     g.add_argument("--verifier", choices=tuple(VERIFIERS), default="rrs",
                    help="exact verification rule for sampled steps (docs/verifiers.md; default rrs)")
     g.add_argument("--compile", nargs="?", const=True, default=None, metavar="BACKEND",
@@ -183,6 +183,12 @@ def _generate(sub) -> None:
     g.add_argument("--batch-size", type=_count("batch-size"), default=1, metavar="B",
                    help="decode the prompts B at a time, each batch in one target forward per step (eager steps, "
                         "or the captured step with --compile; every row exact as if alone; default 1)")
+
+
+def add_chat_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--chat", action="store_true",
+                   help="wrap each prompt in the tokenizer's chat template as a user turn (measure acceptance with "
+                        "--chat too when you generate with it: a template changes what the draft sees)")
 
 
 def _demo(sub) -> None:
@@ -218,6 +224,7 @@ def _accept(sub) -> None:
     a.add_argument("--mode", choices=STATIC_MODES, default=None,
                    help="how the draft proposes (default: topk when greedy, else sample_without_replacement)")
     add_sampling_options(a)
+    add_chat_option(a)
     a.add_argument("--max-new-tokens", type=_count("max-new-tokens"), default=48, metavar="N")
     a.add_argument("--max-depth", type=_count("max-depth"), default=8, metavar="D", help="rows of the per-depth matrix")
     a.add_argument("--batch-size", type=_count("batch-size"), default=8, metavar="B",
