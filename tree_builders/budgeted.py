@@ -55,7 +55,8 @@ def for_budget(builder: str, budget: int, acceptance: Acceptance | None = None, 
     max_depth = check_optional_count("max_depth", max_depth, 1, "a drafted tree has depth >= 1; None for no limit")
     kary_width = check_count("kary_width", kary_width, 1, "it is the number of children per node")
     chains = check_optional_count("chains", chains, 1, "it is the number of independent chains; None for the default")
-    max_width = check_optional_count("max_width", max_width, 1, "it is the number of children per node; None for no limit")
+    max_width = check_optional_count("max_width", max_width, 1,
+                                     "it is the number of children per node; None for no limit")
     cap = budget - 1 if max_depth is None else min(budget - 1, max_depth)
     if builder == "sequoia":
         if acceptance is None:

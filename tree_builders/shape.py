@@ -344,7 +344,8 @@ class TreeShape:
         if acceptance is not None:
             vals = self.node_values(acceptance)
             cs = [vals[p] for p in nodes]
-            sc = ax.scatter(xs, ys, c=cs, cmap="viridis", vmin=0.0, vmax=1.0, s=marker, zorder=2, edgecolors="k", linewidths=0.3)
+            sc = ax.scatter(xs, ys, c=cs, cmap="viridis", vmin=0.0, vmax=1.0, s=marker, zorder=2, edgecolors="k",
+                            linewidths=0.3)
             fig.colorbar(sc, ax=ax, label="P(node accepted)")
             label = f"tau = {sum(vals.values()):.3f}"
         else:
@@ -352,7 +353,8 @@ class TreeShape:
             label = ""
         if small:
             for p in nodes:
-                ax.annotate("R" if not p else str(p[-1]), pos[p], ha="center", va="center", fontsize=7, color="w", zorder=3)
+                ax.annotate("R" if not p else str(p[-1]), pos[p], ha="center", va="center", fontsize=7, color="w",
+                            zorder=3)
         head = title if title is not None else repr(self)
         ax.set_title(f"{head}\n{label}" if label else head, fontsize=9)
         ax.set_ylabel("depth")

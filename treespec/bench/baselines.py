@@ -13,7 +13,8 @@ from ..core.attention import cache_argument
 from ..core.checks import is_batch
 
 
-def _left_padded(prompts: list[list[int]], pad_token_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def _left_padded(prompts: list[list[int]], pad_token_id: int,
+                 device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """Prompts left-padded with ``pad_token_id`` to one length, and their attention mask (HF's way of batching)."""
     width = max(map(len, prompts))
     return (torch.tensor([[pad_token_id] * (width - len(p)) + p for p in prompts], device=device),

@@ -269,11 +269,12 @@ def markdown(summary: dict[str, Any], who: str = "HF") -> str:
                 f" **({fastest_plain})**" if k.endswith(f"vs {summary.get('fastest_baseline')}") else "")
         lines.append(f"| {k}{star} | {fmt(iv)}x |")
     if any("warmup_seconds" in e for e in summary["methods"].values()):
-        lines.append("\nEvery method made the same warm-up call first (the longest prompt, as many new tokens as the runs "
-                     f"and at least {WARMUP_TOKENS}: its compiles and one-off setup); its seconds are shown apart and "
-                     "counted in no tok/s.")
+        lines.append("\nEvery method made the same warm-up call first (the longest prompt, as many new tokens as the "
+                     f"runs and at least {WARMUP_TOKENS}: its compiles and one-off setup); its seconds are shown apart "
+                     "and counted in no tok/s.")
     for s, a in summary.get("agreement", {}).items():
-        lines.append(f"\nGreedy output of {s} identical to {a['against']} (same precision) on {a['identical']}/{a['of']}"
+        lines.append(f"\nGreedy output of {s} identical to {a['against']} (same precision) on "
+                     f"{a['identical']}/{a['of']}"
                      f" prompts" + (f"; differing: {a['mismatched_prompts']}" if a["mismatched_prompts"] else "."))
     return "\n".join(lines)
 
@@ -291,7 +292,8 @@ def plot(summaries: Sequence[dict[str, Any]], path: Path) -> None:
         est = [s["methods"][n]["tokens_per_second"]["estimate"] for n in names]
         err = [[e - s["methods"][n]["tokens_per_second"]["low"] for n, e in zip(names, est)],
                [s["methods"][n]["tokens_per_second"]["high"] - e for n, e in zip(names, est)]]
-        ax.bar(range(len(names)), est, yerr=err, capsize=4, color=["#999" if s["methods"][n]["baseline"] else "#1f77b4" for n in names])
+        ax.bar(range(len(names)), est, yerr=err, capsize=4,
+               color=["#999" if s["methods"][n]["baseline"] else "#1f77b4" for n in names])
         ax.set_xticks(range(len(names)), names, rotation=20, ha="right", fontsize=8)
         ax.set_ylabel("tokens / s (95% CI over prompts)")
         ax.set_title(f"{s['dataset']} ({len(s['prompts'])} prompts)")

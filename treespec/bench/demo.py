@@ -169,7 +169,8 @@ def run_demo(args: argparse.Namespace, target: torch.nn.Module, tok: Any, draft:
     versus = predicted_and_measured(prediction, records, compare.hf_method(target).name)
     if versus:
         how = ("the tree replayed over the shipped calibration walk with the run's confidence stop"
-               if prediction.model == "replay" else "the DP's expectation over the acceptance rows, every level drafted")
+               if prediction.model == "replay"
+               else "the DP's expectation over the acceptance rows, every level drafted")
         report += f"\n\nThe tuner's prediction ({how}) beside this run:\n\n{versus}"
     if divergences:
         report += "\n\n" + divergence_lines(divergences, precision_of(target))

@@ -236,8 +236,9 @@ def depth_counts(ranks: np.ndarray, width: int, max_depth: int) -> tuple[np.ndar
 @torch.inference_mode()
 def measure(target: torch.nn.Module, draft: torch.nn.Module, prompts: Sequence[Sequence[int]], width: int = 8,
             mode: str = "topk", temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, max_new_tokens: int = 64,
-            max_depth: int = 8, seed: int = 0, progress: bool = True, *, eos_token_id: int | Sequence[int] | None = None,
-            prompts_label: str | None = None, context: str = "walk", batch_size: int = 8) -> MeasuredAcceptance:
+            max_depth: int = 8, seed: int = 0, progress: bool = True, *,
+            eos_token_id: int | Sequence[int] | None = None, prompts_label: str | None = None, context: str = "walk",
+            batch_size: int = 8) -> MeasuredAcceptance:
     """Measure the positional acceptance vector of ``draft`` against ``target`` (see module doc).
 
     Args:

@@ -254,7 +254,8 @@ def compiled_recipe(recipe: Recipe, backend: bool | str, tuned: Tuned | None,
 
 
 def run(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[DraftModel],
-        input_ids: torch.Tensor | Sequence[int] | Sequence[Sequence[int]], **kwargs: Any) -> GenerateOutput | BatchOutput:
+        input_ids: torch.Tensor | Sequence[int] | Sequence[Sequence[int]],
+        **kwargs: Any) -> GenerateOutput | BatchOutput:
     """``treespec.run``: ``treespec.recipes.run`` (same arguments; a list of prompts runs as a batch), after
     :func:`resolve` when the recipe leaves its budget to tuning, for the batch's size (resolve it once yourself to
     print its ``why`` or to run many prompts)."""

@@ -151,7 +151,8 @@ class Profile(JSONFile):
 
         slope = None if slopes is None else {part: batched(sizes if part == "target" else list(points), flat(points))
                                              for part, points in slopes.items() if points}
-        return Profile(batched(sizes, cost_curve(self.target_latency)), None if q is None else batched(list(q), cost_curve(q)),
+        return Profile(batched(sizes, cost_curve(self.target_latency)),
+                       None if q is None else batched(list(q), cost_curve(q)),
                        {**self.meta, "batch_rows": rows}, self.step_overhead_seconds * rows, slope)
 
     def step_seconds(self, shape: TreeShape) -> float:
@@ -211,7 +212,8 @@ def _meta(target: torch.nn.Module, draft: torch.nn.Module | None, **extra: Any) 
     """What a profile was measured on and with (models, precisions, machine, threads, versions, date)."""
     device = next(target.parameters()).device
     return {"target": model_name(target), "draft": None if draft is None else model_name(draft),
-            "device": machine(device), "threads": torch.get_num_threads(), "dtype": str(next(target.parameters()).dtype),
+            "device": machine(device), "threads": torch.get_num_threads(),
+            "dtype": str(next(target.parameters()).dtype),
             "target_precision": precision_of(target), "draft_precision": None if draft is None else precision_of(draft),
             **extra, "torch": torch.__version__, "treespec": version(),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}

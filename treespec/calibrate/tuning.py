@@ -220,7 +220,8 @@ def cached_profile(target: torch.nn.Module, draft: torch.nn.Module, cache_file: 
 
 def calibrate(tuned: Tuned, measured: Pilot, acceptance: Sequence[float], max_depth: int = 8) -> Tuned:
     """``tuned`` with its profile corrected by real steps of its own tree (``measured``: a pilot of
-    the tuned recipe without its confidence stop, so that every level is drafted as the DP assumes, ``treespec.calibrate.pilot.run_pilot``) and the tree chosen again under the
+    the tuned recipe without its confidence stop, so that every level is drafted as the DP assumes,
+    ``treespec.calibrate.pilot.run_pilot``) and the tree chosen again under the
     corrected costs (``Profile.calibrated``). The isolated forwards the profile times miss what a
     real step adds (the draft's catch-up over the committed tokens, the real context length, the
     selection over the vocabulary, the engine), which made predictions optimistic."""

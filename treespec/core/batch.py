@@ -185,7 +185,8 @@ def decode_batch(reqs: Sequence[Request], step: BatchEagerStep) -> BatchOutput:
         step.prefill([req.prompt for req in reqs], clock)
         clock.charge("prefill")
         while active:
-            emitted = {r: runs[r].take(*result) for r, result in step.advance({r: runs[r] for r in active}, clock).items()}
+            emitted = {r: runs[r].take(*result)
+                       for r, result in step.advance({r: runs[r] for r in active}, clock).items()}
             forwards += 1
             clock.charge("overhead")
             for r, tokens in emitted.items():

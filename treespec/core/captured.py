@@ -144,7 +144,8 @@ def envelope_for(req: Request, spec: Capture) -> tuple[Envelope, bool]:
     own = Envelope.exact(spec.parent, spec.rank, spec.given)
     if req.envelope is not None:
         if not req.envelope.covers(own):
-            raise ValueError(f"the drafter's tree ({own.describe()}) does not fit envelope=({req.envelope.describe()}); "
+            raise ValueError(f"the drafter's tree ({own.describe()}) does not fit "
+                             f"envelope=({req.envelope.describe()}); "
                              "give an envelope that covers every tree it should run (Envelope.padded)")
         return req.envelope, False
     if req.device.type == "cuda":

@@ -124,10 +124,11 @@ def generate(
             A tree the verifier is not exact for raises ``treespec.core.verifiers.NotExactError``.
             Greedy decoding ignores it (argmax walk).
         compile: False (eager), True or a ``torch.compile`` backend name: static-shape steps compiled,
-            acceptance on the device (``rrs``, ``traversal`` and ``block``; ``spectr`` is refused). One model drafter of a static shape (top-k or
-            sampling without replacement; its confidence stop on a CPU only) in a precision ``torch.compile``
-            can trace (float, int4; not torch.ao int8) drafts on the device too (``treespec.core.captured``); any other drafters draft on the host and only the target's
-            forward is compiled (``treespec.core.compiled``). ``stats.step`` says which ran, and why.
+            acceptance on the device (``rrs``, ``traversal`` and ``block``; ``spectr`` is refused). One model
+            drafter of a static shape (top-k or sampling without replacement; its confidence stop on a CPU
+            only) in a precision ``torch.compile`` can trace (float, int4; not torch.ao int8) drafts on the
+            device too (``treespec.core.captured``); any other drafters draft on the host and only the
+            target's forward is compiled (``treespec.core.compiled``). ``stats.step`` says which ran, and why.
         envelope: for the captured step, the largest tree its compiled graphs serve
             (``treespec.core.buffers.Envelope``; ``Envelope.padded`` over several trees): every tree inside
             one envelope replays the same graphs. None: the tree's own on a CPU, its levels padded to one

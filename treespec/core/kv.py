@@ -43,7 +43,9 @@ class TreeKVLayer(DynamicLayer):
         if needed <= self._k.shape[-2]:
             return
         size = max(needed, 2 * self._k.shape[-2])
-        grow = lambda t: torch.cat([t, t.new_zeros(*t.shape[:-2], size - t.shape[-2], t.shape[-1])], dim=-2)
+
+        def grow(t: torch.Tensor) -> torch.Tensor:
+            return torch.cat([t, t.new_zeros(*t.shape[:-2], size - t.shape[-2], t.shape[-1])], dim=-2)
         self._k, self._v = grow(self._k), grow(self._v)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):

@@ -44,8 +44,8 @@ def residual(r: torch.Tensor, q: torch.Tensor, weight: torch.Tensor | float = 1.
 
 def child_log_weight(log_w: torch.Tensor, p_x: torch.Tensor, q_x: torch.Tensor) -> torch.Tensor:
     """``log min(1, w p(x) / q(x))``: the weight traversal (and block) verification gives a child ``x ~ q``
-    under a node of weight ``w`` and target ``p`` (Weng et al., NeurIPS 2025, Algorithm 1). ``-inf`` where ``p(x) = 0`` or ``w = 0``; ``q(x) = 0`` (never for a genuine
-    draw) counts as ratio 1. Never NaN."""
+    under a node of weight ``w`` and target ``p`` (Weng et al., NeurIPS 2025, Algorithm 1). ``-inf`` where
+    ``p(x) = 0`` or ``w = 0``; ``q(x) = 0`` (never for a genuine draw) counts as ratio 1. Never NaN."""
     tiny = torch.finfo(log_w.dtype).tiny
     ratio = (log_w + p_x.clamp_min(tiny).log() - q_x.clamp_min(tiny).log()).clamp_max(0.0)
     return torch.where((p_x > 0) & (log_w > -math.inf), torch.where(q_x > 0, ratio, 0.0), -math.inf)

@@ -57,7 +57,8 @@ class Stats:
     verifying_seconds: float = 0.0  # target forwards over the trees
     overhead_seconds: float = 0.0  # trie, flattening, mask, acceptance walk, cache commit
     drafters: list[DrafterStats] = field(default_factory=list)
-    depth_tried: list[int] = field(default_factory=list)  # [d-1]: uncut steps whose walk reached a node at depth d-1 with children
+    depth_tried: list[int] = field(default_factory=list)  # [d-1]: uncut steps whose walk reached a node at depth
+                                                          # d-1 with children
     depth_accepted: list[int] = field(default_factory=list)  # [d-1]: of those, steps that accepted a child at depth d
     verifier: str = "rrs"  # the verification rule (treespec.core.verifiers)
     step: str = "eager"  # where the steps ran: eager, compiled (host drafting, and why) or captured
@@ -115,7 +116,8 @@ class Stats:
                 "depth_tried": self.depth_tried, "depth_accepted": self.depth_accepted,
                 "prefill_seconds": self.prefill_seconds, "drafting_seconds": self.drafting_seconds,
                 "verifying_seconds": self.verifying_seconds, "engine_seconds": self.overhead_seconds,
-                "seconds": self.seconds, "tokens_per_second": self.tokens_per_second, "verifier": self.verifier, "step": self.step,
+                "seconds": self.seconds, "tokens_per_second": self.tokens_per_second, "verifier": self.verifier,
+                "step": self.step,
                 "drafters": [asdict(d) for d in self.drafters]}
 
     @classmethod

@@ -118,11 +118,13 @@ def _compiled_forward(model: torch.nn.Module, ctx: list[int], trees: dict, compi
     cache.prefill(model, ctx + [0])
     committed = cache.length.clone()
 
-    def forward(ids: torch.Tensor, positions: torch.Tensor, block: torch.Tensor, committed: torch.Tensor) -> torch.Tensor:
+    def forward(ids: torch.Tensor, positions: torch.Tensor, block: torch.Tensor,
+                committed: torch.Tensor) -> torch.Tensor:
         return cache.forward(model, ids, positions, block, committed)
 
     fn = torch.compile(forward, dynamic=True, fullgraph=True, backend=backend, mode=mode)
-    inputs = {n: (ids, committed + torch.as_tensor(depth, device=device), torch.as_tensor(anc, device=device), committed)
+    inputs = {n: (ids, committed + torch.as_tensor(depth, device=device), torch.as_tensor(anc, device=device),
+                  committed)
               for n, (ids, depth, anc) in trees.items()}
 
     def run(n: int) -> torch.Tensor:

@@ -29,17 +29,17 @@ Speedup over a baseline is its total wall time divided by the point's, for the s
 counts, temperature, top-p and seed, measured on the same machine. Records name their machine
 (CPU model with family/model/stepping numbers, or the GPU) and keep its load average: a sweep
 resumed on another host (a cloud VM can come back on a CPU generation 1.7x faster) or run beside
-other processes skews every timing, so a point is never paired with another machine's baseline. Greedy points also record how many
-prompts produced exactly the target baseline's tokens (an exactness check; in bf16/fp16 near-ties
-can legitimately differ).
+other processes skews every timing, so a point is never paired with another machine's baseline.
+Greedy points also record how many prompts produced exactly the target baseline's tokens (an
+exactness check; in bf16/fp16 near-ties can legitimately differ).
 
 How a treespec point becomes drafters: its builder, budget ``B``, depth limit ``D`` (``"none"`` =
 no limit), temperature, top-p, verifier, compile mode, ``grid.model_mode`` (``"auto"`` = the rule) and n-gram
-options form a ``treespec.recipes.Recipe``, run by ``treespec.run`` as ``treespec generate`` and ``treespec demo`` run theirs
-(see that module for the rules: drafting mode, trees from ``tree_builders.for_budget``, how the
-n-gram drafter shares ``B`` with the model's tree). Options of the builders come from the
-``shapes`` table (``kary_width``, ``chains``, ``dynamic_depth``, ``dynamic_topk``). In ``both`` the
-n-gram drafter reserves part of ``B`` and the model's tree is sized for the rest; the step never
+options form a ``treespec.recipes.Recipe``, run by ``treespec.run`` as ``treespec generate`` and
+``treespec demo`` run theirs (see that module for the rules: drafting mode, trees from
+``tree_builders.for_budget``, how the n-gram drafter shares ``B`` with the model's tree). Options of the
+builders come from the ``shapes`` table (``kary_width``, ``chains``, ``dynamic_depth``, ``dynamic_topk``). In
+``both`` the n-gram drafter reserves part of ``B`` and the model's tree is sized for the rest; the step never
 verifies more than ``B`` tokens. For ``drafters = "ngram"`` the builder axis does not apply
 (builder ``"ngram"``).
 

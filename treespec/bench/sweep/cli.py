@@ -72,7 +72,8 @@ def _parser() -> argparse.ArgumentParser:
                     help="run the points on N Ray workers, one device each (a GPU each on a GPU node; default "
                          "run.workers, 0 = in this process); needs pip install 'treespec[ray]'")
     ap.add_argument("--ray-address", default=None, metavar="ADDR",
-                    help="join an existing Ray cluster (e.g. one started with `ray start --head`) instead of a local one")
+                    help="join an existing Ray cluster (e.g. one started with `ray start --head`) instead of "
+                         "a local one")
     ap.add_argument("--share-cpu", action="store_true",
                     help="allow several CPU workers on one machine (they slow each other: timings are distorted, and "
                          "the records say shared_cpu)")

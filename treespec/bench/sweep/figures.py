@@ -77,8 +77,8 @@ def baseline_of(record: dict[str, Any], bases: list[dict[str, Any]], method: str
 
 def speedup_interval(records: list[dict[str, Any]], bases: list[dict[str, Any]], method: str) -> Interval | None:
     """Baseline seconds / treespec seconds over the prompts of ``records``, paired per prompt, or per batch
-    for a batch point (each record with the ``method`` baseline of its own prompts, batch size and seed). None unless every record has that
-    baseline, finished, with exactly the same token count per prompt."""
+    for a batch point (each record with the ``method`` baseline of its own prompts, batch size and seed). None
+    unless every record has that baseline, finished, with exactly the same token count per prompt."""
     pairs = []
     for r in records:
         b = baseline_of(r, bases, method)
@@ -242,7 +242,8 @@ def tree_vs_chain(tres: list[dict[str, Any]]) -> list[dict[str, Any]]:
                            else "chain" if ratio.high < 1 else "neither (the interval holds 1)"),
                 "speed": {"tree": speeds[best], "chain": speed_interval(chain)},
                 "tau": {"tree": tau_interval(tree, uncut=True), "chain": tau_interval(chain, uncut=True)},
-                "predicted_tau": {"tree": t0["result"].get("predicted_tau"), "chain": c0["result"].get("predicted_tau")},
+                "predicted_tau": {"tree": t0["result"].get("predicted_tau"),
+                                  "chain": c0["result"].get("predicted_tau")},
                 "size": {"tree": t0["result"]["mean_tree_size"], "chain": c0["result"]["mean_tree_size"]},
                 "verify": {"tree": _per_step(t0, "verifying"), "chain": _per_step(c0, "verifying")},
                 "draft_level": {k: (_per_step(r, "drafting") / _levels(r) if _levels(r) else None)
@@ -294,7 +295,8 @@ def step_cost_rows(tres: list[dict[str, Any]], profile: Any) -> list[dict[str, A
     groups = sorted({(machine_of(r), r["params"]["temperature"]) for r in static}, key=str)
     for machine, temperature in groups:
         mine = [r for r in static if (machine_of(r), r["params"]["temperature"]) == (machine, temperature)]
-        first = min(mine, key=lambda r: (r["params"]["builder"] != "chain", r["params"]["budget"], str(panel(r["params"]))))
+        first = min(mine, key=lambda r: (r["params"]["builder"] != "chain", r["params"]["budget"],
+                                         str(panel(r["params"]))))
         calib = [r for r in mine if r["result"]["tree"]["paths"] == first["result"]["tree"]["paths"]]
         shape = TreeShape.from_paths([tuple(p) for p in first["result"]["tree"]["paths"]])
         parts = [_step_weighted(calib, lambda r, part=part: _per_step(r, part))

@@ -92,9 +92,9 @@ def _run_sweep(cfg: dict[str, Any], out: Path, progress: bool, on_point: Callabl
     todo = [pt for pt in points if pt.key not in state.records]
     elsewhere = sorted({machine_of(r) for r in state.records.values()} - {state.machine})
     if todo and elsewhere:
-        print(f"[treespec sweep] {out / RESULTS} holds points measured on other machines ({'; '.join(elsewhere)}), and this is "
-              f"{state.machine}: speedups pair only points and baselines of one machine, so a new point whose "
-              "baselines ran elsewhere gets none (move that panel's records out to re-measure it here)",
+        print(f"[treespec sweep] {out / RESULTS} holds points measured on other machines ({'; '.join(elsewhere)}), "
+              f"and this is {state.machine}: speedups pair only points and baselines of one machine, so a new "
+              "point whose baselines ran elsewhere gets none (move that panel's records out to re-measure it here)",
               file=sys.stderr)
     from tqdm.auto import tqdm
 

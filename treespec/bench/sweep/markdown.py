@@ -10,8 +10,8 @@ from typing import Any
 from ..intervals import Interval
 from .config import CITABLE
 from .figures import (agreement, baseline_of, baseline_speedup, depth_rows, panel, per_depth_prediction,
-                      same_greedy_outputs, speed_interval, speedup_interval, step_cost_rows, tau_interval, tree_vs_chain,
-                      where_the_gap_is)
+                      same_greedy_outputs, speed_interval, speedup_interval, step_cost_rows, tau_interval,
+                      tree_vs_chain, where_the_gap_is)
 from .points import batch_note, batch_size, tree_label
 from .records import machine_of
 
@@ -122,7 +122,8 @@ def _treespec_table(tres: list[dict[str, Any]], bases: list[dict[str, Any]]) -> 
                 s.get(method) if baseline_of(r, bases, method) is not None else None)
 
         lines.append(
-            f"| {p['dataset']}{batch_note(batch_size(p))} | {p['temperature']:g} | {p['top_p']:g} | {p['seed']} | {p['drafters']} | "
+            f"| {p['dataset']}{batch_note(batch_size(p))} | {p['temperature']:g} | {p['top_p']:g} | {p['seed']} | "
+            f"{p['drafters']} | "
             f"{tree_label(p)} | {p['budget']} | {_fmt(p['max_depth'])} | {res['mean_tree_size']:.1f} | "
             f"{_fmt(tau_interval([r]) or res['tau'])} | {_fmt(tau_interval([r], uncut=True))} | "
             f"{_fmt(res.get('predicted_tau'))} | {_fmt(res.get('replayed_tau'))} | "
@@ -148,8 +149,9 @@ def _compile_section(tres: list[dict[str, Any]]) -> list[str]:
     paying = [r for r in compiled if r["result"]["compile"]["graphs"] > 0]
     envelopes = sorted({r["result"]["compile"]["envelope"] for r in compiled})
     lines = ["## Compiles", "",
-             f"{len(compiled)} points ran compiled steps in {len(envelopes)} envelope(s); {len(paying)} of them compiled "
-             "graphs in their warm-up call (seconds kept apart from the measured ones; the others replayed them):", ""]
+             f"{len(compiled)} points ran compiled steps in {len(envelopes)} envelope(s); {len(paying)} of them "
+             "compiled graphs in their warm-up call (seconds kept apart from the measured ones; the others replayed "
+             "them):", ""]
     for r in paying:
         c = r["result"]["compile"]
         lines.append(f"- envelope {c['envelope']}: {c['graphs']} graphs, {c['seconds']:.1f} s (warm-up of "
@@ -216,14 +218,14 @@ def _prediction_section(tres: list[dict[str, Any]], directory: Path) -> list[str
              "that the walk reached each depth), computed when the report is written. Measured: tau over uncut "
              "steps on the evaluation prompts, 95% CI. *cut cost*: how far tau over all steps sits from it (the "
              "steps shortened by max_new_tokens).", "",
-             "| dataset | T | builder | B | predicted | per-depth | measured (uncut) | gap | per-depth gap | inside CI | "
-             "cut cost |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| dataset | T | builder | B | predicted | per-depth | measured (uncut) | gap | per-depth gap | "
+             "inside CI | cut cost |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r, a in rows:
         p, depthwise = r["params"], per_depth_prediction(r, directory)
         depth_gap = "-" if depthwise is None else f"{a['measured'].estimate / depthwise - 1:+.1%}"
         lines.append(f"| {p['dataset']} | {p['temperature']:g} | {tree_label(p)} | {p['budget']} | "
-                     f"{a['predicted']:.2f} | {_fmt(depthwise)} | {a['measured'].fmt()} | {a['gap']:+.1%} | {depth_gap} | "
-                     f"{'yes' if a['agrees'] else '**no**'} | "
+                     f"{a['predicted']:.2f} | {_fmt(depthwise)} | {a['measured'].fmt()} | {a['gap']:+.1%} | "
+                     f"{depth_gap} | {'yes' if a['agrees'] else '**no**'} | "
                      f"{'-' if a['cut_cost'] is None else format(a['cut_cost'], '+.1%')} |")
     lines.append("")
     off = [(r, a) for r, a in rows if not a["agrees"] and depth_rows(r)]
@@ -265,10 +267,12 @@ def _verdict_section(tres: list[dict[str, Any]]) -> list[str]:
         pt, pc = v["predicted_tau"]["tree"], v["predicted_tau"]["chain"]
         dl = v["draft_level"]
         lines.append(
-            f"| {dataset}{batch_note(batch)} | {t:g} | {v['budget']} | {v['tree']} | {_fmt(v['ratio'])} | {v['winner'] or '-'} | "
+            f"| {dataset}{batch_note(batch)} | {t:g} | {v['budget']} | {v['tree']} | {_fmt(v['ratio'])} | "
+            f"{v['winner'] or '-'} | "
             f"{_fmt(v['tau']['tree'])} / {_fmt(v['tau']['chain'])} | "
             f"{'-' if pt is None or pc is None else f'{pt:.2f} / {pc:.2f}'} | "
-            f"{v['size']['tree']:.1f} / {v['size']['chain']:.1f} | {v['verify']['tree']:.3f} / {v['verify']['chain']:.3f} | "
+            f"{v['size']['tree']:.1f} / {v['size']['chain']:.1f} | "
+            f"{v['verify']['tree']:.3f} / {v['verify']['chain']:.3f} | "
             f"{_fmt(dl['tree'], 3)} / {_fmt(dl['chain'], 3)} | {_fmt(v['siblings'], 3)} |")
     wins = {}
     for v in rows:
@@ -314,7 +318,8 @@ def _step_cost_section(tres: list[dict[str, Any]], directory: Path) -> list[str]
              + ("" if drift is None else
                 " Timing drift between runs bounds what any cost model can match here: points that ran an "
                 f"identical tree on one panel differ by up to {drift:.0%} in measured seconds per step."), "",
-             "| machine | dataset | T | builder | B | predicted s/step (draft + verify) | measured (draft + verify) | gap |",
+             "| machine | dataset | T | builder | B | predicted s/step (draft + verify) | "
+             "measured (draft + verify) | gap |",
              "|---|---|---|---|---|---|---|---|"]
     for v in rows:
         p, parts = v["record"]["params"], v["parts"]

@@ -59,7 +59,8 @@ def acceptance_params(cfg: dict[str, Any], target: str, draft: str, dataset: str
     return {"target": target, "draft": draft, "dataset": dataset, "calib": list(calib),
             "max_prompt_tokens": int(cfg["data"]["max_prompt_tokens"]), "mode": mode,
             "temperature": float(temperature), "top_p": float(top_p), "width": int(a["width"]),
-            "max_new_tokens": int(cfg["data"]["max_new_tokens"] if a["max_new_tokens"] == "eval" else a["max_new_tokens"]),
+            "max_new_tokens": int(cfg["data"]["max_new_tokens"] if a["max_new_tokens"] == "eval"
+                                  else a["max_new_tokens"]),
             "max_depth": int(a["max_depth"]),
             "device": cfg["run"]["device"], "dtype": cfg["run"]["dtype"], **_draft_precision(cfg)}
 
@@ -213,12 +214,13 @@ def compile_plan(cfg: dict[str, Any], points: list[Point]) -> list[str]:
     host = [pt for pt in compiled if pt not in captured]
     settings = sorted({(pt.params["temperature"], pt.params["top_p"], pt.params.get("verifier", "rrs"))
                        for pt in captured})
-    lines = [f"compile plan: {len(compiled)} compiled points ({cfg['run']['device']}, compile={compiled[0].params['compile']})"]
+    lines = [f"compile plan: {len(compiled)} compiled points ({cfg['run']['device']}, "
+             f"compile={compiled[0].params['compile']})"]
     if captured:
         budgets = sorted({pt.params["budget"] for pt in captured})
         if padded_envelope(cfg):
-            lines.append(f"  {len(captured)} points capture their tree in ONE padded envelope (run.envelope): made at the "
-                         f"first compiled point from every tree of the sweep, at most {max(budgets)} nodes")
+            lines.append(f"  {len(captured)} points capture their tree in ONE padded envelope (run.envelope): made "
+                         f"at the first compiled point from every tree of the sweep, at most {max(budgets)} nodes")
         else:
             trees = {(tree_label(pt.params), pt.params["budget"], pt.params["max_depth"], pt.params["dataset"]
                       if pt.params["builder"] == "sequoia" else "") for pt in captured}
@@ -227,8 +229,9 @@ def compile_plan(cfg: dict[str, Any], points: list[Point]) -> list[str]:
         lines.append(f"  graphs per envelope: 2 prefill chunks (target, draft), 1 draft level per drafting setting, "
                      f"1 verification per sampling setting and verifier ({len(settings)}: "
                      + ", ".join(f"T={t:g} top-p={p:g} {v}" for t, p, v in settings) + ")")
-        lines.append("  cache capacity: each point's warm-up runs its longest prompt, whose runner serves every shorter "
-                     "one (a dataset of longer prompts compiles its set in its first warm-up; no timed call compiles)")
+        lines.append("  cache capacity: each point's warm-up runs its longest prompt, whose runner serves every "
+                     "shorter one (a dataset of longer prompts compiles its set in its first warm-up; no timed call "
+                     "compiles)")
     if host:
         widths = sorted({pt.params["budget"] for pt in host})
         lines.append(f"  {len(host)} points draft on the host (n-gram, several drafters, i.i.d. sampling or dynamic "

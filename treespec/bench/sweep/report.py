@@ -118,7 +118,8 @@ def report(results_jsonl: str | os.PathLike, out_dir: str | os.PathLike | None =
 class _BudgetPlots:
     """Plots against the budget: one panel per target, dataset, temperature and top-p; one line per builder."""
 
-    def __init__(self, tres: list[dict[str, Any]], out: Path, images: list[tuple[str, str]], multi_target: bool) -> None:
+    def __init__(self, tres: list[dict[str, Any]], out: Path, images: list[tuple[str, str]],
+                 multi_target: bool) -> None:
         self.tres, self.out, self.images, self.multi_target = tres, out, images, multi_target
         self.multi_depth = len({r["params"]["max_depth"] for r in tres}) > 1
         self.panels = sorted({panel(r["params"]) for r in tres}, key=str)

@@ -209,7 +209,8 @@ class Sweep:
                   "mean_tree_size": s.mean_tree_size, "drafters": [asdict(d) for d in s.drafters],
                   "output_digests": [_digest(out.new_tokens) for out in outs], "step": s.step, **info}
         wall = sum(walls)
-        timing = {"wall_seconds": wall, "per_prompt_seconds": walls, "tokens_per_second": s.new_tokens / wall if wall else 0.0,
+        timing = {"wall_seconds": wall, "per_prompt_seconds": walls,
+                  "tokens_per_second": s.new_tokens / wall if wall else 0.0,
                   "warmup_seconds": self.warmup_seconds, **{k: getattr(s, k) for k in SECTIONS}}
         if batch_size(p) > 1:  # per row: when it finished in its batch (what that prompt's user waited)
             _per_batch(result, timing, [[len(r.new_tokens) for r in out.rows] for out in batches],
