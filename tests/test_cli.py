@@ -452,3 +452,11 @@ def test_streamed_text_keeps_characters_whose_bytes_span_tokens():
     assert out.getvalue() == "ok"
     streamer.end()
     assert out.getvalue() == "ok\ufffd"
+
+
+def test_commands_of_one_draft_take_one_and_generate_several():
+    parser = build_parser()
+    assert parser.parse_args(["accept", "--draft", "a", "--draft", "b"]).draft == ["b"]  # the last, as options do
+    assert parser.parse_args(["profile", "--draft", "a"]).draft == ["a"]
+    assert parser.parse_args(["generate", "--prompt", "x", "--draft", "a", "--draft", "b"]).draft == ["a", "b"]
+    assert "repeatable" not in parser._subparsers._group_actions[0].choices["demo"].format_help()

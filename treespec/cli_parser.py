@@ -62,14 +62,21 @@ def _device(text: str) -> str:
     return text
 
 
-def add_model_options(p: argparse.ArgumentParser) -> None:
+def add_model_options(p: argparse.ArgumentParser, several_drafts: bool = False) -> None:
+    """The target, draft, device and precision options; ``several_drafts``: ``--draft`` repeats (generate), else the
+    command runs one draft (a second ``--draft`` replaces the first, as options do)."""
     from .models.loading import DEFAULT_DRAFT, DEFAULT_TARGET
 
     p.add_argument("--target", default=DEFAULT_TARGET, metavar="M",
                    help="target model: HF id, local dir, local .gguf file, or a built-in name "
                         f"(default: {DEFAULT_TARGET})")
-    p.add_argument("--draft", action="append", metavar="M",
-                   help=f"draft model (repeatable; default: {DEFAULT_DRAFT} unless --ngram alone is asked)")
+    if several_drafts:
+        p.add_argument("--draft", action="append", metavar="M",
+                       help=f"draft model (repeatable; default: {DEFAULT_DRAFT} unless --ngram alone is asked)")
+    else:
+        p.add_argument("--draft", type=lambda name: [name], metavar="M",
+                       help=f"draft model: HF id, local dir, local .gguf file, or a built-in name (default: "
+                            f"{DEFAULT_DRAFT})")
     p.add_argument("--device", type=_device, default="cuda" if torch.cuda.is_available() else "cpu",
                    help="torch device, e.g. cpu, cuda or cuda:1 (default: cuda if available)")
     p.add_argument("--dtype", choices=CHOICES["target"], default=None,
@@ -133,7 +140,7 @@ def _generate(sub) -> None:
                      help="a text file: one prompt per line (\\n inside a line is a newline)")
     src.add_argument("--prompts-jsonl", type=Path, metavar="F",
                      help="a JSONL file: one object with a 'prompt' per line")
-    add_model_options(g)
+    add_model_options(g, several_drafts=True)
     g.add_argument("--ngram", action="store_true",
                    help="add the n-gram drafter over the running context; beside a draft model it reserves up to "
                         "4 of the budget's nodes, the tree gets the rest")
@@ -244,10 +251,13 @@ def _profile(sub) -> None:
                                     "per level width, then pick the Sequoia tree (budget, depth, width limit) with the "
                                     "most predicted tokens per second: G(T) / (t(n) + the draft forwards of its levels "
                                     "at their widths + the engine's time per step).")
-    pr.add_argument("--sizes", type=_count("size"), nargs="+", default=[1, 2, 4, 8, 16, 32], metavar="N")
+    pr.add_argument("--sizes", type=_count("size"), nargs="+", default=[1, 2, 4, 8, 16, 32], metavar="N",
+                    help="tree sizes (tokens per target forward) to time; the largest caps the budgets chosen "
+                         "from (default: 1 2 4 8 16 32)")
     pr.add_argument("--acceptance", type=Path, default=None, metavar="JSON",
                     help="acceptance (default: the one shipped for the built-in pair); its per-depth rows unless "
                          "--positional-acceptance")
     pr.add_argument("--positional-acceptance", action="store_true",
                     help="the positional vector instead of the per-depth rows")
-    pr.add_argument("--max-depth", type=_count("max-depth"), default=8, metavar="D")
+    pr.add_argument("--max-depth", type=_count("max-depth"), default=8, metavar="D",
+                    help="the deepest tree chosen from (default 8)")
