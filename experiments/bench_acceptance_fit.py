@@ -127,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     # the acceptance files are measured once; a later report names the machine they were measured on
     measured_on = ("; ".join((args.out / MEASURED_ON).read_text().split("\n")).strip("; ")
                    if (args.out / MEASURED_ON).exists() else machine("cpu"))
-    lines = [f"# Acceptance predictions against the CPU sweep's measured tau (acceptance measured on {measured_on})", "",
+    lines = ["# Acceptance predictions against the CPU sweep's measured tau (acceptance measured on "
+             f"{measured_on})", "",
              __doc__.split("\n\n")[1].replace("\n", " "), "", __doc__.split("\n\n")[2], "",
              __doc__.split("\n\n")[3].replace("\n", " "), "",
              "Cells: predicted tau under the vector / under the per-depth matrix (measured over predicted - 1); in a "
@@ -139,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
         if not mine:
             continue
         columns = ("sweep", *columns_of(variants))
-        lines += [f"## {dataset}, T={t:g}", "", f"| builder | B | mode | measured tau (uncut) | {' | '.join(columns)} |",
+        lines += [f"## {dataset}, T={t:g}", "",
+                  f"| builder | B | mode | measured tau (uncut) | {' | '.join(columns)} |",
                   "|---|---|---|---|" + "---|" * len(columns)]
         worst = {v: [0.0, 0.0] for v in columns}
         inside = {v: [0, 0] for v in columns}  # per-depth predictions inside the measured 95% interval, of all
@@ -172,13 +174,16 @@ def main(argv: list[str] | None = None) -> int:
                                for v, w in worst.items())
         inside_text = "; ".join(f"{v}: {k} of {n}" for v, (k, n) in inside.items())
         lines += ["", f"Largest gap, vector / per-depth (replay): {worst_text}.",
-                  f"Per-depth (replay) predictions inside the measured 95% interval: {inside_text}. The measured intervals' "
-                  f"half-width is {np.median(half_widths):.0%} of tau at the median (up to {max(half_widths):.0%}).", ""]
+                  f"Per-depth (replay) predictions inside the measured 95% interval: {inside_text}. "
+                  "The measured intervals' "
+                  f"half-width is {np.median(half_widths):.0%} of tau at the median "
+                  f"(up to {max(half_widths):.0%}).", ""]
         summary.append(f"| {dataset} | {t:g} | " + " | ".join(
             ("-" if v not in worst else f"{worst[v][1]:.0%} ({inside[v][0]}/{inside[v][1]})" if v.endswith(REPLAY)
              else f"{worst[v][0]:.0%} / {worst[v][1]:.0%} ({inside[v][0]}/{inside[v][1]})")
             for v in ("sweep", *columns_of(VARIANTS))) + f" | {np.median(half_widths):.0%} |")
-    lines[head:head] = ["Largest gap per panel (vector / per-depth; a replay column: the replay) over its static points, "
+    lines[head:head] = ["Largest gap per panel (vector / per-depth; a replay column: the replay) "
+                  "over its static points, "
                   "and in parentheses how many per-depth (replay) predictions fall inside the measured tau's 95% "
                   "interval; the last column is the median "
                   "half-width of those intervals (20 prompts): a gap smaller than it cannot be told from prompt "

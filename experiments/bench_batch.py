@@ -118,14 +118,16 @@ def summarize(records: list[dict[str, Any]], batch_size: int, dataset: str | Non
 
 def markdown(summaries: list[dict[str, Any]]) -> str:
     ours = list(dict.fromkeys(t for s in summaries if s.get("groups") for t in s["speedup"]))
-    header = ("| batch | prompts | groups | HF eager tok/s | HF static+compile tok/s | HF assisted tok/s | treespec tree | "
+    header = ("| batch | prompts | groups | HF eager tok/s | HF static+compile tok/s | HF assisted tok/s | "
+              "treespec tree | "
               + " | ".join(f"{t} tok/s | {t} / fastest HF [95% CI]" for t in ours) + " |")
     lines = [header, "|" + "---|" * (7 + 2 * len(ours))]
     for s in summaries:
         if not s.get("groups"):
             continue
         t = s["tokens_per_second"]
-        cells = [f"{t[m]:.2f}" if m in t else "n/a (one prompt only)" for m in ("hf", "hf-static-compiled", "hf-assisted")]
+        cells = [f"{t[m]:.2f}" if m in t else "n/a (one prompt only)"
+                 for m in ("hf", "hf-static-compiled", "hf-assisted")]
         for m in ours:
             sp = s["speedup_over_fastest_hf"][m]
             cells += [f"{t[m]:.2f}", f"{sp['estimate']:.2f}x [{sp['low']:.2f}, {sp['high']:.2f}] vs {s['fastest_hf']}"]
@@ -193,10 +195,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     print(f"B={b} {d}/{g} {name}: {sum(map(len, tokens)) / seconds:.2f} tok/s", flush=True)
     records = read_records(results)
     summaries = [summarize(records, b, d) for b in args.batch_sizes for d in [*args.datasets, None]]
-    machine = f"{cpu_model()}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads, torch {torch.__version__}"
+    machine = (f"{cpu_model()}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads, "
+               f"torch {torch.__version__}")
     result = {"machine": machine, "configuration": {b: r.why for b, r in resolved.items()},
               "max_new_tokens": args.max_new_tokens,
-              "warmup_seconds": read_records(args.out / "warmups.jsonl") if (args.out / "warmups.jsonl").exists() else [],
+              "warmup_seconds": (read_records(args.out / "warmups.jsonl") if (args.out / "warmups.jsonl").exists()
+                                 else []),
               "summaries": summaries}
     (args.out / "summary.json").write_text(json.dumps(result, indent=1))
     table = markdown(summaries)

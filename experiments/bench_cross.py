@@ -327,7 +327,8 @@ def main(argv: list[str] | None = None) -> dict:
         summaries.append(s)
     meta = {"machine": f"{cpu_model()}, {torch.get_num_threads()} torch threads", "torch": torch.__version__,
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "command": command,
-            "max_new_tokens": args.max_new_tokens, "greedy": True, "prompts": f"{args.start}..{args.start + args.prompts - 1}"
+            "max_new_tokens": args.max_new_tokens, "greedy": True,
+            "prompts": f"{args.start}..{args.start + args.prompts - 1}"
             " of each dataset", "settings": setup.settings}
     result = {**meta, "summaries": summaries}
     (args.out / "summary.json").write_text(json.dumps(result, indent=1, default=str))

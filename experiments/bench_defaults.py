@@ -7,7 +7,8 @@ every other drafter a pilot that predicts the fastest depth or plain decoding,
 eager) on every prompt. A warm-up prompt (HumanEval 99) is run first and left out of the figures.
 Per configuration one record is appended to ``<out>/results.jsonl`` as it finishes (a re-run
 skips finished ones); ``README.md`` gives tok/s and the speedup over the target alone with a
-bootstrap 95% interval over prompts (paired per prompt: HF seconds over treespec seconds), and the configuration line the CLI printed.
+bootstrap 95% interval over prompts (paired per prompt: HF seconds over treespec seconds), and the configuration line
+the CLI printed.
 
     python experiments/bench_defaults.py --out experiments/results/cli-defaults --prompts 6 --max-new-tokens 64
 
@@ -46,7 +47,8 @@ CONFIGS = {
 
 
 def run_config(label: str, extra: list[str], prompts_file: Path, max_new_tokens: int) -> dict:
-    cmd = [sys.executable, "-c", "import sys; from treespec.cli import main; sys.exit(main())", "generate", "--prompts-jsonl", str(prompts_file), "--json", "--compare",
+    cmd = [sys.executable, "-c", "import sys; from treespec.cli import main; sys.exit(main())", "generate",
+           "--prompts-jsonl", str(prompts_file), "--json", "--compare",
            "--seed", "0", "--max-new-tokens", str(max_new_tokens), *extra]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode not in (0, 1):  # 1: a greedy output differed from HF's (recorded, not fatal)
@@ -58,14 +60,16 @@ def run_config(label: str, extra: list[str], prompts_file: Path, max_new_tokens:
 
 def summarize(rows: list[dict], out: Path, args: argparse.Namespace) -> None:
     lines = [f"# CLI defaults against plain decoding ({machine('cpu')}, torch {torch.__version__})", "",
-             f"`treespec generate --json --compare` per configuration, greedy, HumanEval {100}-{100 + args.prompts - 1}, "
+             "`treespec generate --json --compare` per configuration, greedy, "
+             f"HumanEval {100}-{100 + args.prompts - 1}, "
              f"{args.max_new_tokens} new tokens (warm-up prompt 99 left out). Speedup: treespec tok/s over HF "
              "`generate` eager (the target alone, same process, same prompt): HF's seconds over treespec's, summed "
              "over prompts, with a paired bootstrap 95% interval. Command: `python experiments/bench_defaults.py --out "
              f"{args.out} --prompts {args.prompts} --max-new-tokens {args.max_new_tokens}`.", "",
              "*s/step*: measured seconds per step (drafting + verifying + engine), to set beside the seconds per step "
              "the CLI predicted (in its configuration line).", "",
-             "| configuration | treespec tok/s | target alone tok/s | speedup [95% CI] | tau | s/step | greedy = target | "
+             "| configuration | treespec tok/s | target alone tok/s | speedup [95% CI] | tau | s/step | "
+             "greedy = target | "
              "what the CLI chose |", "|---|---|---|---|---|---|---|---|"]
     for row in rows:
         recs = row["records"]
@@ -75,8 +79,10 @@ def summarize(rows: list[dict], out: Path, args: argparse.Namespace) -> None:
         ci = intervals.ratio_of_sums(tokens / hf, tokens / ts).fmt()  # paired per prompt: HF seconds / ours
         same = sum(bool(r.get("identical")) for r in recs)
         steps = sum(r["steps"] for r in recs)
-        per_step = sum(r["drafting_seconds"] + r["verifying_seconds"] + r["engine_seconds"] for r in recs) / max(steps, 1)
-        lines.append(f"| {row['label']} (`{' '.join(row['options']) or '(none)'}`) | {ts.mean():.2f} | {hf.mean():.2f} | "
+        per_step = (sum(r["drafting_seconds"] + r["verifying_seconds"] + r["engine_seconds"] for r in recs)
+                    / max(steps, 1))
+        lines.append(f"| {row['label']} (`{' '.join(row['options']) or '(none)'}`) | {ts.mean():.2f} | "
+                     f"{hf.mean():.2f} | "
                      f"{ci} | {np.mean([r['tau'] for r in recs]):.2f} | {per_step:.3f} | {same}/{len(recs)} | "
                      f"{row['configuration']} |")
     (out / "README.md").write_text("\n".join(lines) + "\n")

@@ -67,7 +67,8 @@ def _torchao(model: torch.nn.Module, precision: str) -> torch.nn.Module:
     except ImportError as error:
         raise SystemExit(f"{precision} needs torchao ({error}); install it with `pip install torchao`") from None
     model = model.to(torch.bfloat16)
-    quantize_(model, Int8WeightOnlyConfig() if precision == "torchao-int8wo" else Int8DynamicActivationInt8WeightConfig())
+    quantize_(model,
+              Int8WeightOnlyConfig() if precision == "torchao-int8wo" else Int8DynamicActivationInt8WeightConfig())
     return model
 
 
@@ -153,7 +154,7 @@ def kernel_table(rows: tuple[int, ...] = (1, 4, 64)) -> list[str]:
                 x = {k: v.bfloat16() for k, v in x.items()}
             with torch.inference_mode():
                 def forward():
-                    for layer in layers:
+                    for layer in layers:  # noqa: F821
                         layer(x[layer.in_features])
                 forward()
                 times = []
@@ -213,7 +214,8 @@ def main(argv: list[str] | None = None) -> str:
     torch._inductor.config.freezing = True
     widths = [int(w) for w in args.widths.split(",")]
     command = " ".join(["python experiments/bench_draft_level.py", *(argv if argv is not None else sys.argv[1:])])
-    lines = [f"# Draft level, agreement and attention per draft precision ({machine('cpu')}, torch {torch.__version__})",
+    lines = [f"# Draft level, agreement and attention per draft precision ({machine('cpu')}, "
+             f"torch {torch.__version__})",
              "", f"Command: `{command}`", ""]
     base, tokenizer = load(DEFAULT_DRAFT, dtype="float32", role="draft")
     if "levels" not in skip:

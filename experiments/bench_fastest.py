@@ -140,7 +140,8 @@ def main(argv: list[str] | None = None) -> dict:
     (args.out / "summary.json").write_text(json.dumps(result, indent=1))
     text = "\n\n".join(compare.markdown(s) + "\n\n" + breakdown(result["per_step"][s["dataset"]]) for s in summaries)
     (args.out / "README.md").write_text(
-        f"# The captured step against HF at its fastest, CPU\n\nMachine: {result['machine']}, torch {torch.__version__}."
+        f"# The captured step against HF at its fastest, CPU\n\nMachine: {result['machine']}, "
+        f"torch {torch.__version__}."
         f"\n{args.max_new_tokens} greedy tokens per prompt, methods interleaved per prompt"
         + (f" (except {', '.join(added_later)}: added by a later run with `--only`, after the others)"
            if added_later else "") + ". treespec-eager: "

@@ -12,8 +12,8 @@ ends (a crash later loses nothing; a phase run again replaces only its own entry
   the draft's cost per tree level, eager and compiled.
 * ``hf``: HF ``generate``, eager and with a static cache + ``torch.compile``.
 * ``treespec``: seconds per step of Sequoia trees (``--step-budgets``; the DP trees of the shipped T=0
-  acceptance's per-depth rows) captured (``compile=True``), and eager at the first budget (``--no-eager``: not), each with a
-  ``torch.profiler`` count of launches, copies and syncs per step and the device's busy time per step;
+  acceptance's per-depth rows) captured (``compile=True``), and eager at the first budget (``--no-eager``: not),
+  each with a ``torch.profiler`` count of launches, copies and syncs per step and the device's busy time per step;
   saved after every run. A random draft: a step costs the same whatever is accepted, so the real
   pair's tok/s is predicted from the shapes' tau at report time.
 * ``validate``: float32 (bf16 random logits have near-ties): draft = target, the share of steps
@@ -199,7 +199,8 @@ def phase_first(b: Bench) -> dict[str, Any]:
             with torch.inference_mode():
                 hf = model.generate(torch.tensor([prompt], device=b.device), do_sample=False, max_new_tokens=24,
                                     min_new_tokens=24, pad_token_id=0, eos_token_id=None)[0, len(prompt):].tolist()
-            out["cases"].append({"shape": len(shape) + 1, "prompt_len": len(prompt), "new_graphs": graphs_compiled() - graphs,
+            out["cases"].append({"shape": len(shape) + 1, "prompt_len": len(prompt),
+                                 "new_graphs": graphs_compiled() - graphs,
                                  "compiled_equals_eager": comp.new_tokens == eager.new_tokens,
                                  "compiled_equals_hf": comp.new_tokens == hf, "seconds_with_compile": seconds,
                                  "tau": comp.stats.tau, "accepted_hist": comp.stats.accepted_hist,
@@ -316,7 +317,8 @@ def treespec_run(b: Bench, target: torch.nn.Module, draft: torch.nn.Module, shap
     per_step = {k: getattr(s, f"{k}_seconds") / s.steps for k in ("drafting", "verifying", "overhead")}
     run = {"step": first.stats.step, "tokens": s.new_tokens, "steps": s.steps, "tau": s.tau, "seconds": seconds,
            "tok_s": s.new_tokens / seconds, "first_call_seconds": first_seconds,
-           "sections_seconds": {k: getattr(s, f"{k}_seconds") for k in ("prefill", "drafting", "verifying", "overhead")},
+           "sections_seconds": {k: getattr(s, f"{k}_seconds")
+                                for k in ("prefill", "drafting", "verifying", "overhead")},
            "step_seconds": sum(per_step.values()), "per_step_seconds": per_step,
            "accepted_hist": s.accepted_hist, "uncut_steps": len(kept),
            "uncut_steps_committing_whole_chain": sum(k == depth + 1 for k in kept),
@@ -439,7 +441,8 @@ def phase_predict(b: Bench, done: dict[str, Any]) -> dict[str, Any]:
                                  ("compiled target and draft levels", lat_c, c.get("draft_level_compiled"))):
             if not lat or level is None:  # that cost model was not measured (--compiled-sizes 0)
                 continue
-            ch = choose_tree(acc, lat, level, budgets=[x for x in budgets if x <= max(lat)], max_depth=10, per_depth=True)
+            ch = choose_tree(acc, lat, level, budgets=[x for x in budgets if x <= max(lat)], max_depth=10,
+                             per_depth=True)
             rows[name] = {"budget": ch.budget, "depth": ch.depth, "tau": ch.tau, "speedup_vs_own_decode": ch.speedup,
                           "tok_s": ch.speedup / lat[1], "c": ch.c}
         out[path.stem] = rows
@@ -551,11 +554,13 @@ def _sweep(b: Bench) -> dict[str, Any]:
                                                 repeats=a.repeats, compiled=b.compile)
         out["costs_seconds"] = time.perf_counter() - t
     c = out["step_costs"]
-    choice = choose_tree(acc, {1: c["verify"], env.nodes: c["verify"]}, c["level"], budgets=list(range(1, env.nodes + 1)),
-                         max_depth=env.depth, max_width=env.children, per_depth=True, overhead=c["engine"])
+    choice = choose_tree(acc, {1: c["verify"], env.nodes: c["verify"]}, c["level"],
+                         budgets=list(range(1, env.nodes + 1)), max_depth=env.depth, max_width=env.children,
+                         per_depth=True, overhead=c["engine"])
     out["device_sized"] = {"budget": choice.budget, "depth": choice.depth, "size": choice.shape.size,
                            "widths": list(choice.shape.widths), "predicted_tau_rows": choice.tau,
-                           "predicted_step_seconds": choice.step_seconds, "paths": [list(p) for p in choice.shape.paths]}
+                           "predicted_step_seconds": choice.step_seconds,
+                           "paths": [list(p) for p in choice.shape.paths]}
     b.checkpoint("sweep", out)
     if choice.shape.size > 1 and env.covers(Envelope.for_shapes([choice.shape])):
         runs["device-sized"] = _sweep_run(b, acc, "device-sized", choice.shape, env)
@@ -660,7 +665,8 @@ LEVERS = {
                      "cuDNN's attention"),
     "baseline": Lever("before the levers: caches in buckets of 1024 rows, inductor + CUDA graphs", bucket=1024,
                       freezing=False, concat_qkv=False),
-    "bucket-256+freezing+sdpa-efficient": Lever("caches in buckets of 256 rows, freezing, SDPA's memory-efficient kernel",
+    "bucket-256+freezing+sdpa-efficient": Lever("caches in buckets of 256 rows, freezing, "
+                                                "SDPA's memory-efficient kernel",
                                                 bucket=256, sdpa="efficient", concat_qkv=False),
     "freezing": Lever("inductor weight freezing: weights as constants; on CUDA gate/up become one product (q/k/v "
                       "too where their widths are equal)", bucket=1024, concat_qkv=False),
@@ -753,7 +759,8 @@ def phase_levels(b: Bench) -> dict[str, Any]:
     every lever; levers not started within ``--levels-seconds`` of the phase's start are skipped (and named)."""
     shape = for_budget("chain", 5)
     _, env = sweep_shapes(b, MeasuredAcceptance.load(ROOT / "treespec" / "data" / "acceptance-qwen2.5-coder-t0.json"))
-    out: dict[str, Any] = {"shape": f"chain of 4 in the sweep's envelope ({env.describe()})", "context": b.args.prompt_len,
+    out: dict[str, Any] = {"shape": f"chain of 4 in the sweep's envelope ({env.describe()})",
+                           "context": b.args.prompt_len,
                            "levers": {}, "skipped": []}
     start = time.perf_counter()
     for name in b.args.levers or LEVERS:
@@ -854,20 +861,23 @@ def report(r: dict[str, Any]) -> str:
             syncs = sum(n for c, n in calls.items() if "Synchronize" in c)
             tok_s = v["predicted_tau_t0"] / v["step_seconds"]
             lines.append(f"| {k} | {v['step']} | {v['size']} | {v['depth']} | {v['first_call_seconds']:.0f} | "
-                         f"{v['step_seconds'] * 1e3:.2f} | {sec['drafting'] * 1e3:.2f} / {sec['verifying'] * 1e3:.2f} / "
+                         f"{v['step_seconds'] * 1e3:.2f} | {sec['drafting'] * 1e3:.2f} / "
+                         f"{sec['verifying'] * 1e3:.2f} / "
                          f"{sec['overhead'] * 1e3:.2f} | {launches:.0f} | {syncs:.1f} | "
                          f"{prof.get('per_step_device_busy_seconds', float('nan')) * 1e3:.2f} | "
                          f"{v['predicted_tau_t0']:.2f} | {tok_s:.0f} | "
                          + (f"{tok_s / hf_c:.2f}x |" if hf_c else "|"))
         lines += ["", "A step costs the same whatever the draft proposes (no confidence stop on CUDA), so the measured "
                   "seconds per step are the real pair's; predicted real-pair tok/s = the shape's predicted tau from "
-                  "the shipped HumanEval T=0 acceptance (per-depth rows) / measured seconds per step (PREDICTED, not measured).",
+                  "the shipped HumanEval T=0 acceptance (per-depth rows) / measured seconds per step "
+                  "(PREDICTED, not measured).",
                   ""]
     if "validate" in ph:
         lines += [f"Validation (draft = target, float32): {json.dumps(ph['validate'])}", ""]
     if "predict" in ph and "hf" in ph:
         hf_e, hf_c = ph["hf"]["hf_generate_eager"]["tok_s"], hf_fastest(ph)
-        lines += ["## Predicted for the real pair (shipped acceptance, per-depth rows, measured costs; NOT measured)", "",
+        lines += ["## Predicted for the real pair (shipped acceptance, per-depth rows, measured costs; NOT measured)",
+                  "",
                   "| acceptance | cost model | budget | depth | tau | speedup vs own decode | tok/s | vs HF eager | "
                   "vs HF static+compile |", "|---|---|---|---|---|---|---|---|---|"]
         for acc, rows in ph["predict"].items():
@@ -880,7 +890,8 @@ def report(r: dict[str, Any]) -> str:
     if ph.get("levels"):
         lv = ph["levels"]
         lines += [f"## Draft level levers (inside the captured step: a {lv.get('shape', '?')}, {lv['context']} "
-                  "cached tokens)", "", "| lever | ms per level (measured) | verification ms | step ms | kernels per step "
+                  "cached tokens)", "", "| lever | ms per level (measured) | verification ms | step ms | "
+                  "kernels per step "
                   "| device us per step | first call s |", "|---|---|---|---|---|---|---|"]
         lines += [f"| {k}: {v.get('what', '')} | {v['level_ms']:.3f} | {v['verify_ms']:.3f} | {v['step_ms']:.3f} | "
                   f"{_num(v.get('kernels_per_step'))} | {_num(v.get('device_us_per_step'))} | "
@@ -918,7 +929,8 @@ def sweep_report(sw: dict[str, Any], hf_c: float | None) -> list[str]:
                   "their compiles).", ""]
     if "device_sized" in sw:
         d = sw["device_sized"]
-        lines += [f"Device-sized tree (`choose_tree` on the costs above, shipped T=0 per-depth rows): budget {d['budget']}, "
+        lines += ["Device-sized tree (`choose_tree` on the costs above, shipped T=0 per-depth rows): "
+                  f"budget {d['budget']}, "
                   f"depth {d['depth']}, widths {d['widths']}; predicted {d['predicted_tau_rows']:.2f} tokens per step "
                   f"(rows) at {d['predicted_step_seconds'] * 1e3:.2f} ms per step (PREDICTED).", ""]
     if "envelope" in sw:
@@ -941,7 +953,8 @@ def sweep_report(sw: dict[str, Any], hf_c: float | None) -> list[str]:
     if sw.get("kernel_table"):
         k = sw["kernel_table"]
         lines += [f"Kernel table of the device-sized tree's step ({k['kernels_per_step']} kernels and "
-                  f"{k['device_us_per_step']} us of device time per step):", "", "| kernel | calls per step | us per step |",
+                  f"{k['device_us_per_step']} us of device time per step):", "",
+                  "| kernel | calls per step | us per step |",
                   "|---|---|---|"]
         lines += [f"| `{r['name']}` | {r['calls_per_step']:.1f} | {r['us_per_step']:.1f} |" for r in k["top"]]
         lines.append("")

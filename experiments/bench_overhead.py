@@ -51,7 +51,8 @@ def main(argv: list[str] | None = None) -> None:
             recipe = Recipe(tree="sequoia", budget=budget, depth=8, temperature=temperature, acceptance=ACCEPTANCE)
             run(recipe, target, [draft], prompt, max_new_tokens=8, seed=0)  # warm-up
             s = run(recipe, target, [draft], prompt, max_new_tokens=args.new_tokens, seed=1).stats
-            per = lambda x: 1000 * x / s.steps
+            def per(x):
+                return 1000 * x / s.steps
             lines.append(f"| {temperature} | {budget} | {s.steps} | {per(s.overhead_seconds):.2f} | "
                          f"{per(s.verifying_seconds):.2f} | {per(s.drafting_seconds):.2f} | "
                          f"{s.overhead_seconds / s.verifying_seconds:.2f} |")

@@ -83,11 +83,14 @@ def main(argv: list[str] | None = None) -> str:
             per_call[width] = statistics.median(best_of(fill, prompt, 1) for _ in range(3))
             del fill
     slope = (per_call[256] - per_call[16]) / 240  # seconds per token
-    lines = [f"# Compiled prefill: fixed 64-token chunks against exact pieces ({machine('cpu')}, torch {torch.__version__})",
+    lines = [f"# Compiled prefill: fixed 64-token chunks against exact pieces ({machine('cpu')}, "
+             f"torch {torch.__version__})",
              "", f"Command: `python experiments/bench_prefill.py --out {args.out}`. Target {DEFAULT_TARGET}, bfloat16, "
-             f"inductor with weight freezing; seconds to cache each prompt (best of {args.repeats}, cuttings interleaved "
+             f"inductor with weight freezing; seconds to cache each prompt (best of {args.repeats}, "
+             "cuttings interleaved "
              f"per prompt). Compile (first call): " + ", ".join(f"{k} {v:.0f} s" for k, v in compile_s.items()) + ".",
-             "", "| set | prompt | tokens cached | 64-token chunks | exact pieces | chunks-64 s | exact s | exact / chunks |",
+             "", "| set | prompt | tokens cached | 64-token chunks | exact pieces | chunks-64 s | exact s | "
+             "exact / chunks |",
              "|---|---|---|---|---|---|---|---|"]
     for dataset, i, n, chunks, k, secs in rows:
         lines.append(f"| {dataset} | {i} | {n} | {chunks} | {k} | {secs['chunks-64']:.3f} | {secs['exact']:.3f} | "

@@ -53,7 +53,8 @@ def main(argv: list[str] | None = None) -> dict:
         for temperature in args.temperatures:
             recipe = Recipe(**settings, temperature=temperature,
                             acceptance=default_acceptance(None, temperature) if settings["tree"] == "sequoia" else None)
-            recordings = [replay.record(target, ids, build_drafters(recipe, [draft], max_new_tokens=args.max_new_tokens),
+            recordings = [replay.record(target, ids,
+                                        build_drafters(recipe, [draft], max_new_tokens=args.max_new_tokens),
                                         max_new_tokens=args.max_new_tokens, temperature=temperature, seed=i,
                                         budget=recipe.budget)
                           for i, ids in enumerate(tqdm(prompts, desc=f"{name} T={temperature}"))]
@@ -62,7 +63,8 @@ def main(argv: list[str] | None = None) -> dict:
     lines = [f"# Verifiers on the same trees ({results['machine']}, torch {results['torch']})", "",
              f"Real pair (Qwen2.5-Coder 1.5B bfloat16 target, 0.5B draft), {results['prompts']}, "
              f"{args.max_new_tokens} sampled tokens per prompt; every rule exact for a step replays that step's tree, "
-             "target distributions, and its expected accepted length there is computed exactly over all its accept/reject "
+             "target distributions, and its expected accepted length there is computed exactly over all its "
+             "accept/reject "
              "branches (`treespec.bench.replay.expected_accepted`): the intervals hold only the spread over steps. "
              f"Command: `python experiments/bench_replay.py --out {args.out} --prompts {args.prompts} --max-new-tokens "
              f"{args.max_new_tokens}`.", "",

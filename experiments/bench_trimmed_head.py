@@ -227,7 +227,8 @@ def main(argv: list[str] | None = None) -> str:
 
     # one compiled draft level, full head and trimmed heads
     lines += ["", "## One compiled draft level (int4, group 128)", "",
-              "| head | " + " | ".join(f"w={w}" for w in widths) + " | first call |", "|---|" + "---|" * (len(widths) + 1)]
+              "| head | " + " | ".join(f"w={w}" for w in widths) + " | first call |",
+              "|---|" + "---|" * (len(widths) + 1)]
     level_ms = {}
     for head in ["full", *ks]:
         model = copy.deepcopy(base)
@@ -248,8 +249,10 @@ def main(argv: list[str] | None = None) -> str:
 
     d = args.depth
     lines += ["", f"## Projection (NOT measured): a chain of depth {d}, verification {args.verify_ms:g} ms per step",
-              "", "tau = (1 - a^(d+1)) / (1 - a) with a = the agreement above; step = d levels (w=1) + verification.", "",
-              "| head | code tau | prose tau | step ms | code tok/s vs full | prose tok/s vs full |", "|---|---|---|---|---|---|"]
+              "", "tau = (1 - a^(d+1)) / (1 - a) with a = the agreement above; step = d levels (w=1) + verification.",
+              "",
+              "| head | code tau | prose tau | step ms | code tok/s vs full | prose tok/s vs full |",
+              "|---|---|---|---|---|---|"]
 
     def tau(a: float) -> float:
         return (1 - a ** (d + 1)) / (1 - a)

@@ -98,7 +98,8 @@ def main(argv: list[str] | None = None) -> dict:
         texts = dataset_prompts(dataset)
         prompts = [(dataset, i, encode(tok, texts[i])) for i in range(first, first + args.prompts)]
         # the sweep's seed of each evaluation prompt (by position); the warm-up call gets the first one's
-        seed_of = {tuple(x): spread_seed("sweep", int(best["params"]["seed"]), k) for k, (_, _, x) in enumerate(prompts)}
+        seed_of = {tuple(x): spread_seed("sweep", int(best["params"]["seed"]), k)
+                   for k, (_, _, x) in enumerate(prompts)}
 
         def method(name: str, recipe: Recipe) -> compare.Method:
             def one(ids: list[int], n: int):
@@ -123,7 +124,8 @@ def panel_acceptance(records: list[dict], dataset: str, temperature: float) -> M
     user's own prompts."""
     point = next(r for r in records if r["params"].get("kind") == "treespec" and r["params"]["builder"] == "sequoia"
                  and r["params"]["dataset"] == dataset and r["params"]["temperature"] == temperature)
-    path = CALIBRATION / f"acceptance-{dataset}-T{temperature:g}-{point['result']['acceptance']['mode']}-random-walk.json"
+    path = CALIBRATION / (f"acceptance-{dataset}-T{temperature:g}-{point['result']['acceptance']['mode']}"
+                          "-random-walk.json")
     if not path.exists():
         raise SystemExit(f"{path} is missing: measure it with python experiments/bench_acceptance_fit.py")
     return MeasuredAcceptance.load(path)
@@ -184,14 +186,16 @@ def write(args: argparse.Namespace, summaries: list[dict]) -> None:
             lines.append(f"| {s['dataset']} | {s['temperature']:g} | {g['builder']} B={g['budget']} "
                          f"({s['grid_best_sweep_tokens_per_second']:.2f}) | {name} | {tree} | "
                          f"{m['tokens_per_second']:.2f} | {m['tau']:.2f} | "
-                         + (f"{compare.fmt(m['ratio'])} | {verdict(m['ratio'])} |" if name != "grid-best" else "- | - |"))
+                         + (f"{compare.fmt(m['ratio'])} | {verdict(m['ratio'])} |" if name != "grid-best"
+                            else "- | - |"))
     lines += ["", "Each tuner's prediction for its own tree against its steps here (tau over uncut steps; seconds per "
               "step = drafting + verifying + engine). The tuned recipes' confidence stop (0.3 greedy, 0.1 sampled) "
               "drafts fewer levels than the tree the prediction costs, and the shipped acceptance is HumanEval's: on "
               "prose the *tuned* prediction misses, as expected; *tuned-panel* is the tuner's prediction with the "
               "workload's acceptance. `without-sampled-stop/` keeps the T=1 records from before the sampled stop "
               "existed (tuned / grid-best on lee-news T=1: 0.75 [0.70, 0.80]).", "",
-              "| dataset | T | method | predicted tau | measured tau (uncut) | gap | predicted s/step | measured s/step | gap |",
+              "| dataset | T | method | predicted tau | measured tau (uncut) | gap | predicted s/step | "
+              "measured s/step | gap |",
               "|---|---|---|---|---|---|---|---|---|"]
     for s in summaries:
         for name, m in s["methods"].items():

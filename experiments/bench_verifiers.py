@@ -285,7 +285,8 @@ def real_prompts(tok: Any, datasets: Sequence[str], starts: dict[str, int], n: i
 
     for d in datasets:
         if starts[d] + n > len(dataset_prompts(d)):
-            raise SystemExit(f"{d} has {len(dataset_prompts(d))} prompts; --prompts {n} from {starts[d]} runs past the end")
+            raise SystemExit(f"{d} has {len(dataset_prompts(d))} prompts; --prompts {n} from {starts[d]} "
+                             "runs past the end")
     # datasets alternate (a run stopped early keeps both datasets)
     return [(d, starts[d] + k, tok(dataset_prompts(d)[starts[d] + k])["input_ids"]) for k in range(n) for d in datasets]
 
@@ -364,7 +365,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     about = "\n".join(f"* `{c}`: {CONSTRUCTIONS[c].about}; verifiers {', '.join(CONSTRUCTIONS[c].verifiers)}"
                       for c in settings["constructions"])
     (args.out / "README.md").write_text(
-        f"# Exact verifiers side by side (same prompts, seeds and first tree){' (SMOKE: tiny random models)' if args.smoke else ''}\n\n"
+        "# Exact verifiers side by side (same prompts, seeds and first tree)"
+        f"{' (SMOKE: tiny random models)' if args.smoke else ''}\n\n"
         f"Machine: {machine['cpu']}, {machine['threads']} torch threads, torch {machine['torch']}. Date: {date}.\n\n"
         f"Command: `{command}`\n\n"
         f"Target {settings['target']}, draft {settings['draft']}; {args.max_new_tokens} sampled tokens per run "

@@ -69,7 +69,8 @@ def main(argv: list[str] | None = None) -> None:
                       max_new_tokens=args.max_new_tokens,
                       prompts_label=f"humaneval{ids} (random, seed {args.seed}, from 0-{CALIBRATION_RANGE - 1})")
         acc.meta.update(target_precision=precision_of(target), draft_precision=precision_of(draft))
-        path = DATA / f"acceptance-qwen2.5-coder-t{t:g}{'' if args.draft_dtype == 'int8' else '-' + args.draft_dtype}.json"
+        path = DATA / (f"acceptance-qwen2.5-coder-t{t:g}"
+                       f"{'' if args.draft_dtype == 'int8' else '-' + args.draft_dtype}.json")
         acc.save(path)
         print(path, acc)
 

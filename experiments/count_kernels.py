@@ -61,7 +61,8 @@ CONFIGS = {"no freezing": (False, False), "freezing": (True, False),
 def level_code(layers: int, rows: int, context: int, capacity: int, freezing: bool, dtype: torch.dtype,
                concat: bool = False) -> tuple[str, float]:
     torch.manual_seed(0)
-    model = Qwen2ForCausalLM(Qwen2Config(num_hidden_layers=layers, attn_implementation="sdpa", **DRAFT)).to(dtype).eval()
+    model = Qwen2ForCausalLM(Qwen2Config(num_hidden_layers=layers, attn_implementation="sdpa",
+                                         **DRAFT)).to(dtype).eval()
     cache = StaticTreeCache(model, capacity)
     cache.prefill(model, list(range(1, context + 2)))
     committed = cache.length.clone()
@@ -74,7 +75,8 @@ def level_code(layers: int, rows: int, context: int, capacity: int, freezing: bo
     fn = torch.compile(level, fullgraph=True)
     t = time.perf_counter()
     # freezing must be on while dynamo traces (it marks the weights static then), not only in inductor's options
-    with torch.inference_mode(), torch._inductor.config.patch(freezing=freezing, **{"cpp.enable_concat_linear": concat}):
+    with torch.inference_mode(), torch._inductor.config.patch(freezing=freezing,
+                                                              **{"cpp.enable_concat_linear": concat}):
         _, codes = run_and_get_code(fn, ids, committed + torch.arange(rows), block, committed)
     torch._dynamo.reset()
     return "\n".join(codes), time.perf_counter() - t
@@ -108,7 +110,8 @@ def main(argv: list[str] | None = None) -> dict:
              "draft's layer sizes; one layer = the 2-layer graph's kernels less the 1-layer graph's).", ""]
     for name, r in result.items():
         total = sum(r["per_layer"].values())
-        lines += [f"## {name}: {total} kernels per layer", "", "| kernel | per layer | outside the layers |", "|---|---|---|"]
+        lines += [f"## {name}: {total} kernels per layer", "", "| kernel | per layer | outside the layers |",
+                  "|---|---|---|"]
         for k in sorted(set(r["per_layer"]) | set(r["outside_layers"])):
             lines.append(f"| `{k}` | {r['per_layer'].get(k, 0)} | {r['outside_layers'].get(k, 0)} |")
         lines.append("")

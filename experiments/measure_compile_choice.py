@@ -65,7 +65,8 @@ def main(argv: list[str] | None = None) -> None:
     for prompts, tokens in RUNS:
         eager, compiled = timing.run_seconds(prompts, tokens)
         chosen, _ = compile_choice.decide(timing, prompts, tokens)
-        rows.append(f"| {prompts} | {tokens} | {eager:.0f} s | {compiled:.0f} s | {'compiled' if chosen else 'eager'} |")
+        rows.append(f"| {prompts} | {tokens} | {eager:.0f} s | {compiled:.0f} s | "
+                    f"{'compiled' if chosen else 'eager'} |")
     text = "\n".join([
         "# Does a compiled step pay here?", "",
         f"Machine: {machine('cpu')}. Recipe: {resolved.why}.", "",

@@ -55,7 +55,8 @@ TAU_TOLERANCE, STEP_TOLERANCE = 0.05, 0.10  # the bars the predictions are held 
 
 def calibration_file(directory: Path, record: dict, variant: str) -> Path:
     p = record["params"]
-    return directory / f"acceptance-{p['dataset']}-T{p['temperature']:g}-{record['result']['acceptance']['mode']}-{variant}.json"
+    return directory / (f"acceptance-{p['dataset']}-T{p['temperature']:g}-"
+                        f"{record['result']['acceptance']['mode']}-{variant}.json")
 
 
 def tau_rows(points: list[dict], directory: Path, variant: str) -> dict[str, dict]:
@@ -134,7 +135,8 @@ def table_row(row: dict, taus: dict) -> str:
                   "*calibration*" if row["cost_calibration_point"] else percent(row["step_gap"])]
     else:
         cells += ["-"] * 3
-    cells += [f"{row['predicted_speed']:.2f}", f"{row['measured_speed']:.2f}"] if "measured_speed" in row else ["-", "-"]
+    cells += ([f"{row['predicted_speed']:.2f}", f"{row['measured_speed']:.2f}"] if "measured_speed" in row
+              else ["-", "-"])
     return "| " + " | ".join(cells) + " |"
 
 
@@ -191,7 +193,8 @@ def report(points: list[dict], taus: dict, costs: dict, profile: Profile | None,
     lines = [f"# Predicted vs measured: the CPU sweep's static trees (costs: {machine})", "",
              " ".join(paragraphs[1].split()), "", *bullets, "",
              f"Calibration: the `{variant}` acceptance files (one per panel and drafting mode). Profile: {where}.", "",
-             "| dataset | T | tau: largest replay gap (within 5%) | gaps told apart from sampling | tau: largest rows gap | "
+             "| dataset | T | tau: largest replay gap (within 5%) | gaps told apart from sampling | "
+             "tau: largest rows gap | "
              "s/step: largest gap (within 10%) | tree chosen by predicted speed |",
              "|---|---|---|---|---|---|---|", *summary, "", *body, f"Command: `{command}`.", ""]
     return "\n".join(lines), records
@@ -241,7 +244,8 @@ def plot(records: list[dict], out: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True, help="directory for README.md, points.jsonl and the plot")
-    ap.add_argument("--sweep", type=Path, default=RESULTS / "cpu-qwen-coder", help="the sweep whose points are predicted")
+    ap.add_argument("--sweep", type=Path, default=RESULTS / "cpu-qwen-coder",
+                    help="the sweep whose points are predicted")
     ap.add_argument("--acceptance", type=Path, default=RESULTS / "acceptance-fit",
                     help="directory of the calibration files (bench_acceptance_fit.py's)")
     ap.add_argument("--variant", default="random-walk", help="which calibration of --acceptance predicts tau")

@@ -3,7 +3,8 @@
 Counts, per step of ``treespec.generate``, the operators dispatched OUTSIDE compiled graphs (each is
 a kernel launch on a GPU; inside a captured graph a whole region is one replay) and the host reads
 of tensor values (``.tolist()``, ``.item()``, ``.cpu()``, ``bool/int/float(tensor)``: each a
-device-to-host copy and a sync on a GPU), split by where they happen (drafting, the rest). The goal of the captured step (issue "the whole step on the device"): no
+device-to-host copy and a sync on a GPU), split by where they happen (drafting, the rest). The goal of the captured
+step (issue "the whole step on the device"): no
 eager operator besides the graph call(s) and one copy of the accepted tokens per step.
 
     python experiments/profile_step.py --out experiments/results/step-profile-cpu.md

@@ -59,7 +59,8 @@ def measure(points: list[dict], out: Path, prompts: int, tokens: int, progress: 
     """Run each point on each of ``prompts`` evaluation prompts (``tokens`` new tokens), appending one
     line per (point, prompt) to ``out / steps.jsonl``; lines already there are kept and skipped."""
     steps = out / "steps.jsonl"
-    done = {(d["key"], d["prompt"]) for d in map(json.loads, steps.read_text().splitlines())} if steps.exists() else set()
+    done = ({(d["key"], d["prompt"]) for d in map(json.loads, steps.read_text().splitlines())} if steps.exists()
+            else set())
     cfg = json.loads((SWEEP / "config.json").read_text())["config"]
     sweep = Sweep(cfg, SWEEP, progress=False, measure=None)  # reads the sweep's acceptance files, writes nothing
     todo = [(i, r) for i in range(prompts) for r in (points if i % 2 == 0 else points[::-1])
@@ -120,9 +121,11 @@ def report(points: list[dict], out: Path, profile, command: str) -> str:
             key = panel(v["record"]["params"])
             worst[key] = max(worst.get(key, 0.0), abs(v["gap"]))
     by_key = {point_key(r["params"]): r for r in points}
-    lines = [f"# The sweep's static trees re-timed: predicted vs measured seconds per step ({records[0]['meta']['machine']})",
+    lines = ["# The sweep's static trees re-timed: predicted vs measured seconds per step "
+             f"({records[0]['meta']['machine']})",
              "", __doc__.split("\n\n")[1].replace("\n", " "), "",
-             f"{len(records)} points, {len(lines_in)} runs of {lines_in[0]['new_tokens'] if lines_in else 0} new tokens "
+             f"{len(records)} points, {len(lines_in)} runs of {lines_in[0]['new_tokens'] if lines_in else 0} "
+             "new tokens "
              f"(evaluation prompts {sorted({d['prompt'] for d in lines_in})} of the sweep's 100-119); load average "
              f"{min(loads):.2f}-{max(loads):.2f} over the runs. Profile: `profile.json` "
              f"({profile.meta.get('date', '?')[:10]}).", "",

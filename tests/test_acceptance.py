@@ -145,7 +145,10 @@ def calibrate(target, draft, prompts, **kwargs) -> list[MeasuredAcceptance]:
 def predicted(shape, parts: list[MeasuredAcceptance]) -> tuple[float, float]:
     """Expected tokens of ``shape`` under the pooled vector, and its jackknife standard error
     over calibration prompts (positions within a prompt are correlated, prompts are not)."""
-    value = lambda ps: shape.expected_tokens(MeasuredAcceptance.merge(ps).vector)
+
+    def value(ps):
+        return shape.expected_tokens(MeasuredAcceptance.merge(ps).vector)
+
     n = len(parts)
     loo = np.array([value(parts[:i] + parts[i + 1 :]) for i in range(n)])
     return value(parts), float(np.sqrt((n - 1) / n * ((loo - loo.mean()) ** 2).sum()))

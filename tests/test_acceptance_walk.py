@@ -54,7 +54,8 @@ def test_walk_rows_are_conditional_on_the_accepted_child(measured):
     # about 2,200 and 1,500 roots reach depths 2 and 3: standard errors ~0.01 and ~0.013
     assert walk.matrix[1, 0] == pytest.approx(2 / 3, abs=0.035) and walk.matrix[2, 0] == pytest.approx(5 / 8, abs=0.04)
     # negative control: the target's own continuation gives the wrong rows
-    assert target.matrix[1, 0] == pytest.approx(3 / 4, abs=0.035) and target.matrix[2, 0] == pytest.approx(3 / 4, abs=0.04)
+    assert (target.matrix[1, 0] == pytest.approx(3 / 4, abs=0.035)
+            and target.matrix[2, 0] == pytest.approx(3 / 4, abs=0.04))
 
 
 def test_the_walk_writes_the_targets_law():

@@ -88,7 +88,8 @@ def test_leviathan_speedups_with_drafter_cost():
     # Corollary 3.9: gamma = 1 gives (1 + alpha) / (1 + c)
     assert speedup(0.6, 1, 0.1) == pytest.approx(1.6 / 1.1)
     # Table 4, "Exp" column: the paper's c is rounded to 2 decimals, so only +-0.07 is reproducible
-    for alpha, gamma, c, exp in [(0.75, 7, 0.02, 3.2), (0.82, 7, 0.11, 2.5), (0.65, 5, 0.02, 2.4), (0.73, 5, 0.04, 2.6)]:
+    for alpha, gamma, c, exp in [(0.75, 7, 0.02, 3.2), (0.82, 7, 0.11, 2.5), (0.65, 5, 0.02, 2.4),
+                                 (0.73, 5, 0.04, 2.6)]:
         assert speedup(alpha, gamma, c) == pytest.approx(exp, abs=0.05)
 
 

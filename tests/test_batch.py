@@ -72,7 +72,10 @@ def test_rows_finish_at_different_steps_and_leave_the_batch():
                                                         ("rrs", "sample_without_replacement", 1.0)])
 def test_sampled_rows_equal_each_prompt_alone_with_the_rows_seed(verifier, mode, temperature):
     target, draft = tiny_pair("qwen2")
-    make = lambda: [treespec.ModelDrafter(draft, TREE, mode)]
+
+    def make():
+        return [treespec.ModelDrafter(draft, TREE, mode)]
+
     for seed in (0, 7, 123):
         out = treespec.generate(target, PROMPTS, make(), max_new_tokens=16, temperature=temperature, seed=seed,
                                 verifier=verifier)
@@ -86,7 +89,10 @@ def test_a_list_of_seeds_gives_each_row_its_own():
     """``seed=[s0, s1, ...]``: row ``r`` decodes as its prompt alone with seed ``s_r`` (what a measurement that
     seeds each prompt by itself batches)."""
     target, draft = tiny_pair("qwen2")
-    make = lambda: [treespec.ModelDrafter(draft, TREE, "sample")]
+
+    def make():
+        return [treespec.ModelDrafter(draft, TREE, "sample")]
+
     seeds = [41, 5, 2**63, 41]
     out = treespec.generate(target, PROMPTS, make(), max_new_tokens=16, temperature=1.0, seed=seeds)
     for prompt, row, seed in zip(PROMPTS, out.rows, seeds):
@@ -96,7 +102,10 @@ def test_a_list_of_seeds_gives_each_row_its_own():
 
 def test_a_rows_output_does_not_depend_on_its_batch_mates():
     target, draft = tiny_pair("llama")
-    make = lambda: [treespec.ModelDrafter(draft, TREE, "sample")]
+
+    def make():
+        return [treespec.ModelDrafter(draft, TREE, "sample")]
+
     first = treespec.generate(target, [PROMPTS[0], PROMPTS[1]], make(), max_new_tokens=16, temperature=1.0, seed=5)
     other = treespec.generate(target, [PROMPTS[0], PROMPTS[2], PROMPTS[3]], make(), max_new_tokens=16,
                               temperature=1.0, seed=5)

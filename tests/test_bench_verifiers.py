@@ -50,9 +50,10 @@ def test_smoke_writes_outputs_and_resumes(tmp_path):
 
 
 def test_ratio_pairs_prompts_per_token():
-    rec = lambda v, p, steps, seconds, tokens=12: dict(construction="chain", temperature=1.0, dataset="humaneval",
-                                                       prompt=p, verifier=v, new_tokens=tokens, steps=steps,
-                                                       tau=tokens / steps, tau_uncut=tokens / steps, seconds=seconds)
+    def rec(v, p, steps, seconds, tokens=12):
+        return dict(construction="chain", temperature=1.0, dataset="humaneval", prompt=p, verifier=v,
+                    new_tokens=tokens, steps=steps, tau=tokens / steps, tau_uncut=tokens / steps, seconds=seconds)
+
     records = [rec("rrs", 0, 6, 3.0), rec("block", 0, 4, 2.0), rec("rrs", 1, 4, 2.0), rec("block", 1, 4, 2.0),
                rec("traversal", 0, 3, 1.0)]  # traversal lacks prompt 1: the group keeps prompts all finished
     (s,) = bench["summarize"](records)

@@ -311,4 +311,5 @@ def test_captured_confidence_stop_keeps_the_joint_law(pair, monkeypatch):  # noq
     """Draws without replacement at T=1 with a stop of 0.3 (tuned recipes use 0.1 when sampling)."""
     target, draft = pair
     make = lambda: [treespec.ModelDrafter(draft, BUSHY, "sample_without_replacement", min_confidence=0.3)]  # noqa: E731
-    assert joint_p(target, draft, make, "captured-stop", compile=JOINT_BACKEND, temperature=1.0, envelope=PADDED) > ALPHA
+    assert joint_p(target, draft, make, "captured-stop", compile=JOINT_BACKEND, temperature=1.0,
+                   envelope=PADDED) > ALPHA

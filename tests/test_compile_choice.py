@@ -102,7 +102,8 @@ def test_resolve_compile_measures_long_runs_only_and_the_choice_is_exact(pair, t
     assert again.recipe == long.recipe  # read from the cache (a new measurement could decide otherwise)
     prompt = tok("def f(x):")["input_ids"]
     for recipe in (long.recipe, short.recipe):
-        assert run(recipe, target, [draft], prompt, max_new_tokens=10).new_tokens == greedy_reference(target, prompt, 10)
+        assert (run(recipe, target, [draft], prompt, max_new_tokens=10).new_tokens
+                == greedy_reference(target, prompt, 10))
 
 
 def test_plain_decoding_stays_eager(pair, tmp_path) -> None:

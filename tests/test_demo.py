@@ -21,7 +21,8 @@ def test_demo_runs_and_reports(tmp_path, monkeypatch, capsys):
     assert demo.run_demo(args, target, ByteTokenizer(128, max_tokens=48), draft) == 0
     out = capsys.readouterr().out
     assert "identical to hf-float32 (same precision) on 2/2 prompts" in out
-    assert "speedup over the fastest of the HF methods run here (hf-float32)" in out and "--quick: HF generate eager only" in out
+    assert ("speedup over the fastest of the HF methods run here (hf-float32)" in out
+            and "--quick: HF generate eager only" in out)
     assert "fastest HF generate" not in out and "(fastest HF method)" not in out
     # why this shape won: which of its sentences depends on the costs this machine measured (test below for each)
     assert re.search(r"^(Chosen: .* nodes|Plain decoding was chosen)", out, re.MULTILINE)
@@ -81,7 +82,8 @@ def test_the_full_run_times_each_hf_method_a_user_would_pick_and_quick_hf_eager_
 
 
 @pytest.mark.parametrize("ran, fastest", [(["hf-bfloat16"], "hf-bfloat16"),
-                                          (["hf-bfloat16", "hf-bfloat16-static-compiled"], "hf-bfloat16-static-compiled"),
+                                          (["hf-bfloat16", "hf-bfloat16-static-compiled"],
+                                           "hf-bfloat16-static-compiled"),
                                           (["hf-bfloat16", "hf-bfloat16-static-compiled", "hf-assisted-bfloat16"],
                                            "hf-assisted-bfloat16")])
 def test_the_headline_names_the_fastest_of_what_ran(ran, fastest):

@@ -47,7 +47,8 @@ def test_load_passes_a_device_map_through(tiny_dirs) -> None:  # noqa: F811
              "model.rotary_emb": "cpu", "lm_head": "disk"}
     mapped, _ = load(tiny_dirs["target"], dtype="float32", device_map=split)
     assert mapped.hf_device_map == split and dispatched(mapped)
-    out = treespec.generate(mapped, [1, 2, 3], drafters=[treespec.ModelDrafter(plain, [(0,), (0, 0)])], max_new_tokens=12)
+    out = treespec.generate(mapped, [1, 2, 3], drafters=[treespec.ModelDrafter(plain, [(0,), (0, 0)])],
+                            max_new_tokens=12)
     assert out.new_tokens == greedy_reference(plain, [1, 2, 3], 12)
     with pytest.raises(ValueError, match="device_map needs a floating precision"):
         load(tiny_dirs["draft"], dtype="int8", role="draft", device_map="cpu")

@@ -95,7 +95,8 @@ def joint_p(target, draft, make_drafters, tag, prompt=PROMPT, **kwargs) -> float
     over :func:`trials` trials (the draft's: the model whose unverified root is the stated error)."""
     sampling = {k: kwargs.get(k, d) for k, d in (("temperature", 0.0), ("top_k", 0), ("top_p", 1.0))}
     n = trials(target, draft, prompt, **sampling)
-    return g_test(sample_joint(target, make_drafters, tag, n, prompt, **kwargs), exact_joint(target, prompt, K, **sampling))
+    return g_test(sample_joint(target, make_drafters, tag, n, prompt, **kwargs),
+                  exact_joint(target, prompt, K, **sampling))
 
 
 CASES = {
@@ -103,7 +104,8 @@ CASES = {
     "sample-T1": (lambda d: [treespec.ModelDrafter(d, BUSHY, "sample")], dict(temperature=1.0)),
     "wor-T0.7": (lambda d: [treespec.ModelDrafter(d, BUSHY, "sample_without_replacement")], dict(temperature=0.7)),
     "chains-topp0.9": (lambda d: [treespec.ModelDrafter(d, CHAINS, "sample")], dict(temperature=1.0, top_p=0.9)),
-    "duplicates-topk3": (lambda d: [treespec.ModelDrafter(d, CHAINS, "sample"), treespec.ModelDrafter(d, BUSHY, "topk")],
+    "duplicates-topk3": (lambda d: [treespec.ModelDrafter(d, CHAINS, "sample"),
+                                    treespec.ModelDrafter(d, BUSHY, "topk")],
                          dict(temperature=0.7, top_k=3)),
     "dynamic-T1": (lambda d: [treespec.ModelDrafter(d, mode="dynamic", depth=3, topk=3, nodes=6)],
                    dict(temperature=1.0)),
@@ -112,7 +114,8 @@ CASES = {
                     dict(temperature=1.0, prompt=REPEAT)),
     # budget 5: the n-gram's 2 guesses, then the model's draws until the tree holds 5 nodes; draws that
     # merge into existing nodes take no room, so where the cut falls depends on earlier tokens
-    "budget-cut": (lambda d: [treespec.NGramDrafter(max_tokens=2), treespec.ModelDrafter(d, BUSHY, "sample_without_replacement")],
+    "budget-cut": (lambda d: [treespec.NGramDrafter(max_tokens=2),
+                              treespec.ModelDrafter(d, BUSHY, "sample_without_replacement")],
                    dict(temperature=1.0, prompt=REPEAT, budget=5)),
 }
 

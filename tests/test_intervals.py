@@ -32,7 +32,8 @@ def test_pairing_makes_a_speedup_interval_narrow():
     base = rng.uniform(10, 40, size=20)  # prompts of very different lengths
     spec = base / 2.0 * rng.normal(1.0, 0.02, size=20)
     paired = intervals.ratio_of_sums(base, spec)
-    unpaired_width = intervals.mean(base).high / intervals.mean(spec).low - intervals.mean(base).low / intervals.mean(spec).high
+    unpaired_width = (intervals.mean(base).high / intervals.mean(spec).low
+                      - intervals.mean(base).low / intervals.mean(spec).high)
     assert 1.9 < paired.low < 2.0 < paired.high < 2.1
     assert paired.high - paired.low < 0.2 * unpaired_width
 

@@ -11,13 +11,13 @@ import pytest
 from treespec.bench import llamacpp
 
 # llama.cpp's perf lines, as common_perf_print and speculative-simple print them (with the log's time prefix)
-COMPLETION_LOG = (  # noqa: E501 (llama.cpp's lines as printed)
+COMPLETION_LOG = (
     """0.03.238.656 I common_perf_print:    sampling time =      15.37 ms
 0.03.238.695 I common_perf_print:        load time =     923.65 ms
 0.03.238.709 I common_perf_print: prompt eval time =      78.60 ms /     4 tokens (   19.65 ms per token,    50.89 tokens per second)
 0.03.238.724 I common_perf_print:        eval time =    1862.22 ms /    63 runs   (   29.56 ms per token,    33.83 tokens per second)
 0.03.238.737 I common_perf_print:       total time =    1962.58 ms /    67 tokens
-""")
+""")  # noqa: E501 (llama.cpp's lines as printed)
 SPECULATIVE_LOG = """0.05.144.932 I encoded    4 tokens in    0.094 seconds, speed:   42.380 t/s
 0.05.144.951 I decoded   69 tokens in    3.287 seconds, speed:   20.989 t/s
 0.05.144.977 I n_draft   = 4

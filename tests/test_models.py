@@ -329,7 +329,8 @@ def test_an_int4_target_keeps_the_gguf_s_own_4bit_blocks(tmp_path, monkeypatch):
     """``load(dtype="int4")`` of a built-in GGUF model: its Q4_0 Linear weights become int4 layers of the file's own
     codes (the kernel's product equals the file's dequantised weights up to its bfloat16 scales), the layer the
     file holds in no 4-bit type the kernel takes (a 97-row head) runs its dequantised weights re-quantised to int8, the
-    blocks are cached beside the float weights, and greedy decoding through the int4 target equals HF's greedy decoding of the same loaded model."""
+    blocks are cached beside the float weights, and greedy decoding through the int4 target equals HF's greedy decoding
+    of the same loaded model."""
     import gguf
 
     from treespec.models.quantized import Int4Linear

@@ -39,7 +39,8 @@ def test_every_point_is_predicted_by_its_models(tmp_path):
         assert row["tau_gap"] == pytest.approx(row["measured_tau"]["estimate"] / row["replayed_tau"]["estimate"] - 1)
         assert row["tau_gap_low"] <= row["tau_gap"] <= row["tau_gap_high"]
         if "measured_speed" in row:
-            assert row["predicted_speed"] == pytest.approx(row["replayed_tau"]["estimate"] / row["predicted_step_seconds"])
+            assert row["predicted_speed"] == pytest.approx(row["replayed_tau"]["estimate"]
+                                                           / row["predicted_step_seconds"])
     readme = (tmp_path / "README.md").read_text()
     for panel in ("## humaneval, T=0", "## humaneval, T=1", "## lee-news, T=0", "## lee-news, T=1"):
         assert panel in readme

@@ -200,9 +200,11 @@ def test_a_context_slope_moves_every_point_and_survives_calibration_and_json(mod
     assert prof.meta["second_context"] == 64
     prof.save(tmp_path / "p.json")
     assert Profile.load(tmp_path / "p.json") == prof
-    fixed = Profile({1: 0.1, 4: 0.2}, {1: 0.01}, {"context": 100}, 0.0, {"target": {1: 1e-3, 4: 2e-3}, "draft": {1: 1e-4}})
+    fixed = Profile({1: 0.1, 4: 0.2}, {1: 0.01}, {"context": 100}, 0.0,
+                    {"target": {1: 1e-3, 4: 2e-3}, "draft": {1: 1e-4}})
     far = fixed.at_context(150)
-    assert far.target_latency == pytest.approx({1: 0.15, 4: 0.3}) and far.draft_level_latency == pytest.approx({1: 0.015})
+    assert (far.target_latency == pytest.approx({1: 0.15, 4: 0.3})
+            and far.draft_level_latency == pytest.approx({1: 0.015}))
     assert far.meta["context"] == 150 and far.at_context(100).target_latency == pytest.approx(fixed.target_latency)
     assert fixed.at_context(-10_000).target_latency[1] == pytest.approx(0.01)  # floored at a tenth, never negative
     assert Profile({1: 0.1}).at_context(10_000) == Profile({1: 0.1})  # no slope: the context changes nothing
@@ -211,7 +213,8 @@ def test_a_context_slope_moves_every_point_and_survives_calibration_and_json(mod
     chain = TreeShape.from_paths([(0,)])
     cal = fixed.calibrated(chain, drafting=2 * fixed.step_parts(chain)[0], verifying=3 * 0.1, overhead=0.0, steps=10,
                            size=1)
-    assert cal.context_slope["target"][4] == pytest.approx(3 * 2e-3) and cal.context_slope["draft"][1] == pytest.approx(2e-4)
+    assert (cal.context_slope["target"][4] == pytest.approx(3 * 2e-3)
+            and cal.context_slope["draft"][1] == pytest.approx(2e-4))
     with pytest.raises(ValueError, match="second_context must differ"):
         profile(model, None, sizes=(1,), context=16, second_context=16)
 

@@ -126,7 +126,7 @@ def _at(calls: list[dict[str, Any]], n: int) -> dict[str, Any]:
     return hits[0]
 
 
-def test_cli_demo_and_python_run_the_same_tuned_recipe(tmp_path: Path, monkeypatch, engine_calls, tiny_dirs) -> None:
+def test_cli_demo_and_python_run_the_same_tuned_recipe(tmp_path: Path, monkeypatch, engine_calls, tiny_dirs) -> None:  # noqa: F811
     """No budget given: every route tunes the same Sequoia tree (same costs, same real-step calibration)
     and runs it under the same cap."""
     from treespec.calibrate import pilot
@@ -166,7 +166,7 @@ def test_cli_demo_and_python_run_the_same_tuned_recipe(tmp_path: Path, monkeypat
     assert python["drafters"] == [("model", "topk", tuple(tuned.choice.shape.paths), tuning.MIN_CONFIDENCE)]
 
 
-def test_cli_sweep_and_python_run_the_same_explicit_recipe(tmp_path: Path, engine_calls, tiny_dirs) -> None:
+def test_cli_sweep_and_python_run_the_same_explicit_recipe(tmp_path: Path, engine_calls, tiny_dirs) -> None:  # noqa: F811
     """An explicit budget, depth and sampling: the CLI's flags, a sweep point and a Recipe give one engine call."""
     recipe = Recipe(tree="sequoia", budget=8, depth=4, temperature=0.7, top_p=0.9, acceptance=VECTOR)
     target = tiny_model("llama", vocab=64, scale=4)
@@ -216,7 +216,8 @@ def test_the_documented_route_sizes_and_caps_with_one_budget(engine_calls) -> No
 
 def test_the_recipe_carries_sampling_verifier_and_compile(engine_calls) -> None:
     target = tiny_model("llama", vocab=32, scale=4)
-    recipe = Recipe(tree="chain", budget=4, temperature=0.8, top_k=5, top_p=0.95, verifier="spectr", compile="aot_eager")
+    recipe = Recipe(tree="chain", budget=4, temperature=0.8, top_k=5, top_p=0.95, verifier="spectr",
+                    compile="aot_eager")
     with pytest.raises(ValueError, match="verifier='spectr' runs on the host only"):
         run(recipe, target, [perturbed_copy(target, 0.3)], [1, 2], max_new_tokens=6)
     out = run(Recipe(tree="chain", budget=4, temperature=0.8, top_k=5, verifier="block"), target,
@@ -233,7 +234,7 @@ def test_the_recipe_carries_sampling_verifier_and_compile(engine_calls) -> None:
 STATIC = [[0], [0, 0], [1], [0, 1], [0, 0, 0]]  # a static tree in priority order (Medusa style)
 
 
-def test_cli_sweep_and_python_run_the_same_static_tree(tmp_path: Path, engine_calls, tiny_dirs) -> None:
+def test_cli_sweep_and_python_run_the_same_static_tree(tmp_path: Path, engine_calls, tiny_dirs) -> None:  # noqa: F811
     """``tree="paths"``: ``--paths``, the sweep's ``shapes.paths`` and a Recipe draft the same static tree, cut to
     the budget (its first B - 1 paths), and greedy output is the target's own."""
     recipe = Recipe(tree="paths", paths=STATIC, budget=5)

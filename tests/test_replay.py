@@ -45,11 +45,13 @@ def test_compare_pairs_each_exact_rule_with_the_baseline(pair) -> None:
     assert set(v) == {"rrs", "block", "traversal", "spectr"}  # a chain of one i.i.d. draw per node, no budget cut
     steps = sum(len(r.steps) for r in chains)
     assert all(e["steps"] == steps for e in v.values())
-    assert v["block"]["tau_ratio"]["estimate"] == pytest.approx(v["traversal"]["tau_ratio"]["estimate"])  # one rule on a chain
+    assert (v["block"]["tau_ratio"]["estimate"]
+            == pytest.approx(v["traversal"]["tau_ratio"]["estimate"]))  # one rule on a chain
     assert "tau_ratio" not in v["rrs"]
     tree = replay.record(target, [1, 2, 3], [treespec.ModelDrafter(draft, BUSHY, "sample_without_replacement")],
                          max_new_tokens=20, temperature=1.0, seed=1, budget=5)
-    assert set(replay.compare([tree])["verifiers"]) == {"rrs", "traversal"}  # not block (a tree), not spectr (w/o repl.)
+    assert (set(replay.compare([tree])["verifiers"])
+            == {"rrs", "traversal"})  # not block (a tree), not spectr (w/o repl.)
 
 
 def test_expected_accepted_is_the_mean_of_the_walks(pair) -> None:
@@ -60,7 +62,8 @@ def test_expected_accepted_is_the_mean_of_the_walks(pair) -> None:
                         max_new_tokens=24, temperature=1.0, seed=3)
     for step in rec.steps[:3]:
         for name in ("rrs", "traversal"):
-            walks = torch.tensor([float(replay.replay(step, rec.params, name, TorchCoins(torch.Generator().manual_seed(i))))
+            walks = torch.tensor([float(replay.replay(step, rec.params, name,
+                                                      TorchCoins(torch.Generator().manual_seed(i))))
                                   for i in range(300)])
             exact = replay.expected_accepted(step, rec.params, name)
             assert abs(walks.mean().item() - exact) <= 4 * max(walks.std().item(), 0.05) / 300 ** 0.5, (name, exact)

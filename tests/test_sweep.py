@@ -115,7 +115,8 @@ def test_report_writes_plots_and_table(full: Path, tmp_path: Path) -> None:
     assert "](tau_vs_budget.png)" in text and "[" in text.split("| model |")[1]  # intervals in the table
     header = next(line for line in text.splitlines() if line.startswith("| dataset | T | top-p | seed | drafters"))
     column = header.split(" | ").index("replayed tau")
-    replayed = {line.split(" | ")[column] for line in text.splitlines() if line.startswith("| humaneval | 0 | 1 | 0 | model |")}
+    replayed = {line.split(" | ")[column] for line in text.splitlines()
+                if line.startswith("| humaneval | 0 | 1 | 0 | model |")}
     assert replayed and "-" not in replayed  # every static point's replay, from the walk's ranks
 
 

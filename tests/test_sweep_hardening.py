@@ -99,7 +99,8 @@ def test_changed_config_is_refused_unless_new(tmp_path: Path, capsys) -> None:
     changed = small(budgets=[3, 4])
     changed["shapes"]["kary_width"] = 3  # a setting that changes what points measure; the grid change alone is fine
     with pytest.raises(OutputDirError,
-                       match=r"different config \(shapes.kary_width: 2 -> 3\)\. Re-run with --new.*axes alone.*resumes"):
+                       match=r"different config \(shapes.kary_width: 2 -> 3\)\. "
+                             r"Re-run with --new.*axes alone.*resumes"):
         E.sweep(changed, tmp_path, progress=False, make_report=False)
     assert len(read_records(first)) == 2  # untouched
     assert E.main(["--config", str(TINY), "--out", str(tmp_path), "--dry-run"]) == 0

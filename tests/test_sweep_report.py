@@ -205,7 +205,8 @@ def test_greedy_agreement_is_counted_for_treespec_points_and_speculative_baselin
 def test_cpu_model_tells_two_cpu_generations_apart() -> None:
     from treespec.common.machine import cpu_model
 
-    block = "processor\t: {n}\nvendor_id\t: AuthenticAMD\ncpu family\t: {f}\nmodel\t\t: {m}\nmodel name\t: AMD EPYC\nstepping\t: 1\n\n"
+    block = ("processor\t: {n}\nvendor_id\t: AuthenticAMD\ncpu family\t: {f}\nmodel\t\t: {m}\n"
+             "model name\t: AMD EPYC\nstepping\t: 1\n\n")
     zen5 = cpu_model(block.format(n=0, f=26, m=2) + block.format(n=1, f=99, m=9))  # first block only
     zen4 = cpu_model(block.format(n=0, f=25, m=17))
     assert zen5 == "AMD EPYC (family 26, model 2, stepping 1)" and zen4 != zen5
@@ -248,7 +249,8 @@ def _point(builder: str, budget: int, seconds, depth: int, size: float, verify: 
     rec = _treespec([16, 16, 16, 16], [4, 4, 4, 4], seconds, predicted=4.0 if builder == "chain" else 3.5)
     rec["params"].update(builder=builder, budget=budget)
     rec["key"] = f"{builder}-{budget}"
-    rec["result"].update(steps=16, mean_tree_size=size, tree={"depth": depth, "size": size, "paths": [[0] * (i + 1) for i in range(depth)]
+    rec["result"].update(steps=16, mean_tree_size=size,
+                         tree={"depth": depth, "size": size, "paths": [[0] * (i + 1) for i in range(depth)]
                                if builder == "chain" else [[i] for i in range(depth)]},
                          acceptance={"vector": [0.6, 0.2, 0.1], "file": "a.json", "mode": "topk", "beta": 0.6})
     rec["timing"].update(verifying_seconds=16 * verify, drafting_seconds=16 * draft)

@@ -31,7 +31,7 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_joint_distribution_matches_target(pair, case):
+def test_joint_distribution_matches_target(pair, case):  # noqa: F811
     target, draft = pair
     verifier, make, kwargs = CASES[case]
     assert joint_p(target, draft, lambda: make(draft), case, verifier=verifier, **kwargs) > ALPHA
@@ -55,7 +55,7 @@ REFUSED = {
 
 
 @pytest.mark.parametrize("case", list(REFUSED))
-def test_refused_constructions_raise_a_clear_error(pair, case):
+def test_refused_constructions_raise_a_clear_error(pair, case):  # noqa: F811
     target, draft = pair
     verifier, make, kwargs, message = REFUSED[case]
     kwargs = dict(kwargs)
@@ -65,14 +65,14 @@ def test_refused_constructions_raise_a_clear_error(pair, case):
                           verifier=verifier, **kwargs)
 
 
-def test_unknown_verifier_is_refused_before_any_work(pair):
+def test_unknown_verifier_is_refused_before_any_work(pair):  # noqa: F811
     target, draft = pair
     with pytest.raises(ValueError, match="unknown verifier 'specinfer'; choose one of rrs, block, traversal, spectr"):
         treespec.generate(target, PROMPT, drafters=[MD(draft, BUSHY)], temperature=1.0, verifier="specinfer")
 
 
 @pytest.mark.parametrize("verifier", ["rrs", "block", "traversal", "spectr"])
-def test_greedy_ignores_the_verifier(pair, verifier):
+def test_greedy_ignores_the_verifier(pair, verifier):  # noqa: F811
     """T = 0 walks the argmax whatever the verifier, on trees the verifier would refuse when sampling."""
     target, draft = pair
     out = treespec.generate(target, PROMPT, drafters=[MD(draft, BUSHY, "sample_without_replacement")],
@@ -81,7 +81,7 @@ def test_greedy_ignores_the_verifier(pair, verifier):
     assert out.stats.verifier == verifier
 
 
-def test_same_seed_same_output_and_verifier_recorded(pair):
+def test_same_seed_same_output_and_verifier_recorded(pair):  # noqa: F811
     target, draft = pair
     runs = [treespec.generate(target, PROMPT, drafters=[MD(draft, BUSHY, "sample")], max_new_tokens=10,
                               temperature=1.0, seed=42, verifier="traversal") for _ in range(2)]
