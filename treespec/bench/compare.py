@@ -26,7 +26,7 @@ from ..common.device import execution_device
 from ..core.stats import GenerateOutput
 from ..models.precision import CPU_ONLY, precision_of
 from ..models.timing import TokenClock
-from .sweep.records import append_record, read_records, repair_tail
+from ..common.jsonl import append_record, read_records, repair_tail
 
 
 #: new tokens of the warm-up call every method makes first (:func:`run`; its seconds: :func:`warmup_seconds`), at
