@@ -436,7 +436,7 @@ def test_streamed_text_keeps_characters_whose_bytes_span_tokens():
     last comes; the stream must not print that U+FFFD and then skip the character."""
     import io
 
-    from treespec.cli import Streamer
+    from treespec.cli_output import Streamer
     from treespec.models.tiny import ByteTokenizer
 
     tok, text = ByteTokenizer(256), "héllo 你好 🎉 𝔘"
@@ -460,3 +460,34 @@ def test_commands_of_one_draft_take_one_and_generate_several():
     assert parser.parse_args(["profile", "--draft", "a"]).draft == ["a"]
     assert parser.parse_args(["generate", "--prompt", "x", "--draft", "a", "--draft", "b"]).draft == ["a", "b"]
     assert "repeatable" not in parser._subparsers._group_actions[0].choices["demo"].format_help()
+
+
+def test_out_keeps_each_prompt_as_it_finishes_and_a_rerun_resumes(tiny_dirs, tmp_path, capsys, monkeypatch):
+    """--out F: a record per prompt appended as it is done; a run stopped part-way (simulated: F cut after its
+    first record, with a torn line from a stop while writing) generates only the rest when run again, in batches
+    too, to the same outputs; a run of other settings or other prompts is refused, and a finished F runs nothing."""
+    import json
+
+    monkeypatch.setenv("TREESPEC_CACHE", str(tmp_path / "cache"))
+    models = [a.format(**tiny_dirs) for a in MODELS]
+    (tmp_path / "p.txt").write_text("w1 w2\nw5 w9 w3\nw7\n")
+    out = tmp_path / "runs" / "out.jsonl"
+    argv = ["generate", *models, "--prompt-file", str(tmp_path / "p.txt"), "--tree", "chain", "--budget", "4",
+            "--max-new-tokens", "5", "--seed", "0", "--no-compile", "--out", str(out)]
+    assert main(argv) == 0
+    first = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["index"] for r in first] == [0, 1, 2] and first[1]["prompt"] == "w5 w9 w3"
+    assert first[0]["settings"]["budget"] == 4 and first[0]["settings"]["max_new_tokens"] == 5
+    out.write_text(out.read_text().splitlines(keepends=True)[0] + '{"prompt": "w5 w9')  # stopped while writing
+    capsys.readouterr()
+    assert main([*argv, "--batch-size", "2"]) == 0  # the batch size changes no output: the same settings
+    assert "holds 1 of the 3 prompts already; generating the other 2" in capsys.readouterr().err
+    again = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["index"] for r in again] == [0, 1, 2]
+    assert [r["new_tokens"] for r in again] == [r["new_tokens"] for r in first]
+    assert main(argv) == 0 and "all 3 prompts are in" in capsys.readouterr().err
+    argv_other = [a if a != "5" else "6" for a in argv]  # --max-new-tokens 6
+    assert main(argv_other) == 2
+    assert "holds outputs made with other settings (max_new_tokens: 5 -> 6)" in capsys.readouterr().err
+    (tmp_path / "p.txt").write_text("w1 w2\nw8\n")
+    assert main(argv) == 2 and "is not prompt 1 of these prompts" in capsys.readouterr().err

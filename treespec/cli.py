@@ -17,13 +17,14 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 
+from . import cli_output
+from .cli_output import Streamer, print_stats
 from .calibrate import target_precision
 from .calibrate.choices import Resolved, compile_batch, resolve, resolve_compile
 from .calibrate.vectors import acceptance_for_draft, default_acceptance
 from .cli_parser import build_parser
 from .common.files import check_writable
 from .core.linear_layout import layout_of
-from .core.stats import GenerateOutput
 from .models.pair import CrossDraft, eos_ids, load_pair
 from .recipes import NGramSettings, Recipe, draft_mode, plan, run
 
@@ -119,45 +120,6 @@ def encode_all(tok, prompts: list[str], chat: bool) -> list[list[int]]:
     return encoded
 
 
-class Streamer:
-    """Prints the decoded text as tokens are committed. A character whose bytes span several tokens (an emoji, a
-    rare CJK character under byte-level BPE) decodes as U+FFFD until its last byte comes, so a trailing U+FFFD is
-    held back until then (or until :meth:`end`, where an invalid sequence prints as it decodes)."""
-
-    def __init__(self, tok, out=sys.stdout) -> None:
-        self.tok, self.out, self.ids, self.printed = tok, out, [], 0
-
-    def __call__(self, tokens: list[int]) -> None:
-        self.ids += tokens
-        self._write(self.tok.decode(self.ids, skip_special_tokens=True).rstrip("\ufffd"))
-
-    def end(self) -> None:
-        """Print what was held back: the generation is over."""
-        self._write(self.tok.decode(self.ids, skip_special_tokens=True))
-
-    def _write(self, text: str) -> None:
-        self.out.write(text[self.printed :])
-        self.out.flush()
-        self.printed = max(self.printed, len(text))
-
-
-def histogram(hist: list[int], width: int = 40) -> str:
-    top = max(hist) if hist else 1
-    return "\n".join(f"  {k:>3} | {'#' * max(1, round(width * n / top)) if n else '':<{width}} {n}"
-                     for k, n in enumerate(hist))
-
-
-def _print_stats(s) -> None:
-    print("\n" + "-" * 60)
-    print(f"treespec: {s.new_tokens} tokens in {s.seconds:.2f} s = {s.tokens_per_second:.2f} tok/s, "
-          f"{s.steps} steps, tau {s.tau:.2f}" + ("" if s.step == "eager" else f"; step: {s.step}"))
-    print(f"time: prefill {s.prefill_seconds:.2f} s, drafting {s.drafting_seconds:.2f} s, "
-          f"verifying {s.verifying_seconds:.2f} s, engine {s.overhead_seconds:.2f} s")
-    for d in s.drafters:
-        print(f"drafter {d.name}: {d.accepted} of {d.proposed} proposals committed")
-    print("accepted drafted tokens per step:\n" + histogram(s.accepted_hist))
-
-
 def _warm_up(args: argparse.Namespace, recipe: Recipe, target, drafts: Sequence[Any], prompts: list[list[int]],
              eos: list[int]) -> None:
     """``--compare``'s warm-up, untimed and the same for both methods, as the benchmarks give every method: the
@@ -201,47 +163,77 @@ def cmd_generate(args: argparse.Namespace) -> int:
                          f"it with --batch-size {args.batch_size} (or use --batch-size 1)")
     want_draft = not (args.ngram and not args.draft)
     recipe = recipe_from_args(args, with_model=want_draft)  # validates before the models load
+    todo = _todo(args, prompts)
+    if not todo:
+        print(f"all {len(prompts)} prompts are in {args.out} already", file=sys.stderr)
+        return 0
     target, tok, drafts = load_models(args, want_draft, tuned_target=True)
-    encoded = encode_all(tok, prompts, args.chat)  # an empty prompt is refused before anything is measured
-    walk = None
-    if recipe.acceptance is not None:  # the shipped files of the draft's precision, where one was shipped
-        rows, walk = acceptance_for_draft(args.acceptance, args.temperature, drafts[0],
-                                          per_depth=not args.positional_acceptance)
-        recipe = replace(recipe, acceptance=rows)
-    resolved = resolve(recipe, target, drafts, tokenizer=tok, max_new_tokens=args.max_new_tokens, walk=walk,
-                       batch_size=min(args.batch_size, len(prompts)),  # a tuned tree is sized for the batch
-                       compiled=bool(args.compile))
-    # compiled by measurement, or as asked (a cached measurement still costs the why-line); a batch compiles only
-    # when asked (its captured step: treespec.core.captured.BatchCapturedStep)
-    if args.compile is not False and args.batch_size == 1:
-        resolved = resolve_compile(resolved, target, drafts, tok, prompts=len(prompts),
-                                   max_new_tokens=args.max_new_tokens, backend=args.compile or True,
-                                   asked=args.compile is not None)
-    elif args.compile:
-        resolved = compile_batch(resolved, target, args.compile)
+    # an empty prompt is refused before anything is measured
+    encoded = encode_all(tok, [prompts[i] for i in todo], args.chat)
+    resolved = _resolve(args, recipe, target, tok, drafts, len(todo))
     recipe = resolved.recipe
     print(f"configuration: {resolved.why}", file=sys.stderr if args.json else sys.stdout, flush=True)
     eos = eos_ids(target, tok)
     if args.batch_size > 1:
-        return _generate_batches(args, prompts, encoded, resolved, target, tok, drafts, eos)
+        return _generate_batches(args, prompts, todo, encoded, resolved, target, tok, drafts, eos)
     status = 0
     layouts, tree = _layouts(target, drafts), _tree(recipe, drafts, args.max_new_tokens)  # the same for every prompt
     if args.compare:
         _warm_up(args, recipe, target, drafts, encoded, eos)
-    for text, ids in zip(prompts, encoded):
+    for i, ids in zip(todo, encoded):
         streamer = None if args.json else Streamer(tok)
         out = run(recipe, target, drafts, ids, max_new_tokens=args.max_new_tokens, seed=args.seed,
                   eos_token_id=eos, on_tokens=streamer)
         if streamer is not None:
             streamer.end()
-        record = _record(text, out, resolved, tok, layouts, tree)
+        record = cli_output.record(prompts[i], out, resolved, tok, layouts, tree)
         if not args.json:
-            _print_stats(out.stats)
+            print_stats(out.stats)
         if args.compare and not _compare(args, recipe, target, ids, eos, out, record):
             status = 1
-        if args.json:
-            print(json.dumps(record), flush=True)
+        _emit(args, i, record)
     return status
+
+
+def _todo(args: argparse.Namespace, prompts: list[str]) -> list[int]:
+    """The indices of the prompts to generate: all of them, or with ``--out`` those it does not hold yet
+    (``cli_output``)."""
+    if args.out is None:
+        return list(range(len(prompts)))
+    check_writable(args.out)  # fail now, not after minutes of work
+    done = cli_output.finished(args.out, args, prompts)
+    if done:
+        print(f"{args.out} holds {len(done)} of the {len(prompts)} prompts already; generating the other "
+              f"{len(prompts) - len(done)}", file=sys.stderr)
+    return [i for i in range(len(prompts)) if i not in done]
+
+
+def _emit(args: argparse.Namespace, index: int, record: dict[str, Any]) -> None:
+    """Prompt ``index``'s record: printed with ``--json``, appended to ``--out`` (durably) as soon as it is done."""
+    if args.json:
+        print(json.dumps(record), flush=True)
+    if args.out is not None:
+        cli_output.write(args.out, index, record, args)
+
+
+def _resolve(args: argparse.Namespace, recipe: Recipe, target: Any, tok: Any, drafts: Sequence[Any],
+             prompts: int) -> Resolved:
+    """What ``recipe`` leaves to measurement, chosen for ``prompts`` prompts: the tree (the shipped acceptance of
+    the draft's precision, where one was shipped), then whether the steps compile."""
+    walk = None
+    if recipe.acceptance is not None:
+        rows, walk = acceptance_for_draft(args.acceptance, args.temperature, drafts[0],
+                                          per_depth=not args.positional_acceptance)
+        recipe = replace(recipe, acceptance=rows)
+    resolved = resolve(recipe, target, drafts, tokenizer=tok, max_new_tokens=args.max_new_tokens, walk=walk,
+                       batch_size=min(args.batch_size, prompts),  # a tuned tree is sized for the batch
+                       compiled=bool(args.compile))
+    # compiled by measurement, or as asked (a cached measurement still costs the why-line); a batch compiles only
+    # when asked (its captured step: treespec.core.captured.BatchCapturedStep)
+    if args.compile is not False and args.batch_size == 1:
+        return resolve_compile(resolved, target, drafts, tok, prompts=prompts, max_new_tokens=args.max_new_tokens,
+                               backend=args.compile or True, asked=args.compile is not None)
+    return compile_batch(resolved, target, args.compile) if args.compile else resolved
 
 
 def _layouts(target: Any, drafts: Sequence[Any]) -> dict[str, Any]:
@@ -259,45 +251,24 @@ def _tree(recipe: Recipe, drafts: Sequence[Any], max_new_tokens: int) -> list[li
     return None if shape is None else [list(p) for p in shape.paths]
 
 
-def _record(text: str, out: GenerateOutput, resolved: Resolved, tok: Any, layouts: dict[str, Any],
-            tree: list[list[int]] | None) -> dict[str, Any]:
-    """The JSON record of one prompt's output: its figures, text, configuration (``tree``: the static tree
-    drafted), and the prediction beside them."""
-    recipe = resolved.recipe
-    record = {"prompt": text, **out.stats.record(), "new_tokens": out.new_tokens,
-              "text": tok.decode(out.new_tokens, skip_special_tokens=True), "configuration": resolved.why,
-              "recipe": {"tree": recipe.tree, "budget": recipe.budget, "depth": recipe.depth,
-                         "max_width": recipe.max_width, "verifier": recipe.verifier, "compile": recipe.compile,
-                         "target_dtype": recipe.target_dtype, "draft_dtype": recipe.draft_dtype, "paths": tree,
-                         "min_confidence": recipe.min_confidence},
-              "linear_layout": layouts}
-    if resolved.tuned is not None:  # the prediction beside the measurement, for anyone to check
-        s = out.stats
-        record["predicted"] = resolved.tuned.prediction.as_dict()
-        record["measured"] = {"tau": s.tau, "step_seconds": (s.drafting_seconds + s.verifying_seconds
-                                                             + s.overhead_seconds) / max(s.steps, 1)}
-    return record
-
-
-def _generate_batches(args: argparse.Namespace, prompts: list[str], encoded: list[list[int]], resolved: Resolved,
-                      target: Any, tok: Any, drafts: Sequence[Any], eos: list[int]) -> int:
+def _generate_batches(args: argparse.Namespace, prompts: list[str], todo: list[int], encoded: list[list[int]],
+                      resolved: Resolved, target: Any, tok: Any, drafts: Sequence[Any], eos: list[int]) -> int:
     """``--batch-size B``: the prompts in batches of B, each decoded at once (``treespec.core.batch``); each row's
     text (or JSON record, with its row, batch size and the batch's tokens/s) once its batch is done."""
     layouts, tree = _layouts(target, drafts), _tree(resolved.recipe, drafts, args.max_new_tokens)
-    for start in range(0, len(prompts), args.batch_size):
-        texts = prompts[start : start + args.batch_size]
+    for start in range(0, len(todo), args.batch_size):
+        indices = todo[start : start + args.batch_size]
         out = run(resolved.recipe, target, drafts, encoded[start : start + args.batch_size],
                   max_new_tokens=args.max_new_tokens, seed=args.seed, eos_token_id=eos)
-        for r, (text, row) in enumerate(zip(texts, out.rows)):
-            if args.json:
-                print(json.dumps({**_record(text, row, resolved, tok, layouts, tree), "row": start + r,
-                                  "batch_size": len(texts), "row_seconds": out.row_seconds[r],
-                                  "batch": {"forwards": out.forwards, **out.stats.record()}}), flush=True)
-            else:
-                print(f"--- prompt {start + r} (batch of {len(texts)}) ---\n"
+        for r, (i, row) in enumerate(zip(indices, out.rows)):
+            _emit(args, i, {**cli_output.record(prompts[i], row, resolved, tok, layouts, tree), "row": i,
+                            "batch_size": len(indices), "row_seconds": out.row_seconds[r],
+                            "batch": {"forwards": out.forwards, **out.stats.record()}})
+            if not args.json:
+                print(f"--- prompt {i} (batch of {len(indices)}) ---\n"
                       f"{tok.decode(row.new_tokens, skip_special_tokens=True)}")
         if not args.json:
-            _print_stats(out.stats)
+            print_stats(out.stats)
     return 0
 
 

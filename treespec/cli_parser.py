@@ -184,6 +184,10 @@ def _generate(sub) -> None:
                    help="print one JSON object per prompt (new_tokens, steps, tau, seconds, tokens_per_second, "
                         "configuration, the recipe with the tree drafted as child-rank paths) instead of streaming "
                         "text")
+    g.add_argument("--out", type=Path, default=None, metavar="F",
+                   help="append each prompt's JSON record (what --json prints, with the prompt's index and the "
+                        "settings) to the JSONL file F as soon as the prompt is done; run the same command again "
+                        "to generate only the prompts F does not hold yet (F of other settings is refused)")
     g.add_argument("--compare", action="store_true",
                    help="also run the target alone (HF generate) and compare speed and output, after one untimed "
                         "warm-up of each on the longest prompt (a compiled step compiles there)")

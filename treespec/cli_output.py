@@ -1,0 +1,122 @@
+"""What ``treespec generate`` prints and writes: the text as it is committed (:class:`Streamer`), each run's figures
+(:func:`print_stats`), each prompt's JSON record (:func:`record`), and the file of ``--out``.
+
+``--out F``: each prompt's JSON record (what ``--json`` prints) appended to ``F`` as soon as the prompt is done,
+durably (``common.jsonl``), so a long run over a prompt file loses nothing when it stops; run again with the same
+prompts and settings, it generates only the prompts ``F`` does not hold yet.
+
+A record carries the prompt's ``index`` in the prompt file and the :func:`settings` it was made under; a file made
+under other settings (another model, precision, tree, sampling, seed, ...) is refused rather than mixed with this
+run's outputs. Compiling and the batch size change no output and are not settings."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from .calibrate.choices import Resolved
+from .common.jsonl import append_record, read_records, repair_tail
+from .core.stats import GenerateOutput, Stats
+
+
+class Streamer:
+    """Prints the decoded text as tokens are committed. A character whose bytes span several tokens (an emoji, a
+    rare CJK character under byte-level BPE) decodes as U+FFFD until its last byte comes, so a trailing U+FFFD is
+    held back until then (or until :meth:`end`, where an invalid sequence prints as it decodes)."""
+
+    def __init__(self, tok, out=sys.stdout) -> None:
+        self.tok, self.out, self.ids, self.printed = tok, out, [], 0
+
+    def __call__(self, tokens: list[int]) -> None:
+        self.ids += tokens
+        self._write(self.tok.decode(self.ids, skip_special_tokens=True).rstrip("\ufffd"))
+
+    def end(self) -> None:
+        """Print what was held back: the generation is over."""
+        self._write(self.tok.decode(self.ids, skip_special_tokens=True))
+
+    def _write(self, text: str) -> None:
+        self.out.write(text[self.printed :])
+        self.out.flush()
+        self.printed = max(self.printed, len(text))
+
+
+def histogram(hist: list[int], width: int = 40) -> str:
+    """``hist`` as rows of ``#`` bars, one per count."""
+    top = max(hist) if hist else 1
+    return "\n".join(f"  {k:>3} | {'#' * max(1, round(width * n / top)) if n else '':<{width}} {n}"
+                     for k, n in enumerate(hist))
+
+
+def print_stats(s: Stats) -> None:
+    """The run's figures, drafters and accepted-length histogram, after its text."""
+    print("\n" + "-" * 60)
+    print(f"treespec: {s.new_tokens} tokens in {s.seconds:.2f} s = {s.tokens_per_second:.2f} tok/s, "
+          f"{s.steps} steps, tau {s.tau:.2f}" + ("" if s.step == "eager" else f"; step: {s.step}"))
+    print(f"time: prefill {s.prefill_seconds:.2f} s, drafting {s.drafting_seconds:.2f} s, "
+          f"verifying {s.verifying_seconds:.2f} s, engine {s.overhead_seconds:.2f} s")
+    for d in s.drafters:
+        print(f"drafter {d.name}: {d.accepted} of {d.proposed} proposals committed")
+    print("accepted drafted tokens per step:\n" + histogram(s.accepted_hist))
+
+
+def record(text: str, out: GenerateOutput, resolved: Resolved, tok: Any, layouts: dict[str, Any],
+           tree: list[list[int]] | None) -> dict[str, Any]:
+    """The JSON record of one prompt's output: its figures, text, configuration (``tree``: the static tree
+    drafted), and the prediction beside them."""
+    recipe = resolved.recipe
+    rec = {"prompt": text, **out.stats.record(), "new_tokens": out.new_tokens,
+           "text": tok.decode(out.new_tokens, skip_special_tokens=True), "configuration": resolved.why,
+           "recipe": {"tree": recipe.tree, "budget": recipe.budget, "depth": recipe.depth,
+                      "max_width": recipe.max_width, "verifier": recipe.verifier, "compile": recipe.compile,
+                      "target_dtype": recipe.target_dtype, "draft_dtype": recipe.draft_dtype, "paths": tree,
+                      "min_confidence": recipe.min_confidence},
+           "linear_layout": layouts}
+    if resolved.tuned is not None:  # the prediction beside the measurement, for anyone to check
+        s = out.stats
+        rec["predicted"] = resolved.tuned.prediction.as_dict()
+        rec["measured"] = {"tau": s.tau, "step_seconds": (s.drafting_seconds + s.verifying_seconds
+                                                          + s.overhead_seconds) / max(s.steps, 1)}
+    return rec
+
+
+#: the ``treespec generate`` arguments that decide what a prompt's output is
+SETTINGS = ("target", "draft", "device", "dtype", "draft_dtype", "ngram", "tree", "paths", "budget", "depth",
+            "acceptance", "positional_acceptance", "draft_mode", "temperature", "top_p", "top_k", "max_new_tokens",
+            "seed", "chat", "verifier")
+
+#: what a corrupt line of ``--out`` suggests besides fixing or deleting it
+HINT = "give another --out"
+
+
+def settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The run's :data:`SETTINGS`, as JSON values (paths as strings)."""
+    return {k: str(v) if isinstance(v, Path) else v for k in SETTINGS for v in [getattr(args, k, None)]}
+
+
+def finished(path: Path, args: argparse.Namespace, prompts: list[str]) -> set[int]:
+    """The indices of ``prompts`` whose records ``path`` holds under this run's settings (a torn last line, from a
+    stop while writing, is cut). A record of other settings, or of another prompt at its index, is refused."""
+    repair_tail(path)
+    mine, done = settings(args), set()
+    for n, rec in enumerate(read_records(path, hint=HINT), start=1):
+        theirs = rec.get("settings") or {}
+        changed = [k for k in SETTINGS if theirs.get(k) != mine[k]]
+        if changed:
+            k = changed[0]
+            raise ValueError(f"{path} holds outputs made with other settings ({k}: {theirs.get(k)!r} -> {mine[k]!r}"
+                             f"{f', and {len(changed) - 1} more' if len(changed) > 1 else ''}): give another --out, "
+                             f"or move {path} aside to start over")
+        i = rec.get("index")
+        if not (isinstance(i, int) and 0 <= i < len(prompts) and rec.get("prompt") == prompts[i]):
+            raise ValueError(f"{path}, record {n}: its prompt (index {i!r}) is not prompt {i!r} of these prompts: "
+                             "give another --out for another prompt file")
+        done.add(i)
+    return done
+
+
+def write(path: Path, index: int, rec: dict[str, Any], args: argparse.Namespace) -> None:
+    """Append prompt ``index``'s record ``rec`` to ``path`` with this run's settings, durably."""
+    append_record(path, {**rec, "index": index, "settings": settings(args)})
