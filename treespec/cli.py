@@ -202,7 +202,7 @@ def _todo(args: argparse.Namespace, prompts: list[str]) -> list[int]:
         return list(range(len(prompts)))
     check_writable(args.out)  # fail now, not after minutes of work
     done = cli_output.finished(args.out, args, prompts)
-    if done:
+    if 0 < len(done) < len(prompts):
         print(f"{args.out} holds {len(done)} of the {len(prompts)} prompts already; generating the other "
               f"{len(prompts) - len(done)}", file=sys.stderr)
     return [i for i in range(len(prompts)) if i not in done]
