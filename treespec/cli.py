@@ -14,19 +14,20 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Sequence
-
+from typing import Any, Callable, Iterable, Sequence, TypeVar
 
 from . import cli_output
-from .cli_output import Streamer, print_stats
 from .calibrate import target_precision
 from .calibrate.choices import Resolved, compile_batch, resolve, resolve_compile
 from .calibrate.vectors import acceptance_for_draft, default_acceptance
+from .cli_output import Streamer, print_stats
 from .cli_parser import build_parser
 from .common.files import check_writable
 from .core.linear_layout import layout_of
 from .models.pair import CrossDraft, eos_ids, load_pair
 from .recipes import NGramSettings, Recipe, draft_mode, plan, run
+
+T = TypeVar("T")
 
 
 def load_models(args: argparse.Namespace, want_draft: bool = True, tuned_target: bool = False):
@@ -180,7 +181,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     layouts, tree = _layouts(target, drafts), _tree(recipe, drafts, args.max_new_tokens)  # the same for every prompt
     if args.compare:
         _warm_up(args, recipe, target, drafts, encoded, eos)
-    for i, ids in zip(todo, encoded):
+    for i, ids in _progress(args, zip(todo, encoded), len(todo)):
         streamer = None if args.json else Streamer(tok)
         out = run(recipe, target, drafts, ids, max_new_tokens=args.max_new_tokens, seed=args.seed,
                   eos_token_id=eos, on_tokens=streamer)
@@ -206,6 +207,15 @@ def _todo(args: argparse.Namespace, prompts: list[str]) -> list[int]:
         print(f"{args.out} holds {len(done)} of the {len(prompts)} prompts already; generating the other "
               f"{len(prompts) - len(done)}", file=sys.stderr)
     return [i for i in range(len(prompts)) if i not in done]
+
+
+def _progress(args: argparse.Namespace, items: Iterable[T], total: int, unit: str = "prompts") -> Iterable[T]:
+    """``items`` behind a progress bar on a terminal's stderr when ``--json`` leaves no text to watch (the streamed
+    text is the progress otherwise)."""
+    from tqdm.auto import tqdm
+
+    return tqdm(items, total=total, desc=unit, unit="", disable=None if args.json and total > 1 else True,
+                file=sys.stderr, leave=False)
 
 
 def _emit(args: argparse.Namespace, index: int, record: dict[str, Any]) -> None:
@@ -256,7 +266,7 @@ def _generate_batches(args: argparse.Namespace, prompts: list[str], todo: list[i
     """``--batch-size B``: the prompts in batches of B, each decoded at once (``treespec.core.batch``); each row's
     text (or JSON record, with its row, batch size and the batch's tokens/s) once its batch is done."""
     layouts, tree = _layouts(target, drafts), _tree(resolved.recipe, drafts, args.max_new_tokens)
-    for start in range(0, len(todo), args.batch_size):
+    for start in _progress(args, range(0, len(todo), args.batch_size), -(-len(todo) // args.batch_size), "batches"):
         indices = todo[start : start + args.batch_size]
         out = run(resolved.recipe, target, drafts, encoded[start : start + args.batch_size],
                   max_new_tokens=args.max_new_tokens, seed=args.seed, eos_token_id=eos)
