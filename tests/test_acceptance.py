@@ -117,6 +117,23 @@ def test_merge_of_per_prompt_measurements_equals_one_measurement(target, prompts
     assert parts.beta == pytest.approx(whole.beta) and parts.meta["prompts"] == 3
 
 
+@pytest.mark.parametrize("context", ["walk", "target"])
+def test_a_measurement_resumed_part_way_is_the_uninterrupted_one(target, prompts, context):
+    """``measure_each(done=..., on_prompt=...)``: prompts measured before are skipped, each new one is handed over as
+    it is ready, and (each prompt drawing from its own generator) the parts are those of one uninterrupted
+    measurement, sampled and batched differently as they are."""
+    draft = perturbed_copy(target, 0.5)
+    kwargs = dict(mode="sample", temperature=1.0, max_new_tokens=12, seed=3, progress=False, context=context,
+                  batch_size=2)
+    whole = measure_each(target, draft, prompts[:5], **kwargs)
+    seen = []
+    rest = measure_each(target, draft, prompts[:5], done={0, 3}, on_prompt=lambda j, part: seen.append((j, part)),
+                        **kwargs)
+    assert [j for j, _ in seen] == [1, 2, 4] and all(part is mine for (_, part), mine in zip(seen, rest))
+    for j, part in seen:
+        assert part.ranks == whole[j].ranks and np.array_equal(part.counts, whole[j].counts)
+
+
 def test_same_seed_same_measurement_and_bad_inputs_are_refused(target, prompts):
     draft = perturbed_copy(target, 0.5)
     runs = [measure(target, draft, prompts[:2], mode="sample", temperature=1.0, max_new_tokens=16, seed=5,

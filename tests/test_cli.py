@@ -491,3 +491,44 @@ def test_out_keeps_each_prompt_as_it_finishes_and_a_rerun_resumes(tiny_dirs, tmp
     assert "holds outputs made with other settings (max_new_tokens: 5 -> 6)" in capsys.readouterr().err
     (tmp_path / "p.txt").write_text("w1 w2\nw8\n")
     assert main(argv) == 2 and "is not prompt 1 of these prompts" in capsys.readouterr().err
+
+
+def test_accept_keeps_each_prompts_part_and_a_rerun_measures_only_the_others(tiny_dirs, tmp_path, capsys,
+                                                                              monkeypatch):
+    """accept --out A keeps each prompt's measurement in A.parts.jsonl as it is made; a run stopped after its first
+    prompt, run again, measures only the others and writes the measurement an uninterrupted run writes (each prompt
+    draws from its own generator); the parts file goes once A is whole. Other settings are refused."""
+    import json
+
+    import treespec.cli_output as cli_output
+
+    monkeypatch.setenv("TREESPEC_CACHE", str(tmp_path / "cache"))
+    models = [a.format(**tiny_dirs) for a in MODELS]
+    argv = ["accept", *models, "--calib", "0:3", "--width", "2", "--max-new-tokens", "6", "--max-depth", "2",
+            "--temperature", "1", "--batch-size", "1"]
+    assert main([*argv, "--out", str(tmp_path / "whole.json")]) == 0
+    assert not (tmp_path / "whole.json.parts.jsonl").exists()
+    real, calls = cli_output.write, []
+
+    def stops_at_the_second(*args, **kwargs):  # records which prompts are measured; the first run stops at its 2nd
+        calls.append(args[1])
+        if len(calls) == 2:
+            raise RuntimeError("stopped")
+        real(*args, **kwargs)
+
+    monkeypatch.setattr(cli_output, "write", stops_at_the_second)
+    out = tmp_path / "resumed.json"
+    with pytest.raises(RuntimeError, match="stopped"):
+        main([*argv, "--out", str(out)])
+    assert len((tmp_path / "resumed.json.parts.jsonl").read_text().splitlines()) == 1
+    capsys.readouterr()
+    assert main([*argv, "--out", str(out), "--batch-size", "2"]) == 0  # the batch size is not a setting
+    assert calls == [0, 1, 1, 2]  # prompt 0 is not measured again
+    assert "holds 1 of the 3 prompts' measurements; measuring the others" in capsys.readouterr().err
+    whole, resumed = json.loads((tmp_path / "whole.json").read_text()), json.loads(out.read_text())
+    assert resumed["ranks"] == whole["ranks"] and resumed["counts"] == whole["counts"] and resumed["ranks"]
+    assert not (tmp_path / "resumed.json.parts.jsonl").exists()
+    (tmp_path / "other.json.parts.jsonl").write_text(
+        json.dumps({"index": 0, "prompt": "x", "part": None, "settings": {"width": 3}}) + "\n")
+    assert main([*argv, "--out", str(tmp_path / "other.json")]) == 2
+    assert "holds outputs made with other settings" in capsys.readouterr().err

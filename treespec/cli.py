@@ -293,7 +293,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_accept(args: argparse.Namespace) -> int:
     from .bench.datasets import dataset_size, humaneval_prompts, prompt_range
-    from .calibrate.acceptance import measure
+    from .calibrate.acceptance import MeasuredAcceptance, measure_each
 
     if args.prompt_file is not None or args.prompts_jsonl is not None:
         texts = read_prompts(args)
@@ -303,12 +303,30 @@ def cmd_accept(args: argparse.Namespace) -> int:
         texts, label = humaneval_prompts(start, stop), f"humaneval[{start}:{stop}]"
     label += " in the chat template" if args.chat else ""
     check_writable(args.out)  # fail now, not after minutes of measuring
-    target, tok, drafts = load_models(args)
-    mode = draft_mode("sequoia", args.temperature, args.mode)
-    acc = measure(target, drafts[0], encode_all(tok, texts, args.chat), width=args.width,
-                  mode=mode, temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
-                  max_depth=args.max_depth, prompts_label=label, context=args.context, batch_size=args.batch_size)
+    # each prompt's part is kept as it is measured: a stopped run, run again, measures only the others
+    parts_file = Path(f"{args.out}.parts.jsonl")
+    saved = {i: rec["part"] for i, rec in cli_output.finished(parts_file, args, texts).items()}
+    if saved:
+        print(f"{parts_file} holds {len(saved)} of the {len(texts)} prompts' measurements; measuring the others",
+              file=sys.stderr)
+
+    def keep(j: int, part: MeasuredAcceptance | None) -> None:
+        saved[j] = None if part is None else part.to_dict()
+        cli_output.write(parts_file, j, {"prompt": texts[j], "part": saved[j]}, args)
+
+    if len(saved) < len(texts):
+        target, tok, drafts = load_models(args)
+        measure_each(target, drafts[0], encode_all(tok, texts, args.chat), width=args.width,
+                     mode=draft_mode("sequoia", args.temperature, args.mode), temperature=args.temperature,
+                     top_p=args.top_p, max_new_tokens=args.max_new_tokens, max_depth=args.max_depth,
+                     prompts_label=label, context=args.context, batch_size=args.batch_size, done=saved, on_prompt=keep)
+    parts = [MeasuredAcceptance.from_dict(saved[j]) for j in sorted(saved) if saved[j] is not None]
+    if not parts:
+        raise ValueError("no continuation tokens were generated: give at least one prompt (and max_new_tokens >= 1)")
+    acc = MeasuredAcceptance.merge(parts)
+    acc.meta["prompts"] = len(texts)
     acc.save(args.out)
+    parts_file.unlink(missing_ok=True)  # the measurement is whole: its parts are in args.out
     print(acc)
     print(f"written to {args.out}")
     return 0

@@ -1,11 +1,13 @@
-"""What ``treespec generate`` prints and writes: the text as it is committed (:class:`Streamer`), each run's figures
-(:func:`print_stats`), each prompt's JSON record (:func:`record`), and the file of ``--out``.
+"""What the commands print and write: ``treespec generate``'s text as it is committed (:class:`Streamer`), its
+figures (:func:`print_stats`) and each prompt's JSON record (:func:`record`), and the files a stopped run resumes
+from.
 
-``--out F``: each prompt's JSON record (what ``--json`` prints) appended to ``F`` as soon as the prompt is done,
-durably (``common.jsonl``), so a long run over a prompt file loses nothing when it stops; run again with the same
-prompts and settings, it generates only the prompts ``F`` does not hold yet.
+``generate --out F``: each prompt's JSON record (what ``--json`` prints) appended to ``F`` as soon as the prompt is
+done, durably (``common.jsonl``), so a long run over a prompt file loses nothing when it stops; run again with the
+same prompts and settings, it generates only the prompts ``F`` does not hold yet. ``accept --out A`` keeps each
+prompt's measurement in ``A.parts.jsonl`` the same way until ``A`` is written.
 
-A record carries the prompt's ``index`` in the prompt file and the :func:`settings` it was made under; a file made
+A record carries the prompt's ``index`` in the prompt list and the :func:`settings` it was made under; a file made
 under other settings (another model, precision, tree, sampling, seed, ...) is refused rather than mixed with this
 run's outputs. Compiling and the batch size change no output and are not settings."""
 
@@ -82,28 +84,34 @@ def record(text: str, out: GenerateOutput, resolved: Resolved, tok: Any, layouts
     return rec
 
 
-#: the ``treespec generate`` arguments that decide what a prompt's output is
-SETTINGS = ("target", "draft", "device", "dtype", "draft_dtype", "ngram", "tree", "paths", "budget", "depth",
-            "acceptance", "positional_acceptance", "draft_mode", "temperature", "top_p", "top_k", "max_new_tokens",
-            "seed", "chat", "verifier")
+#: the arguments that decide a command's outputs (what ``--out`` resumes): a record made under others is not this
+#: run's. Compiling and the batch size change no output (a batch's rows up to a batched forward's rounding).
+SETTINGS = {
+    "generate": ("target", "draft", "device", "dtype", "draft_dtype", "ngram", "tree", "paths", "budget", "depth",
+                 "acceptance", "positional_acceptance", "draft_mode", "temperature", "top_p", "top_k",
+                 "max_new_tokens", "seed", "chat", "verifier"),
+    "accept": ("target", "draft", "device", "dtype", "draft_dtype", "calib", "prompt_file", "prompts_jsonl", "width",
+               "mode", "temperature", "top_p", "max_new_tokens", "max_depth", "context", "chat"),
+}
 
 #: what a corrupt line of ``--out`` suggests besides fixing or deleting it
 HINT = "give another --out"
 
 
 def settings(args: argparse.Namespace) -> dict[str, Any]:
-    """The run's :data:`SETTINGS`, as JSON values (paths as strings)."""
-    return {k: str(v) if isinstance(v, Path) else v for k in SETTINGS for v in [getattr(args, k, None)]}
+    """The run's :data:`SETTINGS` (of ``args.command``), as JSON values (paths as strings)."""
+    return {k: str(v) if isinstance(v, Path) else v for k in SETTINGS[args.command] for v in [getattr(args, k, None)]}
 
 
-def finished(path: Path, args: argparse.Namespace, prompts: list[str]) -> set[int]:
-    """The indices of ``prompts`` whose records ``path`` holds under this run's settings (a torn last line, from a
-    stop while writing, is cut). A record of other settings, or of another prompt at its index, is refused."""
+def finished(path: Path, args: argparse.Namespace, prompts: list[str]) -> dict[int, dict[str, Any]]:
+    """The records ``path`` holds under this run's settings, by the index of their prompt in ``prompts`` (a torn last
+    line, from a stop while writing, is cut). A record of other settings, or of another prompt at its index, is
+    refused."""
     repair_tail(path)
-    mine, done = settings(args), set()
+    mine, done = settings(args), {}
     for n, rec in enumerate(read_records(path, hint=HINT), start=1):
         theirs = rec.get("settings") or {}
-        changed = [k for k in SETTINGS if theirs.get(k) != mine[k]]
+        changed = [k for k in mine if theirs.get(k) != mine[k]]
         if changed:
             k = changed[0]
             raise ValueError(f"{path} holds outputs made with other settings ({k}: {theirs.get(k)!r} -> {mine[k]!r}"
@@ -113,7 +121,7 @@ def finished(path: Path, args: argparse.Namespace, prompts: list[str]) -> set[in
         if not (isinstance(i, int) and 0 <= i < len(prompts) and rec.get("prompt") == prompts[i]):
             raise ValueError(f"{path}, record {n}: its prompt (index {i!r}) is not prompt {i!r} of these prompts: "
                              "give another --out for another prompt file")
-        done.add(i)
+        done[i] = rec
     return done
 
 

@@ -216,7 +216,9 @@ def _demo(sub) -> None:
 
 
 def _accept(sub) -> None:
-    a = _model_command(sub, "accept", "acceptance.json", "the JSON file written",
+    a = _model_command(sub, "accept", "acceptance.json", "the JSON file written; until then each prompt's "
+                       "measurement is kept in OUT.parts.jsonl as it is made, so a stopped run, run again with the "
+                       "same settings, measures only the others",
                        help="measure a draft's positional acceptance vector",
                        description="Measure the positional acceptance vector (and per-depth matrix, beta) of "
                                    "a draft against the target along the verification walk, on continuations of "

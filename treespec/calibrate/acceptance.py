@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import datetime
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Collection, Sequence
 
 import numpy as np
 import torch
@@ -278,9 +278,15 @@ def measure_each(target: torch.nn.Module, draft: torch.nn.Module, prompts: Seque
                  mode: str = "topk", temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
                  max_new_tokens: int = 64, max_depth: int = 8, seed: int = 0, progress: bool = True, *,
                  eos_token_id: int | Sequence[int] | None = None, prompts_label: str | None = None,
-                 context: str = "walk", batch_size: int = 8) -> list[MeasuredAcceptance]:
+                 context: str = "walk", batch_size: int = 8, done: Collection[int] = (),
+                 on_prompt: Callable[[int, MeasuredAcceptance | None], None] | None = None
+                 ) -> list[MeasuredAcceptance]:
     """:func:`measure` kept apart per prompt (a prompt with no continuation token gives none): what it pools, and
-    what an error over prompts (a jackknife, a bootstrap) resamples. The same arguments."""
+    what an error over prompts (a jackknife, a bootstrap) resamples. The same arguments, and for a measurement that
+    resumes: ``done``, the indices of prompts not to measure (measured before), and ``on_prompt(j, part)``, called as
+    each prompt ``j``'s part is ready (None: no continuation token). Prompt ``j`` draws from its own generator
+    whatever else is measured, so a resumed measurement is the uninterrupted one (up to a batched forward's
+    rounding)."""
     width, max_depth = _checked(prompts, width, mode, max_depth, context)
     batch_size = checks.check_int("batch_size", batch_size, 1, "prompts walked together.")
     if checks.has_dynamic_int8(target) or checks.has_dynamic_int8(draft):
@@ -295,17 +301,21 @@ def measure_each(target: torch.nn.Module, draft: torch.nn.Module, prompts: Seque
                         "written by the acceptance rule (walk)"),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "treespec": version()}
     prompts = [[int(t) for t in p] for p in prompts]
-    parts = []
-    with tqdm(total=len(prompts), desc="acceptance", unit="prompt", disable=not progress) as bar:
-        for start in range(0, len(prompts), batch_size):
-            chunk = range(start, min(start + batch_size, len(prompts)))
-            for ranks, overlap, proposal_q in _prompts_ranks(target, draft, prompts, chunk, params, width, mode,
-                                                             max_new_tokens, seed, eos_token_id, context):
+    parts, todo = [], [j for j in range(len(prompts)) if j not in done]
+    with tqdm(total=len(prompts), initial=len(prompts) - len(todo), desc="acceptance", unit="prompt",
+              disable=not progress) as bar:
+        for start in range(0, len(todo), batch_size):
+            chunk = todo[start : start + batch_size]
+            for j, (ranks, overlap, proposal_q) in zip(chunk, _prompts_ranks(
+                    target, draft, prompts, chunk, params, width, mode, max_new_tokens, seed, eos_token_id, context)):
+                part = None
                 if len(ranks):
                     counts, totals = depth_counts(ranks.cpu().numpy(), width, max_depth)
-                    parts.append(MeasuredAcceptance.from_counts(
-                        counts, totals, overlap / len(ranks), meta, [ranks.tolist()],
-                        [proposal_q.tolist()] if proposal_q is not None else ()))
+                    part = MeasuredAcceptance.from_counts(counts, totals, overlap / len(ranks), meta, [ranks.tolist()],
+                                                          [proposal_q.tolist()] if proposal_q is not None else ())
+                    parts.append(part)
+                if on_prompt is not None:
+                    on_prompt(j, part)
             bar.update(len(chunk))
     return parts
 
@@ -326,19 +336,19 @@ def _checked(prompts: Sequence[Sequence[int]], width: int, mode: str, max_depth:
             checks.check_int("max_depth", max_depth, 1, "rows of the per-depth matrix."))
 
 
-def _prompts_ranks(target: torch.nn.Module, draft: torch.nn.Module, prompts: list[list[int]], chunk: range,
+def _prompts_ranks(target: torch.nn.Module, draft: torch.nn.Module, prompts: list[list[int]], chunk: list[int],
                    params: SamplingParams, width: int, mode: str, max_new_tokens: int, seed: int,
                    eos_token_id: int | Sequence[int] | None, context: str
                    ) -> list[tuple[torch.Tensor, float, torch.Tensor | None]]:
     """The accepted ranks, summed overlap ``sum_x min(r, q)`` and (a walk only) each proposal's draft probability
     of prompts ``chunk`` (prompt ``j`` drawing from its own generator): empty ranks for no continuation token."""
     device = execution_device(target)
-    gens = [torch.Generator(device).manual_seed(spread_seed(seed, "verify", j)) for j in chunk]
+    gens = {j: torch.Generator(device).manual_seed(spread_seed(seed, "verify", j)) for j in chunk}
     none = (torch.zeros(0, dtype=torch.long), 0.0, None)  # a prompt with no continuation token
     if context == "walk":
         walked = [j for j in chunk if prompts[j]]
         walks = dict(zip(walked, walk_ranks(target, draft, [prompts[j] for j in walked], max(max_new_tokens, 0),
-                                            params, width, mode, [gens[j - chunk.start] for j in walked],
+                                            params, width, mode, [gens[j] for j in walked],
                                             checks.eos_ids(eos_token_id))))
         return [(walks[j].ranks, walks[j].overlap, walks[j].proposal_q) if j in walks else none for j in chunk]
     out = []
@@ -347,7 +357,8 @@ def _prompts_ranks(target: torch.nn.Module, draft: torch.nn.Module, prompts: lis
         target, [prompts[j] for j in chunk], max_new_tokens=max_new_tokens, temperature=params.temperature,
         top_k=params.top_k, top_p=params.top_p, eos_token_id=eos_token_id,
         seed=[spread_seed(seed, "continuation", j) for j in chunk]).rows]
-    for j, gen, cont in zip(chunk, gens, conts):
+    for j, cont in zip(chunk, conts):
+        gen = gens[j]
         if not cont:
             out.append(none)
             continue
