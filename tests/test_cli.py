@@ -532,3 +532,18 @@ def test_accept_keeps_each_prompts_part_and_a_rerun_measures_only_the_others(tin
         json.dumps({"index": 0, "prompt": "x", "part": None, "settings": {"width": 3}}) + "\n")
     assert main([*argv, "--out", str(tmp_path / "other.json")]) == 2
     assert "holds outputs made with other settings" in capsys.readouterr().err
+
+
+def test_a_jsonl_lines_other_fields_come_back_in_its_record(tiny_dirs, tmp_path, capsys, monkeypatch):
+    """An ``id`` (or any field beside ``prompt``) of a --prompts-jsonl line is carried into that prompt's record, to
+    join outputs with inputs, one prompt at a time and in batches; a line of only a prompt gets no "input"."""
+    import json
+
+    monkeypatch.setenv("TREESPEC_CACHE", str(tmp_path / "cache"))
+    models = [a.format(**tiny_dirs) for a in MODELS]
+    (tmp_path / "p.jsonl").write_text('{"id": "a-7", "prompt": "w1 w2", "tags": [1, 2]}\n{"prompt": "w3"}\n')
+    for batch in ("1", "2"):
+        assert main(["generate", *models, "--prompts-jsonl", str(tmp_path / "p.jsonl"), "--tree", "chain", "--budget",
+                     "3", "--max-new-tokens", "3", "--no-compile", "--json", "--batch-size", batch]) == 0
+        records = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+        assert records[0]["input"] == {"id": "a-7", "tags": [1, 2]} and "input" not in records[1]

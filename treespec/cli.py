@@ -20,6 +20,7 @@ from . import cli_output
 from .calibrate import target_precision
 from .calibrate.choices import Resolved, compile_batch, resolve, resolve_compile
 from .calibrate.vectors import acceptance_for_draft, default_acceptance
+from .cli_input import encode_all, read_paths, read_prompt_lines, read_prompts
 from .cli_output import Streamer, print_stats
 from .cli_parser import build_parser
 from .common.files import check_writable
@@ -49,21 +50,6 @@ def load_models(args: argparse.Namespace, want_draft: bool = True, tuned_target:
                      compile=compile)
 
 
-def read_paths(value: str | None, tree: str) -> list | None:
-    """``--paths``: a JSON list of child-rank paths, or a JSON file holding one (None when not given)."""
-    if value is None:
-        if tree == "paths":
-            raise ValueError("--tree paths needs --paths: its static tree as a JSON list of child-rank paths in "
-                             "priority order, e.g. --paths '[[0], [1], [0, 0]]', or a JSON file holding one")
-        return None
-    text = value if value.lstrip().startswith("[") else Path(value).read_text()  # a JSON list, or a file holding one
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as error:
-        raise ValueError(f"--paths must be a JSON list of child-rank paths (e.g. '[[0], [1], [0, 0]]') or a JSON file "
-                         f"holding one; {value!r} is not JSON: {error}") from None
-
-
 def recipe_from_args(args: argparse.Namespace, with_model: bool = True) -> Recipe:
     """The recipe ``treespec generate`` runs for its options (``--budget`` absent: None, resolved later)."""
     sequoia = args.tree == "sequoia" and with_model
@@ -75,50 +61,6 @@ def recipe_from_args(args: argparse.Namespace, with_model: bool = True) -> Recip
                                                 per_depth=not args.positional_acceptance) if sequoia else None,
                   target_dtype=args.dtype, draft_dtype=args.draft_dtype, verifier=args.verifier,
                   compile=args.compile or False)  # None (decided after resolving, resolve_compile): eager until then
-
-
-def read_prompts(args: argparse.Namespace) -> list[str]:
-    """``--prompt``, the lines of ``--prompt-file`` (blank lines skipped) or the ``prompt`` fields of
-    ``--prompts-jsonl``."""
-    if getattr(args, "prompt", None) is not None:
-        return [args.prompt]
-    if args.prompt_file is not None:
-        prompts = [line.replace("\\n", "\n") for line in args.prompt_file.read_text().splitlines() if line.strip()]
-        where = args.prompt_file
-    else:
-        where = args.prompts_jsonl
-        prompts = []
-        for n, line in enumerate(where.read_text().splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-                prompts.append(record["prompt"])
-            except (json.JSONDecodeError, KeyError, TypeError):
-                raise ValueError(f"{where}, line {n}: expected a JSON object with a \"prompt\" string") from None
-            if not isinstance(prompts[-1], str):
-                raise ValueError(f"{where}, line {n}: \"prompt\" must be a string")
-    if not prompts:
-        raise ValueError(f"{where} holds no prompt")
-    return prompts
-
-
-def encode(tok, text: str, chat: bool) -> list[int]:
-    if chat:
-        return tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                       tokenize=True, return_dict=False)
-    return tok(text)["input_ids"]
-
-
-def encode_all(tok, prompts: list[str], chat: bool) -> list[list[int]]:
-    """Every prompt in the target's tokens; a prompt of no tokens is refused, naming it."""
-    encoded = [encode(tok, text, chat) for text in prompts]
-    for i, ids in enumerate(encoded):
-        if not ids:
-            where = "the prompt" if len(prompts) == 1 else f"prompt {i + 1} of {len(prompts)}"
-            raise ValueError(f"{where} is empty in the target's tokens ({prompts[i]!r}; this tokenizer adds no BOS "
-                             "token): give it some text, or pass --chat to wrap it in the chat template")
-    return encoded
 
 
 def _warm_up(args: argparse.Namespace, recipe: Recipe, target, drafts: Sequence[Any], prompts: list[list[int]],
@@ -158,7 +100,8 @@ def _compare(args: argparse.Namespace, recipe: Recipe, target, ids: list[int], e
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    prompts = read_prompts(args)
+    lines = read_prompt_lines(args)
+    prompts, inputs = [text for text, _ in lines], [fields for _, fields in lines]
     if args.batch_size > 1 and args.compare:
         raise ValueError(f"--compare runs HF generate on one prompt at a time, beside a run of one prompt: drop "
                          f"it with --batch-size {args.batch_size} (or use --batch-size 1)")
@@ -176,7 +119,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     print(f"configuration: {resolved.why}", file=sys.stderr if args.json else sys.stdout, flush=True)
     eos = eos_ids(target, tok)
     if args.batch_size > 1:
-        return _generate_batches(args, prompts, todo, encoded, resolved, target, tok, drafts, eos)
+        return _generate_batches(args, prompts, inputs, todo, encoded, resolved, target, tok, drafts, eos)
     status = 0
     layouts, tree = _layouts(target, drafts), _tree(recipe, drafts, args.max_new_tokens)  # the same for every prompt
     if args.compare:
@@ -192,7 +135,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             print_stats(out.stats)
         if args.compare and not _compare(args, recipe, target, ids, eos, out, record):
             status = 1
-        _emit(args, i, record)
+        _emit(args, i, record, inputs[i])
     return status
 
 
@@ -218,8 +161,11 @@ def _progress(args: argparse.Namespace, items: Iterable[T], total: int, unit: st
                 file=sys.stderr, leave=False)
 
 
-def _emit(args: argparse.Namespace, index: int, record: dict[str, Any]) -> None:
-    """Prompt ``index``'s record: printed with ``--json``, appended to ``--out`` (durably) as soon as it is done."""
+def _emit(args: argparse.Namespace, index: int, record: dict[str, Any], fields: dict[str, Any]) -> None:
+    """Prompt ``index``'s record (with ``fields``, the other fields of its JSONL line, under ``"input"``): printed
+    with ``--json``, appended to ``--out`` (durably) as soon as it is done."""
+    if fields:
+        record = {**record, "input": fields}
     if args.json:
         print(json.dumps(record), flush=True)
     if args.out is not None:
@@ -261,8 +207,9 @@ def _tree(recipe: Recipe, drafts: Sequence[Any], max_new_tokens: int) -> list[li
     return None if shape is None else [list(p) for p in shape.paths]
 
 
-def _generate_batches(args: argparse.Namespace, prompts: list[str], todo: list[int], encoded: list[list[int]],
-                      resolved: Resolved, target: Any, tok: Any, drafts: Sequence[Any], eos: list[int]) -> int:
+def _generate_batches(args: argparse.Namespace, prompts: list[str], inputs: list[dict[str, Any]], todo: list[int],
+                      encoded: list[list[int]], resolved: Resolved, target: Any, tok: Any, drafts: Sequence[Any],
+                      eos: list[int]) -> int:
     """``--batch-size B``: the prompts in batches of B, each decoded at once (``treespec.core.batch``); each row's
     text (or JSON record, with its row, batch size and the batch's tokens/s) once its batch is done."""
     layouts, tree = _layouts(target, drafts), _tree(resolved.recipe, drafts, args.max_new_tokens)
@@ -273,7 +220,7 @@ def _generate_batches(args: argparse.Namespace, prompts: list[str], todo: list[i
         for r, (i, row) in enumerate(zip(indices, out.rows)):
             _emit(args, i, {**cli_output.record(prompts[i], row, resolved, tok, layouts, tree), "row": i,
                             "batch_size": len(indices), "row_seconds": out.row_seconds[r],
-                            "batch": {"forwards": out.forwards, **out.stats.record()}})
+                            "batch": {"forwards": out.forwards, **out.stats.record()}}, inputs[i])
             if not args.json:
                 print(f"--- prompt {i} (batch of {len(indices)}) ---\n"
                       f"{tok.decode(row.new_tokens, skip_special_tokens=True)}")

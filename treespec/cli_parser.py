@@ -139,7 +139,8 @@ def _generate(sub) -> None:
     src.add_argument("--prompt-file", type=Path, metavar="F",
                      help="a text file: one prompt per line (\\n inside a line is a newline)")
     src.add_argument("--prompts-jsonl", type=Path, metavar="F",
-                     help="a JSONL file: one object with a 'prompt' per line")
+                     help="a JSONL file: one object with a 'prompt' per line; its other fields (an id, say) come "
+                          "back in the prompt's JSON record under 'input'")
     add_model_options(g, several_drafts=True)
     g.add_argument("--ngram", action="store_true",
                    help="add the n-gram drafter over the running context; beside a draft model it reserves up to "

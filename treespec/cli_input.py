@@ -1,0 +1,77 @@
+"""What the commands read besides their options: the prompts of ``--prompt``, ``--prompt-file`` or
+``--prompts-jsonl`` (with a JSONL line's other fields, carried into ``generate``'s records), encoded for the target,
+and the static tree of ``--paths``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+
+def read_paths(value: str | None, tree: str) -> list | None:
+    """``--paths``: a JSON list of child-rank paths, or a JSON file holding one (None when not given)."""
+    if value is None:
+        if tree == "paths":
+            raise ValueError("--tree paths needs --paths: its static tree as a JSON list of child-rank paths in "
+                             "priority order, e.g. --paths '[[0], [1], [0, 0]]', or a JSON file holding one")
+        return None
+    text = value if value.lstrip().startswith("[") else Path(value).read_text()  # a JSON list, or a file holding one
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"--paths must be a JSON list of child-rank paths (e.g. '[[0], [1], [0, 0]]') or a JSON file "
+                         f"holding one; {value!r} is not JSON: {error}") from None
+
+
+def read_prompts(args: argparse.Namespace) -> list[str]:
+    """``--prompt``, the lines of ``--prompt-file`` (blank lines skipped) or the ``prompt`` fields of
+    ``--prompts-jsonl``."""
+    return [text for text, _ in read_prompt_lines(args)]
+
+
+def read_prompt_lines(args: argparse.Namespace) -> list[tuple[str, dict[str, Any]]]:
+    """Each prompt with the other fields of its ``--prompts-jsonl`` object (an ``id``, say; ``{}`` for the other
+    sources), which ``generate`` carries into the prompt's record under ``"input"``."""
+    if getattr(args, "prompt", None) is not None:
+        return [(args.prompt, {})]
+    if args.prompt_file is not None:
+        lines = [(line.replace("\\n", "\n"), {}) for line in args.prompt_file.read_text().splitlines()
+                 if line.strip()]
+        where = args.prompt_file
+    else:
+        where = args.prompts_jsonl
+        lines = []
+        for n, line in enumerate(where.read_text().splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+                text = record["prompt"]
+            except (json.JSONDecodeError, KeyError, TypeError):
+                raise ValueError(f"{where}, line {n}: expected a JSON object with a \"prompt\" string") from None
+            if not isinstance(text, str):
+                raise ValueError(f"{where}, line {n}: \"prompt\" must be a string")
+            lines.append((text, {k: v for k, v in record.items() if k != "prompt"}))
+    if not lines:
+        raise ValueError(f"{where} holds no prompt")
+    return lines
+
+
+def encode(tok, text: str, chat: bool) -> list[int]:
+    if chat:
+        return tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                       tokenize=True, return_dict=False)
+    return tok(text)["input_ids"]
+
+
+def encode_all(tok, prompts: list[str], chat: bool) -> list[list[int]]:
+    """Every prompt in the target's tokens; a prompt of no tokens is refused, naming it."""
+    encoded = [encode(tok, text, chat) for text in prompts]
+    for i, ids in enumerate(encoded):
+        if not ids:
+            where = "the prompt" if len(prompts) == 1 else f"prompt {i + 1} of {len(prompts)}"
+            raise ValueError(f"{where} is empty in the target's tokens ({prompts[i]!r}; this tokenizer adds no BOS "
+                             "token): give it some text, or pass --chat to wrap it in the chat template")
+    return encoded
