@@ -252,14 +252,15 @@ def cmd_accept(args: argparse.Namespace) -> int:
     check_writable(args.out)  # fail now, not after minutes of measuring
     # each prompt's part is kept as it is measured: a stopped run, run again, measures only the others
     parts_file = Path(f"{args.out}.parts.jsonl")
-    saved = {i: rec["part"] for i, rec in cli_output.finished(parts_file, args, texts).items()}
+    saved = {i: rec["part"] and MeasuredAcceptance.from_dict(rec["part"])
+             for i, rec in cli_output.finished(parts_file, args, texts).items()}
     if saved:
         print(f"{parts_file} holds {len(saved)} of the {len(texts)} prompts' measurements; measuring the others",
               file=sys.stderr)
 
     def keep(j: int, part: MeasuredAcceptance | None) -> None:
-        saved[j] = None if part is None else part.to_dict()
-        cli_output.write(parts_file, j, {"prompt": texts[j], "part": saved[j]}, args)
+        saved[j] = part
+        cli_output.write(parts_file, j, {"prompt": texts[j], "part": part and part.to_dict()}, args)
 
     if len(saved) < len(texts):
         target, tok, drafts = load_models(args)
@@ -267,7 +268,7 @@ def cmd_accept(args: argparse.Namespace) -> int:
                      mode=draft_mode("sequoia", args.temperature, args.mode), temperature=args.temperature,
                      top_p=args.top_p, max_new_tokens=args.max_new_tokens, max_depth=args.max_depth,
                      prompts_label=label, context=args.context, batch_size=args.batch_size, done=saved, on_prompt=keep)
-    parts = [MeasuredAcceptance.from_dict(saved[j]) for j in sorted(saved) if saved[j] is not None]
+    parts = [saved[j] for j in sorted(saved) if saved[j] is not None]
     if not parts:
         raise ValueError("no continuation tokens were generated: give at least one prompt (and max_new_tokens >= 1)")
     acc = MeasuredAcceptance.merge(parts)

@@ -148,8 +148,9 @@ def resolve(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[DraftModel
         if tokenizer is not None:
             return _pilot_choice(recipe, target, drafts, models, tokenizer, max_new_tokens,
                                  pilot_cache if pilot_cache is not None else cache_root() / "pilots.json")
-        return Resolved(replace(recipe, budget=default_budget(recipe)),
-                        f"{models}; {recipe.tree} tree, budget {default_budget(recipe)} (the default: tuning needs a "
+        budget = default_budget(recipe)
+        return Resolved(replace(recipe, budget=budget),
+                        f"{models}; {recipe.tree} tree, budget {budget} (the default: tuning needs a "
                         "Sequoia tree with one draft model of the target's tokenizer and no n-gram; with the "
                         "target's tokenizer a pilot measures whether it pays)")
     if cache_file is None:

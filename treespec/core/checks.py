@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -189,22 +189,36 @@ def check_probability(name: str, value: object) -> float | None:
     return p
 
 
+def check_list(items: object, kinds: type | tuple[type, ...], name: str, plural: str, one: str,
+               item: Callable[[object], str]) -> list:
+    """``items`` as a list whose every item is one of ``kinds``, refused saying what to pass: ``one`` when a single
+    such item stands where the list belongs (the usual slip), ``item(x)`` after the type of an item ``x`` that is not
+    one. ``name`` names the argument and ``plural`` what it holds."""
+    if isinstance(items, kinds):
+        raise ValueError(f"{name} must be a list of {plural}, got one {type(items).__name__}: {one}")
+    if isinstance(items, (str, bytes)) or not isinstance(items, Sequence):
+        raise ValueError(f"{name} must be a list of {plural}, got {type(items).__name__}")
+    for i, x in enumerate(items):
+        if not isinstance(x, kinds):
+            raise ValueError(f"{name}[{i}] is a {type(x).__name__}, {item(x)}")
+    return list(items)
+
+
+def _not_a_drafter(x: object) -> str:
+    model = ("; a draft model drafts through treespec.ModelDrafter(model, ...), or pass it to "
+             "treespec.run(recipe, target, [model], ...)") if hasattr(x, "forward") else ""
+    return f"not a treespec Drafter; subclass treespec.Drafter (propose(context) -> DraftProposals){model}."
+
+
 def check_drafters(drafters: object, drafter_cls: type) -> list:
     """A list of distinct ``Drafter`` instances (one object twice would share its state between slots)."""
-    if isinstance(drafters, drafter_cls):
-        raise ValueError("drafters must be a list of drafters; pass drafters=[d] for a single one.")
-    if isinstance(drafters, (str, bytes)) or not isinstance(drafters, Sequence):
-        raise ValueError(f"drafters must be a list of Drafter objects, got {type(drafters).__name__}.")
+    drafters = check_list(drafters, drafter_cls, "drafters", "drafters", "pass drafters=[d] for a single one.",
+                          _not_a_drafter)
     for i, d in enumerate(drafters):
-        if not isinstance(d, drafter_cls):
-            model = ("; a draft model drafts through treespec.ModelDrafter(model, ...), or pass it to "
-                     "treespec.run(recipe, target, [model], ...)") if hasattr(d, "forward") else ""
-            raise ValueError(f"drafters[{i}] is a {type(d).__name__}, not a treespec Drafter; subclass "
-                             f"treespec.Drafter (propose(context) -> DraftProposals){model}.")
         if any(d is e for e in drafters[:i]):
             raise ValueError(f"drafters[{i}] is the same object as an earlier drafter; each slot needs its "
                              "own instance (its state is per generation), e.g. create a second drafter.")
-    return list(drafters)
+    return drafters
 
 
 def check_sampling_dtype(model: torch.nn.Module, greedy: bool, role: str = "target") -> None:

@@ -12,6 +12,7 @@ import torch
 import tree_builders
 from tree_builders import TreeShape
 
+from ..core.checks import check_list
 from ..core.drafting import Drafter
 from ..drafters.cross_tokenizer import CrossTokenizerDrafter
 from ..drafters.model import ModelDrafter
@@ -37,17 +38,10 @@ class DraftPlan:
 def check_draft_models(draft_models: Any) -> list[DraftModel]:
     """``draft_models`` as a list, each a model (an ``nn.Module``) or a :class:`CrossDraft`; anything else is refused
     saying what to pass (one model where a list belongs is the usual slip)."""
-    if isinstance(draft_models, (torch.nn.Module, CrossDraft)):
-        raise ValueError(f"drafts must be a list of draft models, got one {type(draft_models).__name__}: pass "
-                         "[draft] (or [] for an n-gram-only or plain recipe)")
-    if isinstance(draft_models, (str, bytes)) or not isinstance(draft_models, Sequence):
-        raise ValueError(f"drafts must be a list of draft models, got {type(draft_models).__name__}")
-    for i, m in enumerate(draft_models):
-        if not isinstance(m, (torch.nn.Module, CrossDraft)):
-            raise ValueError(f"drafts[{i}] is a {type(m).__name__}, not a draft model: pass models loaded by "
-                             "treespec.models.load (or any HF causal LM), or a treespec.models.pair.CrossDraft for "
-                             "a draft of another tokenizer")
-    return list(draft_models)
+    return check_list(draft_models, (torch.nn.Module, CrossDraft), "drafts", "draft models",
+                      "pass [draft] (or [] for an n-gram-only or plain recipe)",
+                      lambda _: "not a draft model: pass models loaded by treespec.models.load (or any HF causal LM), "
+                                "or a treespec.models.pair.CrossDraft for a draft of another tokenizer")
 
 
 def _budget(recipe: Recipe) -> int:
