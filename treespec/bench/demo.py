@@ -81,8 +81,8 @@ def retimed(prediction: Prediction, target: torch.nn.Module, prompts: list[list[
     context of the prompts' mean length, ``tokens`` tokens), not when the profile was measured: on a shared host
     that speed moves by a fifth within minutes while a prompt's prefill holds (memory bandwidth, not compute;
     ``experiments/hf_decode_timing.py --interleaved``), and a profile is cached for hours. Timed twice, the faster
-    kept: a stall of the host only adds time (once a call read 0.105 s per token where the run then measured
-    0.078)."""
+    kept: a stall of the host only adds time (once, in ``treespec demo --quick --prompts 1`` on this project's 2-core
+    CPU, a call read 0.105 s per token where the run then measured 0.078)."""
     context = round(statistics.mean(len(ids) for ids in prompts))
     seconds = min(measure_plain_decode(target, context, tokens) for _ in range(2))
     return dataclasses.replace(prediction, plain_seconds=seconds)
