@@ -185,6 +185,33 @@ def test_missing_local_path_says_so(tmp_path):
         models.load(str(tmp_path / "nope"))
 
 
+def test_check_source_refuses_what_load_cannot_find_and_reads_no_weights(fake_packaged, tmp_path):
+    """``check_source`` (a sweep's check before its first point) passes what ``load`` finds and raises ``load``'s
+    error for what it cannot: a hub id in a Hugging Face cache (its config.json) and one not in it, a directory
+    with and without safetensors, a built-in name with its packages installed and with one missing."""
+    spec, model, chunks = fake_packaged
+    models.check_source(spec.name, cache_dir=tmp_path / "cache")  # installed, its cache not built yet
+    assert not (tmp_path / "cache").exists()  # nothing assembled
+    repo = tmp_path / "hub" / "models--org--name"
+    (repo / "snapshots" / "abc").mkdir(parents=True)
+    (repo / "snapshots" / "abc" / "config.json").write_text("{}")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("abc")
+    models.check_source("org/name", cache_dir=tmp_path / "hub")
+    with pytest.raises(OSError, match="'org/other' is not a built-in name.*`hf download org/other`"):
+        models.check_source("org/other", cache_dir=tmp_path / "hub")
+    packaged.save_dequantized(model, word_tokenizer(GGUF_TOKENS), tmp_path / "ckpt")
+    models.check_source(tmp_path / "ckpt")
+    (tmp_path / "bare").mkdir()
+    with pytest.raises(OSError, match="only loads safetensors"):
+        models.check_source(tmp_path / "bare")
+    with pytest.raises(OSError, match="no such directory"):
+        models.check_source(str(tmp_path / "nope"))
+    chunks.pop("tiny-part2")
+    with pytest.raises(packaged.MissingModelPackageError, match="missing: tiny-part2"):
+        models.check_source(spec.name, cache_dir=tmp_path / "cache")
+
+
 # --- built-in (packaged GGUF) models, on a tiny stand-in -------------------------------------
 
 

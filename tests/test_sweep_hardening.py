@@ -366,3 +366,79 @@ def test_the_warmup_runs_the_longest_prompt_so_no_timed_call_compiles(batch):
     timed = [ids for ids, _ in calls[1:]]
     assert timed == (prompts if batch == 1 else [prompts[:2], prompts[2:]]) and len(walls) == len(timed)
     assert stub.warmup_seconds >= 0
+
+
+# -- 7. models checked before the first point; failed points in the exit status ------------------
+
+def _toml(tmp_path: Path, **replace: str) -> Path:
+    """The tiny config as a file, cut to one prompt of 4 tokens, the target baseline and one chain point, with
+    ``replace``'s substitutions (old text -> new text) made."""
+    text = TINY.read_text().replace('builders = ["sequoia", "chain"]', 'builders = ["chain"]')
+    text = text.replace("budgets = [4, 8]", "budgets = [3]").replace('eval = "100:102"', 'eval = "100:101"')
+    text = text.replace("max_new_tokens = 12", "max_new_tokens = 4")
+    text = text.replace('methods = ["target", "assisted", "prompt_lookup"]', 'methods = ["target"]')
+    for old, new in replace.items():
+        assert old in text
+        text = text.replace(old, new)
+    path = tmp_path / "sweep.toml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("draft, fragment", [
+    ("nonexistent-model-xyz", "'nonexistent-model-xyz' is not a built-in name.*hf download"),
+    ("tiny:lama:seed=0", "family must be one of"),
+    ("tiny:llama:sead=0", "unknown tiny model option 'sead'"),
+    ("./no/such/model", "is not a model directory"),
+    ("/no/such/model.gguf", "no such GGUF file"),
+])
+def test_a_model_no_point_could_load_is_refused_before_any_point_runs(draft, fragment, tmp_path: Path,
+                                                                      capsys) -> None:
+    """A misspelt draft made every point fail, each after the baselines before it had run, and the sweep exited
+    0; now it is refused first (`--dry-run` says so), and the corrected config runs in the same directory."""
+    cfg = small()
+    cfg["models"]["draft"] = draft
+    seen: list[dict] = []
+    with pytest.raises((OSError, ValueError), match=fragment):
+        E.sweep(cfg, tmp_path / "out", progress=False, make_report=False, on_point=seen.append)
+    assert seen == [] and not (tmp_path / "out" / "results.jsonl").exists()
+    bad = _toml(tmp_path, **{'draft = "tiny:llama:seed=0:scale=4:noise=0.3"': f'draft = "{draft}"'})
+    assert E.main(["--config", str(bad), "--out", str(tmp_path / "out"), "--dry-run"]) == 0
+    assert "note: a run would be refused: " in capsys.readouterr().err
+    assert cli.main(["sweep", "--config", str(bad), "--out", str(tmp_path / "out"), "--no-progress"]) == 2
+    assert "Traceback" not in capsys.readouterr().err
+    E.sweep(small(), tmp_path / "out", progress=False, make_report=False, on_point=seen.append)
+    assert [r["status"] for r in seen] == ["ok", "ok"]  # the corrected config takes the directory
+
+
+def test_only_the_models_of_unfinished_points_are_checked(tmp_path: Path, monkeypatch) -> None:
+    """A finished sweep re-run (its report rewritten, say) on a machine without its models loads nothing and
+    refuses nothing; a point left to run checks its models (control)."""
+    from treespec.bench.sweep import loop
+
+    E.sweep(small(), tmp_path, progress=False, make_report=False)
+    checked: list[set[str]] = []
+    monkeypatch.setattr(loop, "check_specs", checked.append)
+    E.sweep(small(), tmp_path, progress=False, make_report=False)
+    E.sweep(small(budgets=[3, 4]), tmp_path, progress=False, make_report=False)
+    assert checked == [set(), {"tiny:llama:seed=0:scale=4", "tiny:llama:seed=0:scale=4:noise=0.3"}]
+
+
+def test_a_run_with_failed_points_exits_1_and_a_rerun_retries_them(tmp_path: Path, capsys, monkeypatch) -> None:
+    from treespec.bench.sweep.runner import Sweep
+
+    config, out, original = _toml(tmp_path), str(tmp_path / "out"), Sweep.run_point
+
+    def failing(self, point):
+        if point.kind == "treespec":
+            raise RuntimeError("boom")
+        return original(self, point)
+
+    monkeypatch.setattr(Sweep, "run_point", failing)
+    assert cli.main(["sweep", "--config", str(config), "--out", out, "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert "failed: RuntimeError: boom" in err and "1 point failed" in err and "again to retry" in err
+    monkeypatch.setattr(Sweep, "run_point", original)
+    assert cli.main(["sweep", "--config", str(config), "--out", out, "--no-progress"]) == 0
+    statuses = [r["status"] for r in read_records(tmp_path / "out" / "results.jsonl")]
+    assert statuses == ["ok", "error", "ok"]  # the baseline once, the point failed, then retried

@@ -25,7 +25,7 @@ from ..core.linear_layout import LAYOUTS, set_layout
 from .gguf_blocks import read_file_blocks, with_file_blocks
 from .layout import LAYOUT_DECISIONS, auto_layout, describe_layout
 from .packaged import DEFAULT_DRAFT, DEFAULT_TARGET, REGISTRY, build_cache, cache_is_valid, cache_root, \
-    file_int4_blocks, log
+    chunk_paths, file_int4_blocks, log
 from .precision import FLOATS, ROLES, auto_precision, describe_choice, parse_precision, to_precision, torch_dtype
 
 
@@ -44,29 +44,41 @@ def _from_pretrained(source: str | os.PathLike, dtype: torch.dtype, device_map: 
     return model, tokenizer
 
 
+def _local_directory(name: str) -> Path | None:
+    """``name`` as a local model directory (with safetensors weights), or None when it names no path (a hub id);
+    OSError for a path that is no model directory."""
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if not any(path.glob("*.safetensors")):
+            raise OSError(f"{path} has no *.safetensors weights; treespec only loads safetensors (it never "
+                          "unpickles .bin/.pt files). Convert the checkpoint to safetensors first.")
+        return path
+    if name.startswith(("/", "./", "../", "~")) or os.path.exists(name):
+        raise OSError(f"{name!r} is not a model directory (no such directory). Built-in offline models: "
+                      f"{', '.join(REGISTRY)}.")
+    return None
+
+
+def _not_cached(name: str) -> str:
+    """Why hub id ``name`` cannot load with downloads off, and what to do."""
+    return (f"model {name!r} is not a built-in name ({', '.join(REGISTRY)}); it is neither a local directory nor in "
+            f"the local Hugging Face cache, and downloads are off. Download it once (`hf download {name}`; later runs "
+            f"read the cache), pass allow_download=True (Python API), or pass a local directory with safetensors "
+            f"weights.")
+
+
 def _load_other(name: str, dtype: torch.dtype, trust_remote_code: bool, cache_dir: str | os.PathLike | None,
                 allow_download: bool, **placement: Any) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """A local directory, or a hub id: from the local HF cache, else (only if allowed) from the hub."""
     kwargs = {"trust_remote_code": trust_remote_code, "cache_dir": cache_dir, **placement}
-    if Path(name).expanduser().is_dir():
-        path = Path(name).expanduser()
-        if not any(path.glob("*.safetensors")):
-            raise OSError(f"{path} has no *.safetensors weights; treespec only loads safetensors (it never "
-                          "unpickles .bin/.pt files). Convert the checkpoint to safetensors first.")
+    path = _local_directory(name)
+    if path is not None:
         return _from_pretrained(path, dtype, **kwargs)
-    if name.startswith(("/", "./", "../", "~")) or os.path.exists(name):
-        raise OSError(f"{name!r} is not a model directory (no such directory). Built-in offline models: "
-                      f"{', '.join(REGISTRY)}.")
     try:
         return _from_pretrained(name, dtype, local_files_only=True, **kwargs)
     except (OSError, ValueError) as local_error:
         if not allow_download:
-            raise OSError(
-                f"model {name!r} is not a built-in name ({', '.join(REGISTRY)}); it is neither a local directory "
-                f"nor in the local Hugging Face cache, and downloads are off. Download it once (`hf download {name}`; "
-                f"later runs read the cache), pass allow_download=True (Python API), or pass a local directory with "
-                f"safetensors weights.\n"
-                f"(cause: {local_error})") from local_error
+            raise OSError(f"{_not_cached(name)}\n(cause: {local_error})") from local_error
         if _hub_offline():
             raise OSError(
                 f"model {name!r} is neither a local directory nor in the local Hugging Face cache, and the hub is "
@@ -80,6 +92,33 @@ def _load_other(name: str, dtype: torch.dtype, trust_remote_code: bool, cache_di
             f"fetched from the hub (this machine may be offline, or it has no safetensors weights). Pass a local "
             f"directory, or use a built-in offline model: {', '.join(REGISTRY)}. Set HF_HUB_OFFLINE=1 to skip the "
             f"hub (and its retries) on a machine without network.\n(cause: {error})") from error
+
+
+def check_source(name_or_path: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> None:
+    """Raise the error :func:`load` (downloads off) would raise for a model it cannot find, reading no weights: a
+    built-in name whose packages are missing (and whose cache is not built), a ``.gguf`` path that is no file, a
+    path that is no model directory, a hub id not in the local Hugging Face cache (its ``config.json``). For work
+    that loads its models late (a sweep's points), to refuse a misspelt name before anything runs."""
+    from huggingface_hub import try_to_load_from_cache
+
+    name = os.fspath(name_or_path)
+    spec = REGISTRY.get(name.lower())
+    if spec is not None:
+        if not cache_is_valid(cache_root(cache_dir) / spec.name, spec):
+            chunk_paths(spec)  # MissingModelPackageError, naming the packages and the install command
+        return
+    if name.lower().endswith(".gguf"):
+        if not Path(name).expanduser().is_file():
+            raise OSError(f"{name}: no such GGUF file")
+        return
+    if _local_directory(name) is not None:
+        return
+    try:
+        cached = try_to_load_from_cache(name, "config.json", cache_dir=cache_dir)
+    except ValueError as error:  # not a repo id (huggingface_hub's HFValidationError)
+        raise OSError(f"{_not_cached(name)}\n(cause: {error})") from error
+    if not isinstance(cached, str):
+        raise OSError(_not_cached(name))
 
 
 #: the file under the treespec cache root where ``dtype="auto"`` decisions are kept

@@ -11,7 +11,8 @@ from ...common.files import check_writable
 from ...models.precision import FLOATS
 from .config import check_types, load_config
 from .lock import REPLACED, refusal
-from .points import compile_plan, enumerate_points
+from .models import check_specs
+from .points import compile_plan, enumerate_points, model_specs
 from .records import RESULTS, read_records
 from .report import report
 from .loop import sweep
@@ -34,11 +35,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _dry_run(args)
     if args.out is not None:
         check_writable(args.out, directory=True)
+    failed: list[dict] = []
+
+    def keep_failed(record: dict) -> None:
+        if record["status"] != "ok":
+            failed.append(record)
+
     results = sweep(args.config, args.out, progress=not args.no_progress, device=args.device, dtype=args.dtype,
                     max_minutes=args.max_minutes, new=args.new, skip_corrupt=args.skip_corrupt, workers=args.workers,
-                    ray_address=args.ray_address, share_cpu=args.share_cpu)
+                    ray_address=args.ray_address, share_cpu=args.share_cpu, on_point=keep_failed)
     print(results)
     print(results.parent / "README.md")
+    if failed:  # the errors were printed as they came, and stand in results.jsonl and the README
+        print(f"treespec sweep: {len(failed)} point{'s' * (len(failed) > 1)} failed (errors above and in the "
+              f"README); run the same command again to retry them", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -108,6 +119,10 @@ def _dry_run(args: argparse.Namespace) -> int:
     done = set() if args.new else {r["key"] for r in read_records(out / RESULTS, args.skip_corrupt)
                                 if r.get("status") == "ok"}
     points = enumerate_points(cfg)
+    try:
+        check_specs(model_specs([pt for pt in points if pt.key not in done]))
+    except (ValueError, OSError, ImportError) as error:
+        print(f"note: a run would be refused: {error}", file=sys.stderr)
     for pt in points:
         print(f"{'done' if pt.key in done else 'todo'}  {pt.key}  {pt.label}")
     kinds = {k: sum(pt.kind == k for pt in points) for k in ("baseline", "treespec")}

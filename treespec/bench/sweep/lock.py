@@ -140,9 +140,10 @@ def _move_aside(out: Path) -> Path:
 
 def refusal(out: Path, cfg: dict[str, Any]) -> str | None:
     """Why ``out`` cannot take ``cfg``'s results without ``--new`` (None: it can: no config stored, the
-    same config, or only the grid's :data:`AXES` changed and every finished record is still a point)."""
+    same config, only the grid's :data:`AXES` changed and every finished record is still a point, or no point
+    finished: a run that failed, on a misspelt model say, leaves nothing to keep apart)."""
     diff = stored_changes(out, cfg)
-    if not diff:
+    if not diff or not _finished(out):
         return None
     redo = f"re-run with --new to move them aside into {out}/{REPLACED}<time>/ and start over, or choose another --out"
     if not set(diff) <= AXES:
@@ -159,6 +160,11 @@ def refusal(out: Path, cfg: dict[str, Any]) -> str | None:
             f"({names}). Keep them in the grid, or {redo}.")
 
 
+def _finished(out: Path) -> bool:
+    """Whether ``out``'s results hold a finished point."""
+    return any(r.get("status") == "ok" for r in read_records(out / RESULTS, skip_corrupt=True))
+
+
 def _label(record: dict[str, Any]) -> str:
     p = record.get("params", {})
     what = p.get("method") if p.get("kind") == "baseline" else f"{p.get('builder')} B={p.get('budget')}"
@@ -170,14 +176,17 @@ def claim(out: Path, cfg: dict[str, Any], new: bool = False) -> None:
 
     Raises :class:`OutputDirError` when ``out`` holds another config's results and ``new`` is False.
     With ``new``, when a sweep wrote ``out`` before (``config.json`` or ``results.jsonl``), its
-    contents move into ``out/replaced-<UTC time>/`` and the sweep starts over.
+    contents move into ``out/replaced-<UTC time>/`` and the sweep starts over; so do those of another config that
+    finished no point (its errors are not mixed into this config's report), without ``new``.
     """
     diff = stored_changes(out, cfg)
     if not new:
         why = refusal(out, cfg)
         if why:
             raise OutputDirError(why)
-        if diff:
+        if diff and not _finished(out):  # another config's attempt that finished no point: its errors (if it
+            new = (out / RESULTS).exists()  # left any) moved aside, not mixed into this config's report
+        elif diff:
             print(f"[treespec sweep] {out}: the grid changed ({'; '.join(diff.values())}); every finished point is "
                   "still in it, resuming", file=sys.stderr)
     earlier = diff is not None or (out / RESULTS).exists()  # a sweep wrote here (files of others stay put)

@@ -15,7 +15,8 @@ from ...models.precision import FLOATS
 from .config import check, check_device_available, load_config
 from .distributed import run_here, run_points
 from .lock import claim, exclusive
-from .points import Point, enumerate_points
+from .models import check_specs
+from .points import Point, enumerate_points, model_specs
 from .records import RESULTS, append_record, machine_of, read_records, repair_tail
 from .report import report
 from .runner import Measure, Sweep
@@ -90,6 +91,8 @@ def _run_sweep(cfg: dict[str, Any], out: Path, progress: bool, on_point: Callabl
             state.records[rec["key"]] = rec
     points = enumerate_points(cfg)
     todo = [pt for pt in points if pt.key not in state.records]
+    if not (spread and spread["address"]):  # a cluster's workers find their models on their own machines
+        check_specs(model_specs(todo))
     elsewhere = sorted({machine_of(r) for r in state.records.values()} - {state.machine})
     if todo and elsewhere:
         print(f"[treespec sweep] {out / RESULTS} holds points measured on other machines ({'; '.join(elsewhere)}), "

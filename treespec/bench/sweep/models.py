@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterable
 
 import torch
 
-from ...models import load
+from ...models import check_source, load
 from ...models.precision import to_precision
 from ...models.tiny import ByteTokenizer, tiny_from_spec
 
@@ -26,6 +26,17 @@ def load_model(spec: str, device: str, dtype: str) -> tuple[torch.nn.Module, Any
         model, tokenizer = load(spec, device=device, dtype=dtype)
     model.generation_config = GenerationConfig()
     return model, tokenizer
+
+
+def check_specs(specs: Iterable[str]) -> None:
+    """Refuse, before any point runs, a model that a point would fail to load (:func:`load_model`): a tiny spec
+    that does not parse, a name ``treespec.models.load`` cannot find (``treespec.models.check_source``: no weights
+    are read). A sweep's points would otherwise each record the same error, after the baselines that ran."""
+    for spec in sorted(set(specs)):
+        if spec.startswith("tiny:"):
+            tiny_from_spec(spec)  # a tiny model builds in milliseconds; a bad spec raises, naming its option
+        else:
+            check_source(spec)
 
 
 def encode(tokenizer: Any, text: str, max_tokens: int = 0) -> list[int]:

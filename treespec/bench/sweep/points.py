@@ -122,6 +122,12 @@ def enumerate_points(cfg: dict[str, Any]) -> list[Point]:
 BATCHED_METHODS = ("target", "target_compiled")
 
 
+def model_specs(points: list[Point]) -> set[str]:
+    """The models ``points`` load: each one's target, and its draft where it has one (a model drafter, assisted
+    generation)."""
+    return {spec for pt in points for spec in (pt.params["target"], pt.params.get("draft")) if spec}
+
+
 def batch_size(params: dict[str, Any]) -> int:
     """The prompts a point decodes at once (``grid.batch_sizes``; 1 where the point does not say)."""
     return int(params.get("batch_size", 1))
