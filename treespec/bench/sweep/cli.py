@@ -60,7 +60,8 @@ def _parser() -> argparse.ArgumentParser:
                     "run, and write results.jsonl, plots and README.md. Re-running skips finished points. One sweep at "
                     "a time writes an output directory (a lock file names the writer), and a directory keeps the "
                     "config its results came from (config.json): a changed config needs --new or another --out (a "
-                    "change of the grid's axes alone resumes, keeping the finished points).")
+                    "change of the grid's axes alone resumes, keeping the finished points). Exits 1 when a point "
+                    "failed (its error is recorded; the same command again retries it).")
     ap.add_argument("--config", type=Path, help="TOML config, e.g. experiments/configs/cpu-qwen-coder.toml")
     ap.add_argument("--out", type=Path, default=None,
                     help="output directory (default experiments/results/<name>; with --report: where the plots and "
