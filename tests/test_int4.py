@@ -73,6 +73,26 @@ def test_wide_inputs_take_the_int8_twin_outside_compile_only():
     assert not any(type(m).__module__.startswith("torch.ao") for m in layer.modules())  # still traceable
 
 
+def test_a_targets_bfloat16_twins_hold_the_kernels_own_weights_bit_for_bit():
+    """A quantised target's prompt runs on bfloat16 twins of its kernel weights (the module doc): the weights the
+    kernels multiply with, read back through an identity input, equal the twins bit for bit, for the int4 kernel
+    (a file's codes, scales and offsets) and the int8 one (a weight rounded per row). Control: the same twin
+    computed in bfloat16 arithmetic (rounded twice) is not the kernel's."""
+    torch.manual_seed(0)
+    n, k, group = 64, 256, 32
+    codes = torch.randint(0, 16, (n, k), dtype=torch.uint8)
+    layer = int4.Int4Linear.from_groups(codes, torch.rand(n, k // group) * 0.1, torch.randn(n, k // group) * 0.1,
+                                        None, "bfloat16")
+    eye = torch.eye(k, dtype=torch.bfloat16)
+    kernel_weight = layer.kernel(eye).t()
+    assert torch.equal(kernel_weight.view(torch.int16), layer.wide.weight.view(torch.int16))
+    scale, zero = (g.t().repeat_interleave(group, dim=1) for g in layer.scales_and_zeros.unbind(-1))
+    rounded_twice = (codes.to(torch.bfloat16) - 8) * scale + zero
+    assert not torch.equal(kernel_weight, rounded_twice)
+    int8 = int4.Int8Linear.from_weight(torch.randn(n, k))
+    assert torch.equal(int8.kernel(eye).t().view(torch.int16), int8.wide.weight.view(torch.int16))
+
+
 def test_quantize_int4_keeps_layers_the_kernel_cannot_take_in_float():
     model = tiny_model("qwen2", vocab=40, hidden=64)  # a 40-token head: not a multiple of 16
     ref = model(torch.tensor([[1, 2, 3, 4]])).logits

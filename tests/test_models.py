@@ -167,6 +167,22 @@ def test_load_local_dir_in_bfloat16(tmp_path):
     assert torch.allclose(logits(loaded).float(), logits(model), atol=0.1)
 
 
+def test_hfs_loading_bars_show_on_a_terminal_only(tmp_path, capsys, monkeypatch):
+    """In a log file or a pipe HF's "Loading weights" bar is a line of carriage returns per load: off there (and
+    back on after the load), shown on a terminal (control)."""
+    import sys
+
+    from transformers.utils import logging as hf_logging
+
+    packaged.save_dequantized(tiny_qwen2(), word_tokenizer(GGUF_TOKENS), tmp_path)
+    capsys.readouterr()
+    models.load(tmp_path)
+    assert "Loading weights" not in capsys.readouterr().err and hf_logging.is_progress_bar_enabled()
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    models.load(tmp_path)
+    assert "Loading weights" in capsys.readouterr().err
+
+
 def test_local_dir_without_safetensors_is_refused(tmp_path):
     tiny_qwen2().config.save_pretrained(tmp_path)
     with pytest.raises(OSError, match="only loads safetensors"):

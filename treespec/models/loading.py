@@ -11,11 +11,13 @@ Weights are only ever read from safetensors or GGUF files, never unpickled.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
+import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
@@ -35,11 +37,28 @@ def _hub_offline() -> bool:
     return any(f.strip().lower() in ("1", "true", "yes", "on") for f in flags)
 
 
+@contextlib.contextmanager
+def _hf_bars_on_terminals_only() -> Iterator[None]:
+    """HF's progress bars of a load ("Loading weights") only where stderr is a terminal: in a log file or a pipe
+    each is a line of carriage returns around the lines that say what loaded."""
+    from transformers.utils import logging as hf_logging
+
+    if sys.stderr.isatty() or not hf_logging.is_progress_bar_enabled():
+        yield
+        return
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.enable_progress_bar()
+
+
 def _from_pretrained(source: str | os.PathLike, dtype: torch.dtype, device_map: Any = None,
                      offload_folder: str | None = None, **kwargs) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     placement = {} if device_map is None else {"device_map": device_map, "offload_folder": offload_folder}
-    model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, use_safetensors=True,
-                                                 attn_implementation="sdpa", **placement, **kwargs)
+    with _hf_bars_on_terminals_only():
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, use_safetensors=True,
+                                                     attn_implementation="sdpa", **placement, **kwargs)
     tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
     return model, tokenizer
 
@@ -235,8 +254,9 @@ def _load_gguf(path: Path, dtype: torch.dtype, **placement: Any) -> tuple[PreTra
     """A local GGUF file, dequantised by transformers (``dtype="int4"`` then keeps its 4-bit blocks: ``load``)."""
     if not path.is_file():
         raise OSError(f"{path}: no such GGUF file")
-    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype,
-                                                 attn_implementation="sdpa", **placement)
+    with _hf_bars_on_terminals_only():
+        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype,
+                                                     attn_implementation="sdpa", **placement)
     return model, AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
 
 

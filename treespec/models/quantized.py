@@ -154,9 +154,10 @@ class Int4Linear(KernelLinear):
                                        -1).to(torch.bfloat16).contiguous()
         layer = cls(packed, scales_and_zeros, group_size, k, n, bias)
         if twin == "bfloat16":  # the kernel's own weights: bfloat16 scales and zeros, codes - 8 exact
-            s, z = (g.float().t().repeat_interleave(group_size, dim=1) for g in scales_and_zeros.unbind(-1))
-            weight = (torch.as_tensor(codes).float() - 8) * s + z
-            layer._with(BFloat16Linear(weight, bias), PROMPT_ROWS)
+            # (codes - 8) * scale + zero in float32, group by group (in place, the scales broadcast over a group)
+            s, z = (g.float().t()[:, :, None] for g in scales_and_zeros.unbind(-1))
+            weight = torch.as_tensor(codes).reshape(n, k // group_size, group_size).to(torch.float32)
+            layer._with(BFloat16Linear(weight.sub_(8).mul_(s).add_(z).view(n, k), bias), PROMPT_ROWS)
         return layer
 
     def kernel(self, flat: torch.Tensor) -> torch.Tensor:
@@ -187,11 +188,13 @@ class Int8Linear(KernelLinear):
         if twin not in (None, "bfloat16"):
             raise ValueError(f"an int8 layer keeps no twin or a bfloat16 one, got {twin!r}")
         w = weight.detach().float()
-        scales = (w.abs().amax(1) / 127).clamp_min(torch.finfo(torch.float32).tiny).to(torch.bfloat16)
-        codes = (w / scales.float()[:, None]).round().clamp(-127, 127).to(torch.int8)
+        low, high = w.aminmax(dim=1)  # a row's largest magnitude
+        scales = (torch.maximum(-low, high) / 127).clamp_min(torch.finfo(torch.float32).tiny).to(torch.bfloat16)
+        row_scales = scales.float()[:, None]
+        codes = torch.div(w, row_scales).round_().clamp_(-127, 127).to(torch.int8)
         layer = cls(codes, scales, None if bias is None else bias.detach().float().clone())
         if twin == "bfloat16":
-            layer._with(BFloat16Linear(codes.float() * scales.float()[:, None], layer.bias), PROMPT_ROWS)
+            layer._with(BFloat16Linear(codes.to(torch.float32).mul_(row_scales), layer.bias), PROMPT_ROWS)
         return layer
 
     def kernel(self, flat: torch.Tensor) -> torch.Tensor:
@@ -206,7 +209,7 @@ class BFloat16Linear(torch.nn.Module):
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         super().__init__()
         self.out_features, self.in_features = weight.shape
-        self.register_buffer("weight", weight.detach().to(torch.bfloat16).clone())
+        self.register_buffer("weight", weight.detach().to(torch.bfloat16, copy=True))
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
 
     @classmethod
@@ -243,8 +246,8 @@ def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
 
 def _int8_twin(linear: torch.nn.Linear) -> torch.nn.Module:
     """``linear`` as ``torch.ao``'s dynamic int8 Linear (per-channel weight scales), the ``int8`` precision's."""
-    copy = torch.nn.Linear(linear.in_features, linear.out_features, bias=linear.bias is not None)
-    copy.load_state_dict({k: v.detach().float() for k, v in linear.state_dict().items()})
+    copy = torch.nn.Linear(linear.in_features, linear.out_features, bias=linear.bias is not None, device="meta")
+    copy.load_state_dict({k: v.detach().float() for k, v in linear.state_dict().items()}, assign=True)  # no copy
     return quantize_int8(torch.nn.Sequential(copy))[0]
 
 
