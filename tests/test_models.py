@@ -216,6 +216,11 @@ def test_check_source_refuses_what_load_cannot_find_and_reads_no_weights(fake_pa
     models.check_source("org/name", cache_dir=tmp_path / "hub")
     with pytest.raises(OSError, match="'org/other' is not a built-in name.*`hf download org/other`"):
         models.check_source("org/other", cache_dir=tmp_path / "hub")
+    with pytest.raises(OSError, match="'org/other' is not a built-in name") as info:  # load says the same, without
+        models.load("org/other", cache_dir=tmp_path / "hub")  # transformers' words about the network
+    assert "internet" not in str(info.value)  # control: the message before this change said "Check your internet"
+    with pytest.raises(OSError, match="'org/name' is in the local Hugging Face cache but did not load from it"):
+        models.load("org/name", cache_dir=tmp_path / "hub")  # its config.json alone: a download cut short
     packaged.save_dequantized(model, word_tokenizer(GGUF_TOKENS), tmp_path / "ckpt")
     models.check_source(tmp_path / "ckpt")
     (tmp_path / "bare").mkdir()

@@ -86,6 +86,17 @@ def _not_cached(name: str) -> str:
             f"weights.")
 
 
+def _in_hub_cache(name: str, cache_dir: str | os.PathLike | None) -> bool:
+    """Whether hub id ``name`` has its ``config.json`` in the local Hugging Face cache (False for a string that is
+    no repo id)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        return isinstance(try_to_load_from_cache(name, "config.json", cache_dir=cache_dir), str)
+    except ValueError:  # not a repo id (huggingface_hub's HFValidationError)
+        return False
+
+
 def _load_other(name: str, dtype: torch.dtype, trust_remote_code: bool, cache_dir: str | os.PathLike | None,
                 allow_download: bool, **placement: Any) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """A local directory, or a hub id: from the local HF cache, else (only if allowed) from the hub."""
@@ -97,7 +108,10 @@ def _load_other(name: str, dtype: torch.dtype, trust_remote_code: bool, cache_di
         return _from_pretrained(name, dtype, local_files_only=True, **kwargs)
     except (OSError, ValueError) as local_error:
         if not allow_download:
-            raise OSError(f"{_not_cached(name)}\n(cause: {local_error})") from local_error
+            if not _in_hub_cache(name, cache_dir):  # transformers' own words would be about the network
+                raise OSError(_not_cached(name)) from local_error
+            raise OSError(f"model {name!r} is in the local Hugging Face cache but did not load from it (a download "
+                          f"cut short? `hf download {name}` again): {local_error}") from local_error
         if _hub_offline():
             raise OSError(
                 f"model {name!r} is neither a local directory nor in the local Hugging Face cache, and the hub is "
@@ -118,8 +132,6 @@ def check_source(name_or_path: str | os.PathLike, cache_dir: str | os.PathLike |
     built-in name whose packages are missing (and whose cache is not built), a ``.gguf`` path that is no file, a
     path that is no model directory, a hub id not in the local Hugging Face cache (its ``config.json``). For work
     that loads its models late (a sweep's points), to refuse a misspelt name before anything runs."""
-    from huggingface_hub import try_to_load_from_cache
-
     name = os.fspath(name_or_path)
     spec = REGISTRY.get(name.lower())
     if spec is not None:
@@ -130,13 +142,7 @@ def check_source(name_or_path: str | os.PathLike, cache_dir: str | os.PathLike |
         if not Path(name).expanduser().is_file():
             raise OSError(f"{name}: no such GGUF file")
         return
-    if _local_directory(name) is not None:
-        return
-    try:
-        cached = try_to_load_from_cache(name, "config.json", cache_dir=cache_dir)
-    except ValueError as error:  # not a repo id (huggingface_hub's HFValidationError)
-        raise OSError(f"{_not_cached(name)}\n(cause: {error})") from error
-    if not isinstance(cached, str):
+    if _local_directory(name) is None and not _in_hub_cache(name, cache_dir):
         raise OSError(_not_cached(name))
 
 
