@@ -359,6 +359,40 @@ def test_compare_warms_both_methods_up_before_timing(tiny_dirs, tmp_path, capsys
     assert out.count("speedup: ") == 2 and out.count("greedy outputs identical: yes") == 2
 
 
+@pytest.mark.parametrize("tie", [False, True])
+def test_compare_says_where_greedy_outputs_part_and_fails_only_off_a_tie(tie, tiny_dirs, tmp_path, capsys,
+                                                                        monkeypatch):
+    """A greedy difference under ``--compare`` says where it is and whether the target's top two logits tie there
+    (an int4 target parted from HF at a tie 0.0625 apart on a chat prompt, and the command said only "NO" and exited
+    1). HF's output is made to differ at its first token: off a tie (the tiny model's gap there) the command exits 1
+    and says NOT a tie; at a tie (the check made to say so) it exits 0."""
+    import json
+
+    from treespec.bench import baselines, compare
+
+    monkeypatch.setenv("TREESPEC_CACHE", str(tmp_path / "cache"))
+    real = baselines.hf_generate
+
+    def other_first_token(*args, **kwargs):
+        tokens, seconds = real(*args, **kwargs)
+        return [(tokens[0] + 1) % 62, *tokens[1:]], seconds
+
+    monkeypatch.setattr(baselines, "hf_generate", other_first_token)
+    if tie:
+        monkeypatch.setattr(compare, "near_tie", lambda gap, top1, dtype: True)
+    models = [a.format(**tiny_dirs) for a in MODELS]
+    args = ["generate", *models, "--prompt", "w1 w2 w3", "--tree", "chain", "--budget", "3", "--max-new-tokens", "4",
+            "--compare"]
+    assert main(args) == (0 if tie else 1)
+    said = capsys.readouterr().out
+    assert "greedy outputs identical: NO, from new token 0 (" in said and "top two logits are" in said
+    assert ("a tie at the precision" in said) == tie and ("NOT a tie" in said) != tie
+    assert main([*args, "--json"]) == (0 if tie else 1)
+    record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert record["identical"] is False and record["divergence"]["position"] == 0
+    assert record["divergence"]["near_tie"] == tie
+
+
 def test_interrupt_is_one_line(monkeypatch, capsys):
     """Ctrl-C prints `treespec: interrupted` and exits 130 (the shell's code for SIGINT), no traceback."""
     import treespec.cli as cli

@@ -83,20 +83,25 @@ def _warm_up(args: argparse.Namespace, recipe: Recipe, target, drafts: Sequence[
 
 def _compare(args: argparse.Namespace, recipe: Recipe, target, ids: list[int], eos: list[int], out,
              record: dict[str, Any]) -> bool:
-    """``--compare``: the target alone (HF generate) on the same prompt; False if greedy outputs differ."""
+    """``--compare``: the target alone (HF generate) on the same prompt; False if greedy outputs differ anywhere
+    but at a tie of the target's top two logits (``record["divergence"]``: where, and the gap there)."""
     from .bench.baselines import hf_generate
+    from .bench.compare import first_divergence
 
     ref, secs = hf_generate(target, ids, args.max_new_tokens, temperature=recipe.temperature, top_p=recipe.top_p,
                             top_k=recipe.top_k, eos_token_id=eos, pad_token_id=(eos or [0])[0], seed=args.seed)
     record.update(hf_tokens_per_second=len(ref) / secs, speedup=out.stats.tokens_per_second / (len(ref) / secs))
     if recipe.temperature == 0:
         record["identical"] = ref == out.new_tokens
+        if not record["identical"]:
+            record["divergence"] = first_divergence(target, ids, ref, out.new_tokens)
     if not args.json:
         print(f"target alone (HF generate): {len(ref)} tokens in {secs:.2f} s = {len(ref) / secs:.2f} tok/s")
         print(f"speedup: {record['speedup']:.2f}x")
         if "identical" in record:
-            print(f"greedy outputs identical: {'yes' if record['identical'] else 'NO'}")
-    return record.get("identical", True)
+            said = "yes" if record["identical"] else cli_output.divergence(record["divergence"])
+            print(f"greedy outputs identical: {said}")
+    return record.get("identical", True) or bool((record.get("divergence") or {}).get("near_tie"))
 
 
 def cmd_generate(args: argparse.Namespace) -> int:

@@ -128,3 +128,15 @@ def finished(path: Path, args: argparse.Namespace, prompts: list[str]) -> dict[i
 def write(path: Path, index: int, rec: dict[str, Any], args: argparse.Namespace) -> None:
     """Append prompt ``index``'s record ``rec`` to ``path`` with this run's settings, durably."""
     append_record(path, {**rec, "index": index, "settings": settings(args)})
+
+
+def divergence(where: dict[str, Any] | None) -> str:
+    """A greedy difference, said as ``--compare`` prints it: where, and whether the target's top two logits tie
+    there (the only place exact decoding may part: a forward over a tree and one over a token round differently)."""
+    if where is None:  # one output is a prefix of the other: one stopped early
+        return "NO (one output stops where the other goes on)"
+    said = (f"NO, from new token {where['position']} ({where['tokens'][1]} here, {where['tokens'][0]} from HF), "
+            f"where the target's top two logits are {where['top2_gap']:.4g} apart")
+    if where["near_tie"]:
+        return f"{said}: a tie at the precision its products round at (either token is its argmax)"
+    return f"{said}: NOT a tie (a bug; please report it with this command)"

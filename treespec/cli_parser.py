@@ -191,7 +191,8 @@ def _generate(sub) -> None:
                         "to generate only the prompts F does not hold yet (F of other settings is refused)")
     g.add_argument("--compare", action="store_true",
                    help="also run the target alone (HF generate) and compare speed and output, after one untimed "
-                        "warm-up of each on the longest prompt (a compiled step compiles there)")
+                        "warm-up of each on the longest prompt (a compiled step compiles there); greedy outputs "
+                        "that differ anywhere but at a tie of the target's top two logits exit with status 1")
     g.add_argument("--batch-size", type=_count("batch-size"), default=1, metavar="B",
                    help="decode the prompts B at a time, each batch in one target forward per step (eager steps, "
                         "or the captured step with --compile; every row exact as if alone; default 1)")
