@@ -50,7 +50,11 @@ def sweep(config: str | os.PathLike | dict[str, Any], out_dir: str | os.PathLike
             records say ``shared_cpu``). See ``treespec.bench.sweep.distributed``.
 
     Only one sweep at a time writes ``out_dir``: a second one is refused with the first one's pid,
-    host and start time (:class:`treespec.bench.sweep.lock.OutputDirError`).
+    host and start time (:class:`treespec.bench.sweep.lock.OutputDirError`). The models the unfinished points
+    load are looked up before the first of them runs (``treespec.bench.sweep.models.check_specs``; not with
+    ``ray_address``, whose workers find their models on their own machines): a name that cannot load is refused
+    there, not once per point after the baselines ran. A point that fails is recorded with its error (``on_point``
+    sees it) and retried by the next run.
     """
     cfg = load_config(config)
     if device is not None:
