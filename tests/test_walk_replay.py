@@ -107,3 +107,7 @@ def test_a_tuned_run_is_predicted_over_its_own_horizon():
     assert short.tau < whole.tau == pytest.approx(walk.replayed_tau(tuned.choice.shape, MIN_CONFIDENCE))
     low, high = short.tau_range(1)  # single calibration prompts spread around the pooled figure, printed with it
     assert low < short.tau < high and f"90% of single prompts {low:.2f}-{high:.2f}" in tuned.with_walk(walk, 16).why
+    # the why-line names the prompts the walk ran (a tree sized from code's acceptance is sized for code)
+    assert "replayed over the calibration walk on humaneval (40 prompts) with" in tuned.with_walk(walk, 16).why
+    walk.meta["prompts_label"] = "chat.jsonl (12 prompts) in the chat template"  # a user's own: named as written
+    assert "walk on chat.jsonl (12 prompts) in the chat template with" in tuned.with_walk(walk, 16).why

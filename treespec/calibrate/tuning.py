@@ -177,7 +177,7 @@ class Tuned:
             fixed = "; costs of compiled forwards timed alone (not calibrated on real steps)"
         step = ("s per step" if self.compiled_step_seconds is None else
                 "s per compiled step (this tree's compiled steps on the pilot prompts)")
-        how = ("" if p.model == "rows" else " (the tree replayed over the calibration walk" +
+        how = ("" if p.model == "rows" else f" (the tree replayed over the calibration walk{_walk_source(self.walk)}" +
                ("" if self.min_confidence is None else f" with the confidence stop at {self.min_confidence:g}") +
                ("" if self.horizon is None else f", a run of {self.horizon} tokens") +
                "; 90% of single prompts {:.2f}-{:.2f}".format(*p.tau_range(1)) + ")")
@@ -191,6 +191,16 @@ class Tuned:
                 f"{c.shape.size}, depth {c.shape.depth} (width limit {s['max_width'] or 'none'}){batch}: "
                 f"predicted tau {p.tau:.2f}{how}, {p.step_seconds:.3f} {step} vs {p.plain_seconds:.3f} s per {plain}, "
                 f"predicted {p.speedup:.2f}x over {alone} in the same precision{fixed}")
+
+
+def _walk_source(walk: MeasuredAcceptance | None) -> str:
+    """Which prompts a calibration walk ran, as the why-line names them (" on humaneval (40 prompts)"): a tree
+    sized from code's acceptance is sized for code, and a run on other prompts should see so."""
+    label = "" if walk is None else str(walk.meta.get("prompts_label") or "")
+    name, count = label.split("[")[0].strip(), walk.meta.get("prompts") if walk is not None else None
+    if not name:
+        return ""
+    return f" on {name} ({count} prompts)" if "[" in label and count else f" on {name}"
 
 
 def _key(target: torch.nn.Module, draft: torch.nn.Module) -> str:
