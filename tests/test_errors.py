@@ -61,9 +61,23 @@ def test_prompt_longer_than_context(target):
         treespec.generate(target, list(range(60)) * 8, max_new_tokens=40)
 
 
-def test_empty_prompt(target):
-    with pytest.raises(ValueError, match="prompt is empty"):
-        treespec.generate(target, [], max_new_tokens=2)
+def test_empty_prompt(target, monkeypatch):
+    """``[]`` is neither a prompt nor a batch: said so, and by ``treespec.run`` before a tuning measures anything
+    (the tuner is made to fail if called); an empty prompt in a batch, or as a tensor, is named as such."""
+    from treespec.calibrate import choices
+
+    for empty in ([], ()):
+        with pytest.raises(ValueError, match="input_ids is empty: give a prompt of at least one token id .* or a "
+                                             "non-empty list of prompts"):
+            treespec.generate(target, empty, max_new_tokens=2)
+    monkeypatch.setattr(choices, "resolve", lambda *a, **k: pytest.fail("tuned before the input was checked"))
+    with pytest.raises(ValueError, match="input_ids is empty"):
+        treespec.run(treespec.Recipe(tree="sequoia", acceptance=[0.6, 0.2]), target, [target], [],
+                     max_new_tokens=2)
+    with pytest.raises(ValueError, match="prompt 1 of the batch: the prompt is empty"):
+        treespec.generate(target, [[1, 2], []], max_new_tokens=2)
+    with pytest.raises(ValueError, match="the prompt is empty"):
+        treespec.generate(target, torch.zeros(1, 0, dtype=torch.long), max_new_tokens=2)
 
 
 def test_unsupported_family():

@@ -18,7 +18,7 @@ from ..models.pair import CrossDraft
 from ..core.linear_layout import layout_tags
 from ..models.precision import kernel_tags, precision_of
 from ..core.batch import BatchOutput
-from ..core.checks import is_batch
+from ..core.checks import check_not_empty, is_batch
 from ..core.stats import GenerateOutput
 from ..recipes import DraftModel, Recipe, build_drafters, check_draft_models, default_budget, plan_depth
 from ..recipes import run as run_resolved
@@ -260,6 +260,7 @@ def run(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[DraftModel],
     """``treespec.run``: ``treespec.recipes.run`` (same arguments; a list of prompts runs as a batch), after
     :func:`resolve` when the recipe leaves its budget to tuning, for the batch's size (resolve it once yourself to
     print its ``why`` or to run many prompts)."""
+    check_not_empty(input_ids)  # before a tuning measures anything
     if recipe.budget is None:
         rows = len(input_ids) if is_batch(input_ids) else 1
         recipe = resolve(recipe, target, drafts, batch_size=rows).recipe

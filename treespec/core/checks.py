@@ -120,6 +120,14 @@ def check_seed(seed: object) -> int | None:
     return seed
 
 
+def check_not_empty(input_ids: object) -> None:
+    """Refuse an empty list as input, before any work (a run that tunes its tree would measure first): ``[]`` is
+    neither a prompt (no token) nor a batch (no prompt)."""
+    if isinstance(input_ids, (list, tuple)) and not input_ids:
+        raise ValueError("input_ids is empty: give a prompt of at least one token id (e.g. the BOS token), or a "
+                         "non-empty list of prompts")
+
+
 def is_batch(input_ids: object) -> bool:
     """Whether ``input_ids`` is several prompts: a list (or tuple) of token lists or tensors."""
     return (isinstance(input_ids, (list, tuple)) and len(input_ids) > 0

@@ -134,6 +134,7 @@ def generate(
             one envelope replays the same graphs. None: the tree's own on a CPU, its levels padded to one
             width on CUDA.
     """
+    checks.check_not_empty(input_ids)
     if checks.is_batch(input_ids):
         return generate_batch(target, input_ids, drafters, max_new_tokens, temperature, top_k, top_p, eos_token_id,
                               seed, budget, on_tokens, verifier, compile, envelope)
