@@ -389,6 +389,7 @@ def _toml(tmp_path: Path, **replace: str) -> Path:
     ("nonexistent-model-xyz", "'nonexistent-model-xyz' is not a built-in name.*hf download"),
     ("tiny:lama:seed=0", "family must be one of"),
     ("tiny:llama:sead=0", "unknown tiny model option 'sead'"),
+    ("tiny:llama:seed=x", "option 'seed' in 'tiny:llama:seed=x' must be a number, got 'x'"),
     ("./no/such/model", "is not a model directory"),
     ("/no/such/model.gguf", "no such GGUF file"),
 ])

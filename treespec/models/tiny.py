@@ -126,20 +126,32 @@ _SPEC_OPTIONS: dict[str, float] = {"seed": 0, "vocab": 64, "hidden": 32, "layers
                                    "noise_seed": 1}
 
 
-def tiny_from_spec(spec: str) -> torch.nn.Module:
-    """A tiny model from ``"tiny:FAMILY[:key=value]..."`` (keys: seed, vocab, hidden, layers, scale,
-    noise, noise_seed); ``noise > 0`` is :func:`perturbed_copy` of the ``noise=0`` model of the same
-    seed (a correlated draft). The spec becomes the model's ``_name_or_path``."""
+def parse_tiny_spec(spec: str) -> tuple[str, dict[str, float]]:
+    """The family and options of ``"tiny:FAMILY[:key=value]..."`` (:func:`tiny_from_spec`), checked without building
+    the model: ValueError naming what is wrong."""
     parts = spec.split(":")
     if len(parts) < 2 or parts[0] != "tiny":
         raise ValueError(f"a tiny model spec looks like 'tiny:llama:seed=0', got {spec!r}")
+    if parts[1] not in FAMILIES:
+        raise ValueError(f"tiny model family must be one of {', '.join(FAMILIES)}, got {parts[1]!r} in {spec!r}")
     opts = dict(_SPEC_OPTIONS)
     for kv in (p for part in parts[2:] for p in part.split(",") if p):
         k, _, v = kv.partition("=")
         if k not in opts:
             raise ValueError(f"unknown tiny model option {k!r} in {spec!r}; known: {', '.join(opts)}")
-        opts[k] = float(v)
-    model = tiny_model(parts[1], vocab=int(opts["vocab"]), seed=int(opts["seed"]), hidden=int(opts["hidden"]),
+        try:
+            opts[k] = float(v)
+        except ValueError:
+            raise ValueError(f"tiny model option {k!r} in {spec!r} must be a number, got {v!r}") from None
+    return parts[1], opts
+
+
+def tiny_from_spec(spec: str) -> torch.nn.Module:
+    """A tiny model from ``"tiny:FAMILY[:key=value]..."`` (keys: seed, vocab, hidden, layers, scale,
+    noise, noise_seed); ``noise > 0`` is :func:`perturbed_copy` of the ``noise=0`` model of the same
+    seed (a correlated draft). The spec becomes the model's ``_name_or_path``."""
+    family, opts = parse_tiny_spec(spec)
+    model = tiny_model(family, vocab=int(opts["vocab"]), seed=int(opts["seed"]), hidden=int(opts["hidden"]),
                        layers=int(opts["layers"]), scale=opts["scale"], max_positions=4096)
     if opts["noise"] > 0:
         model = perturbed_copy(model, opts["noise"], int(opts["noise_seed"]))

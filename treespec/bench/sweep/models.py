@@ -8,7 +8,7 @@ import torch
 
 from ...models import check_source, load
 from ...models.precision import to_precision
-from ...models.tiny import ByteTokenizer, tiny_from_spec
+from ...models.tiny import ByteTokenizer, parse_tiny_spec, tiny_from_spec
 
 
 def load_model(spec: str, device: str, dtype: str) -> tuple[torch.nn.Module, Any]:
@@ -30,11 +30,12 @@ def load_model(spec: str, device: str, dtype: str) -> tuple[torch.nn.Module, Any
 
 def check_specs(specs: Iterable[str]) -> None:
     """Refuse, before any point runs, a model that a point would fail to load (:func:`load_model`): a tiny spec
-    that does not parse, a name ``treespec.models.load`` cannot find (``treespec.models.check_source``: no weights
-    are read). A sweep's points would otherwise each record the same error, after the baselines that ran."""
+    that does not parse (``treespec.models.tiny.parse_tiny_spec``), a name ``treespec.models.load`` cannot find
+    (``treespec.models.check_source``). No model is built or read. A sweep's points would otherwise each record the
+    same error, after the baselines that ran."""
     for spec in sorted(set(specs)):
         if spec.startswith("tiny:"):
-            tiny_from_spec(spec)  # a tiny model builds in milliseconds; a bad spec raises, naming its option
+            parse_tiny_spec(spec)
         else:
             check_source(spec)
 
