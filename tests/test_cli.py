@@ -339,6 +339,38 @@ def test_tiny_models_run_end_to_end(tiny_dirs, tmp_path, capsys, monkeypatch):
     assert (tmp_path / "p.json").exists() and "the target's own decoding (HF generate)" in capsys.readouterr().out
 
 
+def test_accept_measures_on_another_built_in_prompt_set(tiny_dirs, tmp_path, capsys, monkeypatch):
+    """``accept --dataset sharegpt --calib 0:2`` walks ShareGPT's first two turns (a chat user's prompts: what a tree
+    for chat should be sized from), labelled as such; the default stays HumanEval (control); ``--dataset`` beside
+    one's own prompts is refused, saying why."""
+    import json
+
+    from treespec.bench.datasets import dataset_prompts
+    from treespec.calibrate import acceptance
+
+    monkeypatch.setenv("TREESPEC_CACHE", str(tmp_path / "cache"))
+    walked: list[list[int]] = []
+    real = acceptance.measure_each
+    monkeypatch.setattr(acceptance, "measure_each", lambda target, draft, prompts, **k: walked.extend(prompts) or real(
+        target, draft, prompts, **k))
+    models = [a.format(**tiny_dirs) for a in MODELS]
+    short = ["--width", "2", "--max-new-tokens", "2", "--max-depth", "2"]
+    for dataset, out in (["--dataset", "sharegpt"], "chat.json"), ([], "code.json"):
+        walked.clear()
+        assert main(["accept", *models, *dataset, "--calib", "0:2", *short, "--out", str(tmp_path / out)]) == 0
+        meta = json.loads((tmp_path / out).read_text())["meta"]
+        name = "sharegpt" if dataset else "humaneval"
+        assert meta["prompts_label"] == f"{name}[0:2]" and len(walked) == 2
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(tiny_dirs["target"])
+        assert walked == [tok(text)["input_ids"] for text in dataset_prompts(name)[:2]]
+    (tmp_path / "mine.txt").write_text("w1 w2\n")
+    code, err = run_main(["accept", *models, "--dataset", "sharegpt", "--prompt-file", str(tmp_path / "mine.txt"),
+                          *short], capsys, monkeypatch)
+    assert code == 2 and "--dataset picks the built-in prompts --calib ranges over: drop it" in err
+
+
 def test_compare_warms_both_methods_up_before_timing(tiny_dirs, tmp_path, capsys, monkeypatch):
     """``--compare`` times neither method's first call: one untimed warm-up of each on the longest prompt (a
     compiled step compiles there, not inside the first timed prompt), then each prompt timed and compared."""

@@ -244,15 +244,20 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_accept(args: argparse.Namespace) -> int:
-    from .bench.datasets import dataset_size, humaneval_prompts, prompt_range
+    from .bench.datasets import dataset_prompts, prompt_range
     from .calibrate.acceptance import MeasuredAcceptance, measure_each
 
     if args.prompt_file is not None or args.prompts_jsonl is not None:
+        if args.dataset is not None:
+            raise ValueError("--dataset picks the built-in prompts --calib ranges over: drop it with --prompt-file or "
+                             "--prompts-jsonl (your own prompts)")
         texts = read_prompts(args)
         label = f"{(args.prompt_file or args.prompts_jsonl).name} ({len(texts)} prompts)"
     else:
-        start, stop = prompt_range(args.calib, dataset_size("humaneval"), "--calib")
-        texts, label = humaneval_prompts(start, stop), f"humaneval[{start}:{stop}]"
+        dataset = args.dataset or "humaneval"
+        every = dataset_prompts(dataset)
+        start, stop = prompt_range(args.calib, len(every), "--calib")
+        texts, label = list(every[start:stop]), f"{dataset}[{start}:{stop}]"
     label += " in the chat template" if args.chat else ""
     check_writable(args.out)  # fail now, not after minutes of measuring
     # each prompt's part is kept as it is measured: a stopped run, run again, measures only the others

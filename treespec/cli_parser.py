@@ -10,6 +10,7 @@ from typing import Any, Callable
 
 import torch
 
+from .bench.datasets import DATASETS
 from .calibrate.acceptance import CONTEXTS
 from .common.device import check_device
 from .core import checks
@@ -224,17 +225,22 @@ def _accept(sub) -> None:
                        help="measure a draft's positional acceptance vector",
                        description="Measure the positional acceptance vector (and per-depth matrix, beta) of "
                                    "a draft against the target along the verification walk, on continuations of "
-                                   "calibration prompts (HumanEval by default, or your own) distributed as the "
-                                   "target's own; writes JSON usable by --acceptance (it keeps every position's "
-                                   "rank, so MeasuredAcceptance.replayed_tau can run a tree over it).")
+                                   "calibration prompts (HumanEval by default, another built-in set, or your own) "
+                                   "distributed as the target's own; writes JSON usable by --acceptance (it keeps "
+                                   "every position's rank, so MeasuredAcceptance.replayed_tau can run a tree over "
+                                   "it).")
     calib = a.add_mutually_exclusive_group()
-    calib.add_argument("--calib", default="0:20", metavar="A:B", help="HumanEval prompts A..B-1 (default 0:20; keep "
-                       "them disjoint from the prompts you evaluate on, e.g. 100-163)")
+    calib.add_argument("--calib", default="0:20", metavar="A:B", help="prompts A..B-1 of --dataset (default 0:20; keep "
+                       "them disjoint from the prompts you evaluate on, e.g. HumanEval's 100-163)")
     calib.add_argument("--prompt-file", type=Path, metavar="F",
                        help="calibrate on your own prompts instead: a text file, one prompt per line (prompts like "
                             "the ones you will generate from, but not the same ones)")
     calib.add_argument("--prompts-jsonl", type=Path, metavar="F",
                        help="calibrate on your own prompts instead: a JSONL file, one object with a 'prompt' per line")
+    a.add_argument("--dataset", choices=DATASETS, default=None,
+                   help="the built-in prompts --calib ranges over: humaneval (code, the default), lee-news (news "
+                        "prose; pip install gensim) or sharegpt (chat first turns: with --chat, as a chat user sends "
+                        "them)")
     a.add_argument("--width", type=_count("width"), default=8, help="proposals per position (vector length)")
     a.add_argument("--mode", choices=STATIC_MODES, default=None,
                    help="how the draft proposes (default: topk when greedy, else sample_without_replacement)")
