@@ -111,3 +111,5 @@ def test_a_tuned_run_is_predicted_over_its_own_horizon():
     assert "replayed over the calibration walk on humaneval (40 prompts) with" in tuned.with_walk(walk, 16).why
     walk.meta["prompts_label"] = "chat.jsonl (12 prompts) in the chat template"  # a user's own: named as written
     assert "walk on chat.jsonl (12 prompts) in the chat template with" in tuned.with_walk(walk, 16).why
+    walk.meta.update(prompts_label="sharegpt[0:40] in the chat template", prompts=40)  # accept --dataset sharegpt
+    assert "walk on sharegpt (40 prompts) in the chat template with" in tuned.with_walk(walk, 16).why

@@ -200,7 +200,8 @@ def _walk_source(walk: MeasuredAcceptance | None) -> str:
     name, count = label.split("[")[0].strip(), walk.meta.get("prompts") if walk is not None else None
     if not name:
         return ""
-    return f" on {name} ({count} prompts)" if "[" in label and count else f" on {name}"
+    chat = " in the chat template" if "[" in label and label.endswith(" in the chat template") else ""
+    return f" on {name} ({count} prompts){chat}" if "[" in label and count else f" on {name}"
 
 
 def _key(target: torch.nn.Module, draft: torch.nn.Module) -> str:
