@@ -228,3 +228,37 @@ def test_a_tuned_tree_is_sized_for_the_batch_it_runs(pair, monkeypatch) -> None:
     prompts = [[1, 2, 3], [4, 5], [6]]
     out = choices.run(recipe, target, [draft], prompts, max_new_tokens=6)
     assert asked == [3] and [r.new_tokens for r in out.rows] == [greedy_reference(target, p, 6) for p in prompts]
+
+
+@pytest.mark.parametrize("predicted, kept", [(1.03, False), (1.08, True)])
+def test_a_tuned_tree_predicted_under_the_margin_runs_as_plain_decoding(pair, predicted, kept) -> None:
+    """A tuned tree predicted to gain less than ``pilot.MARGIN`` over the target alone (the prediction's error: on
+    prompts unlike the calibration's, chat sized with code's rows, it ran 0.88-1.01x where 1.28x was predicted) runs
+    as plain decoding, the declined tree named in the why-line; a tree predicted above the margin is kept (control).
+    The same profile's plain decoding, timed slower or faster, moves the prediction across the margin (the tree the
+    DP picks does not depend on it)."""
+    from treespec.calibrate import tuning
+    from treespec.calibrate.costs import Profile
+    from treespec.calibrate.pilot import MARGIN
+    from treespec.calibrate.vectors import default_acceptance
+
+    target, draft, tok = pair
+    vector = default_acceptance(None, 0.0)
+    base = Profile({1: 0.10, 2: 0.101, 4: 0.103, 8: 0.11, 16: 0.13}, {1: 0.004, 4: 0.005, 16: 0.008}, {})
+    speedup = tuning.Tuned(base.choose(vector, max_depth=8), base).prediction.speedup
+    prof = replace(base, plain_decode_seconds=base.choose(vector, max_depth=8).plain_seconds * predicted / speedup)
+    tree = prof.choose(vector, max_depth=8)
+    assert MARGIN == 1.05 and tree.depth > 0 and tree.speedup == pytest.approx(predicted)
+    resolved = resolve(Recipe(tree="sequoia", acceptance=vector), target, [draft],
+                       tuner=lambda *a, **k: tuning.Tuned(tree, prof))
+    if kept:
+        assert resolved.recipe.budget == tree.budget > 1 and "plain decoding runs" not in resolved.why
+        return
+    assert resolved.recipe.budget == 1 and resolved.tuned.prediction.speedup == 1.0
+    assert resolved.tuned.prediction.tau == 1.0 and resolved.tuned.declined[0] is tree
+    assert (f"Sequoia tree of budget {tree.shape.size}, depth {tree.shape.depth}" in resolved.why
+            and f"predicted {predicted:.2f}x over the target alone" in resolved.why
+            and "so plain decoding runs (the target alone: 1.03x is under the 1.05x" in resolved.why)
+    prompt = tok("x = 1")["input_ids"]
+    assert run(resolved.recipe, target, [draft], prompt, max_new_tokens=6).new_tokens == greedy_reference(
+        target, prompt, 6)

@@ -167,7 +167,9 @@ def resolve(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[DraftModel
                              pilot_cache if pilot_cache is not None else cache_root() / "pilots.json",
                              tag="calibration-v2")
         tuned = calibrate(tuned, measured, acceptance, max_depth=recipe.depth or 8)
+    # a tree predicted (over the run's horizon) to gain less than the margin runs as plain decoding
     tuned = tuned.for_batch(batch_size, acceptance, max_depth=recipe.depth or 8).with_walk(walk, max_new_tokens)
+    tuned = tuned.plain_unless()
     chosen = replace(recipe, **tuned.settings(), target_dtype=precision_of(target),
                      draft_dtype=precision_of(drafts[0]))
     return Resolved(chosen, tuned.why, tuned)

@@ -20,6 +20,8 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from tree_builders import TreeShape
+
 from ..common.files import read_json_dict, write_json
 from ..common.machine import measurement_key, model_name
 from ..core.linear_layout import layout_tags
@@ -27,7 +29,7 @@ from ..models.precision import kernel_tags, precision_of
 from .acceptance import MeasuredAcceptance
 from .costs import Profile, profile
 from .step_cost import Choice
-from .pilot import Pilot
+from .pilot import MARGIN, Pilot
 from .walk_replay import per_continuation, truncated
 
 PROFILE_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
@@ -98,6 +100,8 @@ class Tuned:
     walk: MeasuredAcceptance | None = None
     #: the run's new tokens, predicted over the walk's first ``horizon`` positions (None: the whole walk)
     horizon: int | None = None
+    #: the tree chosen and then declined for plain decoding, and its prediction (:meth:`plain_unless`)
+    declined: tuple[Choice, Prediction] | None = None
 
     @cached_property
     def prediction(self) -> Prediction:
@@ -123,6 +127,18 @@ class Tuned:
                           for d in set(depths)) / len(steps)
         per_prompt = tuple(zip(*per_continuation(steps, len(walk.ranks))))
         return Prediction(tau, seconds, c.plain_seconds, "replay", per_prompt)
+
+    def plain_unless(self, margin: float = MARGIN) -> "Tuned":
+        """This tuning, or plain decoding where its tree's predicted speedup (:attr:`prediction`: the run's, over the
+        calibration walk when there is one) falls short of ``margin``. The prediction errs by a few percent, and
+        by more on prompts unlike the calibration's, and a default must not lose to the target alone: the rule a
+        pilot's choice follows too (``treespec.calibrate.pilot.choose``). The declined tree stays in the why-line."""
+        c, p = self.choice, self.prediction
+        if c.depth == 0 or p.speedup >= margin:
+            return self
+        plain = replace(c, budget=1, depth=0, shape=TreeShape.from_paths([]), tau=1.0, speedup=1.0,
+                        step_seconds=c.plain_seconds)
+        return replace(self, choice=plain, declined=(c, p))
 
     def with_walk(self, walk: MeasuredAcceptance | None, horizon: int | None = None) -> "Tuned":
         """This tuning predicted over ``walk`` (the measurement its acceptance rows came from; :attr:`prediction`)
@@ -168,6 +184,11 @@ class Tuned:
 
     @property
     def why(self) -> str:
+        if self.declined is not None:
+            tree, p = self.declined
+            return (f"{replace(self, choice=tree, declined=None).why}; so plain decoding runs (the target alone: "
+                    f"{p.speedup:.2f}x is under the {MARGIN:.2f}x a tuned tree must be predicted to reach, the "
+                    "prediction's error)")
         c, m, s, p = self.choice, self.profile.meta, self.settings(), self.prediction
         cal = self.calibration
         fixed = "" if cal is None else (
