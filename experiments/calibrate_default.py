@@ -17,8 +17,15 @@ vector, the per-depth matrix (what the CLI and the demo size Sequoia trees with 
 acceptance of their own) and every position's accepted rank (for replays). Each file is written as soon
 as its temperature is measured (about 20 minutes each on the project's 2-core CPU).
 
+``--dataset sharegpt`` measures what chat runs (``treespec generate --chat``) are sized with instead: 40 ShareGPT
+first turns drawn the same way from turns 1000-1099 (the benchmarks evaluate on turns below 400), each as the user's
+turn in the target's chat template, written to ``acceptance-qwen2.5-coder-chat-t{T}[-dtype].json``. A chat reply
+accepts less than code (prose is less predictable than code that goes on as it began), so a tree sized from
+code's rows speculates where chat does not pay.
+
     python experiments/calibrate_default.py
     python experiments/calibrate_default.py --draft-dtype int4 --temperatures 0   # the int4 draft's walk, T=0
+    python experiments/calibrate_default.py --dataset sharegpt --draft-dtype int4  # chat's, in the chat template
 """
 
 from __future__ import annotations
@@ -28,24 +35,31 @@ from pathlib import Path
 
 import numpy as np
 
-from treespec.bench.datasets import humaneval_prompts
+from treespec.bench.datasets import dataset_prompts
 from treespec.calibrate.acceptance import encode_prompts, measure
 from treespec.models import DEFAULT_DRAFT, DEFAULT_TARGET, load
 from treespec.models.precision import precision_of, to_precision
 from treespec.recipes import draft_mode
 
 DATA = Path(__file__).resolve().parents[1] / "treespec" / "data"
-CALIBRATION_RANGE = 100  # HumanEval 0-99; evaluations use 100 on
+CALIBRATION_RANGE = 100  # each set's calibration range: 100 prompts from its first (below)
+#: the calibration sets: whether prompts go in the chat template, the infix of the files, and the first prompt of
+#: the range (HumanEval 0-99: evaluations use 100 on; ShareGPT 1000-1099: the benchmarks use turns below 400)
+SETS = {"humaneval": (False, "", 0), "sharegpt": (True, "chat-", 1000)}
 
 
-def calibration_prompts(count: int, seed: int) -> list[int]:
-    """``count`` HumanEval prompt indices drawn at random without replacement from 0-99, sorted."""
-    return sorted(int(i) for i in np.random.default_rng(seed).choice(CALIBRATION_RANGE, size=count, replace=False))
+def calibration_prompts(count: int, seed: int, first: int = 0) -> list[int]:
+    """``count`` prompt indices drawn at random without replacement from ``first`` .. ``first + 99``, sorted."""
+    draw = np.random.default_rng(seed).choice(CALIBRATION_RANGE, size=count, replace=False)
+    return sorted(first + int(i) for i in draw)
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--prompts", type=int, default=40, help="calibration prompts drawn from HumanEval 0-99")
+    ap.add_argument("--dataset", choices=sorted(SETS), default="humaneval",
+                    help="the prompts: HumanEval (code, the default files) or ShareGPT first turns in the chat "
+                         "template (the chat files)")
+    ap.add_argument("--prompts", type=int, default=40, help="calibration prompts drawn from the set's range")
     ap.add_argument("--seed", type=int, default=0, help="the draw's seed")
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--width", type=int, default=8)
@@ -56,20 +70,23 @@ def main(argv: list[str] | None = None) -> None:
                          "runs drafting in that precision are predicted with")
     args = ap.parse_args(argv)
     if not 1 <= args.prompts <= CALIBRATION_RANGE:
-        ap.error(f"--prompts must be 1-{CALIBRATION_RANGE}: calibration prompts stay inside HumanEval 0-99")
+        ap.error(f"--prompts must be 1-{CALIBRATION_RANGE}: calibration prompts stay inside the set's range")
     target, tok = load(DEFAULT_TARGET, dtype="bfloat16")
     # converted from float32 as ``dtype="auto"`` converts what it keeps (``load(dtype="int4")`` would keep the GGUF
     # file's own 4-bit blocks instead: another draft than the one the CLI's automatic choice runs)
     draft = to_precision(load(DEFAULT_DRAFT, dtype="float32", role="draft")[0], args.draft_dtype)
-    ids = calibration_prompts(args.prompts, args.seed)
-    texts = humaneval_prompts(0, CALIBRATION_RANGE)
-    prompts = encode_prompts(tok, [texts[i] for i in ids])
+    chat, infix, first = SETS[args.dataset]
+    ids = calibration_prompts(args.prompts, args.seed, first)
+    texts = [dataset_prompts(args.dataset)[i] for i in ids]
+    prompts = ([tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=True,
+                                        return_dict=False) for t in texts] if chat else encode_prompts(tok, texts))
+    label = (f"{args.dataset}{ids} (random, seed {args.seed}, from {first}-{first + CALIBRATION_RANGE - 1})"
+             + (" in the chat template" if chat else ""))
     for t in args.temperatures:
         acc = measure(target, draft, prompts, width=args.width, mode=draft_mode("sequoia", t), temperature=t,
-                      max_new_tokens=args.max_new_tokens,
-                      prompts_label=f"humaneval{ids} (random, seed {args.seed}, from 0-{CALIBRATION_RANGE - 1})")
+                      max_new_tokens=args.max_new_tokens, prompts_label=label)
         acc.meta.update(target_precision=precision_of(target), draft_precision=precision_of(draft))
-        path = DATA / (f"acceptance-qwen2.5-coder-t{t:g}"
+        path = DATA / (f"acceptance-qwen2.5-coder-{infix}t{t:g}"
                        f"{'' if args.draft_dtype == 'int8' else '-' + args.draft_dtype}.json")
         acc.save(path)
         print(path, acc)

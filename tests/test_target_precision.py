@@ -25,9 +25,9 @@ def q4_file(tmp_path, monkeypatch):
 
 def rates(int4_seconds: float, calls: list[str]):
     """A stand-in for the tuner's prediction: 0.1 s per token for a float target, ``int4_seconds`` for int4."""
-    def rate(target, draft, tokenizer, temperature):
+    def rate(target, draft, tokenizer, temperature, chat=False):
         precision = precision_of(target)
-        calls.append(precision)
+        calls.append(precision + (" chat" if chat else ""))
         return Candidate(precision, int4_seconds if precision == "int4" else 0.1, f"tree of {precision}")
     return rate
 
@@ -52,6 +52,8 @@ def test_the_target_runs_in_the_precision_whose_tuned_tree_is_faster_and_the_cho
     assert len(calls) == 2 and precision_of(again) == kept and again.treespec_precision["tuned_choice"]["cached"]
     other, _, _ = load_pair_tuned(q4_file, q4_file, temperature=1.0, rate=rates(int4_seconds, calls))
     assert len(calls) == 4 and precision_of(other) == kept  # another temperature: decided apart
+    chat, _, _ = load_pair_tuned(q4_file, q4_file, chat=True, rate=rates(int4_seconds, calls))
+    assert calls[4:] == [f"{floating} chat", "int4 chat"] and precision_of(chat) == kept  # chat prompts: apart, too
 
 
 def test_a_gguf_without_4bit_blocks_keeps_its_floating_precision(tmp_path, monkeypatch):
@@ -88,13 +90,46 @@ def test_the_tuners_prediction_rates_each_precision_and_the_cli_runs_the_choice(
     assert "tree predicted fastest" in target_precision.describe(record)
 
 
-def test_a_run_with_its_own_budget_keeps_the_floating_choice(q4_file, monkeypatch, capsys):
-    """``--budget`` (no tree to tune) leaves the target in its floating ``auto`` precision: nothing is rated."""
+@pytest.mark.parametrize("int4_seconds, int4_kept", [(0.05, True), (0.2, False)])
+def test_a_set_tree_size_keeps_the_rendering_that_forwards_it_faster(q4_file, int4_seconds, int4_kept):
+    """A run whose tree size is set (``--budget``; 1: plain decoding) has no tree to tune: each rendering's forward
+    over that many tokens is timed, the faster kept (the draft's part of a step is the same either way), and the
+    decision cached per size: a second load times nothing, another size is decided apart."""
+    timed: list[tuple[str, int]] = []
+
+    def timer(model, tokens):
+        timed.append((precision_of(model), tokens))
+        return int4_seconds if precision_of(model) == "int4" else 0.1
+
+    target, _, drafts = target_precision.load_pair_sized(q4_file, q4_file, tree_size=1, timer=timer)
+    floating = timed[0][0]
+    assert floating in FLOATS and timed == [(floating, 1), ("int4", 1)] and len(drafts) == 1
+    record = target.treespec_precision["tuned_choice"]
+    assert precision_of(target) == record["precision"] == ("int4" if int4_kept else floating)
+    said = target_precision.describe(record)
+    assert said.startswith(f"{record['precision']}, the faster one forward over 1 tokens here (measured now; ")
+    assert f"int4 {int4_seconds * 1e3:.0f} ms" in said
+    again, _, _ = target_precision.load_pair_sized(q4_file, q4_file, tree_size=1, timer=timer)
+    assert len(timed) == 2 and precision_of(again) == precision_of(target)
+    target_precision.load_pair_sized(q4_file, q4_file, tree_size=8, timer=timer)
+    assert timed[2:] == [(floating, 8), ("int4", 8)]
+
+
+def test_the_cli_sizes_the_target_for_its_budget_or_static_tree(q4_file, monkeypatch, capsys):
+    """``--budget N`` and ``--paths`` give the run's tree size to the sized choice (not the tuned one, which has no
+    tree to tune there); the run goes on with the rendering kept and says it in its configuration."""
+    sizes: list[int] = []
+    real = target_precision.load_pair_sized
+
     def refuse(*args, **kwargs):
         raise AssertionError("the tuned choice ran for a run with its own budget")
 
     monkeypatch.setattr(target_precision, "load_pair_tuned", refuse)
-    assert cli.main(["generate", "--target", q4_file, "--draft", q4_file, "--budget", "4", "--prompt", "ab c",
-                     "--max-new-tokens", "4", "--json"]) == 0
-    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert out["configuration"].split(",")[0] in {f"target {p}" for p in FLOATS}
+    monkeypatch.setattr(target_precision, "load_pair_sized", lambda *a, **k: sizes.append(k["tree_size"]) or real(
+        *a, **{**k, "timer": lambda model, n: 0.01 if precision_of(model) == "int4" else 0.1}))
+    for extra in (["--budget", "1"], ["--tree", "paths", "--paths", "[[0], [1], [0, 0]]"]):
+        assert cli.main(["generate", "--target", q4_file, "--draft", q4_file, *extra, "--prompt", "ab c",
+                         "--max-new-tokens", "4", "--json"]) == 0
+        out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert out["configuration"].startswith("target int4")
+    assert sizes == [1, 4]

@@ -33,21 +33,34 @@ T = TypeVar("T")
 
 def load_models(args: argparse.Namespace, want_draft: bool = True, tuned_target: bool = False):
     """Target, its tokenizer and the draft models the options ask for (default draft unless none is wanted).
-    ``tuned_target`` (the commands that run the pair: generate, demo): a GGUF target in ``auto`` precision on a CPU,
-    run with a tuned tree (no ``--budget``, a Sequoia tree, no n-gram drafter), runs in the precision whose tuned tree
-    is predicted fastest here, bfloat16 or its file's own 4-bit blocks (``treespec.calibrate.target_precision``);
-    elsewhere ``auto`` keeps the floating precision one forward measures fastest."""
+    ``tuned_target`` (the commands that run the pair: generate, demo): a GGUF target in ``auto`` precision on a CPU
+    with one draft runs in bfloat16 or on its file's own 4-bit blocks (``treespec.calibrate.target_precision``):
+    with a tuned tree (no ``--budget``, a Sequoia tree, no n-gram drafter) the one whose tuned tree is predicted
+    fastest here; with a set tree size (``--budget``, 1 for plain decoding, or ``--paths``) the one that forwards that
+    many tokens faster. Elsewhere ``auto`` keeps the floating precision one forward measures fastest."""
     from .models import DEFAULT_DRAFT
 
     names = args.draft if args.draft else ([DEFAULT_DRAFT] if want_draft else [])
     draft_dtype, compile = getattr(args, "draft_dtype", None), getattr(args, "compile", None) or False
     tuned = (getattr(args, "budget", None) is None and getattr(args, "tree", "sequoia") == "sequoia"
              and not getattr(args, "ngram", False))
-    if tuned_target and tuned and target_precision.applies(args.target, names, args.device, args.dtype):
-        return target_precision.load_pair_tuned(args.target, names[0], draft_dtype=draft_dtype, compile=compile,
-                                                temperature=getattr(args, "temperature", 0.0))
+    if tuned_target and target_precision.applies(args.target, names, args.device, args.dtype):
+        if tuned:
+            return target_precision.load_pair_tuned(args.target, names[0], draft_dtype=draft_dtype, compile=compile,
+                                                    temperature=getattr(args, "temperature", 0.0),
+                                                    chat=getattr(args, "chat", False))
+        size = args.budget if getattr(args, "budget", None) is not None else _paths_size(args)
+        if size is not None:
+            return target_precision.load_pair_sized(args.target, names[0], tree_size=size, draft_dtype=draft_dtype,
+                                                    compile=compile)
     return load_pair(args.target, names, device=args.device, target_dtype=args.dtype, draft_dtype=draft_dtype,
                      compile=compile)
+
+
+def _paths_size(args: argparse.Namespace) -> int | None:
+    """The size (root included) of the static tree ``--paths`` gives, None without one."""
+    paths = read_paths(getattr(args, "paths", None), getattr(args, "tree", None))
+    return None if paths is None else len(paths) + 1
 
 
 def recipe_from_args(args: argparse.Namespace, with_model: bool = True) -> Recipe:
@@ -57,7 +70,7 @@ def recipe_from_args(args: argparse.Namespace, with_model: bool = True) -> Recip
                   paths=read_paths(getattr(args, "paths", None), args.tree),
                   top_k=args.top_k, top_p=args.top_p, draft_mode=args.draft_mode,
                   ngram=NGramSettings() if args.ngram else None,
-                  acceptance=default_acceptance(args.acceptance, args.temperature,
+                  acceptance=default_acceptance(args.acceptance, args.temperature, chat=args.chat,
                                                 per_depth=not args.positional_acceptance) if sequoia else None,
                   target_dtype=args.dtype, draft_dtype=args.draft_dtype, verifier=args.verifier,
                   compile=args.compile or False)  # None (decided after resolving, resolve_compile): eager until then
@@ -180,11 +193,11 @@ def _emit(args: argparse.Namespace, index: int, record: dict[str, Any], fields: 
 def _resolve(args: argparse.Namespace, recipe: Recipe, target: Any, tok: Any, drafts: Sequence[Any],
              prompts: int) -> Resolved:
     """What ``recipe`` leaves to measurement, chosen for ``prompts`` prompts: the tree (the shipped acceptance of
-    the draft's precision, where one was shipped), then whether the steps compile."""
+    the draft's precision, where one was shipped, chat's with ``--chat``), then whether the steps compile."""
     walk = None
     if recipe.acceptance is not None:
         rows, walk = acceptance_for_draft(args.acceptance, args.temperature, drafts[0],
-                                          per_depth=not args.positional_acceptance)
+                                          per_depth=not args.positional_acceptance, chat=args.chat)
         recipe = replace(recipe, acceptance=rows)
     resolved = resolve(recipe, target, drafts, tokenizer=tok, max_new_tokens=args.max_new_tokens, walk=walk,
                        batch_size=min(args.batch_size, prompts),  # a tuned tree is sized for the batch

@@ -10,8 +10,14 @@ timing (what ``auto_precision`` compares) cannot say which pair of (precision, t
 prediction for each precision's own tree can (:func:`seconds_per_token`: its profile and the pilot's correction,
 both cached, as ``treespec generate`` would run it), and the faster is kept.
 
+A run whose tree size is set (``--budget``, a static tree; budget 1, plain decoding) has no tree to tune: its
+draft's part of a step is the same in either rendering, so the target that forwards that many tokens faster is kept
+(:func:`load_pair_sized`). For plain decoding that is int4, whose one-token forward the 4-bit kernel runs 2.6x
+faster than bfloat16's on the Zen 4 host.
+
 The decision is cached in ``<cache root>/precision.json`` under a key naming the target, the draft, the
-temperature and this machine, so later runs load only the kept precision.
+temperature, the prompts' kind (code or chat) and this machine (or the target, the tree size and this machine), so
+later runs load only the kept precision.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from ..models.loading import PRECISION_DECISIONS, has_file_blocks, load
 from ..models.packaged import cache_root, log
 from ..models.pair import CrossDraft, load_pair
 from ..models.precision import precision_of
+from ..models.timing import measure_latency
 from ..recipes import Recipe
 from .choices import resolve
 from .vectors import acceptance_for_draft
@@ -53,12 +60,13 @@ def applies(target: str, drafts: Sequence[str], device: str, dtype: str | None) 
             and has_file_blocks(target))
 
 
-def seconds_per_token(target: torch.nn.Module, draft: torch.nn.Module, tokenizer: Any, temperature: float
-                      ) -> Candidate:
+def seconds_per_token(target: torch.nn.Module, draft: torch.nn.Module, tokenizer: Any, temperature: float,
+                      chat: bool = False) -> Candidate:
     """What ``treespec generate`` would run for this pair (the default Sequoia recipe, tuned: ``choices.resolve``
-    with the shipped acceptance of the draft's precision) and its predicted seconds per token: a step's seconds
-    over its tokens, or the target alone's seconds per token where speculation is not predicted to pay."""
-    acceptance, walk = acceptance_for_draft(None, temperature, draft)
+    with the shipped acceptance of the draft's precision, chat's for prompts in the chat template) and its predicted
+    seconds per token: a step's seconds over its tokens, or the target alone's seconds per token where speculation
+    is not predicted to pay."""
+    acceptance, walk = acceptance_for_draft(None, temperature, draft, chat=chat)
     resolved = resolve(Recipe(tree="sequoia", acceptance=acceptance, temperature=temperature), target, [draft],
                        tokenizer=tokenizer, walk=walk)
     tuned = resolved.tuned
@@ -69,35 +77,75 @@ def seconds_per_token(target: torch.nn.Module, draft: torch.nn.Module, tokenizer
                      f"budget {shape.size}, depth {shape.depth}: tau {p.tau:.2f}, {p.step_seconds:.3f} s per step")
 
 
-def _key(target: str, draft: str, draft_dtype: str | None, temperature: float) -> str:
+def _key(target: str, draft: str, draft_dtype: str | None, temperature: float, chat: bool) -> str:
     return measurement_key("tuned-target", target, f"draft={draft}", f"draft_dtype={draft_dtype or 'auto'}",
-                           f"T={float(temperature):g}", device="cpu")
+                           f"T={float(temperature):g}", *(["chat"] if chat else []), device="cpu")
 
 
-def cached_choice(target: str, draft: str, *, draft_dtype: str | None = None, temperature: float = 0.0
-                  ) -> dict[str, Any] | None:
+def cached_choice(target: str, draft: str, *, draft_dtype: str | None = None, temperature: float = 0.0,
+                  chat: bool = False) -> dict[str, Any] | None:
     """The decision :func:`load_pair_tuned` cached for this pair on this machine (None: not decided yet)."""
-    record = read_json_dict(cache_root() / PRECISION_DECISIONS).get(_key(target, draft, draft_dtype, temperature))
+    return _cached(_key(target, draft, draft_dtype, temperature, chat))
+
+
+def _cached(key: str) -> dict[str, Any] | None:
+    """The decision cached under ``key`` (None: none, or a damaged one)."""
+    record = read_json_dict(cache_root() / PRECISION_DECISIONS).get(key)
     ok = isinstance(record, dict) and isinstance(record.get("candidates"), dict) and record.get("precision")
     return record if ok else None
 
 
 def describe(record: dict[str, Any]) -> str:
-    """One line: the precision kept and the predictions it was kept on."""
+    """One line: the precision kept and the predictions (or, for a set tree size, the timings) it was kept on."""
+    how = "cached decision" if record.get("cached") else "measured now"
+    if str(record.get("key", "")).startswith("sized-target"):
+        what = next(iter(record["candidates"].values()))["tree"]
+        options = ", ".join(f"{p} {c['seconds_per_token'] * 1e3:.0f} ms" for p, c in record["candidates"].items())
+        return f"{record['precision']}, the faster {what} here ({how}; {options})"
     options = "; ".join(f"{p}: {c['seconds_per_token'] * 1e3:.0f} ms per token ({c['tree']})"
                         for p, c in record["candidates"].items())
-    how = "cached decision" if record.get("cached") else "measured now"
     return f"{record['precision']}, its tuned tree predicted fastest here ({how}; {options})"
 
 
 def load_pair_tuned(target: str, draft: str, *, draft_dtype: str | None = None, compile: bool | str = False,
-                    temperature: float = 0.0, rate: Callable[..., Candidate] = seconds_per_token
+                    temperature: float = 0.0, chat: bool = False, rate: Callable[..., Candidate] = seconds_per_token
                     ) -> tuple[torch.nn.Module, Any, list[Any]]:
     """``load_pair(target, [draft])`` with the target in the precision (its floating ``auto`` choice, or int4 on
-    its file's own blocks) whose tuned tree ``rate`` predicts fastest here (module doc); the decision cached.
+    its file's own blocks) whose tuned tree ``rate`` predicts fastest here (module doc), for prompts in the chat
+    template with ``chat`` (their tree is sized from chat's acceptance); the decision cached.
     A draft of another tokenizer leaves the target in its floating ``auto`` precision (no tuned tree to compare)."""
-    path, key = cache_root() / PRECISION_DECISIONS, _key(target, draft, draft_dtype, temperature)
-    record = cached_choice(target, draft, draft_dtype=draft_dtype, temperature=temperature)
+    return _load_faster(target, draft, _key(target, draft, draft_dtype, temperature, chat),
+                        lambda model, drafts, tok: rate(model, drafts[0], tok, temperature, chat=chat),
+                        draft_dtype=draft_dtype, compile=compile)
+
+
+def forward_seconds(model: torch.nn.Module, tokens: int) -> float:
+    """Seconds of one eager tree forward of ``tokens`` tokens after 128 cached ones (``measure_latency``)."""
+    return measure_latency(model, [tokens])[tokens]
+
+
+def load_pair_sized(target: str, draft: str, *, tree_size: int, draft_dtype: str | None = None,
+                    compile: bool | str = False, timer: Callable[[torch.nn.Module, int], float] = forward_seconds
+                    ) -> tuple[torch.nn.Module, Any, list[Any]]:
+    """``load_pair(target, [draft])`` for a run whose tree size is set (``--budget``, a static tree; 1: plain
+    decoding), with the target in the rendering whose forward over ``tree_size`` tokens ``timer`` measures faster
+    here: the draft's part of a step is the same either way, so the faster verification makes the faster step.
+    For plain decoding on the Zen 4 host that is int4 (a one-token forward 2.6x faster than bfloat16's), where the
+    floating ``auto`` choice, all the other commands keep, ran the target alone at 5 tok/s against 13. The decision
+    is cached per target and size."""
+    key = measurement_key("sized-target", target, f"tokens={int(tree_size)}", device="cpu")
+
+    def rate(model: torch.nn.Module, drafts: list[Any], tok: Any) -> Candidate:
+        return Candidate(precision_of(model), timer(model, tree_size), f"one forward over {tree_size} tokens")
+
+    return _load_faster(target, draft, key, rate, draft_dtype=draft_dtype, compile=compile)
+
+
+def _load_faster(target: str, draft: str, key: str, rate: Callable[[torch.nn.Module, list[Any], Any], Candidate],
+                 *, draft_dtype: str | None, compile: bool | str) -> tuple[torch.nn.Module, Any, list[Any]]:
+    """The pair with the target in whichever rendering ``rate`` gives the fewer seconds (its floating ``auto``
+    precision, or int4 on the file's own blocks where the file holds them), the decision cached under ``key``."""
+    path, record = cache_root() / PRECISION_DECISIONS, _cached(key)
     if record is not None:
         model, tok, drafts = load_pair(target, [draft], target_dtype=record["precision"], draft_dtype=draft_dtype,
                                        compile=compile)
@@ -105,11 +153,11 @@ def load_pair_tuned(target: str, draft: str, *, draft_dtype: str | None = None, 
     model, tok, drafts = load_pair(target, [draft], target_dtype="auto", draft_dtype=draft_dtype, compile=compile)
     if isinstance(drafts[0], CrossDraft):
         return model, tok, drafts
-    best = rate(model, drafts[0], tok, temperature)
+    best = rate(model, drafts, tok)
     candidates = {best.precision: best}
     other, _ = load(target, dtype=INT4, role="target")
     if other.treespec_precision.get("file_blocks", {}).get("exact", 0):  # the file holds 4-bit blocks
-        rated = rate(other, drafts[0], tok, temperature)
+        rated = rate(other, drafts, tok)
         candidates[rated.precision] = rated
         if rated.seconds_per_token < best.seconds_per_token:
             model, best = other, rated

@@ -5,7 +5,10 @@ The shipped files (``treespec/data/acceptance-qwen2.5-coder-t{0,1}.json``) are w
 drawn at random from 0-99 (the evaluations use prompts from 100 on), 96 tokens each, bfloat16 target
 and int8 draft, 8 proposals per position (``experiments/calibrate_default.py``); beside them, the same walks
 with the int4 draft (``...-t0-int4.json``, ``...-t1-int4.json``), which runs drafting in int4 are sized and
-predicted with.
+predicted with. The ``...-chat-t{0,1}[-int4].json`` files are the same walks over 40 ShareGPT first turns in the
+chat template (drawn from the set's first 100; ``experiments/calibrate_default.py --dataset sharegpt``): what runs
+of prompts in the chat template (``treespec generate --chat``) are sized and predicted with. A chat reply accepts
+less than code, and a tree sized from code's rows speculates where chat does not pay.
 """
 
 from __future__ import annotations
@@ -18,34 +21,39 @@ from typing import Any
 from tree_builders import acceptance_rows
 
 
-def shipped_file(temperature: float, draft_precision: str | None = None) -> str:
+def shipped_file(temperature: float, draft_precision: str | None = None, chat: bool = False) -> str:
     """The shipped acceptance for this temperature (a path inside the package): the walk with the draft in
     ``draft_precision`` where one was shipped (``...-t0-int4.json``: the draft precision changes what the draft
-    proposes, hence the tau a tree gets), else the int8 draft's."""
-    base = f"data/acceptance-qwen2.5-coder-t{0 if temperature == 0 else 1}"
-    if draft_precision and draft_precision != "int8":
-        own = f"{base}-{draft_precision}.json"
-        if resources.files("treespec").joinpath(own).is_file():
-            return own
-    return f"{base}.json"
+    proposes, hence the tau a tree gets), else the int8 draft's. ``chat``: the walks over chat prompts in the chat
+    template (``...-chat-t0.json``), in the draft's precision where shipped, else the int8 draft's (the prompts
+    change the tau far more than the draft's precision), else code's."""
+    files = resources.files("treespec")
+    t = 0 if temperature == 0 else 1
+    own = draft_precision and draft_precision != "int8"
+    candidates = [f"data/acceptance-qwen2.5-coder-{kind}t{t}{suffix}.json"
+                  for kind in (("chat-", "") if chat else ("",))
+                  for suffix in ((f"-{draft_precision}", "") if own else ("",))]
+    return next((c for c in candidates if files.joinpath(c).is_file()), candidates[-1])
 
 
-def _text(path: str | Path | None, temperature: float, draft_precision: str | None = None) -> tuple[str, str]:
-    """(where, text) of the acceptance file at ``path``, or of the one shipped for this temperature and draft
-    precision (:func:`shipped_file`)."""
+def _text(path: str | Path | None, temperature: float, draft_precision: str | None = None,
+          chat: bool = False) -> tuple[str, str]:
+    """(where, text) of the acceptance file at ``path``, or of the one shipped for this temperature, draft
+    precision and prompts (:func:`shipped_file`)."""
     if path is None:
-        where = shipped_file(temperature, draft_precision)
+        where = shipped_file(temperature, draft_precision, chat)
         return where, resources.files("treespec").joinpath(where).read_text()
     return str(path), Path(path).read_text()
 
 
-def calibration_walk(path: str | Path | None, temperature: float, draft_precision: str | None = None) -> Any:
-    """The measurement in ``path`` (else the shipped one at this temperature and draft precision) as a
-    ``MeasuredAcceptance`` when it keeps its walk's ranks (what a tuned run's prediction replays,
-    ``treespec.calibrate.tuning.Tuned``); None for a file without them (a bare vector, or one written before the
-    ranks were kept)."""
+def calibration_walk(path: str | Path | None, temperature: float, draft_precision: str | None = None,
+                     chat: bool = False) -> Any:
+    """The measurement in ``path`` (else the one shipped for this temperature, draft precision and prompts,
+    :func:`shipped_file`) as a ``MeasuredAcceptance`` when it keeps its walk's ranks (what a tuned run's prediction
+    replays, ``treespec.calibrate.tuning.Tuned``); None for a file without them (a bare vector, or one written
+    before the ranks were kept)."""
     try:
-        saved = _parsed(*_text(path, temperature, draft_precision))
+        saved = _parsed(*_text(path, temperature, draft_precision, chat))
     except ValueError:
         return None  # default_acceptance says what is wrong with the file
     return _walk(saved)
@@ -71,14 +79,15 @@ def _walk(saved: Any) -> Any:
 
 
 def default_acceptance(path: str | Path | None, temperature: float, per_depth: bool = True,
-                       draft_precision: str | None = None) -> list:
+                       draft_precision: str | None = None, chat: bool = False) -> list:
     """The acceptance in ``path`` (JSON from ``treespec accept``), else the one shipped for the built-in
-    Qwen2.5-Coder pair at this temperature and draft precision (:func:`shipped_file`): its per-depth matrix
+    Qwen2.5-Coder pair at this temperature and draft precision, code's or, with ``chat``, chat's
+    (:func:`shipped_file`): its per-depth matrix
     (row ``d``: acceptance given that the walk reached depth ``d + 1``, what the Sequoia DP then sizes trees
     with), or with ``per_depth=False`` or in a file without one, its positional vector (Sequoia's published
     model). Refused, with the file named, unless it holds probabilities in [0, 1] whose rows sum to at most 1
     (``tree_builders.acceptance_rows``)."""
-    where, text = _text(path, temperature, draft_precision)
+    where, text = _text(path, temperature, draft_precision, chat)
     return _rows(where, _parsed(where, text), per_depth)
 
 
@@ -96,15 +105,16 @@ def _rows(where: str, saved: Any, per_depth: bool) -> list:
 
 
 def acceptance_for_draft(path: str | Path | None, temperature: float, draft: Any,
-                         per_depth: bool = True) -> tuple[list, Any]:
+                         per_depth: bool = True, chat: bool = False) -> tuple[list, Any]:
     """What a run drafting with ``draft`` is sized and predicted with: the acceptance rows
     (:func:`default_acceptance`) and the calibration walk (:func:`calibration_walk`) in ``path``, else the
-    shipped ones of the draft's precision (a draft of another tokenizer, not a model: the int8 draft's)."""
+    shipped ones of the draft's precision (a draft of another tokenizer, not a model: the int8 draft's), chat's
+    for prompts in the chat template (``chat``)."""
     import torch
 
     from ..models.precision import precision_of
 
     precision = precision_of(draft) if isinstance(draft, torch.nn.Module) else None
-    where, text = _text(path, temperature, precision)
+    where, text = _text(path, temperature, precision, chat)
     saved = _parsed(where, text)  # one read and parse for both
     return _rows(where, saved, per_depth), _walk(saved)
