@@ -99,3 +99,22 @@ def test_commit_keeps_exactly_the_path(family):
         logits = forward_masked(model, cache, torch.tensor(nxt), torch.arange(n, n + 3), causal_allowed(n, 3))
         ref = model(torch.tensor([committed + nxt])).logits[0, -3:]
         torch.testing.assert_close(logits, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows, copied", [([5, 6, 7], False), ([5], False), ([5, 7], True), ([6, 7], True)])
+def test_rows_already_in_place_are_kept_without_a_copy(rows, copied):
+    """``keep(prefix, rows)`` with rows right after the prefix (a chain's accepted path; plain decoding's token)
+    moves the prefix past them and copies nothing; any other rows are gathered (control); either way the cache
+    holds the prefix and then those rows, in order."""
+    cache = TreeCache()
+    k, v = torch.randn(1, 2, 9, 4), torch.randn(1, 2, 9, 4)
+    cache.update(k.clone(), v.clone(), 0)
+    writes: list[int] = []
+    layer = cache.layers[0]
+    real = layer.keep
+    layer.keep = lambda prefix, kept: writes.append(kept.numel()) or real(prefix, kept)
+    cache.keep(5, np.array(rows))
+    assert cache.length == 5 + len(rows) and (writes[0] > 0) == copied
+    expected = [*range(5), *rows]
+    assert torch.equal(cache.layers[0].keys[0], k[0][:, expected]) and torch.equal(cache.layers[0].values[0],
+                                                                                  v[0][:, expected])

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Sequence
 
+import numpy as np
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
@@ -116,6 +117,9 @@ class TreeCache(Cache):
     def keep_rows(self, prefixes: Sequence[int], rows: Sequence[torch.Tensor | list[int]]) -> None:
         """:meth:`keep` per batch row: row ``b`` keeps ``[0, prefixes[b])`` then ``rows[b]`` (one prefix and one
         index for a batch of one apply to every row; see ``TreeKVLayer.keep_rows``)."""
+        # rows already in place (a chain's accepted path, plain decoding's one token: the first rows after the prefix)
+        # are kept by moving the prefix past them, with no copy (two per layer per step otherwise)
+        prefixes, rows = zip(*(_in_place(p, r) for p, r in zip(prefixes, rows)))
         on: dict[torch.device, list[torch.Tensor]] = {}
         for layer in self.layers:
             if not layer.is_initialized:
@@ -137,6 +141,17 @@ class TreeCache(Cache):
             if layer.is_initialized:
                 layer.select(index.setdefault(layer.device, torch.tensor(list(batch_rows), dtype=torch.long,
                                                                      device=layer.device)))
+
+
+def _in_place(prefix: int, rows: torch.Tensor | Sequence[int]) -> tuple[int, torch.Tensor | Sequence[int]]:
+    """``(prefix, rows)`` to keep, as ``(prefix + len(rows), ())`` when ``rows`` are the rows right after ``prefix``
+    already (read on the host only: a device index is kept as given)."""
+    if isinstance(rows, torch.Tensor) and rows.device.type != "cpu":
+        return prefix, rows
+    index = np.asarray(rows, dtype=np.int64)
+    if index.size and np.array_equal(index, np.arange(prefix, prefix + index.size)):
+        return prefix + int(index.size), ()
+    return prefix, rows
 
 
 class RowsCache(TreeCache):
