@@ -76,3 +76,30 @@ def test_a_draft_precision_with_a_walk_of_its_own_is_predicted_with_it():
     assert walk.meta["draft_precision"] == "int4" and walk.meta["context"].endswith("(walk)") and len(walk.ranks) == 40
     rows = np.asarray(default_acceptance(None, 0.0, draft_precision="int4"))
     assert np.allclose(rows, walk.matrix) and not np.allclose(rows, default_acceptance(None, 0.0))
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("precision", ["int4", "int8"])
+def test_chat_runs_are_sized_from_a_walk_over_chat_turns(temperature, precision):
+    """Prompts in the chat template (``--chat``) are sized and predicted with the walk shipped for them: 40 ShareGPT
+    first turns from 1000-1099 (no benchmark's turn) in the chat template, in the draft's precision as for code. Chat
+    accepts less than code, the reason it ships: code's rows sized chat runs that then lost to the target alone."""
+    from treespec.calibrate.vectors import calibration_walk, shipped_file
+
+    suffix = "" if precision == "int8" else "-int4"
+    assert shipped_file(temperature, precision, chat=True) == (
+        f"data/acceptance-qwen2.5-coder-chat-t{int(temperature)}{suffix}.json")
+    walk = calibration_walk(None, temperature, precision, chat=True)
+    code = calibration_walk(None, temperature, precision)
+    ids = CALIBRATE["calibration_prompts"](40, 0, 1000)
+    assert walk.meta["prompts_label"] == f"sharegpt{ids} (random, seed 0, from 1000-1099) in the chat template"
+    assert walk.meta["draft_precision"] == precision and walk.meta["mode"] == code.meta["mode"]
+    assert walk.meta["context"].endswith("(walk)") and len(walk.ranks) == 40 and len(walk.confidence) == 40
+    assert walk.vector[0] < code.vector[0] - 0.05  # the draft's first choice: accepted less often in chat
+    rows = np.asarray(default_acceptance(None, temperature, draft_precision=precision, chat=True))
+    assert np.allclose(rows, walk.matrix)
+    assert shipped_file(temperature, "bfloat16", chat=True) == shipped_file(temperature, chat=True)  # int8's
+    args = ["generate", "--prompt", "x", "--temperature", str(temperature)]
+    chat = recipe_from_args(build_parser().parse_args([*args, "--chat"])).acceptance
+    assert np.allclose(chat, default_acceptance(None, temperature, chat=True))  # the CLI's --chat sizes with them
+    assert not np.allclose(chat, recipe_from_args(build_parser().parse_args(args)).acceptance)  # code's otherwise
