@@ -201,8 +201,9 @@ def _generate(sub) -> None:
 
 def add_chat_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chat", action="store_true",
-                   help="wrap each prompt in the tokenizer's chat template as a user turn (measure acceptance with "
-                        "--chat too when you generate with it: a template changes what the draft sees)")
+                   help="wrap each prompt in the tokenizer's chat template as a user turn (generate: a tuned tree is "
+                        "then sized from the acceptance shipped for chat turns, unless --acceptance is given; accept: "
+                        "measure with --chat what you will generate with it, a template changes what the draft sees)")
 
 
 def _demo(sub) -> None:
