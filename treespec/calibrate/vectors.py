@@ -6,7 +6,7 @@ drawn at random from 0-99 (the evaluations use prompts from 100 on), 96 tokens e
 and int8 draft, 8 proposals per position (``experiments/calibrate_default.py``); beside them, the same walks
 with the int4 draft (``...-t0-int4.json``, ``...-t1-int4.json``), which runs drafting in int4 are sized and
 predicted with. The ``...-chat-t{0,1}[-int4].json`` files are the same walks over 40 ShareGPT first turns in the
-chat template (drawn from the set's first 100; ``experiments/calibrate_default.py --dataset sharegpt``): what runs
+chat template (drawn from turns 1000-1099; ``experiments/calibrate_default.py --dataset sharegpt``): what runs
 of prompts in the chat template (``treespec generate --chat``) are sized and predicted with. A chat reply accepts
 less than code, and a tree sized from code's rows speculates where chat does not pay.
 """
