@@ -26,18 +26,20 @@ from .cli_parser import build_parser
 from .common.files import check_writable
 from .core.linear_layout import layout_of
 from .models.pair import CrossDraft, eos_ids, load_pair
-from .recipes import NGramSettings, Recipe, draft_mode, plan, run
+from .recipes import NGramSettings, Recipe, default_budget, draft_mode, plan, run
 
 T = TypeVar("T")
 
 
-def load_models(args: argparse.Namespace, want_draft: bool = True, tuned_target: bool = False):
+def load_models(args: argparse.Namespace, want_draft: bool = True, tuned_target: bool = False,
+                tree_size: int | None = None):
     """Target, its tokenizer and the draft models the options ask for (default draft unless none is wanted).
     ``tuned_target`` (the commands that run the pair: generate, demo): a GGUF target in ``auto`` precision on a CPU
     with one draft runs in bfloat16 or on its file's own 4-bit blocks (``treespec.calibrate.target_precision``):
     with a tuned tree (no ``--budget``, a Sequoia tree, no n-gram drafter) the one whose tuned tree is predicted
-    fastest here; with a set tree size (``--budget``, 1 for plain decoding, or ``--paths``) the one that forwards that
-    many tokens faster. Elsewhere ``auto`` keeps the floating precision one forward measures fastest."""
+    fastest here; with a set ``tree_size`` (the recipe's ``--budget``, 1 for plain decoding, or its ``--paths``
+    tree's size) the one that forwards that many tokens faster. Elsewhere ``auto`` keeps the floating precision one
+    forward measures fastest."""
     from .models import DEFAULT_DRAFT
 
     names = args.draft if args.draft else ([DEFAULT_DRAFT] if want_draft else [])
@@ -49,18 +51,11 @@ def load_models(args: argparse.Namespace, want_draft: bool = True, tuned_target:
             return target_precision.load_pair_tuned(args.target, names[0], draft_dtype=draft_dtype, compile=compile,
                                                     temperature=getattr(args, "temperature", 0.0),
                                                     chat=getattr(args, "chat", False))
-        size = args.budget if getattr(args, "budget", None) is not None else _paths_size(args)
-        if size is not None:
-            return target_precision.load_pair_sized(args.target, names[0], tree_size=size, draft_dtype=draft_dtype,
-                                                    compile=compile)
+        if tree_size is not None:
+            return target_precision.load_pair_sized(args.target, names[0], tree_size=tree_size,
+                                                    draft_dtype=draft_dtype, compile=compile)
     return load_pair(args.target, names, device=args.device, target_dtype=args.dtype, draft_dtype=draft_dtype,
                      compile=compile)
-
-
-def _paths_size(args: argparse.Namespace) -> int | None:
-    """The size (root included) of the static tree ``--paths`` gives, None without one."""
-    paths = read_paths(getattr(args, "paths", None), getattr(args, "tree", None))
-    return None if paths is None else len(paths) + 1
 
 
 def recipe_from_args(args: argparse.Namespace, with_model: bool = True) -> Recipe:
@@ -129,7 +124,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if not todo:
         print(f"all {len(prompts)} prompts are in {args.out} already", file=sys.stderr)
         return 0
-    target, tok, drafts = load_models(args, want_draft, tuned_target=True)
+    set_size = recipe.budget if recipe.budget is not None or recipe.paths is None else default_budget(recipe)
+    target, tok, drafts = load_models(args, want_draft, tuned_target=True, tree_size=set_size)
     # an empty prompt is refused before anything is measured
     encoded = encode_all(tok, [prompts[i] for i in todo], args.chat)
     resolved = _resolve(args, recipe, target, tok, drafts, len(todo))
