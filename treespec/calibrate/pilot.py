@@ -23,8 +23,8 @@ Here such a recipe is measured instead, once per machine (cached):
    the target's latency curve for ``n`` tree tokens (``treespec.models.timing.measure_latency``);
    ``engine``: the pilot's engine seconds per step. Other recipes are predicted at their own depth
    only (the pilot's tau and seconds per step). Prefill is charged to both sides the same way: ``N``
-   new tokens take ``prefill + N time(d) / tau(d)`` against ``prefill_plain + N plain``, where
-   ``plain`` is the target alone's seconds per token.
+   new tokens take ``prefill + N time(d) / tau(d)`` against ``prefill_plain + (N - 1) plain``, where
+   ``plain`` is the target alone's seconds per token (its prefill gives the first token, as HF's does).
 3. **Choice.** The depth with the highest predicted speedup when it reaches :data:`MARGIN`,
    otherwise plain decoding (budget 1): a default must not lose to the target alone.
 """
@@ -111,7 +111,7 @@ def _t(latency: dict[int, float], n: int) -> float:
 def predict(p: Pilot, tokens: int) -> list[Prediction]:
     """Predicted tau, seconds per step and speedup for plain decoding (depth 0), every depth
     ``1..D`` of a chain recipe, or the recipe's own depth otherwise (module docstring, step 2)."""
-    plain_run = p.plain_prefill_per_prompt + tokens * p.plain_per_token
+    plain_run = p.plain_prefill_per_prompt + (tokens - 1) * p.plain_per_token  # its prefill gives the first token
     out = [Prediction(0, 1.0, p.plain_per_token, 1.0)]
     if p.steps == 0:
         return out
@@ -165,12 +165,13 @@ def run_pilot(generate_spec: Generate, generate_plain: Generate, target: torch.n
     latency = measure_latency(target, sorted({1, *range(2, depth + 2, max(1, depth // 4))} | {depth + 1}),
                               repeats=2)
     steps, n = max(spec.steps, 1), len(prompts)
+    forwards = max(plain.steps - n, 1)  # plain decoding's first token per prompt comes with its prefill
     return Pilot(depth=depth, chain=chain, steps=spec.steps, uncut_steps=uncut, tau=spec.tau_uncut or spec.tau,
                  survival=survival, draft_per_step=spec.drafting_seconds / steps,
                  verify_per_step=spec.verifying_seconds / steps, engine_per_step=spec.overhead_seconds / steps,
                  prefill_per_prompt=spec.prefill_seconds / n,
-                 plain_per_token=(plain.verifying_seconds + plain.overhead_seconds) / max(plain.steps, 1),
-                 plain_verify_per_token=plain.verifying_seconds / max(plain.steps, 1),
+                 plain_per_token=(plain.verifying_seconds + plain.overhead_seconds) / forwards,
+                 plain_verify_per_token=plain.verifying_seconds / forwards,
                  plain_prefill_per_prompt=plain.prefill_seconds / n, latency=latency,
                  mean_tree_size=spec.mean_tree_size)
 

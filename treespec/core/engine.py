@@ -36,16 +36,28 @@ class EagerStep(HostDrafted, HostAcceptance):
     def __init__(self, req: Request, gen: torch.Generator) -> None:
         self.req, self.gen, self.width = req, gen, req.budget
         self.cache = TreeCache()
+        #: the root's logits when the prefill forwarded the root itself (plain decoding's first step)
+        self.root_logits: torch.Tensor | None = None
 
     def prefill(self, prompt: list[int], clock: Clock) -> None:
-        if len(prompt) > 1:
+        # Plain decoding's prefill takes the prompt's last token too and keeps its logits for the first step, as
+        # HF's prefill emits the first token: one target forward fewer per generation than caching prompt[:-1]
+        # and forwarding the root alone (1/N of an N-token run). A speculating step forwards the root with its
+        # tree, which costs the same forward either way.
+        whole = not self.req.speculating
+        ids = prompt if whole else prompt[:-1]
+        if ids:
             device = self.req.device
-            ids = torch.tensor(prompt[:-1], device=device)
-            forward_masked(self.req.target, self.cache, ids, torch.arange(len(ids), device=device),
-                           causal_allowed(0, len(ids), device), logits_to_keep=1)
+            logits = forward_masked(self.req.target, self.cache, torch.tensor(ids, device=device),
+                                    torch.arange(len(ids), device=device), causal_allowed(0, len(ids), device),
+                                    logits_to_keep=1)
+            self.root_logits = logits if whole else None
         self.prefill_drafters(prompt)
 
     def verify(self, tree: TokenTree, flat: FlatTree, clock: Clock) -> tuple[list[int], int]:
+        if self.root_logits is not None:  # the root is cached and its logits held: the tree is the root alone
+            logits, self.root_logits = self.root_logits, None
+            return self.accept(tree, flat, logits)
         past = self.cache.length
         logits = self.forward(flat, clock)
         path, extra = self.accept(tree, flat, logits)

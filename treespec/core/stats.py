@@ -46,7 +46,7 @@ class Stats:
     (``treespec.core.step.Clock``: no wait for the device per section) and add up to the same wall time.
     """
 
-    steps: int = 0  # target forwards over a token tree (the prefill is not counted)
+    steps: int = 0  # trees verified (the prefill is not counted; plain decoding's first by the prefill's forward)
     new_tokens: int = 0
     accepted_hist: list[int] = field(default_factory=list)  # [k] = steps that emitted k drafted tokens
     tree_sizes: list[int] = field(default_factory=list)  # tokens verified per step, root included

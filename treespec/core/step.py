@@ -85,7 +85,8 @@ class Step(Protocol):
     width: int | None
 
     def prefill(self, prompt: list[int], clock: Clock) -> None:
-        """Cache ``prompt[:-1]`` (a step may defer it to its first :meth:`advance`)."""
+        """Cache ``prompt[:-1]`` (a step may defer it to its first :meth:`advance`; the eager step's plain decoding
+        caches the whole prompt and keeps the last token's logits for its first step)."""
 
     def advance(self, committed: list[int], remaining: int, clock: Clock) -> tuple[TokenTree, list[int], int, bool]:
         """Draft, verify and commit one tree after ``committed`` (``remaining`` tokens still wanted):
