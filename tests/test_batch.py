@@ -85,6 +85,26 @@ def test_sampled_rows_equal_each_prompt_alone_with_the_rows_seed(verifier, mode,
             assert row.new_tokens == alone.new_tokens and row.stats.step_tokens == alone.stats.step_tokens
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_plain_batch_rows_take_their_first_token_from_the_prefill(temperature):
+    """Plain decoding of a batch: the prefill's forward takes each prompt's last token and gives each row's first
+    token (as ``EagerStep``'s does alone): N tokens in N target forwards; each row as its prompt alone, sampled
+    ones with the row's seed."""
+    target, _ = tiny_pair("qwen2")
+    calls = []
+    hook = target.register_forward_hook(lambda *_: calls.append(1))
+    try:
+        out = treespec.generate(target, PROMPTS, max_new_tokens=6, temperature=temperature, seed=5)
+    finally:
+        hook.remove()
+    assert len(calls) == 6 and out.forwards == 6 == max(r.stats.steps for r in out.rows)
+    for r, (prompt, row) in enumerate(zip(PROMPTS, out.rows)):
+        alone = treespec.generate(target, prompt, max_new_tokens=6, temperature=temperature, seed=row_seed(5, r))
+        assert row.new_tokens == alone.new_tokens and len(row.new_tokens) == 6
+        if temperature == 0.0:
+            assert row.new_tokens == greedy_reference(target, prompt, 6)
+
+
 def test_a_list_of_seeds_gives_each_row_its_own():
     """``seed=[s0, s1, ...]``: row ``r`` decodes as its prompt alone with seed ``s_r`` (what a measurement that
     seeds each prompt by itself batches)."""

@@ -30,7 +30,7 @@ from .request import Request
 from .sampling import spread_seed
 from .stats import SECTIONS, GenerateOutput, Progress, Stats
 from .step import Clock, draft_tree, wants_drafts
-from .tree import TokenTree, flatten
+from .tree import FlatTree, TokenTree, flatten
 
 @dataclass
 class BatchOutput:
@@ -38,7 +38,8 @@ class BatchOutput:
 
     rows: list[GenerateOutput]
     stats: Stats  # the rows' counts pooled; seconds: the batch's sections, once
-    forwards: int  # target forwards over trees (each verified every row still in the batch)
+    forwards: int  # batch steps: trees verified, each for every row still in the batch (plain decoding's first
+    # by the prefill's forward)
     row_seconds: list[float]  # per row: seconds from the start until it finished
 
     @property
@@ -80,6 +81,8 @@ class BatchEagerStep:
         self.target, self.device, self.vocab = reqs[0].target, reqs[0].device, reqs[0].vocab
         self.acceptance = [HostAcceptance(req, gen) for req, gen in zip(reqs, gens)]  # by row
         self.cache = RowsCache(len(reqs))
+        #: each row's root logits ``[1, V]`` when the prefill forwarded the roots (plain decoding's first step)
+        self.root_logits: dict[int, torch.Tensor] | None = None
         #: drafter index -> the rows' shared draft cache, for drafters that draft in forwards
         self.draft_caches: dict[int, RowsCache] = {}
         for i, d in enumerate(reqs[0].drafters):
@@ -90,13 +93,17 @@ class BatchEagerStep:
 
     def prefill(self, prompts: Sequence[list[int]], clock: Clock) -> None:
         """Cache each prompt but its last token, in the target and in each drafter that drafts in forwards (every
-        row's pass in one forward of its model: ``Drafter.prefilling``)."""
-        asks = {row: Forward(torch.tensor(p[:-1], device=self.device), torch.arange(len(p) - 1, device=self.device),
-                             causal_allowed(0, len(p) - 1), last=True)
-                for row, p in enumerate(prompts) if len(p) > 1}
-        if asks:
-            self.cache.forward(self.target, asks)
+        row's pass in one forward of its model: ``Drafter.prefilling``). Plain decoding caches the whole prompts
+        and keeps their last logits for the first step, as ``EagerStep.prefill`` does (one forward fewer)."""
         reqs = [a.req for a in self.acceptance]
+        whole = not reqs[0].speculating  # every row has the same drafters and budget
+        cached = [p if whole else p[:-1] for p in prompts]
+        asks = {row: Forward(torch.tensor(c, device=self.device), torch.arange(len(c), device=self.device),
+                             causal_allowed(0, len(c)), last=True)
+                for row, c in enumerate(cached) if c}
+        if asks:
+            logits = self.cache.forward(self.target, asks)
+            self.root_logits = logits if whole else None
         for i, shared in self.draft_caches.items():
             coroutines = {row: c for row, (req, p) in enumerate(zip(reqs, prompts))
                           if req.speculating and (c := req.drafters[i].prefilling(p)) is not None}
@@ -111,6 +118,20 @@ class BatchEagerStep:
                    for row, run in runs.items()}
         flats = {row: flatten(tree) for row, (tree, _) in drafted.items()}
         committed = {row: self.cache.length_of(row) for row in flats}  # the tree's slots follow them
+        held, self.root_logits = self.root_logits, None  # held: every tree is its root alone, already cached
+        logits = held if held is not None else self.forward_trees(flats, committed, clock)
+        accepted = accept_rows([(self.acceptance[row], tree, flats[row], logits[row])
+                                for row, (tree, _) in drafted.items()])
+        out = {row: (tree, path, extra, capped)
+               for (row, (tree, capped)), (path, extra) in zip(drafted.items(), accepted)}
+        if held is None:
+            self.cache.keep_each({row: (committed[row], committed[row] + flats[row].index[path])
+                                  for row, (_, path, _, _) in out.items()})
+        return out
+
+    def forward_trees(self, flats: dict[int, FlatTree], committed: dict[int, int], clock: Clock
+                      ) -> dict[int, torch.Tensor]:
+        """One target forward over every row's flattened tree after its ``committed`` rows: logits by row."""
         asks = {}
         for row, flat in flats.items():
             allowed = torch.ones(len(flat), committed[row] + len(flat), dtype=torch.bool)
@@ -120,13 +141,7 @@ class BatchEagerStep:
         clock.charge("overhead")
         logits = self.cache.forward(self.target, asks)
         clock.charge("verifying")
-        accepted = accept_rows([(self.acceptance[row], tree, flats[row], logits[row])
-                                for row, (tree, _) in drafted.items()])
-        out = {row: (tree, path, extra, capped)
-               for (row, (tree, capped)), (path, extra) in zip(drafted.items(), accepted)}
-        self.cache.keep_each({row: (committed[row], committed[row] + flats[row].index[path])
-                              for row, (_, path, _, _) in out.items()})
-        return out
+        return logits
 
     def propose(self, runs: dict[int, Progress]) -> dict[int, list[DraftProposals]]:
         """Every row's proposals, in its drafters' order; a row that wants none gets none."""
