@@ -81,8 +81,8 @@ def _forwards(model):
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_plain_decoding_forwards_the_target_once_per_token(target, temperature):
     """Plain decoding's prefill takes the prompt's last token and its logits give the first token, as HF's do: N
-    tokens in N target forwards, prefill included. Control: a speculating run's first tree forwards the root, so
-    its target runs the prefill and one forward per step."""
+    tokens in N target forwards, prefill included. Control: a speculating run's every tree needs a forward (the
+    first one's of the nodes below the root), so its target runs the prefill and one forward per step."""
     draft = tiny_model("llama", vocab=64, hidden=64, scale=6, seed=3)
     calls, hook = _forwards(target)
     try:

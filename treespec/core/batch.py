@@ -24,7 +24,7 @@ import torch
 from . import checks
 from .drafting import DraftProposals, Drafter, Drafting, Forward, checked
 from .buffers import Envelope
-from .kv import RowCache, RowsCache, causal_allowed
+from .kv import RowCache, RowsCache, causal_allowed, kept_rows, tree_inputs
 from .padded import HostAcceptance, accept_rows
 from .request import Request
 from .sampling import spread_seed
@@ -81,7 +81,7 @@ class BatchEagerStep:
         self.target, self.device, self.vocab = reqs[0].target, reqs[0].device, reqs[0].vocab
         self.acceptance = [HostAcceptance(req, gen) for req, gen in zip(reqs, gens)]  # by row
         self.cache = RowsCache(len(reqs))
-        #: each row's root logits ``[1, V]`` when the prefill forwarded the roots (plain decoding's first step)
+        #: each row's root logits ``[1, V]`` from the prefill, until the first step
         self.root_logits: dict[int, torch.Tensor] | None = None
         #: drafter index -> the rows' shared draft cache, for drafters that draft in forwards
         self.draft_caches: dict[int, RowsCache] = {}
@@ -92,18 +92,13 @@ class BatchEagerStep:
                     req.drafters[i].cache = RowCache(shared, row)
 
     def prefill(self, prompts: Sequence[list[int]], clock: Clock) -> None:
-        """Cache each prompt but its last token, in the target and in each drafter that drafts in forwards (every
-        row's pass in one forward of its model: ``Drafter.prefilling``). Plain decoding caches the whole prompts
-        and keeps their last logits for the first step, as ``EagerStep.prefill`` does (one forward fewer)."""
+        """Cache each prompt, its last token's logits kept for the row's first step (as ``EagerStep.prefill``), in
+        the target, and each prompt but its last token in each drafter that drafts in forwards (every row's pass in
+        one forward of its model: ``Drafter.prefilling``)."""
+        asks = {row: Forward(torch.tensor(p, device=self.device), torch.arange(len(p), device=self.device),
+                             causal_allowed(0, len(p)), last=True) for row, p in enumerate(prompts)}
+        self.root_logits = self.cache.forward(self.target, asks)
         reqs = [a.req for a in self.acceptance]
-        whole = not reqs[0].speculating  # every row has the same drafters and budget
-        cached = [p if whole else p[:-1] for p in prompts]
-        asks = {row: Forward(torch.tensor(c, device=self.device), torch.arange(len(c), device=self.device),
-                             causal_allowed(0, len(c)), last=True)
-                for row, c in enumerate(cached) if c}
-        if asks:
-            logits = self.cache.forward(self.target, asks)
-            self.root_logits = logits if whole else None
         for i, shared in self.draft_caches.items():
             coroutines = {row: c for row, (req, p) in enumerate(zip(reqs, prompts))
                           if req.speculating and (c := req.drafters[i].prefilling(p)) is not None}
@@ -118,27 +113,30 @@ class BatchEagerStep:
                    for row, run in runs.items()}
         flats = {row: flatten(tree) for row, (tree, _) in drafted.items()}
         committed = {row: self.cache.length_of(row) for row in flats}  # the tree's slots follow them
-        held, self.root_logits = self.root_logits, None  # held: every tree is its root alone, already cached
-        logits = held if held is not None else self.forward_trees(flats, committed, clock)
+        held, self.root_logits = self.root_logits, None  # the first step: each root cached, its logits held
+        logits = self.forward_trees(flats, committed, held is not None, clock)
+        if held is not None:
+            logits = {row: torch.cat([held[row], logits[row]]) if row in logits else held[row] for row in flats}
         accepted = accept_rows([(self.acceptance[row], tree, flats[row], logits[row])
                                 for row, (tree, _) in drafted.items()])
         out = {row: (tree, path, extra, capped)
                for (row, (tree, capped)), (path, extra) in zip(drafted.items(), accepted)}
-        if held is None:
-            self.cache.keep_each({row: (committed[row], committed[row] + flats[row].index[path])
-                                  for row, (_, path, _, _) in out.items()})
+        self.cache.keep_each({row: (committed[row], kept_rows(flats[row], path, committed[row], held is not None))
+                              for row, (_, path, _, _) in out.items()})
         return out
 
-    def forward_trees(self, flats: dict[int, FlatTree], committed: dict[int, int], clock: Clock
+    def forward_trees(self, flats: dict[int, FlatTree], committed: dict[int, int], root_cached: bool, clock: Clock
                       ) -> dict[int, torch.Tensor]:
-        """One target forward over every row's flattened tree after its ``committed`` rows: logits by row."""
+        """One target forward over every row's flattened tree after its ``committed`` rows (``root_cached``: the
+        nodes below each root, ``kv.tree_inputs``): logits by row; none when no row has a node to forward."""
         asks = {}
         for row, flat in flats.items():
-            allowed = torch.ones(len(flat), committed[row] + len(flat), dtype=torch.bool)
-            allowed[:, committed[row]:] = torch.from_numpy(flat.ancestors)
-            asks[row] = Forward(torch.from_numpy(flat.tokens).to(self.device),
-                                torch.from_numpy(committed[row] + flat.depth).to(self.device), allowed)
+            if len(flat) > root_cached:
+                ids, pos, allowed = tree_inputs(flat, committed[row], root_cached)
+                asks[row] = Forward(ids.to(self.device), pos.to(self.device), allowed)
         clock.charge("overhead")
+        if not asks:
+            return {}
         logits = self.cache.forward(self.target, asks)
         clock.charge("verifying")
         return logits

@@ -18,7 +18,7 @@ from . import checks
 from .batch import BatchOutput, generate_batch
 from .buffers import Envelope
 from .drafting import Drafter
-from .kv import TreeCache, causal_allowed, forward_masked
+from .kv import TreeCache, causal_allowed, forward_masked, kept_rows, tree_inputs
 from .padded import HostAcceptance
 from .request import Request
 from .stats import GenerateOutput, Progress
@@ -36,43 +36,38 @@ class EagerStep(HostDrafted, HostAcceptance):
     def __init__(self, req: Request, gen: torch.Generator) -> None:
         self.req, self.gen, self.width = req, gen, req.budget
         self.cache = TreeCache()
-        #: the root's logits when the prefill forwarded the root itself (plain decoding's first step)
+        #: the root's logits while the prefill's forward of the root is the only one (until the first step)
         self.root_logits: torch.Tensor | None = None
 
     def prefill(self, prompt: list[int], clock: Clock) -> None:
-        # Plain decoding's prefill takes the prompt's last token too and keeps its logits for the first step, as
-        # HF's prefill emits the first token: one target forward fewer per generation than caching prompt[:-1]
-        # and forwarding the root alone (1/N of an N-token run). A speculating step forwards the root with its
-        # tree, which costs the same forward either way.
-        whole = not self.req.speculating
-        ids = prompt if whole else prompt[:-1]
-        if ids:
-            device = self.req.device
-            logits = forward_masked(self.req.target, self.cache, torch.tensor(ids, device=device),
-                                    torch.arange(len(ids), device=device), causal_allowed(0, len(ids), device),
-                                    logits_to_keep=1)
-            self.root_logits = logits if whole else None
+        # The whole prompt, its last token's logits kept for the first step: the first token comes from the
+        # prompt's forward, as HF's prefill gives it (the same rows in one forward: where a kernel's numbers depend
+        # on the rows it gets, as the int4 target's wide-input twins do, HF's first token and treespec's agree).
+        # Plain decoding's first step then runs no forward (N tokens in N target forwards); a tree's first
+        # forward takes the nodes below the root.
+        device = self.req.device
+        ids = torch.tensor(prompt, device=device)
+        self.root_logits = forward_masked(self.req.target, self.cache, ids, torch.arange(len(ids), device=device),
+                                          causal_allowed(0, len(ids), device), logits_to_keep=1)
         self.prefill_drafters(prompt)
 
     def verify(self, tree: TokenTree, flat: FlatTree, clock: Clock) -> tuple[list[int], int]:
-        if self.root_logits is not None:  # the root is cached and its logits held: the tree is the root alone
-            logits, self.root_logits = self.root_logits, None
-            return self.accept(tree, flat, logits)
-        past = self.cache.length
-        logits = self.forward(flat, clock)
+        held, self.root_logits = self.root_logits, None
+        cached, past = held is not None, self.cache.length
+        logits = self.forward(flat, clock, root_cached=cached) if len(flat) > cached else None
+        if held is not None:
+            logits = held if logits is None else torch.cat([held, logits])
         path, extra = self.accept(tree, flat, logits)
-        self.cache.keep(past, past + flat.index[path])
+        self.cache.keep(past, kept_rows(flat, path, past, cached))
         return path, extra
 
-    def forward(self, flat: FlatTree, clock: Clock) -> torch.Tensor:
-        """The target over the flattened tree (written to the cache, not yet committed): logits ``[n, V]``."""
-        device, past = self.req.device, self.cache.length
-        allowed = torch.ones(len(flat), past + len(flat), dtype=torch.bool)
-        allowed[:, past:] = torch.from_numpy(flat.ancestors)
-        ids = torch.from_numpy(flat.tokens).to(device)
-        pos = torch.from_numpy(past + flat.depth).to(device)
+    def forward(self, flat: FlatTree, clock: Clock, root_cached: bool = False) -> torch.Tensor:
+        """The target over the flattened tree (written to the cache, not yet committed): logits ``[n, V]``
+        (``root_cached``: of the nodes below the root, ``kv.tree_inputs``)."""
+        device = self.req.device
+        ids, pos, allowed = tree_inputs(flat, self.cache.length, root_cached)
         clock.charge("overhead")
-        logits = forward_masked(self.req.target, self.cache, ids, pos, allowed)
+        logits = forward_masked(self.req.target, self.cache, ids.to(device), pos.to(device), allowed)
         clock.charge("verifying")
         return logits
 

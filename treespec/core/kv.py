@@ -21,6 +21,7 @@ from .attention import tree_forward
 
 if TYPE_CHECKING:
     from .drafting import Forward
+    from .tree import FlatTree
 
 
 class TreeKVLayer(DynamicLayer):
@@ -230,6 +231,25 @@ class RowCache:
 
     def keep(self, prefix: int, rows: torch.Tensor | list[int]) -> None:
         self.rows.keep_row(self.row, prefix, rows)
+
+
+def tree_inputs(flat: "FlatTree", past: int, root_cached: bool = False
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The token ids, positions and mask ``allowed`` (``[n, past + n]``) of a forward of ``flat`` after ``past``
+    cached rows, each node attending to every cached row and to its ancestors. ``root_cached``: the root is the
+    last cached row already (the prefill took it and holds its logits), so only the nodes below it go in."""
+    s = int(root_cached)
+    n = len(flat) - s
+    allowed = torch.ones(n, past + n, dtype=torch.bool)
+    allowed[:, past:] = torch.from_numpy(flat.ancestors[s:, s:])
+    return torch.from_numpy(flat.tokens[s:]), torch.from_numpy(past - s + flat.depth[s:]), allowed
+
+
+def kept_rows(flat: "FlatTree", path: Sequence[int], past: int, root_cached: bool = False) -> np.ndarray:
+    """The cache rows the accepted ``path`` (tree nodes, the root first) was written to by a forward of
+    :func:`tree_inputs`, to keep after the ``past`` committed rows (a cached root is among those already)."""
+    rows = past - int(root_cached) + flat.index[list(path)]
+    return rows[1:] if root_cached else rows
 
 
 def forward_masked(

@@ -85,8 +85,9 @@ class Step(Protocol):
     width: int | None
 
     def prefill(self, prompt: list[int], clock: Clock) -> None:
-        """Cache ``prompt[:-1]`` (a step may defer it to its first :meth:`advance`; the eager step's plain decoding
-        caches the whole prompt and keeps the last token's logits for its first step)."""
+        """Cache the prompt for the first :meth:`advance` (a step may defer it to then): the eager steps cache all of
+        it and keep its last token's logits for the first tree's root; the compiled steps cache ``prompt[:-1]`` and
+        forward the root with the first tree."""
 
     def advance(self, committed: list[int], remaining: int, clock: Clock) -> tuple[TokenTree, list[int], int, bool]:
         """Draft, verify and commit one tree after ``committed`` (``remaining`` tokens still wanted):
