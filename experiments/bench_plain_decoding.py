@@ -7,9 +7,9 @@ within minutes):
 * ``hf``: HF ``generate`` eager, greedy (its prefill gives the first token);
 * ``treespec``: ``treespec.generate(target, ids, budget=1)``: its prefill takes the prompt's last token too and
   its logits give the first token, as HF's do (``EagerStep.prefill``);
-* ``treespec-root-forwarded``: treespec as it decoded plainly before, reproduced through the public API: a drafter
-  that never proposes keeps the step speculating, so its prefill caches the prompt but its last token and every
-  step forwards the root alone (one forward more per generation).
+* ``treespec-root-forwarded``: treespec as it decoded plainly before, the eager step with its prefill as it was
+  (:class:`RootForwarded`): the prompt but its last token cached, the first step forwarding the root alone (one
+  forward more per generation, and the last prompt token's row and logits from a one-row forward).
 
 The figure is the paired speedup over HF (HF's seconds over the method's, summed over prompts and rounds) with a
 bootstrap 95% interval, and the seconds per token of each, prefill included. Greedy outputs are compared with HF's.
@@ -26,7 +26,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable
 
 import torch
 
@@ -35,29 +35,42 @@ from treespec.bench import intervals
 from treespec.bench.baselines import hf_generate
 from treespec.bench.datasets import DATASETS, dataset_prompts, encode_prompt, prompt_range
 from treespec.common.machine import machine
-from treespec.core.drafting import DraftProposals, Drafter
+from treespec.core.engine import EagerStep, decode
+from treespec.core.request import Request
+from treespec.core.step import Clock
 from treespec.models import DEFAULT_TARGET, load
 
 
-class NeverProposes(Drafter):
-    """A drafter with nothing to propose: the step stays a speculating one whose every tree is its root."""
+class RootForwarded(EagerStep):
+    """The eager step as it prefilled before d1eda19: the prompt but its last token, no logits held, so the first
+    step forwards the root (a drafter that never proposed reproduced it until c32f122, run for the committed
+    result at 9e03f75; since then a speculating step's prefill takes the whole prompt too)."""
 
-    def propose(self, context: Sequence[int]) -> DraftProposals:
-        return DraftProposals()
+    def prefill(self, prompt: list[int], clock: Clock) -> None:
+        if len(prompt) > 1:
+            super().prefill(prompt[:-1], clock)
+        self.root_logits = None
+
+
+def root_forwarded(target: torch.nn.Module, ids: list[int], n: int) -> list[int]:
+    """Plain greedy decoding of ``n`` tokens through :class:`RootForwarded`."""
+    req = Request.checked(target, ids, [], n, 0.0, 0, 1.0, None, 0, 1, None, "rrs", False)
+    return decode(req, RootForwarded(req, req.start())).new_tokens
 
 
 def methods(target: torch.nn.Module) -> dict[str, Callable[[list[int], int], tuple[list[int], float]]]:
     """name -> run(prompt ids, new tokens) -> (new tokens, seconds)."""
 
-    def timed(**kwargs) -> Callable[[list[int], int], tuple[list[int], float]]:
+    def timed(generate: Callable[[list[int], int], list[int]]) -> Callable[[list[int], int], tuple[list[int], float]]:
         def run(ids: list[int], n: int) -> tuple[list[int], float]:
             start = time.perf_counter()
-            out = treespec.generate(target, ids, max_new_tokens=n, **kwargs)
-            return out.new_tokens, time.perf_counter() - start
+            tokens = generate(ids, n)
+            return tokens, time.perf_counter() - start
         return run
 
-    return {"hf": lambda ids, n: hf_generate(target, ids, n), "treespec": timed(budget=1),
-            "treespec-root-forwarded": timed(drafters=[NeverProposes()])}
+    return {"hf": lambda ids, n: hf_generate(target, ids, n),
+            "treespec": timed(lambda ids, n: treespec.generate(target, ids, max_new_tokens=n, budget=1).new_tokens),
+            "treespec-root-forwarded": timed(lambda ids, n: root_forwarded(target, ids, n))}
 
 
 def report(records: list[dict], args: argparse.Namespace, command: str) -> str:
