@@ -238,3 +238,40 @@ def test_every_method_warms_up_on_the_longest_prompt_with_the_runs_token_count(t
     assert calls[:2] == [("hf", 30, 48), ("treespec", 30, 48)]
     assert calls[2:] == [(m, n, 48) for n in (5, 30, 9) for m in ("hf", "treespec")]
     assert {r["prompt"] for r in compare.read_records(compare.warmup_file(tmp_path / "results.jsonl"))} == {1}
+
+
+class ChatBytes(ByteTokenizer):
+    """A byte tokenizer with a chat template: a user turn becomes ``user: <text>\\nassistant:``."""
+
+    chat_template = "user: {content}\nassistant:"
+
+    def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=False, **kwargs):
+        text = self.chat_template.format(content=messages[0]["content"])
+        return self(text)["input_ids"] if tokenize else text
+
+    def __call__(self, text, add_special_tokens=True):
+        return super().__call__(text)
+
+
+def test_demo_chat_sends_sharegpt_turns_in_the_chat_template_sized_from_chats_acceptance(tmp_path, monkeypatch,
+                                                                                          capsys):
+    target = tiny_model("llama", vocab=128, hidden=64, scale=6)
+    draft = perturbed_copy(target, 0.2)
+    monkeypatch.setenv("TREESPEC_CACHE", str(tmp_path / "cache"))
+    turns = tuple(f"turn {i}: say something short" for i in range(110))  # stand-in ShareGPT first turns
+    asked, sized = [], []
+    monkeypatch.setattr(demo, "dataset_prompts", lambda name: asked.append(name) or turns)
+    shipped = demo.acceptance_for_draft
+    monkeypatch.setattr(demo, "acceptance_for_draft", lambda *a, **kw: sized.append(kw) or shipped(*a, **kw))
+    args = argparse.Namespace(out=tmp_path, prompts=2, max_new_tokens=12, device="cpu", target="unused", quick=True,
+                              chat=True)
+    assert demo.run_demo(args, target, ChatBytes(128, max_tokens=48), draft) == 0
+    out = capsys.readouterr().out
+    assert set(asked) == {"sharegpt"} and "ShareGPT/100 " in out and "ShareGPT/101 " in out
+    assert sized == [{"chat": True}]  # the tree sized from chat's shipped acceptance
+    assert "ShareGPT first turns 100-101 as user turns in the chat template" in (tmp_path / "report.md").read_text()
+    ids = demo.demo_prompts(ChatBytes(128), 1, chat=True)[0][2]
+    assert ChatBytes(128).decode(ids).startswith("user: turn 100")
+    # control: a tokenizer without a template is refused before any tuning
+    with pytest.raises(ValueError, match="chat template"):
+        demo.run_demo(args, target, ByteTokenizer(128, max_tokens=48), draft)

@@ -48,7 +48,8 @@ _top_k = _arg(int, lambda v: SamplingParams(top_k=v))
 
 def _demo_prompt_count(n: int) -> None:
     if not 1 <= n <= 64:
-        raise ValueError(f"the demo runs HumanEval prompts 100-163: give 1 to 64, got {n}")
+        raise ValueError(f"the demo runs prompts 100-163 of its set (HumanEval, or ShareGPT turns with --chat): give "
+                         f"1 to 64, got {n}")
 
 
 _demo_prompts = _arg(int, _demo_prompt_count)
@@ -212,8 +213,11 @@ def _demo(sub) -> None:
                        description="Load the default model pair, size a tree for this machine, run a few "
                                    "HumanEval prompts with the target alone and with treespec, and report.")
     d.add_argument("--prompts", type=_demo_prompts, default=3, metavar="N",
-                   help="HumanEval prompts from 100 on (1 to 64; default 3)")
+                   help="prompts from 100 on: HumanEval's, or ShareGPT's with --chat (1 to 64; default 3)")
     d.add_argument("--max-new-tokens", type=_count("max-new-tokens"), default=64, metavar="N")
+    d.add_argument("--chat", action="store_true",
+                   help="run ShareGPT first turns (from 100 on) as user turns in the chat template instead, the tree "
+                        "sized from the acceptance shipped for chat turns (what a chat user sends)")
     d.add_argument("--quick", action="store_true",
                    help="run HF generate eager only (not HF with a static cache + torch.compile, nor HF assisted): "
                         "a shorter first run, labelled as such")

@@ -3,7 +3,8 @@
 Loads the built-in Qwen2.5-Coder pair (1.5B target, 0.5B draft) in the precisions measured fastest
 here, measures this machine's forward latencies (``treespec.calibrate.tuning``; cached), sizes a Sequoia tree
 for them from the shipped acceptance, then decodes a few HumanEval evaluation prompts (100
-onwards: disjoint from the calibration prompts) greedily, interleaved per prompt (``treespec.bench.compare``):
+onwards: disjoint from the calibration prompts; ``--chat``: ShareGPT first turns from 100 on as user turns in the chat
+template, the tree sized from chat's shipped acceptance) greedily, interleaved per prompt (``treespec.bench.compare``):
 HF ``generate`` eager (in float32 too, the sceptic's baseline, and in the target's precision), HF with a static
 cache + ``torch.compile`` (inductor weight freezing on a CPU, CUDA graphs on a GPU), HF assisted generation
 with the same draft, and treespec. Every method makes the same warm-up call first (its compiles), shown apart
@@ -32,7 +33,34 @@ from ..recipes import Recipe, run
 from ..calibrate.choices import Resolved, resolve, resolve_compile
 from ..calibrate.tuning import Prediction
 from . import compare
-from .datasets import humaneval_prompts
+from .datasets import dataset_prompts, encode_prompt
+
+#: the demo's prompts start at this index of their set: HumanEval problems 100 on (the calibration walked 0-39),
+#: or with ``--chat`` ShareGPT first turns 100 on (chat's walked turns 1000-1099)
+FIRST_PROMPT = 100
+#: how a prompt of each set is named in the demo's lines
+LABELS = {"humaneval": "HumanEval", "sharegpt": "ShareGPT"}
+
+
+def demo_prompts(tok: Any, count: int, chat: bool = False) -> list[tuple[str, int, list[int]]]:
+    """``(dataset, index, token ids)`` of the demo's ``count`` prompts from :data:`FIRST_PROMPT` on: HumanEval
+    problems as written, or (``chat``) ShareGPT first turns as user turns in the target's chat template, what a
+    chat user sends (refused for a tokenizer without a template)."""
+    if not chat:
+        return [("humaneval", FIRST_PROMPT + i, tok(text)["input_ids"]) for i, text in
+                enumerate(dataset_prompts("humaneval")[FIRST_PROMPT:FIRST_PROMPT + count])]
+    if not getattr(tok, "chat_template", None):
+        raise ValueError("demo --chat sends ShareGPT turns in the target's chat template, and its tokenizer has none "
+                         "(a base model's): drop --chat to run HumanEval prompts, or use an instruct model")
+    return [("sharegpt", FIRST_PROMPT + i, encode_prompt(tok, "sharegpt", text)) for i, text in
+            enumerate(dataset_prompts("sharegpt")[FIRST_PROMPT:FIRST_PROMPT + count])]
+
+
+def prompt_set(prompts: list[tuple[str, int, list[int]]], chat: bool) -> str:
+    """The demo's prompts in words: which set, which of its prompts, and how they were sent."""
+    first, last = prompts[0][1], prompts[-1][1]
+    what = "ShareGPT first turns" if chat else "HumanEval prompts"
+    return f"{what} {first}-{last}" + (" as user turns in the chat template" if chat else "")
 
 
 def predicted_and_measured(predicted: Prediction, records: list[dict[str, Any]], target_alone: str) -> str:
@@ -138,6 +166,7 @@ def run_demo(args: argparse.Namespace, target: torch.nn.Module, tok: Any, draft:
     """The demo on a loaded pair (``args``: ``out``, ``prompts``, ``max_new_tokens``, ``device``,
     ``target`` for the float32 baseline, ``quick``: HF eager only); returns 0 when every greedy output equals HF's."""
     out_dir = check_writable(args.out, directory=True)
+    demo_prompts(tok, 1, getattr(args, "chat", False))  # a missing chat template or prompt set: refused before tuning
     print(f"treespec demo on {platform.machine()} with {torch.get_num_threads()} threads, device {args.device}")
     resolved, png, shape_note = _configuration(args, target, tok, draft, out_dir)
     recipe, tuned = resolved.recipe, resolved.tuned
@@ -150,8 +179,9 @@ def run_demo(args: argparse.Namespace, target: torch.nn.Module, tok: Any, draft:
         methods.insert(0, compare.hf_method(load(args.target, device=args.device, dtype="float32")[0]))
     methods.append(compare.treespec_method(lambda ids, n: run(recipe, target, [draft], ids, max_new_tokens=n),
                                            precision_of(target)))
-    prompts = [("humaneval", 100 + i, tok(text)["input_ids"])
-               for i, text in enumerate(humaneval_prompts(100, 100 + args.prompts))]
+    chat = getattr(args, "chat", False)
+    prompts = demo_prompts(tok, args.prompts, chat)
+    dataset = prompts[0][0]
     prediction = retimed(tuned.prediction, target, [tokens for _, _, tokens in prompts])
     print(f"the target alone's decoding timed now: {prediction.plain_seconds:.3f} s per token (the profile's: "
           f"{tuned.prediction.plain_seconds:.3f})", flush=True)
@@ -159,9 +189,9 @@ def run_demo(args: argparse.Namespace, target: torch.nn.Module, tok: Any, draft:
     results.unlink(missing_ok=True)  # the demo measures afresh each run
     compare.warmup_file(results).unlink(missing_ok=True)
     records = compare.run(methods, prompts, args.max_new_tokens, results, on_record=lambda r: print(
-        f"  HumanEval/{r['prompt']} {r['method']}: {r['tokens_per_second']:.2f} tok/s"
+        f"  {LABELS[dataset]}/{r['prompt']} {r['method']}: {r['tokens_per_second']:.2f} tok/s"
         + (f", tau {r['tau']:.2f}" if "tau" in r else ""), flush=True))
-    summary = compare.summarize(records, "humaneval", compare.warmup_seconds(results))
+    summary = compare.summarize(records, dataset, compare.warmup_seconds(results))
     ids = {index: tokens for _, index, tokens in prompts}
     compare.locate_divergences(target, records, summary, lambda dataset, p: ids[p])
     agreement = summary.get("agreement", {}).get("treespec", {"of": 0, "divergences": []})
@@ -176,13 +206,13 @@ def run_demo(args: argparse.Namespace, target: torch.nn.Module, tok: Any, draft:
                else "the DP's expectation over the acceptance rows, every level drafted")
         report += f"\n\nThe tuner's prediction ({how}) beside this run:\n\n{versus}"
     if divergences:
-        report += "\n\n" + divergence_lines(divergences, precision_of(target))
+        report += "\n\n" + divergence_lines(divergences, precision_of(target), LABELS[dataset])
     print("\n" + report)
     print(f"\n{headline}")
     (out_dir / "report.md").write_text(
         f"# treespec demo\n\nMachine: {platform.platform()}, {torch.get_num_threads()} threads, {args.device}.\n"
         f"Configuration, chosen from measured latencies: {resolved.why}.\n{args.max_new_tokens} greedy tokens per "
-        f"prompt.\n\n{report}\n\n{headline}\n")
+        f"prompt; {prompt_set(prompts, chat)}.\n\n{report}\n\n{headline}\n")
     (out_dir / "report.json").write_text(json.dumps({"summary": summary, "choice": choice.as_dict(),
                                                      "profile": prof.to_dict()}, indent=1))
     print(f"\nreport written to {out_dir / 'report.md'}; tree picture {png}")
@@ -194,7 +224,8 @@ def _configuration(args: argparse.Namespace, target: torch.nn.Module, tok: Any, 
     """The configuration the demo runs, tuned on this machine and printed with the costs it was chosen by; its tree
     drawn to ``out_dir/tree.png``. Returns (the resolved recipe, the picture, why this shape won here)."""
     print("measuring forward latencies on this machine (cached after the first run) ...", flush=True)
-    acceptance, walk = acceptance_for_draft(None, 0.0, draft)  # the shipped files of this draft's precision
+    # the shipped files of this draft's precision (chat's with --chat)
+    acceptance, walk = acceptance_for_draft(None, 0.0, draft, chat=getattr(args, "chat", False))
     # on CUDA treespec compiles as HF's static-cache baseline does (both compile in their warm-up call, kept out of
     # tok/s): an eager step there is launch-bound, the route no GPU user runs; on a CPU the run's own choice
     cuda = next(target.parameters()).device.type == "cuda"
@@ -216,11 +247,11 @@ def _configuration(args: argparse.Namespace, target: torch.nn.Module, tok: Any, 
     return resolved, png, shape_note
 
 
-def divergence_lines(divergences: list[dict[str, Any]], precision: str) -> str:
+def divergence_lines(divergences: list[dict[str, Any]], precision: str, label: str = "HumanEval") -> str:
     """The demo's verdict on outputs that differ from HF's (``compare.locate_divergences``): ties at the target's
     precision are rounding, not a rule broken (the demo exits 0); a difference where one token leads is a bug (it
     exits 1)."""
-    lines = [f"- HumanEval/{d['prompt']} differs from token {d['position']}: the target's top-2 logits there are "
+    lines = [f"- {label}/{d['prompt']} differs from token {d['position']}: the target's top-2 logits there are "
              f"{d['top2_gap']:.3g} apart ({'a tie' if d['near_tie'] else 'NOT a tie'} in {precision})"
              for d in divergences]
     verdict = ("every difference is at a tie: forwards over a tree and over one token round differently, and "
