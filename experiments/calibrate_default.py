@@ -37,6 +37,7 @@ import numpy as np
 
 from treespec.bench.datasets import dataset_prompts
 from treespec.calibrate.acceptance import encode_prompts, measure
+from treespec.common.prompts import user_turn
 from treespec.models import DEFAULT_DRAFT, DEFAULT_TARGET, load
 from treespec.models.precision import precision_of, to_precision
 from treespec.recipes import draft_mode
@@ -78,8 +79,7 @@ def main(argv: list[str] | None = None) -> None:
     chat, infix, first = SETS[args.dataset]
     ids = calibration_prompts(args.prompts, args.seed, first)
     texts = [dataset_prompts(args.dataset)[i] for i in ids]
-    prompts = ([tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=True,
-                                        return_dict=False) for t in texts] if chat else encode_prompts(tok, texts))
+    prompts = [user_turn(tok, t) for t in texts] if chat else encode_prompts(tok, texts)
     label = (f"{args.dataset}{ids} (random, seed {args.seed}, from {first}-{first + CALIBRATION_RANGE - 1})"
              + (" in the chat template" if chat else ""))
     for t in args.temperatures:

@@ -9,6 +9,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from .common.prompts import user_turn
+
 
 def read_paths(value: str | None, tree: str) -> list | None:
     """``--paths``: a JSON list of child-rank paths, or a JSON file holding one (None when not given)."""
@@ -61,15 +63,8 @@ def read_prompt_lines(args: argparse.Namespace) -> list[tuple[str, dict[str, Any
 
 def encode(tok, text: str, chat: bool) -> list[int]:
     """``text`` in the target's tokens; with ``chat``, as the user's turn in its chat template, ready for the
-    assistant's reply (refused for a tokenizer without a template: a base model's)."""
-    if chat:
-        if not getattr(tok, "chat_template", None):
-            raise ValueError("--chat wraps each prompt in the target's chat template, and its tokenizer has none (a "
-                             "base model's): drop --chat to generate from the prompt as written, or use an instruct "
-                             "model")
-        return tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                       tokenize=True, return_dict=False)
-    return tok(text)["input_ids"]
+    assistant's reply (``common.prompts.user_turn``: refused for a tokenizer without a template, a base model's)."""
+    return user_turn(tok, text) if chat else tok(text)["input_ids"]
 
 
 def encode_all(tok, prompts: list[str], chat: bool) -> list[list[int]]:

@@ -24,6 +24,8 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
+from ..common.prompts import user_turn
+
 DATASETS = ("humaneval", "lee-news", "sharegpt")
 #: prompts that are a user's chat turn: wrapped in the target's chat template (:func:`encode_prompt`)
 CHAT_DATASETS = ("sharegpt",)
@@ -158,6 +160,5 @@ def prompt_range(spec: str | Sequence[int], size: int, what: str = "prompt range
 def encode_prompt(tok: Any, dataset: str, text: str) -> list[int]:
     """Token ids of a prompt of ``dataset``: chat turns in the tokenizer's chat template (if it has one), others raw."""
     if dataset in CHAT_DATASETS and getattr(tok, "chat_template", None):
-        text = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                       tokenize=False)
+        return user_turn(tok, text)
     return list(tok(text, add_special_tokens=False)["input_ids"])

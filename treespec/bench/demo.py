@@ -33,7 +33,8 @@ from ..recipes import Recipe, run
 from ..calibrate.choices import Resolved, resolve, resolve_compile
 from ..calibrate.tuning import Prediction
 from . import compare
-from .datasets import dataset_prompts, encode_prompt
+from ..common.prompts import user_turn
+from .datasets import dataset_prompts
 
 #: the demo's prompts start at this index of their set: HumanEval problems 100 on (the calibration walked 0-39),
 #: or with ``--chat`` ShareGPT first turns 100 on (chat's walked turns 1000-1099)
@@ -49,10 +50,7 @@ def demo_prompts(tok: Any, count: int, chat: bool = False) -> list[tuple[str, in
     if not chat:
         return [("humaneval", FIRST_PROMPT + i, tok(text)["input_ids"]) for i, text in
                 enumerate(dataset_prompts("humaneval")[FIRST_PROMPT:FIRST_PROMPT + count])]
-    if not getattr(tok, "chat_template", None):
-        raise ValueError("demo --chat sends ShareGPT turns in the target's chat template, and its tokenizer has none "
-                         "(a base model's): drop --chat to run HumanEval prompts, or use an instruct model")
-    return [("sharegpt", FIRST_PROMPT + i, encode_prompt(tok, "sharegpt", text)) for i, text in
+    return [("sharegpt", FIRST_PROMPT + i, user_turn(tok, text)) for i, text in
             enumerate(dataset_prompts("sharegpt")[FIRST_PROMPT:FIRST_PROMPT + count])]
 
 
