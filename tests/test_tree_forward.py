@@ -6,7 +6,7 @@ import torch
 
 from treespec.models.tiny import tiny_model
 from treespec.core.drafting import DraftProposals
-from treespec.core.kv import TreeCache, causal_allowed, forward_masked
+from treespec.core.kv import TreeCache, causal_allowed, forward_masked, kept_rows, tree_inputs
 from treespec.core.tree import TokenTree, flatten
 
 
@@ -49,27 +49,30 @@ def test_flatten_is_dfs_with_ancestor_mask():
     assert list(flat.depth) == [tree.depth[v] for v in flat.order]
 
 
-def tree_forward(model, prompt: list[int], flat) -> tuple[TreeCache, int, torch.Tensor]:
-    """Prefill all but the prompt's last token, then one masked forward over the flattened tree."""
+def tree_forward(model, prompt: list[int], flat, root_cached: bool = False) -> tuple[TreeCache, int, torch.Tensor]:
+    """Prefill all but the prompt's last token, then one masked forward over the flattened tree (``kv.tree_inputs``);
+    ``root_cached``: prefill the whole prompt (its last token the root) and forward the nodes below the root, the
+    root's logits the prefill's (the eager step's first tree)."""
     cache = TreeCache()
-    past = len(prompt) - 1
-    forward_masked(model, cache, torch.tensor(prompt[:-1]), torch.arange(past), causal_allowed(0, past))
-    allowed = torch.ones(len(flat), past + len(flat), dtype=torch.bool)
-    allowed[:, past:] = torch.from_numpy(flat.ancestors)
-    logits = forward_masked(model, cache, torch.from_numpy(flat.tokens), torch.from_numpy(past + flat.depth), allowed)
-    return cache, past, logits
+    past = len(prompt) - (0 if root_cached else 1)
+    held = forward_masked(model, cache, torch.tensor(prompt[:past]), torch.arange(past), causal_allowed(0, past),
+                          logits_to_keep=1)
+    ids, pos, allowed = tree_inputs(flat, past, root_cached)
+    logits = forward_masked(model, cache, ids, pos, allowed)
+    return cache, past, torch.cat([held, logits]) if root_cached else logits
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
-def test_tree_logits_equal_path_logits(family, attn):
+@pytest.mark.parametrize("root_cached", [False, True])
+def test_tree_logits_equal_path_logits(family, attn, root_cached):
     model = tiny_model(family, attn=attn, vocab=50, scale=5)
     rng = np.random.default_rng(1)
     prompt = [int(t) for t in rng.integers(50, size=7)]
     tree = random_tree(rng, prompt[-1], 30, 6)
     flat = flatten(tree)
     with torch.no_grad():
-        cache, past, logits = tree_forward(model, prompt, flat)
+        cache, past, logits = tree_forward(model, prompt, flat, root_cached)
         for node in range(tree.size):
             ids = torch.tensor([prompt + path_to(tree, node)])
             ref = model(ids).logits[0, -1]
@@ -77,7 +80,8 @@ def test_tree_logits_equal_path_logits(family, attn):
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
-def test_commit_keeps_exactly_the_path(family):
+@pytest.mark.parametrize("root_cached", [False, True])
+def test_commit_keeps_exactly_the_path(family, root_cached):
     model = tiny_model(family, vocab=50, scale=5)
     rng = np.random.default_rng(2)
     prompt = [int(t) for t in rng.integers(50, size=5)]
@@ -90,8 +94,8 @@ def test_commit_keeps_exactly_the_path(family):
         v = tree.parent[v]
     path_nodes = path_nodes[::-1]
     with torch.no_grad():
-        cache, past, _ = tree_forward(model, prompt, flat)
-        cache.keep(past, past + flat.index[path_nodes])
+        cache, past, _ = tree_forward(model, prompt, flat, root_cached)
+        cache.keep(past, kept_rows(flat, path_nodes, past, root_cached))
         committed = prompt + path_to(tree, leaf)
         assert cache.length == len(committed)
         nxt = [7, 8, 9]
