@@ -36,7 +36,7 @@ class EagerStep(HostDrafted, HostAcceptance):
     def __init__(self, req: Request, gen: torch.Generator) -> None:
         self.req, self.gen, self.width = req, gen, req.budget
         self.cache = TreeCache()
-        #: the root's logits while the prefill's forward of the root is the only one (until the first step)
+        #: the first tree's root logits, from the prefill's forward (None once the first step has used them)
         self.root_logits: torch.Tensor | None = None
 
     def prefill(self, prompt: list[int], clock: Clock) -> None:
