@@ -332,6 +332,9 @@ def test_tiny_models_run_end_to_end(tiny_dirs, tmp_path, capsys, monkeypatch):
                  "--acceptance", str(tmp_path / "acc" / "acc.json"), "--json"]) == 0
     tuned = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert set(tuned["predicted"]) >= {"tau", "step_seconds", "speedup", "model"} and tuned["measured"]["tau"] >= 1
+    p, prefill = tuned["predicted"], tuned["prefill_seconds"]  # the prediction with the run's prefill charged
+    assert p["speedup_prefill_charged"] == pytest.approx(
+        (prefill + 2 * p["plain_seconds"]) / (prefill + 3 / p["tau"] * p["step_seconds"]))
     assert tuned["linear_layout"]["target"] in ("stock", "weight-first") and len(tuned["linear_layout"]["drafts"]) == 1
     # a tree is predicted over the file's walk with the run's confidence stop; plain decoding is tau 1
     assert tuned["predicted"]["model"] == "replay" if tuned["recipe"]["budget"] > 1 else tuned["predicted"]["tau"] == 1

@@ -78,7 +78,9 @@ def record(text: str, out: GenerateOutput, resolved: Resolved, tok: Any, layouts
            "linear_layout": layouts}
     if resolved.tuned is not None:  # the prediction beside the measurement, for anyone to check
         s = out.stats
-        rec["predicted"] = resolved.tuned.prediction.as_dict()
+        p = resolved.tuned.prediction
+        # beside ``speedup`` (tok/s with --compare, the prefill in it): the prediction with this run's prefill charged
+        rec["predicted"] = {**p.as_dict(), "speedup_prefill_charged": p.run_speedup(s.new_tokens, s.prefill_seconds)}
         rec["measured"] = {"tau": s.tau, "step_seconds": (s.drafting_seconds + s.verifying_seconds
                                                           + s.overhead_seconds) / max(s.steps, 1)}
     return rec

@@ -64,9 +64,10 @@ def prompt_set(prompts: list[tuple[str, int, list[int]]], chat: bool) -> str:
 def predicted_and_measured(predicted: Prediction, records: list[dict[str, Any]], target_alone: str) -> str:
     """A markdown table of the tuner's prediction (a ``tuning.Prediction``) beside the demo's measurement: tokens
     per step, seconds per step, and the speedup over the target alone with each prompt's prefill charged to both
-    sides (the treespec runs' mean prefill; plain decoding costs ``predicted.plain_seconds`` per token in the
-    prediction and is ``target_alone``, HF ``generate`` in the target's precision, in the measurement: its decoding
-    seconds, the run's less its own prefill, where its records carry one, else its whole run). A
+    sides (the treespec runs' mean prefill; plain decoding costs ``predicted.plain_seconds`` per token after the
+    first, which its prefill gives (:meth:`~treespec.calibrate.tuning.Prediction.run_speedup`), in the prediction and
+    is ``target_alone``, HF ``generate`` in the target's precision, in the measurement: its decoding seconds, the
+    run's less its own prefill, where its records carry one, else its whole run). A
     replayed prediction's tau carries the range a run over this many prompts lands in
     (:meth:`~treespec.calibrate.tuning.Prediction.tau_range`)."""
     mine = [r for r in records if r["method"] == "treespec"]
@@ -77,15 +78,15 @@ def predicted_and_measured(predicted: Prediction, records: list[dict[str, Any]],
     step_seconds = sum(r["drafting_seconds"] + r["verifying_seconds"] + r["engine_seconds"] for r in mine) / steps
     tokens = sum(r["tokens"] for r in mine) / len(mine)  # per prompt
     prefill = sum(r["prefill_seconds"] for r in mine) / len(mine)
-    predicted_run = ((prefill + tokens * predicted.plain_seconds)
-                     / (prefill + tokens / predicted.tau * predicted.step_seconds))
+    predicted_run = predicted.run_speedup(tokens, prefill)
 
-    def decoding(rs: list[dict[str, Any]]) -> float:  # seconds per token, prefill excluded
-        return sum(r["seconds"] - r["prefill_seconds"] for r in rs) / sum(r["tokens"] for r in rs)
+    def decoding(rs: list[dict[str, Any]], first: int = 0) -> float:  # seconds per token decoded after the prefill
+        return sum(r["seconds"] - r["prefill_seconds"] for r in rs) / sum(r["tokens"] - first for r in rs)
 
+    # HF's prefill gives its first token (its records' prefill ends there): it decodes one token fewer after it
     own_prefill = all("prefill_seconds" in r for r in alone)
     if own_prefill:  # both sides decode after the same prefill
-        measured_run = (prefill + tokens * decoding(alone)) / (prefill + tokens * decoding(mine))
+        measured_run = (prefill + (tokens - 1) * decoding(alone, 1)) / (prefill + tokens * decoding(mine))
     else:
         measured_run = (sum(r["tokens"] for r in mine) / sum(r["seconds"] for r in mine)) / (
             sum(r["tokens"] for r in alone) / sum(r["seconds"] for r in alone))
@@ -94,8 +95,8 @@ def predicted_and_measured(predicted: Prediction, records: list[dict[str, Any]],
                                     if spread else "")
     rows = [("tokens per step (tau)", tau, f"{sum(r['tokens'] for r in mine) / steps:.2f}"),
             ("seconds per step", f"{predicted.step_seconds:.3f}", f"{step_seconds:.3f}"),
-            *([("the target alone's decoding, seconds per token (HF generate, its prefill excluded)",
-                f"{predicted.plain_seconds:.3f}", f"{decoding(alone):.3f}")] if own_prefill else []),
+            *([("the target alone's decoding, seconds per token (HF generate, after its prefill and first token)",
+                f"{predicted.plain_seconds:.3f}", f"{decoding(alone, 1):.3f}")] if own_prefill else []),
             (f"speedup over the target alone, {prefill:.2f} s of prefill per prompt charged to both",
              f"{predicted_run:.2f}x", f"{measured_run:.2f}x")]
     return "\n".join(["| | predicted | measured |", "|---|---|---|", *(f"| {a} | {b} | {c} |" for a, b, c in rows)])

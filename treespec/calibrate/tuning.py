@@ -64,6 +64,13 @@ class Prediction:
         """Predicted speedup over plain decoding (the target alone, eager)."""
         return self.tau * self.plain_seconds / self.step_seconds
 
+    def run_speedup(self, tokens: float, prefill: float) -> float:
+        """The predicted speedup of a run of ``tokens`` new tokens whose prompt takes ``prefill`` seconds, charged
+        to both sides (the run's own prefill: :attr:`speedup` is the decoding's alone, which a short run's or a long
+        prompt's prefill dilutes). Plain decoding's prefill gives its first token, so it decodes ``tokens - 1``
+        more (``plain_seconds`` is one decoding step's seconds: ``timing.measure_plain_decode``)."""
+        return (prefill + (tokens - 1) * self.plain_seconds) / (prefill + tokens / self.tau * self.step_seconds)
+
     def tau_range(self, prompts: int, level: float = 0.9) -> tuple[float, float] | None:
         """The central ``level`` range of the tokens per step of a run over ``prompts`` prompts like the
         calibration's: prompts accept differently (code that goes on as it began accepts more), so a run over a
