@@ -624,3 +624,14 @@ def test_a_jsonl_lines_other_fields_come_back_in_its_record(tiny_dirs, tmp_path,
                      "3", "--max-new-tokens", "3", "--no-compile", "--json", "--batch-size", batch]) == 0
         records = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
         assert records[0]["input"] == {"id": "a-7", "tags": [1, 2]} and "input" not in records[1]
+
+
+def test_compare_of_a_tuned_run_prints_its_prediction_with_the_runs_prefill_beside_the_speedup(tiny_dirs, tmp_path,
+                                                                                               monkeypatch, capsys):
+    monkeypatch.setenv("TREESPEC_CACHE", str(tmp_path / "cache"))
+    models = [a.format(**tiny_dirs) for a in MODELS]
+    assert main(["generate", *models, "--prompt", "w1 w2", "--max-new-tokens", "4", "--compare"]) == 0  # tuned
+    out = capsys.readouterr().out
+    assert re.search(r"^speedup: \d+\.\d\dx \(predicted \d+\.\d\dx with this run's prefill charged\)$", out, re.M)
+    assert main(["generate", *models, "--prompt", "w1 w2", "--max-new-tokens", "4", "--compare", "--budget", "2"]) == 0
+    assert re.search(r"^speedup: \d+\.\d\dx$", capsys.readouterr().out, re.M)  # a set tree: nothing predicted

@@ -105,7 +105,9 @@ def _compare(args: argparse.Namespace, recipe: Recipe, target, ids: list[int], e
             record["divergence"] = first_divergence(target, ids, ref, out.new_tokens)
     if not args.json:
         print(f"target alone (HF generate): {len(ref)} tokens in {secs:.2f} s = {len(ref) / secs:.2f} tok/s")
-        print(f"speedup: {record['speedup']:.2f}x")
+        predicted = record.get("predicted", {}).get("speedup_prefill_charged")
+        print(f"speedup: {record['speedup']:.2f}x" + ("" if predicted is None else
+                                                     f" (predicted {predicted:.2f}x with this run's prefill charged)"))
         if "identical" in record:
             said = "yes" if record["identical"] else cli_output.divergence(record["divergence"])
             print(f"greedy outputs identical: {said}")
