@@ -165,7 +165,8 @@ def run_demo(args: argparse.Namespace, target: torch.nn.Module, tok: Any, draft:
     """The demo on a loaded pair (``args``: ``out``, ``prompts``, ``max_new_tokens``, ``device``,
     ``target`` for the float32 baseline, ``quick``: HF eager only); returns 0 when every greedy output equals HF's."""
     out_dir = check_writable(args.out, directory=True)
-    demo_prompts(tok, 1, getattr(args, "chat", False))  # a missing chat template or prompt set: refused before tuning
+    chat = getattr(args, "chat", False)
+    demo_prompts(tok, 1, chat)  # a missing chat template or prompt set: refused before tuning
     print(f"treespec demo on {platform.machine()} with {torch.get_num_threads()} threads, device {args.device}")
     resolved, png, shape_note = _configuration(args, target, tok, draft, out_dir)
     recipe, tuned = resolved.recipe, resolved.tuned
@@ -178,7 +179,6 @@ def run_demo(args: argparse.Namespace, target: torch.nn.Module, tok: Any, draft:
         methods.insert(0, compare.hf_method(load(args.target, device=args.device, dtype="float32")[0]))
     methods.append(compare.treespec_method(lambda ids, n: run(recipe, target, [draft], ids, max_new_tokens=n),
                                            precision_of(target)))
-    chat = getattr(args, "chat", False)
     prompts = demo_prompts(tok, args.prompts, chat)
     dataset = prompts[0][0]
     prediction = retimed(tuned.prediction, target, [tokens for _, _, tokens in prompts])
