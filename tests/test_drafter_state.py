@@ -14,7 +14,7 @@ import torch
 import treespec
 from treespec.core.drafting import drive
 from treespec.drafters import model as model_drafter
-from treespec.core.kv import forward_masked
+from treespec.core.kv import forward_masked, forward_prompt
 from treespec.models.tiny import perturbed_copy, tiny_model
 
 BUSHY = [(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1), (0, 0, 0, 0)]
@@ -187,13 +187,16 @@ def test_the_drafts_pass_over_the_prompt_is_charged_to_the_prefill(pair, compile
     drafter = treespec.ModelDrafter(draft, mode="dynamic", depth=4, topk=3, nodes=5)
     sizes: list[int] = []
 
-    def slowed(model, cache, input_ids, *args, **kwargs):
-        sizes.append(len(input_ids))
-        if len(input_ids) > 8:
-            time.sleep(0.3)
-        return forward_masked(model, cache, input_ids, *args, **kwargs)
+    def slowing(forward):
+        def slowed(model, cache, input_ids, *args, **kwargs):
+            sizes.append(len(input_ids))
+            if len(input_ids) > 8:
+                time.sleep(0.3)
+            return forward(model, cache, input_ids, *args, **kwargs)
+        return slowed
 
-    monkeypatch.setattr(model_drafter, "forward_masked", slowed)
+    monkeypatch.setattr(model_drafter, "forward_masked", slowing(forward_masked))
+    monkeypatch.setattr(model_drafter, "forward_prompt", slowing(forward_prompt))  # the prompt's forward
     prompt = list(range(1, 21))
     out = treespec.generate(target, prompt, drafters=[drafter], max_new_tokens=6, compile=compile)
     assert sizes[0] == len(prompt) - 1 and max(sizes[1:]) <= 8  # the prompt once, then tree levels

@@ -6,7 +6,7 @@ import torch
 
 from treespec.models.tiny import tiny_model
 from treespec.core.drafting import DraftProposals
-from treespec.core.kv import TreeCache, causal_allowed, forward_masked, kept_rows, tree_inputs
+from treespec.core.kv import TreeCache, causal_allowed, forward_masked, forward_prompt, kept_rows, tree_inputs
 from treespec.core.tree import TokenTree, flatten
 
 
@@ -122,3 +122,25 @@ def test_rows_already_in_place_are_kept_without_a_copy(rows, copied):
     expected = [*range(5), *rows]
     assert torch.equal(cache.layers[0].keys[0], k[0][:, expected]) and torch.equal(cache.layers[0].values[0],
                                                                                   v[0][:, expected])
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_a_prompts_forward_without_a_mask_is_the_masked_causal_forward(family):
+    """``forward_prompt`` passes no mask (the model's own causal route, as HF's prefill): the same logits and cached
+    keys and values as the causal 4D mask gives, every row and the last alone; a non-empty cache is refused."""
+    model = tiny_model(family, vocab=64, hidden=64, layers=2, seed=5)
+    ids = torch.randint(64, (23,), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        masked, plain = TreeCache(), TreeCache()
+        want = forward_masked(model, masked, ids, torch.arange(23), causal_allowed(0, 23))
+        got = forward_prompt(model, plain, ids, logits_to_keep=0)
+        assert torch.allclose(got, want, atol=1e-5) and plain.length == masked.length == 23
+        for (k1, v1), (k2, v2) in zip(layer_kv(plain), layer_kv(masked)):
+            assert torch.allclose(k1, k2, atol=1e-6) and torch.allclose(v1, v2, atol=1e-6)
+        assert torch.allclose(forward_prompt(model, TreeCache(), ids), want[-1:], atol=1e-5)
+        with pytest.raises(ValueError, match="fills an empty cache"):
+            forward_prompt(model, plain, ids[:3])
+
+
+def layer_kv(cache: TreeCache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [(layer.keys, layer.values) for layer in cache.layers]

@@ -240,12 +240,15 @@ def checked(i: int, drafter: Drafter, draft: object, vocab: int) -> DraftProposa
 class Forward(NamedTuple):
     """One model forward a drafter asks for (:meth:`Drafter.drafting`), over ``ids`` [n] at ``positions`` [n]
     appended to its cache; ``allowed`` [n, cache.length + n] (``treespec.core.kv.forward_masked``); ``last``: only
-    the last token's logits are needed. The answer is the logits ``[n, V]`` (``[1, V]`` with ``last``)."""
+    the last token's logits are needed; ``prompt``: the prompt into an empty cache, ``allowed`` ordinary causal
+    attention (a drafter alone answers it by ``kv.forward_prompt``, the model's own causal route; a batch by
+    ``allowed``). The answer is the logits ``[n, V]`` (``[1, V]`` with ``last``)."""
 
     ids: torch.Tensor
     positions: torch.Tensor
     allowed: torch.Tensor
     last: bool = False
+    prompt: bool = False
 
 
 #: a step's drafting as a coroutine: it yields the forwards it needs, is sent their logits, returns its proposals

@@ -18,7 +18,7 @@ from . import checks
 from .batch import BatchOutput, generate_batch
 from .buffers import Envelope
 from .drafting import Drafter
-from .kv import TreeCache, causal_allowed, forward_masked, kept_rows, tree_inputs
+from .kv import TreeCache, forward_masked, forward_prompt, kept_rows, tree_inputs
 from .padded import HostAcceptance
 from .request import Request
 from .stats import GenerateOutput, Progress
@@ -45,10 +45,7 @@ class EagerStep(HostDrafted, HostAcceptance):
         # on the rows it gets, as the int4 target's wide-input twins do, HF's first token and treespec's agree).
         # Plain decoding's first step then runs no forward (N tokens in N target forwards); a tree's first
         # forward takes the nodes below the root.
-        device = self.req.device
-        ids = torch.tensor(prompt, device=device)
-        self.root_logits = forward_masked(self.req.target, self.cache, ids, torch.arange(len(ids), device=device),
-                                          causal_allowed(0, len(ids), device), logits_to_keep=1)
+        self.root_logits = forward_prompt(self.req.target, self.cache, torch.tensor(prompt, device=self.req.device))
         self.prefill_drafters(prompt)
 
     def verify(self, tree: TokenTree, flat: FlatTree, clock: Clock) -> tuple[list[int], int]:

@@ -15,7 +15,7 @@ from ..common.device import execution_device
 from ..common.machine import model_name
 from ..core.checks import check_int, check_probability, vocab_size
 from ..core.drafting import ROOT, Capture, DraftProposals, Drafter, Drafting, Forward, drive
-from ..core.kv import TreeCache, causal_allowed, forward_masked
+from ..core.kv import TreeCache, causal_allowed, forward_masked, forward_prompt
 from ..core.sampling import SamplingParams, draw_children
 from ..core.tree import layout
 
@@ -162,7 +162,7 @@ class ModelDrafter(Drafter):
         if n > 0 and self.cache.length == 0:  # a fresh generation (``reset``): nothing cached yet
             dev = self.device
             yield Forward(torch.as_tensor(list(prompt[:-1]), dtype=torch.long, device=dev),
-                          torch.arange(n, device=dev), causal_allowed(0, n, dev), last=True)
+                          torch.arange(n, device=dev), causal_allowed(0, n, dev), last=True, prompt=True)
             self._base = self._seen = n
 
     @torch.inference_mode()
@@ -178,6 +178,8 @@ class ModelDrafter(Drafter):
         return (yield from self._propose_static(context, q_root))
 
     def _forward(self, ask: Forward) -> torch.Tensor:
+        if ask.prompt:
+            return forward_prompt(self.model, self.cache, ask.ids, logits_to_keep=1 if ask.last else 0)
         return forward_masked(self.model, self.cache, ask.ids, ask.positions, ask.allowed,
                               logits_to_keep=1 if ask.last else 0)
 
