@@ -332,9 +332,12 @@ def test_tiny_models_run_end_to_end(tiny_dirs, tmp_path, capsys, monkeypatch):
                  "--acceptance", str(tmp_path / "acc" / "acc.json"), "--json"]) == 0
     tuned = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert set(tuned["predicted"]) >= {"tau", "step_seconds", "speedup", "model"} and tuned["measured"]["tau"] >= 1
-    p, prefill = tuned["predicted"], tuned["prefill_seconds"]  # the prediction with the run's prefill charged
-    assert p["speedup_prefill_charged"] == pytest.approx(
-        (prefill + 2 * p["plain_seconds"]) / (prefill + 3 / p["tau"] * p["step_seconds"]))
+    p, prefill = tuned["predicted"], tuned["prefill_seconds"]  # the prediction with the run's prefill charged,
+    draft = p["draft_prefill_seconds"]  # the draft's part of it (predicted) to treespec's side alone
+    tree = tuned["recipe"]["budget"] > 1  # plain decoding (the tiny pair's usual choice) is the target alone: 1
+    assert p["speedup_prefill_charged"] == (pytest.approx(
+        (prefill - draft + 2 * p["plain_seconds"]) / (prefill + 3 / p["tau"] * p["step_seconds"])) if tree else 1.0)
+    assert (draft > 0) == tree
     assert tuned["linear_layout"]["target"] in ("stock", "weight-first") and len(tuned["linear_layout"]["drafts"]) == 1
     # a tree is predicted over the file's walk with the run's confidence stop; plain decoding is tau 1
     assert tuned["predicted"]["model"] == "replay" if tuned["recipe"]["budget"] > 1 else tuned["predicted"]["tau"] == 1

@@ -191,6 +191,11 @@ def test_the_measured_speedup_charges_the_same_prefill_to_both_sides_when_hf_rec
     assert "decoding, seconds per token (HF generate, after its prefill and first token) | 0.400 | 0.333 |" in table
     without = [{k: v for k, v in r.items() if k != "prefill_seconds"} for r in alone]
     assert "decoding, seconds per token" not in demo.predicted_and_measured(choice, mine + without, "hf-float32")
+    # 0.5 s of treespec's prefill the draft's, which plain decoding does not run: charged to treespec alone,
+    # predicted (0.5 + 9 * 0.4) / 3 = 1.37x, measured (0.5 + 3) / 3 = 1.17x
+    table = demo.predicted_and_measured(choice, mine + alone, "hf-float32", draft_prefill=0.5)
+    assert ("0.50 s of the target's prefill per prompt charged to both and the draft's 0.50 s (predicted) to "
+            "treespec | 1.37x | 1.17x |") in table
 
 
 def test_the_demo_times_the_target_alone_just_before_its_runs(monkeypatch):

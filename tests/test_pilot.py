@@ -255,10 +255,46 @@ def test_a_tuned_tree_predicted_under_the_margin_runs_as_plain_decoding(pair, pr
         assert resolved.recipe.budget == tree.budget > 1 and "plain decoding runs" not in resolved.why
         return
     assert resolved.recipe.budget == 1 and resolved.tuned.prediction.speedup == 1.0
-    assert resolved.tuned.prediction.tau == 1.0 and resolved.tuned.declined[0] is tree
+    assert resolved.tuned.prediction.tau == 1.0 and resolved.tuned.declined.choice is tree
+    # the run's figure: 128 tokens (resolve's default), plain decoding's first from its prefill: 1.03 * 127 / 128
     assert (f"Sequoia tree of budget {tree.shape.size}, depth {tree.shape.depth}" in resolved.why
             and f"predicted {predicted:.2f}x over the target alone" in resolved.why
-            and "so plain decoding runs (the target alone: 1.03x is under the 1.05x" in resolved.why)
+            and "so plain decoding runs (the target alone: 1.02x is under the 1.05x" in resolved.why)
     prompt = tok("x = 1")["input_ids"]
     assert run(resolved.recipe, target, [draft], prompt, max_new_tokens=6).new_tokens == greedy_reference(
         target, prompt, 6)
+
+
+def test_a_tuned_tree_that_cannot_earn_back_the_drafts_prefill_runs_as_plain_decoding(pair) -> None:
+    """The draft prefills the run's prompt before the first step, which plain decoding does not: a tree predicted
+    1.20x in its decoding is kept for 128 tokens after a 32-token prompt (the draft's 0.1 s prefill charged) and
+    declined for 16 tokens after a 512-token one (1.6 s): the why-line says the run's figure either way, and the
+    run without a prompt length decides by the decoding alone (control)."""
+    from treespec.calibrate import tuning
+    from treespec.calibrate.costs import Profile
+    from treespec.calibrate.vectors import default_acceptance
+
+    target, draft, _ = pair
+    vector = default_acceptance(None, 0.0)
+    base = Profile({1: 0.10, 2: 0.101, 4: 0.103, 8: 0.11, 16: 0.13}, {1: 0.004, 4: 0.005, 16: 0.008}, {},
+                   draft_prefill_latency={32: 0.1, 128: 0.4, 512: 1.6})
+    speedup = tuning.Tuned(base.choose(vector, max_depth=8), base).prediction.speedup
+    prof = replace(base, plain_decode_seconds=base.choose(vector, max_depth=8).plain_seconds * 1.2 / speedup)
+    tree = prof.choose(vector, max_depth=8)
+    recipe, tuner = Recipe(tree="sequoia", acceptance=vector), lambda *a, **k: tuning.Tuned(tree, prof)
+    kept = resolve(recipe, target, [draft], tuner=tuner, max_new_tokens=128, prompt_tokens=32)
+    p = kept.tuned.prediction
+    run = (127 * p.plain_seconds) / (0.1 + 128 / p.tau * p.step_seconds)  # the target's prefill on both sides
+    assert kept.recipe.budget == tree.budget > 1 and kept.tuned.run_speedup == pytest.approx(run) and run < 1.2
+    assert (f"{run:.2f}x for this run's 128 tokens with the draft's prefill of its 32-token prompt (0.10 s) charged"
+            in kept.why)
+    short = resolve(recipe, target, [draft], tuner=tuner, max_new_tokens=16, prompt_tokens=512)
+    assert short.recipe.budget == 1 and short.tuned.declined.choice is tree
+    assert short.tuned.prediction.run_speedup(16, 0.5) == 1.0  # plain decoding's run: the target alone's
+    figure = short.tuned.declined.run_speedup
+    assert figure < 1.05 and (f"so plain decoding runs (the target alone: {figure:.2f}x is under the 1.05x"
+                              in short.why) and "its 512-token prompt (1.60 s)" in short.why
+    batch = resolve(recipe, target, [draft], tuner=tuner, max_new_tokens=128, prompt_tokens=32, batch_size=2)
+    assert "the draft's prefill of 2 prompts of 32 tokens (0.20 s) charged" in batch.why  # one prefill per row
+    unknown = resolve(recipe, target, [draft], tuner=tuner, max_new_tokens=16)
+    assert unknown.recipe.budget == tree.budget and "prefill of its" not in unknown.why

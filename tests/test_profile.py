@@ -287,3 +287,58 @@ def test_speedups_are_relative_to_the_timed_plain_decoding(model, tmp_path):
     assert timed.for_batch(2).plain_decode_seconds is None
     with pytest.raises(ValueError, match="plain decoding takes > 0"):
         timed.choose(VECTOR, plain=0.0)
+
+
+def test_the_drafts_prefill_is_timed_at_prompt_lengths_and_kept_through_json_calibration_and_batches(model, tmp_path):
+    from treespec.models.timing import PREFILL_LENGTHS
+
+    p = profile(model, model, sizes=(1, 4), context=16, repeats=1, draft_widths=(1, 2))
+    assert sorted(p.draft_prefill_latency) == list(PREFILL_LENGTHS) and min(p.draft_prefill_latency.values()) > 0
+    p.save(tmp_path / "p.json")
+    assert Profile.load(tmp_path / "p.json") == p
+    shape = sequoia(VECTOR, 4, max_depth=2)
+    assert p.calibrated(shape, 0.01, 0.02, 0.001, 5).draft_prefill_latency == p.draft_prefill_latency
+    assert p.for_batch(2).draft_prefill_latency == p.draft_prefill_latency  # per prompt: Tuned charges each row
+    assert profile(model, None, sizes=(1,), context=16, repeats=1).draft_prefill_latency is None
+
+
+def test_prefill_lengths_are_timed_in_alternating_rounds_after_a_warm_up(model, monkeypatch):
+    from treespec.models import timing
+
+    lengths = []
+    monkeypatch.setattr(timing, "forward_prompt", lambda m, cache, ids, *a, **k: lengths.append(len(ids)))
+    assert list(timing.measure_prefill(model, (64, 8), repeats=3)) == [8, 64]
+    assert lengths == [8, 64, 8, 64, 64, 8, 8, 64]
+    with pytest.raises(ValueError, match="lengths must be ints >= 1"):
+        timing.measure_prefill(model, (0, 8))
+
+
+def test_the_drafts_prefill_between_and_beyond_the_timed_lengths():
+    """Interpolated between timed lengths, scaled down below the shortest, and past the longest the larger of the
+    last slope and a quadratic fit's growth (attention's square term): 1, 3, 6 s at 100, 200, 300 tokens is
+    ``x^2 / 20000 + x / 200 + 0.5``, 10 s at 400 where the last slope gives 9."""
+    p = Profile({1: 0.1}, {1: 0.01}, {}, draft_prefill_latency={100: 1.0, 200: 3.0, 300: 6.0})
+    assert p.draft_prefill_seconds(150) == pytest.approx(2.0) and p.draft_prefill_seconds(50) == pytest.approx(0.5)
+    assert p.draft_prefill_seconds(400) == pytest.approx(10.0)
+    concave = Profile({1: 0.1}, {1: 0.01}, {}, draft_prefill_latency={100: 1.0, 200: 3.0, 300: 4.0})
+    assert concave.draft_prefill_seconds(400) == pytest.approx(5.0)  # the last slope: the fit would bend down
+    two = Profile({1: 0.1}, {1: 0.01}, {}, draft_prefill_latency={100: 1.0, 200: 3.0})
+    assert two.draft_prefill_seconds(300) == pytest.approx(5.0)
+    with pytest.raises(ValueError, match="no draft prefill curve"):
+        Profile({1: 0.1}, {1: 0.01}, {}).draft_prefill_seconds(10)
+
+
+def test_a_cached_profile_from_before_the_prefill_curve_gets_it_measured_once(model, tmp_path, monkeypatch):
+    from treespec.calibrate import tuning
+    from treespec.common.files import read_json_dict, write_json
+
+    cache = tmp_path / "profiles.json"
+    old = Profile({1: 0.1, 4: 0.2}, {1: 0.01}, {"made": "before"})
+    write_json(cache, {tuning._key(model, model): old.to_dict()})
+    timed = []
+    monkeypatch.setattr(tuning, "measure_prefill", lambda m: timed.append(m) or {32: 0.01, 128: 0.03})
+    first = tuning.cached_profile(model, model, cache)
+    assert timed == [model] and first.draft_prefill_latency == {32: 0.01, 128: 0.03}
+    assert first.target_latency == old.target_latency and first.meta == old.meta  # nothing else measured again
+    assert Profile.from_dict(read_json_dict(cache)[tuning._key(model, model)]) == first
+    assert tuning.cached_profile(model, model, cache) == first and timed == [model]  # read back, not timed again

@@ -130,7 +130,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     target, tok, drafts = load_models(args, want_draft, tuned_target=True, tree_size=set_size)
     # an empty prompt is refused before anything is measured
     encoded = encode_all(tok, [prompts[i] for i in todo], args.chat)
-    resolved = _resolve(args, recipe, target, tok, drafts, len(todo))
+    resolved = _resolve(args, recipe, target, tok, drafts, len(todo), sum(map(len, encoded)) / len(encoded))
     recipe = resolved.recipe
     print(f"configuration: {resolved.why}", file=sys.stderr if args.json else sys.stdout, flush=True)
     eos = eos_ids(target, tok)
@@ -189,9 +189,10 @@ def _emit(args: argparse.Namespace, index: int, record: dict[str, Any], fields: 
 
 
 def _resolve(args: argparse.Namespace, recipe: Recipe, target: Any, tok: Any, drafts: Sequence[Any],
-             prompts: int) -> Resolved:
-    """What ``recipe`` leaves to measurement, chosen for ``prompts`` prompts: the tree (the shipped acceptance of
-    the draft's precision, where one was shipped, chat's with ``--chat``), then whether the steps compile."""
+             prompts: int, prompt_tokens: float) -> Resolved:
+    """What ``recipe`` leaves to measurement, chosen for ``prompts`` prompts of ``prompt_tokens`` tokens on average:
+    the tree (the shipped acceptance of the draft's precision, where one was shipped, chat's with ``--chat``), then
+    whether the steps compile."""
     walk = None
     if recipe.acceptance is not None:
         rows, walk = acceptance_for_draft(args.acceptance, args.temperature, drafts[0],
@@ -199,7 +200,7 @@ def _resolve(args: argparse.Namespace, recipe: Recipe, target: Any, tok: Any, dr
         recipe = replace(recipe, acceptance=rows)
     resolved = resolve(recipe, target, drafts, tokenizer=tok, max_new_tokens=args.max_new_tokens, walk=walk,
                        batch_size=min(args.batch_size, prompts),  # a tuned tree is sized for the batch
-                       compiled=bool(args.compile))
+                       compiled=bool(args.compile), prompt_tokens=prompt_tokens)
     # compiled by measurement, or as asked (a cached measurement still costs the why-line); a batch compiles only
     # when asked (its captured step: treespec.core.captured.BatchCapturedStep)
     if args.compile is not False and args.batch_size == 1:

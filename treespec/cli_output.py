@@ -79,8 +79,12 @@ def record(text: str, out: GenerateOutput, resolved: Resolved, tok: Any, layouts
     if resolved.tuned is not None:  # the prediction beside the measurement, for anyone to check
         s = out.stats
         p = resolved.tuned.prediction
-        # beside ``speedup`` (tok/s with --compare, the prefill in it): the prediction with this run's prefill charged
-        rec["predicted"] = {**p.as_dict(), "speedup_prefill_charged": p.run_speedup(s.new_tokens, s.prefill_seconds)}
+        # beside ``speedup`` (tok/s with --compare, the prefill in it): the prediction with this run's prefill charged,
+        # the draft's part of it (predicted for this prompt's length) to treespec's side alone
+        prompt_tokens = out.sequences.shape[1] - len(out.new_tokens)
+        draft = resolved.tuned.draft_prefill_of(prompt_tokens) if recipe.budget > 1 else 0.0
+        rec["predicted"] = {**p.as_dict(), "draft_prefill_seconds": draft,
+                            "speedup_prefill_charged": p.run_speedup(s.new_tokens, s.prefill_seconds, draft)}
         rec["measured"] = {"tau": s.tau, "step_seconds": (s.drafting_seconds + s.verifying_seconds
                                                           + s.overhead_seconds) / max(s.steps, 1)}
     return rec

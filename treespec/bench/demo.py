@@ -61,7 +61,8 @@ def prompt_set(prompts: list[tuple[str, int, list[int]]], chat: bool) -> str:
     return f"{what} {first}-{last}" + (" as user turns in the chat template" if chat else "")
 
 
-def predicted_and_measured(predicted: Prediction, records: list[dict[str, Any]], target_alone: str) -> str:
+def predicted_and_measured(predicted: Prediction, records: list[dict[str, Any]], target_alone: str,
+                           draft_prefill: float = 0.0) -> str:
     """A markdown table of the tuner's prediction (a ``tuning.Prediction``) beside the demo's measurement: tokens
     per step, seconds per step, and the speedup over the target alone with each prompt's prefill charged to both
     sides (the treespec runs' mean prefill; plain decoding costs ``predicted.plain_seconds`` per token after the
@@ -69,7 +70,9 @@ def predicted_and_measured(predicted: Prediction, records: list[dict[str, Any]],
     is ``target_alone``, HF ``generate`` in the target's precision, in the measurement: its decoding seconds, the
     run's less its own prefill, where its records carry one, else its whole run). A
     replayed prediction's tau carries the range a run over this many prompts lands in
-    (:meth:`~treespec.calibrate.tuning.Prediction.tau_range`)."""
+    (:meth:`~treespec.calibrate.tuning.Prediction.tau_range`). ``draft_prefill``: the seconds of treespec's prefill
+    that are the draft's (predicted: ``Tuned.draft_prefill``), which plain decoding does not run: charged to
+    treespec's side alone, the rest (the target's) to both."""
     mine = [r for r in records if r["method"] == "treespec"]
     alone = [r for r in records if r["method"] == target_alone]
     if not mine or not alone:
@@ -78,7 +81,7 @@ def predicted_and_measured(predicted: Prediction, records: list[dict[str, Any]],
     step_seconds = sum(r["drafting_seconds"] + r["verifying_seconds"] + r["engine_seconds"] for r in mine) / steps
     tokens = sum(r["tokens"] for r in mine) / len(mine)  # per prompt
     prefill = sum(r["prefill_seconds"] for r in mine) / len(mine)
-    predicted_run = predicted.run_speedup(tokens, prefill)
+    predicted_run = predicted.run_speedup(tokens, prefill, draft_prefill)
 
     def decoding(rs: list[dict[str, Any]], first: int = 0) -> float:  # seconds per token decoded after the prefill
         return sum(r["seconds"] - r["prefill_seconds"] for r in rs) / sum(r["tokens"] - first for r in rs)
@@ -86,7 +89,8 @@ def predicted_and_measured(predicted: Prediction, records: list[dict[str, Any]],
     # HF's prefill gives its first token (its records' prefill ends there): it decodes one token fewer after it
     own_prefill = all("prefill_seconds" in r for r in alone)
     if own_prefill:  # both sides decode after the same prefill
-        measured_run = (prefill + (tokens - 1) * decoding(alone, 1)) / (prefill + tokens * decoding(mine))
+        measured_run = (prefill - draft_prefill + (tokens - 1) * decoding(alone, 1)) / (
+            prefill + tokens * decoding(mine))
     else:
         measured_run = (sum(r["tokens"] for r in mine) / sum(r["seconds"] for r in mine)) / (
             sum(r["tokens"] for r in alone) / sum(r["seconds"] for r in alone))
@@ -97,7 +101,10 @@ def predicted_and_measured(predicted: Prediction, records: list[dict[str, Any]],
             ("seconds per step", f"{predicted.step_seconds:.3f}", f"{step_seconds:.3f}"),
             *([("the target alone's decoding, seconds per token (HF generate, after its prefill and first token)",
                 f"{predicted.plain_seconds:.3f}", f"{decoding(alone, 1):.3f}")] if own_prefill else []),
-            (f"speedup over the target alone, {prefill:.2f} s of prefill per prompt charged to both",
+            ("speedup over the target alone, " + (
+                f"{prefill:.2f} s of prefill per prompt charged to both" if not draft_prefill else
+                f"{prefill - draft_prefill:.2f} s of the target's prefill per prompt charged to both and the draft's "
+                f"{draft_prefill:.2f} s (predicted) to treespec"),
              f"{predicted_run:.2f}x", f"{measured_run:.2f}x")]
     return "\n".join(["| | predicted | measured |", "|---|---|---|", *(f"| {a} | {b} | {c} |" for a, b, c in rows)])
 
@@ -166,9 +173,10 @@ def run_demo(args: argparse.Namespace, target: torch.nn.Module, tok: Any, draft:
     ``target`` for the float32 baseline, ``quick``: HF eager only); returns 0 when every greedy output equals HF's."""
     out_dir = check_writable(args.out, directory=True)
     chat = getattr(args, "chat", False)
-    demo_prompts(tok, 1, chat)  # a missing chat template or prompt set: refused before tuning
+    prompts = demo_prompts(tok, args.prompts, chat)  # a missing chat template or prompt set: refused before tuning
     print(f"treespec demo on {platform.machine()} with {torch.get_num_threads()} threads, device {args.device}")
-    resolved, png, shape_note = _configuration(args, target, tok, draft, out_dir)
+    resolved, png, shape_note = _configuration(args, target, tok, draft, out_dir,
+                                               statistics.mean(len(ids) for _, _, ids in prompts))
     recipe, tuned = resolved.recipe, resolved.tuned
     prof, choice = tuned.profile, tuned.choice
     quick = getattr(args, "quick", False)
@@ -179,7 +187,6 @@ def run_demo(args: argparse.Namespace, target: torch.nn.Module, tok: Any, draft:
         methods.insert(0, compare.hf_method(load(args.target, device=args.device, dtype="float32")[0]))
     methods.append(compare.treespec_method(lambda ids, n: run(recipe, target, [draft], ids, max_new_tokens=n),
                                            precision_of(target)))
-    prompts = demo_prompts(tok, args.prompts, chat)
     dataset = prompts[0][0]
     prediction = retimed(tuned.prediction, target, [tokens for _, _, tokens in prompts])
     print(f"the target alone's decoding timed now: {prediction.plain_seconds:.3f} s per token (the profile's: "
@@ -198,7 +205,8 @@ def run_demo(args: argparse.Namespace, target: torch.nn.Module, tok: Any, draft:
     exact = agreement["of"] == len(prompts) and all(d["near_tie"] for d in divergences)
     headline = headline_line(summary, quick)
     report = compare.markdown(summary) + f"\n\n{shape_note}"
-    versus = predicted_and_measured(prediction, records, compare.hf_method(target).name)
+    versus = predicted_and_measured(prediction, records, compare.hf_method(target).name,
+                                    tuned.draft_prefill if recipe.budget > 1 else 0.0)
     if versus:
         how = ("the tree replayed over the shipped calibration walk with the run's confidence stop"
                if prediction.model == "replay"
@@ -219,9 +227,10 @@ def run_demo(args: argparse.Namespace, target: torch.nn.Module, tok: Any, draft:
 
 
 def _configuration(args: argparse.Namespace, target: torch.nn.Module, tok: Any, draft: torch.nn.Module,
-                   out_dir: Path) -> tuple[Resolved, Path, str]:
-    """The configuration the demo runs, tuned on this machine and printed with the costs it was chosen by; its tree
-    drawn to ``out_dir/tree.png``. Returns (the resolved recipe, the picture, why this shape won here)."""
+                   out_dir: Path, prompt_tokens: float) -> tuple[Resolved, Path, str]:
+    """The configuration the demo runs on prompts of ``prompt_tokens`` tokens on average, tuned on this machine and
+    printed with the costs it was chosen by; its tree drawn to ``out_dir/tree.png``. Returns (the resolved recipe,
+    the picture, why this shape won here)."""
     print("measuring forward latencies on this machine (cached after the first run) ...", flush=True)
     # the shipped files of this draft's precision (chat's with --chat)
     acceptance, walk = acceptance_for_draft(None, 0.0, draft, chat=getattr(args, "chat", False))
@@ -229,7 +238,7 @@ def _configuration(args: argparse.Namespace, target: torch.nn.Module, tok: Any, 
     # tok/s): an eager step there is launch-bound, the route no GPU user runs; on a CPU the run's own choice
     cuda = next(target.parameters()).device.type == "cuda"
     resolved = resolve(Recipe(tree="sequoia", acceptance=acceptance), target, [draft], tokenizer=tok,
-                       max_new_tokens=args.max_new_tokens, walk=walk, compiled=cuda)
+                       max_new_tokens=args.max_new_tokens, walk=walk, compiled=cuda, prompt_tokens=prompt_tokens)
     resolved = resolve_compile(resolved, target, [draft], tok, prompts=args.prompts, max_new_tokens=args.max_new_tokens,
                                asked="on CUDA the demo compiles treespec as it compiles HF's static-cache baseline, "
                                      "each in its warm-up call" if cuda else False)

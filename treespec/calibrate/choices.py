@@ -18,9 +18,10 @@ from ..models.pair import CrossDraft
 from ..core.linear_layout import layout_tags
 from ..models.precision import kernel_tags, precision_of
 from ..core.batch import BatchOutput
-from ..core.checks import check_not_empty, is_batch
+from ..core.checks import as_prompt, check_not_empty, is_batch
 from ..core.stats import GenerateOutput
-from ..recipes import DraftModel, Recipe, build_drafters, check_draft_models, default_budget, plan_depth
+from ..recipes import (MAX_NEW_TOKENS, DraftModel, Recipe, build_drafters, check_draft_models, default_budget,
+                       plan_depth)
 from ..recipes import run as run_resolved
 from .tuning import Tuned, calibrate, tune
 
@@ -122,7 +123,7 @@ def _pilot_choice(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[Draf
 def resolve(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[DraftModel], *,
             cache_file: Path | None = None, tuner: Callable[..., Tuned] = tune, tokenizer: Any = None,
             max_new_tokens: int = 128, pilot_cache: Path | None = None, walk: Any = None,
-            batch_size: int = 1, compiled: bool = False) -> Resolved:
+            batch_size: int = 1, compiled: bool = False, prompt_tokens: float | None = None) -> Resolved:
     """``recipe`` with a budget: as given; tuned on this machine (:func:`tunable`; the profile is
     cached in ``cache_file``, default ``<treespec cache>/profiles.json``; given the target's
     ``tokenizer``, the profile is then corrected by a pilot of the tuned tree's real steps and the
@@ -138,7 +139,9 @@ def resolve(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[DraftModel
     choice measures one prompt at a time whatever the batch. ``compiled``: the run compiles its steps (asked); a
     profile of compiled forwards (on CUDA) is then not corrected by the pilot's eager steps, which run another
     route (launch-bound there: an eager forward 21-44 ms whatever its tokens on an H100,
-    ``experiments/results/gpu-h100/NOTES.md``); the why-line says the costs are uncalibrated."""
+    ``experiments/results/gpu-h100/NOTES.md``); the why-line says the costs are uncalibrated. ``prompt_tokens``:
+    the run's prompts' mean length, whose prefill by the draft a tuned tree must earn back (``Tuned.run_speedup``:
+    a short run after a long prompt may then run plain decoding); None: not charged."""
     drafts = check_draft_models(drafts)
     models = _describe_models(target, drafts)
     if recipe.budget is not None:
@@ -169,7 +172,8 @@ def resolve(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[DraftModel
                              tag="calibration-v2")
         tuned = calibrate(tuned, measured, acceptance, max_depth=recipe.depth or 8)
     # a tree predicted (over the run's horizon) to gain less than the margin runs as plain decoding
-    tuned = tuned.for_batch(batch_size, acceptance, max_depth=recipe.depth or 8).with_walk(walk, max_new_tokens)
+    tuned = tuned.for_batch(batch_size, acceptance, max_depth=recipe.depth or 8).with_walk(walk, max_new_tokens,
+                                                                                           prompt_tokens)
     tuned = tuned.plain_unless()
     chosen = replace(recipe, **tuned.settings(), target_dtype=precision_of(target),
                      draft_dtype=precision_of(drafts[0]))
@@ -262,9 +266,10 @@ def run(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[DraftModel],
         **kwargs: Any) -> GenerateOutput | BatchOutput:
     """``treespec.run``: ``treespec.recipes.run`` (same arguments; a list of prompts runs as a batch), after
     :func:`resolve` when the recipe leaves its budget to tuning, for the batch's size (resolve it once yourself to
-    print its ``why`` or to run many prompts)."""
+    print its ``why`` or to run many prompts), for the run's new tokens after its prompts' length."""
     check_not_empty(input_ids)  # before a tuning measures anything
     if recipe.budget is None:
-        rows = len(input_ids) if is_batch(input_ids) else 1
-        recipe = resolve(recipe, target, drafts, batch_size=rows).recipe
+        prompts = [as_prompt(p) for p in input_ids] if is_batch(input_ids) else [as_prompt(input_ids)]
+        recipe = resolve(recipe, target, drafts, batch_size=len(prompts), max_new_tokens=kwargs.get(
+            "max_new_tokens", MAX_NEW_TOKENS), prompt_tokens=sum(map(len, prompts)) / len(prompts)).recipe
     return run_resolved(recipe, target, drafts, input_ids, **kwargs)

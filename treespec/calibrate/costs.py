@@ -18,7 +18,7 @@ from tree_builders import TreeShape, sequoia
 from ..common.files import JSONFile
 from ..common.machine import machine, model_name, version
 from ..models.precision import precision_of
-from ..models.timing import DEFAULT_SIZES, measure_latency, measure_plain_decode, random_tree
+from ..models.timing import DEFAULT_SIZES, measure_latency, measure_plain_decode, measure_prefill, random_tree
 from .acceptance import MeasuredAcceptance
 from .step_cost import Choice, choose_tree, cost_curve, draft_seconds
 
@@ -57,6 +57,9 @@ class Profile(JSONFile):
     #: seconds per token of the target's own plain decoding (HF ``generate``, ``measure_plain_decode``) at the
     #: profile's context; None: not timed (``t(1)`` + overhead stands for it)
     plain_decode_seconds: float | None = None
+    #: prompt length -> seconds of the draft's eager prefill of a prompt that long (``measure_prefill``): what a
+    #: speculating run spends before its first step that plain decoding does not; None: not measured
+    draft_prefill_latency: dict[int, float] | None = None
 
     @property
     def draft_cost(self) -> dict[int, float] | None:
@@ -69,6 +72,30 @@ class Profile(JSONFile):
         verify = float(np.interp(shape.size, sizes, [self.target_latency[s] for s in sizes]))
         t_q = cost_curve(self.draft_level_latency) if self.draft_level_latency else (lambda w: np.zeros(np.shape(w)))
         return draft_seconds(t_q, shape), verify
+
+    def draft_prefill_seconds(self, tokens: float) -> float:
+        """Predicted seconds of the draft's prefill of a ``tokens``-token prompt: the measured curve
+        (:attr:`draft_prefill_latency`) interpolated; past its longest length, that length's figure plus the growth a
+        quadratic fit of the curve gives (attention over the prompt grows with its square: on a Zen 4 host the int4
+        draft's prefill of 1,024 tokens took 2.5x its 512-token one, of 1,900 tokens 6.0x; the curve timed at 32,
+        128 and 512 tokens predicted those two within 4%, ``experiments/results/prompt-forward-cpu``), and below its
+        shortest, that figure scaled down with the length."""
+        if not self.draft_prefill_latency:
+            raise ValueError("this profile has no draft prefill curve: measure one (costs.profile with a draft, or "
+                             "tuning.cached_profile, which adds it to a cached profile without one)")
+        n = float(tokens)
+        xs = sorted(self.draft_prefill_latency)
+        ys = [self.draft_prefill_latency[x] for x in xs]
+        if n <= xs[0]:
+            return ys[0] * max(n, 0.0) / xs[0]
+        if n <= xs[-1]:
+            return float(np.interp(n, xs, ys))
+        growth = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) if len(xs) > 1 else ys[-1] / xs[-1]
+        growth *= n - xs[-1]
+        if len(xs) > 2:  # the quadratic's growth where it is the larger (attention's square term)
+            fit = np.polynomial.Polynomial.fit(xs, ys, 2)
+            growth = max(growth, float(fit(n) - fit(xs[-1])))
+        return ys[-1] + growth
 
     def at_context(self, context: float) -> "Profile":
         """This profile's costs after ``context`` cached tokens: each point moved along its measured
@@ -117,7 +144,8 @@ class Profile(JSONFile):
         slope = None if self.context_slope is None else {  # the factors scale the growth with the context too
             "target": {k: v * v_factor for k, v in self.context_slope.get("target", {}).items()},
             "draft": {k: v * d_factor for k, v in self.context_slope.get("draft", {}).items()}}
-        return Profile(lat, curve, meta, float(overhead), slope, self.plain_decode_seconds)
+        return Profile(lat, curve, meta, float(overhead), slope, self.plain_decode_seconds,
+                       self.draft_prefill_latency)
 
     def for_batch(self, rows: int) -> "Profile":
         """The costs of one step of a batch of ``rows`` prompts (``treespec.core.batch``), each verifying its own
@@ -153,7 +181,8 @@ class Profile(JSONFile):
                                              for part, points in slopes.items() if points}
         return Profile(batched(sizes, cost_curve(self.target_latency)),
                        None if q is None else batched(list(q), cost_curve(q)),
-                       {**self.meta, "batch_rows": rows}, self.step_overhead_seconds * rows, slope)
+                       {**self.meta, "batch_rows": rows}, self.step_overhead_seconds * rows, slope,
+                       draft_prefill_latency=self.draft_prefill_latency)  # each row's prompt: Tuned charges rows
 
     def step_seconds(self, shape: TreeShape) -> float:
         """Predicted seconds of one step of ``shape``: drafting, verifying and the engine's fixed seconds."""
@@ -185,12 +214,15 @@ class Profile(JSONFile):
     def to_dict(self) -> dict[str, Any]:
         """JSON types (sizes and widths as string keys), read back by :meth:`from_dict`."""
         curve, slope, plain = self.draft_level_latency, self.context_slope, self.plain_decode_seconds
+        prefill = self.draft_prefill_latency
         return {"target_latency": {str(k): v for k, v in sorted(self.target_latency.items())},
                 "draft_level_latency": None if curve is None else {str(k): v for k, v in sorted(curve.items())},
                 "step_overhead_seconds": self.step_overhead_seconds, "meta": self.meta,
                 **({} if slope is None else {"context_slope": {
                     part: {str(k): v for k, v in sorted(points.items())} for part, points in slope.items()}}),
-                **({} if plain is None else {"plain_decode_seconds": plain})}
+                **({} if plain is None else {"plain_decode_seconds": plain}),
+                **({} if prefill is None else {"draft_prefill_latency": {
+                    str(k): v for k, v in sorted(prefill.items())}})}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Profile":
@@ -200,12 +232,13 @@ class Profile(JSONFile):
         curve = d.get("draft_level_latency")
         if curve is None and d.get("draft_level_seconds") is not None:  # a file from before the curve: one point,
             curve = {d.get("meta", {}).get("draft_tokens", 4): d["draft_level_seconds"]}  # the same cost at every width
-        slope = d.get("context_slope")
+        slope, prefill = d.get("context_slope"), d.get("draft_prefill_latency")
         return cls(lat, None if curve is None else {int(k): float(v) for k, v in curve.items()},
                    dict(d.get("meta", {})), float(d.get("step_overhead_seconds", 0.0)),
                    None if slope is None else {part: {int(k): float(v) for k, v in points.items()}
                                                for part, points in slope.items()},
-                   None if d.get("plain_decode_seconds") is None else float(d["plain_decode_seconds"]))
+                   None if d.get("plain_decode_seconds") is None else float(d["plain_decode_seconds"]),
+                   None if prefill is None else {int(k): float(v) for k, v in prefill.items()})
 
 
 def _meta(target: torch.nn.Module, draft: torch.nn.Module | None, **extra: Any) -> dict[str, Any]:
@@ -240,7 +273,8 @@ def profile(
     cached token (``Profile.context_slope``, read by ``Profile.at_context``). ``compiled``: measure the compiled
     steps' forwards (``measure_latency``); None: on CUDA, where an eager forward is launch-bound and no GPU user
     runs it (a CPU's tuner times eager forwards and calibrates them on real steps). Eager: the target's own plain
-    decoding is timed too (``measure_plain_decode``), what the predicted speedups are relative to.
+    decoding is timed too (``measure_plain_decode``), what the predicted speedups are relative to. With a draft,
+    its prefill is timed at a few prompt lengths (``measure_prefill``: ``Profile.draft_prefill_latency``).
     """
     widths = sorted({*map(int, draft_widths), int(draft_tokens)})
     if compiled is None:
@@ -261,4 +295,5 @@ def profile(
     meta = _meta(target, draft, context=context, repeats=repeats, draft_tokens=draft_tokens,
                  second_context=second_context, compiled=compiled)
     plain = None if compiled else measure_plain_decode(target, context)
-    return Profile(lat, curve, meta, float(step_overhead), slope, plain)
+    prefill = None if draft is None else measure_prefill(draft)
+    return Profile(lat, curve, meta, float(step_overhead), slope, plain, prefill)

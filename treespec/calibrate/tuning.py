@@ -26,6 +26,7 @@ from ..common.files import read_json_dict, write_json
 from ..common.machine import measurement_key, model_name
 from ..core.linear_layout import layout_tags
 from ..models.precision import kernel_tags, precision_of
+from ..models.timing import measure_prefill
 from .acceptance import MeasuredAcceptance
 from .costs import Profile, profile
 from .step_cost import Choice
@@ -58,18 +59,25 @@ class Prediction:
     plain_seconds: float
     model: str
     per_prompt: tuple[tuple[int, int], ...] = ()
+    #: the prediction of plain decoding itself (a tree declined, or none chosen): its run is the target alone's
+    plain: bool = False
 
     @property
     def speedup(self) -> float:
         """Predicted speedup over plain decoding (the target alone, eager)."""
         return self.tau * self.plain_seconds / self.step_seconds
 
-    def run_speedup(self, tokens: float, prefill: float) -> float:
-        """The predicted speedup of a run of ``tokens`` new tokens whose prompt takes ``prefill`` seconds, charged
-        to both sides (the run's own prefill: :attr:`speedup` is the decoding's alone, which a short run's or a long
-        prompt's prefill dilutes). Plain decoding's prefill gives its first token, so it decodes ``tokens - 1``
-        more (``plain_seconds`` is one decoding step's seconds: ``timing.measure_plain_decode``)."""
-        return (prefill + (tokens - 1) * self.plain_seconds) / (prefill + tokens / self.tau * self.step_seconds)
+    def run_speedup(self, tokens: float, prefill: float, draft_prefill: float = 0.0) -> float:
+        """The predicted speedup of a run of ``tokens`` new tokens whose prompt takes ``prefill`` seconds (the
+        run's own prefill: :attr:`speedup` is the decoding's alone, which a short run's or a long prompt's prefill
+        dilutes), of which ``draft_prefill`` is the draft's, which plain decoding does not run: the target's prefill
+        is charged to both sides, the draft's to the tree's. Plain decoding's prefill gives its first token, so it
+        decodes ``tokens - 1`` more (``plain_seconds`` is one decoding step's seconds:
+        ``timing.measure_plain_decode``); 1 for plain decoding's own prediction (:attr:`plain`)."""
+        if self.plain:
+            return 1.0
+        plain = prefill - draft_prefill + (tokens - 1) * self.plain_seconds
+        return plain / (prefill + tokens / self.tau * self.step_seconds)
 
     def tau_range(self, prompts: int, level: float = 0.9) -> tuple[float, float] | None:
         """The central ``level`` range of the tokens per step of a run over ``prompts`` prompts like the
@@ -107,8 +115,35 @@ class Tuned:
     walk: MeasuredAcceptance | None = None
     #: the run's new tokens, predicted over the walk's first ``horizon`` positions (None: the whole walk)
     horizon: int | None = None
-    #: the tree chosen and then declined for plain decoding, and its prediction (:meth:`plain_unless`)
-    declined: tuple[Choice, Prediction] | None = None
+    #: the tuning whose tree was declined for plain decoding (:meth:`plain_unless`), its prediction kept
+    declined: "Tuned | None" = None
+    #: the run's prompts' mean length in tokens (:meth:`with_walk`), whose prefill by the draft the run's
+    #: prediction charges (:attr:`draft_prefill`); None: not known, nothing charged
+    prompt_tokens: float | None = None
+
+    @property
+    def draft_prefill(self) -> float:
+        """Predicted seconds of the draft's prefill of the run's prompt (one per row of a batch), which plain
+        decoding does not spend (``Profile.draft_prefill_seconds``); 0 without the prompt's length or the curve."""
+        return 0.0 if self.prompt_tokens is None else self.draft_prefill_of(self.prompt_tokens)
+
+    def draft_prefill_of(self, prompt_tokens: float) -> float:
+        """Predicted seconds of the draft's prefill of a ``prompt_tokens``-token prompt (one per row of a batch); 0
+        where the profile has no prefill curve (a profile made before it, read without ``cached_profile``)."""
+        if not self.profile.draft_prefill_latency:
+            return 0.0
+        return int(self.profile.meta.get("batch_rows", 1)) * self.profile.draft_prefill_seconds(prompt_tokens)
+
+    @property
+    def run_speedup(self) -> float:
+        """The run's predicted speedup over plain decoding, what :meth:`plain_unless` decides by: over the run's
+        ``horizon`` new tokens, the draft's prefill of its prompt charged to the tree (:attr:`draft_prefill`; the
+        target's prefill is the same on both sides and left out: ``Prediction.run_speedup`` with the draft's
+        prefill alone), plain decoding's first token from its prefill; without a horizon the decoding's own
+        (``Prediction.speedup``)."""
+        p = self.prediction
+        return p.speedup if self.horizon is None else p.run_speedup(self.horizon, self.draft_prefill,
+                                                                     self.draft_prefill)
 
     @cached_property
     def prediction(self) -> Prediction:
@@ -124,7 +159,7 @@ class Tuned:
             self.min_confidence is None or walk.confidence)
         steps = walk.replay(c.shape, self.min_confidence, self.horizon) if usable else []
         if not steps:
-            return Prediction(c.tau, c.step_seconds, c.plain_seconds, "rows")
+            return Prediction(c.tau, c.step_seconds, c.plain_seconds, "rows", plain=c.depth == 0)
         tau = sum(s.tokens for s in steps) / len(steps)
         if self.compiled_step_seconds is not None:
             seconds = self.compiled_step_seconds
@@ -136,21 +171,27 @@ class Tuned:
         return Prediction(tau, seconds, c.plain_seconds, "replay", per_prompt)
 
     def plain_unless(self, margin: float = MARGIN) -> "Tuned":
-        """This tuning, or plain decoding where its tree's predicted speedup (:attr:`prediction`: the run's, over the
-        calibration walk when there is one) falls short of ``margin``. The prediction errs by a few percent, and
-        by more on prompts unlike the calibration's, and a default must not lose to the target alone: the rule a
-        pilot's choice follows too (``treespec.calibrate.pilot.choose``). The declined tree stays in the why-line."""
-        c, p = self.choice, self.prediction
-        if c.depth == 0 or p.speedup >= margin:
+        """This tuning, or plain decoding where its tree's predicted speedup for the run (:attr:`run_speedup`: over
+        the calibration walk when there is one, the draft's prefill of the run's prompt charged) falls short of
+        ``margin``. The prediction errs by a few percent, and by more on prompts unlike the calibration's, and a
+        default must not lose to the target alone: the rule a pilot's choice follows too
+        (``treespec.calibrate.pilot.choose``). A short run or a long prompt can decline a tree whose decoding
+        alone would pay: the draft's prefill is not earned back. The declined tree stays in the why-line."""
+        c = self.choice
+        if c.depth == 0 or self.run_speedup >= margin:
             return self
         plain = replace(c, budget=1, depth=0, shape=TreeShape.from_paths([]), tau=1.0, speedup=1.0,
                         step_seconds=c.plain_seconds)
-        return replace(self, choice=plain, declined=(c, p))
+        return replace(self, choice=plain, declined=self)
 
-    def with_walk(self, walk: MeasuredAcceptance | None, horizon: int | None = None) -> "Tuned":
+    def with_walk(self, walk: MeasuredAcceptance | None, horizon: int | None = None,
+                  prompt_tokens: float | None = None) -> "Tuned":
         """This tuning predicted over ``walk`` (the measurement its acceptance rows came from; :attr:`prediction`)
-        for a run of ``horizon`` new tokens (None: over the whole walk, uncut steps)."""
-        return replace(self, walk=walk, horizon=horizon)
+        for a run of ``horizon`` new tokens (None: over the whole walk, uncut steps) after prompts of
+        ``prompt_tokens`` tokens on average (their prefill by the draft charged: :attr:`run_speedup`)."""
+        if prompt_tokens is not None and prompt_tokens < 1:
+            raise ValueError(f"a prompt has >= 1 tokens, got a mean of {prompt_tokens}")
+        return replace(self, walk=walk, horizon=horizon, prompt_tokens=prompt_tokens)
 
     @property
     def calibration(self) -> dict[str, Any] | None:
@@ -192,10 +233,8 @@ class Tuned:
     @property
     def why(self) -> str:
         if self.declined is not None:
-            tree, p = self.declined
-            return (f"{replace(self, choice=tree, declined=None).why}; so plain decoding runs (the target alone: "
-                    f"{p.speedup:.2f}x is under the {MARGIN:.2f}x a tuned tree must be predicted to reach, the "
-                    "prediction's error)")
+            return (f"{self.declined.why}; so plain decoding runs (the target alone: {self.declined.run_speedup:.2f}x "
+                    f"is under the {MARGIN:.2f}x a tuned tree must be predicted to reach, the prediction's error)")
         c, m, s, p = self.choice, self.profile.meta, self.settings(), self.prediction
         cal = self.calibration
         fixed = "" if cal is None else (
@@ -218,7 +257,18 @@ class Tuned:
         return (f"target {m.get('target_precision')}, draft {m.get('draft_precision')}; Sequoia tree of budget "
                 f"{c.shape.size}, depth {c.shape.depth} (width limit {s['max_width'] or 'none'}){batch}: "
                 f"predicted tau {p.tau:.2f}{how}, {p.step_seconds:.3f} {step} vs {p.plain_seconds:.3f} s per {plain}, "
-                f"predicted {p.speedup:.2f}x over {alone} in the same precision{fixed}")
+                f"predicted {p.speedup:.2f}x over {alone} in the same precision{fixed}{self._run_note()}")
+
+    def _run_note(self) -> str:
+        """The why-line's account of the run's own prediction (:attr:`run_speedup`), where it charges a prefill."""
+        if self.horizon is None or not self.draft_prefill:
+            return ""
+        rows = int(self.profile.meta.get("batch_rows", 1))
+        prompts = f"{rows} prompts of {self.prompt_tokens:.0f} tokens" if rows > 1 else (
+            f"its {self.prompt_tokens:.0f}-token prompt")
+        return (f"; {self.run_speedup:.2f}x for this run's {self.horizon} tokens with the draft's prefill of "
+                f"{prompts} ({self.draft_prefill:.2f} s) charged (the target's prefill, the same on both sides, "
+                "left out)")
 
 
 def _walk_source(walk: MeasuredAcceptance | None) -> str:
@@ -244,14 +294,19 @@ def _key(target: torch.nn.Module, draft: torch.nn.Module) -> str:
 
 def cached_profile(target: torch.nn.Module, draft: torch.nn.Module, cache_file: Path | None,
                    remeasure: bool = False, **kwargs: Any) -> Profile:
-    """``profile(target, draft, ...)``, read from / written to ``cache_file`` (None: no cache)."""
+    """``profile(target, draft, ...)``, read from / written to ``cache_file`` (None: no cache). A cached profile
+    from before the draft's prefill curve gets it measured and added (``Profile.draft_prefill_latency``)."""
     key = _key(target, draft)
     saved = {} if cache_file is None else read_json_dict(cache_file)  # a damaged cache is measured again
     if key in saved and not remeasure:
-        return Profile.from_dict(saved[key])
-    kwargs.setdefault("sizes", PROFILE_SIZES)
-    kwargs.setdefault("draft_widths", PROFILE_WIDTHS)
-    prof = profile(target, draft, **kwargs)
+        prof = Profile.from_dict(saved[key])
+        if prof.draft_prefill_latency is not None:
+            return prof
+        prof = replace(prof, draft_prefill_latency=measure_prefill(draft))
+    else:
+        kwargs.setdefault("sizes", PROFILE_SIZES)
+        kwargs.setdefault("draft_widths", PROFILE_WIDTHS)
+        prof = profile(target, draft, **kwargs)
     if cache_file is not None:
         write_json(cache_file, {**saved, key: prof.to_dict()})
     return prof

@@ -14,7 +14,7 @@ from ..common.device import execution_device, sync
 from ..core.attention import own_kernels
 from ..core.checks import vocab_size
 from ..core.compiling import compile_options
-from ..core.kv import TreeCache, causal_allowed, forward_masked
+from ..core.kv import TreeCache, causal_allowed, forward_masked, forward_prompt
 from ..core.static_cache import StaticTreeCache
 from ..core.tree import layout
 
@@ -173,3 +173,38 @@ def measure_plain_decode(model: torch.nn.Module, context: int = 128, tokens: int
                               do_sample=False)  # neutral: nothing inherited from the checkpoint
     model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config, stopping_criteria=[clock])
     return statistics.median(b - a for a, b in zip(clock.stamps, clock.stamps[1:]))
+
+
+#: the prompt lengths a prefill cost curve is timed at (``measure_prefill``); longer prompts extend its last slope
+PREFILL_LENGTHS = (32, 128, 512)
+
+
+@torch.inference_mode()
+def measure_prefill(model: torch.nn.Module, lengths: Sequence[int] = PREFILL_LENGTHS, repeats: int = 3,
+                    seed: int = 0) -> dict[int, float]:
+    """Seconds of the eager prefill of a prompt of ``n`` tokens, for each ``n`` in ``lengths``: one forward over
+    the prompt into an empty growable cache, the last token's logits kept (``kv.forward_prompt``: what the eager step
+    and a model drafter run before the first step; a model with wide-input twins runs them, as a prompt does). After
+    an untimed warm-up of each length, ``repeats`` rounds each time every length once (alternate rounds reversed);
+    a length's figure is the median of its rounds."""
+    if not lengths or any(int(n) != n or n < 1 for n in lengths) or repeats < 1:
+        raise ValueError(f"lengths must be ints >= 1 and repeats >= 1, got {tuple(lengths)!r} and {repeats}")
+    device = execution_device(model)
+    gen = torch.Generator().manual_seed(seed)
+    vocab = vocab_size(model)
+    prompts = {int(n): torch.randint(vocab, (int(n),), generator=gen).to(device) for n in sorted(set(lengths))}
+
+    def timed(n: int) -> float:
+        sync(device)
+        t0 = time.perf_counter()
+        forward_prompt(model, TreeCache(), prompts[n])
+        sync(device)
+        return time.perf_counter() - t0
+
+    for n in prompts:
+        timed(n)
+    times: dict[int, list[float]] = {n: [] for n in prompts}
+    for r in range(repeats):
+        for n in (list(prompts) if r % 2 == 0 else list(prompts)[::-1]):
+            times[n].append(timed(n))
+    return {n: statistics.median(t) for n, t in times.items()}

@@ -54,13 +54,18 @@ from ..core.stats import GenerateOutput
 from .plan import DraftPlan, build_drafters, check_draft_models, ngram_reserve, plan, plan_depth, shape_for
 from .settings import DEFAULT_BUDGET, TREES, DraftModel, NGramSettings, Recipe, default_budget, draft_mode
 
-__all__ = ["DEFAULT_BUDGET", "TREES", "DraftModel", "DraftPlan", "NGramSettings", "Recipe", "build_drafters",
+__all__ = ["DEFAULT_BUDGET", "MAX_NEW_TOKENS", "TREES", "DraftModel", "DraftPlan", "NGramSettings", "Recipe",
+           "build_drafters",
            "check_draft_models",
            "default_budget", "draft_mode", "ngram_reserve", "plan", "plan_depth", "run", "shape_for"]
 
 
+#: new tokens a run generates unless told
+MAX_NEW_TOKENS = 64
+
+
 def run(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[DraftModel],
-        input_ids: torch.Tensor | Sequence[int] | Sequence[Sequence[int]], *, max_new_tokens: int = 64,
+        input_ids: torch.Tensor | Sequence[int] | Sequence[Sequence[int]], *, max_new_tokens: int = MAX_NEW_TOKENS,
         seed: int | None = None, eos_token_id: int | Sequence[int] | None = None,
         on_tokens: Callable[[list[int]], None] | Callable[[int, list[int]], None] | None = None,
         envelope: Envelope | None = None) -> GenerateOutput | BatchOutput:
