@@ -53,6 +53,20 @@ def test_prefill_is_charged_to_both_sides() -> None:
     assert choose(p, tokens=2000)[0].depth > 0
 
 
+def test_the_drafters_prefill_scales_with_the_runs_prompts() -> None:
+    """The recipe's prefill less the target alone's is the drafters' pass over the prompt: a run's prompts ``s``
+    times the pilot's cost ``s`` times that (the target's, on both sides, as measured). 0.3 s of it on the pilot
+    prompts is paid back by 64 tokens; ten times longer prompts decline the same recipe."""
+    p = make_pilot(prefill_per_prompt=0.8, plain_prefill_per_prompt=0.5)
+    d = 3
+    tau, step = next((c.tau, c.step_seconds) for c in predict(p, 64) if c.depth == d)
+    for scale in (1.0, 10.0):
+        got = next(c.speedup for c in predict(p, 64, scale) if c.depth == d)
+        assert got == pytest.approx((0.5 + 63 * 0.1) / (0.5 + 0.3 * scale + 64 * step / tau))
+    assert choose(p, 64)[0].depth > 0 and choose(p, 64, prompt_scale=10.0)[0].depth == 0
+    assert "after prompts 10.0x the pilot's" in pilot.why(p, *choose(p, 64, prompt_scale=10.0), 64, 10.0)
+
+
 def test_non_chain_recipes_are_predicted_at_their_own_depth_only() -> None:
     p = make_pilot(chain=False, tau=3.0)
     assert [c.depth for c in predict(p, 50)] == [0, 6]
@@ -100,6 +114,11 @@ def test_the_resolved_recipe_is_what_the_pilot_chose(pair, tmp_path, monkeypatch
         chosen = choose(measured, 128)[0]
         assert chosen.depth == 4 and resolved.recipe.budget == recipes.DEFAULT_BUDGET
         assert recipes.plan_depth(resolved.recipe, False) == 4 and "chose depth 4" in resolved.why
+        # the run's prompts reach the pilot's prediction: ten times the pilot prompts' mean length
+        mean = sum(len(tok(t)["input_ids"]) for t in pilot.PILOT_PROMPTS) / len(pilot.PILOT_PROMPTS)
+        longer = resolve(Recipe(tree="sequoia", ngram=NGramSettings()), target, [], tokenizer=tok,
+                         pilot_cache=tmp_path / "p.json", prompt_tokens=10 * mean)
+        assert "after prompts 10.0x the pilot's" in longer.why
 
 
 def test_a_chain_depth_cap_is_applied(pair, tmp_path, monkeypatch) -> None:

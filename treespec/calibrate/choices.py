@@ -100,9 +100,12 @@ def _measured(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[DraftMod
 
 
 def _pilot_choice(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[DraftModel], models: str,
-                  tokenizer: Any, max_new_tokens: int, cache_file: Path | None) -> Resolved:
+                  tokenizer: Any, max_new_tokens: int, cache_file: Path | None,
+                  prompt_tokens: float | None = None) -> Resolved:
     """A recipe the tuner cannot size, measured by a pilot (``treespec.calibrate.pilot``): the depth
-    predicted fastest on this machine, or plain decoding (budget 1) when no depth is predicted to pay."""
+    predicted fastest on this machine for ``max_new_tokens`` after prompts of ``prompt_tokens`` tokens on average
+    (the drafters' prefill scaled from the pilot prompts'; None: as on the pilot prompts), or plain decoding
+    (budget 1) when no depth is predicted to pay."""
     from . import pilot
 
     base = replace(recipe, budget=default_budget(recipe))
@@ -112,9 +115,11 @@ def _pilot_choice(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[Draf
     depth = plan_depth(base, bool(drafts))
     measured = _measured(base, target, drafts, tokenizer, cache_file, chain=_single_chain(base, drafters))
     # a depth cap d is only a candidate when the recipe's drafters then really draft d deep
+    pilot_prompts = _pilot_prompts(tokenizer)
+    scale = 1.0 if prompt_tokens is None else prompt_tokens / (sum(map(len, pilot_prompts)) / len(pilot_prompts))
     chosen, table = pilot.choose(measured, max_new_tokens, allowed=lambda d: d == depth or plan_depth(
-        replace(base, depth=d), bool(drafts)) == d)
-    why = f"{models}; {pilot.why(measured, chosen, table, max_new_tokens)}"
+        replace(base, depth=d), bool(drafts)) == d, prompt_scale=scale)
+    why = f"{models}; {pilot.why(measured, chosen, table, max_new_tokens, scale)}"
     if chosen.depth == 0:
         return Resolved(replace(recipe, budget=1), why)
     return Resolved(replace(base, depth=chosen.depth if chosen.depth < depth else recipe.depth), why)
@@ -151,7 +156,8 @@ def resolve(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[DraftModel
     if not tunable(recipe, drafts):
         if tokenizer is not None:
             return _pilot_choice(recipe, target, drafts, models, tokenizer, max_new_tokens,
-                                 pilot_cache if pilot_cache is not None else cache_root() / "pilots.json")
+                                 pilot_cache if pilot_cache is not None else cache_root() / "pilots.json",
+                                 prompt_tokens)
         budget = default_budget(recipe)
         return Resolved(replace(recipe, budget=budget),
                         f"{models}; {recipe.tree} tree, budget {budget} (the default: tuning needs a "

@@ -24,7 +24,8 @@ Here such a recipe is measured instead, once per machine (cached):
    ``engine``: the pilot's engine seconds per step. Other recipes are predicted at their own depth
    only (the pilot's tau and seconds per step). Prefill is charged to both sides the same way: ``N``
    new tokens take ``prefill + N time(d) / tau(d)`` against ``prefill_plain + (N - 1) plain``, where
-   ``plain`` is the target alone's seconds per token (its prefill gives the first token, as HF's does).
+   ``plain`` is the target alone's seconds per token (its prefill gives the first token, as HF's does);
+   ``prefill - prefill_plain`` is the drafters' pass over the prompt, scaled to the run's prompts' length.
 3. **Choice.** The depth with the highest predicted speedup when it reaches :data:`MARGIN`,
    otherwise plain decoding (budget 1): a default must not lose to the target alone.
 """
@@ -108,9 +109,13 @@ def _t(latency: dict[int, float], n: int) -> float:
     return float(np.interp(n, xs, [latency[x] for x in xs]))
 
 
-def predict(p: Pilot, tokens: int) -> list[Prediction]:
+def predict(p: Pilot, tokens: int, prompt_scale: float = 1.0) -> list[Prediction]:
     """Predicted tau, seconds per step and speedup for plain decoding (depth 0), every depth
-    ``1..D`` of a chain recipe, or the recipe's own depth otherwise (module docstring, step 2)."""
+    ``1..D`` of a chain recipe, or the recipe's own depth otherwise (module docstring, step 2).
+    ``prompt_scale``: the run's prompts' mean length over the pilot prompts'; the drafters' part of the prefill
+    (the recipe's prefill less the target alone's) is scaled by it, linearly (a model draft's prefill grows faster
+    on long prompts: attention's square term), the target's, the same on both sides, kept as measured."""
+    drafts = max(p.prefill_per_prompt - p.plain_prefill_per_prompt, 0.0) * prompt_scale
     plain_run = p.plain_prefill_per_prompt + (tokens - 1) * p.plain_per_token  # its prefill gives the first token
     out = [Prediction(0, 1.0, p.plain_per_token, 1.0)]
     if p.steps == 0:
@@ -124,16 +129,16 @@ def predict(p: Pilot, tokens: int) -> list[Prediction]:
         else:
             tau = p.tau
             step = p.draft_per_step + p.verify_per_step + p.engine_per_step
-        run = p.prefill_per_prompt + tokens * step / tau
+        run = p.plain_prefill_per_prompt + drafts + tokens * step / tau
         out.append(Prediction(d, tau, step, plain_run / run))
     return out
 
 
-def choose(p: Pilot, tokens: int, margin: float = MARGIN, allowed: Callable[[int], bool] = lambda depth: True
-           ) -> tuple[Prediction, list[Prediction]]:
+def choose(p: Pilot, tokens: int, margin: float = MARGIN, allowed: Callable[[int], bool] = lambda depth: True,
+           prompt_scale: float = 1.0) -> tuple[Prediction, list[Prediction]]:
     """The best predicted candidate (of the depths ``allowed``) if it reaches ``margin`` over plain
-    decoding, else plain decoding (depth 0); and the table of candidates."""
-    table = [c for c in predict(p, tokens) if c.depth == 0 or allowed(c.depth)]
+    decoding, else plain decoding (depth 0); and the table of candidates (``prompt_scale``: :func:`predict`)."""
+    table = [c for c in predict(p, tokens, prompt_scale) if c.depth == 0 or allowed(c.depth)]
     best = max(table[1:], key=lambda c: c.speedup, default=table[0])
     return (best if best.speedup >= margin else table[0]), table
 
@@ -185,13 +190,15 @@ def cached_pilot(key: str, cache_file: Path | None, measure: Callable[[], Pilot]
     return cached_entry(cache_file, key, measure, Pilot.from_dict, Pilot.to_dict, remeasure)
 
 
-def why(p: Pilot, chosen: Prediction, table: list[Prediction], tokens: int) -> str:
+def why(p: Pilot, chosen: Prediction, table: list[Prediction], tokens: int, prompt_scale: float = 1.0) -> str:
     """One line: what the pilot measured and what it chose."""
     shown = sorted(table[1:], key=lambda c: -c.speedup)[:3]
     alts = ", ".join(f"depth {c.depth}: tau {c.tau:.2f}, {c.speedup:.2f}x" for c in shown)
+    prompts = "" if prompt_scale == 1.0 else (f" after prompts {prompt_scale:.1f}x the pilot's (the drafters' "
+                                              f"prefill scaled with them)")
     head = (f"pilot ({p.steps} steps on {len(PILOT_PROMPTS)} built-in prompts): tau {p.tau:.2f} at depth {p.depth}, "
             f"{p.draft_per_step + p.verify_per_step + p.engine_per_step:.3f} s per step vs "
-            f"{p.plain_per_token:.3f} s per token plain; predicted for {tokens} tokens: {alts}")
+            f"{p.plain_per_token:.3f} s per token plain; predicted for {tokens} tokens{prompts}: {alts}")
     if chosen.depth == 0:
         return f"{head}; plain decoding (no configuration predicted {MARGIN:.2f}x or more)"
     return f"{head}; chose depth {chosen.depth}"
