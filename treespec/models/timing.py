@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -72,22 +72,29 @@ def measure_latency(
         depth, anc = random_tree(n, gen)
         trees[n] = (torch.randint(vocab, (n,), generator=gen).to(device), depth, anc)
     forward = (_eager_forward if compiled is False else _compiled_forward)(model, ctx, trees, compiled)
+    return _medians_of_rounds(forward, list(trees), device, warmup, repeats)
 
-    def timed(n: int) -> float:
+
+def _medians_of_rounds(run: Callable[[int], object], keys: list[int], device: torch.device, warmup: int,
+                       repeats: int) -> dict[int, float]:
+    """Seconds of ``run(k)`` for each of ``keys``: ``warmup`` untimed runs of each, then ``repeats`` rounds each
+    timing every key once (alternate rounds in reverse order), the median of each key's rounds (the device
+    synchronised around each run)."""
+    def timed(k: int) -> float:
         sync(device)
         t0 = time.perf_counter()
-        forward(n)
+        run(k)
         sync(device)
         return time.perf_counter() - t0
 
     for _ in range(warmup):
-        for n in trees:
-            timed(n)
-    times: dict[int, list[float]] = {n: [] for n in trees}
+        for k in keys:
+            timed(k)
+    times: dict[int, list[float]] = {k: [] for k in keys}
     for r in range(repeats):
-        for n in (list(trees) if r % 2 == 0 else list(trees)[::-1]):
-            times[n].append(timed(n))
-    return {n: statistics.median(t) for n, t in times.items()}
+        for k in (keys if r % 2 == 0 else keys[::-1]):
+            times[k].append(timed(k))
+    return {k: statistics.median(t) for k, t in times.items()}
 
 
 def _eager_forward(model: torch.nn.Module, ctx: list[int], trees: dict, compiled: bool | str):
@@ -193,18 +200,5 @@ def measure_prefill(model: torch.nn.Module, lengths: Sequence[int] = PREFILL_LEN
     gen = torch.Generator().manual_seed(seed)
     vocab = vocab_size(model)
     prompts = {int(n): torch.randint(vocab, (int(n),), generator=gen).to(device) for n in sorted(set(lengths))}
-
-    def timed(n: int) -> float:
-        sync(device)
-        t0 = time.perf_counter()
-        forward_prompt(model, TreeCache(), prompts[n])
-        sync(device)
-        return time.perf_counter() - t0
-
-    for n in prompts:
-        timed(n)
-    times: dict[int, list[float]] = {n: [] for n in prompts}
-    for r in range(repeats):
-        for n in (list(prompts) if r % 2 == 0 else list(prompts)[::-1]):
-            times[n].append(timed(n))
-    return {n: statistics.median(t) for n, t in times.items()}
+    return _medians_of_rounds(lambda n: forward_prompt(model, TreeCache(), prompts[n]), list(prompts), device,
+                              warmup=1, repeats=repeats)
