@@ -5,6 +5,7 @@ torch is imported where a fixture needs it: pytest-xdist's controller process lo
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import os
@@ -104,3 +105,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+@contextlib.contextmanager
+def counted_forwards(model: torch.nn.Module):
+    """A list that grows by one per forward of ``model`` within the block."""
+    calls: list[int] = []
+    hook = model.register_forward_hook(lambda *_: calls.append(1))
+    try:
+        yield calls
+    finally:
+        hook.remove()

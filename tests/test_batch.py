@@ -16,7 +16,7 @@ from treespec.core.batch import BatchOutput, row_seed
 from treespec.core.sampling import spread_seed
 from treespec.models.tiny import greedy_reference
 
-from conftest import tiny_pair
+from conftest import counted_forwards, tiny_pair
 
 #: prompts of different lengths (one of a single token: nothing to prefill)
 PROMPTS = [[1, 5, 7, 9, 3], [4], [2, 8, 8, 2, 8, 8, 2, 8, 8, 2, 6], [11, 12, 13]]
@@ -91,12 +91,8 @@ def test_plain_batch_rows_take_their_first_token_from_the_prefill(temperature):
     token (as ``EagerStep``'s does alone): N tokens in N target forwards; each row as its prompt alone, sampled
     ones with the row's seed."""
     target, _ = tiny_pair("qwen2")
-    calls = []
-    hook = target.register_forward_hook(lambda *_: calls.append(1))
-    try:
+    with counted_forwards(target) as calls:
         out = treespec.generate(target, PROMPTS, max_new_tokens=6, temperature=temperature, seed=5)
-    finally:
-        hook.remove()
     assert len(calls) == 6 and out.forwards == 6 == max(r.stats.steps for r in out.rows)
     for r, (prompt, row) in enumerate(zip(PROMPTS, out.rows)):
         alone = treespec.generate(target, prompt, max_new_tokens=6, temperature=temperature, seed=row_seed(5, r))

@@ -5,6 +5,8 @@ import pytest
 import treespec
 from treespec.models.tiny import greedy_reference, tiny_model
 
+from conftest import counted_forwards
+
 CHAIN = [(0,), (0, 0), (0, 0, 0), (0, 0, 0, 0)]  # 4 drafted tokens + the bonus: 5 tokens a step
 
 
@@ -72,27 +74,18 @@ def test_no_drafting_when_nothing_beyond_the_bonus_is_wanted(target):
     assert out.new_tokens == greedy_reference(target, [1, 2, 3], 6)
 
 
-def _forwards(model):
-    """A list that grows by one per forward of ``model`` (its hook's handle to remove)."""
-    calls = []
-    return calls, model.register_forward_hook(lambda *_: calls.append(1))
-
-
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_plain_decoding_forwards_the_target_once_per_token(target, temperature):
     """Plain decoding's prefill takes the prompt's last token and its logits give the first token, as HF's do: N
     tokens in N target forwards, prefill included. Control: a speculating run's every tree needs a forward (the
     first one's of the nodes below the root), so its target runs the prefill and one forward per step."""
     draft = tiny_model("llama", vocab=64, hidden=64, scale=6, seed=3)
-    calls, hook = _forwards(target)
-    try:
+    with counted_forwards(target) as calls:
         out = treespec.generate(target, [1, 2, 3], max_new_tokens=6, temperature=temperature, seed=0)
         plain = len(calls)
         calls.clear()
         spec = treespec.generate(target, [1, 2, 3], drafters=[treespec.ModelDrafter(draft, CHAIN)], max_new_tokens=6,
                                  temperature=temperature, seed=0)
-    finally:
-        hook.remove()
     assert plain == 6 and out.stats.tree_sizes == [1] * 6 and len(out.new_tokens) == 6
     assert len(calls) == 1 + spec.stats.steps
     if temperature == 0.0:
