@@ -9,9 +9,13 @@ rotating every round, median of ``--rounds``:
 * ``masked``: ``kv.forward_masked`` with ``kv.causal_allowed`` (an additive ``[n, n]`` mask; the eager step's and
   a model drafter's prefill before ``kv.forward_prompt``);
 * ``prompt``: ``kv.forward_prompt`` (no mask passed: the model's own causal route, treespec's kernels);
-* ``hf``: the stock model on HF's ``DynamicCache``, as HF ``generate``'s prefill runs it.
+* ``hf``: the stock model on HF's ``DynamicCache``, as HF ``generate``'s prefill runs it;
+* ``static-masked``: the compiled steps' static cache (``StaticTreeCache``, the capacity a run of 64 new tokens
+  gets) filled by its own forward under a causal mask over the whole capacity (``prefill_rows`` before it took
+  ``forward_prompt``; every int4 model's prompt on the compiled route, whose twins cannot be traced);
+* ``static``: ``StaticTreeCache.prefill_rows`` (``forward_prompt`` into a growable cache, copied to the slots).
 
-Each prints the last row's logits' largest difference from ``hf``. Then the draft's prefill curve
+Each of the first three prints the last row's logits' largest difference from ``hf``. Then the draft's prefill curve
 (``timing.measure_prefill`` at ``timing.PREFILL_LENGTHS``, what the tuner charges a run:
 ``Profile.draft_prefill_seconds``) predicts each length, beside the draft's ``prompt`` time measured above.
 
@@ -36,14 +40,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from treespec.bench.datasets import dataset_prompts  # noqa: E402
 from treespec.calibrate.costs import Profile  # noqa: E402
 from treespec.common.machine import machine  # noqa: E402
+from treespec.core.compiled import capacity_for  # noqa: E402
 from treespec.core.kv import TreeCache, causal_allowed, forward_masked, forward_prompt  # noqa: E402
+from treespec.core.static_cache import StaticTreeCache  # noqa: E402
 from treespec.models import DEFAULT_DRAFT, DEFAULT_TARGET, load  # noqa: E402
 from treespec.models.timing import PREFILL_LENGTHS, measure_prefill  # noqa: E402
 
 
 def ways(model: torch.nn.Module, ids: torch.Tensor) -> dict:
     n = len(ids)
+    static = StaticTreeCache(model, capacity_for(n + 1, 64 + 16))
+
+    def static_masked() -> None:
+        static.reset()
+        static.forward(model, ids, torch.arange(n), torch.ones(n, n, dtype=torch.bool).tril(), logits_to_keep=1)
+
     return {
+        "static-masked": static_masked,
+        "static": lambda: static.prefill_rows(model, [ids.tolist() + [0]]),
         "masked": lambda: forward_masked(model, TreeCache(), ids, torch.arange(n), causal_allowed(0, n),
                                          logits_to_keep=1),
         "prompt": lambda: forward_prompt(model, TreeCache(), ids),
@@ -57,7 +71,7 @@ def time_model(role: str, model: torch.nn.Module, prompt: list[int], lengths: li
     for n in lengths:
         fns = ways(model, torch.tensor(prompt[:n]))
         names = list(fns)
-        last = {name: fn() for name, fn in fns.items()}  # warm-up, and the logits compared
+        last = {name: fn() for name, fn in fns.items()}  # warm-up, and the logits compared (the first three)
         times: dict[str, list[float]] = {name: [] for name in names}
         for r in range(rounds):
             for name in names[r % len(names):] + names[:r % len(names)]:
@@ -101,11 +115,13 @@ def main(argv: list[str] | None = None) -> None:
              f"rotating.\n\n`python experiments/bench_prompt_forward.py --out {args.out.as_posix()} --lengths "
              f"{' '.join(map(str, args.lengths))} --rounds {args.rounds}`\n",
              "| model | tokens | masked s | prompt (no mask) s | HF stock s | prompt / masked | prompt / HF | "
-             "logits max diff from HF: masked, prompt |", "|---|---|---|---|---|---|---|---|"]
+             "logits max diff from HF: masked, prompt | static cache, masked s | static cache, no mask s | "
+             "static: no mask / masked |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['model']} | {r['tokens']} | {r['masked']:.3f} | {r['prompt']:.3f} | {r['hf']:.3f} | "
                      f"{r['prompt'] / r['masked']:.3f} | {r['prompt'] / r['hf']:.3f} | "
-                     f"{r['masked_max_logit_diff']:.2g}, {r['prompt_max_logit_diff']:.2g} |")
+                     f"{r['masked_max_logit_diff']:.2g}, {r['prompt_max_logit_diff']:.2g} | "
+                     f"{r['static-masked']:.3f} | {r['static']:.3f} | {r['static'] / r['static-masked']:.3f} |")
     lines += ["", f"The draft's prefill curve (`measure_prefill` at {list(PREFILL_LENGTHS)} tokens: "
               + ", ".join(f"{k}: {v:.3f} s" for k, v in sorted(curve.items()))
               + ") against the draft's no-mask prompt forward timed above:", "",

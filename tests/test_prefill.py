@@ -41,6 +41,29 @@ def test_chunks_fill_the_cache_as_the_eager_prefill_does(family, fixed):
             assert not torch.allclose(chunked.layers[0].keys[..., :n, :], eager.layers[0].keys[..., :n, :])
 
 
+@pytest.mark.parametrize("rows", [None, 3])
+def test_the_eager_prefill_caches_what_a_masked_forward_over_the_static_cache_writes(rows):
+    """``prefill_rows`` runs each prompt without a mask (``kv.forward_prompt``) and copies its keys and values into
+    the row's slots: the same as the static cache's own forward under a causal mask over its capacity (the route
+    before), row by row at each row's own length; padding slots stay zero."""
+    model = tiny_model("qwen2", vocab=64, hidden=64, layers=2, scale=6, seed=1)
+    prompts = [prompt_of(n, seed=n) for n in ((9,) if rows is None else (9, 4, 13))]
+    new, masked = StaticTreeCache(model, 64, rows), StaticTreeCache(model, 64, rows)
+    with torch.inference_mode():
+        new.prefill_rows(model, prompts)
+        for b, p in enumerate(prompts):  # the masked route, one row at a time at slot 0
+            n = len(p) - 1
+            alone = StaticTreeCache(model, 64)
+            alone.forward(model, torch.tensor(p[:-1]), torch.arange(n), torch.ones(n, n, dtype=torch.bool).tril())
+            for a, ref in zip(new.layers, alone.layers):
+                torch.testing.assert_close(a.keys[b, :, :n], ref.keys[0, :, :n], atol=1e-5, rtol=1e-5)
+                torch.testing.assert_close(a.values[b, :, :n], ref.values[0, :, :n], atol=1e-5, rtol=1e-5)
+                assert not a.keys[b, :, n:].any()
+        assert new.length.view(-1).tolist() == [len(p) - 1 for p in prompts]
+        masked.prefill_rows(model, [prompt_of(9, seed=99)] * len(prompts))  # control: another prompt differs
+        assert not torch.allclose(masked.layers[0].keys[0, :, :8], new.layers[0].keys[0, :, :8])
+
+
 @pytest.mark.parametrize("mode,calls_of_74", [("reduce-overhead", [(64, 64), (64, 10)]), (None, [(74, 74)])])
 def test_short_prompts_prefill_eagerly_long_ones_in_chunks_or_exact_pieces(monkeypatch, mode, calls_of_74):
     """CUDA graphs' mode pads fixed chunks; every other mode sends the prompt as it is (no padding)."""

@@ -77,8 +77,8 @@ class Profile(JSONFile):
         """Predicted seconds of the draft's prefill of a ``tokens``-token prompt: the measured curve
         (:attr:`draft_prefill_latency`) interpolated; past its longest length, that length's figure plus the growth a
         quadratic fit of the curve gives (attention over the prompt grows with its square: on a Zen 4 host the int4
-        draft's prefill of 1,024 tokens took 2.5x its 512-token one, of 1,900 tokens 6.0x; the curve timed at 32,
-        128 and 512 tokens predicted those two within 4%, ``experiments/results/prompt-forward-cpu``), and below its
+        draft's prefill of 1,024 tokens took 2.3x its 512-token one, of 1,900 tokens 5.8x; the curve timed at 32,
+        128 and 512 tokens predicted those two within 8%, ``experiments/results/prompt-forward-cpu``), and below its
         shortest, that figure scaled down with the length."""
         if not self.draft_prefill_latency:
             raise ValueError("this profile has no draft prefill curve: measure one (costs.profile with a draft, or "

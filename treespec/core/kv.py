@@ -290,8 +290,8 @@ def forward_prompt(model: torch.nn.Module, cache: TreeCache, input_ids: torch.Te
     """A prompt's forward into an empty ``cache``: ``input_ids [n]`` at positions ``0..n-1`` under ordinary causal
     attention, with no mask passed, so the model takes its own causal route (SDPA's causal kernel, no ``[n, n]``
     additive mask), as HF's prefill does: the same numbers as :func:`forward_masked` with :func:`causal_allowed`
-    and, on long prompts, less time: on a Zen 4 host 17.7 s against 20.3 s for the int4 target's 1,900-token prompt
-    (HF's own 18.0 s), 4.9 s against 6.7 s for the int4 draft's; even at 512 tokens
+    and, on long prompts, less time: on a Zen 4 host 18.8 s against 20.6 s for the int4 target's 1,900-token prompt
+    (HF's own 18.8 s), 4.5 s against 6.1 s for the int4 draft's; within a few percent up to 512 tokens
     (``experiments/results/prompt-forward-cpu``). Returns the last ``logits_to_keep`` rows' logits."""
     if cache.length:
         raise ValueError(f"forward_prompt fills an empty cache; this one holds {cache.length} tokens")
