@@ -182,7 +182,8 @@ def measure_plain_decode(model: torch.nn.Module, context: int = 128, tokens: int
     return statistics.median(b - a for a, b in zip(clock.stamps, clock.stamps[1:]))
 
 
-#: the prompt lengths a prefill cost curve is timed at (``measure_prefill``); longer prompts extend its last slope
+#: the prompt lengths a prefill cost curve is timed at (``measure_prefill``; ``Profile.draft_prefill_seconds``
+#: extrapolates past the longest)
 PREFILL_LENGTHS = (32, 128, 512)
 
 
