@@ -13,6 +13,8 @@ from treespec.core.stats import Stats
 from treespec.models.tiny import ByteTokenizer, greedy_reference, perturbed_copy, tiny_model
 from treespec.recipes import NGramSettings, Recipe, run
 from treespec.calibrate.choices import resolve
+from treespec.calibrate.step_cost import run_speedup
+from treespec.calibrate.tuning import Prediction
 
 
 def make_pilot(**kw) -> Pilot:
@@ -282,6 +284,16 @@ def test_a_tuned_tree_predicted_under_the_margin_runs_as_plain_decoding(pair, pr
     prompt = tok("x = 1")["input_ids"]
     assert run(resolved.recipe, target, [draft], prompt, max_new_tokens=6).new_tokens == greedy_reference(
         target, prompt, 6)
+
+
+def test_the_run_speedup_charges_the_drafts_prefill_to_the_tree_alone() -> None:
+    # 16 tokens, steps of 0.2 s committing 4, plain 0.07 s a token, 0.5 s of prefill of which 0.1 s the draft's:
+    # plain 0.4 + 15 * 0.07 = 1.45 s against 0.5 + 16 * 0.05 = 1.3 s
+    assert run_speedup(16, 0.2, 4.0, 0.07, 0.5, 0.1) == pytest.approx(1.45 / 1.3)
+    # no prefill and a long run: the decoding's own speedup, tau * plain / step
+    assert run_speedup(1e9, 0.2, 4.0, 0.07) == pytest.approx(4.0 * 0.07 / 0.2)
+    # the pilot's predictions and the tuner's say the same for the same figures
+    assert Prediction(4.0, 0.2, 0.07, "rows").run_speedup(16, 0.5, 0.1) == pytest.approx(1.45 / 1.3)
 
 
 def test_a_tuned_tree_that_cannot_earn_back_the_drafts_prefill_runs_as_plain_decoding(pair) -> None:

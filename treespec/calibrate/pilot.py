@@ -25,7 +25,8 @@ Here such a recipe is measured instead, once per machine (cached):
    only (the pilot's tau and seconds per step). Prefill is charged to both sides the same way: ``N``
    new tokens take ``prefill + N time(d) / tau(d)`` against ``prefill_plain + (N - 1) plain``, where
    ``plain`` is the target alone's seconds per token (its prefill gives the first token, as HF's does);
-   ``prefill - prefill_plain`` is the drafters' pass over the prompt, scaled to the run's prompts' length.
+   ``prefill - prefill_plain`` is the drafters' pass over the prompt, scaled to the run's prompts' length
+   (``treespec.calibrate.step_cost.run_speedup``).
 3. **Choice.** The depth with the highest predicted speedup when it reaches :data:`MARGIN`,
    otherwise plain decoding (budget 1): a default must not lose to the target alone.
 """
@@ -45,6 +46,7 @@ from tqdm.auto import tqdm
 from ..common.files import cached_entry
 from ..core.stats import GenerateOutput, Stats
 from ..models.timing import measure_latency
+from .step_cost import run_speedup
 
 #: the pilot's prompts: short code and prose openings, written for treespec (not from a benchmark set,
 #: so they stay disjoint from every evaluation prompt set)
@@ -116,7 +118,6 @@ def predict(p: Pilot, tokens: int, prompt_scale: float = 1.0) -> list[Prediction
     (the recipe's prefill less the target alone's) is scaled by it, linearly (a model draft's prefill grows faster
     on long prompts: attention's square term), the target's, the same on both sides, kept as measured."""
     drafts = max(p.prefill_per_prompt - p.plain_prefill_per_prompt, 0.0) * prompt_scale
-    plain_run = p.plain_prefill_per_prompt + (tokens - 1) * p.plain_per_token  # its prefill gives the first token
     out = [Prediction(0, 1.0, p.plain_per_token, 1.0)]
     if p.steps == 0:
         return out
@@ -129,8 +130,8 @@ def predict(p: Pilot, tokens: int, prompt_scale: float = 1.0) -> list[Prediction
         else:
             tau = p.tau
             step = p.draft_per_step + p.verify_per_step + p.engine_per_step
-        run = p.plain_prefill_per_prompt + drafts + tokens * step / tau
-        out.append(Prediction(d, tau, step, plain_run / run))
+        speedup = run_speedup(tokens, step, tau, p.plain_per_token, p.plain_prefill_per_prompt + drafts, drafts)
+        out.append(Prediction(d, tau, step, speedup))
     return out
 
 

@@ -14,6 +14,12 @@ and width limit under a positional acceptance vector). Plain decoding commits on
 
     speedup(T) = G(T) p / time(T),      tokens per second = G(T) / time(T).
 
+A run of ``N`` new tokens after a prompt also pays its prefill: ``P`` seconds in all, ``P_d`` of them the
+drafters' pass over the prompt, which plain decoding does not run. Plain decoding's prefill gives its first
+token, so (``run_speedup``)
+
+    run speedup = ((P - P_d) + (N - 1) p) / (P + N time(T) / G(T)).
+
 Where ``t(n)`` is flat (a GPU, or bfloat16 matmuls on a CPU with wide bf16 units) wide, shallow
 trees pay; where it grows from the start (float32 on a small CPU) the best tree is a short chain.
 A draft whose ``t_q(w)`` grows with ``w`` favours narrow levels: the chooser searches the DP's
@@ -30,6 +36,15 @@ import numpy as np
 from tree_builders import SequoiaDP, TreeShape
 
 from .acceptance import MeasuredAcceptance
+
+
+def run_speedup(tokens: float, step_seconds: float, tau: float, plain_seconds: float, prefill: float = 0.0,
+                draft_prefill: float = 0.0) -> float:
+    """The predicted speedup over plain decoding of a run of ``tokens`` new tokens (module docstring: the run
+    speedup): ``prefill`` seconds before the first step, ``draft_prefill`` of them the drafters' (charged to the tree
+    alone), then steps of ``step_seconds`` committing ``tau`` tokens each, against ``plain_seconds`` per token."""
+    plain = prefill - draft_prefill + (tokens - 1) * plain_seconds
+    return plain / (prefill + tokens * step_seconds / tau)
 
 
 def cost_curve(points: Mapping[int, float]) -> Callable[[float | np.ndarray], float | np.ndarray]:

@@ -29,7 +29,7 @@ from ..models.precision import kernel_tags, precision_of
 from ..models.timing import measure_prefill
 from .acceptance import MeasuredAcceptance
 from .costs import Profile, profile
-from .step_cost import Choice
+from .step_cost import Choice, run_speedup
 from .pilot import MARGIN, Pilot
 from .walk_replay import per_continuation, truncated
 
@@ -76,8 +76,7 @@ class Prediction:
         ``timing.measure_plain_decode``); 1 for plain decoding's own prediction (:attr:`plain`)."""
         if self.plain:
             return 1.0
-        plain = prefill - draft_prefill + (tokens - 1) * self.plain_seconds
-        return plain / (prefill + tokens / self.tau * self.step_seconds)
+        return run_speedup(tokens, self.step_seconds, self.tau, self.plain_seconds, prefill, draft_prefill)
 
     def tau_range(self, prompts: int, level: float = 0.9) -> tuple[float, float] | None:
         """The central ``level`` range of the tokens per step of a run over ``prompts`` prompts like the
