@@ -31,6 +31,7 @@ from ..models.precision import precision_of
 from ..models.timing import measure_plain_decode
 from ..recipes import Recipe, run
 from ..calibrate.choices import Resolved, resolve, resolve_compile
+from ..calibrate.step_cost import run_speedup
 from ..calibrate.tuning import Prediction
 from . import compare
 from ..common.prompts import user_turn
@@ -89,8 +90,7 @@ def predicted_and_measured(predicted: Prediction, records: list[dict[str, Any]],
     # HF's prefill gives its first token (its records' prefill ends there): it decodes one token fewer after it
     own_prefill = all("prefill_seconds" in r for r in alone)
     if own_prefill:  # both sides decode after the same prefill
-        measured_run = (prefill - draft_prefill + (tokens - 1) * decoding(alone, 1)) / (
-            prefill + tokens * decoding(mine))
+        measured_run = run_speedup(tokens, decoding(mine), 1.0, decoding(alone, 1), prefill, draft_prefill)
     else:
         measured_run = (sum(r["tokens"] for r in mine) / sum(r["seconds"] for r in mine)) / (
             sum(r["tokens"] for r in alone) / sum(r["seconds"] for r in alone))
