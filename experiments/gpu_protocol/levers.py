@@ -1,0 +1,175 @@
+"""The draft level's levers (settings of the captured step) and phase levels, which times each."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from typing import Any
+
+import torch
+
+import treespec
+from tree_builders.budgeted import for_budget
+from treespec.calibrate.acceptance import MeasuredAcceptance
+from treespec.core import attention, compiled, compiling, fused_qkv
+from treespec.core.compiling import graphs_compiled
+
+from .bench import ACCEPTANCE_T0, Bench, treespec_run
+from .profiling import kernel_table
+from .shapes import sweep_shapes
+
+
+@dataclasses.dataclass(frozen=True)
+class Lever:
+    """One configuration of the captured step that phase levels times (each its own runner and compile); the
+    defaults are treespec's own on CUDA."""
+
+    what: str
+    bucket: int = compiled.CUDA_CAPACITY_BUCKET  # the caches' row bucket: attention reads the whole capacity
+    mode: str | None = None  # torch.compile mode (None: compiling.compile_options' own)
+    freezing: bool = True  # inductor's weight freezing (gate and up as one product): compiling.CUDA_GRAPHS_FREEZE
+    sdpa: str = "cudnn"  # SDPA's kernel: "cudnn" (cuDNN's where it takes the call), "efficient" (the memory-efficient
+    # kernel), or "math" (no fused kernel: inductor lowers attention to two batched products and a fused softmax)
+    concat_qkv: bool = True  # q, k, v as one product whatever their widths: compiling.CUDA_GRAPHS_ONE_QKV
+    attention: str = "sdpa"  # the tree forwards' (FlexAttention: "flex", "flex-levels"): attention.TREE_ATTENTION
+
+
+#: the draft level's levers (phase levels), in the order they run by default
+LEVERS = {
+    "default": Lever("treespec's CUDA defaults: caches in buckets of 512 rows, freezing, q, k, v as one product, "
+                     "cuDNN's attention"),
+    "baseline": Lever("before the levers: caches in buckets of 1024 rows, inductor + CUDA graphs", bucket=1024,
+                      freezing=False, concat_qkv=False),
+    "bucket-256+freezing+sdpa-efficient": Lever("caches in buckets of 256 rows, freezing, "
+                                                "SDPA's memory-efficient kernel",
+                                                bucket=256, sdpa="efficient", concat_qkv=False),
+    "freezing": Lever("inductor weight freezing: weights as constants; on CUDA gate/up become one product (q/k/v "
+                      "too where their widths are equal)", bucket=1024, concat_qkv=False),
+    "bucket-256": Lever("attention over the used length: caches in buckets of 256 rows", bucket=256, freezing=False,
+                        concat_qkv=False),
+    "sdpa-efficient": Lever("SDPA's memory-efficient kernel instead of cuDNN's", bucket=1024, freezing=False,
+                            sdpa="efficient", concat_qkv=False),
+    "bucket-256+freezing": Lever("buckets of 256 rows and freezing", bucket=256, concat_qkv=False),
+    "max-autotune": Lever("torch.compile mode max-autotune (GEMM autotuning)", bucket=1024, freezing=False,
+                          concat_qkv=False, mode="max-autotune"),
+    "bucket-256+freezing+qkv": Lever(
+        "buckets of 256 rows (cuDNN's attention), freezing, and q, k, v as one product (torch 2.11's freezing "
+        "concatenates equal widths only)", bucket=256),
+    "default+flex": Lever("treespec's CUDA defaults, the tree forwards' attention FlexAttention over a block mask "
+                          "(blocks past the used rows skipped; no cuDNN memset and launch gap)", attention="flex"),
+    "default+flex-levels": Lever("treespec's CUDA defaults, FlexAttention in the draft levels only (the "
+                                 "verification's 64 rows on cuDNN)", attention="flex-levels"),
+    "default+flex+max-autotune": Lever("the lever above and max-autotune", attention="flex", mode="max-autotune"),
+    "default+math": Lever("treespec's CUDA defaults, SDPA's math path in every tree forward: the level's attention "
+                          "(4 rows over 512) as two small batched products and one fused masked softmax instead of "
+                          "cuDNN's call and the memset before it", sdpa="math"),
+    "default+max-autotune": Lever("treespec's CUDA defaults and max-autotune (Triton GEMM templates: no split-K "
+                                  "reduction)", mode="max-autotune"),
+    # the attention levers with max-autotune: a second device call times the pair whose attention won the first
+    "default+math+max-autotune": Lever("SDPA's math path in every tree forward and max-autotune", sdpa="math",
+                                       mode="max-autotune"),
+    "default+flex-levels+max-autotune": Lever("FlexAttention in the draft levels and max-autotune",
+                                              attention="flex-levels", mode="max-autotune"),
+}
+
+
+#: the lever whose runners ``captured.RUNNERS`` holds (phase sweep reuses them when it runs the same lever)
+APPLIED: list[Lever | None] = [None]
+
+
+def sdpa_backends() -> dict[str, bool]:
+    """Which of SDPA's CUDA kernels it may take now (``torch.backends.cuda``'s switches; math is always allowed)."""
+    cuda = torch.backends.cuda
+    return {"cudnn": cuda.cudnn_sdp_enabled(), "flash": cuda.flash_sdp_enabled(),
+            "efficient": cuda.mem_efficient_sdp_enabled()}
+
+
+def set_sdpa_backends(enabled: dict[str, bool]) -> None:
+    """Allow exactly SDPA's CUDA kernels ``enabled`` names (see :func:`sdpa_backends`)."""
+    cuda = torch.backends.cuda
+    cuda.enable_cudnn_sdp(enabled["cudnn"])
+    cuda.enable_flash_sdp(enabled["flash"])
+    cuda.enable_mem_efficient_sdp(enabled["efficient"])
+
+
+@contextlib.contextmanager
+def lever(setting: Lever):
+    """The captured step with one lever (see :class:`Lever`). Runners are keyed by models, envelope and capacity,
+    not by the compile settings, so the runners of another lever are dropped (a fresh compile); those of the same
+    lever are kept (phase sweep after phase levels replays the last lever's graphs). A frozen lever compiles
+    without inductor's graph cache, whose key does not hold the q/k/v rewrite (``fused_qkv.applied``)."""
+    from treespec.core import captured
+
+    names = ("CAPACITY_BUCKET", "CUDA_CAPACITY_BUCKET"), ("CUDA_GRAPHS_FREEZE", "CUDA_GRAPHS_ONE_QKV")
+    saved = ([getattr(compiled, n) for n in names[0]], [getattr(compiling, n) for n in names[1]],
+             captured.compile_options, sdpa_backends(), attention.TREE_ATTENTION)
+    attention.TREE_ATTENTION = setting.attention
+    for n in names[0]:
+        setattr(compiled, n, setting.bucket)
+    compiling.CUDA_GRAPHS_FREEZE, compiling.CUDA_GRAPHS_ONE_QKV = setting.freezing, setting.concat_qkv
+    if setting.mode is not None:
+        captured.compile_options = lambda c, device: (saved[2](c, device)[0], setting.mode)
+    allowed = {"cudnn": setting.sdpa == "cudnn", "flash": setting.sdpa != "math", "efficient": setting.sdpa != "math"}
+    set_sdpa_backends({k: saved[3][k] and allowed[k] for k in allowed})
+    if APPLIED[0] != setting:
+        captured.RUNNERS.clear()
+        APPLIED[0] = setting
+    try:
+        with fused_qkv.uncached() if setting.freezing else contextlib.nullcontext():
+            yield
+    finally:
+        for n, v in zip(names[0], saved[0]):
+            setattr(compiled, n, v)
+        for n, v in zip(names[1], saved[1]):
+            setattr(compiling, n, v)
+        captured.compile_options = saved[2]
+        set_sdpa_backends(saved[3])
+        attention.TREE_ATTENTION = saved[4]
+
+
+def phase_levels(b: Bench) -> dict[str, Any]:
+    """What each lever of ``LEVERS`` (or ``--levers``) does to a draft level, timed inside the captured step
+    (the level's own graph, as a step replays it): a 4-level chain's drafting seconds per step over its 4
+    levels, its verification, and its kernels per step (``torch.profiler``), one compile per lever. Saved after
+    every lever; levers not started within ``--levels-seconds`` of the phase's start are skipped (and named)."""
+    shape = for_budget("chain", 5)
+    _, env = sweep_shapes(b, MeasuredAcceptance.load(ACCEPTANCE_T0))
+    out: dict[str, Any] = {"shape": f"chain of 4 in the sweep's envelope ({env.describe()})",
+                           "context": b.args.prompt_len,
+                           "levers": {}, "skipped": []}
+    start = time.perf_counter()
+    for name in b.args.levers or LEVERS:
+        setting = LEVERS[name]
+        cuda_only = setting.mode == "max-autotune" or setting.sdpa == "efficient" or setting.attention != "sdpa"
+        if (b.tiny or b.device.type != "cuda") and cuda_only:
+            continue  # CUDA levers (on a CPU max-autotune times C++ templates for many minutes; inductor's CPU flex
+            # template takes no mask computed inside the graph)
+        if b.tiny and out["levers"]:
+            break  # the smoke checks the phase's path: one lever (each compiles its own runner)
+        if b.args.levels_seconds and time.perf_counter() - start > b.args.levels_seconds:
+            out["skipped"].append(name)
+            continue
+        graphs = graphs_compiled()
+        try:
+            with lever(setting):
+                run = treespec_run(b, b.model("target"), b.model("draft"), shape, b.compile, budget=env.nodes,
+                                   envelope=env)
+                table = kernel_table(lambda: treespec.generate(b.model("target"), b.prompts[0],
+                                                               [treespec.ModelDrafter(b.model("draft"), shape)],
+                                                               max_new_tokens=b.args.new_tokens, budget=env.nodes,
+                                                               compile=b.compile, envelope=env), b.device)
+        except Exception as e:  # a lever that does not compile or run is a finding: record it, go on to the next
+            out["levers"][name] = {"error": f"{type(e).__name__}: {str(e)[:500]}", **dataclasses.asdict(setting)}
+            print(f"  {name}: failed: {out['levers'][name]['error']}", flush=True)
+            b.checkpoint("levels", out)
+            continue
+        sec = run["per_step_seconds"]
+        out["levers"][name] = {"level_ms": sec["drafting"] / shape.depth * 1e3, "verify_ms": sec["verifying"] * 1e3,
+                               "step_ms": run["step_seconds"] * 1e3, "first_call_seconds": run["first_call_seconds"],
+                               "new_graphs": graphs_compiled() - graphs, "kernels_per_step": table["kernels_per_step"],
+                               "device_us_per_step": table["device_us_per_step"], "top": table["top"],
+                               **dataclasses.asdict(setting)}
+        print(f"  {name}: {out['levers'][name]['level_ms']:.3f} ms per level", flush=True)
+        b.checkpoint("levels", out)
+    return out
