@@ -3,8 +3,12 @@
 A prompt's length varies, so an eager forward caches it (``StaticTreeCache.prefill``): on a CPU that
 eager forward is the slowest part of a short run (a third of a 64-token HumanEval run with the 1.5B
 target in bfloat16; measured while that eager forward still ran its LM head over a slice, about 1.4 s of a
-slow kernel per prompt that ``attention.last_rows`` since removed: the compiled prefill's lead over the eager
-one is not re-measured). One compiled graph serves every prompt instead, cut into pieces: token ``j`` of a
+slow kernel per prompt that ``attention.last_rows`` since removed). Measured again with the eager prefill on the
+model's own causal route (``EagerPrefill``, ``kv.forward_prompt``): the compiled exact pieces still take 11% less
+time on HumanEval 100-109 and 22% less on Lee news leads 0-9, about 0.13 s a prompt, for a compile of 86 s
+(``experiments/results/prefill-eager-cpu.md``): the graph pays back over some 600 prompts of a process, which the
+compile choice (``treespec.calibrate.compile_choice``) weighs with the steps' graphs. One compiled graph serves every
+prompt, cut into pieces: token ``j`` of a
 piece sits at position ``length + j`` and attends to the committed rows and to the piece's tokens up
 to itself (a causal block). No logits are kept (the first step forwards the prompt's last token itself).
 
