@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
+from transformers import PreTrainedTokenizerBase
 
 from ..common.device import check_device
 from ..drafters.cross_tokenizer import CrossTokenizerDrafter
@@ -51,7 +52,7 @@ def load_pair(target: str, drafts: Sequence[str], *, device: str = "cpu", target
     return model, tok, out
 
 
-def tokenizers_match(target_tokenizer, draft_tokenizer) -> bool:
+def tokenizers_match(target_tokenizer: PreTrainedTokenizerBase, draft_tokenizer: PreTrainedTokenizerBase) -> bool:
     """True when the two tokenizers share one vocabulary (:func:`treespec.models.check_tokenizers` passes)."""
     try:
         check_tokenizers(target_tokenizer, draft_tokenizer)
@@ -60,9 +61,9 @@ def tokenizers_match(target_tokenizer, draft_tokenizer) -> bool:
     return True
 
 
-def load_cross_drafter(draft_name: str | os.PathLike, target_tokenizer, *, depth: int = 6, width: int = 1,
-                       device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-                       **load_kwargs) -> CrossTokenizerDrafter:
+def load_cross_drafter(draft_name: str | os.PathLike, target_tokenizer: PreTrainedTokenizerBase, *, depth: int = 6,
+                       width: int = 1, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+                       **load_kwargs: Any) -> CrossTokenizerDrafter:
     """Load the draft model ``draft_name`` (a built-in name, a directory or a hub id; see
     :func:`treespec.models.load`) as a ``CrossTokenizerDrafter`` for ``target_tokenizer``."""
     model, tokenizer = load(draft_name, device=device, dtype=dtype, **load_kwargs)
