@@ -87,13 +87,13 @@ def test_sampled_rows_equal_each_prompt_alone_with_the_rows_seed(verifier, mode,
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_plain_batch_rows_take_their_first_token_from_the_prefill(temperature):
-    """Plain decoding of a batch: the prefill's forward takes each prompt's last token and gives each row's first
-    token (as ``EagerStep``'s does alone): N tokens in N target forwards; each row as its prompt alone, sampled
-    ones with the row's seed."""
+    """Plain decoding of a batch: each row's prefill (a forward of its own prompt, ``RowsCache.prompts``) takes its
+    last token and gives the row's first token (as ``EagerStep``'s does alone): N tokens in the prompts' forwards
+    and N - 1 batch forwards; each row as its prompt alone, sampled ones with the row's seed."""
     target, _ = tiny_pair("qwen2")
     with counted_forwards(target) as calls:
         out = treespec.generate(target, PROMPTS, max_new_tokens=6, temperature=temperature, seed=5)
-    assert len(calls) == 6 and out.forwards == 6 == max(r.stats.steps for r in out.rows)
+    assert len(calls) == len(PROMPTS) + 5 and out.forwards == 6 == max(r.stats.steps for r in out.rows)
     for r, (prompt, row) in enumerate(zip(PROMPTS, out.rows)):
         alone = treespec.generate(target, prompt, max_new_tokens=6, temperature=temperature, seed=row_seed(5, r))
         assert row.new_tokens == alone.new_tokens and len(row.new_tokens) == 6

@@ -6,7 +6,9 @@ import torch
 
 from treespec.models.tiny import tiny_model
 from treespec.core.drafting import DraftProposals
-from treespec.core.kv import TreeCache, causal_allowed, forward_masked, forward_prompt, kept_rows, tree_inputs
+from treespec.core.drafting import Forward
+from treespec.core.kv import (RowsCache, TreeCache, causal_allowed, forward_masked, forward_prompt, kept_rows,
+                               tree_inputs)
 from treespec.core.tree import TokenTree, flatten
 
 
@@ -140,6 +142,39 @@ def test_a_prompts_forward_without_a_mask_is_the_masked_causal_forward(family):
         assert torch.allclose(forward_prompt(model, TreeCache(), ids), want[-1:], atol=1e-5)
         with pytest.raises(ValueError, match="fills an empty cache"):
             forward_prompt(model, plain, ids[:3])
+
+
+@pytest.mark.parametrize("last", [True, False])
+def test_a_batchs_prompts_each_go_through_a_forward_of_their_own(last):
+    """``RowsCache.forward`` over prompt asks into an empty cache (``RowsCache.prompts``): each row's logits and
+    cached keys and values are its prompt's alone (``forward_prompt``), rows of different lengths in one cache, a
+    row's slots past its length zero; a row without an ask (its drafter had nothing to cache) stays empty. The next
+    forward writes every row's new tokens after its own length (the batch's usual route)."""
+    model = tiny_model("qwen2", vocab=64, hidden=64, layers=2, seed=5)
+    g = torch.Generator().manual_seed(1)
+    prompts = {0: torch.randint(64, (9,), generator=g), 2: torch.randint(64, (17,), generator=g),
+               3: torch.randint(64, (4,), generator=g)}
+    asks = {row: Forward(ids, torch.arange(len(ids)), causal_allowed(0, len(ids)), last=last, prompt=True)
+            for row, ids in prompts.items()}
+    with torch.inference_mode():
+        rows = RowsCache(4)
+        got = rows.forward(model, asks)
+        assert rows.lengths == [9, 0, 17, 4] and rows.length == 17
+        for row, ids in prompts.items():
+            alone = TreeCache()
+            want = forward_prompt(model, alone, ids, logits_to_keep=1 if last else 0)
+            assert got[row].shape == want.shape and torch.equal(got[row], want)
+            for (k, v), (k1, v1) in zip(layer_kv(rows), layer_kv(alone)):
+                assert torch.equal(k[row, :, : len(ids)], k1[0]) and torch.equal(v[row, :, : len(ids)], v1[0])
+                assert not k[row, :, len(ids):].any() and not v[row, :, len(ids):].any()
+                assert not torch.equal(k[row, :, :4], k[(row + 2) % 4, :, :4])  # control: rows differ
+        assert all(not k[1].any() for k, _ in layer_kv(rows))
+        # a next token for row 2 after its prompt: the same logits as its prompt and that token alone
+        nxt = torch.tensor([7])
+        out = rows.forward(model, {2: Forward(nxt, torch.tensor([17]), torch.ones(1, 18, dtype=torch.bool))})
+        want = forward_masked(model, TreeCache(), torch.cat([prompts[2], nxt]), torch.arange(18),
+                              causal_allowed(0, 18))[-1:]
+        assert torch.allclose(out[2], want, atol=1e-5) and rows.lengths[2] == 18
 
 
 def layer_kv(cache: TreeCache) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -7,8 +7,8 @@ prompts share its batch. What the rows share are the forwards and the rule's cal
 row's tree padded to the widest, each with its own random numbers): the target's over every row's tree, and a
 model drafter's over every row's level (its drafting is a coroutine of forwards, ``Drafter.drafting``), each
 through one ``kv.RowsCache`` (batch row ``b`` holds row ``b``'s committed tokens; a row's new tokens follow its
-own, padding attends to itself only). A finished row (EOS or ``max_new_tokens``) leaves the batch: it costs
-nothing after.
+own, padding attends to itself only). The prompts are not shared: each row's goes through its own forward
+(``kv.RowsCache.prompts``). A finished row (EOS or ``max_new_tokens``) leaves the batch: it costs nothing after.
 """
 
 from __future__ import annotations
@@ -93,10 +93,10 @@ class BatchEagerStep:
 
     def prefill(self, prompts: Sequence[list[int]], clock: Clock) -> None:
         """Cache each prompt, its last token's logits kept for the row's first step (as ``EagerStep.prefill``), in
-        the target, and each prompt but its last token in each drafter that drafts in forwards (every row's pass in
-        one forward of its model: ``Drafter.prefilling``)."""
+        the target, and each prompt but its last token in each drafter that drafts in forwards (``Drafter.prefilling``);
+        each row's prompt in a forward of its own (``kv.RowsCache.prompts``)."""
         asks = {row: Forward(torch.tensor(p, device=self.device), torch.arange(len(p), device=self.device),
-                             causal_allowed(0, len(p)), last=True) for row, p in enumerate(prompts)}
+                             causal_allowed(0, len(p)), last=True, prompt=True) for row, p in enumerate(prompts)}
         self.root_logits = self.cache.forward(self.target, asks)
         reqs = [a.req for a in self.acceptance]
         for i, shared in self.draft_caches.items():

@@ -241,8 +241,8 @@ class Forward(NamedTuple):
     """One model forward a drafter asks for (:meth:`Drafter.drafting`), over ``ids`` [n] at ``positions`` [n]
     appended to its cache; ``allowed`` [n, cache.length + n] (``treespec.core.kv.forward_masked``); ``last``: only
     the last token's logits are needed; ``prompt``: the prompt into an empty cache, ``allowed`` ordinary causal
-    attention (a drafter alone answers it by ``kv.forward_prompt``, the model's own causal route; a batch by
-    ``allowed``). The answer is the logits ``[n, V]`` (``[1, V]`` with ``last``)."""
+    attention (answered by ``kv.forward_prompt``, the model's own causal route: a batch's rows one by one,
+    ``kv.RowsCache.prompts``). The answer is the logits ``[n, V]`` (``[1, V]`` with ``last``)."""
 
     ids: torch.Tensor
     positions: torch.Tensor
