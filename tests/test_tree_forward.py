@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import counted_forwards
 from treespec.models.tiny import tiny_model
 from treespec.core.drafting import DraftProposals
 from treespec.core.drafting import Forward
@@ -175,6 +176,27 @@ def test_a_batchs_prompts_each_go_through_a_forward_of_their_own(last):
         want = forward_masked(model, TreeCache(), torch.cat([prompts[2], nxt]), torch.arange(18),
                               causal_allowed(0, 18))[-1:]
         assert torch.allclose(out[2], want, atol=1e-5) and rows.lengths[2] == 18
+
+
+def test_rows_of_one_prompt_share_its_forward():
+    """Several rows of one prompt (samples of it) prefill in one forward of it, each row then holding its keys,
+    values and logits; another prompt gets its own."""
+    model = tiny_model("llama", vocab=64, hidden=64, layers=2, seed=3)
+    g = torch.Generator().manual_seed(2)
+    a, b = torch.randint(64, (11,), generator=g), torch.randint(64, (6,), generator=g)
+    prompts = {0: a, 1: b, 2: a.clone(), 3: a.clone()}
+    asks = {row: Forward(ids, torch.arange(len(ids)), causal_allowed(0, len(ids)), last=True, prompt=True)
+            for row, ids in prompts.items()}
+    with torch.inference_mode():
+        rows = RowsCache(4)
+        with counted_forwards(model) as calls:
+            got = rows.forward(model, asks)
+        assert len(calls) == 2 and rows.lengths == [11, 6, 11, 11]
+        want = forward_prompt(model, TreeCache(), a)
+        for row in (0, 2, 3):
+            assert torch.equal(got[row], want) and (row == 0 or got[row] is not got[0])
+            assert all(torch.equal(k[row], k[0]) and torch.equal(v[row], v[0]) for k, v in layer_kv(rows))
+        assert not all(torch.equal(k[1, :, :6], k[0, :, :6]) for k, _ in layer_kv(rows))  # control: b is its own
 
 
 def layer_kv(cache: TreeCache) -> list[tuple[torch.Tensor, torch.Tensor]]:
