@@ -90,6 +90,7 @@ def predicted_and_measured(predicted: Prediction, records: list[dict[str, Any]],
     # HF's prefill gives its first token (its records' prefill ends there): it decodes one token fewer after it
     own_prefill = all("prefill_seconds" in r for r in alone)
     if own_prefill:  # both sides decode after the same prefill
+        # the measured run: a "step" of one token at its measured seconds per token (tau 1)
         measured_run = run_speedup(tokens, decoding(mine), 1.0, decoding(alone, 1), prefill, draft_prefill)
     else:
         measured_run = (sum(r["tokens"] for r in mine) / sum(r["seconds"] for r in mine)) / (

@@ -207,17 +207,10 @@ class RowsCache(TreeCache):
         the longest under a mask ran 1.3-2.5x as long on this project's CPU (4 and 8 HumanEval prompts of 94-274
         tokens, the int4 pair; ``experiments/bench_batch_prefill.py``), and an int4 draft's int8 twins quantise
         each forward's activations together, so a row's logits there moved with the batch's other rows. Rows of
-        one prompt (several samples of it) share its forward."""
-        alone: dict[int, TreeCache] = {}
-        logits: dict[int, torch.Tensor] = {}
-        first_of: dict[tuple, int] = {}  # a prompt (and whether only its last logits are kept) -> its first row
-        for row, a in asks.items():
-            same = first_of.setdefault((a.last, *a.ids.tolist()), row)
-            if same == row:
-                alone[row] = TreeCache()
-                logits[row] = forward_prompt(model, alone[row], a.ids, logits_to_keep=1 if a.last else 0)
-            else:
-                alone[row], logits[row] = alone[same], logits[same].clone()  # a row may scale its own in place
+        one prompt (several samples of it) share its forward (:func:`forward_each`)."""
+        forwarded = forward_each(model, {row: (a.ids, 1 if a.last else 0) for row, a in asks.items()})
+        alone = {row: cache for row, (cache, _) in forwarded.items()}
+        logits = {row: out for row, (_, out) in forwarded.items()}
         lengths = {row: len(a.ids) for row, a in asks.items()}
         n = max(lengths.values())
         for i, first in enumerate(alone[next(iter(asks))].layers):
@@ -333,6 +326,23 @@ def forward_prompt(model: torch.nn.Module, cache: TreeCache, input_ids: torch.Te
     out = tree_forward(model, input_ids=input_ids[None], position_ids=torch.arange(n, device=input_ids.device)[None],
                        past_key_values=cache, use_cache=True, logits_to_keep=logits_to_keep)
     return out.logits[0]
+
+
+def forward_each(model: torch.nn.Module, prompts: dict[int, tuple[torch.Tensor, int]]
+                 ) -> dict[int, tuple[TreeCache, torch.Tensor]]:
+    """Each row's prompt (row -> ``(input_ids, logits_to_keep)``) through :func:`forward_prompt` into a cache of its
+    own: row -> (that cache, its logits). Rows of one prompt share its forward (a cache read only, and a copy of
+    the logits each: a row may scale its own in place)."""
+    out: dict[int, tuple[TreeCache, torch.Tensor]] = {}
+    first_of: dict[tuple, int] = {}  # a prompt and its logits_to_keep -> its first row
+    for row, (ids, keep) in prompts.items():
+        same = first_of.setdefault((keep, *ids.tolist()), row)
+        if same == row:
+            cache = TreeCache()
+            out[row] = cache, forward_prompt(model, cache, ids, logits_to_keep=keep)
+        else:
+            out[row] = out[same][0], out[same][1].clone()
+    return out
 
 
 def causal_allowed(past: int, n: int, device: torch.device | str = "cpu") -> torch.Tensor:

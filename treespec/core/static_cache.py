@@ -13,7 +13,7 @@ from transformers.cache_utils import Cache, StaticLayer
 
 from . import attention
 from .attention import cache_argument, tree_forward
-from .kv import TreeCache, forward_prompt, kv_shape
+from .kv import forward_each, kv_shape
 
 
 class StaticTreeLayer(StaticLayer):
@@ -152,12 +152,10 @@ class StaticTreeCache(Cache):
         (``experiments/results/prompt-forward-cpu``)."""
         self.reset()
         device = self.length.device
-        for row, prompt in enumerate(prompts):
-            n = len(prompt) - 1
-            if n < 1:
-                continue
-            grown = TreeCache()
-            forward_prompt(model, grown, torch.tensor(list(prompt[:-1]), device=device))
+        rows = forward_each(model, {row: (torch.tensor(list(p[:-1]), device=device), 1)
+                                    for row, p in enumerate(prompts) if len(p) > 1})
+        for row, (grown, _) in rows.items():
+            n = len(prompts[row]) - 1
             for layer, filled in zip(self.layers, grown.layers):
                 layer.keys[row, :, :n] = filled.keys[0]
                 layer.values[row, :, :n] = filled.values[0]
