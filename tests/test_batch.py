@@ -187,3 +187,18 @@ def test_the_hf_baseline_decodes_a_batch_left_padded_as_each_prompt_alone():
             rows, seconds = hf_generate(target, batch, 8, static_compiled=static, compile_backend="eager")
             assert rows == [greedy_reference(target, p, 8) for p in batch] and seconds > 0
     assert hf_generate(target, prompts[0], 8)[0] == greedy_reference(target, prompts[0], 8)  # one prompt: one list
+
+
+@pytest.mark.parametrize("drafters", ["model+ngram", "dynamic+stop", "none"])
+def test_a_batch_that_cannot_be_captured_rows_equal_each_prompt_alone_eager(drafters):
+    """``compile=`` with drafters the captured step does not take: the batch runs the eager batched step (its
+    ``stats.step`` says so and why), and each sampled row equals its prompt alone through that route,
+    ``compile=False``, with the row's seed. (Alone with ``compile=`` the prompt would run the compiled step
+    drafted on the host, whose draws differ: the same law, other samples.)"""
+    target, draft = tiny_pair("qwen2")
+    make = drafter_sets(draft)[drafters]
+    out = treespec.generate(target, PROMPTS, make(), max_new_tokens=12, temperature=1.0, seed=9, compile="aot_eager")
+    assert out.stats.step.startswith("eager, batched: compile=... captures one model drafter's static tree")
+    for r, (prompt, row) in enumerate(zip(PROMPTS, out.rows)):
+        alone = treespec.generate(target, prompt, make(), max_new_tokens=12, temperature=1.0, seed=row_seed(9, r))
+        assert row.new_tokens == alone.new_tokens and row.stats.step_tokens == alone.stats.step_tokens

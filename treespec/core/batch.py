@@ -2,13 +2,14 @@
 
 Each row is one request (its prompt, its own copies of the drafters, its own seed and random numbers,
 its own acceptance: ``padded.HostAcceptance``, the eager step's), so a row's output is what
-``treespec.generate`` gives for that prompt alone with the row's seed (:func:`row_seed`), whichever
-prompts share its batch. What the rows share are the forwards and the rule's call (``padded.accept_rows``: every
-row's tree padded to the widest, each with its own random numbers): the target's over every row's tree, and a
-model drafter's over every row's level (its drafting is a coroutine of forwards, ``Drafter.drafting``), each
-through one ``kv.RowsCache`` (batch row ``b`` holds row ``b``'s committed tokens; a row's new tokens follow its
-own, padding attends to itself only). The prompts are not shared: each row's goes through its own forward
-(``kv.RowsCache.prompts``). A finished row (EOS or ``max_new_tokens``) leaves the batch: it costs nothing after.
+``treespec.generate`` gives for that prompt alone with the row's seed (:func:`row_seed`) through the same route
+(the eager step: ``compile=False``), whichever prompts share its batch. What the rows share are the forwards
+and the rule's call (``padded.accept_rows``: every row's tree padded to the widest, each with its own random
+numbers): the target's over every row's tree, and a model drafter's over every row's level (its drafting is a
+coroutine of forwards, ``Drafter.drafting``), each through one ``kv.RowsCache`` (batch row ``b`` holds row
+``b``'s committed tokens; a row's new tokens follow its own, padding attends to itself only). The prompts are
+not shared: each row's goes through its own forward (``kv.RowsCache.prompts``). A finished row (EOS or
+``max_new_tokens``) leaves the batch: it costs nothing after.
 """
 
 from __future__ import annotations
@@ -247,7 +248,10 @@ def generate_batch(
     each drafter (``Drafter.for_row``). ``on_tokens`` is called as ``on_tokens(row, tokens)``. The other
     arguments are ``generate``'s. With ``compile`` the batch runs the captured step
     (``treespec.core.captured.BatchCapturedStep``: one model drafter of a static shape) where its drafters
-    allow, else the eager step, and ``stats.step`` says why.
+    allow, and a row equals its prompt alone with ``compile``; else the eager batched step (``stats.step`` says
+    why), and a row equals its prompt alone with ``compile=False``: alone, such drafters run the compiled step
+    drafted on the host, which has no batched form and draws its random numbers otherwise (the same law, other
+    samples).
     """
     if isinstance(prompts, (str, bytes, torch.Tensor)) or not isinstance(prompts, Sequence) or not prompts:
         raise ValueError("a batch is a non-empty list of prompts, each a list of token ids (or a [1, L] tensor); "
