@@ -1,0 +1,126 @@
+"""Property tests (hypothesis): the exactness promises over random combinations of what a call can hold.
+
+The other tests pin named cases; these draw the combinations between them (drafter mixes: static trees in
+each drafting mode, EAGLE-2 dynamic trees, confidence stops, n-gram and prompt-lookup drafters, two drafters
+merged in one trie; budgets down to 1, EOS mid-sequence, one to 30 new tokens, prompts of one token or many,
+single calls and batches, two vocabularies, drafts near the target and far from it) and check, for each:
+
+- greedy output equals HF ``generate``'s greedy continuation (float32), a batch's rows included, with the step
+  counts consistent and no verified tree over the budget;
+- sampled output is reproducible: the same seed gives the same tokens, and a batch's row gives what its prompt
+  gives alone with the row's seed.
+
+``derandomize=True``: the same examples on every run (CI stays deterministic); a failure is shrunk by hypothesis
+to a small case and printed. Distributions are tested by the G-tests (``tests/test_exactness.py`` and others).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import treespec
+from treespec.core.batch import row_seed
+from treespec.models.tiny import greedy_reference, perturbed_copy, tiny_model
+
+#: examples per test: a greedy call costs ~20 ms, a sampled example ~0.3 s (its rows run alone twice as well)
+SETTINGS = settings(max_examples=200, deadline=None, derandomize=True, database=None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+SHAPES = {"one": [(0,)], "chain": [(0,), (0, 0), (0, 0, 0)], "kary": [(0,), (1,), (0, 0), (0, 1), (1, 0)],
+          "lopsided": [(0,), (1,), (2,), (0, 0), (0, 0, 0), (0, 0, 0, 0), (0, 0, 0, 0, 0)]}
+STATIC_MODES = ("topk", "sample", "sample_without_replacement")
+
+
+@functools.lru_cache(maxsize=None)
+def models(family: str, vocab: int, noise: float) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """A peaky tiny target (no near-ties at float32) and a draft ``noise`` away from it, made once."""
+    target = tiny_model(family, vocab=vocab, hidden=64, layers=1, scale=6, seed=0)
+    return target, perturbed_copy(target, noise)
+
+
+drafter_spec = st.one_of(
+    st.tuples(st.just("model"), st.sampled_from(sorted(SHAPES)), st.sampled_from(STATIC_MODES),
+              st.sampled_from([None, 0.05, 0.5])),
+    st.tuples(st.just("dynamic"), st.integers(1, 4), st.integers(1, 3), st.integers(1, 8),
+              st.sampled_from([None, 0.3])),
+    st.tuples(st.just("ngram"), st.integers(2, 4), st.integers(1, 4), st.integers(1, 2),
+              st.sampled_from(["ngram", "prompt_lookup"])),
+)
+
+
+def build(spec: tuple, draft: torch.nn.Module) -> treespec.Drafter:
+    """A fresh drafter from its drawn ``spec`` (drafters hold state: each call gets its own)."""
+    kind, *args = spec
+    if kind == "model":
+        shape, mode, stop = args
+        return treespec.ModelDrafter(draft, SHAPES[shape], mode, min_confidence=stop)
+    if kind == "dynamic":
+        depth, topk, nodes, stop = args
+        return treespec.ModelDrafter(draft, mode="dynamic", depth=depth, topk=topk, nodes=nodes, min_confidence=stop)
+    order, tokens, width, mode = args
+    return treespec.NGramDrafter(max_order=order, max_tokens=tokens, width=width, mode=mode)
+
+
+@st.composite
+def calls(draw: st.DrawFn) -> dict:
+    """One call's models, prompts (one, or a batch of 2-3 where one may repeat another), drafters and lengths."""
+    family = draw(st.sampled_from(["llama", "qwen2"]))
+    vocab = draw(st.sampled_from([16, 64]))
+    noise = draw(st.sampled_from([0.1, 0.3, 1.5]))
+    prompt = st.lists(st.integers(0, vocab - 1), min_size=1, max_size=24)
+    prompts = draw(st.lists(prompt, min_size=1, max_size=3))
+    if len(prompts) > 1 and draw(st.booleans()):
+        prompts[-1] = list(prompts[0])
+    # hypothesis draws the first of a list's values most (and shrinks to them): the richer cases go first
+    drafters = draw(st.sampled_from([1, 2, 0]))
+    return {"family": family, "vocab": vocab, "noise": noise, "prompts": prompts,
+            "batch": len(prompts) > 1 or draw(st.booleans()),  # a batch of one is a batch too
+            "drafters": [draw(drafter_spec) for _ in range(drafters)],
+            "max_new_tokens": draw(st.sampled_from([30, 7, 3, 2, 1])),
+            "budget": draw(st.sampled_from([None, 9, 5, 3, 2, 1])),
+            "eos_at": draw(st.one_of(st.integers(0, 29), st.none()))}
+
+
+def run(c: dict, prompts: list, seed, **kw):
+    """``treespec.generate`` of ``c`` over ``prompts`` (a list of prompts: a batch), fresh drafters."""
+    target, draft = models(c["family"], c["vocab"], c["noise"])
+    return treespec.generate(target, prompts, [build(s, draft) for s in c["drafters"]],
+                             max_new_tokens=c["max_new_tokens"], budget=c["budget"], seed=seed, **kw)
+
+
+@SETTINGS
+@given(calls())
+def test_greedy_output_is_the_targets_for_any_call(c):
+    target, _ = models(c["family"], c["vocab"], c["noise"])
+    n = c["max_new_tokens"]
+    eos = None
+    if c["eos_at"] is not None:  # a token the target emits (mid-sequence or last)
+        free = greedy_reference(target, c["prompts"][0], n)
+        eos = free[c["eos_at"] % len(free)]
+    out = run(c, c["prompts"] if c["batch"] else c["prompts"][0], 0, eos_token_id=eos)
+    rows = out.rows if c["batch"] else [out]
+    for prompt, row in zip(c["prompts"], rows):
+        assert row.new_tokens == greedy_reference(target, prompt, n, eos=eos)
+        assert row.stats.new_tokens == len(row.new_tokens) and row.stats.steps == sum(row.stats.accepted_hist)
+        if c["budget"] is not None:
+            assert max(row.stats.tree_sizes) <= c["budget"]
+
+
+@settings(SETTINGS, max_examples=60)
+@given(calls(), st.sampled_from([0.7, 1.0, 1.5]), st.sampled_from([0, 5]), st.sampled_from([1.0, 0.8]),
+       st.sampled_from(["rrs", "traversal"]), st.integers(0, 2**32))
+def test_sampled_output_is_reproducible_and_a_rows_is_its_prompts_alone(c, temperature, top_k, top_p, verifier,
+                                                                          seed):
+    kw = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "verifier": verifier}
+    try:
+        out = run(c, c["prompts"], seed, **kw)
+    except treespec.core.verifiers.NotExactError:
+        return  # a tree this verifier is not exact for: refused (tests/test_verifiers.py)
+    for r, (prompt, row) in enumerate(zip(c["prompts"], out.rows)):
+        alone = run(c, prompt, row_seed(seed, r), **kw)
+        assert row.new_tokens == alone.new_tokens and row.stats.step_tokens == alone.stats.step_tokens
+        assert run(c, prompt, row_seed(seed, r), **kw).new_tokens == alone.new_tokens  # the same seed again
