@@ -12,6 +12,9 @@ check, for each:
 - sampled output is reproducible: the same seed gives the same tokens, and a batch's row gives what its prompt
   gives alone with the row's seed through the route the batch ran (``stats.step``).
 
+and that ``treespec.run`` of a greedy recipe of each tree kind (Sequoia, chain, k-ary, chains, dynamic, paths; with
+or without the n-gram drafter) gives the target's greedy output.
+
 ``derandomize=True``: the same examples on every run (CI stays deterministic); a failure is shrunk by hypothesis
 to a small case and printed. Distributions are tested by the G-tests (``tests/test_exactness.py`` and others).
 """
@@ -27,6 +30,7 @@ from hypothesis import strategies as st
 import treespec
 from treespec.core.batch import row_seed
 from treespec.models.tiny import greedy_reference, perturbed_copy, tiny_model
+from treespec.recipes import NGramSettings
 
 #: examples per test: a greedy call costs ~30 ms, a sampled example ~0.13 s (its rows run alone twice as well)
 SETTINGS = settings(max_examples=200, deadline=None, derandomize=True, database=None,
@@ -132,3 +136,38 @@ def test_sampled_output_is_reproducible_and_a_rows_is_its_prompts_alone(c, tempe
         alone = run(c, prompt, row_seed(seed, r), **kw)
         assert row.new_tokens == alone.new_tokens and row.stats.step_tokens == alone.stats.step_tokens
         assert run(c, prompt, row_seed(seed, r), **kw).new_tokens == alone.new_tokens  # the same seed again
+
+
+@st.composite
+def recipes(draw: st.DrawFn) -> treespec.Recipe:
+    """A greedy recipe of each tree kind with its own settings, an n-gram drafter or not, a stop or not."""
+    tree = draw(st.sampled_from(["sequoia", "chain", "kary", "chains", "dynamic", "paths"]))
+    kw = {"tree": tree, "budget": draw(st.sampled_from([7, 12, 4, 2, 1])),
+          "depth": draw(st.sampled_from([None, 5, 2, 1])) if tree != "paths" else None,
+          "min_confidence": draw(st.sampled_from([None, 0.5, 0.1])),
+          "draft_mode": draw(st.sampled_from([None, "sample_without_replacement", "sample"])),
+          "compile": draw(st.sampled_from(["uncompiled", False]))}
+    if tree == "sequoia":
+        kw["acceptance"] = draw(st.sampled_from([[0.6, 0.2, 0.1], [0.9, 0.05], [0.3]]))
+        kw["max_width"] = draw(st.sampled_from([None, 1, 2]))
+    kw |= {"kary": {"kary_width": draw(st.integers(1, 3))}, "chains": {"chains": draw(st.sampled_from([None, 1, 3]))},
+           "dynamic": {"dynamic_depth": draw(st.integers(1, 6)), "dynamic_topk": draw(st.sampled_from([8, 2, 1]))},
+           "paths": {"paths": draw(st.sampled_from([[[0], [0, 0], [1]], [[0], [1], [2], [0, 0], [0, 0, 0]]]))},
+           }.get(tree, {})
+    if draw(st.booleans()):
+        kw["ngram"] = NGramSettings(max_order=draw(st.integers(2, 4)), max_tokens=draw(st.integers(1, 3)),
+                                    width=draw(st.integers(1, 2)), mode=draw(st.sampled_from(["ngram",
+                                                                                               "prompt_lookup"])))
+    return treespec.Recipe(**kw)
+
+
+@settings(SETTINGS, max_examples=120)
+@given(recipes(), st.lists(st.lists(st.integers(0, 63), min_size=1, max_size=20), min_size=1, max_size=3),
+       st.sampled_from([24, 5, 1]))
+def test_greedy_output_of_any_recipe_is_the_targets(recipe, prompts, n):
+    """``treespec.run``: each tree kind built from its settings (``treespec.recipes.plan``) into drafters."""
+    target, draft = models("qwen2", 64, 0.3)
+    out = treespec.run(recipe, target, [draft], prompts if len(prompts) > 1 else prompts[0], max_new_tokens=n,
+                       seed=1)
+    for prompt, row in zip(prompts, out.rows if len(prompts) > 1 else [out]):
+        assert row.new_tokens == greedy_reference(target, prompt, n)
