@@ -74,6 +74,24 @@ def test_ngram_shares_the_budget() -> None:
     assert dyn.model == {"mode": "dynamic", "depth": 5, "topk": 8, "nodes": 5}
 
 
+def test_verified_tokens_are_the_budget_or_what_the_ngram_drafter_alone_can_propose() -> None:
+    """What a run's target rendering is sized for (``treespec generate`` on a GGUF target): the budget (the default
+    one where tuning would set it), or the n-gram drafter's largest tree where it drafts alone; checked against the
+    trees a run verifies."""
+    assert recipes.verified_tokens(Recipe(tree="chain", budget=6), with_model=True) == 6
+    assert recipes.verified_tokens(Recipe(tree="paths", paths=[[0], [1], [0, 0]]), with_model=True) == 4
+    assert recipes.verified_tokens(Recipe(tree="chain", ngram=NGramSettings()), with_model=False) == 5  # of 16
+    assert recipes.verified_tokens(Recipe(tree="chain", budget=3, ngram=NGramSettings()), with_model=False) == 3
+    assert recipes.verified_tokens(Recipe(tree="chain", budget=1, ngram=NGramSettings()), with_model=False) == 1
+    wide = Recipe(tree="chain", budget=12, ngram=NGramSettings(width=2, max_tokens=3))
+    assert recipes.verified_tokens(wide, with_model=False) == 12  # 2 + 4 + 8 nodes, capped at the budget's 11
+    narrow = Recipe(tree="chain", budget=12, ngram=NGramSettings(width=2, max_tokens=2, max_order=2))
+    assert recipes.verified_tokens(narrow, with_model=False) == 7
+    target = tiny_model("llama", vocab=8, scale=4)
+    out = run(narrow, target, [], [1, 2, 1, 3, 2, 1, 2, 3, 3, 1, 3, 2, 2, 2, 1, 1], max_new_tokens=24)
+    assert max(out.stats.tree_sizes) == 7  # every bigram seen twice or more: the tree fills
+
+
 def test_verified_nodes_never_exceed_the_budget() -> None:
     target = tiny_model("llama", vocab=32, scale=4)
     draft = perturbed_copy(target, 0.3)

@@ -66,11 +66,12 @@ def test_a_gguf_without_4bit_blocks_keeps_its_floating_precision(tmp_path, monke
     assert len(calls) == 1 and calls[0] in FLOATS and precision_of(target) == calls[0]
 
 
-def test_the_choice_applies_to_auto_gguf_targets_on_a_cpu_with_one_draft(q4_file):
+def test_the_choice_applies_to_auto_gguf_targets_on_a_cpu_with_one_draft_or_none(q4_file):
     assert applies(q4_file, [q4_file], "cpu", None) and applies(q4_file, [q4_file], "cpu", "auto")
     assert not applies(q4_file, [q4_file], "cpu", "bfloat16")  # a precision asked for is kept
     assert not applies(q4_file, [q4_file], "cuda", None)
-    assert not applies(q4_file, [q4_file, q4_file], "cpu", None) and not applies(q4_file, [], "cpu", None)
+    assert applies(q4_file, [], "cpu", None)  # the n-gram drafter alone
+    assert not applies(q4_file, [q4_file, q4_file], "cpu", None)
     assert not applies("some/safetensors-dir", [q4_file], "cpu", None)  # no file blocks: int4 would re-quantise
 
 
@@ -133,3 +134,11 @@ def test_the_cli_sizes_the_target_for_its_budget_or_static_tree(q4_file, monkeyp
         out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
         assert out["configuration"].startswith("target int4")
     assert sizes == [1, 4]
+    # the n-gram drafter alone verifies its own largest tree, not the budget: a 4-deep chain (5 tokens) of the
+    # default 16; 3 under --budget 3
+    for extra in ([], ["--budget", "3"]):
+        assert cli.main(["generate", "--target", q4_file, "--ngram", *extra, "--prompt", "ab c ab c",
+                         "--max-new-tokens", "4", "--json"]) == 0
+        out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert out["configuration"].startswith("target int4")
+    assert sizes == [1, 4, 5, 3]

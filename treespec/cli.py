@@ -26,7 +26,7 @@ from .cli_parser import build_parser
 from .common.files import check_writable
 from .core.linear_layout import layout_of
 from .models.pair import CrossDraft, eos_ids, load_pair
-from .recipes import NGramSettings, Recipe, default_budget, draft_mode, plan, run
+from .recipes import NGramSettings, Recipe, draft_mode, plan, run, verified_tokens
 
 T = TypeVar("T")
 
@@ -35,10 +35,11 @@ def load_models(args: argparse.Namespace, want_draft: bool = True, tuned_target:
                 tree_size: int | None = None):
     """Target, its tokenizer and the draft models the options ask for (default draft unless none is wanted).
     ``tuned_target`` (the commands that run the pair: generate, demo): a GGUF target in ``auto`` precision on a CPU
-    with one draft runs in bfloat16 or on its file's own 4-bit blocks (``treespec.calibrate.target_precision``):
-    with a tuned tree (no ``--budget``, a Sequoia tree, no n-gram drafter) the one whose tuned tree is predicted
-    fastest here; with a set ``tree_size`` (the recipe's ``--budget``, 1 for plain decoding, or its ``--paths``
-    tree's size) the one that forwards that many tokens faster. Elsewhere ``auto`` keeps the floating precision one
+    with one draft model or none runs in bfloat16 or on its file's own 4-bit blocks
+    (``treespec.calibrate.target_precision``): with a tuned tree (one draft, no ``--budget``, a Sequoia tree, no
+    n-gram drafter) the one whose tuned tree is predicted fastest here; with a set ``tree_size`` (the recipe's
+    ``--budget``, 1 for plain decoding, its ``--paths`` tree's size, or the n-gram drafter's largest tree when it
+    drafts alone) the one that forwards that many tokens faster. Elsewhere ``auto`` keeps the floating precision one
     forward measures fastest."""
     from .models import DEFAULT_DRAFT
 
@@ -47,12 +48,12 @@ def load_models(args: argparse.Namespace, want_draft: bool = True, tuned_target:
     tuned = (getattr(args, "budget", None) is None and getattr(args, "tree", "sequoia") == "sequoia"
              and not getattr(args, "ngram", False))
     if tuned_target and target_precision.applies(args.target, names, args.device, args.dtype):
-        if tuned:
+        if tuned and names:
             return target_precision.load_pair_tuned(args.target, names[0], draft_dtype=draft_dtype, compile=compile,
                                                     temperature=getattr(args, "temperature", 0.0),
                                                     chat=getattr(args, "chat", False))
         if tree_size is not None:
-            return target_precision.load_pair_sized(args.target, names[0], tree_size=tree_size,
+            return target_precision.load_pair_sized(args.target, names[0] if names else None, tree_size=tree_size,
                                                     draft_dtype=draft_dtype, compile=compile)
     return load_pair(args.target, names, device=args.device, target_dtype=args.dtype, draft_dtype=draft_dtype,
                      compile=compile)
@@ -126,7 +127,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if not todo:
         print(f"all {len(prompts)} prompts are in {args.out} already", file=sys.stderr)
         return 0
-    set_size = recipe.budget if recipe.budget is not None or recipe.paths is None else default_budget(recipe)
+    # the tokens a set tree verifies (--budget, --paths; the n-gram drafter alone: its largest tree), for the
+    # target's rendering; None: the tuner or the pilot sizes the tree
+    sized = recipe.budget is not None or recipe.paths is not None or not want_draft
+    set_size = verified_tokens(recipe, want_draft) if sized else None
     target, tok, drafts = load_models(args, want_draft, tuned_target=True, tree_size=set_size)
     # an empty prompt is refused before anything is measured
     encoded = encode_all(tok, [prompts[i] for i in todo], args.chat)

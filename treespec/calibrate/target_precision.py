@@ -10,10 +10,10 @@ timing (what ``auto_precision`` compares) cannot say which pair of (precision, t
 prediction for each precision's own tree can (:func:`seconds_per_token`: its profile and the pilot's correction,
 both cached, as ``treespec generate`` would run it), and the faster is kept.
 
-A run whose tree size is set (``--budget``, a static tree; budget 1, plain decoding) has no tree to tune: its
-draft's part of a step is the same in either rendering, so the target that forwards that many tokens faster is kept
-(:func:`load_pair_sized`). For plain decoding that is int4: a one-token forward 69 ms against bfloat16's 222 ms on
-the Zen 4 host.
+A run whose tree size is set (``--budget``, a static tree; budget 1, plain decoding; the n-gram drafter alone, whose
+largest tree is its size) has no tree to tune: its draft's part of a step is the same in either rendering, so the
+target that forwards that many tokens faster is kept (:func:`load_pair_sized`). For plain decoding that is int4: a
+one-token forward 69 ms against bfloat16's 222 ms on the Zen 4 host.
 
 The decision is cached in ``<cache root>/precision.json`` under a key naming the target, the draft, the
 temperature, the prompts' kind (code or chat) and this machine (or the target, the tree size and this machine), so
@@ -55,8 +55,8 @@ class Candidate:
 
 def applies(target: str, drafts: Sequence[str], device: str, dtype: str | None) -> bool:
     """Whether ``treespec``'s commands choose ``target``'s precision by tuning: ``auto`` (or no dtype) on a CPU, a
-    target with a GGUF file's 4-bit blocks behind it, one draft model."""
-    return (dtype in (None, "auto") and str(device) == "cpu" and len(drafts) == 1
+    target with a GGUF file's 4-bit blocks behind it, one draft model or none (the n-gram drafter alone)."""
+    return (dtype in (None, "auto") and str(device) == "cpu" and len(drafts) <= 1
             and has_file_blocks(target))
 
 
@@ -124,11 +124,12 @@ def forward_seconds(model: torch.nn.Module, tokens: int) -> float:
     return measure_latency(model, [tokens])[tokens]
 
 
-def load_pair_sized(target: str, draft: str, *, tree_size: int, draft_dtype: str | None = None,
+def load_pair_sized(target: str, draft: str | None, *, tree_size: int, draft_dtype: str | None = None,
                     compile: bool | str = False, timer: Callable[[torch.nn.Module, int], float] = forward_seconds
                     ) -> tuple[torch.nn.Module, Any, list[Any]]:
-    """``load_pair(target, [draft])`` for a run whose tree size is set (``--budget``, a static tree; 1: plain
-    decoding), with the target in the rendering whose forward over ``tree_size`` tokens ``timer`` measures faster
+    """``load_pair(target, [draft])`` (``[]`` for None: the n-gram drafter alone) for a run whose tree size is set
+    (``--budget``, a static tree; 1: plain decoding; the n-gram drafter's largest tree), with the target in the
+    rendering whose forward over ``tree_size`` tokens ``timer`` measures faster
     here: the draft's part of a step is the same either way, so the faster verification makes the faster step.
     For plain decoding on the Zen 4 host that is int4 (a one-token forward 69 ms against bfloat16's 222), where the
     floating ``auto`` choice, which the other commands keep, decoded chat at 5.0-5.6 tok/s against 12.7. The
@@ -141,17 +142,17 @@ def load_pair_sized(target: str, draft: str, *, tree_size: int, draft_dtype: str
     return _load_faster(target, draft, key, rate, draft_dtype=draft_dtype, compile=compile)
 
 
-def _load_faster(target: str, draft: str, key: str, rate: Callable[[torch.nn.Module, list[Any], Any], Candidate],
+def _load_faster(target: str, draft: str | None, key: str, rate: Callable[[torch.nn.Module, list[Any], Any], Candidate],
                  *, draft_dtype: str | None, compile: bool | str) -> tuple[torch.nn.Module, Any, list[Any]]:
     """The pair with the target in whichever rendering ``rate`` gives the fewer seconds (its floating ``auto``
     precision, or int4 on the file's own blocks where the file holds them), the decision cached under ``key``."""
-    path, record = cache_root() / PRECISION_DECISIONS, _cached(key)
+    path, record, names = cache_root() / PRECISION_DECISIONS, _cached(key), [] if draft is None else [draft]
     if record is not None:
-        model, tok, drafts = load_pair(target, [draft], target_dtype=record["precision"], draft_dtype=draft_dtype,
+        model, tok, drafts = load_pair(target, names, target_dtype=record["precision"], draft_dtype=draft_dtype,
                                        compile=compile)
         return _marked(model, target, {**record, "cached": True}), tok, drafts
-    model, tok, drafts = load_pair(target, [draft], target_dtype="auto", draft_dtype=draft_dtype, compile=compile)
-    if isinstance(drafts[0], CrossDraft):
+    model, tok, drafts = load_pair(target, names, target_dtype="auto", draft_dtype=draft_dtype, compile=compile)
+    if drafts and isinstance(drafts[0], CrossDraft):
         return model, tok, drafts
     best = rate(model, drafts, tok)
     candidates = {best.precision: best}

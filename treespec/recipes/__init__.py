@@ -51,13 +51,14 @@ from ..core.batch import BatchOutput
 from ..core.buffers import Envelope
 from ..core.engine import generate
 from ..core.stats import GenerateOutput
-from .plan import DraftPlan, build_drafters, check_draft_models, ngram_reserve, plan, plan_depth, shape_for
+from .plan import (DraftPlan, build_drafters, check_draft_models, ngram_reserve, plan, plan_depth, shape_for,
+                   verified_tokens)
 from .settings import DEFAULT_BUDGET, TREES, DraftModel, NGramSettings, Recipe, default_budget, draft_mode
 
 __all__ = ["DEFAULT_BUDGET", "MAX_NEW_TOKENS", "TREES", "DraftModel", "DraftPlan", "NGramSettings", "Recipe",
            "build_drafters",
            "check_draft_models",
-           "default_budget", "draft_mode", "ngram_reserve", "plan", "plan_depth", "run", "shape_for"]
+           "default_budget", "draft_mode", "ngram_reserve", "plan", "plan_depth", "run", "shape_for", "verified_tokens"]
 
 
 #: new tokens a run generates unless told

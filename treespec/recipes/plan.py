@@ -4,7 +4,7 @@ share (one field, the budget, read in one place: :func:`plan`), and the drafters
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 import torch
@@ -18,7 +18,7 @@ from ..drafters.cross_tokenizer import CrossTokenizerDrafter
 from ..drafters.model import ModelDrafter
 from ..drafters.ngram import NGramDrafter
 from ..models.pair import CrossDraft
-from .settings import DraftModel, Recipe
+from .settings import DraftModel, Recipe, default_budget
 
 @dataclass(frozen=True)
 class DraftPlan:
@@ -129,6 +129,17 @@ def build_drafters(recipe: Recipe, draft_models: Sequence[DraftModel], max_new_t
     if p.ngram is not None:
         drafters.append(NGramDrafter(**p.ngram))
     return drafters
+
+
+def verified_tokens(recipe: Recipe, with_model: bool) -> int:
+    """The most tokens one verification of ``recipe`` holds, root included (its budget, or the default one where it
+    leaves the budget to tuning): the budget, or fewer where the drafters cannot fill it: the n-gram drafter alone
+    proposes a ``width``-ary tree ``max_tokens`` deep, at most ``max_nodes`` nodes (5 tokens by default, of 16)."""
+    p = plan(recipe if recipe.budget is not None else replace(recipe, budget=default_budget(recipe)), with_model)
+    if p.model is not None or p.ngram is None:
+        return p.budget
+    n = p.ngram
+    return 1 + min(n["max_nodes"], sum(n["width"] ** k for k in range(1, n["max_tokens"] + 1)))
 
 
 def plan_depth(recipe: Recipe, with_model: bool) -> int:
