@@ -134,11 +134,57 @@ def test_the_cli_sizes_the_target_for_its_budget_or_static_tree(q4_file, monkeyp
         out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
         assert out["configuration"].startswith("target int4")
     assert sizes == [1, 4]
-    # the n-gram drafter alone verifies its own largest tree, not the budget: a 4-deep chain (5 tokens) of the
-    # default 16; 3 under --budget 3
-    for extra in ([], ["--budget", "3"]):
+    # the n-gram drafter alone verifies its own largest tree under its budget: a 4-deep chain (5 tokens) of 16; 3 of 3
+    for extra in (["--budget", "16"], ["--budget", "3"]):
         assert cli.main(["generate", "--target", q4_file, "--ngram", *extra, "--prompt", "ab c ab c",
                          "--max-new-tokens", "4", "--json"]) == 0
         out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
         assert out["configuration"].startswith("target int4")
     assert sizes == [1, 4, 5, 3]
+
+
+@pytest.mark.parametrize("int4_seconds, int4_kept", [(0.05, True), (0.2, False)])
+def test_a_tree_a_pilot_sizes_keeps_the_rendering_whose_pilot_choice_is_faster(q4_file, int4_seconds, int4_kept):
+    """A recipe without a budget that the tuner does not size (the n-gram drafter, a tree other than Sequoia): each
+    rendering's pilot choice is rated (its predicted seconds per token, plain decoding included), the faster kept and
+    the decision cached per recipe: a second load rates nothing, another recipe is decided apart."""
+    from treespec.recipes import NGramSettings, Recipe
+
+    rated: list[tuple[str, str]] = []
+
+    def rate(model, drafts, tok, recipe):
+        rated.append((precision_of(model), recipe.tree))
+        assert drafts == []  # the n-gram drafter alone: no draft model loaded
+        return Candidate(precision_of(model), int4_seconds if precision_of(model) == "int4" else 0.1, "plain decoding")
+
+    ngram = Recipe(tree="sequoia", ngram=NGramSettings())
+    target, _, _ = target_precision.load_pair_piloted(q4_file, None, ngram, rate=rate)
+    floating = rated[0][0]
+    assert floating in FLOATS and [p for p, _ in rated] == [floating, "int4"]
+    record = target.treespec_precision["tuned_choice"]
+    assert precision_of(target) == record["precision"] == ("int4" if int4_kept else floating)
+    assert target_precision.describe(record).startswith(f"{record['precision']}, its pilot's choice predicted fastest")
+    target_precision.load_pair_piloted(q4_file, None, ngram, rate=rate)
+    assert len(rated) == 2  # cached
+    target_precision.load_pair_piloted(q4_file, None, Recipe(tree="chain", ngram=NGramSettings()), rate=rate)
+    assert rated[2:] == [(floating, "chain"), ("int4", "chain")]
+
+
+def test_the_cli_pilots_each_rendering_where_a_pilot_sizes_the_tree(q4_file, monkeypatch, capsys):
+    """``--ngram`` without a draft or a budget, and a chain without a budget, go to the piloted choice (not the tuned
+    one, nor the sized one); the real rating (each rendering's pilot, on this tiny model) gives a positive figure per
+    rendering and the run says which it kept."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("the tuned or the sized choice ran for a tree a pilot sizes")
+
+    monkeypatch.setattr(target_precision, "load_pair_tuned", refuse)
+    monkeypatch.setattr(target_precision, "load_pair_sized", refuse)
+    for argv in (["--ngram"], ["--draft", q4_file, "--tree", "chain"]):
+        assert cli.main(["generate", "--target", q4_file, *argv, "--prompt", "ab c ab c", "--max-new-tokens", "4",
+                         "--json"]) == 0
+        out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert out["configuration"].startswith("target ")
+    decisions = json.loads((target_precision.cache_root() / "precision.json").read_text())
+    piloted = [r for k, r in decisions.items() if k.startswith("piloted-target")]
+    assert len(piloted) == 2 and all(len(r["candidates"]) == 2 for r in piloted)
+    assert all(c["seconds_per_token"] > 0 for r in piloted for c in r["candidates"].values())

@@ -32,15 +32,16 @@ T = TypeVar("T")
 
 
 def load_models(args: argparse.Namespace, want_draft: bool = True, tuned_target: bool = False,
-                tree_size: int | None = None):
+                tree_size: int | None = None, recipe: Recipe | None = None):
     """Target, its tokenizer and the draft models the options ask for (default draft unless none is wanted).
     ``tuned_target`` (the commands that run the pair: generate, demo): a GGUF target in ``auto`` precision on a CPU
     with one draft model or none runs in bfloat16 or on its file's own 4-bit blocks
     (``treespec.calibrate.target_precision``): with a tuned tree (one draft, no ``--budget``, a Sequoia tree, no
     n-gram drafter) the one whose tuned tree is predicted fastest here; with a set ``tree_size`` (the recipe's
-    ``--budget``, 1 for plain decoding, its ``--paths`` tree's size, or the n-gram drafter's largest tree when it
-    drafts alone) the one that forwards that many tokens faster. Elsewhere ``auto`` keeps the floating precision one
-    forward measures fastest."""
+    ``--budget``, 1 for plain decoding, its ``--paths`` tree's size; the n-gram drafter alone: its largest tree under
+    that budget) the one that forwards that many tokens faster; with a ``recipe`` whose tree a pilot sizes (no
+    ``--budget``, not the tuner's) the one whose pilot choice is predicted faster. Elsewhere ``auto`` keeps the
+    floating precision one forward measures fastest."""
     from .models import DEFAULT_DRAFT
 
     names = args.draft if args.draft else ([DEFAULT_DRAFT] if want_draft else [])
@@ -55,6 +56,9 @@ def load_models(args: argparse.Namespace, want_draft: bool = True, tuned_target:
         if tree_size is not None:
             return target_precision.load_pair_sized(args.target, names[0] if names else None, tree_size=tree_size,
                                                     draft_dtype=draft_dtype, compile=compile)
+        if recipe is not None:
+            return target_precision.load_pair_piloted(args.target, names[0] if names else None, recipe,
+                                                      draft_dtype=draft_dtype, compile=compile)
     return load_pair(args.target, names, device=args.device, target_dtype=args.dtype, draft_dtype=draft_dtype,
                      compile=compile)
 
@@ -127,11 +131,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if not todo:
         print(f"all {len(prompts)} prompts are in {args.out} already", file=sys.stderr)
         return 0
-    # the tokens a set tree verifies (--budget, --paths; the n-gram drafter alone: its largest tree), for the
-    # target's rendering; None: the tuner or the pilot sizes the tree
-    sized = recipe.budget is not None or recipe.paths is not None or not want_draft
-    set_size = verified_tokens(recipe, want_draft) if sized else None
-    target, tok, drafts = load_models(args, want_draft, tuned_target=True, tree_size=set_size)
+    # the tokens a set tree verifies (--budget, --paths; the n-gram drafter alone: its largest tree under it), for the
+    # target's rendering; None: the tuner or a pilot sizes the tree
+    set_size = verified_tokens(recipe, want_draft) if recipe.budget is not None or recipe.paths is not None else None
+    target, tok, drafts = load_models(args, want_draft, tuned_target=True, tree_size=set_size, recipe=recipe)
     # an empty prompt is refused before anything is measured
     encoded = encode_all(tok, [prompts[i] for i in todo], args.chat)
     resolved = _resolve(args, recipe, target, tok, drafts, len(todo), sum(map(len, encoded)) / len(encoded))

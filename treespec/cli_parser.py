@@ -84,9 +84,9 @@ def add_model_options(p: argparse.ArgumentParser, several_drafts: bool = False) 
     p.add_argument("--dtype", choices=CHOICES["target"], default=None,
                    help="target precision; auto times float32 and bfloat16 here and keeps the faster, and for a "
                         "GGUF target (a built-in one or a .gguf file) on a CPU, generate and demo keep int4 on the "
-                        "file's own 4-bit blocks instead where its tuned tree is predicted faster, or, for a set tree "
-                        "size (--budget, --paths, --ngram alone), where it forwards that tree faster (decisions "
-                        "cached); "
+                        "file's own 4-bit blocks instead where its tuned tree (or a pilot's choice, for trees a pilot "
+                        "sizes) is predicted faster, or, for a set tree size (--budget, --paths), where it forwards "
+                        "that tree faster (decisions cached); "
                         "int4 (CPU) keeps a GGUF's own 4-bit blocks. Default: auto on CPU, bfloat16 on CUDA")
     p.add_argument("--draft-dtype", choices=CHOICES["draft"], default=None,
                    help="draft precision; int8 is dynamic int8 quantisation, int4 weight-only 4-bit (both CPU), "

@@ -35,6 +35,8 @@ class Resolved:
     recipe: Recipe
     why: str
     tuned: Tuned | None = None
+    #: a pilot's choice: its predicted seconds per new token (the target alone's over the chosen speedup)
+    pilot_seconds_per_token: float | None = None
 
 
 def _describe_models(target: torch.nn.Module, drafts: Sequence[DraftModel]) -> str:
@@ -120,9 +122,11 @@ def _pilot_choice(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[Draf
     chosen, table = pilot.choose(measured, max_new_tokens, allowed=lambda d: d == depth or plan_depth(
         replace(base, depth=d), bool(drafts)) == d, prompt_scale=scale)
     why = f"{models}; {pilot.why(measured, chosen, table, max_new_tokens, scale)}"
+    seconds = measured.plain_per_token / chosen.speedup
     if chosen.depth == 0:
-        return Resolved(replace(recipe, budget=1), why)
-    return Resolved(replace(base, depth=chosen.depth if chosen.depth < depth else recipe.depth), why)
+        return Resolved(replace(recipe, budget=1), why, pilot_seconds_per_token=seconds)
+    return Resolved(replace(base, depth=chosen.depth if chosen.depth < depth else recipe.depth), why,
+                    pilot_seconds_per_token=seconds)
 
 
 def resolve(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[DraftModel], *,

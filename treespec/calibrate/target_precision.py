@@ -13,7 +13,10 @@ both cached, as ``treespec generate`` would run it), and the faster is kept.
 A run whose tree size is set (``--budget``, a static tree; budget 1, plain decoding; the n-gram drafter alone, whose
 largest tree is its size) has no tree to tune: its draft's part of a step is the same in either rendering, so the
 target that forwards that many tokens faster is kept (:func:`load_pair_sized`). For plain decoding that is int4: a
-one-token forward 69 ms against bfloat16's 222 ms on the Zen 4 host.
+one-token forward 69 ms against bfloat16's 222 ms on the Zen 4 host. A run whose tree a pilot sizes (no
+``--budget``: the n-gram drafter, alone or beside the draft, a tree other than Sequoia) runs that pilot in each
+rendering and keeps the one whose choice, speculation or plain decoding, is predicted to decode faster
+(:func:`load_pair_piloted`).
 
 The decision is cached in ``<cache root>/precision.json`` under a key naming the target, the draft, the
 temperature, the prompts' kind (code or chat) and this machine (or the target, the tree size and this machine), so
@@ -24,7 +27,8 @@ from __future__ import annotations
 
 import datetime
 import gc
-from dataclasses import dataclass
+import hashlib
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
 import torch
@@ -36,7 +40,7 @@ from ..models.packaged import cache_root, log
 from ..models.pair import CrossDraft, load_pair
 from ..models.precision import precision_of
 from ..models.timing import measure_latency
-from ..recipes import Recipe
+from ..recipes import Recipe, plan_depth
 from .choices import resolve
 from .vectors import acceptance_for_draft
 
@@ -98,6 +102,10 @@ def _cached(key: str) -> dict[str, Any] | None:
 def describe(record: dict[str, Any]) -> str:
     """One line: the precision kept and the predictions (or, for a set tree size, the timings) it was kept on."""
     how = "cached decision" if record.get("cached") else "measured now"
+    if str(record.get("key", "")).startswith("piloted-target"):
+        options = "; ".join(f"{p}: {c['seconds_per_token'] * 1e3:.0f} ms per token ({c['tree']})"
+                            for p, c in record["candidates"].items())
+        return f"{record['precision']}, its pilot's choice predicted fastest here ({how}; {options})"
     if str(record.get("key", "")).startswith("sized-target"):
         what = next(iter(record["candidates"].values()))["tree"]
         options = ", ".join(f"{p} {c['seconds_per_token'] * 1e3:.0f} ms" for p, c in record["candidates"].items())
@@ -140,6 +148,35 @@ def load_pair_sized(target: str, draft: str | None, *, tree_size: int, draft_dty
         return Candidate(precision_of(model), timer(model, tree_size), f"one forward over {tree_size} tokens")
 
     return _load_faster(target, draft, key, rate, draft_dtype=draft_dtype, compile=compile)
+
+
+def piloted_seconds_per_token(target: torch.nn.Module, drafts: list[Any], tokenizer: Any,
+                              recipe: Recipe) -> Candidate:
+    """``recipe`` (its budget left to a pilot) resolved for this target by its pilot (``choices.resolve``: the depth
+    predicted fastest, or plain decoding), and that choice's predicted seconds per new token."""
+    resolved = resolve(replace(recipe, target_dtype=None, draft_dtype=None), target, drafts, tokenizer=tokenizer)
+    budget = resolved.recipe.budget
+    tree = "plain decoding" if budget == 1 else f"budget {budget}, depth {plan_depth(resolved.recipe, bool(drafts))}"
+    if resolved.pilot_seconds_per_token is None:  # nothing for a pilot to measure: no prediction to compare
+        return Candidate(precision_of(target), float("inf"), "not measured")
+    return Candidate(precision_of(target), resolved.pilot_seconds_per_token, tree)
+
+
+def load_pair_piloted(target: str, draft: str | None, recipe: Recipe, *, draft_dtype: str | None = None,
+                      compile: bool | str = False,
+                      rate: Callable[[torch.nn.Module, list[Any], Any, Recipe], Candidate] = piloted_seconds_per_token
+                      ) -> tuple[torch.nn.Module, Any, list[Any]]:
+    """``load_pair(target, [draft])`` (``[]`` for None: the n-gram drafter alone) for a run whose tree a pilot sizes
+    (``recipe`` without a budget, not the tuner's: the n-gram drafter, a tree other than Sequoia), with the target in
+    the rendering whose pilot choice ``rate`` predicts faster here: the pilot may decline speculation, and plain
+    decoding wants the rendering with the faster one-token forward (int4 on the Zen 4 host, 3x bfloat16's), where a
+    tree's verification may want another. Cached per target, draft and recipe."""
+    fields = replace(recipe, target_dtype=None, draft_dtype=None, compile=False)
+    fingerprint = hashlib.sha256(repr(fields).encode()).hexdigest()[:16]
+    key = measurement_key("piloted-target", target, f"draft={draft}", f"draft_dtype={draft_dtype or 'auto'}",
+                          f"recipe={fingerprint}", device="cpu")
+    return _load_faster(target, draft, key, lambda model, drafts, tok: rate(model, drafts, tok, recipe),
+                        draft_dtype=draft_dtype, compile=compile)
 
 
 def _load_faster(target: str, draft: str | None, key: str, rate: Callable[[torch.nn.Module, list[Any], Any], Candidate],
