@@ -138,6 +138,24 @@ def test_int4_draft_greedy_equals_the_target(pair, compile):
         assert host.stats.step.startswith("compiled, drafted on the host")
 
 
+@pytest.mark.parametrize("drafters", ["none", "ngram", "model"])
+def test_an_int4_target_runs_every_compiled_step(drafters):
+    """An int4 target (its prompt on its bfloat16 twins, eagerly: ``prefill.EagerPrefill``) through the compiled step
+    drafted on the host (plain decoding, the n-gram drafter) and the captured one (a model draft): the greedy output
+    of the int4 model as loaded. (The host-drafted step called its prefill as one prompt, which only the compiled
+    one took: a TypeError before.)"""
+    target = to_precision(tiny_model("qwen2", vocab=64, hidden=64, layers=1, scale=6, seed=0), "int4",
+                          twin="bfloat16")
+    draft = to_precision(perturbed_copy(tiny_model("qwen2", vocab=64, hidden=64, layers=1, scale=6, seed=0), 0.3),
+                         "int4")
+    make = {"none": [], "ngram": [treespec.NGramDrafter(max_order=2)],
+            "model": [treespec.ModelDrafter(draft, SHAPE, "topk")]}[drafters]
+    prompt = [1, 5, 7, 9, 3, 1, 5, 7]
+    out = treespec.generate(target, prompt, make, max_new_tokens=12, compile=UNCOMPILED)
+    assert out.stats.step.startswith("captured" if drafters == "model" else "compiled, drafted on the host")
+    assert out.new_tokens == greedy_reference(target, prompt, 12)
+
+
 def test_captured_int4_draft_prefills_a_long_prompt_eagerly(pair, monkeypatch):
     """A prompt of 30 tokens: the target in compiled chunks, the int4 draft in one eager forward whose wide
     layers take their int8 twin; the output is still the target's greedy one."""

@@ -117,10 +117,15 @@ class ChunkedPrefill:
 
 
 class EagerPrefill:
-    """Fills ``cache`` with each row's prompt in one eager forward (``StaticTreeCache.prefill_rows``)."""
+    """Fills ``cache`` with each row's prompt in one eager forward (``StaticTreeCache.prefill_rows``); called as
+    :class:`ChunkedPrefill` is (``__call__`` for one prompt, ``rows`` for a batched cache's)."""
 
     def __init__(self, model: torch.nn.Module, cache: StaticTreeCache) -> None:
         self.model, self.cache = model, cache
+
+    def __call__(self, prompt: Sequence[int]) -> None:
+        """Empty the cache and commit ``prompt[:-1]``."""
+        self.rows([prompt])
 
     def rows(self, prompts: Sequence[Sequence[int]]) -> None:
         self.cache.prefill_rows(self.model, prompts)
