@@ -13,7 +13,7 @@ check, for each:
   gives alone with the row's seed through the route the batch ran (``stats.step``).
 
 and that ``treespec.run`` of a greedy recipe of each tree kind (Sequoia, chain, k-ary, chains, dynamic, paths; with
-or without the n-gram drafter) gives the target's greedy output.
+or without the n-gram drafter) gives the target's greedy output, and an int4 target's its own up to bfloat16 ties.
 
 ``derandomize=True``: the same examples on every run (CI stays deterministic); a failure is shrunk by hypothesis
 to a small case and printed. Distributions are tested by the G-tests (``tests/test_exactness.py`` and others).
@@ -29,6 +29,8 @@ from hypothesis import strategies as st
 
 import treespec
 from treespec.core.batch import row_seed
+from treespec.bench.compare import first_divergence
+from treespec.models.precision import to_precision
 from treespec.models.tiny import greedy_reference, perturbed_copy, tiny_model
 from treespec.recipes import NGramSettings
 
@@ -42,10 +44,13 @@ STATIC_MODES = ("topk", "sample_without_replacement", "sample")  # the captured 
 
 
 @functools.lru_cache(maxsize=None)
-def models(family: str, vocab: int, noise: float) -> tuple[torch.nn.Module, torch.nn.Module]:
-    """A peaky tiny target (no near-ties at float32) and a draft ``noise`` away from it, made once."""
+def models(family: str, vocab: int, noise: float, precision: str = "float32"
+           ) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """A peaky tiny target (no near-ties at float32; ``precision="int4"``: on the int4 kernel, its prompt on
+    bfloat16 twins, as a GGUF target runs) and a float32 draft ``noise`` away from it, made once."""
     target = tiny_model(family, vocab=vocab, hidden=64, layers=1, scale=6, seed=0)
-    return target, perturbed_copy(target, noise)
+    draft = perturbed_copy(target, noise)
+    return (to_precision(target, "int4", twin="bfloat16") if precision == "int4" else target), draft
 
 
 drafter_spec = st.one_of(
@@ -96,7 +101,7 @@ def calls(draw: st.DrawFn) -> dict:
 def run(c: dict, prompts: list, seed, **kw):
     """``treespec.generate`` of ``c`` over ``prompts`` (a list of prompts: a batch), fresh drafters; ``compile``:
     ``c``'s unless ``kw`` holds one."""
-    target, draft = models(c["family"], c["vocab"], c["noise"])
+    target, draft = models(c["family"], c["vocab"], c["noise"], c.get("precision", "float32"))
     return treespec.generate(target, prompts, [build(s, draft) for s in c["drafters"]],
                              max_new_tokens=c["max_new_tokens"], budget=c["budget"], seed=seed,
                              compile=kw.pop("compile", c["compile"]), **kw)
@@ -118,6 +123,22 @@ def test_greedy_output_is_the_targets_for_any_call(c):
         assert row.stats.new_tokens == len(row.new_tokens) and row.stats.steps == sum(row.stats.accepted_hist)
         if c["budget"] is not None:
             assert max(row.stats.tree_sizes) <= c["budget"]
+
+
+@settings(SETTINGS, max_examples=80)
+@given(calls())
+def test_an_int4_targets_greedy_output_is_its_own_up_to_bfloat16_ties(c):
+    """An int4 target (the kernel rounds at bfloat16): greedy output equals HF's greedy decoding of the same module,
+    or first differs where its top two logits tie at bfloat16 (``compare.near_tie``: a tree's forward and a single
+    token's sum in other orders), as ``--compare`` judges a quantised target's."""
+    c = {**c, "precision": "int4"}
+    target, _ = models(c["family"], c["vocab"], c["noise"], "int4")
+    n = c["max_new_tokens"]
+    out = run(c, c["prompts"] if c["batch"] else c["prompts"][0], 0)
+    for prompt, row in zip(c["prompts"], out.rows if c["batch"] else [out]):
+        ref = greedy_reference(target, prompt, n)
+        where = first_divergence(target, prompt, ref, row.new_tokens)
+        assert where is None or where["near_tie"], where
 
 
 @settings(SETTINGS, max_examples=100)
