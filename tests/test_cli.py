@@ -638,3 +638,31 @@ def test_compare_of_a_tuned_run_prints_its_prediction_with_the_runs_prefill_besi
     assert re.search(r"^speedup: \d+\.\d\dx \(predicted \d+\.\d\dx with this run's prefill charged\)$", out, re.M)
     assert main(["generate", *models, "--prompt", "w1 w2", "--max-new-tokens", "4", "--compare", "--budget", "2"]) == 0
     assert re.search(r"^speedup: \d+\.\d\dx$", capsys.readouterr().out, re.M)  # a set tree: nothing predicted
+
+
+def test_a_chain_without_a_budget_is_tuned_and_independent_chains_are_piloted(tiny_dirs, tmp_path, capsys,
+                                                                             monkeypatch):
+    """``--tree chain`` without ``--budget`` is sized by the tuner (given the builder and the shipped acceptance rows),
+    ``--tree chains`` by a pilot; each run says what it chose."""
+    import json
+
+    from treespec import cli
+    from treespec.calibrate import tuning
+    from treespec.calibrate.costs import Profile
+
+    monkeypatch.setenv("TREESPEC_CACHE", str(tmp_path / "cache"))
+    prof = Profile({1: 0.10, 2: 0.11, 4: 0.13, 8: 0.18, 16: 0.30}, {1: 0.02, 4: 0.03, 16: 0.06}, {})
+    builders: list[str] = []
+
+    def tuner(target, draft, acceptance, *, builder=None, **kwargs):
+        builders.append("sequoia" if builder is None else builder.name)
+        return tuning.Tuned(prof.choose(acceptance, max_depth=8, builder=builder), prof, builder=builder)
+
+    real = cli.resolve
+    monkeypatch.setattr(cli, "resolve", lambda *a, **k: real(*a, **{**k, "tuner": tuner}))
+    models = [a.format(**tiny_dirs) for a in MODELS]
+    for tree, said in (("chain", "chain of budget"), ("chains", "pilot (")):
+        assert main(["generate", *models, "--prompt", "w1 w2 w3", "--tree", tree, "--max-new-tokens", "4",
+                     "--json"]) == 0
+        record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert said in record["configuration"] and builders == ["chain"]

@@ -25,9 +25,9 @@ def q4_file(tmp_path, monkeypatch):
 
 def rates(int4_seconds: float, calls: list[str]):
     """A stand-in for the tuner's prediction: 0.1 s per token for a float target, ``int4_seconds`` for int4."""
-    def rate(target, draft, tokenizer, temperature, chat=False):
+    def rate(target, draft, tokenizer, temperature, chat=False, tree=None):
         precision = precision_of(target)
-        calls.append(precision + (" chat" if chat else ""))
+        calls.append(precision + (" chat" if chat else "") + ("" if tree is None else f" {tree.tree}"))
         return Candidate(precision, int4_seconds if precision == "int4" else 0.1, f"tree of {precision}")
     return rate
 
@@ -54,6 +54,32 @@ def test_the_target_runs_in_the_precision_whose_tuned_tree_is_faster_and_the_cho
     assert len(calls) == 4 and precision_of(other) == kept  # another temperature: decided apart
     chat, _, _ = load_pair_tuned(q4_file, q4_file, chat=True, rate=rates(int4_seconds, calls))
     assert calls[4:] == [f"{floating} chat", "int4 chat"] and precision_of(chat) == kept  # chat prompts: apart, too
+
+
+def test_a_chain_or_kary_tree_is_rated_by_its_own_tuned_tree_and_decided_apart(q4_file, monkeypatch):
+    """A chain or k-ary tree without a budget is tuned as the Sequoia tree is: each rendering is rated for that
+    builder's tree (``tree`` reaches the rating), and the decision is cached apart from the Sequoia tree's and from
+    another builder's; the CLI routes ``--tree chain`` and ``--tree kary`` there with the recipe."""
+    from treespec.recipes import Recipe
+
+    calls: list[str] = []
+    load_pair_tuned(q4_file, q4_file, rate=rates(0.05, calls))
+    load_pair_tuned(q4_file, q4_file, tree=Recipe(tree="chain"), rate=rates(0.05, calls))
+    load_pair_tuned(q4_file, q4_file, tree=Recipe(tree="chain"), rate=rates(0.05, calls))  # cached
+    load_pair_tuned(q4_file, q4_file, tree=Recipe(tree="kary", kary_width=3), rate=rates(0.05, calls))
+    floating = calls[0]
+    assert calls == [floating, "int4", f"{floating} chain", "int4 chain", f"{floating} kary", "int4 kary"]
+    routed: list[tuple[str, int]] = []
+
+    def tuned(target, draft, *, tree=None, **kwargs):
+        routed.append((tree.tree, tree.kary_width))
+        raise SystemExit(0)
+
+    monkeypatch.setattr(target_precision, "load_pair_tuned", tuned)
+    for argv in (["--tree", "chain"], ["--tree", "kary"]):
+        with pytest.raises(SystemExit):
+            cli.main(["generate", "--target", q4_file, "--draft", q4_file, *argv, "--prompt", "ab c"])
+    assert routed == [("chain", 2), ("kary", 2)]
 
 
 def test_a_gguf_without_4bit_blocks_keeps_its_floating_precision(tmp_path, monkeypatch):
@@ -171,15 +197,15 @@ def test_a_tree_a_pilot_sizes_keeps_the_rendering_whose_pilot_choice_is_faster(q
 
 
 def test_the_cli_pilots_each_rendering_where_a_pilot_sizes_the_tree(q4_file, monkeypatch, capsys):
-    """``--ngram`` without a draft or a budget, and a chain without a budget, go to the piloted choice (not the tuned
-    one, nor the sized one); the real rating (each rendering's pilot, on this tiny model) gives a positive figure per
-    rendering and the run says which it kept."""
+    """``--ngram`` without a draft or a budget, and independent chains without a budget, go to the piloted choice (not
+    the tuned one, nor the sized one); the real rating (each rendering's pilot, on this tiny model) gives a positive
+    figure per rendering and the run says which it kept."""
     def refuse(*args, **kwargs):
         raise AssertionError("the tuned or the sized choice ran for a tree a pilot sizes")
 
     monkeypatch.setattr(target_precision, "load_pair_tuned", refuse)
     monkeypatch.setattr(target_precision, "load_pair_sized", refuse)
-    for argv in (["--ngram"], ["--draft", q4_file, "--tree", "chain"]):
+    for argv in (["--ngram"], ["--draft", q4_file, "--tree", "chains"]):
         assert cli.main(["generate", "--target", q4_file, *argv, "--prompt", "ab c ab c", "--max-new-tokens", "4",
                          "--json"]) == 0
         out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable, Sequence, TypeVar
 
 from . import cli_output
 from .calibrate import target_precision
-from .calibrate.choices import Resolved, compile_batch, resolve, resolve_compile
+from .calibrate.choices import TUNED_TREES, Resolved, compile_batch, resolve, resolve_compile
 from .calibrate.vectors import acceptance_for_draft, default_acceptance
 from .cli_input import encode_all, read_paths, read_prompt_lines, read_prompts
 from .cli_output import Streamer, print_stats
@@ -36,23 +36,23 @@ def load_models(args: argparse.Namespace, want_draft: bool = True, tuned_target:
     """Target, its tokenizer and the draft models the options ask for (default draft unless none is wanted).
     ``tuned_target`` (the commands that run the pair: generate, demo): a GGUF target in ``auto`` precision on a CPU
     with one draft model or none runs in bfloat16 or on its file's own 4-bit blocks
-    (``treespec.calibrate.target_precision``): with a tuned tree (one draft, no ``--budget``, a Sequoia tree, no
-    n-gram drafter) the one whose tuned tree is predicted fastest here; with a set ``tree_size`` (the recipe's
-    ``--budget``, 1 for plain decoding, its ``--paths`` tree's size; the n-gram drafter alone: its largest tree under
-    that budget) the one that forwards that many tokens faster; with a ``recipe`` whose tree a pilot sizes (no
-    ``--budget``, not the tuner's) the one whose pilot choice is predicted faster. Elsewhere ``auto`` keeps the
-    floating precision one forward measures fastest."""
+    (``treespec.calibrate.target_precision``): with a tuned tree (one draft, no ``--budget``, a Sequoia, chain
+    or k-ary tree, no n-gram drafter) the one whose tuned tree is predicted fastest here; with a set ``tree_size``
+    (the recipe's ``--budget``, 1 for plain decoding, its ``--paths`` tree's size; the n-gram drafter alone: its
+    largest tree under that budget) the one that forwards that many tokens faster; with a ``recipe`` whose tree a
+    pilot sizes (no ``--budget``, not the tuner's) the one whose pilot choice is predicted faster. Elsewhere
+    ``auto`` keeps the floating precision one forward measures fastest."""
     from .models import DEFAULT_DRAFT
 
     names = args.draft if args.draft else ([DEFAULT_DRAFT] if want_draft else [])
     draft_dtype, compile = getattr(args, "draft_dtype", None), getattr(args, "compile", None) or False
-    tuned = (getattr(args, "budget", None) is None and getattr(args, "tree", "sequoia") == "sequoia"
+    tuned = (getattr(args, "budget", None) is None and getattr(args, "tree", "sequoia") in TUNED_TREES
              and not getattr(args, "ngram", False))
     if tuned_target and target_precision.applies(args.target, names, args.device, args.dtype):
         if tuned and names:
             return target_precision.load_pair_tuned(args.target, names[0], draft_dtype=draft_dtype, compile=compile,
                                                     temperature=getattr(args, "temperature", 0.0),
-                                                    chat=getattr(args, "chat", False))
+                                                    chat=getattr(args, "chat", False), tree=recipe)
         if tree_size is not None:
             return target_precision.load_pair_sized(args.target, names[0] if names else None, tree_size=tree_size,
                                                     draft_dtype=draft_dtype, compile=compile)
@@ -64,14 +64,17 @@ def load_models(args: argparse.Namespace, want_draft: bool = True, tuned_target:
 
 
 def recipe_from_args(args: argparse.Namespace, with_model: bool = True) -> Recipe:
-    """The recipe ``treespec generate`` runs for its options (``--budget`` absent: None, resolved later)."""
-    sequoia = args.tree == "sequoia" and with_model
+    """The recipe ``treespec generate`` runs for its options (``--budget`` absent: None, resolved later). A Sequoia
+    tree carries the acceptance it is built from; a chain or k-ary tree without a budget the acceptance it is
+    sized from (``choices.TUNED_TREES``; with the n-gram drafter a pilot sizes it)."""
+    sized = args.tree != "sequoia" and args.tree in TUNED_TREES and args.budget is None and not args.ngram
+    with_acceptance = (args.tree == "sequoia" or sized) and with_model
     return Recipe(tree=args.tree, budget=args.budget, depth=args.depth, temperature=args.temperature,
                   paths=read_paths(getattr(args, "paths", None), args.tree),
                   top_k=args.top_k, top_p=args.top_p, draft_mode=args.draft_mode,
                   ngram=NGramSettings() if args.ngram else None,
                   acceptance=default_acceptance(args.acceptance, args.temperature, chat=args.chat,
-                                                per_depth=not args.positional_acceptance) if sequoia else None,
+                                                per_depth=not args.positional_acceptance) if with_acceptance else None,
                   target_dtype=args.dtype, draft_dtype=args.draft_dtype, verifier=args.verifier,
                   compile=args.compile or False)  # None (decided after resolving, resolve_compile): eager until then
 

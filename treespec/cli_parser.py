@@ -155,14 +155,16 @@ def _generate(sub) -> None:
                         "after its parent and its sibling of the rank below), as JSON, e.g. '[[0], [1], [0, 0]]', "
                         "or a JSON file holding that list; --budget B keeps its first B - 1 paths (default: all)")
     g.add_argument("--budget", type=_budget, default=None, metavar="B",
-                   help="tokens per verification pass, root included. Default: for a Sequoia tree with one "
-                        "draft model, the budget, depth and width measured fastest on this machine (profile "
-                        "cached under the treespec cache); otherwise the depth a short pilot measures fastest here, or "
-                        "plain decoding when no depth pays (cached too)")
+                   help="tokens per verification pass, root included. Default: for a Sequoia, chain or kary "
+                        "tree with one draft model (no --ngram), that tree's budget and depth (and a Sequoia tree's "
+                        "width) predicted fastest on this machine (profile cached under the treespec cache); "
+                        "otherwise the depth a short pilot measures fastest here, or plain decoding when no depth pays "
+                        "(cached too)")
     g.add_argument("--depth", type=_count("depth"), default=None, metavar="D", help="maximum tree depth")
     g.add_argument("--acceptance", type=Path, default=None, metavar="JSON",
-                   help="acceptance for --tree sequoia (from `treespec accept`; default: the one shipped for the "
-                        "built-in pair); its per-depth rows size the tree unless --positional-acceptance")
+                   help="acceptance for --tree sequoia, and for a chain or kary tree without --budget (from "
+                        "`treespec accept`; default: the one shipped for the built-in pair); its per-depth rows size "
+                        "the tree unless --positional-acceptance")
     g.add_argument("--positional-acceptance", action="store_true",
                    help="size the Sequoia tree from the positional vector (Sequoia's published model: the same "
                         "acceptance at every depth) instead of the per-depth rows")

@@ -23,6 +23,7 @@ from ..core.stats import GenerateOutput
 from ..recipes import (MAX_NEW_TOKENS, DraftModel, Recipe, build_drafters, check_draft_models, default_budget,
                        plan_depth)
 from ..recipes import run as run_resolved
+from .step_cost import Builder
 from .tuning import Tuned, calibrate, tune
 
 if TYPE_CHECKING:
@@ -44,11 +45,25 @@ def _describe_models(target: torch.nn.Module, drafts: Sequence[DraftModel]) -> s
         f", draft {precision_of(d.model if isinstance(d, CrossDraft) else d)}" for d in drafts)
 
 
+#: the trees the tuner sizes: Sequoia's DP, and the builders of a budget whose nodes are ranked children of one
+#: draft model's tree (its top-k or without-replacement draws), which the acceptance rows score. Independent
+#: chains (``chains``: sampled with replacement) and the dynamic tree are a pilot's; a static path list runs as
+#: given (all its paths, unless a budget cuts them), its depth a pilot's.
+TUNED_TREES = ("sequoia", "chain", "kary")
+
+
 def tunable(recipe: Recipe, drafts: Sequence[DraftModel]) -> bool:
-    """Whether :func:`resolve` tunes ``recipe``: no budget given, a Sequoia tree with an acceptance
+    """Whether :func:`resolve` tunes ``recipe``: no budget given, a tree of :data:`TUNED_TREES` with an acceptance
     vector, one draft model of the target's tokenizer and no n-gram drafter."""
-    return (recipe.budget is None and recipe.tree == "sequoia" and recipe.acceptance is not None
+    return (recipe.budget is None and recipe.tree in TUNED_TREES and recipe.acceptance is not None
             and recipe.ngram is None and len(drafts) == 1 and not isinstance(drafts[0], CrossDraft))
+
+
+def builder_of(recipe: Recipe) -> Builder | None:
+    """The builder whose trees the tuner sizes for ``recipe``: None for Sequoia's DP."""
+    if recipe.tree == "sequoia":
+        return None
+    return Builder(recipe.tree, recipe.kary_width)
 
 
 def _single_chain(recipe: Recipe, drafters: Sequence[Drafter]) -> bool:
@@ -171,7 +186,7 @@ def resolve(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[DraftModel
         cache_file = cache_root() / "profiles.json"
     acceptance = [list(r) if isinstance(r, tuple) else r for r in recipe.acceptance]
     tuned = tuner(target, drafts[0], acceptance, temperature=recipe.temperature, max_depth=recipe.depth or 8,
-                  cache_file=cache_file)
+                  cache_file=cache_file, builder=builder_of(recipe))
     chosen = replace(recipe, **tuned.settings(), target_dtype=precision_of(target),
                      draft_dtype=precision_of(drafts[0]))
     other_route = compiled and bool(tuned.profile.meta.get("compiled"))  # the pilot's eager steps calibrate no

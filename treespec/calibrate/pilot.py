@@ -1,8 +1,9 @@
 """Whether speculation pays for a recipe the tuner cannot size, from a short measured pilot.
 
-``treespec.calibrate.tuning`` sizes a Sequoia tree for one draft model of the target's tokenizer
-from an acceptance vector and a cost profile. Every other default recipe (a draft with another
-tokenizer, the n-gram drafter alone or beside a draft, several drafts, a non-Sequoia tree) would
+``treespec.calibrate.tuning`` sizes a Sequoia tree (or a chain, or a k-ary tree) for one draft model of the
+target's tokenizer from an acceptance vector and a cost profile. Every other default recipe (a draft with another
+tokenizer, the n-gram drafter alone or beside a draft, several drafts, independent chains, a dynamic or path-list
+tree, a chain or k-ary tree without acceptance rows) would
 otherwise run at a fixed budget, and a weak draft drafting deep chains loses to plain decoding.
 Here such a recipe is measured instead, once per machine (cached):
 

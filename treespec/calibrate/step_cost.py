@@ -33,7 +33,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from tree_builders import SequoiaDP, TreeShape
+from tree_builders import SequoiaDP, TreeShape, for_budget
 
 from .acceptance import MeasuredAcceptance
 
@@ -136,6 +136,45 @@ def search(rows: Any, bs: list[int], depths: list[int], width_limits: Sequence[i
     return taus, seconds, widths, shape_of
 
 
+@dataclass(frozen=True)
+class Builder:
+    """A static tree builder sized in place of Sequoia's DP (a chain, SpecInfer's k-ary tree), its tree in a (budget,
+    depth limit) cell the one a run of that budget and depth drafts (``tree_builders.for_budget(name, budget,
+    max_depth=depth)``, as ``recipes.shape_for`` builds it)."""
+
+    name: str
+    kary_width: int = 2
+
+    def shape(self, budget: int, depth: int) -> TreeShape:
+        return for_budget(self.name, budget, None, depth, kary_width=self.kary_width)
+
+    def describe(self) -> str:
+        """What the why-lines call it."""
+        return f"k-ary tree (width {self.kary_width})" if self.name == "kary" else self.name
+
+
+def search_builder(rows: Any, bs: list[int], depths: list[int], builder: Builder, t_of: Callable[[float], float],
+                   t_q: Callable[[Any], Any], root_seconds: np.ndarray, overhead: float
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, Callable[[int, int], TreeShape]]:
+    """:func:`search` for a ``builder``'s own trees: each (depth limit, budget) cell holds the tree the builder makes
+    there, scored by its expected tokens under the same rows and costed by the same step model (its size, its
+    levels' widths) as the DP's trees are, so that every builder is sized by one model. ``widths``: the tree's widest
+    node."""
+    taus = np.ones((len(depths), len(bs)))
+    seconds = np.tile(root_seconds, (len(depths), 1))
+    widths = np.zeros((len(depths), len(bs)), dtype=np.int64)
+    shapes: dict[tuple[int, int], TreeShape] = {}
+    for i, d in enumerate(depths[1:], start=1):
+        for j, n in enumerate(bs):
+            shape = builder.shape(n, d) if n >= 2 else TreeShape()
+            if not shape.depth:
+                continue
+            taus[i, j] = shape.expected_tokens(rows)
+            seconds[i, j] = t_of(shape.size) + draft_seconds(t_q, shape) + overhead
+            widths[i, j], shapes[i, j] = shape.max_width, shape
+    return taus, seconds, widths, lambda i, j: shapes.get((i, j), TreeShape())
+
+
 @dataclass
 class Choice:
     """The tree ``choose_tree`` picked and the table it picked it from.
@@ -230,6 +269,7 @@ def choose_tree(
     width_limits: Sequence[int | None] | None = None,
     overhead: float = 0.0,
     plain: float | None = None,
+    builder: Builder | None = None,
 ) -> Choice:
     """The tree with the best predicted speed ``G(T) / time(T)`` (module docstring).
 
@@ -250,6 +290,8 @@ def choose_tree(
         overhead: fixed seconds per step (engine bookkeeping), added to every step.
         plain: seconds per token of plain decoding, what speedups are relative to (the choice does not depend on
             it); None: ``t(1) + overhead``, the engine's own step without a draft.
+        builder: size this builder's trees (a chain, a k-ary tree: :class:`Builder`) instead of the
+            Sequoia DP's; the width limits are then not searched (``widths`` holds each tree's widest node).
 
     Each cell's shape is the DP's smallest optimal one, costed at its own size and depth. Ties go
     to the smaller budget, then the smaller depth, then the narrower width limit.
@@ -264,8 +306,10 @@ def choose_tree(
     plain = t1 + overhead if plain is None else float(plain)
     if plain <= 0:
         raise ValueError(f"plain decoding takes > 0 seconds per token, got {plain}")
-    taus, seconds, widths, shape_of = search(_rows(acceptance, per_depth), bs, depths, width_limits, t_of, t_q,
-                                            ratio * t1 + overhead, overhead)
+    rows, root = _rows(acceptance, per_depth), ratio * t1 + overhead
+    taus, seconds, widths, shape_of = (
+        search(rows, bs, depths, width_limits, t_of, t_q, root, overhead) if builder is None
+        else search_builder(rows, bs, depths, builder, t_of, t_q, root, overhead))
     speedups = taus * plain / seconds
     top = float(speedups.max())
     # first in (budget, depth) order reaching the maximum (up to rounding)

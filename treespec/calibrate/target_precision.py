@@ -13,8 +13,10 @@ both cached, as ``treespec generate`` would run it), and the faster is kept.
 A run whose tree size is set (``--budget``, a static tree; budget 1, plain decoding; the n-gram drafter alone, whose
 largest tree is its size) has no tree to tune: its draft's part of a step is the same in either rendering, so the
 target that forwards that many tokens faster is kept (:func:`load_pair_sized`). For plain decoding that is int4: a
-one-token forward 69 ms against bfloat16's 222 ms on the Zen 4 host. A run whose tree a pilot sizes (no
-``--budget``: the n-gram drafter, alone or beside the draft, a tree other than Sequoia) runs that pilot in each
+one-token forward 69 ms against bfloat16's 222 ms on the Zen 4 host. A chain or k-ary tree without a ``--budget``
+is tuned as the Sequoia tree is (``choices.TUNED_TREES``: that builder's tree sized in each rendering). A run whose
+tree a pilot sizes (no ``--budget``: the n-gram drafter, alone or beside the draft, independent chains, the dynamic
+tree) runs that pilot in each
 rendering and keeps the one whose choice, speculation or plain decoding, is predicted to decode faster
 (:func:`load_pair_piloted`).
 
@@ -65,13 +67,15 @@ def applies(target: str, drafts: Sequence[str], device: str, dtype: str | None) 
 
 
 def seconds_per_token(target: torch.nn.Module, draft: torch.nn.Module, tokenizer: Any, temperature: float,
-                      chat: bool = False) -> Candidate:
-    """What ``treespec generate`` would run for this pair (the default Sequoia recipe, tuned: ``choices.resolve``
-    with the shipped acceptance of the draft's precision, chat's for prompts in the chat template) and its predicted
-    seconds per token: a step's seconds over its tokens, or the target alone's seconds per token where speculation
-    is not predicted to pay."""
+                      chat: bool = False, tree: Recipe | None = None) -> Candidate:
+    """What ``treespec generate`` would run for this pair (the default Sequoia recipe, or ``tree``'s builder, tuned:
+    ``choices.resolve`` with the shipped acceptance of the draft's precision, chat's for prompts in the chat
+    template) and its predicted seconds per token: a step's seconds over its tokens, or the target alone's seconds
+    per token where speculation is not predicted to pay."""
     acceptance, walk = acceptance_for_draft(None, temperature, draft, chat=chat)
-    resolved = resolve(Recipe(tree="sequoia", acceptance=acceptance, temperature=temperature), target, [draft],
+    recipe = Recipe() if tree is None else replace(tree, budget=None, target_dtype=None, draft_dtype=None,
+                                                   compile=False)
+    resolved = resolve(replace(recipe, acceptance=acceptance, temperature=temperature), target, [draft],
                        tokenizer=tokenizer, walk=walk)
     tuned = resolved.tuned
     p, shape = tuned.prediction, tuned.choice.shape
@@ -81,15 +85,24 @@ def seconds_per_token(target: torch.nn.Module, draft: torch.nn.Module, tokenizer
                      f"budget {shape.size}, depth {shape.depth}: tau {p.tau:.2f}, {p.step_seconds:.3f} s per step")
 
 
-def _key(target: str, draft: str, draft_dtype: str | None, temperature: float, chat: bool) -> str:
+def _key(target: str, draft: str, draft_dtype: str | None, temperature: float, chat: bool,
+         tree: Recipe | None = None) -> str:
     return measurement_key("tuned-target", target, f"draft={draft}", f"draft_dtype={draft_dtype or 'auto'}",
-                           f"T={float(temperature):g}", *(["chat"] if chat else []), device="cpu")
+                           f"T={float(temperature):g}", *(["chat"] if chat else []), *_tree_tag(tree), device="cpu")
+
+
+def _tree_tag(tree: Recipe | None) -> list[str]:
+    """The key's part naming a tuned tree other than the default Sequoia one (none for it: its decisions stand)."""
+    if tree is None or tree.tree == "sequoia":
+        return []
+    width = f"(kary_width={tree.kary_width})" if tree.tree == "kary" else ""
+    return [f"tree={tree.tree}{width}", f"depth={tree.depth}"]
 
 
 def cached_choice(target: str, draft: str, *, draft_dtype: str | None = None, temperature: float = 0.0,
-                  chat: bool = False) -> dict[str, Any] | None:
+                  chat: bool = False, tree: Recipe | None = None) -> dict[str, Any] | None:
     """The decision :func:`load_pair_tuned` cached for this pair on this machine (None: not decided yet)."""
-    return _cached(_key(target, draft, draft_dtype, temperature, chat))
+    return _cached(_key(target, draft, draft_dtype, temperature, chat, tree))
 
 
 def _cached(key: str) -> dict[str, Any] | None:
@@ -116,14 +129,17 @@ def describe(record: dict[str, Any]) -> str:
 
 
 def load_pair_tuned(target: str, draft: str, *, draft_dtype: str | None = None, compile: bool | str = False,
-                    temperature: float = 0.0, chat: bool = False, rate: Callable[..., Candidate] = seconds_per_token
-                    ) -> tuple[torch.nn.Module, Any, list[Any]]:
+                    temperature: float = 0.0, chat: bool = False, tree: Recipe | None = None,
+                    rate: Callable[..., Candidate] = seconds_per_token) -> tuple[torch.nn.Module, Any, list[Any]]:
     """``load_pair(target, [draft])`` with the target in the precision (its floating ``auto`` choice, or int4 on
     its file's own blocks) whose tuned tree ``rate`` predicts fastest here (module doc), for prompts in the chat
-    template with ``chat`` (their tree is sized from chat's acceptance); the decision cached.
-    A draft of another tokenizer leaves the target in its floating ``auto`` precision (no tuned tree to compare)."""
-    return _load_faster(target, draft, _key(target, draft, draft_dtype, temperature, chat),
-                        lambda model, drafts, tok: rate(model, drafts[0], tok, temperature, chat=chat),
+    template with ``chat`` (their tree is sized from chat's acceptance); the decision cached. ``tree``: a recipe of
+    another tuned builder (a chain, a k-ary tree; its depth limit kept), whose tree is tuned instead
+    of the default Sequoia one. A draft of another tokenizer leaves the target in its floating ``auto`` precision
+    (no tuned tree to compare)."""
+    tree = None if tree is None or tree.tree == "sequoia" else tree
+    return _load_faster(target, draft, _key(target, draft, draft_dtype, temperature, chat, tree),
+                        lambda model, drafts, tok: rate(model, drafts[0], tok, temperature, chat=chat, tree=tree),
                         draft_dtype=draft_dtype, compile=compile)
 
 

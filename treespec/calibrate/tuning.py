@@ -3,7 +3,8 @@
 ``tune`` profiles the loaded models in the precisions they were loaded in (``models.load(...,
 dtype="auto")`` already kept the fastest precision per model), then ``profile.choose_tree`` picks
 the Sequoia tree (budget, depth, width limit) with the most predicted tokens per second under the
-acceptance vector. Profiles are cached per (models, precisions, device, CPU, threads) in
+acceptance vector, or, for a recipe of another static builder (a chain, a k-ary tree), that
+builder's tree (budget, depth) by the same model. Profiles are cached per (models, precisions, device, CPU, threads) in
 ``<cache root>/profiles.json`` so a second run does not measure again; ``remeasure=True`` forces it.
 The result's :meth:`Tuned.settings` are the recipe fields it chose (``treespec.calibrate.choices.resolve``
 puts them into the run's recipe, so the CLI, the demo, the sweep and ``treespec.run`` run exactly
@@ -29,7 +30,7 @@ from ..models.precision import kernel_tags, precision_of
 from ..models.timing import measure_prefill
 from .acceptance import MeasuredAcceptance
 from .costs import Profile, profile
-from .step_cost import Choice, run_speedup
+from .step_cost import Builder, Choice, run_speedup
 from .pilot import MARGIN, Pilot
 from .walk_replay import per_continuation, truncated
 
@@ -50,9 +51,9 @@ MIN_CONFIDENCE_SAMPLED = 0.1
 class Prediction:
     """What a tuned run is predicted to do: tokens per step, seconds per step and plain decoding's seconds per
     token, and the model behind them (``"replay"``: the tree replayed over the calibration walk with the run's
-    confidence stop, the model the sweep's report validates; ``"rows"``: the Sequoia DP's expectation over the
-    per-depth rows, every level drafted). ``per_prompt``: the replay's (tokens, steps) on each calibration
-    prompt, the spread behind :meth:`tau_range`."""
+    confidence stop, the model the sweep's report validates; ``"rows"``: the tree's expectation over the
+    per-depth rows (the Sequoia DP's), every level drafted). ``per_prompt``: the replay's (tokens, steps) on each
+    calibration prompt, the spread behind :meth:`tau_range`."""
 
     tau: float
     step_seconds: float
@@ -119,6 +120,9 @@ class Tuned:
     #: the run's prompts' mean length in tokens (:meth:`with_walk`), whose prefill by the draft the run's
     #: prediction charges (:attr:`draft_prefill`); None: not known, nothing charged
     prompt_tokens: float | None = None
+    #: the builder whose trees were sized (a chain, a k-ary tree: ``step_cost.Builder``); None:
+    #: Sequoia's DP. Every choice made again (:func:`calibrate`, :meth:`for_batch`) sizes the same builder's trees
+    builder: Builder | None = None
 
     @property
     def draft_prefill(self) -> float:
@@ -203,7 +207,7 @@ class Tuned:
         (budget, depth limit, width limit) gives the same shape."""
         c = self.choice
         return {"budget": c.budget if c.depth else 1, "depth": max(1, c.depth),
-                "max_width": int(c.width) if c.depth and c.width > 0 else None,
+                "max_width": int(c.width) if self.builder is None and c.depth and c.width > 0 else None,
                 "min_confidence": self.min_confidence}
 
     def on_compiled_steps(self, step_seconds: float) -> "Tuned":
@@ -227,7 +231,7 @@ class Tuned:
             raise ValueError("a batch's tree is sized on eager costs (Profile.for_batch): size it before costing "
                              "compiled steps (resolve(batch_size=B), then the compile choice)")
         prof = self.profile.for_batch(rows)
-        return replace(self, choice=prof.choose(acceptance, max_depth=max_depth), profile=prof)
+        return replace(self, choice=prof.choose(acceptance, max_depth=max_depth, builder=self.builder), profile=prof)
 
     @property
     def why(self) -> str:
@@ -253,8 +257,10 @@ class Tuned:
         plain = (f"step of plain batched decoding ({rows} tokens)" if rows > 1 else "token of the target's own decoding"
                  + (" (HF generate, timed)" if self.profile.plain_decode_seconds else " (a one-token forward)"))
         alone = "the target alone" if rows == 1 else "plain batched decoding"
-        return (f"target {m.get('target_precision')}, draft {m.get('draft_precision')}; Sequoia tree of budget "
-                f"{c.shape.size}, depth {c.shape.depth} (width limit {s['max_width'] or 'none'}){batch}: "
+        tree = ("Sequoia tree" if self.builder is None else self.builder.describe()) + f" of budget {c.shape.size}"
+        limit = f" (width limit {s['max_width'] or 'none'})" if self.builder is None else ""
+        return (f"target {m.get('target_precision')}, draft {m.get('draft_precision')}; {tree}, depth "
+                f"{c.shape.depth}{limit}{batch}: "
                 f"predicted tau {p.tau:.2f}{how}, {p.step_seconds:.3f} {step} vs {p.plain_seconds:.3f} s per {plain}, "
                 f"predicted {p.speedup:.2f}x over {alone} in the same precision{fixed}{self._run_note()}")
 
@@ -323,18 +329,21 @@ def calibrate(tuned: Tuned, measured: Pilot, acceptance: Sequence[float], max_de
     shape = tuned.choice.shape
     prof = tuned.profile.calibrated(shape, measured.draft_per_step, measured.verify_per_step,
                                     measured.engine_per_step, measured.steps, size=measured.mean_tree_size or None)
-    return Tuned(prof.choose(acceptance, max_depth=max_depth), prof, tuned.min_confidence)
+    return Tuned(prof.choose(acceptance, max_depth=max_depth, builder=tuned.builder), prof, tuned.min_confidence,
+                 builder=tuned.builder)
 
 
 def tune(target: torch.nn.Module, draft: torch.nn.Module, acceptance: Sequence[float], *, temperature: float = 0.0,
          max_depth: int = 8, cache_file: Path | None = None, remeasure: bool = False,
-         min_confidence: float | None | str = "auto", **profile_kwargs: Any) -> Tuned:
-    """Measure (or read) this machine's costs and choose the fastest predicted Sequoia tree.
+         min_confidence: float | None | str = "auto", builder: Builder | None = None,
+         **profile_kwargs: Any) -> Tuned:
+    """Measure (or read) this machine's costs and choose the fastest predicted Sequoia tree, or with ``builder``
+    the fastest predicted tree of that builder (a chain, a k-ary tree: its budget and depth).
 
     ``min_confidence``: the confidence stop the tuned recipe adds; ``"auto"``: :data:`MIN_CONFIDENCE`
     for greedy decoding, :data:`MIN_CONFIDENCE_SAMPLED` when sampling; None: no stop."""
     if min_confidence == "auto":
         min_confidence = MIN_CONFIDENCE if temperature == 0 else MIN_CONFIDENCE_SAMPLED
     prof = cached_profile(target, draft, cache_file, remeasure, **profile_kwargs)
-    choice = prof.choose(acceptance, max_depth=max_depth)
-    return Tuned(choice, prof, min_confidence)
+    choice = prof.choose(acceptance, max_depth=max_depth, builder=builder)
+    return Tuned(choice, prof, min_confidence, builder=builder)

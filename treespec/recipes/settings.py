@@ -95,7 +95,8 @@ class Recipe:
     chooses); ``depth``: depth limit (None: none); ``temperature``, ``top_k``, ``top_p``: the target
     distribution (HF conventions); ``draft_mode``: None for the rule of :func:`draft_mode`;
     ``ngram``: the n-gram drafter's options, None for off; ``acceptance``: vector or per-depth
-    matrix (``sequoia`` needs one); ``kary_width``, ``chains``: options of those builders;
+    matrix (``sequoia`` needs one; a ``chain`` or ``kary`` recipe without a budget is tuned with one, a pilot sizes
+    it without); ``kary_width``, ``chains``: options of those builders;
     ``dynamic_depth``, ``dynamic_topk``: of the dynamic tree; ``paths``: the static tree of ``tree="paths"``
     (child-rank paths in priority order, Medusa style: ``tree_builders.priority_paths``; a budget keeps its first
     ``B - 1``); ``max_width``: children per node of the sequoia tree (None: no limit); ``min_confidence``: the
