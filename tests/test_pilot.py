@@ -329,3 +329,23 @@ def test_a_tuned_tree_that_cannot_earn_back_the_drafts_prefill_runs_as_plain_dec
     assert "the draft's prefill of 2 prompts of 32 tokens (0.20 s) charged" in batch.why  # one prefill per row
     unknown = resolve(recipe, target, [draft], tuner=tuner, max_new_tokens=16)
     assert unknown.recipe.budget == tree.budget and "prefill of its" not in unknown.why
+
+
+@pytest.mark.parametrize("depth, expected", [(15, [1, 2, 3, 4, 5, 6, 7, 8, 11, 14, 16]), (4, [1, 2, 3, 4, 5]),
+                                             (1, [1, 2])])
+def test_the_pilots_latency_curve_is_timed_at_every_small_size(monkeypatch, depth, expected) -> None:
+    """A chain is most likely cut to a shallow depth, and a kernel's cost can jump between neighbouring sizes (the
+    int4 target here: 107 ms for 4 tokens, 200 ms for 5): every size up to ``DENSE_SIZES`` is timed, the rest sparser,
+    the deepest tree's always (a line from 2 to 5 tokens put t(4) at 171 ms)."""
+    from treespec.core.stats import GenerateOutput
+
+    timed = []
+    monkeypatch.setattr(pilot, "measure_latency", lambda target, sizes, repeats: timed.append(sizes) or {
+        n: 0.1 * n for n in sizes})
+
+    def generate(ids, n):
+        return GenerateOutput(sequences=None, new_tokens=[0] * n,
+                              stats=Stats(steps=n, new_tokens=n, step_tokens=[1] * n, step_cut=[False] * n))
+
+    measured = pilot.run_pilot(generate, generate, None, [[1, 2]], depth=depth, chain=True, tokens=4, progress=False)
+    assert timed == [expected] and sorted(measured.latency) == expected

@@ -62,6 +62,10 @@ PILOT_PROMPTS = (
     "timing of their migration",
 )
 PILOT_TOKENS = 32
+#: the latency curve is timed at every tree size up to this one (then sparser): the shallow depths a chain is cut to
+#: are the likely choices, and a kernel's cost can jump between neighbouring sizes (the int4 target on the Zen 4 host:
+#: 107 ms for 4 tokens, 200 ms for 5), which a line between sparse points would smear over them
+DENSE_SIZES = 8
 #: a speculative configuration is chosen only when it is predicted this much faster than plain decoding
 #: (the prediction's own error is a few percent; below this margin plain decoding is the safe default)
 MARGIN = 1.05
@@ -169,8 +173,8 @@ def run_pilot(generate_spec: Generate, generate_plain: Generate, target: torch.n
         plain_parts.append(generate_plain(list(ids), max(4, tokens // 4)).stats)
     spec, plain = Stats.combined(spec_parts), Stats.combined(plain_parts)
     survival, uncut = _survival(spec, depth)
-    latency = measure_latency(target, sorted({1, *range(2, depth + 2, max(1, depth // 4))} | {depth + 1}),
-                              repeats=2)
+    sizes = {*range(1, min(depth + 1, DENSE_SIZES) + 1), *range(2, depth + 2, max(1, depth // 4)), depth + 1}
+    latency = measure_latency(target, sorted(sizes), repeats=2)
     steps, n = max(spec.steps, 1), len(prompts)
     forwards = max(plain.steps - n, 1)  # plain decoding's first token per prompt comes with its prefill
     return Pilot(depth=depth, chain=chain, steps=spec.steps, uncut_steps=uncut, tau=spec.tau_uncut or spec.tau,
