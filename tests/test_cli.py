@@ -201,6 +201,12 @@ ADVERSARIAL = [
     ("paths for another tree", [*GEN, "--prompt", "w1", "--tree", "chain", "--paths", "[[0]]"], 2,
      "static tree of tree='paths'"),
     ("bad verifier", [*GEN, "--prompt", "w1", "--verifier", "x"], 2, "invalid choice: 'x'"),
+    ("kary width for another tree", [*GEN, "--prompt", "w1", "--kary-width", "3"], 2,
+     "--kary-width is an option of --tree kary"),
+    ("chains for another tree", [*GEN, "--prompt", "w1", "--chains", "3"], 2, "--chains is an option of --tree chains"),
+    ("kary width 0", [*GEN, "--prompt", "w1", "--tree", "kary", "--kary-width", "0"], 2, "kary-width must be"),
+    ("profile kary width for sequoia", ["profile", *MODELS, "--kary-width", "3"], 2,
+     "--kary-width is an option of --tree kary"),
     ("bad dtype", [*GEN, "--prompt", "w1", "--dtype", "fp8"], 2, "invalid choice: 'fp8'"),
     ("bad device", [*GEN, "--prompt", "w1", "--device", "banana"], 2, "not a torch device: 'banana'"),
     ("missing target dir", [*GEN, "--prompt", "w1", "--target", "./no-such-model"], 2, "is not a model directory"),
@@ -312,6 +318,10 @@ def test_tiny_models_run_end_to_end(tiny_dirs, tmp_path, capsys, monkeypatch):
     assert 1 <= len(record["new_tokens"]) <= 6 and record["identical"] is True  # w62 is EOS: may stop early
     assert record["recipe"]["paths"] == [[0], [0, 0], [0, 0, 0]]  # the tree drafted: a chain of budget 4
     assert record["recipe"]["min_confidence"] is None  # no confidence stop: every level drafted
+    for tree, option in (("kary", "--kary-width"), ("chains", "--chains")):  # 3 root children (the default: 2)
+        assert main(["generate", *models, "--prompt", "w1 w2 w3", "--tree", tree, option, "3", "--budget", "5",
+                     "--max-new-tokens", "4", "--json"]) == 0
+        assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["recipe"]["paths"] == [[0], [1], [2]]
     assert main(["accept", *models, "--calib", "0:2", "--width", "2", "--max-new-tokens", "4", "--max-depth", "2",
                  "--out", str(tmp_path / "acc" / "acc.json")]) == 0
     assert len(json.loads((tmp_path / "acc" / "acc.json").read_text())["vector"]) == 2
@@ -343,6 +353,9 @@ def test_tiny_models_run_end_to_end(tiny_dirs, tmp_path, capsys, monkeypatch):
     assert tuned["predicted"]["model"] == "replay" if tuned["recipe"]["budget"] > 1 else tuned["predicted"]["tau"] == 1
     assert main(["profile", *models, "--sizes", "1", "2", "--max-depth", "2", "--out", str(tmp_path / "p.json")]) == 0
     assert (tmp_path / "p.json").exists() and "the target's own decoding (HF generate)" in capsys.readouterr().out
+    assert main(["profile", *models, "--sizes", "1", "2", "4", "--max-depth", "2", "--tree", "kary", "--kary-width",
+                 "3", "--out", str(tmp_path / "p.json")]) == 0
+    assert "best k-ary tree (width 3): Choice(" in capsys.readouterr().out
 
 
 def test_accept_measures_on_another_built_in_prompt_set(tiny_dirs, tmp_path, capsys, monkeypatch, request):

@@ -70,13 +70,27 @@ def recipe_from_args(args: argparse.Namespace, with_model: bool = True) -> Recip
     sized = args.tree != "sequoia" and args.tree in TUNED_TREES and args.budget is None and not args.ngram
     with_acceptance = (args.tree == "sequoia" or sized) and with_model
     return Recipe(tree=args.tree, budget=args.budget, depth=args.depth, temperature=args.temperature,
-                  paths=read_paths(getattr(args, "paths", None), args.tree),
+                  paths=read_paths(getattr(args, "paths", None), args.tree), **builder_options(args),
                   top_k=args.top_k, top_p=args.top_p, draft_mode=args.draft_mode,
                   ngram=NGramSettings() if args.ngram else None,
                   acceptance=default_acceptance(args.acceptance, args.temperature, chat=args.chat,
                                                 per_depth=not args.positional_acceptance) if with_acceptance else None,
                   target_dtype=args.dtype, draft_dtype=args.draft_dtype, verifier=args.verifier,
                   compile=args.compile or False)  # None (decided after resolving, resolve_compile): eager until then
+
+
+def builder_options(args: argparse.Namespace) -> dict[str, int]:
+    """``--kary-width`` and ``--chains`` as recipe fields, each refused with a tree it does not shape."""
+    options = {}
+    for option, field, tree in (("--kary-width", "kary_width", "kary"), ("--chains", "chains", "chains")):
+        value = getattr(args, field, None)
+        if value is None:
+            continue
+        if args.tree != tree:
+            raise ValueError(f"{option} is an option of --tree {tree}; the {args.tree!r} tree does not read it: "
+                             f"drop it, or give --tree {tree}")
+        options[field] = value
+    return options
 
 
 def _warm_up(args: argparse.Namespace, recipe: Recipe, target, drafts: Sequence[Any], prompts: list[list[int]],
@@ -315,12 +329,15 @@ def cmd_accept(args: argparse.Namespace) -> int:
 def cmd_profile(args: argparse.Namespace) -> int:
     from .calibrate.costs import profile
 
+    from .calibrate.choices import builder_of
+
     acceptance = default_acceptance(args.acceptance, 0.0, per_depth=not args.positional_acceptance)
+    builder = builder_of(Recipe(tree=args.tree, **builder_options(args)))
     check_writable(args.out)  # fail now, not after minutes of profiling
     target, _, drafts = load_models(args)
     prof = profile(target, drafts[0], sizes=args.sizes)
     choice = prof.choose(acceptance, budgets=list(range(2, max(args.sizes) + 1)),
-                         max_depth=args.max_depth)
+                         max_depth=args.max_depth, builder=builder)
     t1 = prof.target_latency[1]
     print("tree size | target forward s | relative to 1 token")
     for n, t in sorted(prof.target_latency.items()):
@@ -330,7 +347,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     if prof.plain_decode_seconds:
         print(f"the target's own decoding (HF generate): {prof.plain_decode_seconds:.3f} s per token, what the "
               "speedup is relative to")
-    print(f"best: {choice}\n{choice.shape}")
+    print(f"best{'' if builder is None else ' ' + builder.describe()}: {choice}\n{choice.shape}")
     prof.save(args.out)
     print(f"written to {args.out}")
     return 0

@@ -12,6 +12,7 @@ import torch
 
 from .bench.datasets import DATASETS
 from .calibrate.acceptance import CONTEXTS
+from .calibrate.choices import TUNED_TREES
 from .common.device import check_device
 from .core import checks
 from .core.sampling import SamplingParams
@@ -150,6 +151,7 @@ def _generate(sub) -> None:
                    help="add the n-gram drafter over the running context; beside a draft model it reserves up to "
                         "4 of the budget's nodes, the tree gets the rest")
     g.add_argument("--tree", choices=TREES, default="sequoia", help="tree builder (default: sequoia)")
+    add_builder_options(g)
     g.add_argument("--paths", default=None, metavar="JSON",
                    help="the static tree of --tree paths: child-rank paths in priority order (Medusa style: each "
                         "after its parent and its sibling of the rank below), as JSON, e.g. '[[0], [1], [0, 0]]', "
@@ -202,6 +204,14 @@ def _generate(sub) -> None:
     g.add_argument("--batch-size", type=_count("batch-size"), default=1, metavar="B",
                    help="decode the prompts B at a time, each batch in one target forward per step (eager steps, "
                         "or the captured step with --compile; every row exact as if alone; default 1)")
+
+
+def add_builder_options(p: argparse.ArgumentParser) -> None:
+    """The options of the k-ary and independent-chains builders (refused with another ``--tree``)."""
+    p.add_argument("--kary-width", type=_count("kary-width"), default=None, metavar="K",
+                   help="children per node of --tree kary (SpecInfer's k-ary tree; default 2)")
+    p.add_argument("--chains", type=_count("chains"), default=None, metavar="K",
+                   help="independent chains of --tree chains (default 2 up to budget 16, else 4)")
 
 
 def add_chat_option(p: argparse.ArgumentParser) -> None:
@@ -271,9 +281,10 @@ def _profile(sub) -> None:
     pr = _model_command(sub, "profile", "profile.json", "the JSON file written",
                         help="measure latencies and pick a tree for this machine",
                         description="Measure the target's tree-forward latency per tree size and the draft's cost "
-                                    "per level width, then pick the Sequoia tree (budget, depth, width limit) with the "
-                                    "most predicted tokens per second: G(T) / (t(n) + the draft forwards of its levels "
-                                    "at their widths + the engine's time per step).")
+                                    "per level width, then pick the Sequoia tree (budget, depth, width limit), or with "
+                                    "--tree chain / kary that builder's tree (budget, depth), with the most predicted "
+                                    "tokens per second: G(T) / (t(n) + the draft forwards of its levels at their "
+                                    "widths + the engine's time per step).")
     pr.add_argument("--sizes", type=_count("size"), nargs="+", default=[1, 2, 4, 8, 16, 32], metavar="N",
                     help="tree sizes (tokens per target forward) to time; the largest caps the budgets chosen "
                          "from (default: 1 2 4 8 16 32)")
@@ -284,3 +295,7 @@ def _profile(sub) -> None:
                     help="the positional vector instead of the per-depth rows")
     pr.add_argument("--max-depth", type=_count("max-depth"), default=8, metavar="D",
                     help="the deepest tree chosen from (default 8)")
+    pr.add_argument("--tree", choices=TUNED_TREES, default="sequoia",
+                    help="the builder whose trees are sized (default: sequoia)")
+    pr.add_argument("--kary-width", type=_count("kary-width"), default=None, metavar="K",
+                    help="children per node of --tree kary (default 2)")
