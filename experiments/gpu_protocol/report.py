@@ -120,6 +120,14 @@ def _num(x: float | None) -> str:
     return "-" if x is None else f"{x:.0f}"
 
 
+def _sized(name: str, d: dict[str, Any], hf_c: float | None) -> str:
+    """One builder's device-sized tree, predicted: its size, tau and seconds per step, and its tok/s over HF's."""
+    tau, step = d["predicted_tau_rows"], d["predicted_step_seconds"]
+    versus = f", {tau / step / hf_c:.2f}x HF static+compile" if hf_c else ""
+    return (f"{name}: budget {d['budget']}, depth {d['depth']}, widths {d['widths']}, tau {tau:.2f} at "
+            f"{step * 1e3:.2f} ms per step{versus}")
+
+
 def sweep_report(sw: dict[str, Any], hf_c: float | None) -> list[str]:
     """The sweep phase's section of README.md."""
     lines = ["## Sweep: tree shapes x budgets on one set of compiled graphs", ""]
@@ -142,6 +150,9 @@ def sweep_report(sw: dict[str, Any], hf_c: float | None) -> list[str]:
                   f"budget {d['budget']}, "
                   f"depth {d['depth']}, widths {d['widths']}; predicted {d['predicted_tau_rows']:.2f} tokens per step "
                   f"(rows) at {d['predicted_step_seconds'] * 1e3:.2f} ms per step (PREDICTED).", ""]
+    if "device_sized_builders" in sw:
+        lines += ["Each builder at its own best size under the same costs and rows (PREDICTED, not run): "
+                  + "; ".join(_sized(name, d, hf_c) for name, d in sw["device_sized_builders"].items()) + ".", ""]
     if "envelope" in sw:
         lines += [f"Envelope of all shapes: {sw['envelope']['describe']}.", ""]
     if sw.get("runs"):

@@ -13,7 +13,7 @@ import treespec
 from treespec.common.device import sync
 from treespec.calibrate.acceptance import MeasuredAcceptance
 from treespec.calibrate.costs import measure_latency
-from treespec.calibrate.step_cost import choose_tree
+from treespec.calibrate.step_cost import Builder, choose_tree
 from treespec.core.buffers import Envelope
 from treespec.core.compiling import graphs_compiled
 
@@ -21,6 +21,10 @@ from .bench import ACCEPTANCE_T0, Bench, treespec_run
 from .levers import LEVERS, Lever, lever
 from .profiling import clock_events, kernel_table
 from .shapes import sweep_shapes
+
+#: the builders also sized by the device's costs (each at its own best budget and depth, predicted), beside the
+#: Sequoia tree that runs: a shape comparison at each shape's best size rather than at the sweep's fixed budgets
+SIZED_BUILDERS = {"chain": Builder("chain"), "kary-2": Builder("kary", 2), "kary-4": Builder("kary", 4)}
 
 
 def sweep_lever(name: str, done: dict[str, Any]) -> tuple[str, Lever]:
@@ -80,13 +84,20 @@ def _sweep(b: Bench) -> dict[str, Any]:
                                                 repeats=a.repeats, compiled=b.compile)
         out["costs_seconds"] = time.perf_counter() - t
     c = out["step_costs"]
-    choice = choose_tree(acc, {1: c["verify"], env.nodes: c["verify"]}, c["level"],
-                         budgets=list(range(1, env.nodes + 1)), max_depth=env.depth, max_width=env.children,
-                         per_depth=True, overhead=c["engine"])
-    out["device_sized"] = {"budget": choice.budget, "depth": choice.depth, "size": choice.shape.size,
-                           "widths": list(choice.shape.widths), "predicted_tau_rows": choice.tau,
-                           "predicted_step_seconds": choice.step_seconds,
-                           "paths": [list(p) for p in choice.shape.paths]}
+
+    def sized(builder: Builder | None) -> Any:  # the best tree of a builder under the swept steps' costs
+        return choose_tree(acc, {1: c["verify"], env.nodes: c["verify"]}, c["level"],
+                           budgets=list(range(1, env.nodes + 1)), max_depth=env.depth, max_width=env.children,
+                           per_depth=True, overhead=c["engine"], builder=builder)
+
+    def described(choice: Any) -> dict[str, Any]:
+        return {"budget": choice.budget, "depth": choice.depth, "size": choice.shape.size,
+                "widths": list(choice.shape.widths), "predicted_tau_rows": choice.tau,
+                "predicted_step_seconds": choice.step_seconds, "paths": [list(p) for p in choice.shape.paths]}
+
+    choice = sized(None)
+    out["device_sized"] = described(choice)
+    out["device_sized_builders"] = {name: described(sized(builder)) for name, builder in SIZED_BUILDERS.items()}
     b.checkpoint("sweep", out)
     if choice.shape.size > 1 and env.covers(Envelope.for_shapes([choice.shape])):
         runs["device-sized"] = _sweep_run(b, acc, "device-sized", choice.shape, env)
