@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import itertools
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from tree_builders import for_budget
+from tree_builders import TreeShape, for_budget
 from treespec.calibrate import tuning
 from treespec.calibrate.choices import resolve, tunable
 from treespec.calibrate.costs import Profile
@@ -114,3 +116,30 @@ def test_a_tuned_builders_tree_calibrated_by_real_steps_stays_that_builders(rows
     batched = tuned.for_batch(4, rows, max_depth=8)
     assert batched.builder == builder and batched.choice.shape == builder.shape(batched.choice.budget,
                                                                                 batched.choice.depth)
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, database=None)
+@given(st.data())
+def test_a_builders_choice_is_the_fastest_of_its_trees_under_random_costs(data):
+    """Over random cost curves (a target forward growing with its tokens, a draft level with its width, an engine
+    overhead) and random acceptance vectors: the builder's choice is as fast as the fastest of its trees costed one by
+    one, and the recipe it gives builds the chosen tree."""
+    growth = data.draw(st.lists(st.floats(0.0, 1.0), min_size=5, max_size=5))
+    latency = {1: data.draw(st.floats(0.01, 0.2))}
+    for n, g in zip((2, 4, 8, 16, 32), growth):
+        latency[n] = latency[max(latency)] * (1 + g)
+    level = data.draw(st.floats(0.0, 0.1))
+    draft = {1: level, 4: level * (1 + data.draw(st.floats(0.0, 2.0))), 16: level * (1 + data.draw(st.floats(0, 8)))}
+    weights = data.draw(st.lists(st.floats(0.01, 1.0), min_size=4, max_size=4))
+    mass = data.draw(st.floats(0.05, 0.99))
+    vector = sorted((w / sum(weights) * mass for w in weights), reverse=True)
+    builder = data.draw(st.sampled_from([Builder("chain"), Builder("kary", 2), Builder("kary", 3)]))
+    prof = Profile(latency, draft, {}, step_overhead_seconds=data.draw(st.floats(0.0, 0.01)))
+    choice = prof.choose(vector, max_depth=6, builder=builder)
+    trees = [builder.shape(b, d) for b, d in itertools.product(range(2, 33), range(1, 7))]
+    best = max(s.expected_tokens(vector) / prof.step_seconds(s) for s in trees)
+    plain = 1.0 / prof.step_seconds(TreeShape())
+    assert choice.tau / choice.step_seconds == pytest.approx(max(best, plain), rel=1e-9)
+    if choice.depth:
+        recipe = Recipe(tree=builder.name, kary_width=builder.kary_width, budget=choice.budget, depth=choice.depth)
+        assert shape_for(recipe) == choice.shape
