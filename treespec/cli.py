@@ -67,8 +67,8 @@ def recipe_from_args(args: argparse.Namespace, with_model: bool = True) -> Recip
     """The recipe ``treespec generate`` runs for its options (``--budget`` absent: None, resolved later). A Sequoia
     tree carries the acceptance it is built from; a chain or k-ary tree without a budget the acceptance it is
     sized from (``choices.TUNED_TREES``; with the n-gram drafter a pilot sizes it)."""
-    sized = args.tree != "sequoia" and args.tree in TUNED_TREES and args.budget is None and not args.ngram
-    with_acceptance = (args.tree == "sequoia" or sized) and with_model
+    tuned = args.tree in TUNED_TREES and args.budget is None and not args.ngram
+    with_acceptance = with_model and (args.tree == "sequoia" or tuned)
     return Recipe(tree=args.tree, budget=args.budget, depth=args.depth, temperature=args.temperature,
                   paths=read_paths(getattr(args, "paths", None), args.tree), **builder_options(args),
                   top_k=args.top_k, top_p=args.top_p, draft_mode=args.draft_mode,
@@ -327,9 +327,8 @@ def cmd_accept(args: argparse.Namespace) -> int:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    from .calibrate.costs import profile
-
     from .calibrate.choices import builder_of
+    from .calibrate.costs import profile
 
     acceptance = default_acceptance(args.acceptance, 0.0, per_depth=not args.positional_acceptance)
     builder = builder_of(Recipe(tree=args.tree, **builder_options(args)))
