@@ -183,10 +183,10 @@ def load_pair_piloted(target: str, draft: str | None, recipe: Recipe, *, draft_d
                       rate: Callable[[torch.nn.Module, list[Any], Any, Recipe], Candidate] = piloted_seconds_per_token
                       ) -> tuple[torch.nn.Module, Any, list[Any]]:
     """``load_pair(target, [draft])`` (``[]`` for None: the n-gram drafter alone) for a run whose tree a pilot sizes
-    (``recipe`` without a budget, not the tuner's: the n-gram drafter, a tree other than Sequoia), with the target in
-    the rendering whose pilot choice ``rate`` predicts faster here: the pilot may decline speculation, and plain
-    decoding wants the rendering with the faster one-token forward (int4 on the Zen 4 host, 3x bfloat16's), where a
-    tree's verification may want another. Cached per target, draft and recipe."""
+    (``recipe`` without a budget, not the tuner's: the n-gram drafter, independent chains, a dynamic or path tree), with
+    the target in the rendering whose pilot choice ``rate`` predicts faster here: the pilot may decline speculation,
+    and plain decoding wants the rendering with the faster one-token forward (int4 on the Zen 4 host, 3x
+    bfloat16's), where a tree's verification may want another. Cached per target, draft and recipe."""
     fields = replace(recipe, target_dtype=None, draft_dtype=None, compile=False)
     fingerprint = hashlib.sha256(repr(fields).encode()).hexdigest()[:16]
     key = measurement_key("piloted-target", target, f"draft={draft}", f"draft_dtype={draft_dtype or 'auto'}",
