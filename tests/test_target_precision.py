@@ -171,7 +171,7 @@ def test_the_cli_sizes_the_target_for_its_budget_or_static_tree(q4_file, monkeyp
 
 @pytest.mark.parametrize("int4_seconds, int4_kept", [(0.05, True), (0.2, False)])
 def test_a_tree_a_pilot_sizes_keeps_the_rendering_whose_pilot_choice_is_faster(q4_file, int4_seconds, int4_kept):
-    """A recipe without a budget that the tuner does not size (the n-gram drafter, a tree other than Sequoia): each
+    """A recipe without a budget that the tuner does not size (the n-gram drafter, alone or beside a chain): each
     rendering's pilot choice is rated (its predicted seconds per token, plain decoding included), the faster kept and
     the decision cached per recipe: a second load rates nothing, another recipe is decided apart."""
     from treespec.recipes import NGramSettings, Recipe
