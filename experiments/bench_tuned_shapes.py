@@ -4,18 +4,23 @@ A shape comparison at one fixed budget favours whichever shape that budget suits
 same tuner, the way ``treespec generate --tree NAME`` sizes it without ``--budget``
 (``treespec.calibrate.choices.resolve``: this machine's cost profile calibrated on real steps of that builder's
 tree, the shipped acceptance rows, the run's tokens and prompt length): the Sequoia tree (the default), a chain and
-SpecInfer's k-ary trees of widths 2 and 3. They run on the built-in pair (the GGUF target in the rendering
-``--target-dtype`` names, int4 by default, the one the demo keeps on the Zen 4 host; the draft in its measured
-precision), greedy, interleaved per prompt with HF ``generate`` eager, with a static cache + ``torch.compile``
-(inductor freezing on a CPU) and HF assisted generation with the same draft, on the same loaded model, after the
-same warm-up call. Records are appended as they finish and a re-run resumes.
+SpecInfer's k-ary trees of widths 2 and 3. They run on the built-in pair or any other (``--target``, ``--draft``: an HF
+id, a local directory or ``.gguf`` file; a GGUF target on a CPU in ``int4`` on its file's blocks by default, the
+rendering the demo keeps on the Zen 4 host, else ``auto``; ``--target-dtype`` names another), greedy, interleaved per
+prompt with HF ``generate`` eager, with a static cache + ``torch.compile`` (inductor freezing on a CPU) and HF
+assisted generation with the same draft, on the same loaded model, after the same warm-up call. Prompts: HumanEval's
+``--prompts A:B`` (ShareGPT first turns in the chat template with ``--chat``, sized from chat's rows), or your own
+(``--prompts-jsonl``, a ``prompt`` per line); rows: the shipped ones for the built-in draft, or ``--acceptance`` (from
+``treespec accept`` on prompts like yours). Records are appended as they finish and a re-run resumes.
 
 Printed and written to ``OUT/README.md`` (with ``summary.json``, ``shapes.json`` and ``tok_s.png``): each shape's
 tuned tree and the tuner's prediction beside what it measured, the methods' tok/s, each shape over each HF
 method and over the Sequoia tree (paired per prompt), and greedy agreement with HF eager (a difference located: at
 a tie of the target's top two logits in its precision, or not).
 
-    python experiments/bench_tuned_shapes.py --out experiments/results/tuned-shapes-cpu --humaneval 100:110
+    python experiments/bench_tuned_shapes.py --out experiments/results/tuned-shapes-cpu --prompts 100:110
+    python experiments/bench_tuned_shapes.py --target my/target --draft my/draft --acceptance acc.json \
+        --prompts-jsonl mine.jsonl --out shapes-mine
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 from pathlib import Path
 
 import torch
@@ -32,8 +38,10 @@ from treespec.bench.datasets import dataset_prompts, prompt_range
 from treespec.bench.demo import baseline_methods, divergence_lines
 from treespec.calibrate.choices import resolve
 from treespec.calibrate.vectors import acceptance_for_draft
+from treespec.cli_input import encode_all, read_prompts
 from treespec.common.machine import machine
 from treespec.models import DEFAULT_DRAFT, DEFAULT_TARGET, load
+from treespec.models.loading import has_file_blocks
 from treespec.models.precision import precision_of
 from treespec.recipes import Recipe, run
 
@@ -44,20 +52,38 @@ SHAPES = {"sequoia": ("sequoia", 2), "chain": ("chain", 2), "kary2": ("kary", 2)
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=Path("experiments/results/tuned-shapes-cpu"))
-    ap.add_argument("--humaneval", default="100:110", metavar="A:B", help="HumanEval problems A..B-1 (default 100:110)")
+    ap.add_argument("--target", default=DEFAULT_TARGET, metavar="M", help=f"target model (default {DEFAULT_TARGET})")
+    ap.add_argument("--draft", default=DEFAULT_DRAFT, metavar="M", help=f"draft model (default {DEFAULT_DRAFT})")
+    ap.add_argument("--target-dtype", default=None,
+                    help="the target's precision (default: int4 for a GGUF target on a CPU: its file's blocks; else "
+                         "auto)")
+    ap.add_argument("--prompts", "--humaneval", dest="prompts", default="100:110", metavar="A:B",
+                    help="HumanEval problems A..B-1, or ShareGPT first turns with --chat (default 100:110)")
+    ap.add_argument("--prompts-jsonl", type=Path, default=None, metavar="F",
+                    help="your own prompts instead: a JSONL file, one object with a 'prompt' per line")
+    ap.add_argument("--chat", action="store_true",
+                    help="prompts as user turns in the chat template (ShareGPT's by default), trees sized from chat's "
+                         "shipped rows (unless --acceptance)")
+    ap.add_argument("--acceptance", type=Path, default=None, metavar="JSON",
+                    help="the rows and walk trees are sized from (`treespec accept`; default: the shipped ones)")
     ap.add_argument("--max-new-tokens", type=int, default=64, metavar="N")
     ap.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=list(SHAPES))
-    ap.add_argument("--target-dtype", default="int4", help="the target's rendering (default int4: the file's blocks)")
     ap.add_argument("--quick", action="store_true", help="HF eager only (not static + compile, nor assisted)")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
 
-    target, tok = load(DEFAULT_TARGET, dtype=args.target_dtype, role="target")
-    draft, _ = load(DEFAULT_DRAFT, dtype="auto", role="draft")
-    texts = dataset_prompts("humaneval")
-    a, b = prompt_range(args.humaneval, len(texts), "humaneval")
-    prompts = [("humaneval", i, tok(texts[i])["input_ids"]) for i in range(a, b)]
-    rows, walk = acceptance_for_draft(None, 0.0, draft)
+    dtype = args.target_dtype or ("int4" if has_file_blocks(args.target) and not torch.cuda.is_available() else "auto")
+    target, tok = load(args.target, dtype=dtype, role="target")
+    draft, _ = load(args.draft, dtype="auto", role="draft")
+    if args.prompts_jsonl is not None:
+        texts = read_prompts(argparse.Namespace(prompt=None, prompt_file=None, prompts_jsonl=args.prompts_jsonl))
+        prompts = [("prompts", i, ids) for i, ids in enumerate(encode_all(tok, texts, args.chat))]
+    else:
+        dataset = "sharegpt" if args.chat else "humaneval"
+        texts = dataset_prompts(dataset)
+        a, b = prompt_range(args.prompts, len(texts), dataset)
+        prompts = [(dataset, i, ids) for i, ids in zip(range(a, b), encode_all(tok, texts[a:b], args.chat))]
+    rows, walk = acceptance_for_draft(args.acceptance, 0.0, draft, chat=args.chat)
     mean_prompt = statistics.mean(len(ids) for _, _, ids in prompts)
 
     methods, shapes = baseline_methods(target, draft, args.quick), {}
@@ -82,15 +108,15 @@ def main(argv: list[str] | None = None) -> None:
     records = compare.run(methods, prompts, args.max_new_tokens, results,
                           on_record=lambda r: print(f"  {r['prompt']} {r['method']}: {r['tokens_per_second']:.2f} "
                                                     "tok/s", flush=True))
-    summary = compare.summarize(records, "humaneval", compare.warmup_seconds(results))
+    summary = compare.summarize(records, prompts[0][0], compare.warmup_seconds(results))
     ids = {i: p for _, i, p in prompts}
     compare.locate_divergences(target, records, summary, lambda dataset, i: ids[i])  # at a tie, or a broken rule
     for name in args.shapes:  # each shape over the Sequoia tree, paired per prompt, into the summary's speedups
         if name != "sequoia":
             arms.paired(records, summary, f"treespec-{name}", "treespec-sequoia")
+    command = " ".join(sys.argv[1:] if argv is None else argv)
     lines = [f"# Tree shapes, each tuned, on this CPU ({machine('cpu')}, torch {torch.__version__})", "",
-             f"Command: `python experiments/bench_tuned_shapes.py --out {args.out} --humaneval {args.humaneval} "
-             f"--max-new-tokens {args.max_new_tokens}{' --quick' if args.quick else ''}` (target "
+             f"Command: `python experiments/bench_tuned_shapes.py {command}` (target "
              f"{precision_of(target)}, draft {precision_of(draft)}; greedy; eager treespec steps, what `treespec "
              "generate` runs for a run this size).", "",
              "| shape | tuned tree (budget, depth, nodes per level) | predicted tau | measured tau | predicted "

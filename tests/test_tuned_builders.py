@@ -4,6 +4,10 @@ Sequoia tree (``step_cost.Builder``, ``choices.TUNED_TREES``), and the run draft
 from __future__ import annotations
 
 import itertools
+import json
+import runpy
+from pathlib import Path
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -16,6 +20,8 @@ from treespec.calibrate.step_cost import Builder
 from treespec.calibrate.vectors import default_acceptance
 from treespec.models.tiny import ByteTokenizer, greedy_reference, perturbed_copy, tiny_model
 from treespec.recipes import NGramSettings, Recipe, run, shape_for
+
+from test_cli import tiny_dirs  # noqa: F401  (a fixture: tiny local model directories with a tokenizer)
 
 #: a CPU-like profile (t(n) grows with n, the draft's level with its width) and a GPU-like one (width nearly free)
 CPU = Profile({1: 0.10, 2: 0.11, 4: 0.13, 8: 0.18, 16: 0.30, 32: 0.55}, {1: 0.02, 2: 0.025, 4: 0.03, 16: 0.06}, {})
@@ -143,3 +149,25 @@ def test_a_builders_choice_is_the_fastest_of_its_trees_under_random_costs(data):
     if choice.depth:
         recipe = Recipe(tree=builder.name, kary_width=builder.kary_width, budget=choice.budget, depth=choice.depth)
         assert shape_for(recipe) == choice.shape
+
+
+def test_the_shapes_benchmark_runs_a_pair_and_prompts_of_ones_own_and_resumes(tiny_dirs, tmp_path):  # noqa: F811
+    """``experiments/bench_tuned_shapes.py`` on a local pair and a JSONL of prompts: each shape tuned and run beside HF
+    eager, every greedy output HF's (float32), the report written; run again, it measures nothing new."""
+    main = runpy.run_path(str(Path(__file__).resolve().parents[1] / "experiments" / "bench_tuned_shapes.py"))["main"]
+    (tmp_path / "p.jsonl").write_text('{"prompt": "w1 w2 w3 w1 w2"}\n{"prompt": "w4 w5"}\n')
+    out = tmp_path / "shapes"
+    argv = ["--target", tiny_dirs["target"], "--draft", tiny_dirs["draft"], "--target-dtype", "float32",
+            "--prompts-jsonl", str(tmp_path / "p.jsonl"), "--max-new-tokens", "6", "--shapes", "sequoia", "chain",
+            "kary2", "--quick", "--out", str(out)]
+    main(argv)
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary["methods"]) == {"hf-float32", "treespec-sequoia", "treespec-chain", "treespec-kary2"}
+    assert summary["prompts"] == [0, 1]
+    assert all(a["identical"] == 2 for a in summary["agreement"].values())
+    shapes = json.loads((out / "shapes.json").read_text())
+    assert {s["recipe"]["tree"] for s in shapes.values()} == {"sequoia", "chain", "kary"}
+    assert "treespec-chain vs treespec-sequoia" in (out / "README.md").read_text()
+    lines = (out / "results.jsonl").read_text().count("\n")
+    main(argv)
+    assert (out / "results.jsonl").read_text().count("\n") == lines == 8
