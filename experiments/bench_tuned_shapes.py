@@ -35,7 +35,7 @@ import torch
 
 from treespec.bench import arms, compare
 from treespec.bench.datasets import dataset_prompts, prompt_range
-from treespec.bench.demo import baseline_methods, divergence_lines
+from treespec.bench.demo import LABELS, baseline_methods, divergence_lines
 from treespec.calibrate.choices import resolve
 from treespec.calibrate.vectors import acceptance_for_draft
 from treespec.cli_input import encode_all, read_prompts
@@ -134,7 +134,8 @@ def main(argv: list[str] | None = None) -> None:
     lines += ["", compare.markdown(summary)]
     for name, agreement in summary.get("agreement", {}).items():
         if agreement.get("divergences"):
-            lines += ["", f"{name}: " + divergence_lines(agreement["divergences"], precision_of(target))]
+            lines += ["", f"{name}: " + divergence_lines(agreement["divergences"], precision_of(target),
+                                                        LABELS.get(prompts[0][0], "prompt"))]
     lines += ["", "Why each tree (the tuner's line):", "", *[f"- {n}: {s['why']}" for n, s in shapes.items()]]
     compare.plot([summary], args.out / "tok_s.png")
     (args.out / "README.md").write_text("\n".join(lines) + "\n")
