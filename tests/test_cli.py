@@ -355,7 +355,11 @@ def test_tiny_models_run_end_to_end(tiny_dirs, tmp_path, capsys, monkeypatch):
     assert (tmp_path / "p.json").exists() and "the target's own decoding (HF generate)" in capsys.readouterr().out
     assert main(["profile", *models, "--sizes", "1", "2", "4", "--max-depth", "2", "--tree", "kary", "--kary-width",
                  "3", "--out", str(tmp_path / "p.json")]) == 0
-    assert "best k-ary tree (width 3): Choice(" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "best k-ary tree (width 3): Choice(" in printed
+    table = printed.split("each builder at its own best size under these costs (predicted):\n")[1].splitlines()
+    assert [row.split(" | ")[0] for row in table[1:5]] == ["Sequoia", "chain", "k-ary tree (width 2)",
+                                                           "k-ary tree (width 3)"]
 
 
 def test_accept_measures_on_another_built_in_prompt_set(tiny_dirs, tmp_path, capsys, monkeypatch, request):

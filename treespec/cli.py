@@ -329,6 +329,7 @@ def cmd_accept(args: argparse.Namespace) -> int:
 def cmd_profile(args: argparse.Namespace) -> int:
     from .calibrate.choices import builder_of
     from .calibrate.costs import profile
+    from .calibrate.step_cost import Builder
 
     acceptance = default_acceptance(args.acceptance, 0.0, per_depth=not args.positional_acceptance)
     builder = builder_of(Recipe(tree=args.tree, **builder_options(args)))
@@ -347,6 +348,14 @@ def cmd_profile(args: argparse.Namespace) -> int:
         print(f"the target's own decoding (HF generate): {prof.plain_decode_seconds:.3f} s per token, what the "
               "speedup is relative to")
     print(f"best{'' if builder is None else ' ' + builder.describe()}: {choice}\n{choice.shape}")
+    print("each builder at its own best size under these costs (predicted):\n"
+          "builder | budget | depth | nodes per level | tau | s per step | tokens/s | speedup")
+    for other in (None, Builder("chain"), Builder("kary", 2), Builder("kary", 3)):
+        best = prof.choose(acceptance, budgets=list(range(2, max(args.sizes) + 1)), max_depth=args.max_depth,
+                           builder=other)
+        print(f"{'Sequoia' if other is None else other.describe()} | {best.shape.size} | {best.shape.depth} | "
+              f"{list(best.shape.widths)} | {best.tau:.2f} | {best.step_seconds:.3f} | {best.tokens_per_second:.2f} | "
+              f"{best.speedup:.2f}x")
     prof.save(args.out)
     print(f"written to {args.out}")
     return 0
