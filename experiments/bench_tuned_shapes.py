@@ -96,7 +96,8 @@ def main(argv: list[str] | None = None) -> None:
         plain = resolved.recipe.budget == 1
         shapes[name] = {"recipe": {"tree": tree, "kary_width": width, "budget": resolved.recipe.budget,
                                    "depth": resolved.recipe.depth, "max_width": resolved.recipe.max_width},
-                        "paths": [] if plain else [list(q) for q in shape.paths], "why": resolved.why,
+                        "paths": [] if plain else [list(q) for q in shape.paths],
+                        "widths": [] if plain else list(shape.widths), "why": resolved.why,
                         "predicted": {"tau": 1.0 if plain else p.tau, "step_seconds": p.plain_seconds if plain
                                       else p.step_seconds, "run_speedup": resolved.tuned.run_speedup}}
         methods.append(compare.treespec_method(
@@ -126,8 +127,7 @@ def main(argv: list[str] | None = None) -> None:
         mine = [r for r in records if r["method"] == f"treespec-{name}" and r["prompt"] in summary["prompts"]]
         steps = sum(r["steps"] for r in mine)
         decode = sum(r["drafting_seconds"] + r["verifying_seconds"] + r["engine_seconds"] for r in mine)
-        levels = [sum(1 for q in s["paths"] if len(q) == d) for d in range(1, 1 + max(map(len, s["paths"]), default=0))]
-        lines.append(f"| {name} | {s['recipe']['budget']}, {len(levels)}, {levels or '-'} | "
+        lines.append(f"| {name} | {s['recipe']['budget']}, {len(s['widths'])}, {s['widths'] or '-'} | "
                      f"{s['predicted']['tau']:.2f} | {sum(r['tokens'] for r in mine) / max(steps, 1):.2f} | "
                      f"{s['predicted']['step_seconds']:.3f} | {decode / max(steps, 1):.3f} | "
                      f"{s['predicted']['run_speedup']:.2f}x |")

@@ -46,10 +46,8 @@ def load_models(args: argparse.Namespace, want_draft: bool = True, tuned_target:
 
     names = args.draft if args.draft else ([DEFAULT_DRAFT] if want_draft else [])
     draft_dtype, compile = getattr(args, "draft_dtype", None), getattr(args, "compile", None) or False
-    tuned = (getattr(args, "budget", None) is None and getattr(args, "tree", "sequoia") in TUNED_TREES
-             and not getattr(args, "ngram", False))
     if tuned_target and target_precision.applies(args.target, names, args.device, args.dtype):
-        if tuned and names:
+        if tuned_tree(args) and names:
             return target_precision.load_pair_tuned(args.target, names[0], draft_dtype=draft_dtype, compile=compile,
                                                     temperature=getattr(args, "temperature", 0.0),
                                                     chat=getattr(args, "chat", False), tree=recipe)
@@ -67,8 +65,7 @@ def recipe_from_args(args: argparse.Namespace, with_model: bool = True) -> Recip
     """The recipe ``treespec generate`` runs for its options (``--budget`` absent: None, resolved later). A Sequoia
     tree carries the acceptance it is built from; a chain or k-ary tree without a budget the acceptance it is
     sized from (``choices.TUNED_TREES``; with the n-gram drafter a pilot sizes it)."""
-    tuned = args.tree in TUNED_TREES and args.budget is None and not args.ngram
-    with_acceptance = with_model and (args.tree == "sequoia" or tuned)
+    with_acceptance = with_model and (args.tree == "sequoia" or tuned_tree(args))
     return Recipe(tree=args.tree, budget=args.budget, depth=args.depth, temperature=args.temperature,
                   paths=read_paths(getattr(args, "paths", None), args.tree), **builder_options(args),
                   top_k=args.top_k, top_p=args.top_p, draft_mode=args.draft_mode,
@@ -77,6 +74,13 @@ def recipe_from_args(args: argparse.Namespace, with_model: bool = True) -> Recip
                                                 per_depth=not args.positional_acceptance) if with_acceptance else None,
                   target_dtype=args.dtype, draft_dtype=args.draft_dtype, verifier=args.verifier,
                   compile=args.compile or False)  # None (decided after resolving, resolve_compile): eager until then
+
+
+def tuned_tree(args: argparse.Namespace) -> bool:
+    """Whether the options leave the tree to the tuner (``choices.TUNED_TREES``, no ``--budget``, no ``--ngram``;
+    with one draft model of the target's tokenizer, ``choices.tunable``); the demo's options: its Sequoia tree."""
+    return (getattr(args, "budget", None) is None and getattr(args, "tree", "sequoia") in TUNED_TREES
+            and not getattr(args, "ngram", False))
 
 
 def builder_options(args: argparse.Namespace) -> dict[str, int]:
@@ -336,8 +340,10 @@ def cmd_profile(args: argparse.Namespace) -> int:
     check_writable(args.out)  # fail now, not after minutes of profiling
     target, _, drafts = load_models(args)
     prof = profile(target, drafts[0], sizes=args.sizes)
-    choice = prof.choose(acceptance, budgets=list(range(2, max(args.sizes) + 1)),
-                         max_depth=args.max_depth, builder=builder)
+    builders = list(dict.fromkeys([None, Builder("chain"), Builder("kary", 2), Builder("kary", 3), builder]))
+    choices = {b: prof.choose(acceptance, budgets=list(range(2, max(args.sizes) + 1)), max_depth=args.max_depth,
+                              builder=b) for b in builders}
+    choice = choices[builder]
     t1 = prof.target_latency[1]
     print("tree size | target forward s | relative to 1 token")
     for n, t in sorted(prof.target_latency.items()):
@@ -350,9 +356,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     print(f"best{'' if builder is None else ' ' + builder.describe()}: {choice}\n{choice.shape}")
     print("each builder at its own best size under these costs (predicted):\n"
           "builder | budget | depth | nodes per level | tau | s per step | tokens/s | speedup")
-    for other in (None, Builder("chain"), Builder("kary", 2), Builder("kary", 3)):
-        best = prof.choose(acceptance, budgets=list(range(2, max(args.sizes) + 1)), max_depth=args.max_depth,
-                           builder=other)
+    for other, best in choices.items():
         print(f"{'Sequoia' if other is None else other.describe()} | {best.shape.size} | {best.shape.depth} | "
               f"{list(best.shape.widths)} | {best.tau:.2f} | {best.step_seconds:.3f} | {best.tokens_per_second:.2f} | "
               f"{best.speedup:.2f}x")
