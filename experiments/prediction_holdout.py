@@ -1,7 +1,9 @@
 """Do the printed predictions hold on held-out prompts? The default configuration of ``treespec generate`` and
-``treespec demo`` (the built-in pair in its measured precisions, the tuned tree, the compile choice for this
-many prompts) run on HumanEval prompts the calibration did not see, beside HF ``generate`` eager in the target's
-precision (the "target alone" the predicted speedup is over), interleaved per prompt.
+``treespec demo`` (the built-in pair loaded as they load it: the target in the precision whose tuned tree is
+predicted fastest here, ``target_precision.load_pair_tuned``; the tuned tree, the compile choice for this many
+prompts) run on HumanEval prompts the calibration did not see, beside HF ``generate`` eager in the target's
+precision (the "target alone" the predicted speedup is over), interleaved per prompt. ``--target-dtype`` holds
+the target in one precision instead (``bfloat16``, or ``int4`` on its file's own blocks).
 
 Predicted: what the CLI prints and ``--json`` records (``Tuned.prediction``): the tree replayed over the shipped
 calibration walk of the draft's precision (40 prompts drawn from HumanEval 0-99) with the run's confidence stop
@@ -13,7 +15,8 @@ tau over the predicted one resampling the evaluation prompts and the calibration
 
 Results are appended per (prompt, method) to ``<out>/results.jsonl``; a re-run resumes.
 
-    python experiments/prediction_holdout.py --out experiments/results/prediction-holdout-cpu --prompts 106:130
+    python experiments/prediction_holdout.py --out experiments/results/prediction-holdout-cpu-zen4-int4 \
+        --prompts 106:130
 
 Measure on a quiet machine.
 """
@@ -30,6 +33,7 @@ from treespec.bench.datasets import humaneval_prompts
 from treespec.bench.demo import predicted_and_measured, retimed
 from treespec.bench.intervals import ratio_of_ratios, ratio_of_sums
 from treespec.calibrate.choices import resolve, resolve_compile
+from treespec.calibrate.target_precision import load_pair_tuned
 from treespec.calibrate.vectors import acceptance_for_draft
 from treespec.common.machine import machine
 from treespec.models import DEFAULT_DRAFT, DEFAULT_TARGET
@@ -51,10 +55,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--prompts", type=prompt_range, default=(106, 130),
                     help="HumanEval prompts A:B (default 106:130; the calibration drew from 0-99, the demo: 100 on)")
     ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--target-dtype", choices=("auto", "bfloat16", "int4"), default="auto",
+                    help="the target's precision: auto (default) as the demo chooses it, else held in this one")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
 
-    target, tok, drafts = load_pair(DEFAULT_TARGET, [DEFAULT_DRAFT])
+    if args.target_dtype == "auto":
+        target, tok, drafts = load_pair_tuned(DEFAULT_TARGET, DEFAULT_DRAFT)
+    else:
+        target, tok, drafts = load_pair(DEFAULT_TARGET, [DEFAULT_DRAFT], target_dtype=args.target_dtype)
     acceptance, walk = acceptance_for_draft(None, 0.0, drafts[0])  # as the CLI: the draft precision's files
     start, stop = args.prompts
     resolved = resolve(Recipe(tree="sequoia", acceptance=acceptance), target, drafts, tokenizer=tok,
@@ -88,10 +97,11 @@ def main(argv: list[str] | None = None) -> None:
     lines = [
         "# Predicted vs measured on held-out prompts", "",
         f"Machine: {machine('cpu')}. HumanEval {start}-{stop - 1}, {args.max_new_tokens} greedy tokens each "
-        f"(calibration: {walk.meta.get('prompts_label')}, draft {walk.meta.get('draft_precision', 'int8')}).", "",
+        f"(calibration: {walk.meta.get('prompts_label')}, draft {walk.meta.get('draft_precision', 'int8')}); "
+        f"target {precision_of(target)}.", "",
         f"Configuration: {resolved.why}.", "",
         "Command: `python experiments/prediction_holdout.py --out " + str(args.out) +
-        f" --prompts {start}:{stop} --max-new-tokens {args.max_new_tokens}`", "",
+        f" --prompts {start}:{stop} --max-new-tokens {args.max_new_tokens} --target-dtype {args.target_dtype}`", "",
         predicted_and_measured(prediction, records, compare.hf_method(target).name), "",
         f"Measured tau (all steps) {tau.estimate:.2f} [{tau.low:.2f}, {tau.high:.2f}] over {len(mine)} prompts; "
         f"measured / predicted {gap.estimate:.3f} [{gap.low:.3f}, {gap.high:.3f}] (both prompt sets resampled).", "",
@@ -105,7 +115,8 @@ def main(argv: list[str] | None = None) -> None:
     text = "\n".join(lines)
     (args.out / "README.md").write_text(text)
     (args.out / "summary.json").write_text(json.dumps({
-        "prompts": [start, stop], "max_new_tokens": args.max_new_tokens, "configuration": resolved.why,
+        "prompts": [start, stop], "max_new_tokens": args.max_new_tokens, "target_precision": precision_of(target),
+        "configuration": resolved.why,
         "predicted": prediction.as_dict(), "measured_tau": asdict(tau), "measured_over_predicted": asdict(gap),
         "whole_walk_uncut_predicted": sum(whole[0]) / sum(whole[1]), "whole_walk_measured_over_predicted":
         asdict(gap_old)}, indent=1))
