@@ -318,3 +318,39 @@ def test_builders_take_numpy_ints():
     assert for_budget("chains", np.int64(9), chains=np.int32(2)) == independent_chains(2, 4)
     assert sequoia(np.array([0.6, 0.2]), np.int64(6)) == sequoia((0.6, 0.2), 6)
     assert TreeShape([(np.int64(0),)]) == chain(1)
+
+
+def test_a_flat_list_of_ranks_is_not_a_shape(target):
+    with pytest.raises(ValueError, match=r"a path must be a sequence of ints, got 0"):
+        treespec.ModelDrafter(target, [0, 1])
+
+
+def test_a_dynamic_int8_target_is_refused(target, tmp_path):
+    """Dynamic int8 scales a forward's activations over all its rows, so a tree's rows change each other's logits
+    (greedy output then parts from the model's own): refused as a target at load and at generate; a draft's."""
+    import copy
+
+    from treespec.models import load
+    from treespec.models.precision import to_precision
+
+    int8 = to_precision(copy.deepcopy(target), "int8")
+    with pytest.raises(ValueError, match="int8 is for drafts only"):
+        treespec.generate(int8, [1, 2], max_new_tokens=2)
+    treespec.generate(target, [1, 2], drafters=[treespec.ModelDrafter(int8, [(0,)])], max_new_tokens=2)
+    target.save_pretrained(tmp_path / "m")
+    with pytest.raises(ValueError, match="dtype 'int8' is for drafts only"):
+        load(tmp_path / "m", dtype="int8", role="target")
+
+
+@pytest.mark.parametrize("batch", [False, True])
+def test_an_on_tokens_of_the_wrong_arity_is_refused_before_the_prefill(target, batch):
+    prompts, wrong = ([[1, 2], [3]], lambda tokens: None) if batch else ([1, 2], lambda row, tokens: None)
+    with pytest.raises(ValueError, match="on_tokens.* is called with"):
+        treespec.generate(target, prompts, max_new_tokens=2, on_tokens=wrong)
+
+
+@pytest.mark.parametrize("kwargs,fragment", [(dict(tree="sequoia", chains=3), "chains is an option of tree='chains'"),
+                                             (dict(tree="chain", kary_width=4), "kary_width is an option of")])
+def test_a_builder_option_of_another_tree_is_refused(kwargs, fragment):
+    with pytest.raises(ValueError, match=fragment):
+        treespec.Recipe(**kwargs)

@@ -152,7 +152,7 @@ class TreeShape:
     @classmethod
     def from_paths(cls, paths: Iterable[Sequence[int]]) -> "TreeShape":
         """Build from a Medusa-style list of paths (tuples or lists); the root ``()`` is optional."""
-        return cls(tuple(p) for p in paths if len(p) > 0)
+        return cls(p for p in paths if not (hasattr(p, "__len__") and len(p) == 0))  # each path checked there
 
     @classmethod
     def from_parents(cls, parents: Sequence[int]) -> "TreeShape":

@@ -257,9 +257,8 @@ def generate_batch(
         raise ValueError("a batch is a non-empty list of prompts, each a list of token ids (or a [1, L] tensor); "
                          f"got {type(prompts).__name__ if prompts is not None else None}"
                          f"{' of length 0' if isinstance(prompts, Sequence) and not prompts else ''}")
-    if on_tokens is not None and not callable(on_tokens):
-        raise ValueError(f"on_tokens must be callable (it gets each row's index and tokens), got "
-                         f"{type(on_tokens).__name__}")
+    if on_tokens is not None:
+        checks.check_callback(on_tokens, "on_tokens of a batch", "each row's index and its tokens", 2)
     seeds = row_seeds(seed, len(prompts))
     drafters = checks.check_drafters(drafters, Drafter)
     reqs = []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 import numbers
 from typing import Callable, Sequence
@@ -33,6 +34,13 @@ def check_model(model: torch.nn.Module, role: str = "target") -> None:
             "the stock cache; use a checkpoint without a window (e.g. set config.sliding_window=None "
             "if the context stays within it)."
         )
+    if role == "target" and has_dynamic_int8(model):
+        # one activation scale per forward over all its rows: a tree's rows would change each other's logits
+        raise ValueError(
+            "the target's Linear layers are dynamic int8 (torch.ao), which quantises a forward's activations with "
+            "one scale over all its rows, so a token tree's logits would differ from the model's one-token decoding; "
+            "int8 is for drafts only: load the target in float32, bfloat16 or int4 (weight-only)"
+        )
     attn = getattr(config, "_attn_implementation", None)
     if attn not in (None, "sdpa", "eager"):
         raise ValueError(
@@ -55,8 +63,9 @@ def check_vocab(target_vocab: int, drafter_vocab: int | None, name: str) -> None
     if drafter_vocab is not None and drafter_vocab != target_vocab:
         raise ValueError(
             f"drafter {name} has a vocabulary of {drafter_vocab} tokens but the target has "
-            f"{target_vocab}; a drafter must share the target's tokenizer and vocabulary. Use a draft "
-            "model from the same family and tokenizer as the target."
+            f"{target_vocab}; a model drafter must share the target's tokenizer and vocabulary. Use a draft "
+            "model from the same family and tokenizer as the target, or wrap a draft of another tokenizer in "
+            "treespec.CrossTokenizerDrafter (it drafts text, proposed in the target's tokens)."
         )
 
 
@@ -261,3 +270,18 @@ def has_dynamic_int8(model: torch.nn.Module) -> bool:
     """Whether ``model``'s Linear layers are int8 through ``torch.ao``'s dynamic quantisation (packed
     weights: fast on a CPU, not traceable by ``torch.compile``)."""
     return any(isinstance(m, torch.ao.nn.quantized.dynamic.Linear) for m in model.modules())
+
+
+def check_callback(fn: object, name: str, args: str, count: int) -> None:
+    """Refuse ``fn`` unless it is callable with ``count`` positional arguments (``args`` says which, for the
+    message), before any work: not at the first step, after the prefill. A callable whose signature Python cannot
+    read (some builtins) is taken as it is."""
+    if not callable(fn):
+        raise ValueError(f"{name} must be callable (it gets {args}), got {type(fn).__name__}")
+    try:
+        inspect.signature(fn).bind(*range(count))
+    except ValueError:  # no signature to read
+        return
+    except TypeError:
+        raise ValueError(f"{name} is called with {count} argument{'s' if count > 1 else ''} ({args}); "
+                         f"{getattr(fn, '__name__', 'it')} cannot take that: give a function of {args}") from None

@@ -88,8 +88,8 @@ class Request:
                 checks.check_model(d.model, role="draft")
         prompt = checks.as_prompt(input_ids, vocab)
         max_positions = getattr(target.config, "max_position_embeddings", None) or 2**62
-        if on_tokens is not None and not callable(on_tokens):
-            raise ValueError(f"on_tokens must be callable (it gets each step's tokens), got {type(on_tokens).__name__}")
+        if on_tokens is not None:
+            checks.check_callback(on_tokens, "on_tokens", "each step's tokens", 1)
         checks.check_sampling_dtype(target, params.greedy)
         seed = checks.check_seed(seed)
         if envelope is not None and not isinstance(envelope, Envelope):

@@ -194,6 +194,10 @@ def load(name_or_path: str | os.PathLike = DEFAULT_TARGET, device: str | torch.d
     if linear_layout not in ("auto", *LAYOUTS):
         raise ValueError(f"linear_layout must be 'auto' (measure here) or one of {', '.join(LAYOUTS)}, "
                          f"got {linear_layout!r}")
+    if precision == "int8" and role == "target":
+        raise ValueError("dtype 'int8' is for drafts only (its dynamic quantisation scales a forward's activations "
+                         "over all its rows, so a token tree changes the target's logits): load the target in "
+                         "'float32', 'bfloat16', 'int4' or 'auto'")
     if device_map is not None and precision not in FLOATS:
         raise ValueError(f"device_map needs a floating precision ({', '.join(FLOATS)}), got {precision!r}: 'auto' "
                          "'int8' and 'int4' convert a whole model on one device")
