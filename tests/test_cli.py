@@ -165,7 +165,8 @@ def _files(tmp: Path) -> dict[str, str]:
              "acc-neg.json": '{"vector": [0.5, -0.2]}', "acc-big.json": '{"vector": [0.9, 0.8, 0.7]}',
              "acc-list.json": "[0.5]", "a-file": "x", "bad.toml": "[grid\n", "typo.toml": "[grid]\nbudget = [4]\n",
              "float.toml": "[grid]\nseeds = [1.5]\n", "evil.toml": 'name = "../../escape"\n',
-             "corrupt.jsonl": '{"key": "a", "status": "ok"}\nnot json\n{"key": "b"}\n'}
+             "corrupt.jsonl": '{"key": "a", "status": "ok"}\nnot json\n{"key": "b"}\n',
+             "long.txt": "w1\nw2\n" + " ".join(["w3"] * 510) + "\n"}
     for name, text in files.items():
         (tmp / name).write_text(text)
     return {name: str(tmp / name) for name in files}
@@ -191,6 +192,14 @@ ADVERSARIAL = [
     ("top-p nan", [*GEN, "--prompt", "w1", "--top-p", "nan"], 2, "top_p must be finite"),
     ("max-new-tokens -3", [*GEN, "--prompt", "w1", "--max-new-tokens", "-3"], 2, "max-new-tokens must be an int >= 1"),
     ("past the context", [*GEN, "--prompt", "w1", "--max-new-tokens", "1000"], 2, "exceeds the model's context of 512"),
+    ("a later prompt past the context", [*GEN, "--prompt-file", "{long.txt}", "--max-new-tokens", "8"], 2,
+     "prompt 3 of 3: the prompt (510 tokens) plus max_new_tokens (8) exceeds the model's context of 512"),
+    ("acceptance for a set chain", [*GEN, "--prompt", "w1", "--acceptance", "{tmp}/none.json"], 2,
+     "--acceptance sizes a Sequoia tree, or a chain or kary tree the tuner sizes"),
+    ("positional acceptance for chains", [*GEN, "--prompt", "w1", "--tree", "chains", "--positional-acceptance"], 2,
+     "--positional-acceptance sizes a Sequoia tree"),
+    ("compile and no-compile", [*GEN, "--prompt", "w1", "--compile", "--no-compile"], 2,
+     "not allowed with argument --compile"),
     ("bad tree", [*GEN, "--prompt", "w1", "--tree", "bush"], 2, "invalid choice: 'bush'"),
     ("static tree without paths", [*GEN, "--prompt", "w1", "--tree", "paths"], 2, "--tree paths needs --paths"),
     ("static tree not JSON", [*GEN, "--prompt", "w1", "--tree", "paths", "--paths", "[[0],"], 2, "is not JSON"),
@@ -356,7 +365,8 @@ def test_tiny_models_run_end_to_end(tiny_dirs, tmp_path, capsys, monkeypatch):
     assert main(["profile", *models, "--sizes", "1", "2", "4", "--max-depth", "2", "--tree", "kary", "--kary-width",
                  "3", "--out", str(tmp_path / "p.json")]) == 0
     printed = capsys.readouterr().out
-    assert "best k-ary tree (width 3): Choice(" in printed
+    best = next(line for line in printed.splitlines() if line.startswith("best k-ary tree (width 3): "))
+    assert "plain decoding" in best or "tokens (budget), depth" in best, best
     table = printed.split("each builder at its own best size under these costs (predicted):\n")[1].splitlines()
     assert [row.split(" | ")[0] for row in table[1:5]] == ["Sequoia", "chain", "k-ary tree (width 2)",
                                                            "k-ary tree (width 3)"]
@@ -683,3 +693,68 @@ def test_a_chain_without_a_budget_is_tuned_and_independent_chains_are_piloted(ti
                      "--json"]) == 0
         record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
         assert said in record["configuration"] and builders == ["chain"]
+
+
+def test_prompt_seeds_are_the_seed_first_then_one_per_place():
+    from treespec.cli_output import prompt_seed
+
+    assert prompt_seed(None, 3) is None  # a random seed per prompt
+    assert prompt_seed(7, 0) == 7 and len({prompt_seed(7, i) for i in range(50)}) == 50
+
+
+def test_a_sampled_prompt_is_its_own_whatever_the_batch_and_resumes_refuse_what_changes_it(tiny_dirs, tmp_path,
+                                                                                            capsys, monkeypatch):
+    """--seed at T=1: each prompt of a file draws its own random numbers (prompt 0 the seed itself), so its output is
+    the same alone, in a batch of 3 and in a resumed --out; a resume refuses a sampled run's other seed, other
+    --kary-width or other step (eager / compiled draw differently), and takes a greedy run's other seed."""
+    import json
+
+    monkeypatch.setenv("TREESPEC_CACHE", str(tmp_path / "cache"))
+    models = [a.format(**tiny_dirs) for a in MODELS]
+    (tmp_path / "p.txt").write_text("w1 w2\nw5 w9 w3\nw1 w2\n")
+    common = [*models, "--prompt-file", str(tmp_path / "p.txt"), "--tree", "kary", "--budget", "4",
+              "--max-new-tokens", "6", "--temperature", "1", "--seed", "1", "--json"]
+    assert main(["generate", *common, "--no-compile"]) == 0
+    alone = [json.loads(line)["new_tokens"] for line in capsys.readouterr().out.strip().splitlines()]
+    assert main(["generate", *common, "--no-compile", "--batch-size", "3"]) == 0
+    assert [json.loads(line)["new_tokens"] for line in capsys.readouterr().out.strip().splitlines()] == alone
+    at = common.index("--prompt-file")
+    single = [*common[:at], "--prompt", "w1 w2", *common[at + 2:], "--no-compile"]
+    assert main(["generate", *single]) == 0 and json.loads(capsys.readouterr().out)["new_tokens"] == alone[0]
+
+    out = tmp_path / "out.jsonl"
+    argv = ["generate", *common, "--no-compile", "--out", str(out)]
+    assert main(argv) == 0
+    out.write_text(out.read_text().splitlines(keepends=True)[0])  # stopped after the first prompt
+    capsys.readouterr()
+    assert main([*argv, "--batch-size", "2"]) == 0
+    assert [json.loads(line)["new_tokens"] for line in out.read_text().splitlines()] == alone
+    out.write_text(out.read_text().splitlines(keepends=True)[0])
+
+    def refused(args: list[str]) -> str:
+        code, err = run_main(args, capsys, monkeypatch)
+        assert code == 2, err
+        return err
+
+    seed = argv.index("--seed") + 1
+    assert "(seed: 1 -> 3)" in refused([*argv[:seed], "3", *argv[seed + 1:]])
+    width = [*argv[:argv.index("--budget")], "--kary-width", "3", *argv[argv.index("--budget"):]]
+    assert "(kary_width: None -> 3)" in refused(width)
+    err = refused(["generate", *common, "--compile", "uncompiled", "--out", str(out)])
+    assert "holds sampled outputs made with eager steps, and this run's steps are compiled" in err
+    assert "pass --no-compile to resume it" in err
+    greedy = tmp_path / "greedy.jsonl"
+    assert main(["generate", *common[:common.index("--temperature")], "--seed", "1", "--json", "--no-compile",
+                 "--out", str(greedy)]) == 0
+    greedy.write_text(greedy.read_text().splitlines(keepends=True)[0])
+    assert main(["generate", *common[:common.index("--temperature")], "--seed", "5", "--json", "--no-compile",
+                 "--out", str(greedy)]) == 0  # greedy: the seed is not a setting
+    assert len(greedy.read_text().splitlines()) == 3
+
+
+@pytest.mark.parametrize("line,text", [("a\\nb", "a\nb"), ('split("\\\\n")', 'split("\\n")'),
+                                       ("a\\\\b\\tc", "a\\b\\tc"), ("no escapes", "no escapes")])
+def test_a_prompt_file_line_reads_a_newline_and_a_backslash_escape(line, text):
+    from treespec.cli_input import unescape
+
+    assert unescape(line) == text

@@ -245,6 +245,12 @@ def test_every_method_warms_up_on_the_longest_prompt_with_the_runs_token_count(t
     assert calls[:2] == [("hf", 30, 48), ("treespec", 30, 48)]
     assert calls[2:] == [(m, n, 48) for n in (5, 30, 9) for m in ("hf", "treespec")]
     assert {r["prompt"] for r in compare.read_records(compare.warmup_file(tmp_path / "results.jsonl"))} == {1}
+    calls.clear()  # within a context that leaves the longest prompt 36 positions: the warm-up's 32 tokens fit it
+    compare.run([method("hf")], prompts, 8, tmp_path / "short.jsonl", context=66)
+    assert calls[0] == ("hf", 30, 32)
+    calls.clear()  # 10 positions left: the warm-up makes what fits (never fewer than the runs' 8)
+    compare.run([method("hf")], prompts, 8, tmp_path / "shorter.jsonl", context=40)
+    assert calls[0] == ("hf", 30, 10)
 
 
 class ChatBytes(ByteTokenizer):

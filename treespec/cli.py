@@ -20,7 +20,7 @@ from . import cli_output
 from .calibrate import target_precision
 from .calibrate.choices import TUNED_TREES, Resolved, compile_batch, resolve, resolve_compile
 from .calibrate.vectors import acceptance_for_draft, default_acceptance
-from .cli_input import encode_all, read_paths, read_prompt_lines, read_prompts
+from .cli_input import check_context, encode_all, read_paths, read_prompt_lines, read_prompts
 from .cli_output import Streamer, print_stats
 from .cli_parser import build_parser
 from .common.files import check_writable
@@ -66,6 +66,12 @@ def recipe_from_args(args: argparse.Namespace, with_model: bool = True) -> Recip
     tree carries the acceptance it is built from; a chain or k-ary tree without a budget the acceptance it is
     sized from (``choices.TUNED_TREES``; with the n-gram drafter a pilot sizes it)."""
     with_acceptance = with_model and (args.tree == "sequoia" or tuned_tree(args))
+    unread = [o for o, given in (("--acceptance", getattr(args, "acceptance", None) is not None),
+                                 ("--positional-acceptance", getattr(args, "positional_acceptance", False))) if given]
+    if unread and not with_acceptance:
+        raise ValueError(f"{unread[0]} sizes a Sequoia tree, or a chain or kary tree the tuner sizes (no --budget, "
+                         f"no --ngram, a draft model); this --tree {args.tree!r} run does not read it: drop it"
+                         + (", or drop --budget" if args.budget is not None and args.tree in ("chain", "kary") else ""))
     return Recipe(tree=args.tree, budget=args.budget, depth=args.depth, temperature=args.temperature,
                   paths=read_paths(getattr(args, "paths", None), args.tree), **builder_options(args),
                   top_k=args.top_k, top_p=args.top_p, draft_mode=args.draft_mode,
@@ -116,14 +122,15 @@ def _warm_up(args: argparse.Namespace, recipe: Recipe, target, drafts: Sequence[
 
 
 def _compare(args: argparse.Namespace, recipe: Recipe, target, ids: list[int], eos: list[int], out,
-             record: dict[str, Any]) -> bool:
+             record: dict[str, Any], index: int) -> bool:
     """``--compare``: the target alone (HF generate) on the same prompt; False if greedy outputs differ anywhere
     but at a tie of the target's top two logits (``record["divergence"]``: where, and the gap there)."""
     from .bench.baselines import hf_generate
     from .bench.compare import first_divergence
 
     ref, secs = hf_generate(target, ids, args.max_new_tokens, temperature=recipe.temperature, top_p=recipe.top_p,
-                            top_k=recipe.top_k, eos_token_id=eos, pad_token_id=(eos or [0])[0], seed=args.seed)
+                            top_k=recipe.top_k, eos_token_id=eos, pad_token_id=(eos or [0])[0],
+                            seed=cli_output.prompt_seed(args.seed, index))
     record.update(hf_tokens_per_second=len(ref) / secs, speedup=out.stats.tokens_per_second / (len(ref) / secs))
     if recipe.temperature == 0:
         record["identical"] = ref == out.new_tokens
@@ -148,7 +155,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
                          f"it with --batch-size {args.batch_size} (or use --batch-size 1)")
     want_draft = not (args.ngram and not args.draft)
     recipe = recipe_from_args(args, with_model=want_draft)  # validates before the models load
-    todo = _todo(args, prompts)
+    done = _done(args, prompts)
+    todo = [i for i in range(len(prompts)) if i not in done]
     if not todo:
         print(f"all {len(prompts)} prompts are in {args.out} already", file=sys.stderr)
         return 0
@@ -157,9 +165,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
     set_size = verified_tokens(recipe, want_draft) if recipe.budget is not None or recipe.paths is not None else None
     target, tok, drafts = load_models(args, want_draft, tuned_target=True, tree_size=set_size, recipe=recipe)
     # an empty prompt is refused before anything is measured
-    encoded = encode_all(tok, [prompts[i] for i in todo], args.chat)
+    encoded = encode_all(tok, [prompts[i] for i in todo], args.chat, todo, len(prompts))
+    check_context(encoded, args.max_new_tokens, getattr(target.config, "max_position_embeddings", None), todo,
+                  len(prompts))
     resolved = _resolve(args, recipe, target, tok, drafts, len(todo), sum(map(len, encoded)) / len(encoded))
     recipe = resolved.recipe
+    cli_output.check_step(args.out, done, resolved)
     print(f"configuration: {resolved.why}", file=sys.stderr if args.json else sys.stdout, flush=True)
     eos = eos_ids(target, tok)
     if args.batch_size > 1:
@@ -170,30 +181,30 @@ def cmd_generate(args: argparse.Namespace) -> int:
         _warm_up(args, recipe, target, drafts, encoded, eos)
     for i, ids in _progress(args, zip(todo, encoded), len(todo)):
         streamer = None if args.json else Streamer(tok)
-        out = run(recipe, target, drafts, ids, max_new_tokens=args.max_new_tokens, seed=args.seed,
-                  eos_token_id=eos, on_tokens=streamer)
+        out = run(recipe, target, drafts, ids, max_new_tokens=args.max_new_tokens,
+                  seed=cli_output.prompt_seed(args.seed, i), eos_token_id=eos, on_tokens=streamer)
         if streamer is not None:
             streamer.end()
         record = cli_output.record(prompts[i], out, resolved, tok, layouts, tree)
         if not args.json:
             print_stats(out.stats)
-        if args.compare and not _compare(args, recipe, target, ids, eos, out, record):
+        if args.compare and not _compare(args, recipe, target, ids, eos, out, record, i):
             status = 1
         _emit(args, i, record, inputs[i])
     return status
 
 
-def _todo(args: argparse.Namespace, prompts: list[str]) -> list[int]:
-    """The indices of the prompts to generate: all of them, or with ``--out`` those it does not hold yet
-    (``cli_output``)."""
+def _done(args: argparse.Namespace, prompts: list[str]) -> dict[int, dict[str, Any]]:
+    """The records of the prompts done already, by index: with ``--out``, those it holds (``cli_output``); else
+    none."""
     if args.out is None:
-        return list(range(len(prompts)))
+        return {}
     check_writable(args.out)  # fail now, not after minutes of work
     done = cli_output.finished(args.out, args, prompts)
     if 0 < len(done) < len(prompts):
         print(f"{args.out} holds {len(done)} of the {len(prompts)} prompts already; generating the other "
               f"{len(prompts) - len(done)}", file=sys.stderr)
-    return [i for i in range(len(prompts)) if i not in done]
+    return done
 
 
 def _progress(args: argparse.Namespace, items: Iterable[T], total: int, unit: str = "prompts") -> Iterable[T]:
@@ -260,8 +271,9 @@ def _generate_batches(args: argparse.Namespace, prompts: list[str], inputs: list
     layouts, tree = _layouts(target, drafts), _tree(resolved.recipe, drafts, args.max_new_tokens)
     for start in _progress(args, range(0, len(todo), args.batch_size), -(-len(todo) // args.batch_size), "batches"):
         indices = todo[start : start + args.batch_size]
+        seeds = None if args.seed is None else [cli_output.prompt_seed(args.seed, i) for i in indices]
         out = run(resolved.recipe, target, drafts, encoded[start : start + args.batch_size],
-                  max_new_tokens=args.max_new_tokens, seed=args.seed, eos_token_id=eos)
+                  max_new_tokens=args.max_new_tokens, seed=seeds, eos_token_id=eos)
         for r, (i, row) in enumerate(zip(indices, out.rows)):
             _emit(args, i, {**cli_output.record(prompts[i], row, resolved, tok, layouts, tree), "row": i,
                             "batch_size": len(indices), "row_seconds": out.row_seconds[r],
@@ -353,7 +365,11 @@ def cmd_profile(args: argparse.Namespace) -> int:
     if prof.plain_decode_seconds:
         print(f"the target's own decoding (HF generate): {prof.plain_decode_seconds:.3f} s per token, what the "
               "speedup is relative to")
-    print(f"best{'' if builder is None else ' ' + builder.describe()}: {choice}\n{choice.shape}")
+    said = ("plain decoding: no tree of this builder is predicted to pay here" if choice.depth == 0 else
+            f"{choice.shape.size} tokens (budget), depth {choice.shape.depth}, nodes per level "
+            f"{list(choice.shape.widths)}: tau {choice.tau:.2f}, {choice.step_seconds:.3f} s per step, "
+            f"{choice.speedup:.2f}x predicted\n{choice.shape}")
+    print(f"best{' Sequoia tree' if builder is None else ' ' + builder.describe()}: {said}")
     print("each builder at its own best size under these costs (predicted):\n"
           "builder | budget | depth | nodes per level | tau | s per step | tokens/s | speedup")
     for other, best in choices.items():

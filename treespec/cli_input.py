@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 from .common.prompts import user_turn
+from .core.checks import check_lengths
 
 
 def read_paths(value: str | None, tree: str) -> list | None:
@@ -33,14 +35,19 @@ def read_prompts(args: argparse.Namespace) -> list[str]:
     return [text for text, _ in read_prompt_lines(args)]
 
 
+def unescape(line: str) -> str:
+    """A ``--prompt-file`` line's text: ``\\n`` a newline, ``\\\\`` one backslash (so code holding ``"\\n"`` is
+    written ``"\\\\n"``), any other backslash kept as it is."""
+    return re.sub(r"\\([\\n])", lambda m: "\n" if m.group(1) == "n" else "\\", line)
+
+
 def read_prompt_lines(args: argparse.Namespace) -> list[tuple[str, dict[str, Any]]]:
     """Each prompt with the other fields of its ``--prompts-jsonl`` object (an ``id``, say; ``{}`` for the other
     sources), which ``generate`` carries into the prompt's record under ``"input"``."""
     if getattr(args, "prompt", None) is not None:
         return [(args.prompt, {})]
     if args.prompt_file is not None:
-        lines = [(line.replace("\\n", "\n"), {}) for line in args.prompt_file.read_text().splitlines()
-                 if line.strip()]
+        lines = [(unescape(line), {}) for line in args.prompt_file.read_text().splitlines() if line.strip()]
         where = args.prompt_file
     else:
         where = args.prompts_jsonl
@@ -67,12 +74,32 @@ def encode(tok, text: str, chat: bool) -> list[int]:
     return user_turn(tok, text) if chat else tok(text)["input_ids"]
 
 
-def encode_all(tok, prompts: list[str], chat: bool) -> list[list[int]]:
-    """Every prompt in the target's tokens; a prompt of no tokens is refused, naming it."""
+def encode_all(tok, prompts: list[str], chat: bool, numbers: list[int] | None = None,
+               total: int | None = None) -> list[list[int]]:
+    """Every prompt in the target's tokens; a prompt of no tokens is refused, naming it (``numbers``: each prompt's
+    place in the list of ``total`` it was taken from, for a resumed run's remaining prompts)."""
     encoded = [encode(tok, text, chat) for text in prompts]
     for i, ids in enumerate(encoded):
         if not ids:
-            where = "the prompt" if len(prompts) == 1 else f"prompt {i + 1} of {len(prompts)}"
-            raise ValueError(f"{where} is empty in the target's tokens ({prompts[i]!r}; this tokenizer adds no BOS "
-                             "token): give it some text, or pass --chat to wrap it in the chat template")
+            raise ValueError(f"{_named(i, numbers, total or len(prompts))} is empty in the target's tokens "
+                             f"({prompts[i]!r}; this tokenizer adds no BOS token): give it some text, or pass --chat "
+                             "to wrap it in the chat template")
     return encoded
+
+
+def check_context(encoded: list[list[int]], max_new_tokens: int, context: int | None,
+                  numbers: list[int] | None = None, total: int | None = None) -> None:
+    """Refuse, naming it (as :func:`encode_all`), a prompt whose tokens and ``max_new_tokens`` do not fit the target's
+    ``context``: before any prompt runs, not when its turn comes."""
+    for i, ids in enumerate(encoded):
+        try:
+            check_lengths(len(ids), max_new_tokens, context)
+        except ValueError as error:
+            if (total or len(encoded)) == 1:
+                raise
+            raise ValueError(f"{_named(i, numbers, total or len(encoded))}: {error}") from None
+
+
+def _named(i: int, numbers: list[int] | None, total: int) -> str:
+    """How an error names prompt ``i`` of a run: by its place among the ``total`` prompts given."""
+    return "the prompt" if total == 1 else f"prompt {(i if numbers is None else numbers[i]) + 1} of {total}"

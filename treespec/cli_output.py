@@ -8,8 +8,11 @@ same prompts and settings, it generates only the prompts ``F`` does not hold yet
 prompt's measurement in ``A.parts.jsonl`` the same way until ``A`` is written.
 
 A record carries the prompt's ``index`` in the prompt list and the :func:`settings` it was made under; a file made
-under other settings (another model, precision, tree, sampling, seed, ...) is refused rather than mixed with this
-run's outputs. Compiling and the batch size change no output and are not settings."""
+under other settings (another model, precision, tree, sampling, a sampled run's seed, ...) is refused rather than
+mixed with this run's outputs. The batch size changes no output (each prompt's seed is its own: :func:`prompt_seed`)
+and is not a setting; nor is compiling, which changes no greedy output, but a sampled run's eager and compiled steps
+draw their random numbers differently, so a sampled file made under the other step is refused too
+(:func:`check_step`)."""
 
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ from typing import Any
 
 from .calibrate.choices import Resolved
 from .common.jsonl import append_record, read_records, repair_tail
+from .core.batch import row_seed
 from .core.stats import GenerateOutput, Stats
 
 
@@ -91,11 +95,12 @@ def record(text: str, out: GenerateOutput, resolved: Resolved, tok: Any, layouts
 
 
 #: the arguments that decide a command's outputs (what ``--out`` resumes): a record made under others is not this
-#: run's. Compiling and the batch size change no output (a batch's rows up to a batched forward's rounding).
+#: run's. The batch size changes no output (a batch's rows up to a batched forward's rounding); the seed none when
+#: greedy (:func:`settings` drops it there); compiling none when greedy (:func:`check_step` for sampled runs).
 SETTINGS = {
-    "generate": ("target", "draft", "device", "dtype", "draft_dtype", "ngram", "tree", "paths", "budget", "depth",
-                 "acceptance", "positional_acceptance", "draft_mode", "temperature", "top_p", "top_k",
-                 "max_new_tokens", "seed", "chat", "verifier"),
+    "generate": ("target", "draft", "device", "dtype", "draft_dtype", "ngram", "tree", "kary_width", "chains",
+                 "paths", "budget", "depth", "acceptance", "positional_acceptance", "draft_mode", "temperature",
+                 "top_p", "top_k", "max_new_tokens", "seed", "chat", "verifier"),
     "accept": ("target", "draft", "device", "dtype", "draft_dtype", "calib", "prompt_file", "prompts_jsonl", "width",
                "mode", "temperature", "top_p", "max_new_tokens", "max_depth", "context", "chat"),
 }
@@ -105,8 +110,35 @@ HINT = "give another --out"
 
 
 def settings(args: argparse.Namespace) -> dict[str, Any]:
-    """The run's :data:`SETTINGS` (of ``args.command``), as JSON values (paths as strings)."""
-    return {k: str(v) if isinstance(v, Path) else v for k in SETTINGS[args.command] for v in [getattr(args, k, None)]}
+    """The run's :data:`SETTINGS` (of ``args.command``), as JSON values (paths as strings); ``generate``'s seed only
+    when it samples (a greedy run's output does not depend on it)."""
+    keys = [k for k in SETTINGS[args.command]
+            if not (k == "seed" and args.command == "generate" and getattr(args, "temperature", 0) == 0)]
+    return {k: str(v) if isinstance(v, Path) else v for k in keys for v in [getattr(args, k, None)]}
+
+
+def prompt_seed(seed: int | None, index: int) -> int | None:
+    """The seed prompt ``index`` of a prompt list runs with: ``--seed`` itself for prompt 0, a hash of both for the
+    others (``core.batch.row_seed``), so a prompt's sampled output is its own whatever the batch size, its batch
+    mates or a resumed run's start, and two prompts do not share their random numbers. None (no ``--seed``): a
+    random seed per prompt."""
+    return None if seed is None else row_seed(seed, index)
+
+
+def check_step(path: Path, done: dict[int, dict[str, Any]], resolved: Resolved) -> None:
+    """Refuse to add a sampled run's outputs to ``path``'s (``done``, :func:`finished`) where they were made with
+    the other step, eager or compiled: the two draw their random numbers differently (each exact), so one seed gives
+    other samples. Greedy runs are alike under both."""
+    if resolved.recipe.temperature == 0:
+        return
+    mine = bool(resolved.recipe.compile)
+    theirs = {bool((rec.get("recipe") or {}).get("compile")) for rec in done.values()}
+    if theirs and theirs != {mine}:
+        step = "compiled" if mine else "eager"
+        raise ValueError(f"{path} holds sampled outputs made with {'eager' if mine else 'compiled'} steps, and this "
+                         f"run's steps are {step} (their random numbers differ for one seed): pass "
+                         f"{'--no-compile' if mine else '--compile'} to resume it as it was made, or give another "
+                         "--out")
 
 
 def finished(path: Path, args: argparse.Namespace, prompts: list[str]) -> dict[int, dict[str, Any]]:

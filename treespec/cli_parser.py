@@ -142,7 +142,8 @@ def _generate(sub) -> None:
     src = g.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", metavar="TEXT", help="the prompt text")
     src.add_argument("--prompt-file", type=Path, metavar="F",
-                     help="a text file: one prompt per line (\\n inside a line is a newline)")
+                     help="a text file: one prompt per line (\\n inside a line is a newline, \\\\ a backslash; "
+                          "--prompts-jsonl takes any text as it is)")
     src.add_argument("--prompts-jsonl", type=Path, metavar="F",
                      help="a JSONL file: one object with a 'prompt' per line; its other fields (an id, say) come "
                           "back in the prompt's JSON record under 'input'")
@@ -176,18 +177,22 @@ def _generate(sub) -> None:
     add_sampling_options(g)
     g.add_argument("--top-k", type=_top_k, default=0, metavar="K", help="keep the K most likely tokens (0: all)")
     g.add_argument("--max-new-tokens", type=_count("max-new-tokens"), default=128, metavar="N")
-    g.add_argument("--seed", type=_seed, default=None, metavar="S", help="random seed (default: a random one)")
+    g.add_argument("--seed", type=_seed, default=None, metavar="S",
+                   help="random seed of a sampled run: the first prompt runs with S, each other with a seed derived "
+                        "from S and its place in the prompt list, so its output does not depend on --batch-size or "
+                        "on a resumed --out (default: a random seed per prompt)")
     add_chat_option(g)
     g.add_argument("--verifier", choices=tuple(VERIFIERS), default="rrs",
                    help="exact verification rule for sampled steps (docs/verifiers.md; default rrs)")
-    g.add_argument("--compile", nargs="?", const=True, default=None, metavar="BACKEND",
+    steps = g.add_mutually_exclusive_group()
+    steps.add_argument("--compile", nargs="?", const=True, default=None, metavar="BACKEND",
                    help="compiled static-shape steps (optionally naming the torch.compile backend, or "
                         "'uncompiled': the same steps as plain PyTorch, for debugging): one draft model's static "
                         "tree is drafted on the device too (captured; the draft is loaded in a precision "
                         "torch.compile traces); other drafters draft on the host. Pays a compile (1-2 minutes on a "
                         "CPU the first time). Default: compiled when measured here to pay back its compile for "
                         "this run's prompts x --max-new-tokens (measured for runs of 4096+ new tokens, cached)")
-    g.add_argument("--no-compile", dest="compile", action="store_const", const=False,
+    steps.add_argument("--no-compile", dest="compile", action="store_const", const=False,
                    help="eager steps, without measuring whether compiling pays")
     g.add_argument("--json", action="store_true",
                    help="print one JSON object per prompt (new_tokens, steps, tau, seconds, tokens_per_second, "

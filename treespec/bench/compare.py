@@ -149,9 +149,11 @@ def near_tie(gap: float, top1: float, dtype: torch.dtype) -> bool:
 
 
 def run(methods: Sequence[Method], prompts: Sequence[tuple[str, int, list[int]]], max_new_tokens: int,
-        results: Path, on_record: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+        results: Path, on_record: Callable[[dict[str, Any]], None] | None = None,
+        context: int | None = None) -> list[dict[str, Any]]:
     """Run every method on every ``(dataset, index, token ids)`` prompt, interleaved per prompt;
-    append a record per (prompt, method) to ``results`` and skip those already there."""
+    append a record per (prompt, method) to ``results`` and skip those already there. ``context``: the model's
+    positions, which the warm-up call's tokens are kept within (never fewer than the runs')."""
     results.parent.mkdir(parents=True, exist_ok=True)
     repair_tail(results)  # a torn last line from an interrupted run
     done = {(r["dataset"], r["prompt"], r["method"]) for r in read_records(results)}
@@ -161,6 +163,8 @@ def run(methods: Sequence[Method], prompts: Sequence[tuple[str, int, list[int]]]
         # capacity serves shorter prompts), so no timed run compiles
         dataset, index, ids = max(prompts, key=lambda p: len(p[2]))
         warm = max(WARMUP_TOKENS, max_new_tokens)
+        if context is not None:
+            warm = max(max_new_tokens, min(warm, context - len(ids)))
         for m in methods:
             _, seconds, _ = m.run(ids, warm)
             append_record(warmup_file(results), {"dataset": dataset, "prompt": index, "method": m.name,

@@ -27,6 +27,7 @@ import torch
 
 from ..calibrate.vectors import acceptance_for_draft
 from ..common.files import check_writable
+from ..core.checks import check_lengths
 from ..models.precision import precision_of
 from ..models.timing import measure_plain_decode
 from ..recipes import Recipe, run
@@ -175,6 +176,12 @@ def run_demo(args: argparse.Namespace, target: torch.nn.Module, tok: Any, draft:
     out_dir = check_writable(args.out, directory=True)
     chat = getattr(args, "chat", False)
     prompts = demo_prompts(tok, args.prompts, chat)  # a missing chat template or prompt set: refused before tuning
+    context = getattr(target.config, "max_position_embeddings", None)
+    for name, index, ids in prompts:  # a prompt too long for the model: refused before tuning too
+        try:
+            check_lengths(len(ids), args.max_new_tokens, context)
+        except ValueError as error:
+            raise ValueError(f"{LABELS[name]}/{index}: {error}") from None
     print(f"treespec demo on {platform.machine()} with {torch.get_num_threads()} threads, device {args.device}")
     resolved, png, shape_note = _configuration(args, target, tok, draft, out_dir,
                                                statistics.mean(len(ids) for _, _, ids in prompts))
@@ -195,7 +202,7 @@ def run_demo(args: argparse.Namespace, target: torch.nn.Module, tok: Any, draft:
     results = out_dir / "results.jsonl"
     results.unlink(missing_ok=True)  # the demo measures afresh each run
     compare.warmup_file(results).unlink(missing_ok=True)
-    records = compare.run(methods, prompts, args.max_new_tokens, results, on_record=lambda r: print(
+    records = compare.run(methods, prompts, args.max_new_tokens, results, context=context, on_record=lambda r: print(
         f"  {LABELS[dataset]}/{r['prompt']} {r['method']}: {r['tokens_per_second']:.2f} tok/s"
         + (f", tau {r['tau']:.2f}" if "tau" in r else ""), flush=True))
     summary = compare.summarize(records, dataset, compare.warmup_seconds(results))
