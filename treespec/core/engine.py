@@ -117,8 +117,10 @@ def generate(
         temperature, top_k, top_p: the target distribution to sample from (HF conventions).
         eos_token_id: stop after emitting it: an int, a list of ints or a 0-d/1-d integer tensor
             (as HF); None never stops early.
-        seed: same seed and inputs give the same output; None draws a random seed. A batch may take a list of
-            one seed per prompt (each row then decodes as its prompt alone with its seed).
+        seed: same seed and inputs give the same output under one kind of step (the eager and the compiled step
+            draw their random numbers differently, each exactly: one seed gives other samples under each); None
+            draws a random seed. A batch may take a list of one seed per prompt (each row then decodes as its
+            prompt alone with its seed).
         budget: cap on tokens per verification pass, root included; proposals beyond it are
             dropped in proposal order. None means no cap.
         on_tokens: called with each step's committed tokens (for streaming); gets its own list.
