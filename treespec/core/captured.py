@@ -63,7 +63,7 @@ from .drafting import Capture
 from .padded import Noise
 from .request import Request
 from .runners import RunnerCache
-from .step import Clock
+from .step import Clock, end_capped, tree_depth
 from .stats import Progress
 from .step_state import Outcome, StepState
 from .tree import Proposal, TokenTree
@@ -160,7 +160,9 @@ class CapturedStep:
     Cache capacity is bucketed (``compiled.capacity_for``) from prompt + ``max_new_tokens`` + the
     envelope, so prompts of similar length reuse the compiled calls. The tree is never capped by the end
     of the generation (its shape is fixed): tokens past ``max_new_tokens`` are dropped by the loop,
-    which keeps the output exact (the emitted tokens are a prefix of an exact continuation).
+    which keeps the output exact (the emitted tokens are a prefix of an exact continuation). A step whose
+    drafted nodes reach deeper than the host-drafted steps' cap is *cut* all the same (``step.end_capped``, the
+    one rule of every step), so its statistics are theirs.
     Seconds: ``drafting`` the level calls, ``verifying`` the verify call up to the one device->host copy.
     """
 
@@ -173,7 +175,7 @@ class CapturedStep:
         self.batch.prefill([prompt], clock)
 
     def advance(self, committed: list[int], remaining: int, clock: Clock) -> tuple[TokenTree, list[int], int, bool]:
-        return self.batch.step({0: committed}, clock)[0]
+        return self.batch.step({0: committed}, {0: remaining}, clock)[0]
 
 
 class BatchCapturedStep:
@@ -230,8 +232,11 @@ class BatchCapturedStep:
         n = runner.envelope.nodes - 1
         return gumbel, Noise(rest[:, :n], -rest[:, n:].log())
 
-    def step(self, committed: dict[int, list[int]], clock: Clock) -> dict[int, tuple[TokenTree, list[int], int, bool]]:
-        """One step of every row; the outcomes of the rows in ``committed`` (row -> its tokens so far)."""
+    def step(self, committed: dict[int, list[int]], remaining: dict[int, int], clock: Clock
+             ) -> dict[int, tuple[TokenTree, list[int], int, bool]]:
+        """One step of every row; the outcomes of the rows in ``committed`` (row -> its tokens so far; ``remaining``:
+        row -> the tokens it still wants), each with whether the end of the generation capped its tree
+        (:meth:`_capped`)."""
         runner = self.runner
         gumbel, noise = self._noise()
         clock.charge("overhead")
@@ -246,8 +251,15 @@ class BatchCapturedStep:
         for row, tokens in committed.items():
             o = Outcome.unpack(outcomes[row], runner.envelope.nodes)
             tree, node_of = self._tree(tokens[-1], o.tokens, o.exists)
-            out[row] = (tree, [node_of[i] for i in o.path], o.extra, False)
+            out[row] = (tree, [node_of[i] for i in o.path], o.extra, self._capped(row, tokens, remaining[row], tree))
         return out
+
+    def _capped(self, row: int, committed: list[int], remaining: int, tree: TokenTree) -> bool:
+        """Whether the end of the generation capped this row's step (``step.end_capped``, the host-drafted steps' rule):
+        the shape is drafted whole, so the nodes past the depth a host-drafted tree is capped at are counted here (the
+        drafters propose the same nodes on the host, where the cap drops them)."""
+        max_depth = tree_depth(self.reqs[row], committed, remaining)
+        return end_capped(self.reqs[row], max_depth, sum(d > max_depth for d in tree.depth[1:]))
 
     def _given(self, committed: dict[int, list[int]]) -> torch.Tensor | None:
         """This step's tokens of the chain of given tokens (``[B, envelope.chain]``, -1 past each chain's end and
@@ -263,7 +275,8 @@ class BatchCapturedStep:
 
     def advance(self, runs: dict[int, Progress], clock: Clock) -> dict[int, tuple[TokenTree, list[int], int, bool]]:
         """``batch.BatchEagerStep.advance``'s interface: one step of the rows in ``runs`` (row -> its Progress)."""
-        return self.step({row: run.committed for row, run in runs.items()}, clock)
+        return self.step({row: run.committed for row, run in runs.items()},
+                         {row: run.remaining for row, run in runs.items()}, clock)
 
     def drop(self, rows: Sequence[int]) -> None:
         """These rows finished: they commit nothing from now on."""

@@ -38,10 +38,11 @@ class Stats:
 
     A step is *cut* (``step_cut``) when the end of the generation shortened it: its committed tokens
     were cut at EOS or ``max_new_tokens``, or its tree was capped in depth by the tokens still wanted
-    (or the context left), drafting skipped included. Two means of tokens per step, both with the
-    bonus/correction token included: ``tau`` over all steps (what the user got) and ``tau_uncut``
-    over the steps that were not cut (what the tree shape and drafters deliver per full step; the
-    per-step expected tokens of ``docs/design.md``, "Definitions", estimate this one).
+    (or the context left), drafting skipped included (``treespec.core.step.end_capped``, decided before the
+    acceptance: every step's rule, the captured step's too, whose fixed tree is drafted whole). Two means of
+    tokens per step, both with the bonus/correction token included: ``tau`` over all steps (what the user
+    got) and ``tau_uncut`` over the steps that were not cut (what the tree shape and drafters deliver per
+    full step; the per-step expected tokens of ``docs/design.md``, "Definitions", estimate this one).
     The ``*_seconds`` sections are wall-clock; on CUDA they are read off events on the device's timeline
     (``treespec.core.step.Clock``: no wait for the device per section) and add up to the same wall time.
     """

@@ -130,11 +130,21 @@ def wants_drafts(req: "Request", committed: list[int], remaining: int) -> bool:
     return req.speculating and tree_depth(req, committed, remaining) >= 1
 
 
+def end_capped(req: "Request", max_depth: int, too_deep: int) -> bool:
+    """Whether the end of the generation capped a step's tree (:func:`tree_depth` ``max_depth``), so that the step is
+    *cut* (``Stats.step_cut``) whatever it then accepts: ``too_deep`` drafted proposals sat deeper than the tokens
+    still wanted (or the context left) let a token be emitted, or drafting was skipped (no drafted token wanted).
+    Decided before the acceptance, so that leaving cut steps out of ``tau_uncut`` leaves no bias by outcome. The one
+    rule of every step: the host-drafted ones drop those proposals (:func:`draft_tree`), the captured step drafts its
+    fixed shape whole and counts its nodes past the cap (``treespec.core.captured``)."""
+    return too_deep > 0 or (req.speculating and max_depth < 1)
+
+
 def draft_tree(req: "Request", committed: list[int], remaining: int, width: int | None,
                clock: Clock, drafts: list[DraftProposals] | None = None) -> tuple[TokenTree, bool]:
     """This step's tree: every drafter's proposals (``drafts``, or asked here) merged under ``width`` nodes and
-    the depth that can still be emitted; and whether the end of the generation capped it (the step is then
-    *cut*)."""
+    the depth that can still be emitted; and whether the end of the generation capped it (:func:`end_capped`: the
+    step is then *cut*)."""
     max_depth = tree_depth(req, committed, remaining)
     if drafts is None:
         drafts = propose_all(req.drafters, committed, req.vocab) if wants_drafts(req, committed, remaining) else []
@@ -145,4 +155,4 @@ def draft_tree(req: "Request", committed: list[int], remaining: int, width: int 
         # only the budget's cut counts as truncation: the depth cap drops whole levels, never siblings
         kept = sum(len(props) for props in tree.proposals)
         verifiers.check_tree(req.verifier, tree, truncated=kept + too_deep < sum(len(d) for d in drafts))
-    return tree, too_deep > 0 or (req.speculating and max_depth < 1)
+    return tree, end_capped(req, max_depth, too_deep)

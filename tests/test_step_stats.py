@@ -1,0 +1,69 @@
+"""Per-step statistics by one rule whichever step ran them: a step is *cut* (``Stats.step_cut``, left out of
+``tau_uncut``) when the end of the generation capped its tree (``treespec.core.step.end_capped``) or cut its
+committed tokens. The captured step drafts its fixed shape whole where the host-drafted steps cap its depth at
+the tokens still wanted; it used to mark such a step cut only when the step then accepted past the end, so its
+``tau_uncut`` kept the capped steps that accepted little (a bias down) and disagreed with the eager step's on the
+same tokens."""
+
+import pytest
+
+import treespec
+from treespec.core.compiling import UNCOMPILED
+from treespec.models.tiny import perturbed_copy, tiny_model
+
+#: one worker runs the captured tests (tests/test_captured.py)
+pytestmark = pytest.mark.xdist_group("captured")
+
+CHAIN3 = [(0,), (0, 0), (0, 0, 0)]  # 3 drafted tokens + the bonus
+PROMPTS = [[1, 2, 3], [4], [9, 8, 7, 6]]
+
+
+@pytest.fixture(scope="module")
+def pair():
+    # the bug hunt's case (a peaky one-layer target, a draft that often disagrees with it)
+    target = tiny_model("llama", vocab=64, hidden=64, layers=1, scale=12.0)
+    return target, perturbed_copy(target, 0.3)
+
+
+def capped_by_the_end(step_tokens: list[int], n: int, depth: int) -> list[bool]:
+    """The rule for a chain of ``depth`` drafted levels, no EOS: a step with ``r`` tokens still wanted is capped when
+    ``r - 1`` (the deepest drafted token it can emit) is below the chain's depth, whatever it then accepts."""
+    cut, done = [], 0
+    for k in step_tokens:
+        cut.append(n - done - 1 < depth)
+        done += k
+    return cut
+
+
+def same_statistics(eager: treespec.Stats, captured: treespec.Stats, n: int) -> None:
+    assert eager.step_tokens == captured.step_tokens  # the same run, step for step
+    assert eager.step_cut == captured.step_cut == capped_by_the_end(eager.step_tokens, n, len(CHAIN3))
+    assert eager.tau_uncut == captured.tau_uncut and eager.cut_steps == captured.cut_steps
+    # per-depth acceptance is over uncut steps only, whose trees (never capped) are the same in both
+    assert (eager.depth_tried, eager.depth_accepted) == (captured.depth_tried, captured.depth_accepted)
+
+
+@pytest.mark.parametrize("n", [1, 4, 7, 12])
+def test_eager_and_captured_steps_mark_the_same_steps_cut(pair, n):
+    target, draft = pair
+    outs = {c: treespec.generate(target, [1, 2, 3], drafters=[treespec.ModelDrafter(draft, CHAIN3)],
+                                 max_new_tokens=n, compile=c) for c in (False, UNCOMPILED)}
+    eager, captured = outs[False], outs[UNCOMPILED]
+    assert (eager.stats.step, captured.stats.step) == ("eager", "captured")
+    assert eager.new_tokens == captured.new_tokens and len(eager.new_tokens) == n
+    same_statistics(eager.stats, captured.stats, n)
+
+
+def test_batched_eager_and_captured_steps_mark_the_same_steps_cut(pair):
+    """The batched steps too (``treespec.core.batch``: the eager batch's ``draft_tree``, the captured batch's
+    ``BatchCapturedStep``), row by row."""
+    target, draft = pair
+    n = 12
+    outs = {c: treespec.generate(target, PROMPTS, [treespec.ModelDrafter(draft, CHAIN3)], max_new_tokens=n,
+                                 compile=c) for c in (False, UNCOMPILED)}
+    eager, captured = outs[False], outs[UNCOMPILED]
+    assert eager.stats.step.startswith("eager, batched") and captured.stats.step == "captured, batched"
+    for e, c in zip(eager.rows, captured.rows):
+        assert e.new_tokens == c.new_tokens and len(e.new_tokens) == n
+        same_statistics(e.stats, c.stats, n)
+    assert eager.stats.step_cut == captured.stats.step_cut  # the batch's pooled figures
