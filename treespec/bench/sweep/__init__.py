@@ -37,7 +37,9 @@ How a treespec point becomes drafters: its builder, budget ``B``, depth limit ``
 no limit), temperature, top-p, verifier, compile mode, ``grid.model_mode`` (``"auto"`` = the rule) and n-gram
 options form a ``treespec.recipes.Recipe``, run by ``treespec.run`` as ``treespec generate`` and
 ``treespec demo`` run theirs (see that module for the rules: drafting mode, trees from
-``tree_builders.for_budget``, how the n-gram drafter shares ``B`` with the model's tree). Options of the
+``tree_builders.for_budget``, how the n-gram drafter shares ``B`` with the model's tree). At T=0 a point runs
+under one verifier (``rrs`` where ``grid.verifiers`` has it, else the first): greedy acceptance is the target's
+argmax whatever the verifier, so the others would repeat it token for token. Options of the
 builders come from the ``shapes`` table (``kary_width``, ``chains``, ``dynamic_depth``, ``dynamic_topk``). In
 ``both`` the n-gram drafter reserves part of ``B`` and the model's tree is sized for the rest; the step never
 verifies more than ``B`` tokens. For ``drafters = "ngram"`` the builder axis does not apply
@@ -59,7 +61,10 @@ the last tokens of longer prompts.
 Resuming: a point's key is a hash of all its parameters (device and dtype included; timings and
 warm-up excluded). Re-running a config skips points already in ``results.jsonl``; records are
 written with flush + fsync as each point finishes, so Ctrl-C or a crash loses only the point in
-progress. A point that raises is written with ``"status": "error"`` and retried on the next run.
+progress. A point that raises is written with ``"status": "error"`` and retried on the next run; one whose
+verifier is not exact for its tree (``NotExactError``) is marked ``"refused"`` too, since a re-run fails the
+same way (``points.verifier_refusal`` tells it before any model loads where the config alone decides it, and
+``--dry-run`` names it).
 
 Model names: anything ``treespec.models.load`` accepts, or an in-process tiny random model for tests
 (``treespec.models.tiny.tiny_from_spec``): ``"tiny:llama:seed=0"`` /

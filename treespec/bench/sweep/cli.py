@@ -12,7 +12,7 @@ from ...models.precision import FLOATS
 from .config import check_types, load_config
 from .lock import REPLACED, refusal
 from .models import check_specs
-from .points import compile_plan, enumerate_points, model_specs
+from .points import compile_plan, enumerate_points, model_specs, verifier_refusal
 from .records import RESULTS, read_records
 from .report import report
 from .loop import sweep
@@ -46,11 +46,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                     ray_address=args.ray_address, share_cpu=args.share_cpu, on_point=keep_failed)
     print(results)
     print(results.parent / "README.md")
-    if failed:  # the errors were printed as they came, and stand in results.jsonl and the README
-        print(f"treespec sweep: {len(failed)} point{'s' * (len(failed) > 1)} failed (errors above and in the "
-              f"README); run the same command again to retry them", file=sys.stderr)
-        return 1
-    return 0
+    refused = [r for r in failed if r.get("refused")]
+    if len(failed) > len(refused):  # the errors were printed as they came, and stand in results.jsonl and the README
+        n = len(failed) - len(refused)
+        print(f"treespec sweep: {n} point{'s' * (n > 1)} failed (errors above and in the README); run the same "
+              f"command again to retry them", file=sys.stderr)
+    if refused:
+        print(f"treespec sweep: {len(refused)} point{'s' * (len(refused) > 1)} refused: the verifier is not exact "
+              "for the point's tree (NotExactError above and in the README), which a re-run does not change; take "
+              "that verifier or tree out of the grid (--dry-run names such points where the config alone tells)",
+              file=sys.stderr)
+    return 1 if failed else 0
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -124,10 +130,15 @@ def _dry_run(args: argparse.Namespace) -> int:
         check_specs(model_specs([pt for pt in points if pt.key not in done]))
     except (ValueError, OSError, ImportError) as error:
         print(f"note: a run would be refused: {error}", file=sys.stderr)
+    refused = {pt.key: why for pt in points if pt.key not in done and (why := verifier_refusal(pt.params))}
     for pt in points:
-        print(f"{'done' if pt.key in done else 'todo'}  {pt.key}  {pt.label}")
+        print(f"{'done' if pt.key in done else 'todo'}  {pt.key}  {pt.label}"
+              + ("  (refused: verifier not exact for this tree)" if pt.key in refused else ""))
     kinds = {k: sum(pt.kind == k for pt in points) for k in ("baseline", "treespec")}
     print(f"{len(points)} points ({kinds['baseline']} baselines, {kinds['treespec']} treespec), "
-          f"{sum(pt.key in done for pt in points)} finished")
+          f"{sum(pt.key in done for pt in points)} finished" + (f", {len(refused)} refused" if refused else ""))
+    for why in sorted(set(refused.values())):
+        print(f"note: a run would record {sum(w == why for w in refused.values())} point(s) as refused without "
+              f"running them: {why}", file=sys.stderr)
     print("\n".join(compile_plan(cfg, points)))
     return 0

@@ -31,7 +31,7 @@ from typing import Any, Iterator
 
 from ...common.files import write_json
 from .config import DEFAULTS
-from .points import enumerate_points
+from .points import enumerate_points, point_of
 from .records import RESULTS, read_records
 
 LOCK = ".treespec-sweep.lock"
@@ -152,7 +152,9 @@ def refusal(out: Path, cfg: dict[str, Any]) -> str | None:
         return (f"{out} holds the results of a different config ({shown}). {redo[0].upper()}{redo[1:]}. (A change "
                 "of the grid's axes alone - budgets, builders, temperatures, prompt sets, baselines - resumes.)")
     keys = {p.key for p in enumerate_points(cfg)}
-    dropped = [r for r in read_records(out / RESULTS, skip_corrupt=True) if r.get("key") not in keys]
+    # a greedy record under another verifier stands for the greedy point the grid keeps (points.point_of)
+    dropped = [r for r in read_records(out / RESULTS, skip_corrupt=True)
+               if r.get("key") not in keys and point_of(cfg, r.get("params", {})) not in keys]
     if not dropped:
         return None
     names = ", ".join(_label(r) for r in dropped[:4]) + (f" and {len(dropped) - 4} more" if len(dropped) > 4 else "")

@@ -12,7 +12,7 @@ from .config import CITABLE
 from .figures import (agreement, baseline_of, baseline_speedup, depth_rows, panel, per_depth_prediction,
                       same_greedy_outputs, speed_interval, speedup_interval, step_cost_rows, tau_interval,
                       tree_vs_chain, where_the_gap_is)
-from .points import batch_note, batch_size, tree_label
+from .points import batch_note, batch_size, tree_label, verifier_note
 from .records import machine_of
 
 
@@ -93,10 +93,15 @@ def _baseline_table(bases: list[dict[str, Any]]) -> list[str]:
 
 def _order(r: dict[str, Any]) -> tuple:
     p = r["params"]
-    return (str(panel(p)), p["seed"], p["drafters"], tree_label(p), str(p["max_depth"]), p["budget"])
+    return (str(panel(p)), p["seed"], p["drafters"], tree_label(p), str(p["max_depth"]), p["budget"],
+            p.get("verifier", ""))  # rrs (not recorded) first
 
 
 def _treespec_table(tres: list[dict[str, Any]], bases: list[dict[str, Any]]) -> list[str]:
+    verifier = any("verifier" in r["params"] for r in tres)  # a column where a point is not verified by rrs
+    header = ("| dataset | T | top-p | seed | drafters | builder | " + ("verifier | " if verifier else "")
+              + "B | depth | tree size | tau | tau (uncut) | predicted tau | replayed tau | tok/s | vs target | "
+              "vs assisted | vs prompt lookup | drafting s | verifying s | overhead s | greedy = target |")
     lines = ["## Treespec points", "",
              "Intervals: 95% bootstrap over prompts (`treespec.bench.intervals`; speedups paired per prompt). "
              "tau counts every step; tau (uncut) only the steps the end of generation (max_new_tokens or "
@@ -109,13 +114,14 @@ def _treespec_table(tres: list[dict[str, Any]], bases: list[dict[str, Any]]) -> 
                 "(docs/design.md), so a difference there is not a failure of exactness. HF's own "
                 "assisted generation verifies a draft chain in one batched forward too: the baselines' "
                 "greedy = target column shows how often it differs from the target alone."
-                if any(r["params"]["dtype"] != "float32" for r in tres) else ""), "",
-             "| dataset | T | top-p | seed | drafters | builder | B | depth | tree size | tau | tau (uncut) | "
-             "predicted tau | replayed tau | tok/s | vs target | vs assisted | vs prompt lookup | drafting s | "
-             "verifying s | overhead s | greedy = target |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                if any(r["params"]["dtype"] != "float32" for r in tres) else "")
+             + (" verifier: the exact rule of sampled steps; greedy steps (T=0) accept the target's argmax "
+                "whatever the verifier, so a sweep runs a greedy point once (under rrs where the grid has it)."
+                if verifier else ""), "",
+             header, "|" + "---|" * (header.count(" | ") + 1)]
     for r in sorted(tres, key=_order):
         p, res, t, s = r["params"], r["result"], r["timing"], r.get("speedup", {})
+        rule = f"{p.get('verifier', 'rrs')} | " if verifier else ""
 
         def vs(method: str) -> Any:  # the stored figure only for records without per-prompt timings
             return speedup_interval([r], bases, method) or (
@@ -124,7 +130,7 @@ def _treespec_table(tres: list[dict[str, Any]], bases: list[dict[str, Any]]) -> 
         lines.append(
             f"| {p['dataset']}{batch_note(batch_size(p))} | {p['temperature']:g} | {p['top_p']:g} | {p['seed']} | "
             f"{p['drafters']} | "
-            f"{tree_label(p)} | {p['budget']} | {_fmt(p['max_depth'])} | {res['mean_tree_size']:.1f} | "
+            f"{tree_label(p)} | {rule}{p['budget']} | {_fmt(p['max_depth'])} | {res['mean_tree_size']:.1f} | "
             f"{_fmt(tau_interval([r]) or res['tau'])} | {_fmt(tau_interval([r], uncut=True))} | "
             f"{_fmt(res.get('predicted_tau'))} | {_fmt(res.get('replayed_tau'))} | "
             f"{_fmt(speed_interval([r]) or t['tokens_per_second'])} | "
@@ -201,6 +207,7 @@ def summary(path: Path, records: list[dict[str, Any]], tres: list[dict[str, Any]
     if errors:
         lines += ["## Errors (retried on the next run)", ""]
         lines += [f"- `{r['key']}` {r['params'].get('builder', r['params'].get('method'))}: {r['error']}"
+                  + (" (refused by the point's settings: a re-run refuses it again)" if r.get("refused") else "")
                   for r in errors]
         lines.append("")
     return "\n".join(lines)
@@ -223,7 +230,7 @@ def _prediction_section(tres: list[dict[str, Any]], directory: Path) -> list[str
     for r, a in rows:
         p, depthwise = r["params"], per_depth_prediction(r, directory)
         depth_gap = "-" if depthwise is None else f"{a['measured'].estimate / depthwise - 1:+.1%}"
-        lines.append(f"| {p['dataset']} | {p['temperature']:g} | {tree_label(p)} | {p['budget']} | "
+        lines.append(f"| {p['dataset']} | {p['temperature']:g} | {tree_label(p)}{verifier_note(p)} | {p['budget']} | "
                      f"{a['predicted']:.2f} | {_fmt(depthwise)} | {a['measured'].fmt()} | {a['gap']:+.1%} | "
                      f"{depth_gap} | {'yes' if a['agrees'] else '**no**'} | "
                      f"{'-' if a['cut_cost'] is None else format(a['cut_cost'], '+.1%')} |")
@@ -237,7 +244,7 @@ def _prediction_section(tres: list[dict[str, Any]], directory: Path) -> list[str
                   "predicted: tau lost there; above: the calibration vector underrates the draft).", ""]
         for r, a in off:
             p = r["params"]
-            lines += [f"**{p['dataset']} T={p['temperature']:g} {tree_label(p)} B={p['budget']}** "
+            lines += [f"**{p['dataset']} T={p['temperature']:g} {tree_label(p)}{verifier_note(p)} B={p['budget']}** "
                       f"(predicted {a['predicted']:.2f}, measured {a['measured'].fmt()}):", "",
                       "| depth | steps reaching it | measured | predicted | difference |", "|---|---|---|---|---|"]
             for d, tried, rate, pred in depth_rows(r):
@@ -323,7 +330,8 @@ def _step_cost_section(tres: list[dict[str, Any]], directory: Path) -> list[str]
              "|---|---|---|---|---|---|---|---|"]
     for v in rows:
         p, parts = v["record"]["params"], v["parts"]
-        lines.append(f"| {v['machine']} | {p['dataset']} | {p['temperature']:g} | {tree_label(p)} | {p['budget']} | "
+        lines.append(f"| {v['machine']} | {p['dataset']} | {p['temperature']:g} | {tree_label(p)}{verifier_note(p)} | "
+                     f"{p['budget']} | "
                      f"{v['predicted']:.3f} ({parts['drafting'][0]:.3f} + {parts['verifying'][0]:.3f}) | "
                      f"{v['measured']:.3f} ({parts['drafting'][1]:.3f} + {parts['verifying'][1]:.3f}) | "
                      + ("*calibration*" if v["calibration"] else f"{v['gap']:+.1%}") + " |")

@@ -10,8 +10,11 @@ from typing import Any
 
 from tree_builders import TreeShape
 
+from ...core.captured import MODES as CAPTURED_MODES
+from ...core.constructions import Construction
+from ...core.verifiers import NotExactError, check_exact
 from ...drafters.model import STATIC_MODES
-from ...recipes import NGramSettings, Recipe, draft_mode
+from ...recipes import NGramSettings, Recipe, draft_mode, plan
 from .config import draft_dtype, padded_envelope, pairs, run_compile, split_ranges, static_trees
 
 
@@ -107,7 +110,7 @@ def enumerate_points(cfg: dict[str, Any]) -> list[Point]:
                             for builder in (["ngram"] if drafters == "ngram" else g["builders"]):
                                 trees = static_trees(cfg) if builder == "paths" else [(None, None)]
                                 for (name, tree), max_depth, budget, verifier in itertools.product(
-                                        trees, g["max_depths"], g["budgets"], g["verifiers"]):
+                                        trees, g["max_depths"], g["budgets"], verifiers_at(cfg, temperature)):
                                     params = treespec_params(cfg, common, draft, drafters, builder, budget,
                                                              max_depth, verifier)
                                     if tree is not None and drafters in ("model", "both"):  # a model drafts it
@@ -115,6 +118,48 @@ def enumerate_points(cfg: dict[str, Any]) -> list[Point]:
                                                       **({"paths_name": name} if name else {}))
                                     add(params)
     return points
+
+
+def verifiers_at(cfg: dict[str, Any], temperature: float) -> list[str]:
+    """The verifiers of ``grid.verifiers`` a treespec point at ``temperature`` runs under: each of them when it
+    samples, one at T=0, where acceptance is the target's argmax whatever the verifier (``rule.greedy_path``; no
+    step calls or checks a verifier then): ``rrs`` where the grid has it, else the grid's first (the keys such
+    points always had)."""
+    given = cfg["grid"]["verifiers"]
+    return list(given) if temperature > 0 else ["rrs" if "rrs" in given else given[0]]
+
+
+def point_of(cfg: dict[str, Any], params: dict[str, Any]) -> str:
+    """The key of the point of ``cfg``'s grid that measures what a record of ``params`` measured: the record's own
+    key, or for a greedy treespec record under another of the grid's verifiers (written before a greedy point ran
+    once) the key of the greedy point :func:`verifiers_at` keeps, whose outputs are the same."""
+    verifier = params.get("verifier", "rrs")
+    if params.get("kind") != "treespec" or params["temperature"] > 0 or verifier not in cfg["grid"]["verifiers"]:
+        return point_key(params)
+    kept = verifiers_at(cfg, 0.0)[0]
+    return point_key({**{k: v for k, v in params.items() if k != "verifier"},
+                      **({"verifier": kept} if kept != "rrs" else {})})
+
+
+def verifier_refusal(params: dict[str, Any]) -> str | None:
+    """Why treespec point ``params`` fails whatever the models: its verifier is not exact for its tree (the
+    ``treespec.core.verifiers.NotExactError`` its first step would raise). Told from the point alone where it fixes
+    the tree's construction, as the captured step tells it (``captured.construction``): one model drafter's static
+    tree other than sequoia's (whose shape needs the acceptance), drafted by top-k or without replacement, at T > 0
+    and with a step that drafts (2 tokens or more); None there for an exact verifier, and elsewhere (a run tells:
+    i.i.d. draws merge duplicates, and the n-gram drafter's proposals depend on the text)."""
+    p = params
+    if (p["kind"] != "treespec" or p["temperature"] == 0 or p["drafters"] != "model" or p["builder"] == "sequoia"
+            or p.get("mode") not in CAPTURED_MODES or p["max_new_tokens"] < 2):
+        return None
+    shape = plan(point_recipe(p), max_new_tokens=p["max_new_tokens"]).shape  # capped as the first step's tree
+    chain = all(rank == 0 for path in shape.paths for rank in path)
+    draws = "point_mass" if p["mode"] == "topk" else "sampled" if chain else "without_replacement"
+    try:
+        check_exact(p.get("verifier", "rrs"), Construction(draws, 1, chain, merged=False, truncated=False))
+    except NotExactError as error:
+        return str(error)
+    return None
 
 
 #: the baselines that run a batch of prompts at once (HF ``generate`` on the batch, left-padded); HF's assisted
@@ -136,6 +181,12 @@ def batch_size(params: dict[str, Any]) -> int:
 def batch_note(batch: int) -> str:
     """How a point of batch size ``batch`` > 1 is named after its other settings (labels, report tables)."""
     return f" (batch {batch})" if batch > 1 else ""
+
+
+def verifier_note(params: dict[str, Any]) -> str:
+    """How a treespec point verified by another rule than ``rrs`` (the default, which its params leave out) is named
+    after its tree (plot legends, report tables): `` [block]``."""
+    return f" [{params['verifier']}]" if "verifier" in params else ""
 
 
 def baseline_params(cfg: dict[str, Any], common: dict[str, Any], method: str, draft: str) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from tree_builders import TreeShape
 from ..intervals import Interval
 from .figures import baseline_speedup, panel, speedup_interval, tau_interval
 from .markdown import summary
-from .points import batch_size, tree_label
+from .points import batch_size, tree_label, verifier_note
 from .records import read_records
 
 
@@ -59,21 +59,30 @@ def _line(p: dict[str, Any], multi_depth: bool) -> str:
                                                      else f"both/{tree_label(p)}")
     if multi_depth:
         name += f" d<={p['max_depth'] if p['max_depth'] is not None else 'none'}"
-    if "verifier" in p:
-        name += f" [{p['verifier']}]"
-    return name
+    return name + verifier_note(p)
 
 
 _BUILDER_COLOR = {"sequoia": "C0", "kary": "C1", "chains": "C2", "chain": "C3", "dynamic": "C4", "ngram": "C5"}
 
 
 def _style(line: str) -> dict[str, Any]:
-    """Colour by builder, line style by drafter set (solid: model, dashed: both, dotted: n-gram)."""
+    """Colour by builder, line style by drafter set (solid: model, dashed: both, dotted: n-gram), marker by depth
+    limit or verifier (:func:`_marker`)."""
     name = line.split(" ")[0]
     builder = name.split("/")[-1]
     dash = "--" if name.startswith("both/") else ":" if builder == "ngram" else "-"
-    marker = "o" if " d<=" not in line or line.endswith("none") else "s"  # square: a depth limit
-    return {"color": _color(builder), "linestyle": dash, "marker": marker, "label": line}
+    return {"color": _color(builder), "linestyle": dash, "marker": _marker(line), "label": line}
+
+
+#: the marker of a line verified by another rule than ``rrs`` (its name ends the line's label: ``chain [block]``)
+_VERIFIER_MARKER = {"block": "^", "traversal": "v", "spectr": "D"}
+
+
+def _marker(line: str) -> str:
+    """A line's marker: its verifier's where its label names one, else a circle, or a square for a depth limit."""
+    if line.endswith("]"):
+        return _VERIFIER_MARKER.get(line[line.rindex("[") + 1 : -1], "x")
+    return "o" if " d<=" not in line or " d<=none" in line else "s"
 
 
 def _color(label: str) -> str:
@@ -219,16 +228,18 @@ def _predicted_plot(tres: list[dict[str, Any]], out: Path, images: list[tuple[st
     predicted = [r for r in tres if r["result"].get("predicted_tau") is not None]
     if not predicted:
         return
+    lines: dict[tuple[str, str], list[dict[str, Any]]] = {}  # per tree and verifier
+    for r in predicted:
+        lines.setdefault((tree_label(r["params"]), verifier_note(r["params"])), []).append(r)
     fig, (ax,) = _figure(1, width=5.5, height=5.0)
-    for b in sorted({tree_label(r["params"]) for r in predicted}):
-        rs = [r for r in predicted if tree_label(r["params"]) == b]
+    for (tree, note), rs in sorted(lines.items()):
         xs = [r["result"]["predicted_tau"] for r in rs]
         ivs = [tau_interval([r], uncut=True) for r in rs]
         ys = np.array([iv.estimate if iv else r["result"]["tau"] for iv, r in zip(ivs, rs)])
         lows = np.array([iv.low if iv and iv.known else y for iv, y in zip(ivs, ys)])
         highs = np.array([iv.high if iv and iv.known else y for iv, y in zip(ivs, ys)])
-        ax.errorbar(xs, ys, yerr=np.vstack([ys - lows, highs - ys]), fmt="o", markersize=4, capsize=3, label=b,
-                    color=_color(b))
+        ax.errorbar(xs, ys, yerr=np.vstack([ys - lows, highs - ys]), fmt=_marker(tree + note), markersize=4,
+                    capsize=3, label=tree + note, color=_color(tree))
     hi = max(max(r["result"]["predicted_tau"], r["result"]["tau"]) for r in predicted) * 1.05
     ax.plot([1, hi], [1, hi], color="0.5", linestyle="--", linewidth=1, label="measured = predicted")
     ax.set_xlabel("predicted tau (acceptance vector, calibration prompts)")

@@ -19,6 +19,7 @@ from ...core.captured import MODES as CAPTURED_MODES
 from ...core.compiling import graphs_compiled
 from ...core.sampling import spread_seed
 from ...core.stats import SECTIONS, Stats
+from ...core.verifiers import NotExactError
 from ...models import check_tokenizers
 from ...models.tiny import ByteTokenizer
 from ...recipes import Recipe, plan, run
@@ -26,7 +27,7 @@ from ..baselines import fastest_compile_settings, hf_generate
 from .config import calib_eval_prompts, draft_dtype, padded_envelope, \
     pairs, split_ranges
 from .points import BATCHED_METHODS, Point, acceptance_params, baseline_params, batch_size, enumerate_points, \
-    point_key, point_recipe, shape_record
+    point_key, point_recipe, shape_record, verifier_refusal
 from .models import SweepModels, encode, pad_id
 from .records import RESULTS, machine, machine_of
 
@@ -119,8 +120,13 @@ class Sweep:
 
     # -- one point ------------------------------------------------------------------------------
     def run_point(self, point: Point) -> dict[str, Any]:
-        """Run one point; returns its ``result`` and ``timing`` (the result records the prompt split)."""
+        """Run one point; returns its ``result`` and ``timing`` (the result records the prompt split). A treespec
+        point whose verifier is not exact for its tree raises ``NotExactError`` before any model loads where the
+        point alone tells (:func:`points.verifier_refusal`), else at its first step."""
         p = point.params
+        why = verifier_refusal(p)
+        if why:
+            raise NotExactError(why)
         target, tokenizer = self.models.get(p["target"])
         prompts = self.token_prompts(p["target"], p["dataset"], "eval")
         if p["kind"] == "baseline":
