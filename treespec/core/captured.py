@@ -58,7 +58,7 @@ from .captured_runner import CapturedRunner
 from .checks import has_dynamic_int8
 from .compiled import capacity_for
 from .compiling import compile_options
-from .constructions import Construction
+from .constructions import Construction, of_static_shape
 from .drafting import Capture
 from .padded import Noise
 from .request import Request
@@ -112,9 +112,7 @@ def construction(spec: Capture) -> Construction:
     With a chain of given tokens: two drafters, whose proposals may repeat a token (point masses, or mixed)."""
     if spec.given is not None:
         return Construction("point_mass" if spec.mode == "topk" else "mixed", 2, False, True, False)
-    chain = bool(np.bincount(spec.parent[1:], minlength=spec.size).max() <= 1)
-    draws = "point_mass" if spec.mode == "topk" else "sampled" if chain else "without_replacement"
-    return Construction(draws, 1, chain, merged=False, truncated=False)
+    return of_static_shape(spec.mode, bool(np.bincount(spec.parent[1:], minlength=spec.size).max() <= 1))
 
 
 #: each holds two full KV caches

@@ -40,6 +40,14 @@ class Construction:
         return ", ".join(bits)
 
 
+def of_static_shape(mode: str, chain: bool) -> Construction:
+    """The construction of a static shape drafted whole by one model drafter in ``mode`` (``topk``: point masses;
+    ``sample_without_replacement``: draws without replacement, one per node on a ``chain``), no duplicates merged,
+    no budget cut: what the captured step drafts, known before any step."""
+    draws = "point_mass" if mode == "topk" else "sampled" if chain else "without_replacement"
+    return Construction(draws, 1, chain, merged=False, truncated=False)
+
+
 def classify(tree: TokenTree, truncated: bool = False) -> Construction:
     """The :class:`Construction` of ``tree`` (``truncated``: the budget dropped proposals)."""
     kinds = {"point_mass", "without_replacement", "iid"}

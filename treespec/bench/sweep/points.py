@@ -11,7 +11,7 @@ from typing import Any
 from tree_builders import TreeShape
 
 from ...core.captured import MODES as CAPTURED_MODES
-from ...core.constructions import Construction
+from ...core.constructions import of_static_shape
 from ...core.verifiers import NotExactError, check_exact
 from ...drafters.model import STATIC_MODES
 from ...recipes import NGramSettings, Recipe, draft_mode, plan
@@ -154,9 +154,8 @@ def verifier_refusal(params: dict[str, Any]) -> str | None:
         return None
     shape = plan(point_recipe(p), max_new_tokens=p["max_new_tokens"]).shape  # capped as the first step's tree
     chain = all(rank == 0 for path in shape.paths for rank in path)
-    draws = "point_mass" if p["mode"] == "topk" else "sampled" if chain else "without_replacement"
     try:
-        check_exact(p.get("verifier", "rrs"), Construction(draws, 1, chain, merged=False, truncated=False))
+        check_exact(p.get("verifier", "rrs"), of_static_shape(p["mode"], chain))
     except NotExactError as error:
         return str(error)
     return None
