@@ -151,6 +151,14 @@ def tiny_dirs(tmp_path_factory):
         model.save_pretrained(root / name)
         tok.save_pretrained(root / name)
         dirs[name] = str(root / name)
+    # a draft of another tokenizer: the same words in reverse id order
+    order = list(range(62, -1, -1)) + [63]
+    reversed_words = Tokenizer(WordLevel({words[order[j]]: j for j in range(64)}, unk_token="<unk>"))
+    reversed_words.pre_tokenizer = Whitespace()
+    other = PreTrainedTokenizerFast(tokenizer_object=reversed_words, unk_token="<unk>", eos_token="w62")
+    perturbed_copy(target, 0.3).save_pretrained(root / "other")
+    other.save_pretrained(root / "other")
+    dirs["other"] = str(root / "other")
     (root / "empty").mkdir()
     dirs["empty"] = str(root / "empty")
     return dirs
@@ -198,8 +206,6 @@ ADVERSARIAL = [
      "--acceptance sizes a Sequoia tree, or a chain or kary tree the tuner sizes"),
     ("positional acceptance for chains", [*GEN, "--prompt", "w1", "--tree", "chains", "--positional-acceptance"], 2,
      "--positional-acceptance sizes a Sequoia tree"),
-    ("compile and no-compile", [*GEN, "--prompt", "w1", "--compile", "--no-compile"], 2,
-     "not allowed with argument --compile"),
     ("bad tree", [*GEN, "--prompt", "w1", "--tree", "bush"], 2, "invalid choice: 'bush'"),
     ("static tree without paths", [*GEN, "--prompt", "w1", "--tree", "paths"], 2, "--tree paths needs --paths"),
     ("static tree not JSON", [*GEN, "--prompt", "w1", "--tree", "paths", "--paths", "[[0],"], 2, "is not JSON"),
@@ -259,6 +265,19 @@ ADVERSARIAL = [
     ("accept out is a directory", ["accept", *MODELS, "--out", "{tmp}"], 2, "is a directory; give a file name"),
     ("accept out under a file", ["accept", *MODELS, "--out", "{a-file}/acc.json"], 2, "is not writable"),
     ("profile sizes 0", ["profile", *MODELS, "--sizes", "0"], 2, "size must be an int >= 1"),
+    ("profile sizes without 1", ["profile", *MODELS, "--sizes", "2", "4"], 2, "give 1 (plain decoding's forward"),
+    ("profile sizes of 1 alone", ["profile", *MODELS, "--sizes", "1"], 2, "and at least one larger tree size"),
+    ("profile a draft of another tokenizer", ["profile", *MODELS[:2], "--draft", "{other}", *MODELS[4:]], 2,
+     "`treespec profile` measures a draft model of the target's tokenizer"),
+    ("accept a draft of another tokenizer", ["accept", *MODELS[:2], "--draft", "{other}", *MODELS[4:], "--calib",
+                                             "0:1"], 2, "`treespec accept` measures a draft model of the target's"),
+    ("demo a draft of another tokenizer", ["demo", *MODELS[:2], "--draft", "{other}", *MODELS[4:], "--prompts", "1",
+                                           "--quick", "--out", "{tmp}/demo"], 2,
+     "`treespec demo` measures a draft model of the target's tokenizer"),
+    ("accept past the context", ["accept", *MODELS, "--prompt-file", "{long.txt}", "--max-new-tokens", "8"], 2,
+     "prompt 3 of 3: the prompt (510 tokens) plus max_new_tokens (8) exceeds"),
+    ("dynamic tree with a draft mode", [*GEN[:-6], "--prompt", "w1", "--tree", "dynamic", "--draft-mode", "sample"], 2,
+     "draft_mode is not read by tree='dynamic'"),
     ("profile out under a file", ["profile", *MODELS, "--out", "{a-file}/p.json"], 2, "is not writable"),
     ("demo too many prompts", ["demo", *MODELS, "--prompts", "100"], 2, "give 1 to 64"),
     ("demo out under a file", ["demo", *MODELS, "--out", "{a-file}/demo"], 2, "is not writable"),

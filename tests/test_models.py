@@ -420,6 +420,21 @@ def test_a_local_gguf_file_loads_and_keeps_its_4bit_blocks_in_int4(tmp_path):
         models.load(str(tmp_path / "missing.gguf"))
 
 
+def test_each_gguf_file_of_a_folder_is_its_own_model_and_a_cut_file_is_named(tmp_path):
+    """Two GGUF files in one folder are two models: each is named by its file (what cached measurements are keyed
+    by: ``common.machine.model_name``), not by the folder they share; a file cut short is refused, named."""
+    from treespec.common.machine import model_name
+
+    a = write_gguf(tiny_qwen2(seed=4), tmp_path / "a.gguf")
+    b = write_gguf(tiny_qwen2(seed=5), tmp_path / "b.gguf")
+    names = {model_name(models.load(str(p))[0]) for p in (a, b)}
+    assert names == {str(a), str(b)}
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(a.read_bytes()[:20])
+    with pytest.raises(ValueError, match=r"cut\.gguf: "):
+        models.load(str(cut))
+
+
 def test_a_gguf_int4_target_runs_in_the_captured_step(tmp_path):
     """The int4 target as loaded from a GGUF (file blocks and an int8 layer) traced into the captured step (dynamo
     and AOT autograd; inductor's lowering of the int4 kernel: test_freezing's int4 draft): greedy output equal to HF's

@@ -349,3 +349,27 @@ def test_the_pilots_latency_curve_is_timed_at_every_small_size(monkeypatch, dept
 
     measured = pilot.run_pilot(generate, generate, None, [[1, 2]], depth=depth, chain=True, tokens=4, progress=False)
     assert timed == [expected] and sorted(measured.latency) == expected
+
+
+def test_the_pilot_keeps_its_prompts_within_a_short_context(monkeypatch) -> None:
+    """A target of a short context gets the ends of the pilot's prompts, as many tokens as fit beside the pilot's
+    own; one too short for those refuses, saying to give the tree a size."""
+    from types import SimpleNamespace
+
+    from treespec.core.stats import GenerateOutput
+
+    monkeypatch.setattr(pilot, "measure_latency", lambda target, sizes, repeats: {n: 0.1 * n for n in sizes})
+    seen = []
+
+    def generate(ids, n):
+        seen.append(len(ids))
+        return GenerateOutput(sequences=None, new_tokens=[0] * n,
+                              stats=Stats(steps=n, new_tokens=n, step_tokens=[1] * n, step_cut=[False] * n))
+
+    target = SimpleNamespace(config=SimpleNamespace(max_position_embeddings=40))
+    pilot.run_pilot(generate, generate, target, [list(range(100)), [1, 2]], depth=2, chain=True, tokens=4,
+                    progress=False)
+    assert set(seen) == {36, 2}
+    with pytest.raises(ValueError, match=r"context \(4 positions\) leaves no room for the pilot's 4 tokens"):
+        pilot.run_pilot(generate, generate, SimpleNamespace(config=SimpleNamespace(max_position_embeddings=4)),
+                        [[1, 2]], depth=2, chain=True, tokens=4, progress=False)

@@ -61,6 +61,16 @@ def load_models(args: argparse.Namespace, want_draft: bool = True, tuned_target:
                      compile=compile)
 
 
+def same_tokenizer(drafts: Sequence[Any], command: str) -> Any:
+    """The one draft of ``command`` (demo, accept, profile), refused where it has another tokenizer than the target's:
+    those commands time and measure a model drafting the target's own tokens."""
+    if isinstance(drafts[0], CrossDraft):
+        raise ValueError(f"`treespec {command}` measures a draft model of the target's tokenizer, and this draft has "
+                         "another (its text re-tokenised: `treespec generate` runs such a pair); give a draft of the "
+                         "target's family")
+    return drafts[0]
+
+
 def recipe_from_args(args: argparse.Namespace, with_model: bool = True) -> Recipe:
     """The recipe ``treespec generate`` runs for its options (``--budget`` absent: None, resolved later). A Sequoia
     tree carries the acceptance it is built from; a chain or k-ary tree without a budget the acceptance it is
@@ -292,7 +302,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     check_writable(args.out, directory=True)  # fail now, not after minutes of loading and profiling
     print("loading the target and the draft (the first run builds the model cache: a few minutes) ...", flush=True)
     target, tok, drafts = load_models(args, tuned_target=True)
-    return run_demo(args, target, tok, drafts[0])
+    return run_demo(args, target, tok, same_tokenizer(drafts, "demo"))
 
 
 def cmd_accept(args: argparse.Namespace) -> int:
@@ -326,7 +336,9 @@ def cmd_accept(args: argparse.Namespace) -> int:
 
     if len(saved) < len(texts):
         target, tok, drafts = load_models(args)
-        measure_each(target, drafts[0], encode_all(tok, texts, args.chat), width=args.width,
+        encoded = encode_all(tok, texts, args.chat)
+        check_context(encoded, args.max_new_tokens, getattr(target.config, "max_position_embeddings", None))
+        measure_each(target, same_tokenizer(drafts, "accept"), encoded, width=args.width,
                      mode=draft_mode("sequoia", args.temperature, args.mode), temperature=args.temperature,
                      top_p=args.top_p, max_new_tokens=args.max_new_tokens, max_depth=args.max_depth,
                      prompts_label=label, context=args.context, batch_size=args.batch_size, done=saved, on_prompt=keep)
@@ -349,9 +361,12 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
     acceptance = default_acceptance(args.acceptance, 0.0, per_depth=not args.positional_acceptance)
     builder = builder_of(Recipe(tree=args.tree, **builder_options(args)))
+    if 1 not in args.sizes or max(args.sizes) < 2:
+        raise ValueError(f"--sizes {' '.join(map(str, args.sizes))}: give 1 (plain decoding's forward, what a speedup "
+                         "is over) and at least one larger tree size, e.g. --sizes 1 2 4 8")
     check_writable(args.out)  # fail now, not after minutes of profiling
     target, _, drafts = load_models(args)
-    prof = profile(target, drafts[0], sizes=args.sizes)
+    prof = profile(target, same_tokenizer(drafts, "profile"), sizes=args.sizes)
     builders = list(dict.fromkeys([None, Builder("chain"), Builder("kary", 2), Builder("kary", 3), builder]))
     choices = {b: prof.choose(acceptance, budgets=list(range(2, max(args.sizes) + 1)), max_depth=args.max_depth,
                               builder=b) for b in builders}

@@ -184,15 +184,14 @@ def _generate(sub) -> None:
     add_chat_option(g)
     g.add_argument("--verifier", choices=tuple(VERIFIERS), default="rrs",
                    help="exact verification rule for sampled steps (docs/verifiers.md; default rrs)")
-    steps = g.add_mutually_exclusive_group()
-    steps.add_argument("--compile", nargs="?", const=True, default=None, metavar="BACKEND",
+    g.add_argument("--compile", nargs="?", const=True, default=None, metavar="BACKEND",
                    help="compiled static-shape steps (optionally naming the torch.compile backend, or "
                         "'uncompiled': the same steps as plain PyTorch, for debugging): one draft model's static "
                         "tree is drafted on the device too (captured; the draft is loaded in a precision "
                         "torch.compile traces); other drafters draft on the host. Pays a compile (1-2 minutes on a "
                         "CPU the first time). Default: compiled when measured here to pay back its compile for "
                         "this run's prompts x --max-new-tokens (measured for runs of 4096+ new tokens, cached)")
-    steps.add_argument("--no-compile", dest="compile", action="store_const", const=False,
+    g.add_argument("--no-compile", dest="compile", action="store_const", const=False,
                    help="eager steps, without measuring whether compiling pays")
     g.add_argument("--json", action="store_true",
                    help="print one JSON object per prompt (new_tokens, steps, tau, seconds, tokens_per_second, "

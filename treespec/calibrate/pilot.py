@@ -166,6 +166,12 @@ def run_pilot(generate_spec: Generate, generate_plain: Generate, target: torch.n
     ``depth``: the recipe's deepest proposal; ``chain``: whether it proposes one chain per step."""
     if not prompts:
         raise ValueError("the pilot needs at least one prompt")
+    context = getattr(getattr(target, "config", None), "max_position_embeddings", None)
+    if context is not None:  # a model of a short context gets the prompts' ends: what fits beside the pilot's tokens
+        if context <= tokens:
+            raise ValueError(f"the target's context ({context} positions) leaves no room for the pilot's {tokens} "
+                             "tokens: give the tree a size (--budget B) instead of a pilot's choice")
+        prompts = [list(ids)[-(context - tokens):] for ids in prompts]
     generate_spec(list(prompts[0]), 4), generate_plain(list(prompts[0]), 2)  # warm-up, untimed
     spec_parts, plain_parts = [], []
     for ids in tqdm(prompts, desc="pilot: does speculation pay here", disable=not progress, leave=False):

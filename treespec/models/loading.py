@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import struct
 import sys
 import tempfile
 from pathlib import Path
@@ -264,10 +265,21 @@ def _load_gguf(path: Path, dtype: torch.dtype, **placement: Any) -> tuple[PreTra
     """A local GGUF file, dequantised by transformers (``dtype="int4"`` then keeps its 4-bit blocks: ``load``)."""
     if not path.is_file():
         raise OSError(f"{path}: no such GGUF file")
-    with _hf_bars_on_terminals_only():
-        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype,
-                                                     attn_implementation="sdpa", **placement)
-    return model, AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    try:
+        with _hf_bars_on_terminals_only():
+            model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype,
+                                                         attn_implementation="sdpa", **placement)
+        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    except (struct.error, EOFError) as error:  # the reader's own words for a file cut short
+        raise ValueError(f"{path}: not a whole GGUF file ({error}); download or convert it again") from None
+    except ValueError as error:
+        if str(path) in str(error) or path.name in str(error):
+            raise
+        raise ValueError(f"{path}: {error} (is it a whole GGUF file of a supported architecture?)") from None
+    # the file, not its folder, names the model: cached measurements are keyed by it (common.machine.model_name),
+    # and two files in one folder are two models
+    model.config._name_or_path = str(path)
+    return model, tokenizer
 
 
 def _file_blocks(model: PreTrainedModel, spec: Any, gguf_file: Path | None, cache_dir: str | os.PathLike | None

@@ -141,6 +141,9 @@ class Recipe:
         if self.draft_mode is not None and self.draft_mode not in STATIC_MODES:
             raise ValueError(f"draft_mode must be one of {', '.join(STATIC_MODES)} or None (the rule), "
                              f"got {self.draft_mode!r}")
+        if self.draft_mode is not None and self.tree == "dynamic":
+            raise ValueError("draft_mode is not read by tree='dynamic': a dynamic tree expands the draft's most likely "
+                             "nodes whatever the temperature; drop it")
         for name in ("target_dtype", "draft_dtype"):
             if getattr(self, name) is not None:
                 set_(name, parse_precision(getattr(self, name)))
