@@ -180,8 +180,9 @@ def resolve(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[DraftModel
         budget = default_budget(recipe)
         return Resolved(replace(recipe, budget=budget),
                         f"{models}; {recipe.tree} tree, budget {budget} (the default: tuning needs a "
-                        "Sequoia tree with one draft model of the target's tokenizer and no n-gram; with the "
-                        "target's tokenizer a pilot measures whether it pays)")
+                        f"{', '.join(TUNED_TREES[:-1])} or {TUNED_TREES[-1]} tree with acceptance rows, one draft "
+                        "model of the target's tokenizer and no n-gram; given the target's tokenizer a pilot "
+                        "measures whether it pays)")
     if cache_file is None:
         cache_file = cache_root() / "profiles.json"
     acceptance = [list(r) if isinstance(r, tuple) else r for r in recipe.acceptance]

@@ -287,7 +287,8 @@ class VerifierSpec:
 
 VERIFIERS: dict[str, VerifierSpec] = {
     "rrs": VerifierSpec(rrs, every_construction, "every construction"),
-    "block": VerifierSpec(block, chain_only, "chains (one proposal per node)"),
+    "block": VerifierSpec(block, chain_only,
+                          "trees of one proposal per node (chains; not independent chains, whose root has several)"),
     "traversal": VerifierSpec(traversal, every_construction, "every construction (each proposal against its own q)"),
     "spectr": VerifierSpec(spectr, iid_uncut,
                            "one drafter's i.i.d. draws with duplicates kept, not cut by the budget"),
