@@ -128,6 +128,17 @@ def test_agreement_says_when_the_prediction_is_outside_the_interval() -> None:
     assert F.agreement(_treespec(tokens, steps, np.ones(20))) is None  # nothing predicted
 
 
+def test_one_prompt_leaves_the_agreement_unknown(tmp_path) -> None:
+    # one evaluation prompt: no interval, so neither a hit nor a miss, even where predicted and measured agree
+    for predicted in (3.0, 4.0):
+        rec = _treespec([9], [3], [1.0], predicted=predicted, tried=[3], accepted=[2], predicted_depth=[0.9])
+        assert F.agreement(rec)["agrees"] is None
+        lines = M._prediction_section([rec], tmp_path)
+        row = next(line for line in lines if line.startswith("| d | 0 | chain | 4 |"))
+        assert row.split("|")[-3].strip() == "-" and "**no**" not in row
+        assert not any(line.startswith("### Per-depth") for line in lines)
+
+
 def test_predicted_depth_acceptance_of_a_tree() -> None:
     # a chain: every node has one child, accepted with a_1 whatever the depth
     assert chain(3).depth_acceptance([0.8, 0.1]) == pytest.approx([0.8, 0.8, 0.8])

@@ -78,7 +78,8 @@ def test_a_sweep_over_verifiers_names_them_and_keeps_the_greedy_records_of_befor
     grown["grid"]["budgets"] = [3, 4]
     assert lock.refusal(out, grown) is None  # growing the grid does not count the old greedy record as dropped
     text = (out / "README.md").read_text(encoding="utf-8")
-    assert any(line.startswith("| humaneval | 0 | ") and "| chain | block | 3 |" in line for line in text.splitlines())
+    greedy = _greedy_rows(text)
+    assert len(greedy) == 1 and "| chain | block | 3 |" in greedy[0]  # one row: the latest record of the point
 
 
 def test_refusal_is_told_from_the_point_where_its_tree_is_fixed(tmp_path: Path) -> None:
@@ -116,6 +117,66 @@ def test_a_point_whose_verifier_is_not_exact_is_refused_and_said_to_be(tmp_path:
     E.sweep(config, out, progress=False, make_report=False, on_point=seen.append)
     assert [r.get("refused") for r in seen] == [True]
     assert seen[0]["error"].startswith("NotExactError: verifier 'block' is not exact for this tree")
+
+
+def _greedy_rows(text: str) -> list[str]:
+    """The treespec table's rows of the greedy points (not the prediction table's)."""
+    return [line for line in text.splitlines() if line.startswith("| humaneval | 0 | ") and "| model |" in line]
+
+
+def test_a_greedy_point_finished_under_another_verifier_is_not_run_again(tmp_path: Path, capsys) -> None:
+    config, out = _toml(tmp_path, temperatures="[0.0]", verifiers='["block"]'), tmp_path / "out"
+    E.sweep(config, out, progress=False)  # the greedy point runs under block, the grid's only verifier
+    config = _toml(tmp_path, temperatures="[0.0]", verifiers='["block", "rrs"]')  # the grid grows: rrs is kept now
+    capsys.readouterr()
+    assert E.main(["--config", str(config), "--out", str(out), "--dry-run"]) == 0
+    assert "2 points (1 baselines, 1 treespec), 2 finished" in capsys.readouterr().out
+    seen: list[dict] = []
+    E.sweep(config, out, progress=False, on_point=seen.append)
+    assert seen == []  # the block record stands for the kept rrs point
+    assert len(_greedy_rows((out / "README.md").read_text(encoding="utf-8"))) == 1
+    rrs_alone = E.load_config(_toml(tmp_path, temperatures="[0.0]", verifiers='["rrs"]'))
+    assert lock.refusal(out, rrs_alone) is None  # nor does a grid without block drop it
+
+
+def test_refused_points_are_listed_once_and_a_grid_may_drop_them(tmp_path: Path, capsys) -> None:
+    config, out = _toml(tmp_path, builders='["kary"]', temperatures="[1.0]"), tmp_path / "out"
+    for _ in range(2):  # a refused point is recorded again by each run
+        assert cli.main(["sweep", "--config", str(config), "--out", str(out), "--no-progress"]) == 1
+    records = read_records(out / "results.jsonl")
+    assert [r.get("refused") for r in records if r["status"] == "error"] == [True, True]
+    text = (out / "README.md").read_text(encoding="utf-8")
+    assert "(2 finished points, 1 refused)" in text and "## Errors" not in text
+    listed = [line for line in text[text.index("## Refused"):].splitlines() if line.startswith("- `")]
+    assert len(listed) == 1 and "NotExactError: verifier 'block'" in listed[0]
+
+    # the sweep's advice (take the verifier out of the grid) is followed: its refused records drop no finished point
+    trimmed = E.load_config(_toml(tmp_path, builders='["kary"]', temperatures="[1.0]", verifiers='["rrs"]'))
+    assert lock.refusal(out, trimmed) is None
+    block_alone = E.load_config(_toml(tmp_path, builders='["kary"]', temperatures="[1.0]", verifiers='["block"]'))
+    assert "drops 1 finished point(s) (humaneval T=1.0 kary B=3)" in lock.refusal(out, block_alone)
+
+
+def test_a_verifier_that_runs_on_the_host_only_is_refused_under_compile(tmp_path: Path, capsys) -> None:
+    config, out = _toml(tmp_path, temperatures="[1.0]", verifiers='["spectr"]'), tmp_path / "out"
+    config.write_text(config.read_text().replace("threads = 1", 'threads = 1\ncompile = "uncompiled"'))
+    cfg = E.load_config(config)
+    spectr = next(pt.params for pt in E.enumerate_points(cfg) if pt.kind == "treespec")
+    assert "verifier='spectr' runs on the host only" in points.compile_refusal(spectr)
+    assert points.verifier_refusal(spectr) is None  # exact for a chain: only the compiled step refuses it
+    for ok in ({**spectr, "temperature": 0.0}, {k: v for k, v in spectr.items() if k != "compile"},
+               {**spectr, "verifier": "block"}):
+        assert points.compile_refusal(ok) is None
+    assert E.main(["--config", str(config), "--out", str(out), "--dry-run"]) == 0
+    captured = capsys.readouterr()
+    assert "(refused: verifier runs on the host only, not compiled)" in captured.out
+    assert ", 1 refused" in captured.out and "spectr" not in captured.out.split("compile plan")[1]  # nothing planned
+    assert "verifier='spectr' runs on the host only" in captured.err
+    assert cli.main(["sweep", "--config", str(config), "--out", str(out), "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert "1 point refused" in err and "again to retry" not in err
+    refused = [r for r in read_records(out / "results.jsonl") if r["status"] == "error"]
+    assert len(refused) == 1 and refused[0]["refused"] and refused[0]["error"].startswith("Refused: compile=")
 
 
 if __name__ == "__main__":

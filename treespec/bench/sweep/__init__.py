@@ -59,11 +59,14 @@ text continuers, which is what HumanEval prompts are written for); ``data.max_pr
 the last tokens of longer prompts.
 
 Resuming: a point's key is a hash of all its parameters (device and dtype included; timings and
-warm-up excluded). Re-running a config skips points already in ``results.jsonl``; records are
+warm-up excluded). Re-running a config skips points already in ``results.jsonl`` (a greedy record under
+another verifier stands for the greedy point the grid keeps: ``points.finished``, which the loop, ``--dry-run``,
+the output lock and the report all read); records are
 written with flush + fsync as each point finishes, so Ctrl-C or a crash loses only the point in
 progress. A point that raises is written with ``"status": "error"`` and retried on the next run; one whose
-verifier is not exact for its tree (``NotExactError``) is marked ``"refused"`` too, since a re-run fails the
-same way (``points.verifier_refusal`` tells it before any model loads where the config alone decides it, and
+verifier is not exact for its tree (``NotExactError``) or, under ``run.compile``, runs on the host only
+(``points.Refused``) is marked ``"refused"`` too, since a re-run fails the same way (``points.verifier_refusal``
+and ``points.compile_refusal`` tell it before any model loads where the config alone decides it, and
 ``--dry-run`` names it).
 
 Model names: anything ``treespec.models.load`` accepts, or an in-process tiny random model for tests

@@ -12,7 +12,8 @@ from ...models.precision import FLOATS
 from .config import check_types, load_config
 from .lock import REPLACED, refusal
 from .models import check_specs
-from .points import compile_plan, enumerate_points, model_specs, verifier_refusal
+from .points import compile_plan, compile_refusal, enumerate_points, finished, measure_key, model_specs, \
+    verifier_refusal
 from .records import RESULTS, read_records
 from .report import report
 from .loop import sweep
@@ -53,9 +54,9 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"command again to retry them", file=sys.stderr)
     if refused:
         print(f"treespec sweep: {len(refused)} point{'s' * (len(refused) > 1)} refused: the verifier is not exact "
-              "for the point's tree (NotExactError above and in the README), which a re-run does not change; take "
-              "that verifier or tree out of the grid (--dry-run names such points where the config alone tells)",
-              file=sys.stderr)
+              "for the point's tree (NotExactError), or runs on the host only under run.compile (Refused; errors "
+              "above and in the README), which a re-run does not change; take that verifier or tree out of the grid "
+              "(--dry-run names such points where the config alone tells)", file=sys.stderr)
     return 1 if failed else 0
 
 
@@ -123,22 +124,33 @@ def _dry_run(args: argparse.Namespace) -> int:
     why = refusal(out, cfg) if out.is_dir() and not args.new else None
     if why:
         print(f"note: a run would be refused: {why}", file=sys.stderr)
-    done = set() if args.new else {r["key"] for r in read_records(out / RESULTS, args.skip_corrupt)
-                                if r.get("status") == "ok"}
+    finished_points = {} if args.new else finished(read_records(out / RESULTS, args.skip_corrupt))
     points = enumerate_points(cfg)
+    done = {pt.key for pt in points if measure_key(pt.params) in finished_points}
     try:
         check_specs(model_specs([pt for pt in points if pt.key not in done]))
     except (ValueError, OSError, ImportError) as error:
         print(f"note: a run would be refused: {error}", file=sys.stderr)
-    refused = {pt.key: why for pt in points if pt.key not in done and (why := verifier_refusal(pt.params))}
+    refused = {pt.key: found for pt in points if pt.key not in done and (found := _refusal(pt.params))}
     for pt in points:
         print(f"{'done' if pt.key in done else 'todo'}  {pt.key}  {pt.label}"
-              + ("  (refused: verifier not exact for this tree)" if pt.key in refused else ""))
+              + (f"  (refused: {refused[pt.key][0]})" if pt.key in refused else ""))
     kinds = {k: sum(pt.kind == k for pt in points) for k in ("baseline", "treespec")}
     print(f"{len(points)} points ({kinds['baseline']} baselines, {kinds['treespec']} treespec), "
-          f"{sum(pt.key in done for pt in points)} finished" + (f", {len(refused)} refused" if refused else ""))
-    for why in sorted(set(refused.values())):
-        print(f"note: a run would record {sum(w == why for w in refused.values())} point(s) as refused without "
-              f"running them: {why}", file=sys.stderr)
-    print("\n".join(compile_plan(cfg, points)))
+          f"{len(done)} finished" + (f", {len(refused)} refused" if refused else ""))
+    whys = [why for _, why in refused.values()]
+    for why in sorted(set(whys)):
+        print(f"note: a run would record {whys.count(why)} point(s) as refused without running them: {why}",
+              file=sys.stderr)
+    print("\n".join(compile_plan(cfg, [pt for pt in points if pt.key not in refused])))
     return 0
+
+
+def _refusal(params: dict) -> tuple[str, str] | None:
+    """What ``--dry-run`` lists for a point a run records as refused without running it, and why; else None. Checked
+    in the order the run checks them (``runner.Sweep.run_point``)."""
+    why = compile_refusal(params)
+    if why:
+        return "verifier runs on the host only, not compiled", why
+    why = verifier_refusal(params)
+    return ("verifier not exact for this tree", why) if why else None

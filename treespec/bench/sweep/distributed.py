@@ -18,7 +18,7 @@ from collections import Counter, deque
 from typing import Any, Callable
 
 from ...core.verifiers import NotExactError
-from .points import Point
+from .points import Point, Refused
 from .records import meta
 
 #: the live actors of the running distributed sweep (tests kill one to check that no point is lost)
@@ -47,7 +47,7 @@ def run_here(state: Any, pt: Point) -> dict[str, Any]:
     except Exception as error:  # a failing point is recorded and retried next time
         outcome = {"status": "error", "error": f"{type(error).__name__}: {error}",
                    "traceback": traceback.format_exc(limit=6)}
-        if isinstance(error, NotExactError):  # the point's settings refuse it: a re-run fails the same way
+        if isinstance(error, (NotExactError, Refused)):  # the point's settings refuse it: a re-run fails the same way
             outcome["refused"] = True
     outcome["meta"] = meta(cfg)
     return outcome

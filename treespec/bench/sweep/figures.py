@@ -158,15 +158,16 @@ def same_greedy_outputs(r: dict[str, Any], bases: list[dict[str, Any]]) -> str |
 
 def agreement(record: dict[str, Any]) -> dict[str, Any] | None:
     """Predicted vs measured tau of a treespec record: the measured tau over uncut steps with its
-    interval, the relative gap, whether the prediction lies inside the interval, and how far the
-    tau over all steps sits from the uncut one (the cost of the cut last steps)."""
+    interval, the relative gap, whether the prediction lies inside the interval (None where the interval is
+    unknown: one prompt), and how far the tau over all steps sits from the uncut one (the cost of the cut
+    last steps)."""
     predicted = record["result"].get("predicted_tau")
     uncut = tau_interval([record], uncut=True)
     if predicted is None or uncut is None:
         return None
     every = tau_interval([record])
     return {"predicted": float(predicted), "measured": uncut, "gap": uncut.estimate / predicted - 1.0,
-            "agrees": uncut.known and predicted in uncut,
+            "agrees": predicted in uncut if uncut.known else None,
             "cut_cost": (every.estimate / uncut.estimate - 1.0) if every and uncut.estimate else None}
 
 

@@ -31,7 +31,7 @@ from typing import Any, Iterator
 
 from ...common.files import write_json
 from .config import DEFAULTS
-from .points import enumerate_points, point_of
+from .points import enumerate_points, finished, measure_key
 from .records import RESULTS, read_records
 
 LOCK = ".treespec-sweep.lock"
@@ -151,10 +151,10 @@ def refusal(out: Path, cfg: dict[str, Any]) -> str | None:
         shown = "; ".join(lines[:6]) + (f"; and {len(lines) - 6} more" if len(lines) > 6 else "")
         return (f"{out} holds the results of a different config ({shown}). {redo[0].upper()}{redo[1:]}. (A change "
                 "of the grid's axes alone - budgets, builders, temperatures, prompt sets, baselines - resumes.)")
-    keys = {p.key for p in enumerate_points(cfg)}
-    # a greedy record under another verifier stands for the greedy point the grid keeps (points.point_of)
-    dropped = [r for r in read_records(out / RESULTS, skip_corrupt=True)
-               if r.get("key") not in keys and point_of(cfg, r.get("params", {})) not in keys]
+    # the finished points, once each (a failed or refused record drops nothing; a greedy record under another
+    # verifier stands for the greedy point the grid keeps: points.finished)
+    keys = {measure_key(p.params) for p in enumerate_points(cfg)}
+    dropped = [r for key, r in finished(read_records(out / RESULTS, skip_corrupt=True)).items() if key not in keys]
     if not dropped:
         return None
     names = ", ".join(_label(r) for r in dropped[:4]) + (f" and {len(dropped) - 4} more" if len(dropped) > 4 else "")
@@ -164,7 +164,7 @@ def refusal(out: Path, cfg: dict[str, Any]) -> str | None:
 
 def _finished(out: Path) -> bool:
     """Whether ``out``'s results hold a finished point."""
-    return any(r.get("status") == "ok" for r in read_records(out / RESULTS, skip_corrupt=True))
+    return bool(finished(read_records(out / RESULTS, skip_corrupt=True)))
 
 
 def _label(record: dict[str, Any]) -> str:

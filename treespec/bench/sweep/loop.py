@@ -16,7 +16,7 @@ from .config import check, check_device_available, load_config
 from .distributed import run_here, run_points
 from .lock import claim, exclusive
 from .models import check_specs
-from .points import Point, enumerate_points, model_specs
+from .points import Point, enumerate_points, finished, measure_key, model_specs
 from .records import RESULTS, append_record, machine_of, read_records, repair_tail
 from .report import report
 from .runner import Measure, Sweep
@@ -90,11 +90,10 @@ def _run_sweep(cfg: dict[str, Any], out: Path, progress: bool, on_point: Callabl
     deadline = None if max_minutes is None else time.monotonic() + 60.0 * max_minutes
     state = Sweep(cfg, out, progress, measure)
     repair_tail(state.results)
-    for rec in read_records(state.results, skip_corrupt):
-        if rec.get("status") == "ok":
-            state.records[rec["key"]] = rec
+    done = finished(read_records(state.results, skip_corrupt))
+    state.records.update((rec["key"], rec) for rec in done.values())
     points = enumerate_points(cfg)
-    todo = [pt for pt in points if pt.key not in state.records]
+    todo = [pt for pt in points if measure_key(pt.params) not in done]
     if not (spread and spread["address"]):  # a cluster's workers find their models on their own machines
         check_specs(model_specs(todo))
     elsewhere = sorted({machine_of(r) for r in state.records.values()} - {state.machine})

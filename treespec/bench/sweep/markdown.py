@@ -180,13 +180,16 @@ def _compile_section(tres: list[dict[str, Any]]) -> list[str]:
 def summary(path: Path, records: list[dict[str, Any]], tres: list[dict[str, Any]], bases: list[dict[str, Any]],
             errors: list[dict[str, Any]], images: list[tuple[str, str]], trees: list[tuple[str, str]]) -> str:
     """The report's README.md: notes, the plots ``images`` and ``trees`` (title, file), the tables of the
-    finished baselines ``bases`` and treespec points ``tres`` of ``records``, and the ``errors``."""
+    finished baselines ``bases`` and treespec points ``tres`` of ``records``, and the ``errors`` (one per point:
+    those a re-run retries, and those the point's settings refuse)."""
     configs = sorted({r.get("meta", {}).get("config", "?") for r in records})
+    retried, refused = [r for r in errors if not r.get("refused")], [r for r in errors if r.get("refused")]
     devices = sorted({f"{r['params']['device']} ({r.get('meta', {}).get('device_name', '?')}), {r['params']['dtype']}"
                       for r in records})
     lines = [f"# treespec sweep: {', '.join(configs) or path.parent.name}", "",
              f"Results: `{path.name}` ({len(records)} finished points"
-             + (f", {len(errors)} errors" if errors else "") + f"). Device: {'; '.join(devices) or '-'}."
+             + (f", {len(retried)} errors" if retried else "") + (f", {len(refused)} refused" if refused else "")
+             + f"). Device: {'; '.join(devices) or '-'}."
              + _load_note(records), "",
              _citable_note(records), _machine_note(records),
              "tau = tokens committed per target forward (bonus token included); speedup = baseline wall time / "
@@ -204,12 +207,13 @@ def summary(path: Path, records: list[dict[str, Any]], tres: list[dict[str, Any]
         lines += _prediction_section(sorted(tres, key=_order), path.parent)
     if trees:
         lines += ["## Trees", ""] + [f"- [{title}]({name})" for title, name in trees] + [""]
-    if errors:
-        lines += ["## Errors (retried on the next run)", ""]
-        lines += [f"- `{r['key']}` {r['params'].get('builder', r['params'].get('method'))}: {r['error']}"
-                  + (" (refused by the point's settings: a re-run refuses it again)" if r.get("refused") else "")
-                  for r in errors]
-        lines.append("")
+    for title, rs in (("Errors (retried on the next run)", retried),
+                      ("Refused (by each point's settings: a re-run refuses it again)", refused)):
+        if rs:
+            lines += [f"## {title}", ""]
+            lines += [f"- `{r['key']}` {r['params'].get('builder', r['params'].get('method'))}: {r['error']}"
+                      for r in rs]
+            lines.append("")
     return "\n".join(lines)
 
 
@@ -223,8 +227,8 @@ def _prediction_section(tres: list[dict[str, Any]], directory: Path) -> list[str
              "Predicted: the tree's expected tokens per step under the positional acceptance vector measured on "
              "the calibration prompts; *per-depth*: under that calibration's per-depth matrix (acceptance given "
              "that the walk reached each depth), computed when the report is written. Measured: tau over uncut "
-             "steps on the evaluation prompts, 95% CI. *cut cost*: how far tau over all steps sits from it (the "
-             "steps shortened by max_new_tokens).", "",
+             "steps on the evaluation prompts, 95% CI (*inside CI* '-': no interval, one prompt). *cut cost*: how "
+             "far tau over all steps sits from it (the steps shortened by max_new_tokens).", "",
              "| dataset | T | builder | B | predicted | per-depth | measured (uncut) | gap | per-depth gap | "
              "inside CI | cut cost |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r, a in rows:
@@ -232,10 +236,10 @@ def _prediction_section(tres: list[dict[str, Any]], directory: Path) -> list[str
         depth_gap = "-" if depthwise is None else f"{a['measured'].estimate / depthwise - 1:+.1%}"
         lines.append(f"| {p['dataset']} | {p['temperature']:g} | {tree_label(p)}{verifier_note(p)} | {p['budget']} | "
                      f"{a['predicted']:.2f} | {_fmt(depthwise)} | {a['measured'].fmt()} | {a['gap']:+.1%} | "
-                     f"{depth_gap} | {'yes' if a['agrees'] else '**no**'} | "
+                     f"{depth_gap} | {'-' if a['agrees'] is None else 'yes' if a['agrees'] else '**no**'} | "
                      f"{'-' if a['cut_cost'] is None else format(a['cut_cost'], '+.1%')} |")
     lines.append("")
-    off = [(r, a) for r, a in rows if not a["agrees"] and depth_rows(r)]
+    off = [(r, a) for r, a in rows if a["agrees"] is False and depth_rows(r)]
     if off:
         lines += ["### Per-depth acceptance where the prediction misses", "",
                   "Rate at which a step whose walk reached depth d - 1 (with children to try) accepted a child "

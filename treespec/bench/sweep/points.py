@@ -12,6 +12,7 @@ from tree_builders import TreeShape
 
 from ...core.captured import MODES as CAPTURED_MODES
 from ...core.constructions import of_static_shape
+from ...core.request import ON_DEVICE
 from ...core.verifiers import NotExactError, check_exact
 from ...drafters.model import STATIC_MODES
 from ...recipes import NGramSettings, Recipe, draft_mode, plan
@@ -129,16 +130,20 @@ def verifiers_at(cfg: dict[str, Any], temperature: float) -> list[str]:
     return list(given) if temperature > 0 else ["rrs" if "rrs" in given else given[0]]
 
 
-def point_of(cfg: dict[str, Any], params: dict[str, Any]) -> str:
-    """The key of the point of ``cfg``'s grid that measures what a record of ``params`` measured: the record's own
-    key, or for a greedy treespec record under another of the grid's verifiers (written before a greedy point ran
-    once) the key of the greedy point :func:`verifiers_at` keeps, whose outputs are the same."""
-    verifier = params.get("verifier", "rrs")
-    if params.get("kind") != "treespec" or params["temperature"] > 0 or verifier not in cfg["grid"]["verifiers"]:
-        return point_key(params)
-    kept = verifiers_at(cfg, 0.0)[0]
-    return point_key({**{k: v for k, v in params.items() if k != "verifier"},
-                      **({"verifier": kept} if kept != "rrs" else {})})
+def measure_key(params: dict[str, Any]) -> str:
+    """The key of what a point of ``params`` measures: its own key, or for a greedy treespec point the key of its
+    parameters without the verifier (acceptance at T=0 is the target's argmax whatever the verifier: the greedy
+    points of two verifiers, such as those written before a greedy point ran once, measure the same)."""
+    if params.get("kind") == "treespec" and params["temperature"] == 0:
+        return point_key({k: v for k, v in params.items() if k != "verifier"})
+    return point_key(params)
+
+
+def finished(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The finished (status ok) records of a results file, the latest one per point, by :func:`measure_key`: what
+    stands for a grid point ``pt`` is ``finished(records).get(measure_key(pt.params))`` (the sweep's loop, its
+    ``--dry-run``, the output lock and the report all read finished points by this one rule)."""
+    return {measure_key(r["params"]): r for r in records if r.get("status") == "ok"}
 
 
 def verifier_refusal(params: dict[str, Any]) -> str | None:
@@ -159,6 +164,22 @@ def verifier_refusal(params: dict[str, Any]) -> str | None:
     except NotExactError as error:
         return str(error)
     return None
+
+
+class Refused(ValueError):
+    """A point its settings refuse whatever the models, for another reason than its verifier's exactness
+    (``NotExactError``): :func:`compile_refusal`. A re-run fails the same way."""
+
+
+def compile_refusal(params: dict[str, Any]) -> str | None:
+    """Why treespec point ``params`` fails whatever the models under ``run.compile``: a compiled step verifies a
+    sampled step on the device, with the verifiers of ``treespec.core.request.ON_DEVICE`` alone (``Request.checked``
+    refuses the others, as this says); None otherwise (a greedy step calls no verifier)."""
+    p, verifier = params, params.get("verifier", "rrs")
+    if p["kind"] != "treespec" or not p.get("compile") or p["temperature"] == 0 or verifier in ON_DEVICE:
+        return None
+    return (f"compile={p['compile']!r} verifies on the device with {', '.join(map(repr, ON_DEVICE))}; "
+            f"verifier={verifier!r} runs on the host only (take it out of grid.verifiers, or set run.compile = false)")
 
 
 #: the baselines that run a batch of prompts at once (HF ``generate`` on the batch, left-padded); HF's assisted
@@ -259,12 +280,14 @@ def shape_record(shape: TreeShape) -> dict[str, Any]:
 
 
 def compile_plan(cfg: dict[str, Any], points: list[Point]) -> list[str]:
-    """What a sweep's compiled points will compile (``--dry-run``): which points capture their tree on the device
-    and in which envelopes, which draft on the host, and the graphs to expect. Sequoia trees are known only once
-    their acceptance is measured, so a padded envelope is stated by what bounds it."""
+    """What a sweep's compiled ``points`` (those a run does not refuse) will compile (``--dry-run``): which points
+    capture their tree on the device and in which envelopes, which draft on the host, and the graphs to expect.
+    Sequoia trees are known only once their acceptance is measured, so a padded envelope is stated by what bounds
+    it."""
     compiled = [pt for pt in points if pt.kind == "treespec" and pt.params.get("compile")]
     if not compiled:
-        return ["compile plan: no point compiles (run.compile is off for this device): eager steps"]
+        return ["compile plan: no point compiles " + ("(each that would is refused)" if run_compile(cfg) else
+                                                      "(run.compile is off for this device): eager steps")]
     captured = [pt for pt in compiled if pt.params["drafters"] == "model" and pt.params["builder"] != "dynamic"
                 and pt.params.get("mode") in ("topk", "sample_without_replacement")]
     host = [pt for pt in compiled if pt not in captured]

@@ -24,7 +24,7 @@ from tree_builders import TreeShape
 from ..intervals import Interval
 from .figures import baseline_speedup, panel, speedup_interval, tau_interval
 from .markdown import summary
-from .points import batch_size, tree_label, verifier_note
+from .points import batch_size, finished, measure_key, tree_label, verifier_note
 from .records import read_records
 
 
@@ -105,9 +105,10 @@ def report(results_jsonl: str | os.PathLike, out_dir: str | os.PathLike | None =
     out = Path(out_dir) if out_dir is not None else path.parent
     out.mkdir(parents=True, exist_ok=True)
     everything = read_records(path, skip_corrupt)
-    records = [r for r in everything if r.get("status") == "ok"]
-    finished = {r["key"] for r in records}
-    errors = [r for r in everything if r.get("status") == "error" and r["key"] not in finished]
+    done = finished(everything)  # one record per point, a greedy one whatever its verifier
+    records = list(done.values())
+    errors = [r for r in {r["key"]: r for r in everything if r.get("status") == "error"}.values()
+              if measure_key(r["params"]) not in done]  # the latest error of each point without a finished record
     tres = [r for r in records if r["kind"] == "treespec"]
     bases = [r for r in records if r["kind"] == "baseline"]
     images: list[tuple[str, str]] = []

@@ -26,8 +26,8 @@ from ...recipes import Recipe, plan, run
 from ..baselines import fastest_compile_settings, hf_generate
 from .config import calib_eval_prompts, draft_dtype, padded_envelope, \
     pairs, split_ranges
-from .points import BATCHED_METHODS, Point, acceptance_params, baseline_params, batch_size, enumerate_points, \
-    point_key, point_recipe, shape_record, verifier_refusal
+from .points import BATCHED_METHODS, Point, Refused, acceptance_params, baseline_params, batch_size, \
+    compile_refusal, enumerate_points, point_key, point_recipe, shape_record, verifier_refusal
 from .models import SweepModels, encode, pad_id
 from .records import RESULTS, machine, machine_of
 
@@ -121,9 +121,13 @@ class Sweep:
     # -- one point ------------------------------------------------------------------------------
     def run_point(self, point: Point) -> dict[str, Any]:
         """Run one point; returns its ``result`` and ``timing`` (the result records the prompt split). A treespec
-        point whose verifier is not exact for its tree raises ``NotExactError`` before any model loads where the
-        point alone tells (:func:`points.verifier_refusal`), else at its first step."""
+        point whose verifier does not run compiled raises :class:`points.Refused` (:func:`points.compile_refusal`),
+        and one whose verifier is not exact for its tree ``NotExactError``, before any model loads where the point
+        alone tells (:func:`points.verifier_refusal`), else at its first step."""
         p = point.params
+        why = compile_refusal(p)
+        if why:
+            raise Refused(why)
         why = verifier_refusal(p)
         if why:
             raise NotExactError(why)
