@@ -166,7 +166,8 @@ def recipes(draw: st.DrawFn) -> treespec.Recipe:
     kw = {"tree": tree, "budget": draw(st.sampled_from([7, 12, 4, 2, 1])),
           "depth": draw(st.sampled_from([None, 5, 2, 1])) if tree != "paths" else None,
           "min_confidence": draw(st.sampled_from([None, 0.5, 0.1])),
-          "draft_mode": draw(st.sampled_from([None, "sample_without_replacement", "sample"])),
+          "draft_mode": draw(st.sampled_from([None, "sample_without_replacement", "sample"])) if tree != "dynamic"
+          else None,  # a dynamic tree reads no drafting mode (Recipe refuses one)
           "compile": draw(st.sampled_from(["uncompiled", False]))}
     if tree == "sequoia":
         kw["acceptance"] = draw(st.sampled_from([[0.6, 0.2, 0.1], [0.9, 0.05], [0.3]]))
