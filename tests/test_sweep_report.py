@@ -283,6 +283,15 @@ def test_tree_or_chain_verdict_pairs_the_fastest_tree_with_the_chain() -> None:
     text = "\n".join(M._verdict_section([chain8, kary8, seq8, tied, chain16]))
     assert "## Tree or chain?" in text and "chain: 1 (d T=0 B=8)" in text
     assert F.tree_vs_chain([kary8, seq8]) == []  # no chain: nothing to compare
+    for rec in (chain8, seq8):  # a greedy grid of block alone: its points stand for the greedy ones
+        rec["params"]["verifier"] = "block"
+    assert [(v["budget"], v["tree"]) for v in F.tree_vs_chain([chain8, seq8])] == [(8, "sequoia")]
+    for rec in (chain8, seq8):
+        rec["params"]["temperature"] = 1.0  # sampled: block's points are not the rrs ones the verdict compares
+    assert F.tree_vs_chain([chain8, seq8]) == []
+    for rec in (chain8, seq8):
+        rec["params"]["temperature"] = 0.0
+        del rec["params"]["verifier"]
     seq8["result"]["tree"]["paths"] = chain8["result"]["tree"]["paths"] = [[0], [0, 0]]  # the DP's tree is the chain
     assert F.tree_vs_chain([chain8, seq8])[0]["winner"].startswith("same shape")
 

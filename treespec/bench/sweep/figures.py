@@ -212,8 +212,8 @@ def tree_vs_chain(tres: list[dict[str, Any]]) -> list[dict[str, Any]]:
     groups: dict[tuple, dict[int, dict[str, list[dict[str, Any]]]]] = {}
     for r in tres:
         p = r["params"]
-        if p["drafters"] != "model" or p.get("verifier", "rrs") != "rrs":
-            continue
+        if p["drafters"] != "model" or (p["temperature"] > 0 and p.get("verifier", "rrs") != "rrs"):
+            continue  # sampled: the rrs points; greedy: whichever verifier ran it (none decides at T=0)
         groups.setdefault(panel(p), {}).setdefault(p["budget"], {}).setdefault(tree_label(p), []).append(r)
     rows = []
     for pn in sorted(groups, key=str):
