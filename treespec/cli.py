@@ -176,8 +176,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     target, tok, drafts = load_models(args, want_draft, tuned_target=True, tree_size=set_size, recipe=recipe)
     # an empty prompt is refused before anything is measured
     encoded = encode_all(tok, [prompts[i] for i in todo], args.chat, todo, len(prompts))
-    check_context(encoded, args.max_new_tokens, getattr(target.config, "max_position_embeddings", None), todo,
-                  len(prompts))
+    check_context(encoded, args.max_new_tokens, target, todo, len(prompts))
     resolved = _resolve(args, recipe, target, tok, drafts, len(todo), sum(map(len, encoded)) / len(encoded))
     recipe = resolved.recipe
     cli_output.check_step(args.out, done, resolved)
@@ -337,7 +336,7 @@ def cmd_accept(args: argparse.Namespace) -> int:
     if len(saved) < len(texts):
         target, tok, drafts = load_models(args)
         encoded = encode_all(tok, texts, args.chat)
-        check_context(encoded, args.max_new_tokens, getattr(target.config, "max_position_embeddings", None))
+        check_context(encoded, args.max_new_tokens, target)
         measure_each(target, same_tokenizer(drafts, "accept"), encoded, width=args.width,
                      mode=draft_mode("sequoia", args.temperature, args.mode), temperature=args.temperature,
                      top_p=args.top_p, max_new_tokens=args.max_new_tokens, max_depth=args.max_depth,

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from .common.prompts import user_turn
-from .core.checks import check_lengths
+from .core.checks import check_prompts_fit, context_of
 
 
 def read_paths(value: str | None, tree: str) -> list | None:
@@ -87,17 +87,13 @@ def encode_all(tok, prompts: list[str], chat: bool, numbers: list[int] | None = 
     return encoded
 
 
-def check_context(encoded: list[list[int]], max_new_tokens: int, context: int | None,
-                  numbers: list[int] | None = None, total: int | None = None) -> None:
-    """Refuse, naming it (as :func:`encode_all`), a prompt whose tokens and ``max_new_tokens`` do not fit the target's
-    ``context``: before any prompt runs, not when its turn comes."""
-    for i, ids in enumerate(encoded):
-        try:
-            check_lengths(len(ids), max_new_tokens, context)
-        except ValueError as error:
-            if (total or len(encoded)) == 1:
-                raise
-            raise ValueError(f"{_named(i, numbers, total or len(encoded))}: {error}") from None
+def check_context(encoded: list[list[int]], max_new_tokens: int, target: Any, numbers: list[int] | None = None,
+                  total: int | None = None) -> None:
+    """Refuse, naming it (as :func:`encode_all`), a prompt whose tokens and ``max_new_tokens`` do not fit the
+    ``target``'s context: before any prompt runs, not when its turn comes."""
+    total = total or len(encoded)
+    check_prompts_fit([len(ids) for ids in encoded], max_new_tokens, context_of(target),
+                      [None if total == 1 else _named(i, numbers, total) for i in range(len(encoded))])
 
 
 def _named(i: int, numbers: list[int] | None, total: int) -> str:

@@ -27,7 +27,7 @@ import torch
 
 from ..calibrate.vectors import acceptance_for_draft
 from ..common.files import check_writable
-from ..core.checks import check_lengths
+from ..core.checks import check_prompts_fit, context_of
 from ..models.precision import precision_of
 from ..models.timing import measure_plain_decode
 from ..recipes import Recipe, run
@@ -176,12 +176,9 @@ def run_demo(args: argparse.Namespace, target: torch.nn.Module, tok: Any, draft:
     out_dir = check_writable(args.out, directory=True)
     chat = getattr(args, "chat", False)
     prompts = demo_prompts(tok, args.prompts, chat)  # a missing chat template or prompt set: refused before tuning
-    context = getattr(target.config, "max_position_embeddings", None)
-    for name, index, ids in prompts:  # a prompt too long for the model: refused before tuning too
-        try:
-            check_lengths(len(ids), args.max_new_tokens, context)
-        except ValueError as error:
-            raise ValueError(f"{LABELS[name]}/{index}: {error}") from None
+    context = context_of(target)  # a prompt too long for the model: refused before tuning too
+    check_prompts_fit([len(ids) for _, _, ids in prompts], args.max_new_tokens, context,
+                      [f"{LABELS[name]}/{index}" for name, index, _ in prompts])
     print(f"treespec demo on {platform.machine()} with {torch.get_num_threads()} threads, device {args.device}")
     resolved, png, shape_note = _configuration(args, target, tok, draft, out_dir,
                                                statistics.mean(len(ids) for _, _, ids in prompts))

@@ -45,6 +45,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..common.files import cached_entry
+from ..core.checks import context_of
 from ..core.stats import GenerateOutput, Stats
 from ..models.timing import measure_latency
 from .step_cost import run_speedup
@@ -166,7 +167,7 @@ def run_pilot(generate_spec: Generate, generate_plain: Generate, target: torch.n
     ``depth``: the recipe's deepest proposal; ``chain``: whether it proposes one chain per step."""
     if not prompts:
         raise ValueError("the pilot needs at least one prompt")
-    context = getattr(getattr(target, "config", None), "max_position_embeddings", None)
+    context = context_of(target)
     if context is not None:  # a model of a short context gets the prompts' ends: what fits beside the pilot's tokens
         if context <= tokens:
             raise ValueError(f"the target's context ({context} positions) leaves no room for the pilot's {tokens} "

@@ -188,6 +188,24 @@ def check_lengths(prompt_len: int, max_new_tokens: object, max_positions: int | 
     return max_new_tokens
 
 
+def context_of(model: object) -> int | None:
+    """The positions ``model`` takes (its config's ``max_position_embeddings``); None where it does not say."""
+    return getattr(getattr(model, "config", None), "max_position_embeddings", None)
+
+
+def check_prompts_fit(lengths: Sequence[int], max_new_tokens: int, max_positions: int | None,
+                      names: Sequence[str | None]) -> None:
+    """:func:`check_lengths` of each prompt (``lengths``), all before any runs; the error of one that does not fit
+    starts with its name (``names[i]``; None: the error as it is)."""
+    for length, name in zip(lengths, names):
+        try:
+            check_lengths(length, max_new_tokens, max_positions)
+        except ValueError as error:
+            if name is None:
+                raise
+            raise ValueError(f"{name}: {error}") from None
+
+
 def check_budget(budget: object) -> int | None:
     """None (no cap), or the tokens per verification pass as an int >= 1."""
     if budget is None:

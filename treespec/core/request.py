@@ -87,7 +87,7 @@ class Request:
             if getattr(d, "model", None) is not None:
                 checks.check_model(d.model, role="draft")
         prompt = checks.as_prompt(input_ids, vocab)
-        max_positions = getattr(target.config, "max_position_embeddings", None) or 2**62
+        max_positions = checks.context_of(target) or 2**62
         if on_tokens is not None:
             checks.check_callback(on_tokens, "on_tokens", "each step's tokens", 1)
         checks.check_sampling_dtype(target, params.greedy)
