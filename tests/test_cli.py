@@ -7,6 +7,7 @@ import pytest
 
 from treespec.cli import build_parser, main
 from treespec.models import load
+from treespec.models.precision import PRECISIONS
 
 
 def parse_error(argv, capsys) -> str:
@@ -346,6 +347,11 @@ def test_tiny_models_run_end_to_end(tiny_dirs, tmp_path, capsys, monkeypatch):
     assert 1 <= len(record["new_tokens"]) <= 6 and record["identical"] is True  # w62 is EOS: may stop early
     assert record["recipe"]["paths"] == [[0], [0, 0], [0, 0, 0]]  # the tree drafted: a chain of budget 4
     assert record["recipe"]["min_confidence"] is None  # no confidence stop: every level drafted
+    # no --dtype (auto): the record names the precisions the loading chose, not None or "auto"
+    assert main(["generate", *models[:4], "--prompt", "w1 w2 w3", "--tree", "chain", "--budget", "4",
+                 "--max-new-tokens", "3", "--json"]) == 0
+    chosen = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["recipe"]
+    assert chosen["target_dtype"] in PRECISIONS and chosen["draft_dtype"] in PRECISIONS, chosen
     for tree, option in (("kary", "--kary-width"), ("chains", "--chains")):  # 3 root children (the default: 2)
         assert main(["generate", *models, "--prompt", "w1 w2 w3", "--tree", tree, option, "3", "--budget", "5",
                      "--max-new-tokens", "4", "--json"]) == 0

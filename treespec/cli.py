@@ -26,6 +26,7 @@ from .cli_parser import build_parser
 from .common.files import check_writable
 from .core.linear_layout import layout_of
 from .models.pair import CrossDraft, eos_ids, load_pair
+from .models.precision import precision_of
 from .recipes import NGramSettings, Recipe, draft_mode, plan, run, verified_tokens
 
 T = TypeVar("T")
@@ -252,9 +253,15 @@ def _resolve(args: argparse.Namespace, recipe: Recipe, target: Any, tok: Any, dr
     # compiled by measurement, or as asked (a cached measurement still costs the why-line); a batch compiles only
     # when asked (its captured step: treespec.core.captured.BatchCapturedStep)
     if args.compile is not False and args.batch_size == 1:
-        return resolve_compile(resolved, target, drafts, tok, prompts=prompts, max_new_tokens=args.max_new_tokens,
-                               backend=args.compile or True, asked=args.compile is not None)
-    return compile_batch(resolved, target, args.compile) if args.compile else resolved
+        resolved = resolve_compile(resolved, target, drafts, tok, prompts=prompts,
+                                   max_new_tokens=args.max_new_tokens, backend=args.compile or True,
+                                   asked=args.compile is not None)
+    elif args.compile:
+        resolved = compile_batch(resolved, target, args.compile)
+    # the precisions the models run in, for the records (``--dtype auto`` names none until the loading chose)
+    models = [d.model if isinstance(d, CrossDraft) else d for d in drafts]
+    return replace(resolved, recipe=replace(resolved.recipe, target_dtype=precision_of(target),
+                                            draft_dtype=precision_of(models[0]) if models else None))
 
 
 def _layouts(target: Any, drafts: Sequence[Any]) -> dict[str, Any]:
