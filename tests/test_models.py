@@ -420,6 +420,28 @@ def test_a_local_gguf_file_loads_and_keeps_its_4bit_blocks_in_int4(tmp_path):
         models.load(str(tmp_path / "missing.gguf"))
 
 
+def test_a_gguf_file_in_bfloat16_runs_dequantised_layers_and_says_nothing_else(tmp_path):
+    """``load("m.gguf", dtype="bfloat16")`` runs ``nn.Linear`` layers in bfloat16, and transformers' note that "the
+    weights stay quantized" (packed, float32 kernels) is not printed: it would contradict what runs."""
+    import logging
+
+    from transformers.utils import logging as hf_logging
+
+    path = write_gguf(tiny_qwen2(seed=4), tmp_path / "m.gguf")
+    said = []
+    handler = logging.Handler()
+    handler.emit = lambda record: said.append(record.getMessage())
+    logger = hf_logging.get_logger("transformers.quantizers.quantizer_gguf")
+    logger.addHandler(handler)
+    try:
+        model, _ = models.load(str(path), dtype="bfloat16")
+    finally:
+        logger.removeHandler(handler)
+    layer = model.model.layers[0].mlp.down_proj
+    assert type(layer) is torch.nn.Linear and layer.weight.dtype == torch.bfloat16
+    assert not [s for s in said if "weights packed" in s], said
+
+
 def test_each_gguf_file_of_a_folder_is_its_own_model_and_a_cut_file_is_named(tmp_path):
     """Two GGUF files in one folder are two models: each is named by its file (what cached measurements are keyed
     by: ``common.machine.model_name``), not by the folder they share; a file cut short is refused, named."""

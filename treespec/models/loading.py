@@ -54,6 +54,25 @@ def _hf_bars_on_terminals_only() -> Iterator[None]:
         hf_logging.enable_progress_bar()
 
 
+@contextlib.contextmanager
+def _without_packed_weights_note() -> Iterator[None]:
+    """transformers' note on loading a GGUF file in another dtype than float32 ("the weights stay quantized"),
+    dropped: the layers treespec runs are dequantised ``nn.Linear`` in the dtype asked for (the int4 precision then
+    takes the file's own blocks), so the note would say the opposite of what runs."""
+    import logging
+
+    from transformers.utils import logging as hf_logging
+
+    logger = hf_logging.get_logger("transformers.quantizers.quantizer_gguf")
+    note = logging.Filter()
+    note.filter = lambda record: "weights packed" not in record.getMessage()
+    logger.addFilter(note)
+    try:
+        yield
+    finally:
+        logger.removeFilter(note)
+
+
 def _from_pretrained(source: str | os.PathLike, dtype: torch.dtype, device_map: Any = None,
                      offload_folder: str | None = None, **kwargs) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     placement = {} if device_map is None else {"device_map": device_map, "offload_folder": offload_folder}
@@ -266,7 +285,7 @@ def _load_gguf(path: Path, dtype: torch.dtype, **placement: Any) -> tuple[PreTra
     if not path.is_file():
         raise OSError(f"{path}: no such GGUF file")
     try:
-        with _hf_bars_on_terminals_only():
+        with _hf_bars_on_terminals_only(), _without_packed_weights_note():
             model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype,
                                                          attn_implementation="sdpa", **placement)
         tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
