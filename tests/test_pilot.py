@@ -134,6 +134,18 @@ def test_a_chain_depth_cap_is_applied(pair, tmp_path, monkeypatch) -> None:
     assert resolved.recipe.depth == best.depth and recipes.plan_depth(resolved.recipe, True) == best.depth
 
 
+def test_a_short_run_chooses_among_the_depths_its_plan_drafts(pair, tmp_path, monkeypatch) -> None:
+    """A chain piloted 4 deep whose best depth is 4: a run of 3 new tokens (its plan caps the depth at 2) chooses
+    among depths 1 and 2 only, not the pilot's depth 4 that it would never draft."""
+    target, draft, tok = pair
+    measured = make_pilot(depth=4, survival=[0.95, 0.9, 0.85, 0.8], draft_per_step=0.0, latency={1: 1.0, 5: 1.0})
+    monkeypatch.setattr(pilot, "run_pilot", lambda *a, **k: measured)
+    assert choose(measured, 3)[0].depth == 4
+    resolved = resolve(Recipe(tree="chain", depth=4), target, [draft], tokenizer=tok, max_new_tokens=3,
+                       pilot_cache=tmp_path / "p.json")
+    assert recipes.plan_depth(resolved.recipe, True) == 2 and "chose depth 2" in resolved.why, resolved.why
+
+
 def test_without_a_tokenizer_the_default_budget_stays(pair) -> None:
     target, draft, _ = pair
     resolved = resolve(Recipe(tree="kary"), target, [draft])

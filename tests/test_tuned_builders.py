@@ -105,6 +105,22 @@ def test_resolve_tunes_a_chain_or_a_kary_tree_and_the_run_is_exact(pair, rows, t
         target, prompt, 12)
 
 
+@pytest.mark.parametrize("tokens", [3, 4, 6])
+def test_a_short_run_is_tuned_at_the_depth_its_plan_drafts(pair, rows, tokens):
+    """The run's plan caps the tree's depth at ``max_new_tokens - 1``; the tuner sizes the tree under that cap, so
+    the tree tuned, predicted and printed is the tree drafted (a depth-8 tree was tuned and a shallower one ran)."""
+    target, draft, _ = pair
+
+    def tuner(*args, max_depth, builder=None, **kwargs):
+        return tuning.Tuned(GPU.choose(rows, max_depth=max_depth, builder=builder), GPU, builder=builder)
+
+    resolved = resolve(Recipe(acceptance=rows), target, [draft], tuner=tuner, max_new_tokens=tokens)
+    shape = resolved.tuned.choice.shape
+    assert shape.depth == tokens - 1 and shape_for(resolved.recipe, max_new_tokens=tokens) == shape
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        resolve(Recipe(acceptance=rows), target, [draft], tuner=tuner, max_new_tokens=0)
+
+
 @pytest.mark.parametrize("builder", [Builder("chain"), Builder("kary", 2)], ids=["chain", "kary"])
 def test_a_tuned_builders_tree_calibrated_by_real_steps_stays_that_builders(rows, builder):
     """The pilot's correction (drafting 4x dearer than the profile said) makes the choice again among the same

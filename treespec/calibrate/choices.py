@@ -18,7 +18,7 @@ from ..models.pair import CrossDraft
 from ..core.linear_layout import layout_tags
 from ..models.precision import kernel_tags, precision_of
 from ..core.batch import BatchOutput
-from ..core.checks import as_prompt, check_not_empty, is_batch
+from ..core.checks import as_prompt, check_int, check_not_empty, is_batch
 from ..core.stats import GenerateOutput
 from ..recipes import (MAX_NEW_TOKENS, DraftModel, Recipe, build_drafters, check_draft_models, default_budget,
                        plan_depth)
@@ -131,11 +131,12 @@ def _pilot_choice(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[Draf
         return Resolved(base, f"{models}; {recipe.tree} tree, budget {base.budget} (no drafter to measure)")
     depth = plan_depth(base, bool(drafts))
     measured = _measured(base, target, drafts, tokenizer, cache_file, chain=_single_chain(base, drafters))
-    # a depth cap d is only a candidate when the recipe's drafters then really draft d deep
     pilot_prompts = _pilot_prompts(tokenizer)
     scale = 1.0 if prompt_tokens is None else prompt_tokens / (sum(map(len, pilot_prompts)) / len(pilot_prompts))
-    chosen, table = pilot.choose(measured, max_new_tokens, allowed=lambda d: d == depth or plan_depth(
-        replace(base, depth=d), bool(drafts)) == d, prompt_scale=scale)
+    # a depth cap d is only a candidate when the recipe's drafters then really draft d deep, and the run's plan does
+    # not cap it under d (``max_new_tokens - 1``: the pilot's tau of a deeper tree is not this run's)
+    chosen, table = pilot.choose(measured, max_new_tokens, allowed=lambda d: d < max_new_tokens and (
+        d == depth or plan_depth(replace(base, depth=d), bool(drafts)) == d), prompt_scale=scale)
     why = f"{models}; {pilot.why(measured, chosen, table, max_new_tokens, scale)}"
     seconds = measured.plain_per_token / chosen.speedup
     if chosen.depth == 0:
@@ -167,6 +168,7 @@ def resolve(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[DraftModel
     the run's prompts' mean length, whose prefill by the draft a tuned tree must earn back (``Tuned.run_speedup``:
     a short run after a long prompt may then run plain decoding); None: not charged."""
     drafts = check_draft_models(drafts)
+    max_new_tokens = check_int("max_new_tokens", max_new_tokens, 1)
     models = _describe_models(target, drafts)
     if recipe.budget is not None:
         return Resolved(recipe, f"{models}; {recipe.tree} tree, budget {recipe.budget} (as given)")
@@ -186,7 +188,10 @@ def resolve(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[DraftModel
     if cache_file is None:
         cache_file = cache_root() / "profiles.json"
     acceptance = [list(r) if isinstance(r, tuple) else r for r in recipe.acceptance]
-    tuned = tuner(target, drafts[0], acceptance, temperature=recipe.temperature, max_depth=recipe.depth or 8,
+    # the depth the run's plan caps the tree at (``plan``: ``depth``, and ``max_new_tokens - 1``): the tree tuned and
+    # predicted is the tree drafted
+    max_depth = min(recipe.depth or 8, max(1, max_new_tokens - 1))
+    tuned = tuner(target, drafts[0], acceptance, temperature=recipe.temperature, max_depth=max_depth,
                   cache_file=cache_file, builder=builder_of(recipe))
     chosen = replace(recipe, **tuned.settings(), target_dtype=precision_of(target),
                      draft_dtype=precision_of(drafts[0]))
@@ -196,9 +201,9 @@ def resolve(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[DraftModel
         measured = _measured(replace(chosen, min_confidence=None), target, drafts, tokenizer,
                              pilot_cache if pilot_cache is not None else cache_root() / "pilots.json",
                              tag="calibration-v2")
-        tuned = calibrate(tuned, measured, acceptance, max_depth=recipe.depth or 8)
+        tuned = calibrate(tuned, measured, acceptance, max_depth=max_depth)
     # a tree predicted (over the run's horizon) to gain less than the margin runs as plain decoding
-    tuned = tuned.for_batch(batch_size, acceptance, max_depth=recipe.depth or 8).with_walk(walk, max_new_tokens,
+    tuned = tuned.for_batch(batch_size, acceptance, max_depth=max_depth).with_walk(walk, max_new_tokens,
                                                                                            prompt_tokens)
     tuned = tuned.plain_unless()
     chosen = replace(recipe, **tuned.settings(), target_dtype=precision_of(target),
