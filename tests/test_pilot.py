@@ -146,6 +146,18 @@ def test_a_short_run_chooses_among_the_depths_its_plan_drafts(pair, tmp_path, mo
     assert recipes.plan_depth(resolved.recipe, True) == 2 and "chose depth 2" in resolved.why, resolved.why
 
 
+def test_two_trees_of_one_size_and_depth_are_two_measurements(pair) -> None:
+    """A pilot, calibration or compile timing is cached under a key naming the tree's shape, not its size and depth
+    alone: two trees of 4 nodes, depth 2 (the root's two children; one child with two) are measured apart."""
+    from treespec.calibrate.choices import _measurement_key, _pilot_prompts
+
+    target, draft, tok = pair
+    prompts = _pilot_prompts(tok)
+    keys = {_measurement_key("pilot-v4", Recipe(tree="paths", paths=paths, budget=4), target, [draft], prompts)
+            for paths in ([[0], [1], [0, 0]], [[0], [0, 0], [0, 1]], [[0], [1], [0, 0]])}
+    assert len(keys) == 2
+
+
 def test_without_a_tokenizer_the_default_budget_stays(pair) -> None:
     target, draft, _ = pair
     resolved = resolve(Recipe(tree="kary"), target, [draft])

@@ -4,6 +4,8 @@ a :class:`Resolved`: the recipe with the choice made and a line saying what runs
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
@@ -85,14 +87,18 @@ def _pilot_prompts(tokenizer: Any) -> list[list[int]]:
 
 def _measurement_key(tag: str, recipe: Recipe, target: torch.nn.Module, drafts: Sequence[DraftModel],
                      prompts: Sequence[Sequence[int]]) -> str:
-    """The cache key of a measurement of ``recipe`` on ``prompts``: machine, models, precisions, drafters,
-    budget and sampling."""
+    """The cache key of a measurement of ``recipe`` on ``prompts``: machine, models, precisions, drafters (a model
+    drafter's static tree by its paths: two trees of one size and depth are two measurements), budget and
+    sampling."""
     from .pilot import prompts_digest
     from ..common.machine import measurement_key, model_name
 
+    drafters = build_drafters(recipe, drafts)
+    trees = [f"tree={hashlib.sha1(json.dumps(d.layout.shape.paths).encode()).hexdigest()[:12]}"
+             for d in drafters if isinstance(d, ModelDrafter) and d.mode != "dynamic"]
     return measurement_key(tag, model_name(target), precision_of(target), f"budget={recipe.budget}",
                            *(precision_of(m.model if isinstance(m, CrossDraft) else m) for m in drafts),
-                           *(d.describe() for d in build_drafters(recipe, drafts)), f"T={recipe.temperature}",
+                           *(d.describe() for d in drafters), *trees, f"T={recipe.temperature}",
                            f"top_p={recipe.top_p}", f"top_k={recipe.top_k}", recipe.verifier, prompts_digest(prompts),
                            *layout_tags(target, *(m.model if isinstance(m, CrossDraft) else m for m in drafts)),
                            *kernel_tags(target), device=next(target.parameters()).device)

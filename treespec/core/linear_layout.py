@@ -48,9 +48,10 @@ def layout_of(model: torch.nn.Module) -> str:
 
 
 def layout_tags(*models: torch.nn.Module) -> list[str]:
-    """What a cached timing of these models depends on besides their precision: ``["linear=weight-first"]`` for each
-    model in that layout, nothing for stock ones (so timings cached before layouts existed stay valid)."""
-    return [f"linear={layout_of(m)}" for m in models if layout_of(m) != STOCK]
+    """What a cached timing of these models depends on besides their precision: ``"linear[i]=weight-first"`` for
+    the ``i``-th model in that layout (its place: a target in one layout and its draft in the other are not the
+    reverse), nothing for stock ones (so timings cached before layouts existed stay valid)."""
+    return [f"linear[{i}]={layout_of(m)}" for i, m in enumerate(models) if layout_of(m) != STOCK]
 
 
 def set_layout(model: torch.nn.Module, layout: str) -> torch.nn.Module:
