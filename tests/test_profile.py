@@ -342,3 +342,29 @@ def test_a_cached_profile_from_before_the_prefill_curve_gets_it_measured_once(mo
     assert first.target_latency == old.target_latency and first.meta == old.meta  # nothing else measured again
     assert Profile.from_dict(read_json_dict(cache)[tuning._key(model, model)]) == first
     assert tuning.cached_profile(model, model, cache) == first and timed == [model]  # read back, not timed again
+
+
+@pytest.mark.parametrize("entry", [{}, [1, 2], None, {"target_latency": [0.1, 0.2]},
+                                   {"target_latency": {"1": "fast"}}, {"target_latency": {"1": float("nan")}}],
+                         ids=["empty", "list", "null", "latency-list", "latency-string", "latency-nan"])
+def test_a_damaged_cached_profile_is_measured_again(model, tmp_path, monkeypatch, entry):
+    """A profiles.json entry under the right key that is no profile (a hand edit, a file cut short) is measured
+    again, as a damaged file is, not a traceback in the tuner."""
+    from treespec.calibrate import tuning
+    from treespec.common.files import write_json
+
+    cache = tmp_path / "profiles.json"
+    write_json(cache, {tuning._key(model, model): entry})
+    fresh = Profile({1: 0.1, 4: 0.2}, {1: 0.01}, {"made": "now"}, draft_prefill_latency={32: 0.01})
+    monkeypatch.setattr(tuning, "profile", lambda *a, **k: fresh)
+    assert tuning.cached_profile(model, model, cache) == fresh
+
+
+@pytest.mark.parametrize("costs", [dict(target_latency={1: float("nan"), 4: 0.2}),
+                                   dict(target_latency={1: 0.1}, overhead=float("nan")),
+                                   dict(target_latency={1: 0.1}, draft_cost=float("nan"))],
+                         ids=["latency", "overhead", "draft"])
+def test_costs_that_are_not_numbers_are_refused_by_name(costs):
+    """NaN costs are refused, named (an IndexError, or a silent "no tree", before)."""
+    with pytest.raises(ValueError, match="finite"):
+        choose_tree(VECTOR, **{"draft_cost": 0.01, "overhead": 0.0, **costs})

@@ -214,3 +214,24 @@ def test_the_cli_pilots_each_rendering_where_a_pilot_sizes_the_tree(q4_file, mon
     piloted = [r for k, r in decisions.items() if k.startswith("piloted-target")]
     assert len(piloted) == 2 and all(len(r["candidates"]) == 2 for r in piloted)
     assert all(c["seconds_per_token"] > 0 for r in piloted for c in r["candidates"].values())
+
+
+@pytest.mark.parametrize("record", [{"precision": "int4", "candidates": {"int4": {"tree": "x"}}},
+                                    {"precision": "int4", "candidates": {"int4": 0.05}},
+                                    {"precision": "int3", "candidates": {"int3": {"seconds_per_token": 0.1,
+                                                                                  "tree": "x"}}},
+                                    {"precision": "int4", "candidates": {}}],
+                         ids=["no-seconds", "number", "unknown-precision", "not-a-candidate"])
+def test_a_damaged_cached_decision_is_made_again(tmp_path, monkeypatch, record):
+    """A precision decision in the cache that does not read as one (a hand edit) counts as none: decided again,
+    not loaded and then a traceback where it is described."""
+    from treespec.common.files import write_json
+    from treespec.models.loading import PRECISION_DECISIONS
+
+    monkeypatch.setenv("TREESPEC_CACHE", str(tmp_path))
+    key = target_precision._key("t", "d", None, 0.0, False)
+    write_json(tmp_path / PRECISION_DECISIONS, {key: {**record, "key": key}})
+    assert target_precision.cached_choice("t", "d") is None
+    good = {"precision": "int4", "key": key, "candidates": {"int4": {"seconds_per_token": 0.05, "tree": "x"}}}
+    write_json(tmp_path / PRECISION_DECISIONS, {key: good})
+    assert target_precision.cached_choice("t", "d") == good

@@ -28,6 +28,7 @@ width limit too. ``t_q = 0`` for model-free drafters (n-gram).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
@@ -86,16 +87,16 @@ def checked_costs(target_latency: Mapping[int, float], draft_cost: float | Mappi
     if 1 not in target_latency:
         raise ValueError("target_latency must include size 1 (the cost of plain decoding)")
     lat = np.array([float(target_latency[s]) for s in sizes])
-    if np.any(lat <= 0):
-        raise ValueError("latencies must be > 0")
-    if overhead < 0:
-        raise ValueError(f"overhead must be >= 0 seconds, got {overhead}")
+    if not np.all(np.isfinite(lat)) or np.any(lat <= 0):
+        raise ValueError(f"latencies must be finite and > 0, got {dict(target_latency)}")
+    if not math.isfinite(overhead) or overhead < 0:
+        raise ValueError(f"overhead must be finite and >= 0 seconds, got {overhead}")
     if isinstance(draft_cost, Mapping):
         if not draft_cost:
             raise ValueError("draft_cost is an empty dict; give width -> seconds, one number, or None")
         return sizes, lat, cost_curve(draft_cost)
-    if draft_cost is not None and float(draft_cost) < 0:
-        raise ValueError(f"draft_cost must be >= 0, got {draft_cost}")
+    if draft_cost is not None and not float(draft_cost) >= 0:  # NaN too
+        raise ValueError(f"draft_cost must be finite and >= 0, got {draft_cost}")
     flat = 0.0 if draft_cost is None else float(draft_cost)
     return sizes, lat, lambda w: np.full(np.shape(w), flat) if np.ndim(w) else flat
 

@@ -35,12 +35,12 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from ..common.files import read_json_dict, write_json
+from ..common.files import DAMAGED, read_json_dict, write_json
 from ..common.machine import measurement_key
 from ..models.loading import PRECISION_DECISIONS, has_file_blocks, load
 from ..models.packaged import cache_root, log
 from ..models.pair import CrossDraft, load_pair
-from ..models.precision import precision_of
+from ..models.precision import PRECISIONS, precision_of
 from ..models.timing import measure_latency
 from ..recipes import Recipe, plan_depth
 from .choices import resolve
@@ -87,7 +87,9 @@ def seconds_per_token(target: torch.nn.Module, draft: torch.nn.Module, tokenizer
 
 def _key(target: str, draft: str, draft_dtype: str | None, temperature: float, chat: bool,
          tree: Recipe | None = None) -> str:
-    return measurement_key("tuned-target", target, f"draft={draft}", f"draft_dtype={draft_dtype or 'auto'}",
+    # -v2: decisions made since an int4 GGUF target's other tensors run int8 (``precision.kernel_tags``) and a tree
+    # is charged the draft's prefill (``Tuned.run_speedup``); the ones made before are made again
+    return measurement_key("tuned-target-v2", target, f"draft={draft}", f"draft_dtype={draft_dtype or 'auto'}",
                            f"T={float(temperature):g}", *(["chat"] if chat else []), *_tree_tag(tree), device="cpu")
 
 
@@ -106,10 +108,15 @@ def cached_choice(target: str, draft: str, *, draft_dtype: str | None = None, te
 
 
 def _cached(key: str) -> dict[str, Any] | None:
-    """The decision cached under ``key`` (None: none, or a damaged one)."""
+    """The decision cached under ``key`` (None: none, or a damaged one: not a precision, or one :func:`describe`
+    cannot read)."""
     record = read_json_dict(cache_root() / PRECISION_DECISIONS).get(key)
-    ok = isinstance(record, dict) and isinstance(record.get("candidates"), dict) and record.get("precision")
-    return record if ok else None
+    ok = isinstance(record, dict) and isinstance(record.get("candidates"), dict) and record.get("precision") in \
+        PRECISIONS and record["precision"] in record["candidates"]
+    try:
+        return record if ok and describe(record) else None
+    except DAMAGED:
+        return None
 
 
 def describe(record: dict[str, Any]) -> str:

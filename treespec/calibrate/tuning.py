@@ -23,14 +23,14 @@ import torch
 
 from tree_builders import TreeShape
 
-from ..common.files import read_json_dict, write_json
+from ..common.files import DAMAGED, read_json_dict, write_json
 from ..common.machine import measurement_key, model_name
 from ..core.linear_layout import layout_tags
 from ..models.precision import kernel_tags, precision_of
 from ..models.timing import measure_prefill
 from .acceptance import MeasuredAcceptance
 from .costs import Profile, profile
-from .step_cost import Builder, Choice, run_speedup
+from .step_cost import Builder, Choice, checked_costs, run_speedup
 from .pilot import MARGIN, Pilot
 from .walk_replay import per_continuation, truncated
 
@@ -297,14 +297,27 @@ def _key(target: torch.nn.Module, draft: torch.nn.Module) -> str:
                            *kernel_tags(target, draft), device=device)
 
 
+def _decoded(entry: Any) -> Profile | None:
+    """A cached profile entry, None where it is none or damaged (what ``Profile.from_dict`` or the costs' own
+    checks reject: a hand edit, a file cut short; ``common.files.DAMAGED``)."""
+    if entry is None:
+        return None
+    try:
+        prof = Profile.from_dict(entry)
+        checked_costs(prof.target_latency, prof.draft_cost, prof.step_overhead_seconds)
+    except DAMAGED:
+        return None
+    return prof
+
+
 def cached_profile(target: torch.nn.Module, draft: torch.nn.Module, cache_file: Path | None,
                    remeasure: bool = False, **kwargs: Any) -> Profile:
     """``profile(target, draft, ...)``, read from / written to ``cache_file`` (None: no cache). A cached profile
     from before the draft's prefill curve gets it measured and added (``Profile.draft_prefill_latency``)."""
     key = _key(target, draft)
     saved = {} if cache_file is None else read_json_dict(cache_file)  # a damaged cache is measured again
-    if key in saved and not remeasure:
-        prof = Profile.from_dict(saved[key])
+    prof = None if remeasure else _decoded(saved.get(key))  # so is a damaged entry
+    if prof is not None:
         if prof.draft_prefill_latency is not None:
             return prof
         prof = replace(prof, draft_prefill_latency=measure_prefill(draft))

@@ -36,17 +36,21 @@ def read_json_dict(path: str | os.PathLike) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+#: what decoding a damaged cached entry raises (a missing key, a list for a dict, a string for a number)
+DAMAGED = (KeyError, TypeError, ValueError, AttributeError)
+
+
 def cached_entry(cache_file: str | os.PathLike | None, key: str, measure: Callable[[], T] | None,
                  decode: Callable[[Any], T], encode: Callable[[T], Any], remeasure: bool = False) -> T | None:
     """The measurement cached under ``key`` in the JSON object ``cache_file`` (``decode``d); else
     ``measure()``, written there (``encode``d) beside the other keys. An entry ``decode`` rejects (an
-    older layout: KeyError, TypeError or ValueError) is measured again. ``cache_file`` None: no cache;
+    older layout, a hand edit: :data:`DAMAGED`) is measured again. ``cache_file`` None: no cache;
     ``measure`` None: None when nothing is cached."""
     saved = {} if cache_file is None else read_json_dict(cache_file)
     if key in saved and not remeasure:
         try:
             return decode(saved[key])
-        except (KeyError, TypeError, ValueError):
+        except DAMAGED:
             pass
     if measure is None:
         return None
