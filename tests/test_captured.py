@@ -114,6 +114,33 @@ def test_eos_stops_like_hf(models):
     assert out.new_tokens == greedy_reference(target, prompt, 30, eos=eos)
 
 
+def test_a_dynamic_rope_target_near_the_end_of_its_context_equals_hf():
+    """The captured step forwards its whole tree, so near the end of the context it holds nodes past it (never
+    used). A "dynamic" RoPE (HF's ``dynamic_rope_update``) recomputes its frequencies for a whole forward that shows
+    it a position past the context, which changed the kept nodes' logits (30 of 40 runs parted from HF's greedy
+    here); those positions are clamped (``StaticTreeCache.forward``). Single and batched runs, up to the last
+    position."""
+    import transformers
+
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16,
+                                      rope_scaling={"rope_type": "dynamic", "factor": 8.0}, rope_theta=10.0,
+                                      attn_implementation="sdpa")
+    torch.manual_seed(0)
+    target = transformers.LlamaForCausalLM(config).eval().requires_grad_(False)
+    with torch.no_grad():  # sharper attention: positions matter to the logits
+        for layer in target.model.layers:
+            layer.self_attn.q_proj.weight.mul_(6), layer.self_attn.k_proj.weight.mul_(6)
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, 64, (n,), generator=g).tolist() for n in (8, 10, 12, 14)]
+    for prompt in prompts:
+        n = 16 - len(prompt)
+        out = run(target, target, prompt, n, shape=CHAIN5, compile=STEP_BACKEND)
+        assert out.stats.step == "captured" and out.new_tokens == greedy_reference(target, prompt, n)
+    batch = run(target, target, prompts[:2], 6, shape=CHAIN5, compile=STEP_BACKEND)
+    assert [row.new_tokens for row in batch.rows] == [greedy_reference(target, p, 6) for p in prompts[:2]]
+
+
 def route(target, drafters, budget=None) -> str:
     """The step ``generate(compile=...)`` takes for a request (``engine.step_for``; nothing compiled: the runs'
     own ``stats.step`` is asserted by the tests that run them)."""

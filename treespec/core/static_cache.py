@@ -13,6 +13,7 @@ from transformers.cache_utils import Cache, StaticLayer
 
 from . import attention
 from .attention import cache_argument, tree_forward
+from .checks import context_of
 from .kv import forward_each, kv_shape
 
 
@@ -88,6 +89,13 @@ class StaticTreeCache(Cache):
         self.capacity, self.rows = capacity, rows
         # the attention mask's dtype, read once: a traced ``model.dtype`` walks every parameter (7% of a graph's trace)
         self.mask_dtype = model.dtype
+        # the last position a token can be committed at (None: no context given). A fixed tree near the end of the
+        # context holds nodes past it, whose outputs are never used (the run ends first: ``checks.check_lengths``);
+        # their positions are clamped here so that no forward shows the model a position past its context, where
+        # a "dynamic" RoPE would recompute its frequencies for every token of that forward (HF's
+        # ``dynamic_rope_update``: the kept nodes' logits would then differ from the target's own)
+        context = context_of(model)
+        self.last_position = None if context is None else context - 1
         self.length = torch.zeros(() if rows is None else (rows,), dtype=torch.long, device=param.device)
         torch._dynamo.mark_static_address(self.length, guard=True)
         layers = [StaticTreeLayer(capacity, self.length) for _ in range(n_layers)]
@@ -116,6 +124,8 @@ class StaticTreeCache(Cache):
         (``attention.tree_flex``; a static token count).
         """
         committed = self.length if committed is None else committed
+        if self.last_position is not None:
+            positions = positions.clamp(max=self.last_position)
         n_block = block.shape[-1]
         rel = torch.arange(self.capacity, device=block.device) - committed[..., None]  # [C], or [B, C]
         inside = (rel >= 0) & (rel < n_block)
