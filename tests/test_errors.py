@@ -236,6 +236,14 @@ def q_zero_at(token, vocab=64):
     return q / q.sum()
 
 
+def negative_at(token, vocab=64):
+    """A row summing to 1 with a negative entry at ``token``."""
+    q = uniform(1, vocab)
+    q[0, token] -= 0.5
+    q[0, token + 1] += 0.5
+    return q
+
+
 @pytest.mark.parametrize("proposals,fragment", [
     (DraftProposals([1, 2, 3], [-1, 0]), "3 tokens but 2 parents"),
     (sampled([1, 2], [-1, 0], uniform(), [0]), "2 tokens but 1 dist_rows"),
@@ -251,6 +259,10 @@ def q_zero_at(token, vocab=64):
     (sampled([1, 7], [-1, 0], q_zero_at(7), [POINT_MASS, 0]), r"proposal 1 \(token 7\).*q\(x\) = 0"),
     (sampled([1, 7], [-1, -1], uniform(), [0, 0], [(), (7,)]), "proposal 1 .*one of its exclude tokens"),
     (sampled([1], [-1], uniform(), [0], [(99,)]), "proposal 0 has excluded token id 99"),
+    # a row that is no distribution: verification would divide by another q than the tokens were drawn from
+    (sampled([1, 2], [-1, 0], torch.cat([uniform(), 0.3 * uniform()]), [0, 1]),
+     "proposal 1 is drawn from dist row 1, which is no distribution .*sum to 0.3"),
+    (sampled([1], [-1], negative_at(3), [0]), r"sum to 1, the least is -0\.48"),
 ])
 def test_draft_proposals_validate(proposals, fragment):
     with pytest.raises(ValueError, match=fragment):

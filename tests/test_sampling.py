@@ -39,7 +39,22 @@ def test_top_p_keeps_smallest_set_reaching_mass():
     assert (out > 0).tolist() == [True, True, True, False]
 
 
+def test_the_top_p_boundary_keeps_hfs_tokens_at_ties_and_rounding():
+    """The nucleus is HF's token for token where ties or rounding decide its last member: tied tokens
+    ([0.3, 0.3, 0.4] at top_p 0.5: HF keeps tokens 1 and 2), and a large vocabulary of bfloat16-rounded logits,
+    where a formulation over the descending order kept another set in 195 of 200 rows."""
+    def hf(logits, top_p):
+        return torch.softmax(TopPLogitsWarper(top_p)(None, logits.clone()), -1)
+
+    tied = torch.tensor([[0.3, 0.3, 0.4]]).log()
+    assert torch.equal(standardize(tied, 1.0, 0, 0.5) > 0, hf(tied, 0.5) > 0)
+    torch.manual_seed(0)
+    logits = (torch.randn(200, 32000) * 2).bfloat16().float()
+    assert torch.equal(standardize(logits, 1.0, 0, 0.9) > 0, hf(logits, 0.9) > 0)
+
+
 @pytest.mark.parametrize("kwargs,fragment", [({"temperature": -0.1}, "temperature must be >= 0"),
+                                            ({"temperature": 1e-39}, "overflow float32"),
                                             ({"top_p": 0.0}, "top_p must be in (0, 1]"),
                                             ({"top_p": 1.5}, "top_p must be in (0, 1]"),
                                             ({"top_k": -1}, "top_k must be")])

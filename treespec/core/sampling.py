@@ -14,6 +14,11 @@ import torch
 from .checks import check_int, check_real
 
 
+#: the smallest positive temperature: logits over a smaller one come near float32's range (3.4e38), and ordinary
+#: logits over one under about 1e-37 overflow it (NaN probabilities: HF's sampling raises, treespec drew token 0)
+MIN_TEMPERATURE = 1e-30
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How logits become a distribution. ``temperature == 0`` means greedy decoding."""
@@ -29,6 +34,11 @@ class SamplingParams:
             raise ValueError(
                 f"temperature must be >= 0 (0 means greedy), got {self.temperature!r}; "
                 "pass temperature=0.0 for greedy decoding or a positive value to sample."
+            )
+        if 0 < temperature < MIN_TEMPERATURE:
+            raise ValueError(
+                f"temperature {self.temperature!r} is below {MIN_TEMPERATURE:g}: logits over it overflow float32; "
+                "pass temperature=0.0 for greedy decoding (what such a temperature samples, but at exact ties)"
             )
         check_int("top_k", self.top_k, 0, "0 disables it; pass e.g. top_k=50 to keep the 50 most likely tokens.")
         top_p = check_real("top_p", self.top_p, "use top_p=1.0 to disable nucleus sampling.")
@@ -51,10 +61,13 @@ class SamplingParams:
 
 
 def standardize(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
-    """Turn logits ``[..., V]`` into float32 probabilities with temperature, top-k and top-p.
+    """Turn logits ``[..., V]`` into float32 probabilities with temperature, top-k and top-p, as HF ``generate``'s
+    warpers do in that order (the same operations, so that ties and rounding at the top-p boundary keep the same
+    tokens as the target's own sampling).
 
     Temperature 0 returns the one-hot distribution of the argmax. Top-p keeps the smallest set of
-    most likely tokens whose mass reaches ``top_p`` (at least one token).
+    most likely tokens whose mass reaches ``top_p`` (at least one token): sorted ascending, a token is dropped while
+    the mass up to and including it is at most ``1 - top_p``.
     """
     logits = logits.float()
     if temperature == 0:
@@ -63,16 +76,12 @@ def standardize(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p:
     if top_k and top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
     if top_p < 1.0:
-        sorted_p, order = torch.sort(probs, dim=-1, descending=True)
-        mass_before = torch.cumsum(sorted_p, dim=-1) - sorted_p
-        drop_sorted = mass_before >= top_p  # the mass of more likely tokens already reaches top_p
-        drop_sorted[..., 0] = False
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        probs = probs.masked_fill(drop, 0.0)
-        probs = probs / probs.sum(-1, keepdim=True)
-    return probs
+        ascending, order = torch.sort(logits, dim=-1, descending=False)
+        drop_sorted = ascending.softmax(dim=-1).cumsum(dim=-1) <= 1 - top_p
+        drop_sorted[..., -1] = False  # the most likely token stays
+        logits = logits.masked_fill(drop_sorted.scatter(-1, order, drop_sorted), float("-inf"))
+    return torch.softmax(logits, dim=-1)
 
 
 def draw_children(q: torch.Tensor, b: int, mode: str, generator: torch.Generator) -> torch.Tensor:
