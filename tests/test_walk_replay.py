@@ -113,3 +113,28 @@ def test_a_tuned_run_is_predicted_over_its_own_horizon():
     assert "walk on chat.jsonl (12 prompts) in the chat template with" in tuned.with_walk(walk, 16).why
     walk.meta.update(prompts_label="sharegpt[0:40] in the chat template", prompts=40)  # accept --dataset sharegpt
     assert "walk on sharegpt (40 prompts) in the chat template with" in tuned.with_walk(walk, 16).why
+
+
+@pytest.mark.parametrize("cut", ["positions", "prompts", "ranks-per-position"])
+def test_an_acceptance_file_whose_confidence_does_not_cover_its_ranks_is_refused_by_name(tmp_path, cut):
+    """The replay reads each walked position's proposal probabilities; a file whose "confidence" misses some (a hand
+    edit, another writer) is refused, named (an IndexError at the prediction before)."""
+    import json
+
+    from treespec.calibrate.vectors import acceptance_for_draft, calibration_walk, shipped_file
+    from importlib import resources
+
+    saved = json.loads(resources.files("treespec").joinpath(shipped_file(0.0, "int4")).read_text())
+    assert calibration_walk(None, 0.0, "int4") is not None  # the shipped file: covered
+    if cut == "positions":
+        saved["confidence"] = [probs[:5] for probs in saved["confidence"]]
+    elif cut == "prompts":
+        saved["confidence"] = saved["confidence"][:3]
+    else:
+        saved["confidence"] = [[row[:1] for row in probs] for probs in saved["confidence"]]
+    path = tmp_path / "acc.json"
+    path.write_text(json.dumps(saved))
+    with pytest.raises(ValueError, match=r"acc\.json: its \"confidence\" does not cover its \"ranks\""):
+        acceptance_for_draft(path, 0.0, None)
+    with pytest.raises(ValueError, match="does not cover"):
+        calibration_walk(path, 0.0)

@@ -53,10 +53,11 @@ def calibration_walk(path: str | Path | None, temperature: float, draft_precisio
     replays, ``treespec.calibrate.tuning.Tuned``); None for a file without them (a bare vector, or one written
     before the ranks were kept)."""
     try:
-        saved = _parsed(*_text(path, temperature, draft_precision, chat))
+        where, text = _text(path, temperature, draft_precision, chat)
+        saved = _parsed(where, text)
     except ValueError:
         return None  # default_acceptance says what is wrong with the file
-    return _walk(saved)
+    return _walk(saved, where)
 
 
 def _parsed(where: str, text: str) -> Any:
@@ -68,14 +69,28 @@ def _parsed(where: str, text: str) -> Any:
             from error
 
 
-def _walk(saved: Any) -> Any:
-    """:func:`calibration_walk` of a parsed file."""
+def _walk(saved: Any, where: str) -> Any:
+    """:func:`calibration_walk` of the parsed file ``where``; refused where its proposal probabilities (the
+    confidence stop's input) do not cover its ranks: each prompt's positions, each with a probability per rank of
+    the file's width (the replay would index past them)."""
     from .acceptance import MeasuredAcceptance
 
     try:
-        return MeasuredAcceptance.from_dict(saved) if saved.get("ranks") else None
+        walk = MeasuredAcceptance.from_dict(saved) if saved.get("ranks") else None
     except (KeyError, TypeError, ValueError, AttributeError):
         return None  # default_acceptance says what is wrong with the file
+    if walk is None or not walk.confidence:
+        return walk
+    width = len(walk.vector)
+    covered = len(walk.confidence) == len(walk.ranks) and all(
+        isinstance(probs, list) and len(probs) >= len(ranks) and all(
+            isinstance(row, list) and len(row) >= width for row in probs[:len(ranks)])
+        for ranks, probs in zip(walk.ranks, walk.confidence))
+    if not covered:
+        raise ValueError(f"acceptance file {where}: its \"confidence\" does not cover its \"ranks\" (one list per "
+                         f"prompt and position, {width} probabilities each, for {len(walk.ranks)} prompts); write "
+                         "it again with `treespec accept`")
+    return walk
 
 
 def default_acceptance(path: str | Path | None, temperature: float, per_depth: bool = True,
@@ -117,4 +132,4 @@ def acceptance_for_draft(path: str | Path | None, temperature: float, draft: Any
     precision = precision_of(draft) if isinstance(draft, torch.nn.Module) else None
     where, text = _text(path, temperature, precision, chat)
     saved = _parsed(where, text)  # one read and parse for both
-    return _rows(where, saved, per_depth), _walk(saved)
+    return _rows(where, saved, per_depth), _walk(saved, where)
