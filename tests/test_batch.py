@@ -7,7 +7,9 @@ share the batch; the joint law of a batch's rows is the target's (G-tests, trial
 
 from collections import Counter
 
+import numpy as np
 import pytest
+import torch
 
 import treespec
 from stats import ALPHA, exact_joint, g_test
@@ -114,6 +116,11 @@ def test_a_list_of_seeds_gives_each_row_its_own():
     for prompt, row, seed in zip(PROMPTS, out.rows, seeds):
         alone = treespec.generate(target, prompt, make(), max_new_tokens=16, temperature=1.0, seed=seed)
         assert row.new_tokens == alone.new_tokens and row.stats.step_tokens == alone.stats.step_tokens
+    small = [41, 5, 7, 41]  # an array or tensor of seeds is such a list too
+    listed = treespec.generate(target, PROMPTS, make(), max_new_tokens=8, temperature=1.0, seed=small)
+    for array in (np.array(small), torch.tensor(small)):
+        again = treespec.generate(target, PROMPTS, make(), max_new_tokens=8, temperature=1.0, seed=array)
+        assert [r.new_tokens for r in again.rows] == [r.new_tokens for r in listed.rows]
 
 
 def test_a_rows_output_does_not_depend_on_its_batch_mates():

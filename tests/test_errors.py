@@ -133,6 +133,9 @@ def test_numpy_and_tensor_scalars_are_accepted(target):
     out = treespec.generate(target, np.array([1, 2]), max_new_tokens=np.int64(4), temperature=np.float32(1.0),
                             top_k=np.int64(5), seed=torch.tensor(3)).new_tokens
     assert out == ref
+    # a list of 0-d tensors (``list(tensor)``) is one prompt's tokens, not a batch
+    assert treespec.generate(target, list(torch.tensor([1, 2])), max_new_tokens=4, temperature=1.0, top_k=5,
+                             seed=3).new_tokens == ref
 
 
 @pytest.mark.parametrize("prompt,fragment", [

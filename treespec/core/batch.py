@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+import numpy as np
 import torch
 
 from . import checks
@@ -58,6 +59,8 @@ def row_seed(seed: int, row: int) -> int:
 def row_seeds(seed: int | Sequence[int] | None, rows: int) -> list[int]:
     """Each row's seed: ``seed`` itself when it is a list of one seed per prompt, else :func:`row_seed` of the
     call's seed (drawn at random when None)."""
+    if isinstance(seed, (np.ndarray, torch.Tensor)) and seed.ndim == 1:  # one seed per prompt, as an array
+        seed = seed.tolist()
     if isinstance(seed, (list, tuple)):
         if len(seed) != rows:
             raise ValueError(f"seed: a list gives one seed per prompt; got {len(seed)} seeds for {rows} prompts")

@@ -138,9 +138,10 @@ def check_not_empty(input_ids: object) -> None:
 
 
 def is_batch(input_ids: object) -> bool:
-    """Whether ``input_ids`` is several prompts: a list (or tuple) of token lists or tensors."""
-    return (isinstance(input_ids, (list, tuple)) and len(input_ids) > 0
-            and isinstance(input_ids[0], (list, tuple, torch.Tensor, np.ndarray)))
+    """Whether ``input_ids`` is several prompts: a list (or tuple) of token lists or tensors (not of 0-d ones: the
+    tokens of one prompt, as ``list(tensor)`` gives them)."""
+    first = input_ids[0] if isinstance(input_ids, (list, tuple)) and len(input_ids) > 0 else None
+    return isinstance(first, (list, tuple)) or (isinstance(first, (torch.Tensor, np.ndarray)) and first.ndim > 0)
 
 
 def as_prompt(input_ids: torch.Tensor | Sequence[int], vocab: int | None = None) -> list[int]:
