@@ -368,3 +368,18 @@ def test_costs_that_are_not_numbers_are_refused_by_name(costs):
     """NaN costs are refused, named (an IndexError, or a silent "no tree", before)."""
     with pytest.raises(ValueError, match="finite"):
         choose_tree(VECTOR, **{"draft_cost": 0.01, "overhead": 0.0, **costs})
+
+
+def test_a_profile_of_other_sizes_is_cached_apart_from_the_default(model, tmp_path, monkeypatch):
+    """``tune(..., sizes=[1, 2])`` measures a profile of its own sizes; the default profile a later run reads is not
+    that one (both were cached under one key)."""
+    from treespec.calibrate import tuning
+
+    made = []
+    monkeypatch.setattr(tuning, "profile", lambda *a, **k: made.append(k) or Profile(
+        {s: 0.1 * s for s in k["sizes"]}, {1: 0.01}, {}, draft_prefill_latency={32: 0.01}))
+    cache = tmp_path / "profiles.json"
+    few = tuning.cached_profile(model, model, cache, sizes=[1, 2])
+    default = tuning.cached_profile(model, model, cache)
+    assert sorted(few.target_latency) == [1, 2] and sorted(default.target_latency) == sorted(tuning.PROFILE_SIZES)
+    assert tuning.cached_profile(model, model, cache, sizes=[1, 2]) == few and len(made) == 2  # each read back

@@ -313,8 +313,10 @@ def _decoded(entry: Any) -> Profile | None:
 def cached_profile(target: torch.nn.Module, draft: torch.nn.Module, cache_file: Path | None,
                    remeasure: bool = False, **kwargs: Any) -> Profile:
     """``profile(target, draft, ...)``, read from / written to ``cache_file`` (None: no cache). A cached profile
-    from before the draft's prefill curve gets it measured and added (``Profile.draft_prefill_latency``)."""
-    key = _key(target, draft)
+    from before the draft's prefill curve gets it measured and added (``Profile.draft_prefill_latency``). ``kwargs``
+    (``profile``'s: other sizes, widths, repeats) are part of the key: the default profile is not replaced by one of
+    other sizes."""
+    key = _key(target, draft) + "".join(f"|{k}={kwargs[k]!r}" for k in sorted(kwargs))
     saved = {} if cache_file is None else read_json_dict(cache_file)  # a damaged cache is measured again
     prof = None if remeasure else _decoded(saved.get(key))  # so is a damaged entry
     if prof is not None:
