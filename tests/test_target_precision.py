@@ -67,8 +67,11 @@ def test_a_chain_or_kary_tree_is_rated_by_its_own_tuned_tree_and_decided_apart(q
     load_pair_tuned(q4_file, q4_file, tree=Recipe(tree="chain"), rate=rates(0.05, calls))
     load_pair_tuned(q4_file, q4_file, tree=Recipe(tree="chain"), rate=rates(0.05, calls))  # cached
     load_pair_tuned(q4_file, q4_file, tree=Recipe(tree="kary", kary_width=3), rate=rates(0.05, calls))
+    load_pair_tuned(q4_file, q4_file, tree=Recipe(depth=3), rate=rates(0.05, calls))  # Sequoia under a depth limit
+    load_pair_tuned(q4_file, q4_file, tree=Recipe(), rate=rates(0.05, calls))  # the default Sequoia tree: cached
     floating = calls[0]
-    assert calls == [floating, "int4", f"{floating} chain", "int4 chain", f"{floating} kary", "int4 kary"]
+    assert calls == [floating, "int4", f"{floating} chain", "int4 chain", f"{floating} kary", "int4 kary",
+                     f"{floating} sequoia", "int4 sequoia"]
     routed: list[tuple[str, int]] = []
 
     def tuned(target, draft, *, tree=None, **kwargs):

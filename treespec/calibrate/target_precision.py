@@ -94,8 +94,9 @@ def _key(target: str, draft: str, draft_dtype: str | None, temperature: float, c
 
 
 def _tree_tag(tree: Recipe | None) -> list[str]:
-    """The key's part naming a tuned tree other than the default Sequoia one (none for it: its decisions stand)."""
-    if tree is None or tree.tree == "sequoia":
+    """The key's part naming a tuned tree other than the default Sequoia one (none for it: its decisions stand), or
+    the Sequoia tree's depth limit where one is given."""
+    if tree is None or (tree.tree == "sequoia" and tree.depth is None):
         return []
     width = f"(kary_width={tree.kary_width})" if tree.tree == "kary" else ""
     return [f"tree={tree.tree}{width}", f"depth={tree.depth}"]
@@ -142,9 +143,9 @@ def load_pair_tuned(target: str, draft: str, *, draft_dtype: str | None = None, 
     its file's own blocks) whose tuned tree ``rate`` predicts fastest here (module doc), for prompts in the chat
     template with ``chat`` (their tree is sized from chat's acceptance); the decision cached. ``tree``: a recipe of
     another tuned builder (a chain, a k-ary tree; its depth limit kept), whose tree is tuned instead
-    of the default Sequoia one. A draft of another tokenizer leaves the target in its floating ``auto`` precision
-    (no tuned tree to compare)."""
-    tree = None if tree is None or tree.tree == "sequoia" else tree
+    of the default Sequoia one, or a Sequoia recipe with a depth limit (the tree tuned under it). A draft of another
+    tokenizer leaves the target in its floating ``auto`` precision (no tuned tree to compare)."""
+    tree = None if tree is None or (tree.tree == "sequoia" and tree.depth is None) else tree
     return _load_faster(target, draft, _key(target, draft, draft_dtype, temperature, chat, tree),
                         lambda model, drafts, tok: rate(model, drafts[0], tok, temperature, chat=chat, tree=tree),
                         draft_dtype=draft_dtype, compile=compile)
