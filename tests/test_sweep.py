@@ -203,6 +203,25 @@ def test_config_is_validated() -> None:
     assert E.split_ranges(cfg, "humaneval") == ((0, 50), (50, 60))
 
 
+def test_a_config_without_baselines_or_device_runs_what_a_user_of_the_machine_would(monkeypatch) -> None:
+    """``run.device`` left out is the commands' default (CUDA where there is one); ``baselines.methods`` left out is
+    eager HF, assisted and prompt lookup, and on CUDA HF with a static cache + ``torch.compile`` too (what a GPU user
+    runs); a listed set stays as listed."""
+    from treespec.bench.sweep.config import baseline_methods
+
+    import torch
+
+    cfg = E.load_config({})
+    assert cfg["run"]["device"] == "cpu" and baseline_methods(cfg) == ["target", "assisted", "prompt_lookup"]
+    assert "target_compiled" in baseline_methods({**cfg, "run": {**cfg["run"], "device": "cuda"}})
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert E.load_config({})["run"]["device"] == "cuda"
+    listed = E.load_config({"baselines": {"methods": ["target"]}, "run": {"device": "cpu"}})
+    assert baseline_methods({**listed, "run": {**listed["run"], "device": "cuda"}}) == ["target"]
+    with pytest.raises(ValueError, match="baselines.methods"):
+        E.load_config({"baselines": {"methods": ["target", "eager"]}})
+
+
 def test_speedup_is_refused_when_token_counts_differ() -> None:
     cfg = E.load_config(TINY)
     cfg["baselines"]["methods"] = ["target"]

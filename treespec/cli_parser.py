@@ -8,12 +8,10 @@ import argparse
 from pathlib import Path
 from typing import Any, Callable
 
-import torch
-
 from .bench.datasets import DATASETS
 from .calibrate.acceptance import CONTEXTS
 from .calibrate.choices import TUNED_TREES
-from .common.device import check_device
+from .common.device import check_device, default_device
 from .core import checks
 from .core.sampling import SamplingParams
 from .core.verifiers import VERIFIERS
@@ -80,7 +78,7 @@ def add_model_options(p: argparse.ArgumentParser, several_drafts: bool = False) 
         p.add_argument("--draft", type=lambda name: [name], metavar="M",
                        help=f"draft model: HF id, local dir, local .gguf file, or a built-in name (default: "
                             f"{DEFAULT_DRAFT})")
-    p.add_argument("--device", type=_device, default="cuda" if torch.cuda.is_available() else "cpu",
+    p.add_argument("--device", type=_device, default=default_device(),
                    help="torch device, e.g. cpu, cuda or cuda:1 (default: cuda if available)")
     p.add_argument("--dtype", choices=CHOICES["target"], default=None,
                    help="target precision; auto times float32 and bfloat16 here and keeps the faster, and for a "

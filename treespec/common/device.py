@@ -5,6 +5,11 @@ from __future__ import annotations
 import torch
 
 
+def default_device() -> str:
+    """``cuda`` where this machine has a CUDA device, else ``cpu`` (the commands' default ``--device``)."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def check_device(device: torch.device | str) -> torch.device:
     """``device`` as a ``torch.device``, refused with what to pass instead when it is not a device name or this
     machine has no such device (e.g. ``cuda`` under a CPU-only torch)."""

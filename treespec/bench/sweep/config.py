@@ -60,10 +60,10 @@ DEFAULTS: dict[str, Any] = {
                "dynamic_topk": _RECIPE.dynamic_topk, "paths": []},
     "ngram": {"mode": _NGRAM.mode, "max_order": _NGRAM.max_order, "max_tokens": 6, "width": _NGRAM.width,
               "window": _NGRAM.window},
-    "baselines": {"methods": ["target", "assisted", "prompt_lookup"], "prompt_lookup_num_tokens": 10,
+    "baselines": {"methods": "auto", "prompt_lookup_num_tokens": 10,
                   "max_matching_ngram_size": 2,
                   "assisted": {}},
-    "run": {"device": "cpu", "dtype": "float32", "draft_dtype": "same", "warmup_tokens": 4, "threads": 0,
+    "run": {"device": "auto", "dtype": "float32", "draft_dtype": "same", "warmup_tokens": 4, "threads": 0,
             "compile": "auto", "envelope": "auto", "workers": 0},
 }
 
@@ -127,6 +127,10 @@ def load_config(config: str | os.PathLike | dict[str, Any]) -> dict[str, Any]:
         g[key] = _as_list(g[key])
     cfg["data"]["datasets"] = _as_list(cfg["data"]["datasets"])
     cfg["baselines"]["methods"] = _as_list(cfg["baselines"]["methods"])
+    if cfg["run"]["device"] == "auto":  # the CLI's default: CUDA where there is one
+        from ...common.device import default_device
+
+        cfg["run"]["device"] = default_device()
     g["max_depths"] = [None if isinstance(d, str) else d for d in g["max_depths"]]  # "none" (checked above)
     check("paths" not in g["builders"] or bool(static_trees(cfg)),
           "grid.builders has \"paths\": give its static tree as shapes.paths, child-rank paths in priority order, "
@@ -230,9 +234,17 @@ def _depth(where: str, value: Any) -> None:
         _refuse(where, value, 'an integer >= 1 or "none" (no depth limit)')
 
 
+def _methods(where: str, value: Any) -> None:
+    if value == "auto" or value == ["auto"]:
+        return
+    _list(_choice(BASELINES), allow_empty=True)(where, value)
+
+
 def _device(where: str, value: Any) -> None:
     import torch
 
+    if value == "auto":
+        return
     try:
         torch.device(value)
     except (RuntimeError, TypeError, ValueError):
@@ -258,6 +270,21 @@ def _compile(where: str, value: Any) -> None:
         except ValueError:
             _refuse(where, value, "false, true, \"auto\" (compiled on CUDA), \"uncompiled\" or a torch.compile "
                     "backend name (torch._dynamo.list_backends() lists them)")
+
+
+#: ``baselines.methods = "auto"``: each alternative a user would run, at its fastest on the device: these, and on CUDA
+#: HF ``generate`` with a static cache and ``torch.compile`` (CUDA graphs) too (on a CPU it compiles for minutes and
+#: eager HF int4 was the faster of the two in the demo: list "target_compiled" to add it)
+AUTO_BASELINES = ("target", "assisted", "prompt_lookup")
+
+
+def baseline_methods(cfg: dict[str, Any]) -> list[str]:
+    """The HF baselines a sweep runs: ``baselines.methods``, where "auto" is :data:`AUTO_BASELINES` and, on CUDA,
+    ``target_compiled``."""
+    methods = cfg["baselines"]["methods"]
+    if methods != ["auto"]:
+        return list(methods)
+    return [*AUTO_BASELINES, *(["target_compiled"] if "cuda" in str(cfg["run"]["device"]) else [])]
 
 
 def run_compile(cfg: dict[str, Any]) -> bool | str:
@@ -362,7 +389,7 @@ TYPES: dict[str, Checker] = {
     "shapes.dynamic_topk": _int(1), "shapes.paths": _static_tree,
     "ngram.mode": _choice(("ngram", "prompt_lookup")), "ngram.max_order": _int(2), "ngram.max_tokens": _int(1),
     "ngram.width": _int(1), "ngram.window": _int(1),
-    "baselines.methods": _list(_choice(BASELINES), allow_empty=True),
+    "baselines.methods": _methods,
     "baselines.prompt_lookup_num_tokens": _int(1), "baselines.max_matching_ngram_size": _int(1),
     "baselines.assisted": _table,
     "run.device": _device, "run.dtype": _choice(FLOATS), "run.draft_dtype": _choice(("same", *PRECISIONS)),

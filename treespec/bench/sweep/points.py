@@ -16,7 +16,8 @@ from ...core.request import ON_DEVICE
 from ...core.verifiers import NotExactError, check_exact
 from ...drafters.model import STATIC_MODES
 from ...recipes import NGramSettings, Recipe, draft_mode, plan
-from .config import draft_dtype, padded_envelope, pairs, run_compile, split_ranges, static_trees
+from .config import baseline_methods, draft_dtype, padded_envelope, pairs, run_compile, split_ranges, \
+    static_trees
 
 
 @dataclass(frozen=True)
@@ -104,7 +105,7 @@ def enumerate_points(cfg: dict[str, Any]) -> list[Point]:
                                   "device": run["device"], "dtype": run["dtype"],
                                   # recorded only above 1, so the keys of earlier records stay valid
                                   **({"batch_size": int(batch)} if batch > 1 else {})}
-                        for method in cfg["baselines"]["methods"]:
+                        for method in baseline_methods(cfg):
                             if batch == 1 or method in BATCHED_METHODS:
                                 add(baseline_params(cfg, common, method, draft))
                         for drafters in g["drafters"]:

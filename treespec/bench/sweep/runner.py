@@ -24,7 +24,7 @@ from ...models import check_tokenizers
 from ...models.tiny import ByteTokenizer
 from ...recipes import Recipe, plan, run
 from ..baselines import fastest_compile_settings, hf_generate
-from .config import calib_eval_prompts, draft_dtype, padded_envelope, \
+from .config import baseline_methods, calib_eval_prompts, draft_dtype, padded_envelope, \
     pairs, split_ranges
 from .points import BATCHED_METHODS, Point, Refused, acceptance_params, baseline_params, batch_size, \
     compile_refusal, enumerate_points, point_key, point_recipe, shape_record, verifier_refusal
@@ -298,7 +298,7 @@ class Sweep:
         common = {k: p[k] for k in ("target", "dataset", "eval", "max_new_tokens", "max_prompt_tokens",
                                     "temperature", "top_p", "seed", "device", "dtype", "batch_size") if k in p}
         out: dict[str, dict[str, Any]] = {}
-        for method in self.cfg["baselines"]["methods"]:
+        for method in baseline_methods(self.cfg):
             if batch_size(p) > 1 and method not in BATCHED_METHODS:
                 continue
             draft = p.get("draft") or pairs_draft(self.cfg, p["target"])
