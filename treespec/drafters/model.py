@@ -97,7 +97,7 @@ class ModelDrafter(Drafter):
     and the verifier's rule at a node holds for any number of children fixed before they are drawn
     (see docs/design.md, "Exactness rule").
 
-    The model may be float32, bfloat16/float16 or int8-quantised (``treespec.models.precision``); draft
+    The model may be float32, bfloat16/float16, or int8- or int4-quantised (``treespec.models.precision``); draft
     probabilities are float32 whatever its dtype. The draft keeps its own KV cache across steps:
     the rows of its last tree that lie on the committed path are kept, committed tokens it never
     saw are fed at the start of the next step.

@@ -36,7 +36,8 @@ from ..core.checks import has_dynamic_int8
 from .quantized import Int8Linear, has_int4, quantize_int4, quantize_int8
 
 PRECISIONS = ("float32", "bfloat16", "float16", "int8", "int4")
-#: the floating-point precisions (a target may run in any of them; int8 and int4 are for drafts only)
+#: the floating-point precisions (a target may run in any of them, or in int4 on a GGUF file's own blocks; int8 is for
+#: drafts only)
 FLOATS = PRECISIONS[:3]
 ROLES = ("target", "draft")
 #: the names a user may give per role (``auto`` measures; see :func:`auto_precision`)

@@ -18,8 +18,9 @@ Rules (also in docs/api.md):
 * **Budget** ``B``: tokens in one verification pass, root included; the engine never verifies
   more, and the tree is sized for the same ``B`` (one field, read in one place: :func:`plan`).
   ``B = 1`` is plain decoding: no drafter is built. ``budget=None`` lets :func:`resolve` choose:
-  the measured-fastest Sequoia tree (``treespec.calibrate.tuning``) for a Sequoia recipe with one
-  draft model of the target's tokenizer, no n-gram and an acceptance vector; otherwise
+  the measured-fastest tree of its builder (``treespec.calibrate.tuning``) for a Sequoia, chain or k-ary recipe
+  with one draft model of the target's tokenizer, no n-gram and acceptance rows; for other recipes, given the
+  target's tokenizer, a pilot's depth or plain decoding (``treespec.calibrate.pilot``); otherwise
   :data:`DEFAULT_BUDGET` (a static tree's own size for ``tree="paths"``: :func:`default_budget`).
 * **The n-gram drafter shares the budget**: beside a draft model it reserves
   ``r = min(ngram.max_tokens, B - 2)`` nodes (so at least one node is left for the model's tree;
@@ -36,9 +37,9 @@ Rules (also in docs/api.md):
   the depth cap); the dynamic tree is a drafter mode, not a shape.
 
 Precision: ``target_dtype`` / ``draft_dtype`` are names for ``treespec.models.load``
-(``treespec.models.precision.CHOICES``: ``auto``, ``float32``, ``bfloat16``, ``float16``, and
-``int8`` and ``int4`` for drafts only); None means ``auto`` on CPU (measured here; int8 and int4 are
-among a draft's candidates) and bfloat16 on CUDA (``treespec.models.pair.default_precision``).
+(``treespec.models.precision.CHOICES``: ``auto``, ``float32``, ``bfloat16``, ``float16``, ``int4`` (a draft's, or a
+GGUF target's on its file's own 4-bit blocks), and ``int8`` for drafts only); None means ``auto`` on CPU (measured
+here; int8 and int4 are among a draft's candidates) and bfloat16 on CUDA (``treespec.models.pair.default_precision``).
 """
 
 from __future__ import annotations
