@@ -316,7 +316,8 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"  {r['dataset']}/{r['prompt']} {r['method']}: {r['tokens_per_second']:.2f} tok/s"
               + (f", tau {r['tau']:.2f}" if "tau" in r else ""), flush=True)
 
-    records = compare.run(setup.methods, prompts, args.max_new_tokens, args.out / "results.jsonl", on_record=show)
+    records = compare.run(setup.methods, prompts, args.max_new_tokens, args.out / "results.jsonl", on_record=show,
+                          settings={"cross_depth": args.cross_depth})
     names = [m.name for m in setup.methods]
     reference, as_same, as_cross, ts_same, ts_cross = names
     pairs = [(as_same, reference), (as_cross, reference), (ts_cross, ts_same), (as_cross, as_same)]

@@ -205,7 +205,8 @@ def main(argv: list[str] | None = None) -> dict:
     new = {m.name for m in methods} - before if before else set()
     added_later = sorted(set(earlier.get("added_later", [])) | new)
     why = {**earlier.get("configurations", {}), **why}
-    records = compare.run(methods, prompts, args.max_new_tokens, results, on_record=lambda r: print(
+    records = compare.run(methods, prompts, args.max_new_tokens, results, settings={"threads": args.threads},
+                          on_record=lambda r: print(
         f"  {r['dataset']}/{r['prompt']} {r['method']}: {r['tokens_per_second']:.2f} tok/s", flush=True))
     summaries = [compare.summarize(records, d) for d in dict.fromkeys(p[0] for p in prompts)]
     result = {"machine": machine("cpu"), "torch": torch.__version__, "threads": args.threads,

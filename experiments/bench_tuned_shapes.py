@@ -107,6 +107,8 @@ def main(argv: list[str] | None = None) -> None:
 
     results = args.out / "results.jsonl"
     records = compare.run(methods, prompts, args.max_new_tokens, results,
+                          settings={"target": args.target, "draft": args.draft, "chat": args.chat,
+                                    "acceptance": None if args.acceptance is None else str(args.acceptance)},
                           on_record=lambda r: print(f"  {r['prompt']} {r['method']}: {r['tokens_per_second']:.2f} "
                                                     "tok/s", flush=True))
     summary = compare.summarize(records, prompts[0][0], compare.warmup_seconds(results))

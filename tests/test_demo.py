@@ -288,3 +288,28 @@ def test_demo_chat_sends_sharegpt_turns_in_the_chat_template_sized_from_chats_ac
     # control: a tokenizer without a template is refused before any tuning
     with pytest.raises(ValueError, match="chat template"):
         demo.run_demo(args, target, ByteTokenizer(128, max_tokens=48), draft)
+
+
+def test_a_benchmark_resumes_only_under_the_settings_its_records_were_made_with(tmp_path):
+    """``compare.run`` keeps each record's settings (``max_new_tokens``, the script's own); a re-run into the same
+    file resumes under them, and under others (or a method's other precision) is refused instead of mixing stale
+    records into the report. Records kept before settings were resume as before."""
+    calls = []
+
+    def method(name, precision="float32"):
+        return compare.Method(name, lambda ids, n: calls.append(name) or ([1] * n, 0.1, {}), precision, False)
+
+    results, prompts = tmp_path / "results.jsonl", [("humaneval", 0, [1, 2, 3]), ("humaneval", 1, [4, 5])]
+    compare.run([method("a")], prompts, 4, results, settings={"depth": 3})
+    calls.clear()
+    assert len(compare.run([method("a")], prompts, 4, results, settings={"depth": 3})) == 2 and calls == []
+    with pytest.raises(ValueError, match="max_new_tokens 4 there, 8 now"):
+        compare.run([method("a")], prompts, 8, results, settings={"depth": 3})
+    with pytest.raises(ValueError, match="depth 3 there, 4 now"):
+        compare.run([method("a")], prompts, 4, results, settings={"depth": 4})
+    with pytest.raises(ValueError, match="records of a float32 target, and this run's is int4"):
+        compare.run([method("a", "int4")], prompts, 4, results, settings={"depth": 3})
+    old = tmp_path / "old.jsonl"
+    old.write_text('{"dataset": "humaneval", "prompt": 0, "method": "a", "precision": "float32", "baseline": false, '
+                   '"tokens": 4, "seconds": 0.1, "tokens_per_second": 40.0, "output": [1, 1, 1, 1]}\n')
+    assert len(compare.run([method("a")], prompts, 4, old)) == 2

@@ -150,13 +150,19 @@ def near_tie(gap: float, top1: float, dtype: torch.dtype) -> bool:
 
 def run(methods: Sequence[Method], prompts: Sequence[tuple[str, int, list[int]]], max_new_tokens: int,
         results: Path, on_record: Callable[[dict[str, Any]], None] | None = None,
-        context: int | None = None) -> list[dict[str, Any]]:
+        context: int | None = None, settings: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Run every method on every ``(dataset, index, token ids)`` prompt, interleaved per prompt;
     append a record per (prompt, method) to ``results`` and skip those already there. ``context``: the model's
-    positions, which the warm-up call's tokens are kept within (never fewer than the runs')."""
+    positions, which the warm-up call's tokens are kept within (never fewer than the runs'). ``settings``: what
+    else decides the outputs and timings (a script's options); with ``max_new_tokens`` and each method's precision
+    they are kept in every record, and a file of records made under other settings is refused (a re-run into it
+    would have mixed them), records kept before settings were excepted."""
     results.parent.mkdir(parents=True, exist_ok=True)
     repair_tail(results)  # a torn last line from an interrupted run
-    done = {(r["dataset"], r["prompt"], r["method"]) for r in read_records(results)}
+    settings = {"max_new_tokens": max_new_tokens, **(settings or {})}
+    kept = read_records(results)
+    check_settings(kept, settings, {m.name: m.precision for m in methods}, results)
+    done = {(r["dataset"], r["prompt"], r["method"]) for r in kept}
     if prompts and len(done) < len(prompts) * len(methods):
         # the same warm-up call for every method (compiles and one-off setup, kept apart), on the longest prompt and
         # as many new tokens as the runs: the caches it makes hold every run's (a compiled step's runner of a larger
@@ -176,11 +182,27 @@ def run(methods: Sequence[Method], prompts: Sequence[tuple[str, int, list[int]]]
             tokens, seconds, extra = m.run(ids, max_new_tokens)
             record = {"dataset": dataset, "prompt": index, "method": m.name, "precision": m.precision,
                       "baseline": m.baseline, "tokens": len(tokens), "seconds": seconds,
-                      "tokens_per_second": len(tokens) / seconds, "output": tokens, **extra}
+                      "tokens_per_second": len(tokens) / seconds, "output": tokens, **extra, "settings": settings}
             append_record(results, record)
             if on_record is not None:
                 on_record(record)
     return read_records(results)
+
+
+def check_settings(records: Sequence[dict[str, Any]], settings: dict[str, Any], precisions: dict[str, str],
+                   results: Path) -> None:
+    """Refuse ``results``'s records made under other ``settings``, or by a method of this run in another precision
+    (:func:`run`); records without settings (kept before they were) pass."""
+    for r in records:
+        made = r.get("settings")
+        if made is not None and made != settings:
+            other = sorted(k for k in {*made, *settings} if made.get(k) != settings.get(k))
+            said = ", ".join(f"{k} {made.get(k)!r} there, {settings.get(k)!r} now" for k in other)
+            raise ValueError(f"{results} holds records made under other settings ({said}); give another --out, "
+                             "or the settings it was made with")
+        if r["method"] in precisions and r.get("precision") not in (None, precisions[r["method"]]):
+            raise ValueError(f"{results} holds {r['method']} records of a {r['precision']} target, and this run's is "
+                             f"{precisions[r['method']]}; give another --out, or the precision it was made with")
 
 
 def summarize(records: Sequence[dict[str, Any]], dataset: str,
