@@ -15,7 +15,10 @@ per position in the mode a Sequoia tree drafts with at each temperature (top-k a
 replacement at T=1). Writes ``treespec/data/acceptance-qwen2.5-coder-t{0,1}.json``: the positional
 vector, the per-depth matrix (what the CLI and the demo size Sequoia trees with when the user gives no
 acceptance of their own) and every position's accepted rank (for replays). Each file is written as soon
-as its temperature is measured (about 20 minutes each on the project's 2-core CPU).
+as its temperature is measured (about 20 minutes each on the project's 2-core CPU). Each prompt's part is kept as it
+is measured (``<file>.parts.jsonl`` beside the file, with the settings it was measured under): a stopped run, run
+again with the same options, measures only what is missing, a finished temperature from its parts; the parts go
+once every temperature of the run is written.
 
 ``--dataset sharegpt`` measures what chat runs (``treespec generate --chat``) are sized with instead: 40 ShareGPT
 first turns drawn the same way from turns 1000-1099 (the benchmarks evaluate on turns below 400), each as the user's
@@ -36,7 +39,8 @@ from pathlib import Path
 import numpy as np
 
 from treespec.bench.datasets import dataset_prompts
-from treespec.calibrate.acceptance import encode_prompts, measure
+from treespec.calibrate.acceptance import MeasuredAcceptance, encode_prompts, measure_each
+from treespec.common.jsonl import append_record, read_records, repair_tail
 from treespec.common.prompts import user_turn
 from treespec.models import DEFAULT_DRAFT, DEFAULT_TARGET, load
 from treespec.models.precision import precision_of, to_precision
@@ -82,14 +86,45 @@ def main(argv: list[str] | None = None) -> None:
     prompts = [user_turn(tok, t) for t in texts] if chat else encode_prompts(tok, texts)
     label = (f"{args.dataset}{ids} (random, seed {args.seed}, from {first}-{first + CALIBRATION_RANGE - 1})"
              + (" in the chat template" if chat else ""))
+    written = []
     for t in args.temperatures:
-        acc = measure(target, draft, prompts, width=args.width, mode=draft_mode("sequoia", t), temperature=t,
-                      max_new_tokens=args.max_new_tokens, prompts_label=label)
-        acc.meta.update(target_precision=precision_of(target), draft_precision=precision_of(draft))
         path = DATA / (f"acceptance-qwen2.5-coder-{infix}t{t:g}"
                        f"{'' if args.draft_dtype == 'int8' else '-' + args.draft_dtype}.json")
+        settings = {"prompts": ids, "dataset": args.dataset, "max_new_tokens": args.max_new_tokens,
+                    "width": args.width, "temperature": t, "draft_dtype": args.draft_dtype}
+        parts_file = path.with_name(path.name + ".parts.jsonl")
+        saved = kept_parts(parts_file, settings)
+
+        def keep(j: int, part: MeasuredAcceptance | None) -> None:
+            saved[j] = part
+            append_record(parts_file, {"index": j, "part": part and part.to_dict(), "settings": settings})
+
+        if len(saved) < len(prompts):
+            if saved:
+                print(f"{parts_file}: {len(saved)} of {len(prompts)} prompts measured before; measuring the others")
+            measure_each(target, draft, prompts, width=args.width, mode=draft_mode("sequoia", t), temperature=t,
+                         max_new_tokens=args.max_new_tokens, prompts_label=label, done=saved, on_prompt=keep)
+        acc = MeasuredAcceptance.merge([saved[j] for j in sorted(saved) if saved[j] is not None])
+        acc.meta.update(prompts=len(prompts), target_precision=precision_of(target),
+                        draft_precision=precision_of(draft))
         acc.save(path)
+        written.append(parts_file)
         print(path, acc)
+    for parts_file in written:  # every temperature of the run is written: its parts are in the files
+        parts_file.unlink(missing_ok=True)
+
+
+def kept_parts(parts_file: Path, settings: dict) -> dict[int, MeasuredAcceptance | None]:
+    """The prompts' parts ``parts_file`` keeps, by prompt index; refused where they were measured under other
+    settings (the options of another run)."""
+    repair_tail(parts_file)  # a torn last line from a stop while writing
+    saved = {}
+    for rec in read_records(parts_file):
+        if rec.get("settings") != settings:
+            raise SystemExit(f"{parts_file} holds parts measured under other settings ({rec.get('settings')}); "
+                             "run with those options, or move it aside to measure afresh")
+        saved[rec["index"]] = rec["part"] and MeasuredAcceptance.from_dict(rec["part"])
+    return saved
 
 
 if __name__ == "__main__":

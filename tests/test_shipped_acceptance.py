@@ -103,3 +103,49 @@ def test_chat_runs_are_sized_from_a_walk_over_chat_turns(temperature, precision)
     chat = recipe_from_args(build_parser().parse_args([*args, "--chat"])).acceptance
     assert np.allclose(chat, default_acceptance(None, temperature, chat=True))  # the CLI's --chat sizes with them
     assert not np.allclose(chat, recipe_from_args(build_parser().parse_args(args)).acceptance)  # code's otherwise
+
+
+def test_a_stopped_calibration_resumes_from_its_kept_parts(tmp_path, monkeypatch):
+    """``calibrate_default.py`` keeps each prompt's part as it is measured: a run stopped at T=1 and run again
+    measures T=1's missing prompts only and writes T=0 from its parts; the parts go once both files are written; a
+    parts file of other settings is refused. (Models and the walk stubbed: the resume is what is tested.)"""
+    from treespec.models.tiny import tiny_model
+
+    script = runpy.run_path(str(Path(__file__).resolve().parents[1] / "experiments" / "calibrate_default.py"))
+    main, glob = script["main"], script["main"].__globals__
+    model = tiny_model()
+    monkeypatch.setitem(glob, "DATA", tmp_path)
+    monkeypatch.setitem(glob, "load", lambda *a, **k: (model, None))
+    monkeypatch.setitem(glob, "to_precision", lambda m, p: m)
+    monkeypatch.setitem(glob, "encode_prompts", lambda tok, texts: [[1, 2, 3] for _ in texts])
+    monkeypatch.setitem(glob, "dataset_prompts", lambda name: [f"prompt {i}" for i in range(100)])
+    measured, stop_after = [], [None]
+
+    def measure_each(target, draft, prompts, *, temperature, done, on_prompt, **kwargs):
+        for j in range(len(prompts)):
+            if j in done:
+                continue
+            if stop_after[0] is not None and len(measured) == stop_after[0]:
+                raise KeyboardInterrupt
+            measured.append((temperature, j))
+            on_prompt(j, MeasuredAcceptance.from_counts(np.ones((2, 2), dtype=np.int64), np.full(2, 4), 0.5,
+                                                        {"prompts": 1}, [[0, 1]], [[[0.6, 0.3], [0.5, 0.4]]]))
+
+    monkeypatch.setitem(glob, "measure_each", measure_each)
+    argv = ["--prompts", "3", "--temperatures", "0", "1", "--max-new-tokens", "4"]
+    stop_after[0] = 4  # T=0's three prompts, then one of T=1's
+    with pytest.raises(KeyboardInterrupt):
+        main(argv)
+    assert (tmp_path / "acceptance-qwen2.5-coder-t0.json").exists()
+    stop_after[0] = None
+    main(argv)
+    assert measured == [(0.0, 0), (0.0, 1), (0.0, 2), (1.0, 0), (1.0, 1), (1.0, 2)]  # each prompt once
+    assert not list(tmp_path.glob("*.parts.jsonl"))
+    assert MeasuredAcceptance.from_dict(json.loads((tmp_path / "acceptance-qwen2.5-coder-t1.json").read_text())
+                                        ).meta["prompts"] == 3
+    measured.clear()
+    stop_after[0] = 1  # a stop that leaves T=0's first part, then a run of another --max-new-tokens
+    with pytest.raises(KeyboardInterrupt):
+        main(argv)
+    with pytest.raises(SystemExit, match="other settings"):
+        main([*argv[:-1], "8"])
