@@ -155,6 +155,12 @@ def test_refused_points_are_listed_once_and_a_grid_may_drop_them(tmp_path: Path,
     assert lock.refusal(out, trimmed) is None
     block_alone = E.load_config(_toml(tmp_path, builders='["kary"]', temperatures="[1.0]", verifiers='["block"]'))
     assert "drops 1 finished point(s) (humaneval T=1.0 kary B=3)" in lock.refusal(out, block_alone)
+    # the trimmed grid runs: its report says the block point is out of it
+    E.sweep(_toml(tmp_path, builders='["kary"]', temperatures="[1.0]", verifiers='["rrs"]'), out, progress=False)
+    text = (out / "README.md").read_text(encoding="utf-8")
+    assert "## Refused" not in text and "1 out of the grid" in text
+    gone = text[text.index("## Errors and refusals of points the grid no longer holds"):].splitlines()
+    assert any("NotExactError: verifier 'block'" in line for line in gone)
 
 
 def test_a_verifier_that_runs_on_the_host_only_is_refused_under_compile(tmp_path: Path, capsys) -> None:

@@ -181,14 +181,17 @@ def summary(path: Path, records: list[dict[str, Any]], tres: list[dict[str, Any]
             errors: list[dict[str, Any]], images: list[tuple[str, str]], trees: list[tuple[str, str]]) -> str:
     """The report's README.md: notes, the plots ``images`` and ``trees`` (title, file), the tables of the
     finished baselines ``bases`` and treespec points ``tres`` of ``records``, and the ``errors`` (one per point:
-    those a re-run retries, and those the point's settings refuse)."""
+    those a re-run retries, those the point's settings refuse, and those of points taken out of the grid since)."""
     configs = sorted({r.get("meta", {}).get("config", "?") for r in records})
-    retried, refused = [r for r in errors if not r.get("refused")], [r for r in errors if r.get("refused")]
+    dropped = [r for r in errors if r.get("dropped")]
+    retried = [r for r in errors if not r.get("refused") and not r.get("dropped")]
+    refused = [r for r in errors if r.get("refused") and not r.get("dropped")]
     devices = sorted({f"{r['params']['device']} ({r.get('meta', {}).get('device_name', '?')}), {r['params']['dtype']}"
                       for r in records})
     lines = [f"# treespec sweep: {', '.join(configs) or path.parent.name}", "",
              f"Results: `{path.name}` ({len(records)} finished points"
              + (f", {len(retried)} errors" if retried else "") + (f", {len(refused)} refused" if refused else "")
+             + (f", {len(dropped)} out of the grid" if dropped else "")
              + f"). Device: {'; '.join(devices) or '-'}."
              + _load_note(records), "",
              _citable_note(records), _machine_note(records),
@@ -208,7 +211,8 @@ def summary(path: Path, records: list[dict[str, Any]], tres: list[dict[str, Any]
     if trees:
         lines += ["## Trees", ""] + [f"- [{title}]({name})" for title, name in trees] + [""]
     for title, rs in (("Errors (retried on the next run)", retried),
-                      ("Refused (by each point's settings: a re-run refuses it again)", refused)):
+                      ("Refused (by each point's settings: a re-run refuses it again)", refused),
+                      ("Errors and refusals of points the grid no longer holds (not run again)", dropped)):
         if rs:
             lines += [f"## {title}", ""]
             lines += [f"- `{r['key']}` {r['params'].get('builder', r['params'].get('method'))}: {r['error']}"

@@ -12,6 +12,7 @@ plots; ``markdown`` writes the summary, ``figures`` computes what both show.
 
 from __future__ import annotations
 
+import json
 import os
 import zlib
 from pathlib import Path
@@ -92,6 +93,23 @@ def _color(label: str) -> str:
     return f"C{6 + zlib.crc32(label.encode()) % 4}" if label.startswith("paths:") else "k"
 
 
+def _grid_keys(out: Path) -> set[str] | None:
+    """The points of the config the sweep in ``out`` last ran (its ``config.json``), by :func:`measure_key`; None
+    without one (a results file read alone)."""
+    from .config import load_config
+    from .lock import FINGERPRINT
+    from .points import enumerate_points
+
+    stored = out / FINGERPRINT
+    if not stored.exists():
+        return None
+    try:
+        cfg = load_config(json.loads(stored.read_text())["config"])
+    except (ValueError, KeyError, TypeError):  # a config of another version: the errors as they stand
+        return None
+    return {measure_key(pt.params) for pt in enumerate_points(cfg)}
+
+
 def report(results_jsonl: str | os.PathLike, out_dir: str | os.PathLike | None = None,
            skip_corrupt: bool = False) -> Path:
     """Write plots (PNG) and a Markdown summary (``README.md``) beside ``results_jsonl``; returns README.md.
@@ -109,6 +127,9 @@ def report(results_jsonl: str | os.PathLike, out_dir: str | os.PathLike | None =
     records = list(done.values())
     errors = [r for r in {r["key"]: r for r in everything if r.get("status") == "error"}.values()
               if measure_key(r["params"]) not in done]  # the latest error of each point without a finished record
+    grid = _grid_keys(path.parent)
+    if grid is not None:  # a point taken out of the grid since its error is not run again: said so
+        errors = [r if measure_key(r["params"]) in grid else {**r, "dropped": True} for r in errors]
     tres = [r for r in records if r["kind"] == "treespec"]
     bases = [r for r in records if r["kind"] == "baseline"]
     images: list[tuple[str, str]] = []
