@@ -67,7 +67,8 @@ progress. A point that raises is written with ``"status": "error"`` and retried 
 verifier is not exact for its tree (``NotExactError``) or, under ``run.compile``, runs on the host only
 (``points.Refused``) is marked ``"refused"`` too, since a re-run fails the same way (``points.verifier_refusal``
 and ``points.compile_refusal`` tell it before any model loads where the config alone decides it, and
-``--dry-run`` names it).
+``--dry-run`` names it), and is recorded once (a later run refusing it for the same reason says so and writes
+nothing). The report lists the errors of points taken out of the grid since apart, as not run again.
 
 Model names: anything ``treespec.models.load`` accepts, or an in-process tiny random model for tests
 (``treespec.models.tiny.tiny_from_spec``): ``"tiny:llama:seed=0"`` /

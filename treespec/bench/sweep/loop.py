@@ -90,7 +90,10 @@ def _run_sweep(cfg: dict[str, Any], out: Path, progress: bool, on_point: Callabl
     deadline = None if max_minutes is None else time.monotonic() + 60.0 * max_minutes
     state = Sweep(cfg, out, progress, measure)
     repair_tail(state.results)
-    done = finished(read_records(state.results, skip_corrupt))
+    everything = read_records(state.results, skip_corrupt)
+    done = finished(everything)
+    # a point refused before for the same reason is not recorded again (its settings refuse it on every run)
+    refused_before = {r["key"]: r.get("error") for r in everything if r.get("refused")}
     state.records.update((rec["key"], rec) for rec in done.values())
     points = enumerate_points(cfg)
     todo = [pt for pt in points if measure_key(pt.params) not in done]
@@ -113,7 +116,8 @@ def _run_sweep(cfg: dict[str, Any], out: Path, progress: bool, on_point: Callabl
             bar.write(f"[treespec sweep] point {pt.label} failed: {record['error']}", file=sys.stderr)
         elif pt.kind == "treespec":
             state.compare(pt.params, record)
-        append_record(state.results, record)
+        if not (record.get("refused") and refused_before.get(pt.key) == record.get("error")):
+            append_record(state.results, record)
         if record["status"] == "ok":
             state.records[pt.key] = record
         bar.update(1)
