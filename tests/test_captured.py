@@ -340,3 +340,24 @@ def test_captured_confidence_stop_keeps_the_joint_law(pair, monkeypatch):  # noq
     make = lambda: [treespec.ModelDrafter(draft, BUSHY, "sample_without_replacement", min_confidence=0.3)]  # noqa: E731
     assert joint_p(target, draft, make, "captured-stop", compile=JOINT_BACKEND, temperature=1.0,
                    envelope=PADDED) > ALPHA
+
+
+def test_a_model_changed_in_place_gets_a_new_runner(models):
+    """A runner's graphs hold the model as it was (inductor's freezing makes its weights constants; its caches are in
+    its dtype): after an in-place ``load_state_dict`` or ``.to(dtype)`` the next compiled call makes a new runner,
+    whose output is the model's as it is now (the old one ran the old weights, or failed deep in a trace)."""
+    from treespec.core.runners import model_key
+    from treespec.models.tiny import tiny_model
+
+    target, _ = models
+    changed = tiny_model("llama", vocab=64, hidden=64, scale=6, seed=0)
+    prompt = [1, 5, 7, 9, 3]
+    before = run(changed, changed, prompt, 12, shape=CHAIN4, compile=STEP_BACKEND)
+    key = model_key(changed)
+    changed.load_state_dict(perturbed_copy(changed, 0.5).state_dict())
+    assert model_key(changed) != key
+    after = run(changed, changed, prompt, 12, shape=CHAIN4, compile=STEP_BACKEND)
+    assert after.new_tokens == greedy_reference(changed, prompt, 12) != before.new_tokens
+    changed.to(torch.bfloat16)
+    out = run(changed, changed, prompt, 12, shape=CHAIN4, compile=STEP_BACKEND)
+    assert out.stats.step == "captured" and out.new_tokens == greedy_reference(changed, prompt, 12)

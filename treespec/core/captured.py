@@ -62,7 +62,7 @@ from .constructions import Construction, of_static_shape
 from .drafting import Capture
 from .padded import Noise
 from .request import Request
-from .runners import RunnerCache
+from .runners import RunnerCache, model_key
 from .step import Clock, end_capped, tree_depth
 from .stats import Progress
 from .step_state import Outcome, StepState
@@ -125,7 +125,7 @@ def runner_for(req: Request, spec: Capture, envelope: Envelope, capacity: int, b
     a larger capacity serves too (prompts of several lengths after the longest compile nothing), and with
     ``any_covering`` one of another envelope that covers ``envelope`` (padded trees)."""
     track = spec.min_confidence is not None
-    base = (id(req.target), id(spec.model), spec.mode, backend, mode, track, rows)
+    base = (model_key(req.target), model_key(spec.model), spec.mode, backend, mode, track, rows)
 
     def fits(key: tuple, runner: CapturedRunner) -> bool:
         same_graphs = runner.envelope == envelope or (any_covering and runner.envelope.covers(envelope))

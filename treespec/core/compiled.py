@@ -35,7 +35,7 @@ from .padded import Noise, PaddedTree, Proposals, accept, next_pow2, rows_of
 from .prefill import padded_length, prefill_for
 from .request import Request
 from .rule import path_rows
-from .runners import RunnerCache
+from .runners import RunnerCache, model_key
 from .sampling import SamplingParams
 from .step import Clock, HostDrafted
 from .tree import FlatTree, TokenTree
@@ -100,7 +100,7 @@ def runner_for(model: torch.nn.Module, capacity: int, width: int, backend: str, 
     """The (cached) runner for these shapes, or one of a larger capacity (its graphs serve any prompt that fits
     in it: prompts of several lengths after the longest compile nothing); reusing it reuses its compiled graphs
     and cache."""
-    base = (id(model), width, backend, mode)
+    base = (model_key(model), width, backend, mode)
     return RUNNERS.get((*base, capacity), lambda: _Runner(model, capacity, width, backend, mode),
                        lambda key, runner: key[:-1] == base and runner.cache.capacity >= capacity)
 
