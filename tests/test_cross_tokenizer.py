@@ -173,6 +173,37 @@ def test_to_target_drops_a_cut_last_token_and_inconsistent_tails():
     assert d.to_target(ctx, d._target_tail(ctx), "bca") == []
 
 
+class PrependingPieces(LongestMatch):
+    """A SentencePiece-style tokenizer (Llama-2's): spaces are "▁" and every text it encodes gets a "▁" first, so a
+    text that starts with a space encodes to an extra piece at the start of a sequence and not inside one."""
+
+    def encode(self, text: str) -> list[int]:
+        return super().encode("▁" + text.replace(" ", "▁"))
+
+    def decode(self, ids) -> str:
+        text = super().decode(ids).replace("▁", " ")
+        return text[1:] if text.startswith(" ") else text
+
+
+def test_a_target_that_encodes_a_sequences_start_apart_is_proposed_for_past_the_lookbehind():
+    """For a target tokenizer that prepends "▁" (Llama-2, Mistral v0.1), the committed tail is encoded as inside a
+    text (``TextCodec.encode_within``): the true continuation is proposed at every length of the context, where
+    past LOOKBEHIND tokens nothing was (the tail only re-encoded to itself from the sequence's start)."""
+    from treespec.drafters.cross_tokenizer import LOOKBEHIND
+
+    tok = PrependingPieces(["▁", "a", "b", "c", "▁a", "▁b", "ab", "bc"])
+    text = "ab c a bc ab c a bc ab"
+    ids = tok.encode(text)
+    assert tok.decode(ids) == text and len(ids) > LOOKBEHIND + 4
+    _, draft = text_pair_models()
+    d = CrossTokenizerDrafter(draft, DRAFT_TOK, tok)
+    for n in range(2, len(ids) - 2):
+        tail = d._target_tail(ids[:n])
+        assert tail is not None, n
+        rest = text[len(tok.decode(ids[:n])):]
+        assert d.to_target(ids[:n], tail, rest) == ids[n:-1], n  # all but the last, which may be cut
+
+
 def text_pair_models():
     return (successor_model({T["ab"]: T["ca"], T["ca"]: T["bc"], T["bc"]: T["ab"]}, 6),
             successor_model({D["a"]: D["b"], D["b"]: D["cab"], D["c"]: D["a"], D["cab"]: D["cab"]}, 7))

@@ -12,7 +12,8 @@ target. Each step :class:`CrossTokenizerDrafter`
 2. drafts ``width`` chains of ``depth`` draft tokens: the ``width`` most likely first tokens, each
    continued greedily (one draft forward per level, all chains in one tree-masked forward);
 3. decodes each chain to text, re-encodes ``(last committed target tokens as text) + chain text``
-   with the target tokenizer from a boundary where the committed tokens re-encode to themselves,
+   with the target tokenizer from a boundary where the committed tokens re-encode to themselves (alone, or as
+   inside a text for a tokenizer that encodes a sequence's start apart: ``TextCodec.encode_within``),
    and keeps the target tokens after that boundary, less the last one (it may be a word the draft
    text cut in the middle). A chain whose re-encoding does not reproduce the committed tokens is
    not proposed: the target cannot represent it consistently after what it committed.
@@ -44,6 +45,7 @@ from ..core.sampling import SamplingParams
 __all__ = ["TextCodec", "CrossTokenizerDrafter", "AlignmentError", "common_prefix"]
 
 LOOKBEHIND = 8  # tokens decoded before a suffix so that the suffix's text comes out as in context
+ANCHOR = "a"  # a text a committed tail is encoded after, to tokenize it as inside a text (TextCodec.encode_within)
 
 
 class AlignmentError(ValueError):
@@ -71,6 +73,15 @@ class TextCodec:
         if self.hf:
             return list(self.tokenizer.encode(text, add_special_tokens=False))
         return [int(t) for t in self.tokenizer.encode(text)]
+
+    def encode_within(self, text: str) -> list[int] | None:
+        """``text``'s tokens as they come inside a longer text, where they differ from :meth:`encode`'s: encoded
+        after :data:`ANCHOR`, whose own tokens are then cut (a SentencePiece tokenizer that prepends "▁" to what it
+        encodes, as Llama-2's does, gives a text that starts with a space an extra piece at the start of a sequence
+        and not inside one). None where the anchor's tokens do not come out apart (the text merged into them)."""
+        anchor = self.encode(ANCHOR)
+        ids = self.encode(ANCHOR + text)
+        return ids[len(anchor):] if ids[:len(anchor)] == anchor else None
 
     def decode(self, ids: Sequence[int]) -> str:
         if self.hf:
@@ -202,23 +213,30 @@ class CrossTokenizerDrafter(Drafter):
         self._chains = list(zip(chains, rows))
         return chains
 
-    def _target_tail(self, context: Sequence[int]) -> tuple[int, str] | None:
-        """The most committed tokens (up to LOOKBEHIND) whose text re-encodes to exactly them."""
+    def _target_tail(self, context: Sequence[int]) -> tuple[int, str, bool] | None:
+        """The most committed tokens (up to LOOKBEHIND) whose text re-encodes to exactly them, and whether as
+        inside a text (``TextCodec.encode_within``: a tail that does not start the sequence, for a tokenizer that
+        encodes a sequence's start apart)."""
+        tokens = list(context[-LOOKBEHIND:])
         for j in range(min(LOOKBEHIND, len(context)), 0, -1):
             text = self.target.suffix_text(context, len(context) - j)
-            if text is not None and self.target.encode(text) == list(context[-j:]):
-                return j, text
+            if text is None:
+                continue
+            if self.target.encode(text) == tokens[-j:]:
+                return j, text, False
+            if j < len(context) and self.target.encode_within(text) == tokens[-j:]:
+                return j, text, True
         return None
 
-    def to_target(self, context: Sequence[int], tail: tuple[int, str], continuation: str) -> list[int]:
+    def to_target(self, context: Sequence[int], tail: tuple[int, str, bool], continuation: str) -> list[int]:
         """Target tokens for ``continuation`` after ``context`` (``tail``: from ``_target_tail``).
 
         Empty when the target tokenizer would re-split the committed tail. The last token is dropped
         (unless it is the only one): the continuation may end inside a word.
         """
-        j, tail_text = tail
-        enc = self.target.encode(tail_text + continuation)
-        if enc[:j] != list(context[-j:]):
+        j, tail_text, within = tail
+        enc = (self.target.encode_within if within else self.target.encode)(tail_text + continuation)
+        if enc is None or enc[:j] != list(context[-j:]):
             return []
         path = enc[j:]
         return path[:-1] if len(path) > 1 else path
