@@ -204,6 +204,24 @@ def test_a_target_that_encodes_a_sequences_start_apart_is_proposed_for_past_the_
         assert d.to_target(ids[:n], tail, rest) == ids[n:-1], n  # all but the last, which may be cut
 
 
+def test_committed_tokens_of_no_text_propose_nothing_and_decode_on(random_pair):
+    """A prompt of tokens that decode to no characters (a token of no bytes) leaves the draft nothing to go on:
+    that step proposes nothing (an AlignmentError asked for "a non-empty prompt" before), and the output is the
+    target's own."""
+    target, draft = random_pair
+
+    class Silent(LongestMatch):  # token 0 decodes to nothing
+        def decode(self, ids) -> str:
+            return "".join(self.vocab[i] for i in ids if i != 0)
+
+    tok = Silent(["a", "b", "c", "ab", "ca", "bc"])
+    d = CrossTokenizerDrafter(draft, DRAFT_TOK, tok)
+    d.reset([0, 0], sampling=treespec.core.sampling.SamplingParams(), seed=0)
+    assert d.propose([0, 0]).tokens == []
+    assert treespec.generate(target, [0, 0], drafters=[CrossTokenizerDrafter(draft, DRAFT_TOK, tok)],
+                             max_new_tokens=6).new_tokens == greedy_reference(target, [0, 0], 6)
+
+
 def text_pair_models():
     return (successor_model({T["ab"]: T["ca"], T["ca"]: T["bc"], T["bc"]: T["ab"]}, 6),
             successor_model({D["a"]: D["b"], D["b"]: D["cab"], D["c"]: D["a"], D["cab"]: D["cab"]}, 7))

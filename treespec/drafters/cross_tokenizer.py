@@ -160,13 +160,13 @@ class CrossTokenizerDrafter(Drafter):
                 "draft model or the n-gram drafter).")
         return ids
 
-    def _align(self, context: Sequence[int]) -> tuple[list[int], torch.Tensor]:
-        """Draft ids of the committed text, cache rows reused where unchanged; the root's logits."""
+    def _align(self, context: Sequence[int]) -> tuple[list[int], torch.Tensor] | None:
+        """Draft ids of the committed text, cache rows reused where unchanged; the root's logits. None while the
+        committed tokens decode to no text (tokens of no characters): nothing for the draft to go on."""
         text = self.target.decode(context)
         ids = self._check_round_trip(self.draft, text, "draft", self.draft.encode(text))
         if not ids:
-            raise AlignmentError(f"the committed text {text!r} encodes to no draft tokens with "
-                                 f"{self.draft.name!r}; give a non-empty prompt")
+            return None
         old = len(self._ids)
         m = common_prefix(self._ids, ids)
         keep: list[int] = []
@@ -243,7 +243,10 @@ class CrossTokenizerDrafter(Drafter):
 
     @torch.inference_mode()
     def propose(self, context: Sequence[int]) -> DraftProposals:
-        ids, root_logits = self._align(context)
+        aligned = self._align(context)
+        if aligned is None:
+            return DraftProposals()
+        ids, root_logits = aligned
         chains = self._draft_chains(ids, root_logits)
         tail = self._target_tail(context)
         out = DraftProposals()
