@@ -92,7 +92,7 @@ def test_pieces_are_near_equal_and_never_longer_than_allowed():
 def test_exact_pieces_compile_one_graph_for_every_length():
     """The token count is dynamic: prompts of many lengths, one and several pieces, add no graph after the
     first; the cache equals the eager prefill's."""
-    model = tiny_model("qwen2", vocab=64, hidden=64, layers=1, scale=6, seed=0)
+    model = tiny_model("qwen2", vocab=64, hidden=64, layers=1, scale=6, seed=0, max_positions=1100)  # the prompts fit
     compiled_cache, eager = StaticTreeCache(model, 1100), StaticTreeCache(model, 1100)
     fill = prefill.ChunkedPrefill(model, compiled_cache, "aot_eager", None)
     with torch.inference_mode():
