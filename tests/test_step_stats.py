@@ -3,7 +3,9 @@
 committed tokens. The captured step drafts its fixed shape whole where the host-drafted steps cap its depth at
 the tokens still wanted; it used to mark such a step cut only when the step then accepted past the end, so its
 ``tau_uncut`` kept the capped steps that accepted little (a bias down) and disagreed with the eager step's on the
-same tokens."""
+same tokens. Time spent in the caller's ``on_tokens`` is the engine's, not drafting's."""
+
+import time
 
 import pytest
 
@@ -41,6 +43,11 @@ def same_statistics(eager: treespec.Stats, captured: treespec.Stats, n: int) -> 
     assert eager.tau_uncut == captured.tau_uncut and eager.cut_steps == captured.cut_steps
     # per-depth acceptance is over uncut steps only, whose trees (never capped) are the same in both
     assert (eager.depth_tried, eager.depth_accepted) == (captured.depth_tried, captured.depth_accepted)
+    # and the cut steps count alike: the captured step's nodes past the cap are left out of its tree, an accepted
+    # path is cut there and its next token is the extra one (it was counted as an accepted drafted token, and its
+    # deeper nodes as proposals: another histogram and drafter acceptance for the same tokens)
+    assert eager.accepted_hist == captured.accepted_hist and eager.tree_sizes == captured.tree_sizes
+    assert eager.drafters == captured.drafters
 
 
 @pytest.mark.parametrize("n", [1, 4, 7, 12])
@@ -67,3 +74,13 @@ def test_batched_eager_and_captured_steps_mark_the_same_steps_cut(pair):
         assert e.new_tokens == c.new_tokens and len(e.new_tokens) == n
         same_statistics(e.stats, c.stats, n)
     assert eager.stats.step_cut == captured.stats.step_cut  # the batch's pooled figures
+
+
+def test_the_callers_on_tokens_is_charged_to_the_engine_not_to_drafting(pair):
+    """``on_tokens`` runs between steps; its seconds were charged to the next step's drafting (whatever drafts: the
+    CLI's streaming printed into drafting seconds, and the tuner's calibration read them)."""
+    target, draft = pair
+    out = treespec.generate(target, [1, 2, 3], drafters=[treespec.ModelDrafter(draft, CHAIN3)], max_new_tokens=8,
+                            on_tokens=lambda tokens: time.sleep(0.03))
+    calls = out.stats.steps
+    assert out.stats.overhead_seconds >= 0.9 * 0.03 * calls and out.stats.drafting_seconds < 0.03 * calls / 2

@@ -205,9 +205,9 @@ def decode_batch(reqs: Sequence[Request], step: BatchEagerStep) -> BatchOutput:
             emitted = {r: runs[r].take(*result)
                        for r, result in step.advance({r: runs[r] for r in active}, clock).items()}
             forwards += 1
-            clock.charge("overhead")
             for r, tokens in emitted.items():
                 runs[r].stream(tokens)
+            clock.charge("overhead")  # the commits' bookkeeping and the caller's on_tokens
             finished = [r for r in active if runs[r].done]
             if finished:
                 clock.settle()

@@ -201,6 +201,9 @@ class BatchCapturedStep:
         self.runner.params, self.runner.draft_params = req.params, req.params.for_draft()
         self.runner.verifier = req.verifier
         self.buf, self.tree, self.levels, self.forwarded = self.runner.tree_data(spec.parent, spec.rank, spec.given)
+        self.depth = [0] * spec.size  # each shape node's depth (BFS order: a parent comes first)
+        for v in range(1, spec.size):
+            self.depth[v] = self.depth[int(spec.parent[v])] + 1
         self.vocab = req.vocab
         self.empty = torch.zeros(len(reqs), 0, device=req.device)
         self.active = torch.ones(len(reqs), dtype=torch.bool, device=req.device)
@@ -248,16 +251,24 @@ class BatchCapturedStep:
         out = {}
         for row, tokens in committed.items():
             o = Outcome.unpack(outcomes[row], runner.envelope.nodes)
-            tree, node_of = self._tree(tokens[-1], o.tokens, o.exists)
-            out[row] = (tree, [node_of[i] for i in o.path], o.extra, self._capped(row, tokens, remaining[row], tree))
+            out[row] = self._outcome(row, tokens, remaining[row], o)
         return out
 
-    def _capped(self, row: int, committed: list[int], remaining: int, tree: TokenTree) -> bool:
-        """Whether the end of the generation capped this row's step (``step.end_capped``, the host-drafted steps' rule):
-        the shape is drafted whole, so the nodes past the depth a host-drafted tree is capped at are counted here (the
-        drafters propose the same nodes on the host, where the cap drops them)."""
+    def _outcome(self, row: int, committed: list[int], remaining: int, o: Outcome
+                 ) -> tuple[TokenTree, list[int], int, bool]:
+        """A row's step as the host-drafted steps report it: the shape is drafted whole, so near the end of the
+        generation its nodes past the depth a host-drafted tree is capped at (``step.tree_depth``; the drafters
+        propose the same nodes on the host, where the cap drops them) are left out of the tree, an accepted path is
+        cut there and its next token is the step's extra one (the tokens emitted are the same, and the statistics:
+        accepted lengths, the drafters' counts, tree sizes); and whether the end capped the step (``end_capped``)."""
         max_depth = tree_depth(self.reqs[row], committed, remaining)
-        return end_capped(self.reqs[row], max_depth, sum(d > max_depth for d in tree.depth[1:]))
+        tree, node_of = self._tree(committed[-1], o.tokens, o.exists, max_depth)
+        too_deep = sum(1 for v in range(1, self.spec.size) if o.exists[v] and self.depth[v] > max_depth)
+        path, extra = list(o.path), o.extra  # root first: path[d] sits at depth d
+        keep = max(max_depth, 0) + 1
+        if len(path) > keep:  # the token at the cap's depth + 1 is what the host-drafted step emits as its extra
+            path, extra = path[:keep], int(o.tokens[path[keep]])
+        return tree, [node_of[i] for i in path], extra, end_capped(self.reqs[row], max_depth, too_deep)
 
     def _given(self, committed: dict[int, list[int]]) -> torch.Tensor | None:
         """This step's tokens of the chain of given tokens (``[B, envelope.chain]``, -1 past each chain's end and
@@ -280,14 +291,15 @@ class BatchCapturedStep:
         """These rows finished: they commit nothing from now on."""
         self.active[list(rows)] = False
 
-    def _tree(self, root: int, tokens: list[int], exists: list[int]) -> tuple[TokenTree, dict[int, int]]:
-        """The drafted tree as a host ``TokenTree`` (for statistics; a chain's token equal to a drafted sibling's
-        shares its trie node); ``node_of``: shape node -> tree node."""
+    def _tree(self, root: int, tokens: list[int], exists: list[int], max_depth: int
+              ) -> tuple[TokenTree, dict[int, int]]:
+        """The drafted tree to ``max_depth`` as a host ``TokenTree`` (for statistics; a chain's token equal to a
+        drafted sibling's shares its trie node); ``node_of``: shape node -> tree node."""
         parent, given, by = self.spec.parent, self.spec.given, self.spec.given_by
         model = 0 if given is None else 1 - by  # the drafters' indices in the request
         tree, node_of = TokenTree.rooted_at(root), {0: 0}
         for v in range(1, self.spec.size):
-            if exists[v]:
+            if exists[v] and self.depth[v] <= max_depth:
                 drafter = by if given is not None and given[v] >= 0 else model
                 node_of[v] = tree.add(node_of[int(parent[v])], Proposal(int(tokens[v]), -1, drafter))
         return tree, node_of

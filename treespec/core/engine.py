@@ -77,9 +77,8 @@ def decode(req: Request, step: Step) -> GenerateOutput:
         step.prefill(req.prompt, clock)
         clock.charge("prefill")
         while not run.done:
-            tokens = run.take(*step.advance(run.committed, run.remaining, clock))
-            clock.charge("overhead")
-            run.stream(tokens)
+            run.stream(run.take(*step.advance(run.committed, run.remaining, clock)))
+            clock.charge("overhead")  # the commit's bookkeeping and the caller's on_tokens
     clock.settle()
     return run.output()
 
