@@ -77,12 +77,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     help="budgets of the Sequoia trees whose captured steps phase treespec times (default: 16 32 64; "
                          "smoke: 8)")
     ap.add_argument("--max-depth", type=int, default=8, help="depth limit of those trees (the CLI's default)")
-    ap.add_argument("--level-rows", type=int, default=4, help="rows of phase levels' draft level")
     ap.add_argument("--levers", nargs="+", default=None, choices=list(LEVERS), metavar="LEVER",
                     help="phase levels: these levers of LEVERS, in this order (default: all)")
     ap.add_argument("--levels-seconds", type=float, default=None,
-                    help="phase levels: start no lever after this many seconds of the phase (the rest are named "
-                         "as skipped)")
+                    help="phase levels: the phase's budget: a lever starts only if the phase, with the slowest "
+                         "first call (compiles) of a lever so far, ends within it (the rest are named as skipped)")
     ap.add_argument("--sweep-lever", default="default", metavar="LEVER",
                     help="phase sweep: run every shape with this lever of LEVERS (default: treespec's own settings; "
                          "'best': the "

@@ -137,3 +137,27 @@ def test_the_math_lever_lowers_attention_to_products_and_restores_sdpas_kernels(
         assert attention_ops() == ["aten.bmm.default", "aten.bmm.default"]
     assert bench_gpu["sdpa_backends"]() == before and attention_ops() == fused
     torch._dynamo.reset()
+
+
+def test_a_lever_entered_again_gets_its_own_runners_back(bench_gpu):
+    """Runners are keyed by models and shapes, not compile settings, so each lever holds its own: entering another
+    sets them aside and entering it again restores them (``--sweep-lever best`` then replays the winner's graphs
+    whichever lever ran last; they were dropped, and the winner compiled again: minutes on a cold H200)."""
+    import sys
+
+    from treespec.core import captured
+
+    levers = sys.modules["gpu_protocol.levers"]
+    first, second = bench_gpu["LEVERS"]["default"], bench_gpu["LEVERS"]["baseline"]
+    before = captured.RUNNERS, levers.APPLIED[0]
+    try:
+        with bench_gpu["lever"](first):
+            held = captured.RUNNERS
+            held.get("a runner", lambda: "compiled graphs")
+        with bench_gpu["lever"](second):
+            assert captured.RUNNERS is not held and len(captured.RUNNERS) == 0
+        with bench_gpu["lever"](first):
+            assert captured.RUNNERS is held and "compiled graphs" in held.values()
+    finally:  # the other tests' runners as they were
+        captured.RUNNERS, levers.APPLIED[0] = before
+        levers.KEPT.clear()

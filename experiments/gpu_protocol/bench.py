@@ -154,7 +154,7 @@ def treespec_run(b: Bench, target: torch.nn.Module, draft: torch.nn.Module, shap
            "sections_seconds": {k: getattr(s, f"{k}_seconds")
                                 for k in ("prefill", "drafting", "verifying", "overhead")},
            "step_seconds": sum(per_step.values()), "per_step_seconds": per_step,
-           "accepted_hist": s.accepted_hist, "uncut_steps": len(kept),
+           "accepted_hist": s.accepted_hist, "uncut_steps": len(kept), "outputs": [o.new_tokens for o in outs],
            "uncut_steps_committing_whole_chain": sum(k == depth + 1 for k in kept),
            # drafting includes the draft model's host loop: the engine's own share is overhead / step time
            "engine_share_of_step": s.overhead_seconds / max(models + s.overhead_seconds, 1e-12)}

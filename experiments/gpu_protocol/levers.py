@@ -14,6 +14,7 @@ from tree_builders.budgeted import for_budget
 from treespec.calibrate.acceptance import MeasuredAcceptance
 from treespec.core import attention, compiled, compiling, fused_qkv
 from treespec.core.compiling import graphs_compiled
+from treespec.core.runners import RunnerCache
 
 from .bench import ACCEPTANCE_T0, Bench, treespec_run
 from .profiling import kernel_table
@@ -61,9 +62,9 @@ LEVERS = {
     "default+flex-levels": Lever("treespec's CUDA defaults, FlexAttention in the draft levels only (the "
                                  "verification's 64 rows on cuDNN)", attention="flex-levels"),
     "default+flex+max-autotune": Lever("the lever above and max-autotune", attention="flex", mode="max-autotune"),
-    "default+math": Lever("treespec's CUDA defaults, SDPA's math path in every tree forward: the level's attention "
-                          "(4 rows over 512) as two small batched products and one fused masked softmax instead of "
-                          "cuDNN's call and the memset before it", sdpa="math"),
+    "default+math": Lever("treespec's CUDA defaults, SDPA's math path in every tree forward (reducing in bfloat16): "
+                          "the level's attention (its rows over the cache's) as two small batched products and one "
+                          "fused masked softmax instead of cuDNN's call and the memset before it", sdpa="math"),
     "default+max-autotune": Lever("treespec's CUDA defaults and max-autotune (Triton GEMM templates: no split-K "
                                   "reduction)", mode="max-autotune"),
     # the attention levers with max-autotune: a second device call times the pair whose attention won the first
@@ -76,6 +77,9 @@ LEVERS = {
 
 #: the lever whose runners ``captured.RUNNERS`` holds (phase sweep reuses them when it runs the same lever)
 APPLIED: list[Lever | None] = [None]
+#: each lever's runners once another lever took over: entering it again restores them (``--sweep-lever best`` after
+#: phase levels replays the winner's graphs, whichever lever ran last, instead of compiling them all again)
+KEPT: dict[Lever, Any] = {}
 
 
 def sdpa_backends() -> dict[str, bool]:
@@ -96,9 +100,10 @@ def set_sdpa_backends(enabled: dict[str, bool]) -> None:
 @contextlib.contextmanager
 def lever(setting: Lever):
     """The captured step with one lever (see :class:`Lever`). Runners are keyed by models, envelope and capacity,
-    not by the compile settings, so the runners of another lever are dropped (a fresh compile); those of the same
-    lever are kept (phase sweep after phase levels replays the last lever's graphs). A frozen lever compiles
-    without inductor's graph cache, whose key does not hold the q/k/v rewrite (``fused_qkv.applied``)."""
+    not by the compile settings, so each lever has runners of its own: entering a lever sets the others' aside
+    (:data:`KEPT`) and restores its own, so phase sweep after phase levels replays any lever's graphs. A frozen
+    lever compiles without inductor's graph cache, whose key does not hold the q/k/v rewrite
+    (``fused_qkv.applied``)."""
     from treespec.core import captured
 
     names = ("CAPACITY_BUCKET", "CUDA_CAPACITY_BUCKET"), ("CUDA_GRAPHS_FREEZE", "CUDA_GRAPHS_ONE_QKV")
@@ -112,8 +117,14 @@ def lever(setting: Lever):
         captured.compile_options = lambda c, device: (saved[2](c, device)[0], setting.mode)
     allowed = {"cudnn": setting.sdpa == "cudnn", "flash": setting.sdpa != "math", "efficient": setting.sdpa != "math"}
     set_sdpa_backends({k: saved[3][k] and allowed[k] for k in allowed})
+    # SDPA's math path takes bfloat16 inputs to float32 (three casts and float32 products per layer) unless told
+    # to reduce in their own precision: the lever is about the kernel, not the precision
+    math_reduction = torch.backends.cuda.fp16_bf16_reduction_math_sdp_allowed()
+    torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(setting.sdpa == "math" or math_reduction)
     if APPLIED[0] != setting:
-        captured.RUNNERS.clear()
+        if APPLIED[0] is not None:  # the leaving lever's runners kept, the entering one's restored (or none)
+            KEPT[APPLIED[0]] = captured.RUNNERS
+        captured.RUNNERS = KEPT.pop(setting, None) or RunnerCache(captured.RUNNERS.limit)
         APPLIED[0] = setting
     try:
         with fused_qkv.uncached() if setting.freezing else contextlib.nullcontext():
@@ -125,6 +136,7 @@ def lever(setting: Lever):
             setattr(compiling, n, v)
         captured.compile_options = saved[2]
         set_sdpa_backends(saved[3])
+        torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(math_reduction)
         attention.TREE_ATTENTION = saved[4]
 
 
@@ -132,13 +144,16 @@ def phase_levels(b: Bench) -> dict[str, Any]:
     """What each lever of ``LEVERS`` (or ``--levers``) does to a draft level, timed inside the captured step
     (the level's own graph, as a step replays it): a 4-level chain's drafting seconds per step over its 4
     levels, its verification, and its kernels per step (``torch.profiler``), one compile per lever. Saved after
-    every lever; levers not started within ``--levels-seconds`` of the phase's start are skipped (and named)."""
+    every lever; a lever is started only if the phase, with the slowest first call of a lever so far, ends within
+    ``--levels-seconds`` (the others are skipped, and named). Each lever records its CUDA graph skips (a lever
+    that runs without CUDA graphs is host-bound, not slow in its kernels) and how many of its tokens agree with
+    the first lever's (a lever fast because it computes something else would show)."""
     shape = for_budget("chain", 5)
     _, env = sweep_shapes(b, MeasuredAcceptance.load(ACCEPTANCE_T0))
     out: dict[str, Any] = {"shape": f"chain of 4 in the sweep's envelope ({env.describe()})",
                            "context": b.args.prompt_len,
                            "levers": {}, "skipped": []}
-    start = time.perf_counter()
+    start, slowest_first, reference = time.perf_counter(), 0.0, None
     for name in b.args.levers or LEVERS:
         setting = LEVERS[name]
         cuda_only = setting.mode == "max-autotune" or setting.sdpa == "efficient" or setting.attention != "sdpa"
@@ -147,29 +162,52 @@ def phase_levels(b: Bench) -> dict[str, Any]:
             # template takes no mask computed inside the graph)
         if b.tiny and out["levers"]:
             break  # the smoke checks the phase's path: one lever (each compiles its own runner)
-        if b.args.levels_seconds and time.perf_counter() - start > b.args.levels_seconds:
+        if b.args.levels_seconds and time.perf_counter() - start + slowest_first > b.args.levels_seconds:
             out["skipped"].append(name)
             continue
-        graphs = graphs_compiled()
+        graphs, skips = graphs_compiled(), cudagraph_skips()
         try:
             with lever(setting):
                 run = treespec_run(b, b.model("target"), b.model("draft"), shape, b.compile, budget=env.nodes,
                                    envelope=env)
-                table = kernel_table(lambda: treespec.generate(b.model("target"), b.prompts[0],
-                                                               [treespec.ModelDrafter(b.model("draft"), shape)],
-                                                               max_new_tokens=b.args.new_tokens, budget=env.nodes,
-                                                               compile=b.compile, envelope=env), b.device)
         except Exception as e:  # a lever that does not compile or run is a finding: record it, go on to the next
             out["levers"][name] = {"error": f"{type(e).__name__}: {str(e)[:500]}", **dataclasses.asdict(setting)}
             print(f"  {name}: failed: {out['levers'][name]['error']}", flush=True)
             b.checkpoint("levels", out)
             continue
+        slowest_first = max(slowest_first, run["first_call_seconds"])
+        reference = reference or run["outputs"]
         sec = run["per_step_seconds"]
         out["levers"][name] = {"level_ms": sec["drafting"] / shape.depth * 1e3, "verify_ms": sec["verifying"] * 1e3,
                                "step_ms": run["step_seconds"] * 1e3, "first_call_seconds": run["first_call_seconds"],
-                               "new_graphs": graphs_compiled() - graphs, "kernels_per_step": table["kernels_per_step"],
-                               "device_us_per_step": table["device_us_per_step"], "top": table["top"],
+                               "new_graphs": graphs_compiled() - graphs, "cudagraph_skips": cudagraph_skips() - skips,
+                               "tokens_agreeing_with_first_lever": agreement(run["outputs"], reference),
                                **dataclasses.asdict(setting)}
+        try:  # the kernels of one step: a measurement aid, whose failure keeps the lever's timing
+            with lever(setting):
+                table = kernel_table(lambda: treespec.generate(b.model("target"), b.prompts[0],
+                                                               [treespec.ModelDrafter(b.model("draft"), shape)],
+                                                               max_new_tokens=b.args.new_tokens, budget=env.nodes,
+                                                               compile=b.compile, envelope=env), b.device)
+            out["levers"][name].update(kernels_per_step=table["kernels_per_step"],
+                                       device_us_per_step=table["device_us_per_step"], top=table["top"])
+        except Exception as e:
+            out["levers"][name]["kernel_table_error"] = f"{type(e).__name__}: {str(e)[:500]}"
         print(f"  {name}: {out['levers'][name]['level_ms']:.3f} ms per level", flush=True)
         b.checkpoint("levels", out)
     return out
+
+
+def cudagraph_skips() -> int:
+    """How many times inductor has run a graph without CUDA graphs in this process (its counter)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["inductor"]["cudagraph_skips"])
+
+
+def agreement(outputs: list[list[int]], reference: list[list[int]]) -> float:
+    """The share of ``reference``'s tokens that ``outputs`` repeats up to its first difference, prompt by prompt (1:
+    the same tokens; bfloat16 near-ties may part two exact runs late)."""
+    def same(a: list[int], b: list[int]) -> int:
+        return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return sum(same(o, r) for o, r in zip(outputs, reference)) / max(sum(map(len, reference)), 1)

@@ -102,11 +102,12 @@ def _sweep(b: Bench) -> dict[str, Any]:
     if choice.shape.size > 1 and env.covers(Envelope.for_shapes([choice.shape])):
         runs["device-sized"] = _sweep_run(b, acc, "device-sized", choice.shape, env)
         shape = choice.shape
-        out["kernel_table"] = kernel_table(
-            lambda: treespec.generate(target, b.prompts[0], [treespec.ModelDrafter(draft, shape)],
-                                      max_new_tokens=a.new_tokens, compile=b.compile, envelope=env), b.device)
         b.checkpoint("sweep", out)
         try:  # measurement aids: a failure is recorded, the sweep's results stay
+            out["kernel_table"] = kernel_table(
+                lambda: treespec.generate(target, b.prompts[0], [treespec.ModelDrafter(draft, shape)],
+                                          max_new_tokens=a.new_tokens, compile=b.compile, envelope=env), b.device)
+            b.checkpoint("sweep", out)
             out["clock"] = clock_ab(b, shape, env)
             if a.trace:
                 out["traces"] = {name: step_trace(b, shape, env, events, Path(a.out) / f"trace-{name}.json.gz")
