@@ -153,7 +153,7 @@ def test_two_trees_of_one_size_and_depth_are_two_measurements(pair) -> None:
 
     target, draft, tok = pair
     prompts = _pilot_prompts(tok)
-    keys = {_measurement_key("pilot-v4", Recipe(tree="paths", paths=paths, budget=4), target, [draft], prompts)
+    keys = {_measurement_key("pilot-v5", Recipe(tree="paths", paths=paths, budget=4), target, [draft], prompts)
             for paths in ([[0], [1], [0, 0]], [[0], [0, 0], [0, 1]], [[0], [1], [0, 0]])}
     assert len(keys) == 2
 

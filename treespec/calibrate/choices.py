@@ -105,12 +105,13 @@ def _measurement_key(tag: str, recipe: Recipe, target: torch.nn.Module, drafts: 
 
 
 def _measured(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[DraftModel], tokenizer: Any,
-              cache_file: Path | None, *, chain: bool = False, tag: str = "pilot-v4") -> "Pilot":
+              cache_file: Path | None, *, chain: bool = False, tag: str = "pilot-v5") -> "Pilot":
     """A pilot of ``recipe`` (its eager steps and the target alone on the built-in pilot prompts,
     ``treespec.calibrate.pilot.run_pilot``), cached per machine, models, drafters and sampling. Tags ``-v2``: a
     draft's pass over the prompt is charged to the prefill (``Drafter.prefill``), no longer to the first step's
     drafting; ``-v3``: plain decoding's prefill gives its first token (``EagerStep.prefill``); ``-v4``: the latency
-    curve timed at every size up to ``pilot.DENSE_SIZES``. Pilots measured before are measured again."""
+    curve timed at every size up to ``pilot.DENSE_SIZES``; ``-v5``: a draft of another tokenizer's pass over the
+    prompt charged to the prefill too. Pilots measured before are measured again."""
     from . import pilot
 
     prompts = _pilot_prompts(tokenizer)

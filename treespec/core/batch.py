@@ -97,7 +97,8 @@ class BatchEagerStep:
 
     def prefill(self, prompts: Sequence[list[int]], clock: Clock) -> None:
         """Cache each prompt, its last token's logits kept for the row's first step (as ``EagerStep.prefill``), in
-        the target, and each prompt but its last token in each drafter that drafts in forwards (``Drafter.prefilling``);
+        the target, and each prompt but its last token in each drafter that drafts in forwards (``Drafter.prefilling``;
+        the drafters that propose row by row, such as a draft of another tokenizer, by ``Drafter.prefill``);
         each row's prompt in a forward of its own (``kv.RowsCache.prompts``)."""
         asks = {row: Forward(torch.tensor(p, device=self.device), torch.arange(len(p), device=self.device),
                              causal_allowed(0, len(p)), last=True, prompt=True) for row, p in enumerate(prompts)}
@@ -109,6 +110,10 @@ class BatchEagerStep:
             if coroutines:
                 model = reqs[0].drafters[i].model
                 together(coroutines, lambda asks, shared=shared, model=model: shared.forward(model, asks))
+        for req, p in zip(reqs, prompts):  # the drafters that propose row by row: each row's own pass
+            for i, d in enumerate(req.drafters if req.speculating else []):
+                if i not in self.draft_caches:
+                    d.prefill(p)
 
     def advance(self, runs: dict[int, Progress], clock: Clock) -> dict[int, tuple[TokenTree, list[int], int, bool]]:
         """One step of every row still in the batch (``runs``: its generation by row)."""

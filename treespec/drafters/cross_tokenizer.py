@@ -143,6 +143,18 @@ class CrossTokenizerDrafter(Drafter):
         if prompt:  # fail early, before any target work, if the draft cannot carry the prompt's text
             self._check_round_trip(self.draft, self.target.decode(prompt), "draft")
 
+    @torch.inference_mode()
+    def prefill(self, prompt: Sequence[int]) -> None:
+        """Cache the prompt's draft ids but the last (the first step feeds it, as every step feeds its newest): the
+        draft's pass over the prompt is the prefill's, not the first step's drafting."""
+        ids = self.draft.encode(self.target.decode(prompt))
+        if len(ids) < 2 or self._ids:
+            return
+        n = len(ids) - 1
+        forward_masked(self.model, self.cache, torch.as_tensor(ids[:-1], dtype=torch.long, device=self.device),
+                       torch.arange(n, device=self.device), causal_allowed(0, n, self.device), logits_to_keep=1)
+        self._ids, self.fed_tokens = ids[:-1], self.fed_tokens + n
+
     # -- alignment -------------------------------------------------------------------------------
 
     def _check_round_trip(self, codec: TextCodec, text: str, role: str, ids: list[int] | None = None) -> list[int]:
