@@ -118,8 +118,10 @@ class BatchEagerStep:
     def advance(self, runs: dict[int, Progress], clock: Clock) -> dict[int, tuple[TokenTree, list[int], int, bool]]:
         """One step of every row still in the batch (``runs``: its generation by row)."""
         drafts = self.propose(runs)
-        drafted = {row: draft_tree(run.req, run.committed, run.remaining, run.req.budget, clock, drafts[row])
-                   for row, run in runs.items()}
+        drafted = {}
+        for row, run in runs.items():  # the proposals' seconds are drafting (the first row's charge), each merge the
+            drafted[row] = draft_tree(run.req, run.committed, run.remaining, run.req.budget, clock, drafts[row])
+            clock.charge("overhead")  # engine's (the next row's charge would have counted it as drafting)
         flats = {row: flatten(tree) for row, (tree, _) in drafted.items()}
         committed = {row: self.cache.length_of(row) for row in flats}  # the tree's slots follow them
         held, self.root_logits = self.root_logits, None  # the first step: each root cached, its logits held
