@@ -84,3 +84,21 @@ def test_the_callers_on_tokens_is_charged_to_the_engine_not_to_drafting(pair):
                             on_tokens=lambda tokens: time.sleep(0.03))
     calls = out.stats.steps
     assert out.stats.overhead_seconds >= 0.9 * 0.03 * calls and out.stats.drafting_seconds < 0.03 * calls / 2
+
+
+def test_a_batchs_merges_are_the_engines_seconds(pair, monkeypatch):
+    """Each row's merge of its proposals into its tree is the engine's work; in a batch the next row's drafting
+    charge counted the previous row's merge as drafting."""
+    from treespec.core.tree import TokenTree
+
+    target, draft = pair
+    merge = TokenTree.merge
+
+    def slow(self, *args, **kwargs):
+        time.sleep(0.01)
+        return merge(self, *args, **kwargs)
+
+    monkeypatch.setattr(TokenTree, "merge", slow)
+    out = treespec.generate(target, PROMPTS, drafters=[treespec.ModelDrafter(draft, CHAIN3)], max_new_tokens=6)
+    merges = sum(r.stats.steps for r in out.rows)
+    assert out.stats.overhead_seconds >= 0.9 * 0.01 * merges and out.stats.drafting_seconds < 0.01 * merges / 2
