@@ -117,8 +117,9 @@ def test_replay_decodes_the_ranks_like_a_run_of_the_tree(measured):
     """Hand-made ranks through a 2-token chain: steps end at a missed rank or after a leaf."""
     chain = TreeShape.from_paths([(0,), (0, 0)])
     a = MeasuredAcceptance.from_counts(np.zeros((2, 3)), np.zeros(2), 0.5, ranks=[[0, 1, -1, 0, 0, 2, -1, 0]])
-    # steps: [0 accepted, 1 ends] 2 tokens; [-1] 1; [0, 0 accepted, leaf: 2 is the bonus] 3; [-1] 1; [0 cut]
-    assert a.replayed_tau(chain) == pytest.approx(7 / 4)
+    # steps: [0 accepted, 1 ends] 2 tokens; [-1] 1; [0, 0 accepted, leaf: 2 is the bonus] 3; then at position 6 a
+    # tree of depth 2 does not fit before the end (8): cut whatever it accepts (its -1 too), as a run cuts it
+    assert a.replayed_tau(chain) == pytest.approx(6 / 3)
     wide = TreeShape.from_paths([(0,), (1,), (0, 0)])  # rank 1 at the root is a child now
     b = MeasuredAcceptance.from_counts(np.zeros((2, 3)), np.zeros(2), 0.5, ranks=[[1, 2, 0, 0, -1]])
     assert b.replayed_tau(chain) == pytest.approx((1 + 1 + 3) / 3)  # [1] [2] [0, 0, leaf: -1 is the bonus]
@@ -158,8 +159,8 @@ def test_replayed_steps_are_the_replay_per_prompt():
     a = MeasuredAcceptance.from_counts(np.zeros((2, 3)), np.zeros(2), 0.5,
                                        ranks=[[0, 1, -1, 0, 0, 2, -1, 0], [1, 2, 0, 0, -1], [0]])
     tokens, steps = a.replayed_steps(chain)
-    assert tokens == [7, 5, 0] and steps == [4, 3, 0]  # the last prompt's only step is cut
-    assert a.replayed_tau(chain) == pytest.approx(12 / 7)
+    assert tokens == [6, 5, 0] and steps == [3, 3, 0]  # the last prompt's only step is cut
+    assert a.replayed_tau(chain) == pytest.approx(11 / 6)
 
 
 @pytest.mark.parametrize("mode,temperature", [("sample_without_replacement", 1.0), ("topk", 0.0)])
