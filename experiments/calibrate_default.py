@@ -20,6 +20,10 @@ is measured (``<file>.parts.jsonl`` beside the file, with the settings it was me
 again with the same options, measures only what is missing, a finished temperature from its parts; the parts go
 once every temperature of the run is written.
 
+Each continuation ends at the target's end of sequence, where a run stops (since 2026-11-29: the files shipped
+now were walked on past it, through 96 tokens; 4 of HumanEval's first 6 calibration prompts reach it within them,
+so part of their positions is text after the EOS that no run reaches).
+
 ``--dataset sharegpt`` measures what chat runs (``treespec generate --chat``) are sized with instead: 40 ShareGPT
 first turns drawn the same way from turns 1000-1099 (the benchmarks evaluate on turns below 400), each as the user's
 turn in the target's chat template, written to ``acceptance-qwen2.5-coder-chat-t{T}[-dtype].json``. A chat reply
@@ -43,6 +47,7 @@ from treespec.calibrate.acceptance import MeasuredAcceptance, encode_prompts, me
 from treespec.common.jsonl import append_record, read_records, repair_tail
 from treespec.common.prompts import user_turn
 from treespec.models import DEFAULT_DRAFT, DEFAULT_TARGET, load
+from treespec.models.pair import eos_ids
 from treespec.models.precision import precision_of, to_precision
 from treespec.recipes import draft_mode
 
@@ -91,7 +96,7 @@ def main(argv: list[str] | None = None) -> None:
         path = DATA / (f"acceptance-qwen2.5-coder-{infix}t{t:g}"
                        f"{'' if args.draft_dtype == 'int8' else '-' + args.draft_dtype}.json")
         settings = {"prompts": ids, "dataset": args.dataset, "max_new_tokens": args.max_new_tokens,
-                    "width": args.width, "temperature": t, "draft_dtype": args.draft_dtype}
+                    "width": args.width, "temperature": t, "draft_dtype": args.draft_dtype, "ends_at_eos": True}
         parts_file = path.with_name(path.name + ".parts.jsonl")
         saved = kept_parts(parts_file, settings)
 
@@ -103,7 +108,8 @@ def main(argv: list[str] | None = None) -> None:
             if saved:
                 print(f"{parts_file}: {len(saved)} of {len(prompts)} prompts measured before; measuring the others")
             measure_each(target, draft, prompts, width=args.width, mode=draft_mode("sequoia", t), temperature=t,
-                         max_new_tokens=args.max_new_tokens, prompts_label=label, done=saved, on_prompt=keep)
+                         max_new_tokens=args.max_new_tokens, prompts_label=label, done=saved, on_prompt=keep,
+                         eos_token_id=eos_ids(target, tok) or None)
         acc = MeasuredAcceptance.merge([saved[j] for j in sorted(saved) if saved[j] is not None])
         acc.meta.update(prompts=len(prompts), target_precision=precision_of(target),
                         draft_precision=precision_of(draft))

@@ -783,3 +783,26 @@ def test_a_prompt_file_line_reads_a_newline_and_a_backslash_escape(line, text):
     from treespec.cli_input import unescape
 
     assert unescape(line) == text
+
+
+def test_accept_ends_each_continuation_at_the_targets_end_of_sequence(tiny_dirs, tmp_path, monkeypatch):
+    """``treespec accept`` walks each continuation to the target's EOS, where ``treespec generate`` stops: the text
+    after it is no run's (it walked on, 776 of 1,920 positions past an EOS for a tiny target)."""
+    import treespec.calibrate.acceptance as acceptance
+
+    monkeypatch.setenv("TREESPEC_CACHE", str(tmp_path / "cache"))
+    seen = {}
+    real = acceptance.measure_each
+
+    def spy(*args, **kwargs):
+        seen.update(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(acceptance, "measure_each", spy)
+    models = [a.format(**tiny_dirs) for a in MODELS]
+    assert main(["accept", *models, "--calib", "0:2", "--width", "2", "--max-new-tokens", "4", "--max-depth", "2",
+                 "--out", str(tmp_path / "acc.json")]) == 0
+    target, tok = load(tiny_dirs["target"])
+    from treespec.models.pair import eos_ids
+
+    assert seen["eos_token_id"] == eos_ids(target, tok) != []

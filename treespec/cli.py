@@ -344,10 +344,13 @@ def cmd_accept(args: argparse.Namespace) -> int:
         target, tok, drafts = load_models(args)
         encoded = encode_all(tok, texts, args.chat)
         check_context(encoded, args.max_new_tokens, target)
+        # each continuation ends at the target's end of sequence, where `treespec generate` stops (the text after
+        # it is no run's)
         measure_each(target, same_tokenizer(drafts, "accept"), encoded, width=args.width,
                      mode=draft_mode("sequoia", args.temperature, args.mode), temperature=args.temperature,
                      top_p=args.top_p, max_new_tokens=args.max_new_tokens, max_depth=args.max_depth,
-                     prompts_label=label, context=args.context, batch_size=args.batch_size, done=saved, on_prompt=keep)
+                     prompts_label=label, context=args.context, batch_size=args.batch_size, done=saved, on_prompt=keep,
+                     eos_token_id=eos_ids(target, tok) or None)
     parts = [saved[j] for j in sorted(saved) if saved[j] is not None]
     if not parts:
         raise ValueError("no continuation tokens were generated: give at least one prompt (and max_new_tokens >= 1)")
