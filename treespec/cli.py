@@ -368,16 +368,21 @@ def cmd_profile(args: argparse.Namespace) -> int:
     from .calibrate.costs import profile
     from .calibrate.step_cost import Builder
 
-    acceptance = default_acceptance(args.acceptance, 0.0, per_depth=not args.positional_acceptance)
+    default_acceptance(args.acceptance, 0.0, per_depth=not args.positional_acceptance)  # a bad file refused first
     builder = builder_of(Recipe(tree=args.tree, **builder_options(args)))
     if 1 not in args.sizes or max(args.sizes) < 2:
         raise ValueError(f"--sizes {' '.join(map(str, args.sizes))}: give 1 (plain decoding's forward, what a speedup "
                          "is over) and at least one larger tree size, e.g. --sizes 1 2 4 8")
     check_writable(args.out)  # fail now, not after minutes of profiling
     target, _, drafts = load_models(args)
-    prof = profile(target, same_tokenizer(drafts, "profile"), sizes=args.sizes)
+    draft = same_tokenizer(drafts, "profile")
+    # the rows of the draft's own precision where none are given (as generate and the demo size trees; the int8
+    # draft's were read whatever the draft)
+    acceptance, _ = acceptance_for_draft(args.acceptance, 0.0, draft, per_depth=not args.positional_acceptance)
+    prof = profile(target, draft, sizes=args.sizes)
     builders = list(dict.fromkeys([None, Builder("chain"), Builder("kary", 2), Builder("kary", 3), builder]))
-    choices = {b: prof.choose(acceptance, budgets=list(range(2, max(args.sizes) + 1)), max_depth=args.max_depth,
+    # budget 1 is plain decoding, priced at one token's forward (from 2, the plain cell was priced at two tokens')
+    choices = {b: prof.choose(acceptance, budgets=list(range(1, max(args.sizes) + 1)), max_depth=args.max_depth,
                               builder=b) for b in builders}
     choice = choices[builder]
     t1 = prof.target_latency[1]
