@@ -301,8 +301,8 @@ class NotExactError(ValueError):
 
 def get(name: str) -> VerifierSpec:
     """The verifier called ``name``; a clear error for an unknown name."""
-    if name not in VERIFIERS:
-        raise ValueError(f"unknown verifier {name!r}; choose one of {', '.join(VERIFIERS)}")
+    if not isinstance(name, str) or name not in VERIFIERS:
+        raise ValueError(f"unknown verifier {name!r}; choose one of {', '.join(VERIFIERS)} (one name)")
     return VERIFIERS[name]
 
 

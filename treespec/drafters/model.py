@@ -328,10 +328,11 @@ class ModelDrafter(Drafter):
                 break
             q = yield from self._forward_level(ctx_len, frontier, tokens, depth, rows, ancestors)
         self._last = (parent[:n], tokens[:n], rows[:n])
-        # Rerank: the `nodes` most confident candidates. Confidence never grows along a path and ties
-        # go to the shallower node, so the kept set is ancestor-closed.
+        # Rerank: the `nodes` most confident candidates, proposed most confident first (a budget that cuts the
+        # tree keeps the most confident, as EAGLE-2's rerank would). Confidence never grows along a path and ties
+        # go to the shallower node, so the kept set is ancestor-closed and a parent comes before its children.
         cand = np.arange(1, n)
-        best = np.sort(cand[np.lexsort((depth[cand], -score[cand]))][: self.nodes])
+        best = cand[np.lexsort((depth[cand], -score[cand]))][: self.nodes]
         index = {int(v): j for j, v in enumerate(best)}
         parents = [ROOT if parent[v] == 0 else index[int(parent[v])] for v in best]
         return DraftProposals([int(tokens[v]) for v in best], parents)

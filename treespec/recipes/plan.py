@@ -97,8 +97,8 @@ def plan(recipe: Recipe, with_model: bool = True, max_new_tokens: int | None = N
         else:
             shape = shape_for(recipe, max_new_tokens)
             model = {"shape": shape, "mode": recipe.mode}
-            if recipe.min_confidence is not None:
-                model["min_confidence"] = recipe.min_confidence
+        if recipe.min_confidence is not None:  # a dynamic tree's drafter stops on it too
+            model["min_confidence"] = recipe.min_confidence
     ngram = None
     if recipe.ngram is not None and reserve >= 1:
         n = recipe.ngram

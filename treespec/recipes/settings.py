@@ -160,6 +160,8 @@ class Recipe:
             if value != default and self.tree != tree:  # as the CLI refuses --kary-width / --chains
                 raise ValueError(f"{name} is an option of tree={tree!r}; the {self.tree!r} tree does not read it: "
                                  f"drop it, or give tree={tree!r}")
+        if self.ngram is not None and not isinstance(self.ngram, NGramSettings):
+            raise ValueError(f"ngram must be treespec.recipes.NGramSettings(...) or None, got {self.ngram!r}")
         set_("paths", _static_tree(self.tree, self.paths))
         set_("max_width", _optional_count("max_width", self.max_width, 1, "children per node; None for no limit"))
         verifiers.get(self.verifier)
