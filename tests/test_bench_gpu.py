@@ -146,10 +146,13 @@ def test_a_lever_entered_again_gets_its_own_runners_back(bench_gpu):
     import sys
 
     from treespec.core import captured
+    from treespec.core.runners import RunnerCache
 
     levers = sys.modules["gpu_protocol.levers"]
     first, second = bench_gpu["LEVERS"]["default"], bench_gpu["LEVERS"]["baseline"]
-    before = captured.RUNNERS, levers.APPLIED[0]
+    before, kept = (captured.RUNNERS, levers.APPLIED[0]), dict(levers.KEPT)
+    captured.RUNNERS, levers.APPLIED[0] = RunnerCache(2), None  # this test's own, the fake runner in none else
+    levers.KEPT.clear()
     try:
         with bench_gpu["lever"](first):
             held = captured.RUNNERS
@@ -157,7 +160,8 @@ def test_a_lever_entered_again_gets_its_own_runners_back(bench_gpu):
         with bench_gpu["lever"](second):
             assert captured.RUNNERS is not held and len(captured.RUNNERS) == 0
         with bench_gpu["lever"](first):
-            assert captured.RUNNERS is held and "compiled graphs" in held.values()
+            assert captured.RUNNERS is held and held.values() == ["compiled graphs"]
     finally:  # the other tests' runners as they were
         captured.RUNNERS, levers.APPLIED[0] = before
         levers.KEPT.clear()
+        levers.KEPT.update(kept)
