@@ -4,8 +4,6 @@ a :class:`Resolved`: the recipe with the choice made and a line saying what runs
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
@@ -94,7 +92,7 @@ def _measurement_key(tag: str, recipe: Recipe, target: torch.nn.Module, drafts: 
     from ..common.machine import measurement_key, model_name
 
     drafters = build_drafters(recipe, drafts)
-    trees = [f"tree={hashlib.sha1(json.dumps(d.layout.shape.paths).encode()).hexdigest()[:12]}"
+    trees = [f"tree={prompts_digest(d.layout.shape.paths)}"  # a digest of int lists: the paths
              for d in drafters if isinstance(d, ModelDrafter) and d.mode != "dynamic"]
     return measurement_key(tag, model_name(target), precision_of(target), f"budget={recipe.budget}",
                            *(precision_of(m.model if isinstance(m, CrossDraft) else m) for m in drafts),

@@ -31,6 +31,7 @@ tokens added, decoded without skipping or cleaning anything) or any object with
 
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 import torch
@@ -74,12 +75,17 @@ class TextCodec:
             return list(self.tokenizer.encode(text, add_special_tokens=False))
         return [int(t) for t in self.tokenizer.encode(text)]
 
+    @functools.cached_property
+    def _anchor(self) -> list[int]:
+        """:data:`ANCHOR`'s own tokens (encoded once: every step's tail search asks for them)."""
+        return self.encode(ANCHOR)
+
     def encode_within(self, text: str) -> list[int] | None:
         """``text``'s tokens as they come inside a longer text, where they differ from :meth:`encode`'s: encoded
         after :data:`ANCHOR`, whose own tokens are then cut (a SentencePiece tokenizer that prepends "▁" to what it
         encodes, as Llama-2's does, gives a text that starts with a space an extra piece at the start of a sequence
         and not inside one). None where the anchor's tokens do not come out apart (the text merged into them)."""
-        anchor = self.encode(ANCHOR)
+        anchor = self._anchor
         ids = self.encode(ANCHOR + text)
         return ids[len(anchor):] if ids[:len(anchor)] == anchor else None
 
