@@ -555,3 +555,29 @@ def test_an_int4_draft_of_a_gguf_file_runs_every_layer_on_the_int4_kernel(tmp_pa
     assert torch.equal(draft(x).logits, converted(x).logits)  # the model auto's int4 candidate is
     target, _ = models.load(str(path), dtype="int4")
     assert kinds(target) == {"Int4Linear": 14, "Int8Linear": 1}
+
+
+def test_a_gguf_model_ends_at_its_end_of_text_tokens_as_llama_cpp_does(tmp_path, capsys, fake_packaged):
+    """A GGUF holds one EOS id (Qwen2.5's ``<|im_end|>``, here 96) and no generation config; llama.cpp and the
+    model's own release also stop at ``<|endoftext|>`` (95). A local file and a built-in model end there too: the
+    CLI's output stops at it, where it ran on past the end of the document before."""
+    import json
+
+    from treespec import cli
+    from treespec.models.pair import eos_ids
+
+    model = tiny_qwen2(seed=5)
+    plain = model.generate(torch.tensor([[3, 17, 42]]), max_new_tokens=3, do_sample=False, eos_token_id=[],
+                           pad_token_id=0)[0, 3:].tolist()
+    with torch.no_grad():  # the third greedy token's logit doubled for <|endoftext|>: greedy reaches 95 by then
+        model.lm_head.weight[95] = 2 * model.lm_head.weight[plain[2]]
+    path = write_gguf(model, tmp_path / "m.gguf")
+    loaded, tok = models.load(str(path))
+    assert eos_ids(loaded, tok) == [96, 95]
+    built, built_tok = models.load("tiny-gguf")  # a built-in model's cache, from the same kind of file
+    assert eos_ids(built, built_tok) == [96, 95]
+    ids = tok.decode([3, 17, 42])
+    assert cli.main(["generate", "--target", str(path), "--draft", str(path), "--budget", "4", "--prompt", ids,
+                     "--max-new-tokens", "12", "--json"]) == 0
+    new = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["new_tokens"]
+    assert new[-1] == 95 and len(new) <= 3, new

@@ -203,6 +203,8 @@ def load(name_or_path: str | os.PathLike = DEFAULT_TARGET, device: str | torch.d
     (``treespec.core.linear_layout``): ``"stock"``, ``"weight-first"``, or ``"auto"``: on a CPU, time a tree
     forward in both and keep the faster (``treespec.models.layout``; cached in ``<cache root>/linear-layout.json``).
     HF's own calls on the model (``generate``) always run stock layers.
+    A model from a GGUF file (built-in or local) ends generations at its tokenizer's end-of-text control tokens
+    too, as llama.cpp on the file does (``with_end_of_text_ids``).
     Gradients are switched off. The returned model carries ``treespec_precision``: a dict with the
     kept ``precision`` and, for ``auto``, the timings it was chosen on (``precision.describe_choice``), and under
     ``"linear_layout"`` the layout's record (``layout.describe_layout``).
@@ -258,10 +260,34 @@ def _from_source(name: str, spec: Any, gguf_file: Path | None, load_dtype: torch
         path = cache_root(cache_dir) / spec.name
         if not cache_is_valid(path, spec):
             path = build_cache(spec, cache_dir)
-        return _from_pretrained(path, load_dtype, local_files_only=True, **placement)
+        return with_end_of_text_ids(*_from_pretrained(path, load_dtype, local_files_only=True, **placement))
     if gguf_file is not None:
-        return _load_gguf(gguf_file, load_dtype, **placement)
+        return with_end_of_text_ids(*_load_gguf(gguf_file, load_dtype, **placement))
     return _load_other(name, load_dtype, trust_remote_code, cache_dir, allow_download, **placement)
+
+
+#: the spellings of the end-of-text tokens a GGUF's own runtime (llama.cpp) ends a generation at besides the file's
+#: one EOS id
+END_OF_TEXT = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|eom_id|>", "<end_of_turn>")
+
+
+def with_end_of_text_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
+                         ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """A model converted from a GGUF file ends generations at each end-of-text control token its tokenizer holds
+    (``END_OF_TEXT``), not only at the file's one EOS id.
+
+    A GGUF file holds no generation config: transformers makes one with the file's EOS alone (Qwen2.5's
+    ``<|im_end|>``), where llama.cpp on the same file, and the model's own Hugging Face release, stop at
+    ``<|endoftext|>`` too. Without it a code completion ran on past the end of its document into the next one of
+    the training text (HumanEval 5: ``<|endoftext|><|fim_prefix|># Write a function ...``).
+    """
+    eos = model.generation_config.eos_token_id
+    ids = [eos] if isinstance(eos, int) else list(eos or [])
+    ids += sorted(i for i, t in tokenizer.added_tokens_decoder.items()
+                  if t.special and t.content in END_OF_TEXT and i not in ids
+                 and i < getattr(model.config, "vocab_size", i + 1))
+    model.generation_config.eos_token_id = ids[0] if len(ids) == 1 else ids
+    return model, tokenizer
 
 
 def _with_layout(model: PreTrainedModel, layout: str, role: str, name: str, spec: Any,
