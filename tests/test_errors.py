@@ -179,6 +179,7 @@ def test_eos_forms_all_stop(target, eos_case, wrap):
     (torch.tensor([[53]]), "integer tensor of 0 or 1 dimensions"),
     (-3, "negative id -3"),
     (True, "eos_token_id must hold token ids"),
+    ([53, 10_000], "the id 10000, which the target never writes"),  # silent before: the run never stopped there
 ])
 def test_bad_eos(target, eos, fragment):
     with pytest.raises(ValueError, match=fragment):

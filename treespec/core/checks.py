@@ -94,9 +94,10 @@ def _is_int_dtype(x: torch.Tensor | np.ndarray) -> bool:
     return x.dtype.kind in "iu"
 
 
-def eos_ids(eos_token_id: object) -> frozenset[int]:
+def eos_ids(eos_token_id: object, vocab: int | None = None) -> frozenset[int]:
     """The stop tokens, from what HuggingFace accepts: None, an int, a list/tuple of ints, a 0-d or 1-d
-    integer tensor or array, numpy ints. Anything else (a string, a float) is an error, never ignored."""
+    integer tensor or array, numpy ints. Anything else (a string, a float), or an id the target cannot write (not
+    below ``vocab``, its logits' width: the run would never stop there), is an error, never ignored."""
     if eos_token_id is None:
         return frozenset()
     hint = ("pass the id as an int (e.g. tokenizer.eos_token_id), a list of ints, or a 0-d/1-d integer "
@@ -115,6 +116,10 @@ def eos_ids(eos_token_id: object) -> frozenset[int]:
                              f"{eos_token_id!r}; {hint}")
         if t < 0:
             raise ValueError(f"eos_token_id holds the negative id {int(t)}; token ids are >= 0. {hint}")
+        if vocab is not None and t >= vocab:
+            raise ValueError(f"eos_token_id holds the id {int(t)}, which the target never writes: its vocabulary has "
+                             f"{vocab} ids (0-{vocab - 1}). Pass this target's tokenizer's id (e.g. "
+                             "tokenizer.eos_token_id)")
         out.add(int(t))
     return frozenset(out)
 

@@ -98,7 +98,7 @@ class Request:
         return cls(
             target=target, prompt=prompt, drafters=drafters, params=params,
             max_new_tokens=checks.check_lengths(len(prompt), max_new_tokens, max_positions),
-            eos=checks.eos_ids(eos_token_id), budget=checks.check_budget(budget), on_tokens=on_tokens,
+            eos=checks.eos_ids(eos_token_id, vocab), budget=checks.check_budget(budget), on_tokens=on_tokens,
             seed=int.from_bytes(os.urandom(7), "little") if seed is None else seed,
             verifier=verifier, compile=compile, vocab=vocab, max_positions=max_positions,
             out_device=input_ids.device if isinstance(input_ids, torch.Tensor) else torch.device("cpu"),
