@@ -115,6 +115,10 @@ def test_verified_tokens_are_the_budget_or_what_the_ngram_drafter_alone_can_prop
     target = tiny_model("llama", vocab=8, scale=4)
     out = run(narrow, target, [], [1, 2, 1, 3, 2, 1, 2, 3, 3, 1, 3, 2, 2, 2, 1, 1], max_new_tokens=24)
     assert max(out.stats.tree_sizes) == 7  # every bigram seen twice or more: the tree fills
+    lookup = Recipe(tree="chain", budget=12, ngram=NGramSettings(width=2, max_tokens=3, mode="prompt_lookup"))
+    assert recipes.verified_tokens(lookup, with_model=False) == 7  # two chains of 3 (counted 2 + 4 + 8 before)
+    out = run(lookup, target, [], [1, 2, 3, 4, 1, 2, 5, 6, 7, 1, 2], max_new_tokens=24)
+    assert max(out.stats.tree_sizes) <= 7
 
 
 def test_verified_nodes_never_exceed_the_budget() -> None:

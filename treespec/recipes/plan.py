@@ -134,12 +134,15 @@ def build_drafters(recipe: Recipe, draft_models: Sequence[DraftModel], max_new_t
 def verified_tokens(recipe: Recipe, with_model: bool) -> int:
     """The most tokens one verification of ``recipe`` holds, root included (its budget, or the default one where it
     leaves the budget to tuning): the budget, or fewer where the drafters cannot fill it: the n-gram drafter alone
-    proposes a ``width``-ary tree ``max_tokens`` deep, at most ``max_nodes`` nodes (5 tokens by default, of 16)."""
+    proposes a ``width``-ary tree ``max_tokens`` deep (prompt lookup: ``width`` chains of ``max_tokens``), at most
+    ``max_nodes`` nodes (5 tokens by default, of 16)."""
     p = plan(recipe if recipe.budget is not None else replace(recipe, budget=default_budget(recipe)), with_model)
     if p.model is not None or p.ngram is None:
         return p.budget
     n = p.ngram
-    return 1 + min(n["max_nodes"], sum(n["width"] ** k for k in range(1, n["max_tokens"] + 1)))
+    most = n["width"] * n["max_tokens"] if n["mode"] == "prompt_lookup" else \
+        sum(n["width"] ** k for k in range(1, n["max_tokens"] + 1))
+    return 1 + min(n["max_nodes"], most)
 
 
 def plan_depth(recipe: Recipe, with_model: bool) -> int:
