@@ -365,9 +365,11 @@ def test_tiny_models_run_end_to_end(tiny_dirs, tmp_path, capsys, monkeypatch):
     own = json.loads((tmp_path / "own.json").read_text())
     assert len(own["vector"]) == 2 and "own.jsonl (2 prompts)" in json.dumps(own)
     assert main(["accept", *models, "--calib", "0:2", "--width", "2", "--max-new-tokens", "4", "--max-depth", "2",
-                 "--temperature", "1", "--context", "target", "--out", str(tmp_path / "forced.json")]) == 0
+                 "--temperature", "1", "--top-k", "3", "--context", "target", "--out", str(tmp_path / "forced.json")]
+                ) == 0
     forced = json.loads((tmp_path / "forced.json").read_text())
     assert "teacher forced" in forced["meta"]["context"] and len(forced["ranks"]) == 2
+    assert forced["meta"]["top_k"] == 3  # generate's sampling options, each one (accept had no --top-k)
     assert own["meta"]["context"].endswith("(walk)")  # the default
     assert main(["generate", *models, "--prompt", "w1", "--tree", "sequoia", "--budget", "4", "--max-new-tokens",
                  "3", "--acceptance", str(tmp_path / "acc" / "acc.json"), "--json"]) == 0

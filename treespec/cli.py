@@ -348,7 +348,7 @@ def cmd_accept(args: argparse.Namespace) -> int:
         # it is no run's)
         measure_each(target, same_tokenizer(drafts, "accept"), encoded, width=args.width,
                      mode=draft_mode("sequoia", args.temperature, args.mode), temperature=args.temperature,
-                     top_p=args.top_p, max_new_tokens=args.max_new_tokens, max_depth=args.max_depth,
+                     top_k=args.top_k, top_p=args.top_p, max_new_tokens=args.max_new_tokens, max_depth=args.max_depth,
                      prompts_label=label, context=args.context, batch_size=args.batch_size, done=saved, on_prompt=keep,
                      eos_token_id=eos_ids(target, tok) or None)
     parts = [saved[j] for j in sorted(saved) if saved[j] is not None]

@@ -96,6 +96,7 @@ def add_model_options(p: argparse.ArgumentParser, several_drafts: bool = False) 
 def add_sampling_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=_temperature, default=0.0, metavar="T", help="0 = greedy (default)")
     p.add_argument("--top-p", type=_top_p, default=1.0, metavar="P")
+    p.add_argument("--top-k", type=_top_k, default=0, metavar="K", help="keep the K most likely tokens (0: all)")
 
 
 def _model_command(sub, name: str, out: str, out_help: str, **kwargs) -> argparse.ArgumentParser:
@@ -173,7 +174,6 @@ def _generate(sub) -> None:
                    help="how model drafters pick children (default: topk when greedy; when sampling "
                         "sample_without_replacement, or sample for --tree chains)")
     add_sampling_options(g)
-    g.add_argument("--top-k", type=_top_k, default=0, metavar="K", help="keep the K most likely tokens (0: all)")
     g.add_argument("--max-new-tokens", type=_count("max-new-tokens"), default=128, metavar="N")
     g.add_argument("--seed", type=_seed, default=None, metavar="S",
                    help="random seed of a sampled run: the first prompt runs with S, each other with a seed derived "
