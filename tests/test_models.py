@@ -27,6 +27,9 @@ from treespec.models import packaged
 # characters, one merge ("a b" -> "ab") and two control tokens.
 GGUF_TOKENS = [chr(ord("!") + i) for i in range(94)] + ["ab", "<|endoftext|>", "<|im_end|>"]
 VOCAB = len(GGUF_TOKENS)  # 97
+# A SentencePiece vocabulary: <unk> <s> </s>, the 256 byte tokens, then a few pieces ("\u2581" is the word start).
+SPM_TOKENS = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + [
+    "\u2581", "a", "b", "h", "i", "[", "\u2581h", "\u2581hi", "\u2581[", "\u2581a", "ab", "\u2581ab"]
 IDS = torch.tensor([[3, 17, 42, 5, 88, 60]])
 
 
@@ -70,11 +73,14 @@ _LINEAR = {"attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weigh
 
 
 def write_gguf(model: torch.nn.Module, path: Path, qtype: Any = None, *, drop: tuple[str, ...] = (),
-               extra: dict[str, np.ndarray] | None = None, end_ids: dict[str, int] | None = None) -> Path:
+               extra: dict[str, np.ndarray] | None = None, end_ids: dict[str, int] | None = None,
+               pre: str = "qwen2", spm: bool = False, flags: dict[str, bool] | None = None) -> Path:
     """Write ``model`` (a tiny Qwen2, or a Llama: its q and k rows permuted as llama.cpp's converter writes them;
     F32 tensors, the layers' Linear weights in ``qtype`` when given) and a tiny byte-level tokenizer as a
     llama.cpp-style GGUF file; ``drop``: GGUF tensor names left out, ``extra``: tensors added (``rope_freqs.weight``),
-    ``end_ids``: ``eot``/``eom`` token ids for the header."""
+    ``end_ids``: ``eot``/``eom`` token ids for the header, ``pre``: the byte-level tokenizer's pre-tokenizer name;
+    ``spm``: a SentencePiece tokenizer (:data:`SPM_TOKENS`) instead; ``flags``: ``tokenizer.ggml.<name>`` booleans
+    (``add_bos_token``, ``add_space_prefix``)."""
     from gguf import GGUFWriter, quants
 
     c = model.config
@@ -91,14 +97,24 @@ def write_gguf(model: torch.nn.Module, path: Path, qtype: Any = None, *, drop: t
     if arch == "llama":
         w.add_rope_dimension_count(c.hidden_size // c.num_attention_heads)
     w.add_layer_norm_rms_eps(c.rms_norm_eps)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
-    w.add_token_list(GGUF_TOKENS)
-    w.add_token_types([1] * 95 + [3, 3])
-    w.add_token_merges(["a b"])
-    w.add_bos_token_id(95)
-    w.add_eos_token_id(96)
-    w.add_pad_token_id(95)
+    if spm:
+        w.add_tokenizer_model("llama")
+        w.add_token_list(SPM_TOKENS)
+        w.add_token_types([2, 3, 3] + [6] * 256 + [1] * (len(SPM_TOKENS) - 259))
+        w.add_token_scores([0.0] * 259 + [-float(i) for i in range(len(SPM_TOKENS) - 259)])
+        w.add_bos_token_id(1)
+        w.add_eos_token_id(2)
+    else:
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre(pre)
+        w.add_token_list(GGUF_TOKENS)
+        w.add_token_types([1] * 95 + [3, 3])
+        w.add_token_merges(["a b"])
+        w.add_bos_token_id(95)
+        w.add_eos_token_id(96)
+        w.add_pad_token_id(95)
+    for name, value in (flags or {}).items():
+        w.add_bool(f"tokenizer.ggml.{name}", value)
     for kind, token in (end_ids or {}).items():
         w.add_uint32(f"tokenizer.ggml.{kind}_token_id", token)
     heads = {"attn_q.weight": c.num_attention_heads, "attn_k.weight": c.num_key_value_heads}
@@ -128,11 +144,11 @@ def write_gguf(model: torch.nn.Module, path: Path, qtype: Any = None, *, drop: t
     return path
 
 
-def tiny_llama(seed: int = 0, rope: dict[str, Any] | None = None) -> torch.nn.Module:
+def tiny_llama(seed: int = 0, rope: dict[str, Any] | None = None, vocab: int = VOCAB) -> torch.nn.Module:
     """A random 2-layer Llama of :func:`tiny_qwen2`'s sizes (``rope``: its ``rope_parameters``)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    config = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
                          rms_norm_eps=1e-6, rope_parameters=rope or {"rope_type": "default", "rope_theta": 10000.0},
                          bos_token_id=95, eos_token_id=96, pad_token_id=95)

@@ -3,15 +3,18 @@
 transformers turns a GGUF file into a model and a tokenizer, but it keeps the file's one end-of-sequence id (its
 end-of-turn and end-of-message ids are lost), drops the ``rope_freqs.weight`` tensor (Llama 3.1's RoPE scaling,
 stored as factors that llama.cpp divides each rotary frequency by: the model ran another RoPE than the file's),
-fills a tensor the file lacks with random weights (a report on stderr, then a wrong model), and fails on a file cut
-short in numpy's words. :func:`read_header` reads the header once; ``loading._load_gguf`` refuses what cannot load
-as the file says and applies the rest (:func:`with_rope_factors`, ``loading.with_end_of_text_ids``).
+fills a tensor the file lacks with random weights (a report on stderr, then a wrong model), fails on a file cut
+short in numpy's words, and encodes some prompts otherwise than llama.cpp (no BOS for Llama 3's files, a
+SentencePiece vocabulary's word-start marks). :func:`read_header` reads the header once; ``loading._load_gguf``
+refuses what cannot load as the file says and applies the rest (:func:`with_rope_factors`, :func:`fit_tokenizer`,
+``loading.with_end_of_text_ids``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -28,6 +31,10 @@ class Header:
     tokens: int  # entries of the token list
     end_ids: tuple[int, ...]  # the ids :data:`END_KEYS` name, in that order
     rope_factors: np.ndarray | None  # ``rope_freqs.weight``: each rotary frequency is divided by its factor
+    tokenizer_model: str = ""  # ``tokenizer.ggml.model``: "llama" (SentencePiece), "gpt2" (byte-level BPE), ...
+    pre: str = ""  # ``tokenizer.ggml.pre``: the byte-level tokenizer's pre-tokenizer
+    add_bos: bool | None = None  # ``tokenizer.ggml.add_bos_token``; None where the file does not say
+    add_space_prefix: bool | None = None  # ``tokenizer.ggml.add_space_prefix``; None where the file does not say
 
 
 def read_header(path: str | Path) -> Header:
@@ -44,10 +51,42 @@ def read_header(path: str | Path) -> Header:
     tokens = fields.get("tokenizer.ggml.tokens")
     factors = next((np.array(t.data, dtype=np.float32).reshape(-1) for t in reader.tensors
                     if t.name == "rope_freqs.weight"), None)
-    return Header(architecture=str(fields["general.architecture"].contents()),
+    def value(key: str) -> object:
+        return fields[key].contents() if key in fields else None
+
+    add_bos, prefix = value("tokenizer.ggml.add_bos_token"), value("tokenizer.ggml.add_space_prefix")
+    return Header(architecture=str(value("general.architecture")),
                   tokens=len(tokens.data) if tokens is not None else 0,
                   end_ids=tuple(int(fields[k].contents()) for k in END_KEYS if k in fields),
-                  rope_factors=factors)
+                  rope_factors=factors, tokenizer_model=str(value("tokenizer.ggml.model") or ""),
+                  pre=str(value("tokenizer.ggml.pre") or ""),
+                  add_bos=None if add_bos is None else bool(add_bos),
+                  add_space_prefix=None if prefix is None else bool(prefix))
+
+
+#: byte-level pre-tokenizers whose files llama.cpp starts with a BOS where the header does not say (Llama 3's and
+#: its kin's: their Hugging Face tokenizers add it in a post-processor, which the converter does not write down)
+BOS_BY_DEFAULT = ("llama3", "llama-v3", "llama-bpe", "falcon3", "pixtral", "tekken")
+
+
+def fit_tokenizer(tokenizer: Any, header: Header) -> Any:
+    """``tokenizer`` (transformers' from the file) encoding prompts as llama.cpp encodes them from the file:
+    a BOS where the file's pre-tokenizer starts with one by default (:data:`BOS_BY_DEFAULT`; transformers added
+    none), and for a SentencePiece vocabulary the word-start mark before the text after each special token and
+    none at all where ``add_space_prefix`` is false (transformers marked the first text only, and always: a chat
+    template's ``<s>[INST]`` became ``<s>``, ``[`` where llama.cpp and the model's release have ``<s>``,
+    ``\u2581[``)."""
+    from tokenizers import pre_tokenizers
+
+    if header.add_bos is None and header.pre in BOS_BY_DEFAULT and tokenizer.bos_token is not None:
+        tokenizer.add_bos_token = True
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if header.tokenizer_model == "llama" and backend is not None \
+            and isinstance(backend.pre_tokenizer, pre_tokenizers.Metaspace):
+        meta = backend.pre_tokenizer
+        meta.prepend_scheme = "never" if header.add_space_prefix is False else "always"
+        backend.pre_tokenizer = meta
+    return tokenizer
 
 
 def check_end_ids(header: Header, path: str | Path) -> None:

@@ -330,7 +330,7 @@ def _load_gguf(path: Path, dtype: torch.dtype, **placement: Any) -> tuple[PreTra
             model, info = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype,
                                                                attn_implementation="sdpa", output_loading_info=True,
                                                                **placement)
-        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        tokenizer = gguf_file.fit_tokenizer(AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name), header)
     except (struct.error, EOFError) as error:  # the reader's own words for a file cut short
         raise ValueError(f"{path}: not a whole GGUF file ({error}); download or convert it again") from None
     except RuntimeError as error:  # a tensor of another shape than the header's sizes give it
