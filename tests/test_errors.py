@@ -86,13 +86,6 @@ def test_unsupported_family():
         treespec.generate(gpt2, [1, 2], max_new_tokens=2)
 
 
-def test_sliding_window_refused():
-    model = tiny_model("qwen2")
-    model.config.use_sliding_window = True
-    with pytest.raises(ValueError, match="sliding-window"):
-        treespec.generate(model, [1, 2], max_new_tokens=2)
-
-
 def test_dynamic_arguments(target):
     with pytest.raises(ValueError, match="nodes must be an int >= 1"):
         treespec.ModelDrafter(target, mode="dynamic", nodes=0)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from .common.prompts import user_turn
-from .core.checks import check_prompts_fit, context_of
+from .core.checks import check_prompts_fit, context_note, context_of
 
 
 def read_paths(value: str | None, tree: str) -> list | None:
@@ -93,7 +93,8 @@ def check_context(encoded: list[list[int]], max_new_tokens: int, target: Any, nu
     ``target``'s context: before any prompt runs, not when its turn comes."""
     total = total or len(encoded)
     check_prompts_fit([len(ids) for ids in encoded], max_new_tokens, context_of(target),
-                      [None if total == 1 else _named(i, numbers, total) for i in range(len(encoded))])
+                      [None if total == 1 else _named(i, numbers, total) for i in range(len(encoded))],
+                      context_note(target))
 
 
 def _named(i: int, numbers: list[int] | None, total: int) -> str:

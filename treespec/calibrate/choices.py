@@ -18,7 +18,7 @@ from ..models.pair import CrossDraft
 from ..core.linear_layout import layout_tags
 from ..models.precision import kernel_tags, precision_of
 from ..core.batch import BatchOutput
-from ..core.checks import as_prompt, check_int, check_not_empty, is_batch
+from ..core.checks import as_prompt, check_int, check_model, check_not_empty, is_batch
 from ..core.stats import GenerateOutput
 from ..recipes import (MAX_NEW_TOKENS, DraftModel, Recipe, build_drafters, check_draft_models, default_budget,
                        plan_depth)
@@ -174,6 +174,10 @@ def resolve(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[DraftModel
     a short run after a long prompt may then run plain decoding); None: not charged."""
     drafts = check_draft_models(drafts)
     max_new_tokens = check_int("max_new_tokens", max_new_tokens, 1)
+    # a model the engine refuses is refused before the tuner times it (its forwards failed in other words)
+    check_model(target)
+    for d in drafts:
+        check_model(d.model if isinstance(d, CrossDraft) else d, role="draft")
     models = _describe_models(target, drafts)
     if recipe.budget is not None:
         return Resolved(recipe, f"{models}; {recipe.tree} tree, budget {recipe.budget} (as given)")

@@ -26,14 +26,6 @@ def check_model(model: torch.nn.Module, role: str = "target") -> None:
             f"{', '.join(SUPPORTED_FAMILIES)} (models with sliding-window or hybrid caches such as "
             "Gemma2/3 or Cohere2 need a different cache). Use a model of a supported family."
         )
-    if getattr(config, "use_sliding_window", False) or (
-        family == "mistral" and getattr(config, "sliding_window", None) is not None
-    ):
-        raise ValueError(
-            f"the {role} model uses sliding-window attention, which a tree mask cannot express with "
-            "the stock cache; use a checkpoint without a window (e.g. set config.sliding_window=None "
-            "if the context stays within it)."
-        )
     if role == "target" and has_dynamic_int8(model):
         # one activation scale per forward over all its rows: a tree's rows would change each other's logits
         raise ValueError(
@@ -46,6 +38,32 @@ def check_model(model: torch.nn.Module, role: str = "target") -> None:
         raise ValueError(
             f"the {role} model uses attn_implementation={attn!r}, which cannot take a tree mask "
             "(FlashAttention cannot express one); load it with attn_implementation='sdpa'."
+        )
+
+
+def sliding_window(model: torch.nn.Module) -> int | None:
+    """The sliding window ``model``'s attention applies (its config's ``sliding_window`` where its layers use it:
+    Mistral's whenever set, a Qwen2/Qwen3's where ``use_sliding_window`` or its ``layer_types`` name sliding layers:
+    HF builds the mask from those, whatever the flag says after loading); None without one."""
+    config = getattr(model, "config", None)
+    window = getattr(config, "sliding_window", None)
+    if window is None:
+        return None
+    sliding = (getattr(config, "model_type", None) == "mistral" or getattr(config, "use_sliding_window", False)
+               or "sliding_attention" in (getattr(config, "layer_types", None) or ()))
+    return int(window) if sliding else None
+
+
+def check_window(model: torch.nn.Module, positions: int, role: str = "target") -> None:
+    """Refuse a run of ``positions`` positions (prompt plus new tokens) that a sliding window would reach into: a
+    tree's 4D mask replaces the model's windowed one, which equals the causal mask only while every position fits
+    the window (then the run is exact)."""
+    window = sliding_window(model)
+    if window is not None and positions > window:
+        raise ValueError(
+            f"the {role} model applies a sliding window of {window} positions, which a tree mask does not express: "
+            f"runs of prompt plus max_new_tokens up to {window} positions are exact, this one needs {positions}. "
+            "Shorten the prompt or lower max_new_tokens, or use a checkpoint without a window."
         )
 
 
@@ -183,29 +201,55 @@ def as_prompt(input_ids: torch.Tensor | Sequence[int], vocab: int | None = None)
     return prompt
 
 
-def check_lengths(prompt_len: int, max_new_tokens: object, max_positions: int | None) -> int:
-    """``max_new_tokens`` as an int >= 1 that fits the model's context after the prompt."""
+def check_lengths(prompt_len: int, max_new_tokens: object, max_positions: int | None, note: str = "") -> int:
+    """``max_new_tokens`` as an int >= 1 that fits the model's context after the prompt (``note``: why the context
+    is what it is, :func:`context_note`)."""
     max_new_tokens = check_int("max_new_tokens", max_new_tokens, 1, "it is the number of tokens to generate.")
     if max_positions is not None and prompt_len + max_new_tokens > max_positions:
         raise ValueError(
             f"the prompt ({prompt_len} tokens) plus max_new_tokens ({max_new_tokens}) exceeds the model's "
-            f"context of {max_positions} positions; shorten the prompt or lower max_new_tokens."
+            f"context of {max_positions} positions{note}; shorten the prompt or lower max_new_tokens."
         )
     return max_new_tokens
 
 
+def _longrope_limit(config: object) -> int | None:
+    """A LongRoPE model's ``original_max_position_embeddings``: HF switches the whole forward to the long factors
+    once its last position reaches it, so a tree forward, whose deepest node reaches it before the tokens one-token
+    decoding would switch at, rotates its accepted tokens otherwise than the model's own decoding does."""
+    rope = getattr(config, "rope_parameters", None) or {}
+    if rope.get("rope_type") != "longrope":
+        return None
+    limit = rope.get("original_max_position_embeddings") or getattr(config, "original_max_position_embeddings", None)
+    return int(limit) if limit else None
+
+
 def context_of(model: object) -> int | None:
-    """The positions ``model`` takes (its config's ``max_position_embeddings``); None where it does not say."""
-    return getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    """The positions ``model`` takes exactly under a tree: its config's ``max_position_embeddings``, or a LongRoPE
+    model's short-factor range (:func:`_longrope_limit`); None where it does not say."""
+    config = getattr(model, "config", None)
+    most = getattr(config, "max_position_embeddings", None)
+    limit = _longrope_limit(config)
+    return most if limit is None or most is None else min(most, limit)
+
+
+def context_note(model: object) -> str:
+    """Why :func:`context_of` is below the config's positions, said in a length error ("" where it is not)."""
+    config = getattr(model, "config", None)
+    limit = _longrope_limit(config)
+    if limit is None or limit >= (getattr(config, "max_position_embeddings", None) or limit):
+        return ""
+    return (f" (its LongRoPE switches to long factors past {limit} positions for a whole forward, which a tree "
+            "forward reaches at other tokens than one-token decoding: the output would part from the model's)")
 
 
 def check_prompts_fit(lengths: Sequence[int], max_new_tokens: int, max_positions: int | None,
-                      names: Sequence[str | None]) -> None:
+                      names: Sequence[str | None], note: str = "") -> None:
     """:func:`check_lengths` of each prompt (``lengths``), all before any runs; the error of one that does not fit
     starts with its name (``names[i]``; None: the error as it is)."""
     for length, name in zip(lengths, names):
         try:
-            check_lengths(length, max_new_tokens, max_positions)
+            check_lengths(length, max_new_tokens, max_positions, note)
         except ValueError as error:
             if name is None:
                 raise

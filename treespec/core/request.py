@@ -90,6 +90,10 @@ class Request:
         max_positions = checks.context_of(target) or 2**62
         if on_tokens is not None:
             checks.check_callback(on_tokens, "on_tokens", "each step's tokens", 1)
+        max_new_tokens = checks.check_lengths(len(prompt), max_new_tokens, max_positions, checks.context_note(target))
+        for model, role in [(target, "target")] + [(d.model, "draft") for d in drafters
+                                                   if getattr(d, "model", None) is not None]:
+            checks.check_window(model, len(prompt) + max_new_tokens, role)
         checks.check_sampling_dtype(target, params.greedy)
         seed = checks.check_seed(seed)
         if envelope is not None and not isinstance(envelope, Envelope):
@@ -97,7 +101,7 @@ class Request:
                              f"trees to run), got {type(envelope).__name__}")
         return cls(
             target=target, prompt=prompt, drafters=drafters, params=params,
-            max_new_tokens=checks.check_lengths(len(prompt), max_new_tokens, max_positions),
+            max_new_tokens=max_new_tokens,
             eos=checks.eos_ids(eos_token_id, vocab), budget=checks.check_budget(budget), on_tokens=on_tokens,
             seed=int.from_bytes(os.urandom(7), "little") if seed is None else seed,
             verifier=verifier, compile=compile, vocab=vocab, max_positions=max_positions,
