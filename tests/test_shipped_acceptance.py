@@ -39,6 +39,20 @@ def test_the_shipped_files_are_walked_with_rows_and_ranks(temperature, mode):
     assert 1.0 < saved.replayed_tau(chain, 0.3) < saved.replayed_tau(chain)  # the stop cuts some paths
 
 
+@pytest.mark.parametrize("name", ["t0", "t1", "t0-int4", "t1-int4", "chat-t0", "chat-t1", "chat-t0-int4",
+                                  "chat-t1-int4"])
+def test_each_shipped_walk_ends_its_continuations_where_a_run_stops(name):
+    """Each continuation of a shipped walk ends at the target's end of text, where `generate` stops (the walks
+    shipped before 2026-11-29 went on through 96 tokens past `<|im_end|>` and `<|endoftext|>`, into text no run
+    reaches: 365 of the 3,840 positions of code's T=0 int4 walk, 1,249 of chat's); the rest run the 96 tokens."""
+    from importlib import resources
+    walk = MeasuredAcceptance.from_dict(json.loads(resources.files("treespec").joinpath(
+        f"data/acceptance-qwen2.5-coder-{name}.json").read_text()))
+    lengths = [len(r) for r in walk.ranks]
+    assert len(lengths) == 40 and max(lengths) == 96 and min(lengths) < 96
+    assert walk.positions == sum(lengths)
+
+
 def test_a_file_without_rows_gives_its_vector(tmp_path):
     path = tmp_path / "acc.json"
     path.write_text(json.dumps({"vector": [0.5, 0.2]}))

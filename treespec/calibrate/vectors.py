@@ -2,7 +2,8 @@
 
 The shipped files (``treespec/data/acceptance-qwen2.5-coder-t{0,1}.json``) are walked measurements
 (``treespec.calibrate.acceptance``, ``context="walk"``) of the built-in pair on 40 HumanEval prompts
-drawn at random from 0-99 (the evaluations use prompts from 100 on), 96 tokens each, bfloat16 target
+drawn at random from 0-99 (the evaluations use prompts from 100 on), up to 96 tokens each (a continuation ends at
+the target's end of text, where a run stops), bfloat16 target
 and int8 draft, 8 proposals per position (``experiments/calibrate_default.py``); beside them, the same walks
 with the int4 draft (``...-t0-int4.json``, ``...-t1-int4.json``), which runs drafting in int4 are sized and
 predicted with. The ``...-chat-t{0,1}[-int4].json`` files are the same walks over 40 ShareGPT first turns in the
