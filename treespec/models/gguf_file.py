@@ -7,14 +7,14 @@ fills a tensor the file lacks with random weights (a report on stderr, then a wr
 short in numpy's words, and encodes some prompts otherwise than llama.cpp (no BOS for Llama 3's files, a
 SentencePiece vocabulary's word-start marks). :func:`read_header` reads the header once; ``loading._load_gguf``
 refuses what cannot load as the file says and applies the rest (:func:`with_rope_factors`, :func:`fit_tokenizer`,
-``loading.with_end_of_text_ids``).
+:func:`with_end_of_text_ids`, which the built-in models' caches, made from GGUF files, take too).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -51,6 +51,7 @@ def read_header(path: str | Path) -> Header:
     tokens = fields.get("tokenizer.ggml.tokens")
     factors = next((np.array(t.data, dtype=np.float32).reshape(-1) for t in reader.tensors
                     if t.name == "rope_freqs.weight"), None)
+
     def value(key: str) -> object:
         return fields[key].contents() if key in fields else None
 
@@ -113,3 +114,29 @@ def with_rope_factors(model: torch.nn.Module, factors: np.ndarray | None, path: 
             if isinstance(getattr(m, name, None), torch.Tensor):
                 setattr(m, name, getattr(m, name) / scale.to(getattr(m, name)))
     return model
+
+
+#: the spellings of the end-of-text tokens a GGUF's own runtime (llama.cpp) ends a generation at besides the file's
+#: one EOS id
+END_OF_TEXT = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|eom_id|>", "<end_of_turn>", "<|end|>",
+               "<EOT>", "<end_of_utterance>")
+
+
+def with_end_of_text_ids(model: torch.nn.Module, tokenizer: Any, file_ids: Sequence[int] = ()
+                         ) -> tuple[torch.nn.Module, Any]:
+    """A model converted from a GGUF file ends generations at the end-of-generation ids its header names
+    (``file_ids``: EOS, end of turn, end of message) and at each end-of-text token its tokenizer adds to the vocabulary
+    (``END_OF_TEXT``, special or not), not only at the file's one EOS id.
+
+    A GGUF file holds no generation config: transformers makes one with the file's EOS alone (Qwen2.5's
+    ``<|im_end|>``), where llama.cpp on the same file, and the model's own Hugging Face release, stop at
+    ``<|endoftext|>`` too. Without it a code completion ran on past the end of its document into the next one of
+    the training text (HumanEval 5: ``<|endoftext|><|fim_prefix|># Write a function ...``).
+    """
+    eos = model.generation_config.eos_token_id
+    ids = [eos] if isinstance(eos, int) else list(eos or [])
+    ids += [i for i in dict.fromkeys(file_ids) if i not in ids]
+    ids += sorted(i for i, t in tokenizer.added_tokens_decoder.items()
+                  if t.content in END_OF_TEXT and i not in ids and i < getattr(model.config, "vocab_size", i + 1))
+    model.generation_config.eos_token_id = ids[0] if len(ids) == 1 else ids
+    return model, tokenizer

@@ -18,7 +18,7 @@ import struct
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
@@ -205,7 +205,7 @@ def load(name_or_path: str | os.PathLike = DEFAULT_TARGET, device: str | torch.d
     forward in both and keep the faster (``treespec.models.layout``; cached in ``<cache root>/linear-layout.json``).
     HF's own calls on the model (``generate``) always run stock layers.
     A model from a GGUF file (built-in or local) ends generations at its tokenizer's end-of-text control tokens
-    too, as llama.cpp on the file does (``with_end_of_text_ids``).
+    too, as llama.cpp on the file does (``gguf_file.with_end_of_text_ids``).
     Gradients are switched off. The returned model carries ``treespec_precision``: a dict with the
     kept ``precision`` and, for ``auto``, the timings it was chosen on (``precision.describe_choice``), and under
     ``"linear_layout"`` the layout's record (``layout.describe_layout``).
@@ -230,15 +230,15 @@ def load(name_or_path: str | os.PathLike = DEFAULT_TARGET, device: str | torch.d
                                                "offload_folder": tempfile.mkdtemp(prefix="treespec-offload-")}
     name = os.fspath(name_or_path)
     spec = REGISTRY.get(name.lower())
-    gguf_file = Path(name).expanduser() if name.lower().endswith(".gguf") else None
-    model, tokenizer = _from_source(name, spec, gguf_file, load_dtype, trust_remote_code, cache_dir, allow_download,
+    gguf_path = Path(name).expanduser() if name.lower().endswith(".gguf") else None
+    model, tokenizer = _from_source(name, spec, gguf_path, load_dtype, trust_remote_code, cache_dir, allow_download,
                                     placement)
     model = (model if device_map is not None else model.to(device)).eval()
     model.requires_grad_(False)
     # a target's int4 keeps its file's own blocks (the model the file holds); a draft's is the converted one (its
     # other types on the int4 kernel too: the built-in draft's Linear layers at one row 19.7-21.8 ms against 40.1-54.9
     # with them on the int8 kernel, experiments/results/ggml-kernels-cpu)
-    blocks = _file_blocks(model, spec, gguf_file, cache_dir) if precision == "int4" and role == "target" else None
+    blocks = _file_blocks(model, spec, gguf_path, cache_dir) if precision == "int4" and role == "target" else None
     model, record = _in_precision(model, precision, role, name, blocks, spec, cache_dir, traceable)
     record["linear_layout"] = _with_layout(model, linear_layout, role, name, spec, cache_dir, device_map)
     model.treespec_precision = record
@@ -261,45 +261,19 @@ def has_file_blocks(name_or_path: str | os.PathLike) -> bool:
         return False
 
 
-def _from_source(name: str, spec: Any, gguf_file: Path | None, load_dtype: torch.dtype, trust_remote_code: bool,
+def _from_source(name: str, spec: Any, gguf_path: Path | None, load_dtype: torch.dtype, trust_remote_code: bool,
                  cache_dir: str | os.PathLike | None, allow_download: bool, placement: dict[str, Any]
                  ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The model and tokenizer as stored: a built-in ``spec`` (from its safetensors cache, built on first use), a
-    local ``gguf_file``, or a local directory / hub id."""
+    local ``gguf_path``, or a local directory / hub id."""
     if spec is not None:
         path = cache_root(cache_dir) / spec.name
         if not cache_is_valid(path, spec):
             path = build_cache(spec, cache_dir)
-        return with_end_of_text_ids(*_from_pretrained(path, load_dtype, local_files_only=True, **placement))
-    if gguf_file is not None:
-        return _load_gguf(gguf_file, load_dtype, **placement)
+        return gguf_file.with_end_of_text_ids(*_from_pretrained(path, load_dtype, local_files_only=True, **placement))
+    if gguf_path is not None:
+        return _load_gguf(gguf_path, load_dtype, **placement)
     return _load_other(name, load_dtype, trust_remote_code, cache_dir, allow_download, **placement)
-
-
-#: the spellings of the end-of-text tokens a GGUF's own runtime (llama.cpp) ends a generation at besides the file's
-#: one EOS id
-END_OF_TEXT = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|eom_id|>", "<end_of_turn>", "<|end|>",
-               "<EOT>", "<end_of_utterance>")
-
-
-def with_end_of_text_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, file_ids: Sequence[int] = ()
-                         ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """A model converted from a GGUF file ends generations at the end-of-generation ids its header names
-    (``file_ids``: EOS, end of turn, end of message) and at each end-of-text token its tokenizer adds to the vocabulary
-    (``END_OF_TEXT``, special or not), not only at the file's one EOS id.
-
-    A GGUF file holds no generation config: transformers makes one with the file's EOS alone (Qwen2.5's
-    ``<|im_end|>``), where llama.cpp on the same file, and the model's own Hugging Face release, stop at
-    ``<|endoftext|>`` too. Without it a code completion ran on past the end of its document into the next one of
-    the training text (HumanEval 5: ``<|endoftext|><|fim_prefix|># Write a function ...``).
-    """
-    eos = model.generation_config.eos_token_id
-    ids = [eos] if isinstance(eos, int) else list(eos or [])
-    ids += [i for i in dict.fromkeys(file_ids) if i not in ids]
-    ids += sorted(i for i, t in tokenizer.added_tokens_decoder.items()
-                  if t.content in END_OF_TEXT and i not in ids and i < getattr(model.config, "vocab_size", i + 1))
-    model.generation_config.eos_token_id = ids[0] if len(ids) == 1 else ids
-    return model, tokenizer
 
 
 def _with_layout(model: PreTrainedModel, layout: str, role: str, name: str, spec: Any,
@@ -347,21 +321,21 @@ def _load_gguf(path: Path, dtype: torch.dtype, **placement: Any) -> tuple[PreTra
         raise ValueError(f"{path}: the file lacks {len(missing)} of the model's weights ({', '.join(missing[:3])}"
                          f"{', ...' if len(missing) > 3 else ''}); a damaged or partial file")
     gguf_file.with_rope_factors(model, header.rope_factors, path)
-    with_end_of_text_ids(model, tokenizer, header.end_ids)
+    gguf_file.with_end_of_text_ids(model, tokenizer, header.end_ids)
     # the file, not its folder, names the model: cached measurements are keyed by it (common.machine.model_name),
     # and two files in one folder are two models, as are two files of one name in two folders
     model.config._name_or_path = str(path.resolve())
     return model, tokenizer
 
 
-def _file_blocks(model: PreTrainedModel, spec: Any, gguf_file: Path | None, cache_dir: str | os.PathLike | None
+def _file_blocks(model: PreTrainedModel, spec: Any, gguf_path: Path | None, cache_dir: str | os.PathLike | None
                  ) -> Callable[[], dict[str, torch.Tensor]] | None:
     """How to read the 4-bit blocks of the GGUF file ``model`` came from (a built-in model's, cached; a local
     file's); None for a model that did not come from one."""
     if spec is not None:
         return lambda: file_int4_blocks(spec, model, cache_dir)
-    if gguf_file is not None:
-        return lambda: read_file_blocks(gguf_file, model)
+    if gguf_path is not None:
+        return lambda: read_file_blocks(gguf_path, model)
     return None
 
 
