@@ -66,7 +66,7 @@ from .runners import RunnerCache, model_key
 from .step import Clock, end_capped, tree_depth
 from .stats import Progress
 from .step_state import Outcome, StepState
-from .tree import Proposal, TokenTree
+from .tree import Proposal, TokenTree, layout
 
 MODES = ("topk", "sample_without_replacement")
 
@@ -201,9 +201,7 @@ class BatchCapturedStep:
         self.runner.params, self.runner.draft_params = req.params, req.params.for_draft()
         self.runner.verifier = req.verifier
         self.buf, self.tree, self.levels, self.forwarded = self.runner.tree_data(spec.parent, spec.rank, spec.given)
-        self.depth = [0] * spec.size  # each shape node's depth (BFS order: a parent comes first)
-        for v in range(1, spec.size):
-            self.depth[v] = self.depth[int(spec.parent[v])] + 1
+        self.depth = layout(spec.parent)[0].tolist()  # each shape node's depth
         self.vocab = req.vocab
         self.empty = torch.zeros(len(reqs), 0, device=req.device)
         self.active = torch.ones(len(reqs), dtype=torch.bool, device=req.device)

@@ -22,6 +22,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .gguf_file import architecture
+
 #: ggml type ids (``gguf.GGMLQuantizationType``; their block sizes: ``gguf.GGML_QUANT_SIZES``) whose blocks map
 #: onto the int4 kernel exactly
 Q4_0, Q4_1, Q4_K = 2, 3, 12
@@ -93,8 +95,7 @@ def read_file_blocks(gguf_path: str | Path, model: torch.nn.Module) -> dict[str,
     import gguf
 
     reader = gguf.GGUFReader(str(gguf_path))
-    field = reader.fields["general.architecture"]
-    arch = bytes(field.parts[field.data[0]]).decode()
+    arch = architecture(reader)
     if arch not in SAME_ROWS:
         raise ValueError(f"{gguf_path}: int4 keeps a GGUF's own 4-bit blocks for {', '.join(SAME_ROWS)} only, not "
                          f"{arch}; load it in bfloat16, or save it as safetensors and load that with dtype='int4' "

@@ -37,6 +37,12 @@ class Header:
     add_space_prefix: bool | None = None  # ``tokenizer.ggml.add_space_prefix``; None where the file does not say
 
 
+def architecture(reader: Any) -> str:
+    """The ``general.architecture`` of the file ``reader`` (a ``gguf.GGUFReader``) reads ("" where it has none)."""
+    field = reader.fields.get("general.architecture")
+    return "" if field is None else str(field.contents())
+
+
 def read_header(path: str | Path) -> Header:
     """The header of the GGUF file at ``path``; a file the reader cannot read (cut short, damaged, not GGUF) is
     refused in one line naming it."""
@@ -56,7 +62,7 @@ def read_header(path: str | Path) -> Header:
         return fields[key].contents() if key in fields else None
 
     add_bos, prefix = value("tokenizer.ggml.add_bos_token"), value("tokenizer.ggml.add_space_prefix")
-    return Header(architecture=str(value("general.architecture")),
+    return Header(architecture=architecture(reader),
                   tokens=len(tokens.data) if tokens is not None else 0,
                   end_ids=tuple(int(fields[k].contents()) for k in END_KEYS if k in fields),
                   rope_factors=factors, tokenizer_model=str(value("tokenizer.ggml.model") or ""),
