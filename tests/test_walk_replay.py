@@ -159,3 +159,30 @@ def test_the_replay_without_a_horizon_is_the_runs_tau_uncut():
             tokens += sum(t for t, cut in zip(s.step_tokens, s.step_cut) if not cut)
             steps += s.step_cut.count(False)
         assert walk.replayed_tau(shape) == pytest.approx(tokens / steps, rel=1e-12)
+
+
+def test_a_continuation_ended_at_the_end_of_text_keeps_its_last_steps_as_a_run_does():
+    """A run stops at the target's end of text inside a whole tree (not a cut step): the replay keeps a walk's last
+    steps where its continuation wrote the end of text, so it equals the runs' tau_uncut, and over a horizon the
+    runs' every step (it left them out before and predicted more tokens per step than these runs took)."""
+    target = tiny_model("llama", vocab=64, hidden=64, scale=3, seed=0)
+    draft = perturbed_copy(target, 0.5)
+    prompts = [np.random.default_rng(100 + i).integers(0, 64, 6).tolist() for i in range(12)]
+    seen = [treespec.generate(target, p, [], max_new_tokens=30).new_tokens for p in prompts]
+    # a token that most runs write first a few tokens in: they end there, after several steps
+    eos = max(range(64), key=lambda t: sum(s.index(t) >= 3 for s in seen if t in s))
+    walk = measure(target, draft, prompts, width=4, mode="topk", max_new_tokens=30, max_depth=6, progress=False,
+                   eos_token_id=eos)
+    assert sum(len(r) > 3 and len(r) < 30 for r in walk.ranks) >= 3 and any(len(r) == 30 for r in walk.ranks)
+    for shape in (chain(4), kary([2, 2, 2])):
+        uncut = [0, 0]
+        every = [0, 0]
+        for p in prompts:
+            s = treespec.generate(target, p, [treespec.ModelDrafter(draft, shape, "topk")], max_new_tokens=30,
+                                  eos_token_id=eos).stats
+            uncut[0] += sum(t for t, cut in zip(s.step_tokens, s.step_cut) if not cut)
+            uncut[1] += s.step_cut.count(False)
+            every[0] += sum(s.step_tokens)
+            every[1] += len(s.step_tokens)
+        assert walk.replayed_tau(shape) == pytest.approx(uncut[0] / uncut[1], rel=1e-12)
+        assert walk.replayed_tau(shape, horizon=30) == pytest.approx(every[0] / every[1], rel=1e-12)

@@ -122,7 +122,8 @@ class MeasuredAcceptance(JSONFile):
         correction token after those ``b`` rejections, and at a leaf as the target's own (the bonus),
         and the next position's proposals are fresh draws in that context. Unlike the rows, whose
         every position is a root, the replay starts steps only where a run of this tree starts them.
-        Steps that the end of a continuation would cut are left out (as ``tau_uncut``). ``min_confidence``:
+        Steps that the end of a continuation would cut are left out (as ``tau_uncut``); a continuation that ended at
+        the target's end of text keeps its last steps, as a run does (:attr:`ended`). ``min_confidence``:
         with the model drafter's confidence stop (``treespec.calibrate.walk_replay``); ``horizon``: over every step
         of a run of that many new tokens (:meth:`replay`)."""
         tokens, steps = self.replayed_steps(shape, min_confidence, horizon)
@@ -149,7 +150,15 @@ class MeasuredAcceptance(JSONFile):
         if shape.max_width > self.width:
             raise ValueError(f"the tree has a node with {shape.max_width} children but the measurement drew "
                              f"{self.width} proposals per position; measure with --width {shape.max_width} or more")
-        return replay_steps(self.ranks, shape, self.confidence or None, min_confidence, horizon)
+        return replay_steps(self.ranks, shape, self.confidence or None, min_confidence, horizon, self.ended)
+
+    @property
+    def ended(self) -> list[bool]:
+        """Per continuation, whether it ended at the target's end of text: shorter than the walk's
+        ``max_new_tokens`` (``meta``; none known without it). One that wrote its end of text at exactly the last
+        position counts as cut there, as a run of that length would."""
+        limit = self.meta.get("max_new_tokens")
+        return [len(r) < int(limit) for r in self.ranks] if limit else []
 
     @classmethod
     def merge(cls, parts: Sequence["MeasuredAcceptance"]) -> "MeasuredAcceptance":

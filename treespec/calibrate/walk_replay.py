@@ -36,7 +36,8 @@ class ReplayedStep:
 
 def replay_steps(ranks: Sequence[Sequence[int]], shape: TreeShape,
                  confidence: Sequence[Sequence[Sequence[float]]] | None = None,
-                 min_confidence: float | None = None, horizon: int | None = None) -> list[ReplayedStep]:
+                 min_confidence: float | None = None, horizon: int | None = None,
+                 ended: Sequence[bool] = ()) -> list[ReplayedStep]:
     """Every uncut step of ``shape`` run over ``ranks`` (per continuation, each position's accepted rank, -1:
     none), with the confidence stop at ``min_confidence`` over ``confidence`` (per continuation and position,
     the draft probability of each rank's proposal; module doc). Steps the end of a continuation would cut are
@@ -44,7 +45,11 @@ def replay_steps(ranks: Sequence[Sequence[int]], shape: TreeShape,
     leaving out only the steps that then accepted past the end kept the short ones and biased tau down 2-3% for
     deep chains). ``horizon``: the steps of a run of that many new tokens over each continuation's first positions,
     the depth of the last ones capped as the engine caps it, so none is cut (module doc); a continuation shorter
-    than the horizon is replayed whole."""
+    than the horizon is replayed whole. ``ended[c]``: continuation ``c`` ended at the target's end of text (its
+    last position wrote it), where a run stops too: its last steps are a run's whole trees (``step.end_capped``
+    cannot see an end of text coming), so they are kept (leaving them out kept the steps before them and biased
+    tau up); one whose path accepted the end of text as a drafted token commits the tokens up to it and is a cut
+    step (``Stats.step_cut``: it emitted fewer tokens than its path), kept over a horizon only."""
     if min_confidence is not None and confidence is None:
         raise ValueError("modelling the confidence stop needs the walk's proposal probabilities; this measurement "
                          "has none (written before they were kept): measure it again with `treespec accept`")
@@ -57,34 +62,35 @@ def replay_steps(ranks: Sequence[Sequence[int]], shape: TreeShape,
         probs = None if min_confidence is None else confidence[c]  # type: ignore[index]
         capped = horizon is not None and len(walk) >= horizon  # a run ends within this continuation
         walk = walk[:horizon] if capped else walk
+        at_eos = c < len(ended) and ended[c] and not capped  # the walk ends where a run stops
         pos = 0
         while pos < len(walk):
             # a step r tokens from the run's end drafts at most r - 1 levels (the engine's cap)
             depth = min(shape.depth, len(walk) - pos - 1) if capped else shape.depth
-            if not capped and pos + shape.depth >= len(walk):
+            if not capped and not at_eos and pos + shape.depth >= len(walk):
                 break  # a run's tree is capped by the end here: the step is cut whatever it accepts (decided before
                 # the outcome, as ``step.end_capped`` decides it, so leaving it out biases nothing)
-            step = _one_step(walk, probs, pos, n_children, depth, min_confidence)
-            if step is None:
-                break  # cut by the end of the continuation
-            accepted, drafted = step
-            steps.append(ReplayedStep(c, accepted + 1, drafted))
+            accepted, drafted, past_end = _one_step(walk, probs, pos, n_children, depth, min_confidence)
+            if past_end and not (at_eos and horizon is not None):
+                break  # cut by the end of the walk, or by the end of text inside the path (a run marks it cut)
+            steps.append(ReplayedStep(c, accepted + 1, drafted))  # past the end of text: the tokens up to it
             pos += accepted + 1
     return steps
 
 
 def _one_step(walk: Sequence[int], probs: Sequence[Sequence[float]] | None, pos: int,
-              n_children: dict[tuple[int, ...], int], depth: int, threshold: float | None) -> tuple[int, int] | None:
-    """(accepted tokens, drafted depth) of the step rooted at ``pos``; None when the continuation ends first."""
+              n_children: dict[tuple[int, ...], int], depth: int, threshold: float | None) -> tuple[int, int, bool]:
+    """(accepted tokens, drafted depth, whether the path ran past the walk's end) of the step rooted at ``pos``;
+    past the end, the accepted tokens are those before the walk's last position (which ends the step)."""
     node: tuple[int, ...] = ()
     path_prob, stopped = 1.0, None
     while True:
         d = len(node)
+        if pos + d >= len(walk):  # the walk's last position was accepted as a drafted token
+            return d - 1, stopped or depth, True
         b = n_children[node] if d < depth else 0  # below a capped depth: a leaf
         if b == 0 or (stopped is not None and d >= stopped):
-            return d, stopped or depth  # a leaf: the next position is the bonus token
-        if pos + d >= len(walk):
-            return None
+            return d, stopped or depth, False  # a leaf: the next position is the bonus token
         if probs is not None and stopped is None:  # the stop after drawing level d + 1 (the known frontier)
             frontier = [path_prob * probs[pos + d][k] for k in range(b) if n_children[node + (k,)] > 0]
             if frontier and max(frontier) < threshold:
@@ -92,7 +98,7 @@ def _one_step(walk: Sequence[int], probs: Sequence[Sequence[float]] | None, pos:
         rank = walk[pos + d]
         if not 0 <= rank < b:  # rejected: the next position is the correction token
             return d, stopped or _drafted_after_rejection(walk, probs, pos, d, path_prob, node, n_children,
-                                                            depth, threshold)
+                                                            depth, threshold), False
         node += (rank,)
         path_prob *= probs[pos + d][rank] if probs is not None else 1.0
 
