@@ -238,3 +238,18 @@ def test_a_damaged_cached_decision_is_made_again(tmp_path, monkeypatch, record):
     good = {"precision": "int4", "key": key, "candidates": {"int4": {"seconds_per_token": 0.05, "tree": "x"}}}
     write_json(tmp_path / PRECISION_DECISIONS, {key: good})
     assert target_precision.cached_choice("t", "d") == good
+
+
+def test_a_decision_is_made_again_when_the_shipped_walks_change(q4_file, monkeypatch):
+    """The tuned decision rests on predictions replayed over the shipped walks: walks made again (another digest of
+    their contents) make it again; the same walks read it back."""
+    from treespec.calibrate import vectors
+
+    calls: list[str] = []
+    load_pair_tuned(q4_file, q4_file, rate=rates(0.05, calls))
+    load_pair_tuned(q4_file, q4_file, rate=rates(0.05, calls))
+    assert len(calls) == 2
+    assert len(vectors.shipped_digest()) == 12 and vectors.shipped_digest() == vectors.shipped_digest.__wrapped__()
+    monkeypatch.setattr(target_precision, "shipped_digest", lambda: "0" * 12)
+    again, _, _ = load_pair_tuned(q4_file, q4_file, rate=rates(0.05, calls))
+    assert len(calls) == 4 and not again.treespec_precision["tuned_choice"]["cached"]

@@ -21,8 +21,9 @@ rendering and keeps the one whose choice, speculation or plain decoding, is pred
 (:func:`load_pair_piloted`).
 
 The decision is cached in ``<cache root>/precision.json`` under a key naming the target, the draft, the
-temperature, the prompts' kind (code or chat) and this machine (or the target, the tree size and this machine), so
-later runs load only the kept precision.
+temperature, the prompts' kind (code or chat), the shipped walks the predictions replay (a digest of their
+contents) and this machine (or the target, the tree size and this machine), so later runs load only the kept
+precision.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from ..models.precision import PRECISIONS, precision_of
 from ..models.timing import measure_latency
 from ..recipes import Recipe, plan_depth
 from .choices import resolve
-from .vectors import acceptance_for_draft
+from .vectors import acceptance_for_draft, shipped_digest
 
 #: the int4 rendering: the file's own 4-bit blocks (the precision's name for ``load``)
 INT4 = "int4"
@@ -87,10 +88,12 @@ def seconds_per_token(target: torch.nn.Module, draft: torch.nn.Module, tokenizer
 
 def _key(target: str, draft: str, draft_dtype: str | None, temperature: float, chat: bool,
          tree: Recipe | None = None) -> str:
-    # -v2: decisions made since an int4 GGUF target's other tensors run int8 (``precision.kernel_tags``) and a tree
-    # is charged the draft's prefill (``Tuned.run_speedup``); the ones made before are made again
-    return measurement_key("tuned-target-v2", target, f"draft={draft}", f"draft_dtype={draft_dtype or 'auto'}",
-                           f"T={float(temperature):g}", *(["chat"] if chat else []), *_tree_tag(tree), device="cpu")
+    # -v3: decisions made since the walk's replay keeps a run's last steps at its end of text (-v2: since an int4
+    # GGUF target's other tensors run int8 and a tree is charged the draft's prefill); the ones made before are made
+    # again, as are those made from other shipped walks than these (``walks=``: the predictions replay them)
+    return measurement_key("tuned-target-v3", target, f"draft={draft}", f"draft_dtype={draft_dtype or 'auto'}",
+                           f"T={float(temperature):g}", *(["chat"] if chat else []), *_tree_tag(tree),
+                           f"walks={shipped_digest()}", device="cpu")
 
 
 def _tree_tag(tree: Recipe | None) -> list[str]:

@@ -14,7 +14,9 @@ less than code, and a tree sized from code's rows speculates where chat does not
 
 from __future__ import annotations
 
+import hashlib
 import json
+from functools import cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -35,6 +37,17 @@ def shipped_file(temperature: float, draft_precision: str | None = None, chat: b
                   for kind in (("chat-", "") if chat else ("",))
                   for suffix in ((f"-{draft_precision}", "") if own else ("",))]
     return next((c for c in candidates if files.joinpath(c).is_file()), candidates[-1])
+
+
+@cache
+def shipped_digest() -> str:
+    """A short digest of every shipped acceptance file's contents: what a decision made from them is keyed by, so
+    that walks made again make it again (``treespec.calibrate.target_precision``)."""
+    h = hashlib.sha256()
+    for f in sorted((f for f in resources.files("treespec").joinpath("data").iterdir()
+                     if f.name.startswith("acceptance-")), key=lambda f: f.name):
+        h.update(f.name.encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:12]
 
 
 def _text(path: str | Path | None, temperature: float, draft_precision: str | None = None,
