@@ -9,6 +9,8 @@ its end of text" (no model runs; seconds):
 
 from __future__ import annotations
 
+import argparse
+
 from tree_builders import chain
 from treespec.calibrate.acceptance import MeasuredAcceptance
 from treespec.calibrate.walk_replay import replay_steps
@@ -22,7 +24,8 @@ def tau(w: MeasuredAcceptance, depth: int, stop: float, horizon: int | None, kee
     return sum(s.tokens for s in steps) / len(steps)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args(argv)
     print("| walk | ended early | chain | all positions (uncut) | first 64 | first 96 | depth 3, stop 0.3, first 64 |")
     print("|---|---|---|---|---|---|---|")
     for name in NAMES:
