@@ -71,7 +71,7 @@ def test_choice_is_the_argmax_of_its_table():
     assert choice.budgets == list(range(1, 129)) and choice.depths == list(range(11))
     # the table is the formula: G(n, d) t(1) / (t(|T|) + depth(T) c), T the DP's smallest best shape
     t = lambda n: np.interp(n, sorted(CPU), [CPU[k] for k in sorted(CPU)])  # noqa: E731
-    assert np.allclose(choice.speedups[0], CPU[1] / t(np.array(choice.budgets)))  # depth 0: the root alone
+    assert np.allclose(choice.speedups[0], 1.0)  # depth 0: the root alone, plain decoding's one-token forward
     for d, n in [(1, 2), (2, 9), (4, 21), (10, 128), (3, 64)]:
         shape = sequoia(VECTOR, n, max_depth=d, max_width=16)
         i, j = choice.depths.index(d), choice.budgets.index(n)
@@ -285,8 +285,9 @@ def test_speedups_are_relative_to_the_timed_plain_decoding(model, tmp_path):
     cal = timed.calibrated(a.shape, drafting=0.1, verifying=0.3, overhead=0.01, steps=5)
     assert cal.plain_decode_seconds == 0.052 and cal.target_latency[1] != target[1]  # HF's loop is not rescaled
     assert timed.for_batch(2).plain_decode_seconds is None
-    with pytest.raises(ValueError, match="plain decoding takes > 0"):
-        timed.choose(VECTOR, plain=0.0)
+    for bad in (0.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="plain decoding takes a finite number > 0"):
+            timed.choose(VECTOR, plain=bad)
 
 
 def test_the_drafts_prefill_is_timed_at_prompt_lengths_and_kept_through_json_calibration_and_batches(model, tmp_path):
@@ -383,3 +384,34 @@ def test_a_profile_of_other_sizes_is_cached_apart_from_the_default(model, tmp_pa
     default = tuning.cached_profile(model, model, cache)
     assert sorted(few.target_latency) == [1, 2] and sorted(default.target_latency) == sorted(tuning.PROFILE_SIZES)
     assert tuning.cached_profile(model, model, cache, sizes=[1, 2]) == few and len(made) == 2  # each read back
+
+
+def test_plain_decoding_costs_one_token_whatever_the_budget():
+    """Depth 0 is the root alone: one forward of one token at every budget. Costed at the budget's ``t(n)`` it was
+    predicted faster than itself where a larger forward timed faster (noise, or a curve that falls): all-zero
+    acceptance chose budget 8 and plain decoding "5.00x" over plain decoding, and a tree paying 1.005x lost to a
+    depth-0 cell at t(1) / t(2) = 1.01."""
+    falling = {1: 0.01, 4: 0.005, 8: 0.002}
+    c = choose_tree([0.0, 0.0, 0.0], falling, 0.0)
+    assert (c.budget, c.depth, c.speedup) == (1, 0, 1.0) and np.allclose(c.speedups[0], 1.0)
+    noisy = {1: 0.0100, 2: 0.0099, 4: 0.0101}
+    c = choose_tree([0.0, 0.0, 0.0], noisy, 0.0)
+    assert (c.budget, c.depth, c.speedup) == (1, 0, 1.0)
+    # a one-node chain: tau 1.5025 in t(2) + one draft forward = 0.0099 + 0.00505 s, 1.005x: it pays, and runs
+    pays = choose_tree([0.5025], noisy, 0.00505, max_depth=1, budgets=[1, 2])
+    assert (pays.budget, pays.depth) == (2, 1) and pays.speedup == pytest.approx(1.005, abs=1e-4)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"budgets": [4.5]}, "a budget must be an int"),
+    ({"max_depth": True}, "max_depth must be an int"),
+    ({"target_latency": {"1": 0.01, "4": 0.02}}, "a target_latency size must be an int"),
+    ({"target_latency": {1: 0.01, 4.5: 0.02}}, "a target_latency size must be an int"),
+    ({"draft_cost": float("inf")}, "draft_cost must be finite"),
+])
+def test_choose_tree_refuses_inputs_it_would_coerce(kwargs, match):
+    """A fractional budget was truncated, ``True`` taken as depth 1, JSON's string sizes said to lack size 1, a
+    fractional size a KeyError, an infinite draft cost plain decoding in silence: each is now named."""
+    args = {"target_latency": {1: 0.01, 8: 0.014}, "draft_cost": 0.001, **kwargs}
+    with pytest.raises(ValueError, match=match):
+        choose_tree([0.6, 0.2, 0.1], args.pop("target_latency"), args.pop("draft_cost"), **args)

@@ -36,6 +36,7 @@ import numpy as np
 
 from tree_builders import SequoiaDP, TreeShape, for_budget
 
+from ..core.checks import check_int
 from .acceptance import MeasuredAcceptance
 
 
@@ -83,8 +84,9 @@ def draft_seconds(t_q: Callable[[Any], Any], shape: TreeShape) -> float:
 def checked_costs(target_latency: Mapping[int, float], draft_cost: float | Mapping[int, float] | None,
                  overhead: float) -> tuple[list[int], np.ndarray, Callable[[Any], Any]]:
     """``choose_tree``'s costs checked: the measured sizes, their seconds and the draft's ``t_q(width)``."""
-    sizes = sorted(int(s) for s in target_latency)
-    if 1 not in target_latency:
+    sizes = sorted(check_int("a target_latency size", s, 1, "its keys are tree sizes, ints such as 1, 4, 16")
+                   for s in target_latency)
+    if 1 not in sizes:
         raise ValueError("target_latency must include size 1 (the cost of plain decoding)")
     lat = np.array([float(target_latency[s]) for s in sizes])
     if not np.all(np.isfinite(lat)) or np.any(lat <= 0):
@@ -95,7 +97,7 @@ def checked_costs(target_latency: Mapping[int, float], draft_cost: float | Mappi
         if not draft_cost:
             raise ValueError("draft_cost is an empty dict; give width -> seconds, one number, or None")
         return sizes, lat, cost_curve(draft_cost)
-    if draft_cost is not None and not float(draft_cost) >= 0:  # NaN too
+    if draft_cost is not None and not (math.isfinite(float(draft_cost)) and float(draft_cost) >= 0):  # NaN too
         raise ValueError(f"draft_cost must be finite and >= 0, got {draft_cost}")
     flat = 0.0 if draft_cost is None else float(draft_cost)
     return sizes, lat, lambda w: np.full(np.shape(w), flat) if np.ndim(w) else flat
@@ -247,11 +249,11 @@ def _search_space(largest: int, budgets: Sequence[int] | None, max_depth: int, m
                   width_limits: Sequence[int | None] | None, per_width: bool
                   ) -> tuple[list[int], list[int], Sequence[int | None]]:
     """``choose_tree``'s budgets, depths and width limits, checked against the ``largest`` measured size."""
-    bs = list(range(1, largest + 1)) if budgets is None else sorted({int(b) for b in budgets})
-    if not bs or bs[0] < 1 or bs[-1] > largest:
+    bs = list(range(1, largest + 1)) if budgets is None else sorted(
+        {check_int("a budget", b, 1, "budgets are tree sizes in tokens, ints such as 8") for b in budgets})
+    if not bs or bs[-1] > largest:
         raise ValueError(f"budgets must lie in [1, {largest}] (the largest measured size), got {bs}")
-    if int(max_depth) != max_depth or max_depth < 0:
-        raise ValueError(f"max_depth must be an int >= 0, got {max_depth!r}")
+    max_depth = check_int("max_depth", max_depth, 0)
     if width_limits is None:
         top = 16 if max_width is None else int(max_width)
         width_limits = [w for w in (1, 2, 4, 8, 16, 32, 64) if w < top] + [max_width] if per_width else [max_width]
@@ -305,9 +307,10 @@ def choose_tree(
     t_of = lambda n: float(np.interp(n, sizes, lat))  # noqa: E731
     ratio = np.array([t_of(n) for n in bs]) / t1
     plain = t1 + overhead if plain is None else float(plain)
-    if plain <= 0:
-        raise ValueError(f"plain decoding takes > 0 seconds per token, got {plain}")
-    rows, root = _rows(acceptance, per_depth), ratio * t1 + overhead
+    if not (math.isfinite(plain) and plain > 0):
+        raise ValueError(f"plain decoding takes a finite number > 0 of seconds per token, got {plain}")
+    # depth 0 at any budget is the root alone: one forward of one token, whatever the budget would allow
+    rows, root = _rows(acceptance, per_depth), np.full(len(bs), t1 + overhead)
     taus, seconds, widths, shape_of = (
         search(rows, bs, depths, width_limits, t_of, t_q, root, overhead) if builder is None
         else search_builder(rows, bs, depths, builder, t_of, t_q, root, overhead))
