@@ -779,6 +779,38 @@ def test_a_sampled_prompt_is_its_own_whatever_the_batch_and_resumes_refuse_what_
     assert len(greedy.read_text().splitlines()) == 3
 
 
+def test_a_sampled_resume_keeps_its_records_tree_and_any_resume_its_models(tiny_dirs, tmp_path, capsys, monkeypatch):
+    """A sampled run whose tree the tuner sizes resumes with the tree its records were made with: the tuner sizes for
+    the run's batch, the prompts left and the machine's timings, and another tree draws other samples for one seed
+    (the prompts left of a 3-prompt file sized for a batch of 2, not 3, before). A file made with the models in other
+    precisions (``--dtype auto`` decided again) is refused, greedy or sampled."""
+    import json
+
+    monkeypatch.setenv("TREESPEC_CACHE", str(tmp_path / "cache"))
+    models = [a.format(**tiny_dirs) for a in MODELS]
+    (tmp_path / "p.txt").write_text("w1 w2\nw5 w9 w3\nw1 w2\n")
+    out = tmp_path / "out.jsonl"
+    argv = ["generate", *models, "--prompt-file", str(tmp_path / "p.txt"), "--tree", "chain", "--max-new-tokens", "6",
+            "--temperature", "1", "--seed", "1", "--json", "--no-compile", "--out", str(out)]
+    assert main(argv) == 0
+    first = json.loads(out.read_text().splitlines()[0])
+    first["recipe"].update(budget=3, depth=2)  # as if the tuner had sized another tree for that run
+    out.write_text(json.dumps(first) + "\n")
+    capsys.readouterr()
+    assert main([*argv, "--batch-size", "2"]) == 0
+    assert f"resuming {out} with the tree its sampled outputs were made with (budget 3, depth 2)" in \
+        capsys.readouterr().err
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(records) == 3 and {(r["recipe"]["budget"], r["recipe"]["depth"]) for r in records} == {(3, 2)}
+    assert all(r["recipe"]["paths"] == [[0], [0, 0]] and max(r["step_tokens"]) <= 3 for r in records[1:])
+
+    first["recipe"]["target_dtype"] = "bfloat16"  # the target's rendering decided otherwise since
+    out.write_text(json.dumps(first) + "\n")
+    code, err = run_main(argv, capsys, monkeypatch)
+    assert code == 2 and "holds outputs made with the target in bfloat16 and the draft in float32, and this run's " \
+        "are float32 and float32 (other models' outputs): pass --dtype bfloat16 --draft-dtype float32 to resume" in err
+
+
 @pytest.mark.parametrize("line,text", [("a\\nb", "a\nb"), ('split("\\\\n")', 'split("\\n")'),
                                        ("a\\\\b\\tc", "a\\b\\tc"), ("no escapes", "no escapes")])
 def test_a_prompt_file_line_reads_a_newline_and_a_backslash_escape(line, text):

@@ -178,6 +178,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     # an empty prompt is refused before anything is measured
     encoded = encode_all(tok, [prompts[i] for i in todo], args.chat, todo, len(prompts))
     check_context(encoded, args.max_new_tokens, target, todo, len(prompts))
+    recipe = cli_output.resumed_tree(args.out, done, recipe)  # after loading: the target's rendering is decided apart
     resolved = _resolve(args, recipe, target, tok, drafts, len(todo), sum(map(len, encoded)) / len(encoded))
     recipe = resolved.recipe
     cli_output.check_step(args.out, done, resolved)

@@ -11,13 +11,16 @@ A record carries the prompt's ``index`` in the prompt list and the :func:`settin
 under other settings (another model, precision, tree, sampling, a sampled run's seed, ...) is refused rather than
 mixed with this run's outputs. The batch size changes no output (each prompt's seed is its own: :func:`prompt_seed`)
 and is not a setting; nor is compiling, which changes no greedy output, but a sampled run's eager and compiled steps
-draw their random numbers differently, so a sampled file made under the other step is refused too
-(:func:`check_step`)."""
+draw their random numbers differently, so a sampled file made under the other step is refused too, as is a file
+made with the models in other precisions (``--dtype auto`` decided again: :func:`check_step`). A sampled run whose
+tree the tuner sizes resumes with the tree its records were made with (:func:`resumed_tree`: a tuned tree follows
+the batch and the machine's timings, and another tree draws other samples)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +28,7 @@ from .calibrate.choices import Resolved
 from .common.jsonl import append_record, read_records, repair_tail
 from .core.batch import row_seed
 from .core.stats import GenerateOutput, Stats
+from .recipes import Recipe
 
 
 class Streamer:
@@ -95,7 +99,8 @@ def record(text: str, out: GenerateOutput, resolved: Resolved, tok: Any, layouts
 
 
 #: the arguments that decide a command's outputs (what ``--out`` resumes): a record made under others is not this
-#: run's. The batch size changes no output (a batch's rows up to a batched forward's rounding); the seed none when
+#: run's. The batch size changes no output of a given tree (a batch's rows up to a batched forward's rounding; a
+#: sampled run resumes with its records' tuned tree: :func:`resumed_tree`); the seed none when
 #: greedy (:func:`settings` drops it there); compiling none when greedy (:func:`check_step` for sampled runs).
 SETTINGS = {
     "generate": ("target", "draft", "device", "dtype", "draft_dtype", "ngram", "tree", "kary_width", "chains",
@@ -125,11 +130,50 @@ def prompt_seed(seed: int | None, index: int) -> int | None:
     return None if seed is None else row_seed(seed, index)
 
 
+#: what a record's ``recipe`` holds of the tree a run drafted, besides its builder (a setting): the tuner's choices
+TREE_CHOICES = ("budget", "depth", "max_width", "min_confidence")
+
+
+def made_with(done: dict[int, dict[str, Any]], fields: tuple[str, ...]) -> dict[str, Any] | None:
+    """The values of ``fields`` of the recipe every record of ``done`` was made with, where they all agree (None: no
+    records, or records that differ)."""
+    made = {tuple((rec.get("recipe") or {}).get(k) for k in fields) for rec in done.values()}
+    return dict(zip(fields, made.pop())) if len(made) == 1 else None
+
+
+def resumed_tree(path: Path, done: dict[int, dict[str, Any]], recipe: Recipe) -> Recipe:
+    """``recipe`` with the tree ``path``'s records (``done``) were made with, where this is a sampled run that leaves
+    the tree to the tuner and they were tuned: the tuner sizes a tree for a run's batch, its prompts' length and this
+    machine's timings, so the prompts left could get another tree, and another tree draws other samples for one seed
+    (each exact). A greedy run's tokens are the target's own under any tree: sized afresh."""
+    if recipe.temperature == 0 or recipe.budget is not None or not done:
+        return recipe
+    tree = made_with(done, TREE_CHOICES)
+    if tree is None or tree["budget"] is None:
+        return recipe
+    print(f"[treespec] resuming {path} with the tree its sampled outputs were made with (budget {tree['budget']}, "
+          f"depth {tree['depth']}), not sized again", file=sys.stderr)
+    return replace(recipe, **tree)
+
+
 def check_step(path: Path, done: dict[int, dict[str, Any]], resolved: Resolved) -> None:
-    """Refuse to add a sampled run's outputs to ``path``'s (``done``, :func:`finished`) where they were made with
-    the other step, eager or compiled: the two draw their random numbers differently (each exact), so one seed gives
-    other samples. Greedy runs are alike under both."""
-    if resolved.recipe.temperature == 0:
+    """Refuse to add this run's outputs to ``path``'s (``done``, :func:`finished`) where they were made with other
+    models: another precision of the target or the draft (``--dtype auto`` decided otherwise: a decision made again),
+    which are other models' outputs; or, for a sampled run, with the other step, eager or compiled: the two draw
+    their random numbers differently (each exact), so one seed gives other samples. Greedy runs are alike under
+    both."""
+    recipe = resolved.recipe
+    precisions = made_with(done, ("target_dtype", "draft_dtype"))
+    mine = {"target_dtype": recipe.target_dtype, "draft_dtype": recipe.draft_dtype}
+    if done and precisions != mine:
+        theirs = precisions or {"target_dtype": "several", "draft_dtype": "several"}
+        fix = f"pass --dtype {theirs['target_dtype']}" + (f" --draft-dtype {theirs['draft_dtype']}"
+                                                          if theirs["draft_dtype"] else "")
+        raise ValueError(f"{path} holds outputs made with the target in {theirs['target_dtype']} and the draft in "
+                         f"{theirs['draft_dtype']}, and this run's are {recipe.target_dtype} and {recipe.draft_dtype}"
+                         f" (other models' outputs): {fix + ' to resume it as it was made, or ' if precisions else ''}"
+                         "give another --out")
+    if recipe.temperature == 0:
         return
     mine = bool(resolved.recipe.compile)
     theirs = {bool((rec.get("recipe") or {}).get("compile")) for rec in done.values()}

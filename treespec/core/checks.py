@@ -143,7 +143,8 @@ def eos_ids(eos_token_id: object, vocab: int | None = None) -> frozenset[int]:
 
 
 def check_seed(seed: object) -> int | None:
-    """None, or an int in ``[0, 2**64)`` (the range ``torch.Generator.manual_seed`` takes)."""
+    """None, or an int in ``[0, 2**64)`` (the range ``torch.Generator.manual_seed`` takes; a CPU generator draws
+    from the low 32 bits alone, so seeds that differ only above them give the same samples there)."""
     if seed is None:
         return None
     seed = check_int("seed", seed, 0, "pass a whole number in [0, 2**64), or None for a random seed.")
