@@ -209,3 +209,21 @@ def test_a_batch_that_cannot_be_captured_rows_equal_each_prompt_alone_eager(draf
     for r, (prompt, row) in enumerate(zip(PROMPTS, out.rows)):
         alone = treespec.generate(target, prompt, make(), max_new_tokens=12, temperature=1.0, seed=row_seed(9, r))
         assert row.new_tokens == alone.new_tokens and row.stats.step_tokens == alone.stats.step_tokens
+
+
+@pytest.mark.parametrize("prompts, match", [
+    ([[1, 2], []], "prompt 1 of the batch: .*empty"),
+    ([[1, 2], "w1"], "prompt 1 of the batch: "),
+    ([[1, 2], [3] * 600], r"prompt 1 of the batch: the prompt \(600 tokens\) plus max_new_tokens \(8\) exceeds"),
+])
+def test_a_run_that_tunes_its_tree_checks_each_prompt_before_measuring(prompts, match, monkeypatch):
+    """``treespec.run`` with the budget left to tuning checks every prompt (tokens, context) before the tuner times
+    anything, a batch's named by its place, as a run with a budget names it: before, a bad prompt failed unnamed and a
+    too-long one only after the profile was measured and cached."""
+    from treespec.calibrate import choices
+    from treespec.recipes import Recipe
+
+    target, draft = tiny_pair("llama")
+    monkeypatch.setattr(choices, "resolve", lambda *a, **k: pytest.fail("tuned before the prompts were checked"))
+    with pytest.raises(ValueError, match=match):
+        treespec.run(Recipe(tree="chain", acceptance=[0.6, 0.2]), target, [draft], prompts, max_new_tokens=8)

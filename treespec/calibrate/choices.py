@@ -18,7 +18,7 @@ from ..models.pair import CrossDraft
 from ..core.linear_layout import layout_tags
 from ..models.precision import kernel_tags, precision_of
 from ..core.batch import BatchOutput
-from ..core.checks import as_prompt, check_int, check_model, check_not_empty, is_batch
+from ..core.checks import check_int, check_model, check_not_empty, checked_prompts
 from ..core.stats import GenerateOutput
 from ..recipes import (MAX_NEW_TOKENS, DraftModel, Recipe, build_drafters, check_draft_models, default_budget,
                        plan_depth)
@@ -307,9 +307,10 @@ def run(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[DraftModel],
     """``treespec.run``: ``treespec.recipes.run`` (same arguments; a list of prompts runs as a batch), after
     :func:`resolve` when the recipe leaves its budget to tuning, for the batch's size (resolve it once yourself to
     print its ``why`` or to run many prompts), for the run's new tokens after its prompts' length."""
-    check_not_empty(input_ids)  # before a tuning measures anything
-    if recipe.budget is None:
-        prompts = [as_prompt(p) for p in input_ids] if is_batch(input_ids) else [as_prompt(input_ids)]
-        recipe = resolve(recipe, target, drafts, batch_size=len(prompts), max_new_tokens=kwargs.get(
-            "max_new_tokens", MAX_NEW_TOKENS), prompt_tokens=sum(map(len, prompts)) / len(prompts)).recipe
+    check_not_empty(input_ids)
+    if recipe.budget is None:  # the prompts checked before a tuning measures anything
+        max_new_tokens = kwargs.get("max_new_tokens", MAX_NEW_TOKENS)
+        prompts = checked_prompts(target, input_ids, max_new_tokens)
+        recipe = resolve(recipe, target, drafts, batch_size=len(prompts), max_new_tokens=max_new_tokens,
+                         prompt_tokens=sum(map(len, prompts)) / len(prompts)).recipe
     return run_resolved(recipe, target, drafts, input_ids, **kwargs)

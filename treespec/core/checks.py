@@ -168,6 +168,23 @@ def is_batch(input_ids: object) -> bool:
     return isinstance(first, (list, tuple)) or (isinstance(first, (torch.Tensor, np.ndarray)) and first.ndim > 0)
 
 
+def checked_prompts(target: torch.nn.Module, input_ids: object, max_new_tokens: object) -> list[list[int]]:
+    """The prompts of ``input_ids`` (one, or a batch's), each checked against the target's vocabulary and context
+    for ``max_new_tokens`` as a run checks it, a batch's named by its place: what a run that tunes its tree checks
+    before measuring anything."""
+    check_not_empty(input_ids)
+    batch = is_batch(input_ids)
+    vocab, context, note = vocab_size(target), context_of(target) or 2**62, context_note(target)
+    prompts = []
+    for r, ids in enumerate(input_ids if batch else [input_ids]):  # type: ignore[union-attr]
+        try:
+            prompts.append(as_prompt(ids, vocab))
+            check_lengths(len(prompts[-1]), max_new_tokens, context, note)
+        except ValueError as e:
+            raise ValueError(f"prompt {r} of the batch: {e}" if batch else str(e)) from None
+    return prompts
+
+
 def as_prompt(input_ids: torch.Tensor | Sequence[int], vocab: int | None = None) -> list[int]:
     """The single prompt of a batch-of-one ``[1, L]`` tensor (or a list of ints), checked against ``vocab``."""
     if isinstance(input_ids, (torch.Tensor, np.ndarray)):
