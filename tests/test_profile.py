@@ -415,3 +415,20 @@ def test_choose_tree_refuses_inputs_it_would_coerce(kwargs, match):
     args = {"target_latency": {1: 0.01, 8: 0.014}, "draft_cost": 0.001, **kwargs}
     with pytest.raises(ValueError, match=match):
         choose_tree([0.6, 0.2, 0.1], args.pop("target_latency"), args.pop("draft_cost"), **args)
+
+
+def test_models_built_in_process_are_measured_apart():
+    """A model without a path was named by its family alone in the measurement caches: a 6-layer target read the
+    profile a 1-layer one of the same family had cached. Now its config and a sample of its weights name it: two
+    sizes or two weightings of one family are two models; the same model, or a copy, is one."""
+    import copy
+
+    from treespec.calibrate.tuning import _key
+    from treespec.common.machine import model_key
+
+    small, large = tiny_model("llama", hidden=64, layers=1, seed=0), tiny_model("llama", hidden=64, layers=2, seed=0)
+    other = tiny_model("llama", hidden=64, layers=1, seed=1)
+    assert model_key(small) == model_key(copy.deepcopy(small)) == model_key(small)
+    assert len({model_key(small), model_key(large), model_key(other)}) == 3
+    assert model_key(small).startswith("llama@")
+    assert _key(small, other) != _key(large, other)

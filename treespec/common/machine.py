@@ -7,6 +7,7 @@ the same bare name ("AMD EPYC"), so the CPU is named with its family, model and 
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import os
 import platform
@@ -63,6 +64,21 @@ def model_name(model: torch.nn.Module) -> str:
     """A model's name: the id or path it was loaded from, else its architecture."""
     config = model.config
     return getattr(config, "_name_or_path", "") or config.model_type
+
+
+def model_key(model: torch.nn.Module) -> str:
+    """What a cached measurement names a model by: the id or path it was loaded from; a model built in-process (no
+    path) by its architecture, a digest of its config and a sample of its weights (its name, the architecture alone,
+    let two models of one family share measurements: a larger one read a small one's profile)."""
+    name = getattr(model.config, "_name_or_path", "")
+    if name:
+        return name
+    digest = hashlib.sha256(model.config.to_json_string(use_diff=False).encode())
+    for p in model.parameters():
+        digest.update(str(tuple(p.shape)).encode())
+        if p.device.type != "meta":  # a model laid out without weights (a test's stand-in device) has no data
+            digest.update(p.detach().reshape(-1)[:64].float().cpu().numpy().tobytes())
+    return f"{model.config.model_type}@{digest.hexdigest()[:12]}"
 
 
 def version() -> str:
