@@ -136,3 +136,14 @@ def test_a_runner_of_larger_capacity_serves_shorter_prompts(models, monkeypatch,
     assert made == [1, 1, 1, 1, 2] and len(set(capacities)) == 2  # only the 260-token prompt outgrew the first
     assert capacities[0] < 260 + n < capacities[1]
     runners.clear()
+
+
+def test_an_envelope_and_a_budgeted_tree_refuse_what_they_cannot_build_by_name():
+    """No shapes, or the root alone, has no envelope (``max()`` of an empty sequence, or an envelope of one level
+    and no child, before); the dynamic tree is a drafter mode, not a budgeted shape (the error offered it)."""
+    with pytest.raises(ValueError, match="got none"):
+        Envelope.for_shapes([])
+    with pytest.raises(ValueError, match="the root alone"):
+        Envelope.for_shapes([chain(2), chain(0)])
+    with pytest.raises(ValueError, match="model drafter in mode 'dynamic'"):
+        for_budget("dynamic", 5)

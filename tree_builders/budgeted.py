@@ -48,9 +48,13 @@ def for_budget(builder: str, budget: int, acceptance: Acceptance | None = None, 
     * ``paths``: the static tree ``paths`` (required; Medusa style, in priority order) cut to the budget and depth
       (``paths_prefix``).
     """
+    if builder == "dynamic":
+        raise ValueError("the dynamic tree (EAGLE-2's) is grown by the drafter at every step, not built for a budget "
+                         "here: draft it with a model drafter in mode 'dynamic'; this builds "
+                         f"{', '.join(STATIC_BUILDERS)}")
     if not isinstance(builder, str) or builder not in STATIC_BUILDERS:
         raise ValueError(f"unknown tree builder {builder!r}; choose one of {', '.join(STATIC_BUILDERS)} "
-                         "(or 'dynamic')")
+                         "(or 'dynamic', a drafter mode)")
     budget = check_count("budget", budget, 2, "a drafted tree needs the root and at least one token")
     max_depth = check_optional_count("max_depth", max_depth, 1, "a drafted tree has depth >= 1; None for no limit")
     kary_width = check_count("kary_width", kary_width, 1, "it is the number of children per node")

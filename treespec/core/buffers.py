@@ -72,7 +72,11 @@ class Envelope:
         """The padded envelope of tree shapes (``tree_builders.TreeShape``s, or their child-rank paths): what a
         sweep passes ``generate(envelope=...)`` so that all its trees replay one set of graphs."""
         as_shape = lambda s: s if isinstance(s, TreeShape) else TreeShape.from_paths(getattr(s, "paths", s))  # noqa: E731
-        return cls.padded(cls.exact(*as_shape(shape).node_arrays()) for shape in shapes)
+        shapes = [as_shape(shape) for shape in shapes]
+        if not shapes or not all(s.depth for s in shapes):
+            raise ValueError("an envelope covers tree shapes of at least one drafted node each; got "
+                             + ("none" if not shapes else "the root alone (plain decoding: no graphs to share)"))
+        return cls.padded(cls.exact(*shape.node_arrays()) for shape in shapes)
 
     @classmethod
     def padded(cls, envelopes: Iterable["Envelope"]) -> "Envelope":
