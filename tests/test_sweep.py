@@ -322,6 +322,18 @@ def test_a_compiled_sweep_pays_its_compiles_once_per_envelope(tmp_path: Path, ca
     assert all(r["result"]["step"] == "captured" for r in tres) and "Not captured" not in readme
 
 
+def test_the_dry_run_counts_an_exact_envelopes_level_graphs(tmp_path: Path, capsys) -> None:
+    """Each tree in its own envelope compiles one draft level per distinct row count of its levels (a chain's two:
+    level 0 holds the pending row too), not one per drafting setting as a padded envelope does (the plan said one)."""
+    from treespec.bench.sweep.cli import main as sweep_main
+
+    config = tmp_path / "exact.toml"
+    config.write_text(TINY.read_text().replace('threads = 1', 'threads = 1\ncompile = "eager"\nenvelope = "exact"'))
+    assert sweep_main(["--config", str(config), "--out", str(tmp_path / "out"), "--dry-run"]) == 0
+    plan = capsys.readouterr().out
+    assert "each in its own envelope" in plan and "1 draft level per distinct row count of the tree's levels" in plan
+
+
 def test_the_report_names_compiled_points_that_drafted_on_the_host() -> None:
     """A record keeps the route its steps took (``result.step``); the compile section names the compiled points
     that were not captured and why, so a GPU sweep's dynamic trees are not read as captured ones."""

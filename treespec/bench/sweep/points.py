@@ -306,7 +306,10 @@ def compile_plan(cfg: dict[str, Any], points: list[Point]) -> list[str]:
                       if pt.params["builder"] == "sequoia" else "") for pt in captured}
             lines.append(f"  {len(captured)} points capture their tree, each in its own envelope (run.envelope: no "
                          f"padding): up to {len(trees)} envelopes, one per distinct tree")
-        lines.append(f"  graphs per envelope: 2 prefill chunks (target, draft), 1 draft level per drafting setting, "
+        levels = ("1 draft level per drafting setting" if padded_envelope(cfg) else
+                  "1 draft level per distinct row count of the tree's levels and drafting setting (a chain's: 2, "
+                  "level 0 holding the pending row too)")
+        lines.append(f"  graphs per envelope: 2 prefill chunks (target, draft), {levels}, "
                      f"1 verification per sampling setting and verifier ({len(settings)}: "
                      + ", ".join(f"T={t:g} top-p={p:g} {v}" for t, p, v in settings) + ")")
         lines.append("  cache capacity: each point's warm-up runs its longest prompt, whose runner serves every "
