@@ -18,7 +18,7 @@ from treespec.core.compiling import UNCOMPILED
 from treespec.core.engine import step_for
 from treespec.core.request import Request
 from treespec.drafters.model import _Layout, as_shape
-from treespec.models.tiny import greedy_reference, perturbed_copy
+from treespec.models.tiny import greedy_reference, perturbed_copy, tiny_model
 
 #: one worker runs this file: its tests of one pair reuse each other's runners (compiled graphs)
 pytestmark = pytest.mark.xdist_group("captured")
@@ -361,3 +361,23 @@ def test_a_model_changed_in_place_gets_a_new_runner(models):
     changed.to(torch.bfloat16)
     out = run(changed, changed, prompt, 12, shape=CHAIN4, compile=STEP_BACKEND)
     assert out.stats.step == "captured" and out.new_tokens == greedy_reference(changed, prompt, 12)
+
+
+@pytest.mark.parametrize("mode, temperature", [("topk", 0.0), ("sample_without_replacement", 1.0)])
+def test_a_node_wider_than_the_vocabulary_drafts_what_the_host_step_drafts(mode, temperature):
+    """A node with more children than the vocabulary has tokens: the host step drafts the vocabulary's and drops the
+    ranks past it; the captured step reused the last rank's token for them (extra, duplicate nodes: more draft and
+    verification work, other statistics). Now they do not exist there either: the same trees, tokens and stats."""
+    from tree_builders import kary
+
+    target = tiny_model("qwen2", vocab=16, hidden=64, layers=1, scale=4, seed=0)
+    draft = perturbed_copy(target, 0.3)
+    shape = kary((19, 2))
+    runs = [treespec.generate(target, [1, 2, 3], [treespec.ModelDrafter(draft, shape, mode)], max_new_tokens=12,
+                              temperature=temperature, seed=3, compile=backend) for backend in (False, STEP_BACKEND)]
+    host, capt = (r.stats for r in runs)
+    assert capt.step == "captured" and host.step == "eager"
+    assert max(capt.tree_sizes) == max(host.tree_sizes) == 1 + 16 * 3  # the root, 16 children, 2 under each
+    if temperature == 0:  # (sampled, the two steps draw their numbers otherwise: other paths, other steps)
+        assert capt.tree_sizes == host.tree_sizes
+        assert runs[0].new_tokens == runs[1].new_tokens == greedy_reference(target, [1, 2, 3], 12)

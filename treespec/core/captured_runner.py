@@ -156,8 +156,9 @@ class CapturedRunner:
         row = tree.row.clamp_max(choice.shape[1] - 1)  # nodes of other levels index in range (and are not used)
         cand = choice[:, row, tree.rank.clamp_max(choice.shape[2] - 1)]
         here = tree.chosen_at == level.index
-        exists = torch.where(here, (cand >= 0) & drafted.exists[:, tree.flat_parent] & drafting[:, None],
-                             drafted.exists)
+        # a rank past the vocabulary (a node wider than it) has no token: it does not exist, as the host step drops it
+        exists = torch.where(here, (cand >= 0) & (tree.rank < choice.shape[2]) & drafted.exists[:, tree.flat_parent]
+                             & drafting[:, None], drafted.exists)
         tokens = torch.where(here, cand.clamp_min(0), drafted.tokens)
         conf = drafted.conf
         if self.track_confidence:
