@@ -165,7 +165,8 @@ def check_step(path: Path, done: dict[int, dict[str, Any]], resolved: Resolved) 
     recipe = resolved.recipe
     precisions = made_with(done, ("target_dtype", "draft_dtype"))
     mine = {"target_dtype": recipe.target_dtype, "draft_dtype": recipe.draft_dtype}
-    if done and precisions != mine:
+    known = precisions is None or precisions["target_dtype"] is not None  # (records made before they named them)
+    if done and known and precisions != mine:
         theirs = precisions or {"target_dtype": "several", "draft_dtype": "several"}
         fix = f"pass --dtype {theirs['target_dtype']}" + (f" --draft-dtype {theirs['draft_dtype']}"
                                                           if theirs["draft_dtype"] else "")
