@@ -186,3 +186,21 @@ def test_a_continuation_ended_at_the_end_of_text_keeps_its_last_steps_as_a_run_d
             every[1] += len(s.step_tokens)
         assert walk.replayed_tau(shape) == pytest.approx(uncut[0] / uncut[1], rel=1e-12)
         assert walk.replayed_tau(shape, horizon=30) == pytest.approx(every[0] / every[1], rel=1e-12)
+
+
+@pytest.mark.parametrize("stop", [0.05, 0.3])
+def test_the_replay_with_the_stop_is_a_chains_tau_uncut(stop):
+    """A run marks a step cut where the tree it drafted reaches past the tokens left; with the confidence stop that is
+    the stopped tree, not the shape: the replay left out every step whose shape reached the end (the last two of
+    21 uncut ones in a run whose stop ended each tree at depth 1), and is now the chain's runs' tau_uncut exactly."""
+    target = tiny_model("llama", vocab=64, hidden=64, scale=3, seed=0)
+    draft = perturbed_copy(target, 0.5)
+    prompts = [np.random.default_rng(100 + i).integers(0, 64, 1 + i).tolist() for i in range(10)]
+    walk = measure(target, draft, prompts, width=4, mode="topk", max_new_tokens=30, max_depth=6, progress=False)
+    tokens = steps = 0
+    for p in prompts:
+        s = treespec.generate(target, p, [treespec.ModelDrafter(draft, chain(4), "topk", min_confidence=stop)],
+                              max_new_tokens=30).stats
+        tokens += sum(t for t, cut in zip(s.step_tokens, s.step_cut) if not cut)
+        steps += s.step_cut.count(False)
+    assert walk.replayed_tau(chain(4), stop) == pytest.approx(tokens / steps, rel=1e-12)

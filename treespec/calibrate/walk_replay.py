@@ -41,7 +41,8 @@ def replay_steps(ranks: Sequence[Sequence[int]], shape: TreeShape,
     """Every uncut step of ``shape`` run over ``ranks`` (per continuation, each position's accepted rank, -1:
     none), with the confidence stop at ``min_confidence`` over ``confidence`` (per continuation and position,
     the draft probability of each rank's proposal; module doc). Steps the end of a continuation would cut are
-    left out: those whose whole tree does not fit before it, whatever they accept (a run's rule for a cut step;
+    left out: those whose drafted tree (the shape, or where the confidence stop ended it) does not fit before
+    it, whatever they accept (a run's rule for a cut step;
     leaving out only the steps that then accepted past the end kept the short ones and biased tau down 2-3% for
     deep chains). ``horizon``: the steps of a run of that many new tokens over each continuation's first positions,
     the depth of the last ones capped as the engine caps it, so none is cut (module doc); a continuation shorter
@@ -67,10 +68,11 @@ def replay_steps(ranks: Sequence[Sequence[int]], shape: TreeShape,
         while pos < len(walk):
             # a step r tokens from the run's end drafts at most r - 1 levels (the engine's cap)
             depth = min(shape.depth, len(walk) - pos - 1) if capped else shape.depth
-            if not capped and not at_eos and pos + shape.depth >= len(walk):
-                break  # a run's tree is capped by the end here: the step is cut whatever it accepts (decided before
-                # the outcome, as ``step.end_capped`` decides it, so leaving it out biases nothing)
             accepted, drafted, past_end = _one_step(walk, probs, pos, n_children, depth, min_confidence)
+            if not capped and not at_eos and pos + drafted >= len(walk):
+                break  # the tree it drafted (the shape's, or where the confidence stop ended it) reaches past the
+                # end: a run capped there marks the step cut whatever it accepts (decided before the outcome, as
+                # ``step.end_capped`` decides it, so leaving it out biases nothing)
             if past_end and not (at_eos and horizon is not None):
                 break  # cut by the end of the walk, or by the end of text inside the path (a run marks it cut)
             steps.append(ReplayedStep(c, accepted + 1, drafted))  # past the end of text: the tokens up to it
