@@ -432,3 +432,46 @@ def test_models_built_in_process_are_measured_apart():
     assert len({model_key(small), model_key(large), model_key(other)}) == 3
     assert model_key(small).startswith("llama@")
     assert _key(small, other) != _key(large, other)
+
+
+@pytest.mark.parametrize("damage", [{"plain_decode_seconds": -1.0}, {"plain_decode_seconds": float("nan")},
+                                    {"draft_prefill_latency": {"32": float("nan")}},
+                                    {"draft_prefill_latency": {"32": -0.5}}, {"draft_level_latency": None},
+                                    {"draft_level_latency": {}}, {"target_latency": {"1": 0.1}}],
+                         ids=["plain-negative", "plain-nan", "prefill-nan", "prefill-negative", "no-draft-levels",
+                              "empty-draft-levels", "one-size"])
+def test_a_cached_profile_missing_a_part_of_its_costs_is_measured_again(model, tmp_path, monkeypatch, damage):
+    """Entries that read as a profile but whose costs are not a pair's: plain decoding's seconds negative or NaN (every
+    run failed, naming no file), a NaN or negative draft prefill (a "nanx" margin; every tree declined), no draft
+    levels (drafting free: budget 32 at 3.13x where plain decoding pays), one target size (plain decoding always):
+    each is measured again."""
+    from treespec.calibrate import tuning
+    from treespec.common.files import write_json
+
+    good = Profile({1: 0.1, 4: 0.2}, {1: 0.01}, {"made": "before"}, plain_decode_seconds=0.1,
+                   draft_prefill_latency={32: 0.01})
+    cache = tmp_path / "profiles.json"
+    write_json(cache, {tuning._key(model, model): {**good.to_dict(), **damage}})
+    assert tuning._decoded(good.to_dict()) == good
+    fresh = Profile({1: 0.1, 4: 0.2}, {1: 0.01}, {"made": "now"}, draft_prefill_latency={32: 0.01})
+    monkeypatch.setattr(tuning, "profile", lambda *a, **k: fresh)
+    assert tuning.cached_profile(model, model, cache) == fresh
+
+
+@pytest.mark.parametrize("damage", [{"draft_per_step": -0.003}, {"verify_per_step": float("nan")},
+                                    {"steps": "12"}, {"survival": [1.5]}, {"latency": {}}])
+def test_a_damaged_cached_pilot_is_measured_again(tmp_path, damage):
+    """A pilots.json record with negative or NaN seconds, counts that are not whole numbers or a survival outside
+    [0, 1] failed every run after it, naming no file (``latencies must be finite``, ``invalid literal for int()``):
+    it is measured again."""
+    from treespec.calibrate.pilot import Pilot, cached_pilot
+    from treespec.common.files import write_json
+
+    good = Pilot(depth=2, chain=True, steps=10, uncut_steps=9, tau=1.8, survival=[0.6, 0.3], draft_per_step=0.01,
+                 verify_per_step=0.02, engine_per_step=0.001, prefill_per_prompt=0.05, plain_per_token=0.02,
+                 plain_verify_per_token=0.02, plain_prefill_per_prompt=0.04, latency={1: 0.02, 2: 0.021, 3: 0.022})
+    assert Pilot.from_dict(good.to_dict()) == good
+    cache = tmp_path / "pilots.json"
+    write_json(cache, {"k": {**good.to_dict(), **damage}})
+    fresh = Pilot(**{**good.__dict__, "tau": 1.7})
+    assert cached_pilot("k", cache, lambda: fresh) == fresh

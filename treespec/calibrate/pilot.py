@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -99,7 +100,17 @@ class Pilot:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Pilot":
-        return cls(**{**d, "latency": {int(k): float(v) for k, v in d["latency"].items()}})
+        """The inverse of :meth:`to_dict`; a damaged record (a hand edit: negative or NaN seconds, counts that are
+        not whole numbers, survival outside [0, 1]) raises ``ValueError``, so a cache measures it again."""
+        p = cls(**{**d, "latency": {int(k): float(v) for k, v in d["latency"].items()}})
+        seconds = [p.draft_per_step, p.verify_per_step, p.engine_per_step, p.prefill_per_prompt, p.plain_per_token,
+                   p.plain_verify_per_token, p.plain_prefill_per_prompt, p.tau, p.mean_tree_size, *p.latency.values()]
+        counts = [p.depth, p.steps, p.uncut_steps]
+        if not (all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
+                    for x in seconds) and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in counts)
+                and all(isinstance(x, (int, float)) and 0 <= x <= 1 for x in p.survival) and p.latency):
+            raise ValueError(f"a damaged pilot record: {d!r:.200}")
+        return p
 
 
 @dataclass(frozen=True)

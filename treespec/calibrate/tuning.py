@@ -13,6 +13,8 @@ the tree that was chosen); ``why`` is a one-line account to print.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
@@ -305,6 +307,14 @@ def _decoded(entry: Any) -> Profile | None:
     try:
         prof = Profile.from_dict(entry)
         checked_costs(prof.target_latency, prof.draft_cost, prof.step_overhead_seconds)
+        # what a profile of a pair always holds, and what its costs must be (an entry missing them would size every
+        # tree from a part of its costs: free drafting, plain decoding only, a NaN margin)
+        if len(prof.target_latency) < 2 or not prof.draft_level_latency:
+            raise ValueError("a pair's profile times several target sizes and the draft's levels")
+        extra = [prof.plain_decode_seconds] if prof.plain_decode_seconds is not None else []
+        if not all(math.isfinite(float(v)) and float(v) > 0 for v in extra) or not all(
+                math.isfinite(float(v)) and float(v) >= 0 for v in (prof.draft_prefill_latency or {}).values()):
+            raise ValueError("plain decoding's and the draft prefill's seconds are finite numbers > 0")
     except DAMAGED:
         return None
     return prof
