@@ -1,5 +1,6 @@
 """The treespec command: argument errors, help, and (slow) the real pair end to end."""
 
+import argparse
 import re
 from pathlib import Path
 
@@ -720,6 +721,19 @@ def test_a_chain_without_a_budget_is_tuned_and_independent_chains_are_piloted(ti
                      "--json"]) == 0
         record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
         assert said in record["configuration"] and builders == ["chain"]
+
+
+@pytest.mark.parametrize("command", ["generate", "accept"])
+def test_every_option_that_decides_an_output_is_a_resume_setting(command):
+    """Each option of a command that resumes an --out is a setting (a record made under another value is refused) or
+    named as deciding no output: accept's --top-k was neither, and a resume mixed prompts measured under two."""
+    from treespec.cli_output import NOT_SETTINGS, SETTINGS
+    from treespec.cli_parser import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    options = {a.dest for a in sub.choices[command]._actions if a.dest != "help"}
+    assert options - set(SETTINGS[command]) == set(NOT_SETTINGS[command])
+    assert not set(SETTINGS[command]) & set(NOT_SETTINGS[command])
 
 
 def test_prompt_seeds_are_the_seed_first_then_one_per_place():

@@ -107,8 +107,13 @@ SETTINGS = {
                  "paths", "budget", "depth", "acceptance", "positional_acceptance", "draft_mode", "temperature",
                  "top_p", "top_k", "max_new_tokens", "seed", "chat", "verifier"),
     "accept": ("target", "draft", "device", "dtype", "draft_dtype", "calib", "prompt_file", "prompts_jsonl", "width",
-               "mode", "temperature", "top_p", "max_new_tokens", "max_depth", "context", "chat"),
+               "mode", "temperature", "top_p", "top_k", "max_new_tokens", "max_depth", "context", "chat"),
 }
+#: the options that decide no output: where it goes and how it is shown, the batch size; the prompts' sources
+#: (each record's prompt is compared itself: :func:`finished`); compiling (:func:`check_step`)
+NOT_SETTINGS = {"generate": ("batch_size", "compare", "compile", "json", "out", "prompt", "prompt_file",
+                             "prompts_jsonl"),
+                "accept": ("batch_size", "dataset", "out")}
 
 #: what a corrupt line of ``--out`` suggests besides fixing or deleting it
 HINT = "give another --out"
