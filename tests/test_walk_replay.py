@@ -119,7 +119,7 @@ def test_a_tuned_run_is_predicted_over_its_own_horizon():
     assert "walk on sharegpt (40 prompts) in the chat template with" in tuned.with_walk(walk, 16).why
 
 
-@pytest.mark.parametrize("cut", ["positions", "prompts", "ranks-per-position"])
+@pytest.mark.parametrize("cut", ["positions", "prompts", "ranks-per-position", "a-string"])
 def test_an_acceptance_file_whose_confidence_does_not_cover_its_ranks_is_refused_by_name(tmp_path, cut):
     """The replay reads each walked position's proposal probabilities; a file whose "confidence" misses some (a hand
     edit, another writer) is refused, named (an IndexError at the prediction before)."""
@@ -134,8 +134,10 @@ def test_an_acceptance_file_whose_confidence_does_not_cover_its_ranks_is_refused
         saved["confidence"] = [probs[:5] for probs in saved["confidence"]]
     elif cut == "prompts":
         saved["confidence"] = saved["confidence"][:3]
-    else:
+    elif cut == "ranks-per-position":
         saved["confidence"] = [[row[:1] for row in probs] for probs in saved["confidence"]]
+    else:  # a hand edit: the replay's product raised a TypeError traceback
+        saved["confidence"][0][0][0] = "x"
     path = tmp_path / "acc.json"
     path.write_text(json.dumps(saved))
     with pytest.raises(ValueError, match=r"acc\.json: its \"confidence\" does not cover its \"ranks\""):
@@ -204,3 +206,19 @@ def test_the_replay_with_the_stop_is_a_chains_tau_uncut(stop):
         tokens += sum(t for t, cut in zip(s.step_tokens, s.step_cut) if not cut)
         steps += s.step_cut.count(False)
     assert walk.replayed_tau(chain(4), stop) == pytest.approx(tokens / steps, rel=1e-12)
+
+
+def test_an_acceptance_file_whose_length_is_not_a_count_is_refused_by_name(tmp_path):
+    """The replay reads a walk's ``meta.max_new_tokens`` (a continuation shorter than it ended at the end of text): a
+    hand-edited one that is no count is refused with the file named (int()'s words before)."""
+    import json
+    from importlib import resources
+
+    from treespec.calibrate.vectors import calibration_walk, shipped_file
+
+    saved = json.loads(resources.files("treespec").joinpath(shipped_file(0.0, "int4")).read_text())
+    saved["meta"]["max_new_tokens"] = "abc"
+    path = tmp_path / "acc.json"
+    path.write_text(json.dumps(saved))
+    with pytest.raises(ValueError, match=r"acc\.json: its meta \"max_new_tokens\" is 'abc', not a count"):
+        calibration_walk(path, 0.0)

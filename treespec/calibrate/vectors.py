@@ -93,17 +93,23 @@ def _walk(saved: Any, where: str) -> Any:
         walk = MeasuredAcceptance.from_dict(saved) if saved.get("ranks") else None
     except (KeyError, TypeError, ValueError, AttributeError):
         return None  # default_acceptance says what is wrong with the file
+    limit = walk.meta.get("max_new_tokens") if walk is not None else None
+    if limit is not None and not (isinstance(limit, int) and not isinstance(limit, bool) and limit >= 1):
+        raise ValueError(f"acceptance file {where}: its meta \"max_new_tokens\" is {limit!r}, not a count of tokens "
+                         "(where a continuation shorter than it ended at the end of text); write it again with "
+                         "`treespec accept`")
     if walk is None or not walk.confidence:
         return walk
     width = len(walk.vector)
+    number = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool)  # noqa: E731
     covered = len(walk.confidence) == len(walk.ranks) and all(
         isinstance(probs, list) and len(probs) >= len(ranks) and all(
-            isinstance(row, list) and len(row) >= width for row in probs[:len(ranks)])
+            isinstance(row, list) and len(row) >= width and all(map(number, row)) for row in probs[:len(ranks)])
         for ranks, probs in zip(walk.ranks, walk.confidence))
     if not covered:
         raise ValueError(f"acceptance file {where}: its \"confidence\" does not cover its \"ranks\" (one list per "
-                         f"prompt and position, {width} probabilities each, for {len(walk.ranks)} prompts); write "
-                         "it again with `treespec accept`")
+                         f"prompt and position, {width} probabilities (numbers) each, for {len(walk.ranks)} prompts); "
+                         "write it again with `treespec accept`")
     return walk
 
 
