@@ -475,3 +475,17 @@ def test_a_damaged_cached_pilot_is_measured_again(tmp_path, damage):
     write_json(cache, {"k": {**good.to_dict(), **damage}})
     fresh = Pilot(**{**good.__dict__, "tau": 1.7})
     assert cached_pilot("k", cache, lambda: fresh) == fresh
+
+
+def test_plain_decoding_chosen_or_declined_is_predicted_as_the_target_alone():
+    """Plain decoding is the target alone at 1.00x whichever way the tuner gets there: chosen (no tree pays) it was
+    predicted at HF's timed decoding over the engine's one-token step (1.26x on the tiny pair), declined (a tree under
+    the margin) at 1.00x."""
+    from treespec.calibrate.tuning import Tuned
+
+    prof = Profile({1: 0.1, 4: 0.12, 8: 0.16}, {1: 0.03, 2: 0.04}, {}, 0.004, plain_decode_seconds=0.13)
+    chosen = Tuned(prof.choose([0.0, 0.0], max_depth=4), prof, None)
+    assert chosen.choice.depth == 0 and chosen.prediction.plain
+    assert chosen.prediction.speedup == chosen.prediction.run_speedup(64, 0.5) == 1.0
+    declined = Tuned(prof.choose([0.3, 0.1], max_depth=4), prof, None).plain_unless(margin=100.0)
+    assert declined.choice.depth == 0 and declined.prediction.speedup == pytest.approx(1.0)

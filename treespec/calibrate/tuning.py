@@ -163,8 +163,10 @@ class Tuned:
         usable = walk is not None and walk.ranks and c.shape.depth > 0 and c.shape.max_width <= walk.width and (
             self.min_confidence is None or walk.confidence)
         steps = walk.replay(c.shape, self.min_confidence, self.horizon) if usable else []
+        if c.depth == 0:  # plain decoding: the target alone, as a declined tree's plain decoding is predicted
+            return Prediction(1.0, c.plain_seconds, c.plain_seconds, "rows", plain=True)
         if not steps:
-            return Prediction(c.tau, c.step_seconds, c.plain_seconds, "rows", plain=c.depth == 0)
+            return Prediction(c.tau, c.step_seconds, c.plain_seconds, "rows")
         tau = sum(s.tokens for s in steps) / len(steps)
         if self.compiled_step_seconds is not None:
             seconds = self.compiled_step_seconds
