@@ -489,3 +489,14 @@ def test_plain_decoding_chosen_or_declined_is_predicted_as_the_target_alone():
     assert chosen.prediction.speedup == chosen.prediction.run_speedup(64, 0.5) == 1.0
     declined = Tuned(prof.choose([0.3, 0.1], max_depth=4), prof, None).plain_unless(margin=100.0)
     assert declined.choice.depth == 0 and declined.prediction.speedup == pytest.approx(1.0)
+
+
+def test_a_prediction_from_the_rows_alone_says_so():
+    """Without a walk to replay (a file of rows only) the why-line names the rows' expectation, as defaults.md says it
+    does (it read as the ordinary line)."""
+    from treespec.calibrate.tuning import Tuned
+
+    prof = Profile({1: 0.1, 4: 0.12, 8: 0.16}, {1: 0.01, 2: 0.012}, {}, 0.004)
+    tuned = Tuned(prof.choose([0.8, 0.1], max_depth=4), prof, None)
+    assert tuned.choice.depth > 0 and tuned.prediction.model == "rows"
+    assert "(the acceptance rows' expectation, every level drafted: no calibration walk" in tuned.why

@@ -251,7 +251,9 @@ class Tuned:
             fixed = "; costs of compiled forwards timed alone (not calibrated on real steps)"
         step = ("s per step" if self.compiled_step_seconds is None else
                 "s per compiled step (this tree's compiled steps on the pilot prompts)")
-        how = ("" if p.model == "rows" else f" (the tree replayed over the calibration walk{_walk_source(self.walk)}" +
+        rows_only = " (the acceptance rows' expectation, every level drafted: no calibration walk to replay it over)"
+        how = ((rows_only if c.depth else "") if p.model == "rows" else
+               f" (the tree replayed over the calibration walk{_walk_source(self.walk)}" +
                ("" if self.min_confidence is None else f" with the confidence stop at {self.min_confidence:g}") +
                ("" if self.horizon is None else f", a run of {self.horizon} tokens") +
                "; 90% of single prompts {:.2f}-{:.2f}".format(*p.tau_range(1)) + ")")
