@@ -424,13 +424,13 @@ def test_models_built_in_process_are_measured_apart():
     import copy
 
     from treespec.calibrate.tuning import _key
-    from treespec.common.machine import model_key
+    from treespec.common.machine import measured_name
 
     small, large = tiny_model("llama", hidden=64, layers=1, seed=0), tiny_model("llama", hidden=64, layers=2, seed=0)
     other = tiny_model("llama", hidden=64, layers=1, seed=1)
-    assert model_key(small) == model_key(copy.deepcopy(small)) == model_key(small)
-    assert len({model_key(small), model_key(large), model_key(other)}) == 3
-    assert model_key(small).startswith("llama@")
+    assert measured_name(small) == measured_name(copy.deepcopy(small)) == measured_name(small)
+    assert len({measured_name(small), measured_name(large), measured_name(other)}) == 3
+    assert measured_name(small).startswith("llama@")
     assert _key(small, other) != _key(large, other)
 
 

@@ -89,13 +89,13 @@ def _measurement_key(tag: str, recipe: Recipe, target: torch.nn.Module, drafts: 
     drafter's static tree by its paths: two trees of one size and depth are two measurements), budget and
     sampling."""
     from .pilot import prompts_digest
-    from ..common.machine import measurement_key, model_key
+    from ..common.machine import measurement_key, measured_name
 
     drafters = build_drafters(recipe, drafts)
     trees = [f"tree={prompts_digest(d.layout.shape.paths)}"  # a digest of int lists: the paths
              for d in drafters if isinstance(d, ModelDrafter) and d.mode != "dynamic"]
-    return measurement_key(tag, model_key(target), precision_of(target), f"budget={recipe.budget}",
-                           *(f"{model_key(d)}:{precision_of(d)}" for d in (m.model if isinstance(m, CrossDraft)
+    return measurement_key(tag, measured_name(target), precision_of(target), f"budget={recipe.budget}",
+                           *(f"{measured_name(d)}:{precision_of(d)}" for d in (m.model if isinstance(m, CrossDraft)
                                                                            else m for m in drafts)),
                            *(d.describe() for d in drafters), *trees, f"T={recipe.temperature}",
                            f"top_p={recipe.top_p}", f"top_k={recipe.top_k}", recipe.verifier, prompts_digest(prompts),

@@ -26,7 +26,7 @@ import torch
 from tree_builders import TreeShape
 
 from ..common.files import DAMAGED, read_json_dict, write_json
-from ..common.machine import measurement_key, model_key
+from ..common.machine import measurement_key, measured_name
 from ..core.linear_layout import layout_tags
 from ..models.precision import kernel_tags, precision_of
 from ..models.timing import measure_prefill
@@ -298,8 +298,8 @@ def _key(target: torch.nn.Module, draft: torch.nn.Module) -> str:
     # (``measure_plain_decode``). Older profiles are measured again.
     # On CUDA the profile times compiled forwards (``costs.profile``): "compiled" in the key
     device = next(target.parameters()).device
-    return measurement_key("profile-v3" + ("-compiled" if device.type == "cuda" else ""), model_key(target),
-                           precision_of(target), model_key(draft), precision_of(draft), *layout_tags(target, draft),
+    return measurement_key("profile-v3" + ("-compiled" if device.type == "cuda" else ""), measured_name(target),
+                           precision_of(target), measured_name(draft), precision_of(draft), *layout_tags(target, draft),
                            *kernel_tags(target, draft), device=device)
 
 

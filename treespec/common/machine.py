@@ -66,7 +66,7 @@ def model_name(model: torch.nn.Module) -> str:
     return getattr(config, "_name_or_path", "") or config.model_type
 
 
-def model_key(model: torch.nn.Module) -> str:
+def measured_name(model: torch.nn.Module) -> str:
     """What a cached measurement names a model by: the id or path it was loaded from; a model built in-process (no
     path) by its architecture, a digest of its config and a sample of its weights (its name, the architecture alone,
     let two models of one family share measurements: a larger one read a small one's profile)."""

@@ -18,7 +18,7 @@ from typing import Any, Callable
 import torch
 
 from ..common.files import read_json_dict, write_json
-from ..common.machine import measurement_key, model_key
+from ..common.machine import measurement_key, measured_name
 from ..core.linear_layout import LAYOUTS, STOCK, set_layout, switchable
 from .precision import AUTO_SIZES, ROLES, default_timer, precision_of
 
@@ -45,7 +45,7 @@ def auto_layout(model: torch.nn.Module, role: str = "target", *, name: str | Non
         why = "not a CPU" if device.type != "cpu" else "no float nn.Linear layers"
         return set_layout(model, STOCK), {"layout": STOCK, "seconds": {}, "sizes": list(sizes), "cached": False,
                                           "why": why}
-    key = measurement_key("linear-layout", name or model_key(model), precision_of(model), role, device=device)
+    key = measurement_key("linear-layout", name or measured_name(model), precision_of(model), role, device=device)
     path = None if decisions is None else Path(decisions)
     if path is not None:
         record = read_json_dict(path).get(key)

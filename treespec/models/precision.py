@@ -31,7 +31,7 @@ from typing import Any, Callable
 import torch
 
 from ..common.files import read_json_dict, write_json
-from ..common.machine import measurement_key, model_key
+from ..common.machine import measurement_key, measured_name
 from ..core.checks import has_dynamic_int8
 from .quantized import Int8Linear, has_int4, quantize_int4, quantize_int8
 
@@ -149,7 +149,7 @@ def auto_precision(model: torch.nn.Module, role: str = "target", *, name: str | 
     if precision_of(model) != "float32":
         raise ValueError("auto_precision starts from a float32 model (every candidate is converted from it)")
     device = next(model.parameters()).device
-    key = measurement_key(name or model_key(model), role, *(["traceable"] if traceable else []), device=device)
+    key = measurement_key(name or measured_name(model), role, *(["traceable"] if traceable else []), device=device)
     candidates = [p for p in AUTO_CANDIDATES[role] if not (traceable and p in UNTRACEABLE)]
     path = None if decisions is None else Path(decisions)
     if path is not None:
