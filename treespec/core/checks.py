@@ -13,7 +13,19 @@ import torch
 from tree_builders import args as tree_args
 
 #: families whose stock HF modelling code takes a 4D tree mask with full (non-sliding) attention
-SUPPORTED_FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
+#: the model families whose stock forward takes a token tree (a 4D mask, position ids, the cache) and runs it as its own
+#: one-token decoding does: each checked greedy-exact against HF on tiny models, eager, batched and captured
+#: (``tests/test_families.py``; inductor and int8/int4 drafts too: ``experiments/check_families.py``). Left out:
+#: ALiBi (Bloom, MPT, Falcon with ALiBi: the bias is built from a 2D mask), recurrent or state-space layers (Mamba,
+#: Jamba, RecurrentGemma, ...: no state to branch or roll back), families whose code tests for the name "sdpa"
+#: (Falcon: it takes another softmax path under the engine's attention) or has no SDPA (Gemma 2, Bloom), attention sinks
+SUPPORTED_FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "mixtral", "qwen3_moe", "gemma", "gemma3_text", "olmo",
+                      "olmo2", "olmo3", "granite", "phi", "phi3", "stablelm", "cohere", "gpt_neox", "gptj",
+                      "starcoder2", "helium", "glm", "glm4", "smollm3", "exaone4", "nemotron", "arcee", "seed_oss",
+                      "persimmon", "apertus", "opt", "gpt_bigcode", "codegen")
+#: families that apply a set ``sliding_window`` only in the layers ``layer_types`` (or ``use_sliding_window``) name;
+#: the others apply it in every layer whenever it is set (Mistral, Mixtral, Phi-3, Starcoder2, Qwen3-MoE)
+LAYER_TYPED_WINDOWS = ("qwen2", "qwen3", "gemma3_text", "olmo3", "exaone4", "smollm3")
 
 
 def check_model(model: torch.nn.Module, role: str = "target") -> None:
@@ -23,8 +35,8 @@ def check_model(model: torch.nn.Module, role: str = "target") -> None:
     if family not in SUPPORTED_FAMILIES:
         raise ValueError(
             f"the {role} model family {family!r} is not supported for tree attention; supported: "
-            f"{', '.join(SUPPORTED_FAMILIES)} (models with sliding-window or hybrid caches such as "
-            "Gemma2/3 or Cohere2 need a different cache). Use a model of a supported family."
+            f"{', '.join(SUPPORTED_FAMILIES)} (ALiBi, recurrent or state-space layers cannot take a tree; "
+            "others are not checked yet). Use a model of a supported family."
         )
     if role == "target" and has_dynamic_int8(model):
         # one activation scale per forward over all its rows: a tree's rows would change each other's logits
@@ -43,13 +55,15 @@ def check_model(model: torch.nn.Module, role: str = "target") -> None:
 
 def sliding_window(model: torch.nn.Module) -> int | None:
     """The sliding window ``model``'s attention applies (its config's ``sliding_window`` where its layers use it:
-    Mistral's whenever set, a Qwen2/Qwen3's where ``use_sliding_window`` or its ``layer_types`` name sliding layers:
-    HF builds the mask from those, whatever the flag says after loading); None without one."""
+    whenever set in most families (Mistral, Mixtral, Phi-3, Starcoder2, Qwen3-MoE); in those of
+    :data:`LAYER_TYPED_WINDOWS` where ``use_sliding_window`` or its ``layer_types`` name sliding layers: HF builds the
+    mask from those, whatever the flag says after loading); None without one."""
     config = getattr(model, "config", None)
     window = getattr(config, "sliding_window", None)
     if window is None:
         return None
-    sliding = (getattr(config, "model_type", None) == "mistral" or getattr(config, "use_sliding_window", False)
+    sliding = (getattr(config, "model_type", None) not in LAYER_TYPED_WINDOWS
+               or getattr(config, "use_sliding_window", False)
                or "sliding_attention" in (getattr(config, "layer_types", None) or ()))
     return int(window) if sliding else None
 

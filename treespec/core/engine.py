@@ -106,7 +106,8 @@ def generate(
     low-level call with explicit drafters; ``treespec.run(recipe, ...)`` builds them from settings.
 
     Args:
-        target: a HuggingFace causal LM (Llama, Qwen2/2.5/3, Mistral without a window).
+        target: a HuggingFace causal LM of a family ``checks.SUPPORTED_FAMILIES`` admits (Llama, Qwen2/2.5/3,
+            Mistral, Gemma, Phi-3, ...), in SDPA or eager attention; a sliding window only for runs inside it.
         input_ids: one prompt, ``[1, L]`` tensor or a list of ints; or a batch, a list of such prompts (of
             any lengths): ``treespec.core.batch.generate_batch`` decodes them at once (each row as it
             would decode alone, ``on_tokens(row, tokens)``) and returns a ``BatchOutput``; ``compile`` runs the

@@ -118,7 +118,7 @@ class CrossTokenizerDrafter(Drafter):
     """A draft model whose tokenizer differs from the target's; proposes target-token point masses.
 
     Args:
-        model: the draft HF causal LM (a family that takes a tree mask: Llama, Qwen2/3, Mistral).
+        model: the draft HF causal LM (a family that takes a tree mask: ``checks.SUPPORTED_FAMILIES``).
         draft_tokenizer: the draft model's tokenizer.
         target_tokenizer: the target model's tokenizer (its ids are what is proposed).
         depth: draft tokens per chain (one draft forward per token after the first).

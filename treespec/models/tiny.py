@@ -42,13 +42,57 @@ def tiny_model(family: str = "llama", *, vocab: int = 64, seed: int = 0, attn: s
     return model
 
 
+#: the config of a tiny model of most families (``AutoConfig.for_model``); :data:`FAMILY_CONFIGS` names the others'
+_BASE = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False, pad_token_id=0,
+             bos_token_id=1, eos_token_id=2)
+_GPT = dict(vocab_size=96, n_positions=256, n_embd=32, n_layer=2, n_head=4, n_inner=64, tie_word_embeddings=False,
+            pad_token_id=0, bos_token_id=1, eos_token_id=2)
+_NO_KV_HEADS = {k: v for k, v in _BASE.items() if k != "num_key_value_heads"}
+_FULL = ["full_attention"] * 2
+#: per family, a tiny config's settings where the base's do not fit it (no window where one is the default: a
+#: window is checked apart)
+FAMILY_CONFIGS: dict[str, dict[str, Any]] = {
+    "mistral": dict(_BASE, sliding_window=None), "mixtral": dict(_BASE, num_local_experts=4, num_experts_per_tok=2,
+                                                                 sliding_window=None),
+    "qwen3_moe": dict(_BASE, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2),
+    "gemma": dict(_BASE, head_dim=8), "gemma3_text": dict(_BASE, head_dim=8, layer_types=_FULL),
+    "olmo3": dict(_BASE, layer_types=_FULL),
+    "granite": dict(_BASE, embedding_multiplier=12.0, logits_scaling=0.5, residual_multiplier=0.22,
+                    attention_multiplier=0.0078125),
+    "gpt_neox": _NO_KV_HEADS, "persimmon": _NO_KV_HEADS, "gptj": dict(_GPT, rotary_dim=4),
+    "starcoder2": dict(_BASE, sliding_window=None), "exaone4": dict(_BASE, layer_types=_FULL, sliding_window=None),
+    **{f: dict(_BASE, head_dim=8) for f in ("helium", "glm", "glm4", "nemotron", "arcee", "seed_oss")},
+    "opt": dict(vocab_size=96, hidden_size=32, num_hidden_layers=2, ffn_dim=64, max_position_embeddings=256,
+                word_embed_proj_dim=32, num_attention_heads=4, tie_word_embeddings=False, pad_token_id=0,
+                bos_token_id=1, eos_token_id=2),
+    "gpt_bigcode": _GPT, "codegen": dict(_GPT, n_ctx=256, rotary_dim=4),
+}
+
+
+def tiny_family_model(family: str, *, seed: int = 0, scale: float = 4.0, **settings: Any) -> torch.nn.Module:
+    """A tiny random model (float32, SDPA, vocabulary 96) of any family ``AutoConfig.for_model`` knows, its logits
+    scaled by ``scale``: the base settings, or :data:`FAMILY_CONFIGS`' for ``family``, updated with ``settings``."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(family, **{**FAMILY_CONFIGS.get(family, _BASE), **settings})
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval().float()
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(scale)
+    model.requires_grad_(False)
+    model.generation_config.eos_token_id = None  # HF's greedy runs its max_new_tokens, as the engine's does
+    return model
+
+
 def perturbed_copy(model: torch.nn.Module, noise: float, seed: int = 1) -> torch.nn.Module:
     """A draft correlated with ``model``: each weight plus Gaussian noise of ``noise`` times its tensor's std."""
     draft = copy.deepcopy(model)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in draft.parameters():
-            p.add_(noise * p.std().nan_to_num(0.0) * torch.randn(p.shape, generator=g))
+            spread = p.std() if p.numel() > 1 else p.new_zeros(())  # (a one-element tensor has no spread)
+            p.add_(noise * spread.nan_to_num(0.0) * torch.randn(p.shape, generator=g))
     return draft
 
 
