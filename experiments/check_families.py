@@ -129,7 +129,10 @@ def main(argv: list[str] | None = None) -> int:
         append_record(results, record)
         print(" | ".join(f"{k}: {v}" for k, v in record.items() if not k.endswith("seconds")), flush=True)
     records = {r["family"]: r for r in read_records(results)}
-    lines = [f"# Model families on every route ({machine('cpu')}, torch {torch.__version__})", "",
+    import transformers
+
+    lines = [f"# Model families on every route ({machine('cpu')}, torch {torch.__version__}, transformers "
+             f"{transformers.__version__})", "",
              "Greedy output of a tiny random model of each family against HF `generate` (float32; "
              "`python experiments/check_families.py --out ...`): `pass` where every prompt and tree gave HF's tokens.",
              "", "| family | " + " | ".join(ROUTES) + " | seconds |", "|---" * (len(ROUTES) + 2) + "|"]
