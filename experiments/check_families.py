@@ -31,7 +31,7 @@ from treespec.common.jsonl import append_record, read_records, repair_tail  # no
 from treespec.common.machine import machine  # noqa: E402
 from treespec.core.checks import SUPPORTED_FAMILIES  # noqa: E402
 from treespec.core.compiling import UNCOMPILED  # noqa: E402
-from treespec.models.precision import to_precision  # noqa: E402
+from treespec.models.precision import fused_weights, to_precision  # noqa: E402
 from treespec.models.tiny import greedy_reference, perturbed_copy, tiny_family_model  # noqa: E402
 
 PROMPTS = [[5, 9, 13, 2, 7, 30, 11, 4], [3], [1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 33, 60]]
@@ -74,6 +74,8 @@ def routes(family: str, inductor: bool) -> dict[str, Callable[[], str]]:
 
     def quantised(precision: str) -> Callable[[], str]:
         def check() -> str:
+            if fused_weights(draft):  # refused by to_precision: they would stay float32 in an "int8" model
+                return "refused"
             d = to_precision(copy.deepcopy(draft), precision)
             return parted((f"prompt {i}", run(target, d, TREES["sequoia"], p).new_tokens, want[tuple(p)])
                           for i, p in enumerate(PROMPTS))
@@ -134,7 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     lines = [f"# Model families on every route ({machine('cpu')}, torch {torch.__version__}, transformers "
              f"{transformers.__version__})", "",
              "Greedy output of a tiny random model of each family against HF `generate` (float32; "
-             "`python experiments/check_families.py --out ...`): `pass` where every prompt and tree gave HF's tokens.",
+             "`python experiments/check_families.py --out ...`): `pass` where every prompt and tree gave HF's tokens; "
+             "`refused`: int8/int4 refused for a model whose fused expert weights they would leave in float32.",
              "", "| family | " + " | ".join(ROUTES) + " | seconds |", "|---" * (len(ROUTES) + 2) + "|"]
     for family, r in records.items():
         cells = [r.get("error", "")] * len(ROUTES) if "error" in r else [str(r.get(k, "")) for k in ROUTES]
@@ -142,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"| {family} | " + " | ".join(cells) + f" | {seconds:.0f} |")
     (args.out / "README.md").write_text("\n".join(lines) + "\n")
     bad = [f for f, r in records.items() if "error" in r or any(
-        str(r.get(k)) not in ("pass", "runs", "not run") for k in ROUTES)]
+        str(r.get(k)) not in ("pass", "runs", "not run", "refused") for k in ROUTES)]
     print(f"{len(records) - len(bad)} of {len(records)} families pass every route" +
           (f"; not: {', '.join(bad)}" if bad else ""))
     return 1 if bad else 0

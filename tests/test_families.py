@@ -49,3 +49,64 @@ def test_a_window_every_layer_applies_holds_a_run_inside_it(family):
         treespec.generate(target, PROMPTS[0], drafters, max_new_tokens=8)
     out = treespec.generate(target, PROMPTS[0], drafters, max_new_tokens=4)
     assert out.new_tokens == greedy_reference(target, PROMPTS[0], 4)
+
+
+def test_a_tuned_tree_times_a_model_inside_its_position_table(tmp_path, monkeypatch):
+    """OPT, GPT-J and GPT-BigCode index a table of positions: the tuner's timings ran past a 256-position model's
+    (a draft prefill of 512 tokens) and a tuned run died in an IndexError; they are held to the model's positions."""
+    from treespec.recipes import Recipe
+
+    monkeypatch.setenv("TREESPEC_CACHE", str(tmp_path))
+    target = tiny_family_model("opt")
+    draft = perturbed_copy(target, 0.1)
+    out = treespec.run(Recipe(tree="chain", acceptance=[0.6, 0.3]), target, [draft], PROMPTS[0], max_new_tokens=8)
+    assert out.new_tokens == greedy_reference(target, PROMPTS[0], 8)
+
+
+def test_a_pilot_keeps_its_prompts_inside_a_sliding_window():
+    """A pilot trimmed its prompts to the context only, so a run inside a window was refused for the pilot's length
+    ("this one needs 25"); its prompts now end inside the window, and a window too short for it is named."""
+    from treespec.calibrate.pilot import run_pilot
+
+    target = tiny_family_model("phi3", sliding_window=40)
+    seen = []
+
+    def plain(ids, n):
+        seen.append(len(ids))
+        return treespec.generate(target, ids, [], max_new_tokens=n)
+
+    pilot = run_pilot(plain, plain, target, [list(range(1, 61))], depth=1, chain=True, progress=False)
+    assert set(seen) == {8} and pilot.steps > 0  # 40 positions less the pilot's 32 tokens
+    with pytest.raises(ValueError, match=r"sliding window \(20 positions\) leaves no room for the pilot's 32"):
+        run_pilot(plain, plain, tiny_family_model("phi3", sliding_window=20), [[1, 2]], depth=1, chain=True,
+                  progress=False)
+
+
+def test_prompts_past_a_window_are_refused_before_any_runs_or_is_measured():
+    """``treespec generate`` checked each prompt's window when its turn came (after earlier records were written,
+    the prompt unnamed or named by its place in a batch) and ``treespec accept`` not at all (a walk of another model
+    than a run may use): both now refuse first, naming the prompt."""
+    from treespec.calibrate.acceptance import measure
+    from treespec.cli_input import check_context
+
+    target = tiny_family_model("phi3", sliding_window=16)
+    draft = perturbed_copy(target, 0.1)
+    prompts = [[1] * 4, [2] * 3, [3] * 8]
+    check_context(prompts[:2], 9, target, drafts=[draft])
+    with pytest.raises(ValueError, match="prompt 3 of 3: the target model applies a sliding window of 16"):
+        check_context(prompts, 9, target, drafts=[draft])
+    with pytest.raises(ValueError, match="prompt 2 of 3: the target model applies a sliding window of 16"):
+        measure(target, draft, prompts, width=2, max_new_tokens=9, max_depth=2, progress=False)
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe"])
+def test_int8_and_int4_refuse_a_model_whose_experts_are_no_linear_layers(family):
+    """A mixture of experts keeps its experts as fused 3-D weights (transformers 5): int8/int4, which quantise Linear
+    layers, left them (nearly all of a real MoE's weights) in float32 under an int4 name; they are refused, and the
+    automatic choice does not offer them."""
+    from treespec.models.precision import auto_precision, to_precision
+
+    with pytest.raises(ValueError, match="fused expert weights"):
+        to_precision(tiny_family_model(family), "int4")
+    _, record = auto_precision(tiny_family_model(family), "draft", timer=lambda model, sizes: 1.0)
+    assert set(record["seconds"]) <= {"float32", "bfloat16", "float16"}

@@ -177,7 +177,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     target, tok, drafts = load_models(args, want_draft, tuned_target=True, tree_size=set_size, recipe=recipe)
     # an empty prompt is refused before anything is measured
     encoded = encode_all(tok, [prompts[i] for i in todo], args.chat, todo, len(prompts))
-    check_context(encoded, args.max_new_tokens, target, todo, len(prompts))
+    check_context(encoded, args.max_new_tokens, target, todo, len(prompts), _models(drafts))
     recipe = cli_output.resumed_tree(args.out, done, recipe)  # after loading: the target's rendering is decided apart
     resolved = _resolve(args, recipe, target, tok, drafts, len(todo), sum(map(len, encoded)) / len(encoded))
     recipe = resolved.recipe
@@ -260,15 +260,20 @@ def _resolve(args: argparse.Namespace, recipe: Recipe, target: Any, tok: Any, dr
     elif args.compile:
         resolved = compile_batch(resolved, target, args.compile)
     # the precisions the models run in, for the records (``--dtype auto`` names none until the loading chose)
-    models = [d.model if isinstance(d, CrossDraft) else d for d in drafts]
+    models = _models(drafts)
     return replace(resolved, recipe=replace(resolved.recipe, target_dtype=precision_of(target),
                                             draft_dtype=precision_of(models[0]) if models else None))
+
+
+def _models(drafts: Sequence[Any]) -> list[Any]:
+    """The draft models behind ``drafts`` (a draft of another tokenizer's own model)."""
+    return [d.model if isinstance(d, CrossDraft) else d for d in drafts]
 
 
 def _layouts(target: Any, drafts: Sequence[Any]) -> dict[str, Any]:
     """The ``nn.Linear`` layout each model's forwards run in (``treespec.core.linear_layout``), for the records."""
     return {"target": layout_of(target),
-            "drafts": [layout_of(d.model if isinstance(d, CrossDraft) else d) for d in drafts]}
+            "drafts": [layout_of(d) for d in _models(drafts)]}
 
 
 def _tree(recipe: Recipe, drafts: Sequence[Any], max_new_tokens: int) -> list[list[int]] | None:
@@ -344,7 +349,7 @@ def cmd_accept(args: argparse.Namespace) -> int:
     if len(saved) < len(texts):
         target, tok, drafts = load_models(args)
         encoded = encode_all(tok, texts, args.chat)
-        check_context(encoded, args.max_new_tokens, target)
+        check_context(encoded, args.max_new_tokens, target, drafts=_models(drafts))
         # each continuation ends at the target's end of sequence, where `treespec generate` stops (the text after
         # it is no run's)
         measure_each(target, same_tokenizer(drafts, "accept"), encoded, width=args.width,

@@ -46,7 +46,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..common.files import cached_entry
-from ..core.checks import context_of
+from ..core.checks import context_of, sliding_window
 from ..core.stats import GenerateOutput, Stats
 from ..models.timing import measure_latency
 from .step_cost import run_speedup
@@ -178,12 +178,16 @@ def run_pilot(generate_spec: Generate, generate_plain: Generate, target: torch.n
     ``depth``: the recipe's deepest proposal; ``chain``: whether it proposes one chain per step."""
     if not prompts:
         raise ValueError("the pilot needs at least one prompt")
-    context = context_of(target)
-    if context is not None:  # a model of a short context gets the prompts' ends: what fits beside the pilot's tokens
-        if context <= tokens:
-            raise ValueError(f"the target's context ({context} positions) leaves no room for the pilot's {tokens} "
-                             "tokens: give the tree a size (--budget B) instead of a pilot's choice")
-        prompts = [list(ids)[-(context - tokens):] for ids in prompts]
+    # a model of a short context, or a sliding window (runs are held inside it), gets the prompts' ends: what fits
+    # beside the pilot's tokens
+    limits = {f"context ({n} positions)": n for n in (context_of(target),) if n is not None}
+    limits.update({f"sliding window ({n} positions)": n for n in (sliding_window(target),) if n is not None})
+    if limits:
+        what, limit = min(limits.items(), key=lambda kv: kv[1])
+        if limit <= tokens:
+            raise ValueError(f"the target's {what} leaves no room for the pilot's {tokens} tokens: give the tree a "
+                             "size (--budget B) instead of a pilot's choice")
+        prompts = [list(ids)[-(limit - tokens):] for ids in prompts]
     generate_spec(list(prompts[0]), 4), generate_plain(list(prompts[0]), 2)  # warm-up, untimed
     spec_parts, plain_parts = [], []
     for ids in tqdm(prompts, desc="pilot: does speculation pay here", disable=not progress, leave=False):

@@ -102,11 +102,22 @@ def to_precision(model: torch.nn.Module, precision: str, twin: str | None = "int
         raise ValueError("to_precision needs a concrete precision; use auto_precision to choose one")
     if precision_of(model) == precision:
         return model
+    left = fused_weights(model) if precision in ("int8", "int4") else []
+    if left:
+        raise ValueError(f"{precision} quantises Linear layers, and this model keeps {len(left)} weights outside them "
+                         f"({left[0]}, ...: a mixture of experts' fused expert weights) that would stay in float32 "
+                         "while the model were called int8/int4: load it in bfloat16 or float32")
     if precision == "int8":
         return quantize_int8(model)
     if precision == "int4":
         return quantize_int4(model, twin=twin)
     return _cast(model, _TORCH_DTYPES[precision])
+
+
+def fused_weights(model: torch.nn.Module) -> list[str]:
+    """Names of the weights int8 and int4 would leave in float32: parameters of three or more dimensions (a mixture
+    of experts' fused expert weights in transformers 5: Mixtral's, Qwen3-MoE's), which are no Linear layer."""
+    return [name for name, p in model.named_parameters() if p.ndim >= 3]
 
 
 def _cast(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
@@ -160,7 +171,8 @@ def auto_precision(model: torch.nn.Module, role: str = "target", *, name: str | 
     timer = default_timer if timer is None else timer
     seconds: dict[str, float] = {}
     for precision in candidates:
-        if precision in CPU_ONLY and device.type != "cpu":
+        if (precision in CPU_ONLY and device.type != "cpu") or (precision in ("int8", "int4")
+                                                                and fused_weights(model)):
             continue
         candidate = model if precision == "float32" else to_precision(copy.deepcopy(model), precision)
         seconds[precision] = timer(candidate, sizes)

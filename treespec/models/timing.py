@@ -12,7 +12,7 @@ from transformers import StoppingCriteria
 
 from ..common.device import execution_device, sync
 from ..core.attention import own_kernels
-from ..core.checks import vocab_size
+from ..core.checks import context_of, vocab_size
 from ..core.compiling import compile_options
 from ..core.kv import TreeCache, causal_allowed, forward_masked, forward_prompt
 from ..core.static_cache import StaticTreeCache
@@ -63,6 +63,7 @@ def measure_latency(
         raise ValueError(f"sizes must be ints >= 1, got {tuple(sizes)!r}")
     if context < 1 or repeats < 1 or warmup < 0:
         raise ValueError("context and repeats must be >= 1 and warmup >= 0")
+    context = min(context, max(1, _positions(model) - max(sizes)))  # a short context: a model of fewer positions
     device = execution_device(model)
     gen = torch.Generator().manual_seed(seed)
     vocab = vocab_size(model)
@@ -187,6 +188,11 @@ def measure_plain_decode(model: torch.nn.Module, context: int = 128, tokens: int
 PREFILL_LENGTHS = (32, 128, 512)
 
 
+def _positions(model: torch.nn.Module) -> int:
+    """The positions ``model`` can hold (a model with a table of position embeddings fails past it)."""
+    return context_of(model) or 2**31
+
+
 @torch.inference_mode()
 def measure_prefill(model: torch.nn.Module, lengths: Sequence[int] = PREFILL_LENGTHS, repeats: int = 3,
                     seed: int = 0) -> dict[int, float]:
@@ -197,6 +203,7 @@ def measure_prefill(model: torch.nn.Module, lengths: Sequence[int] = PREFILL_LEN
     a length's figure is the median of its rounds."""
     if not lengths or any(int(n) != n or n < 1 for n in lengths) or repeats < 1:
         raise ValueError(f"lengths must be ints >= 1 and repeats >= 1, got {tuple(lengths)!r} and {repeats}")
+    lengths = sorted({min(int(n), _positions(model)) for n in lengths})  # no prompt is longer than the context
     device = execution_device(model)
     gen = torch.Generator().manual_seed(seed)
     vocab = vocab_size(model)
