@@ -184,9 +184,9 @@ def is_batch(input_ids: object) -> bool:
 
 
 def checked_prompts(target: torch.nn.Module, input_ids: object, max_new_tokens: object) -> list[list[int]]:
-    """The prompts of ``input_ids`` (one, or a batch's), each checked against the target's vocabulary and context
-    for ``max_new_tokens`` as a run checks it, a batch's named by its place: what a run that tunes its tree checks
-    before measuring anything."""
+    """The prompts of ``input_ids`` (one, or a batch's), each checked against the target's vocabulary, context and
+    sliding window for ``max_new_tokens`` as a run checks it, a batch's named by its place: what a run that tunes
+    its tree checks before measuring anything."""
     check_not_empty(input_ids)
     batch = is_batch(input_ids)
     vocab, context, note = vocab_size(target), context_of(target) or 2**62, context_note(target)
@@ -194,7 +194,7 @@ def checked_prompts(target: torch.nn.Module, input_ids: object, max_new_tokens: 
     for r, ids in enumerate(input_ids if batch else [input_ids]):  # type: ignore[union-attr]
         try:
             prompts.append(as_prompt(ids, vocab))
-            check_lengths(len(prompts[-1]), max_new_tokens, context, note)
+            check_window(target, len(prompts[-1]) + check_lengths(len(prompts[-1]), max_new_tokens, context, note))
         except ValueError as e:
             raise ValueError(f"prompt {r} of the batch: {e}" if batch else str(e)) from None
     return prompts
