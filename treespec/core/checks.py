@@ -12,7 +12,6 @@ import torch
 
 from tree_builders import args as tree_args
 
-#: families whose stock HF modelling code takes a 4D tree mask with full (non-sliding) attention
 #: the model families whose stock forward takes a token tree (a 4D mask, position ids, the cache) and runs it as its own
 #: one-token decoding does: each checked greedy-exact against HF on tiny models, eager, batched and captured
 #: (``tests/test_families.py``; inductor and int8/int4 drafts too: ``experiments/check_families.py``). Left out:
