@@ -119,7 +119,6 @@ def main(argv: list[str] | None = None) -> int:
                     help="model types to check (default: every admitted one)")
     ap.add_argument("--no-inductor", action="store_true", help="skip the compiled route (the slow one)")
     args = ap.parse_args(argv)
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     args.out.mkdir(parents=True, exist_ok=True)
     results = args.out / "results.jsonl"
     repair_tail(results)

@@ -25,7 +25,7 @@ from .cli_output import Streamer, print_stats
 from .cli_parser import build_parser
 from .common.files import check_writable
 from .core.linear_layout import layout_of
-from .models.pair import CrossDraft, eos_ids, load_pair
+from .models.pair import CrossDraft, draft_model, eos_ids, load_pair
 from .models.precision import precision_of
 from .recipes import NGramSettings, Recipe, draft_mode, plan, run, verified_tokens
 
@@ -177,11 +177,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
     target, tok, drafts = load_models(args, want_draft, tuned_target=True, tree_size=set_size, recipe=recipe)
     # an empty prompt is refused before anything is measured
     encoded = encode_all(tok, [prompts[i] for i in todo], args.chat, todo, len(prompts))
-    check_context(encoded, args.max_new_tokens, target, todo, len(prompts), _models(drafts))
+    check_context(encoded, args.max_new_tokens, target, todo, len(prompts), list(map(draft_model, drafts)))
     recipe = cli_output.resumed_tree(args.out, done, recipe)  # after loading: the target's rendering is decided apart
     resolved = _resolve(args, recipe, target, tok, drafts, len(todo), sum(map(len, encoded)) / len(encoded))
     recipe = resolved.recipe
-    cli_output.check_step(args.out, done, resolved)
+    cli_output.check_resume(args.out, done, resolved)
     print(f"configuration: {resolved.why}", file=sys.stderr if args.json else sys.stdout, flush=True)
     eos = eos_ids(target, tok)
     if args.batch_size > 1:
@@ -260,20 +260,14 @@ def _resolve(args: argparse.Namespace, recipe: Recipe, target: Any, tok: Any, dr
     elif args.compile:
         resolved = compile_batch(resolved, target, args.compile)
     # the precisions the models run in, for the records (``--dtype auto`` names none until the loading chose)
-    models = _models(drafts)
     return replace(resolved, recipe=replace(resolved.recipe, target_dtype=precision_of(target),
-                                            draft_dtype=precision_of(models[0]) if models else None))
-
-
-def _models(drafts: Sequence[Any]) -> list[Any]:
-    """The draft models behind ``drafts`` (a draft of another tokenizer's own model)."""
-    return [d.model if isinstance(d, CrossDraft) else d for d in drafts]
+                                            draft_dtype=precision_of(draft_model(drafts[0])) if drafts else None))
 
 
 def _layouts(target: Any, drafts: Sequence[Any]) -> dict[str, Any]:
     """The ``nn.Linear`` layout each model's forwards run in (``treespec.core.linear_layout``), for the records."""
     return {"target": layout_of(target),
-            "drafts": [layout_of(d) for d in _models(drafts)]}
+            "drafts": [layout_of(draft_model(d)) for d in drafts]}
 
 
 def _tree(recipe: Recipe, drafts: Sequence[Any], max_new_tokens: int) -> list[list[int]] | None:
@@ -349,7 +343,7 @@ def cmd_accept(args: argparse.Namespace) -> int:
     if len(saved) < len(texts):
         target, tok, drafts = load_models(args)
         encoded = encode_all(tok, texts, args.chat)
-        check_context(encoded, args.max_new_tokens, target, drafts=_models(drafts))
+        check_context(encoded, args.max_new_tokens, target, drafts=list(map(draft_model, drafts)))
         # each continuation ends at the target's end of sequence, where `treespec generate` stops (the text after
         # it is no run's)
         measure_each(target, same_tokenizer(drafts, "accept"), encoded, width=args.width,

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .common.prompts import user_turn
-from .core.checks import check_prompts_fit, check_window, context_note, context_of
+from .core.checks import check_prompts_fit, context_note, context_of
 
 
 def read_paths(value: str | None, tree: str) -> list | None:
@@ -93,15 +93,9 @@ def check_context(encoded: list[list[int]], max_new_tokens: int, target: Any, nu
     ``target``'s context, or reach past a sliding window of the target or a draft model (``drafts``, the models):
     before any prompt runs, not when its turn comes."""
     total = total or len(encoded)
-    names = [None if total == 1 else _named(i, numbers, total) for i in range(len(encoded))]
-    check_prompts_fit([len(ids) for ids in encoded], max_new_tokens, context_of(target), names, context_note(target))
-    models = [(target, "target")] + [(d, "draft") for d in drafts]
-    for ids, name in zip(encoded, names):
-        for model, role in models:
-            try:
-                check_window(model, len(ids) + max_new_tokens, role)
-            except ValueError as e:
-                raise ValueError(f"{name}: {e}" if name else str(e)) from None
+    check_prompts_fit([len(ids) for ids in encoded], max_new_tokens, context_of(target),
+                      [None if total == 1 else _named(i, numbers, total) for i in range(len(encoded))],
+                      context_note(target), [(target, "target")] + [(d, "draft") for d in drafts])
 
 
 def _named(i: int, numbers: list[int] | None, total: int) -> str:

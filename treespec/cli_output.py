@@ -12,7 +12,7 @@ under other settings (another model, precision, tree, sampling, a sampled run's 
 mixed with this run's outputs. The batch size changes no output (each prompt's seed is its own: :func:`prompt_seed`)
 and is not a setting; nor is compiling, which changes no greedy output, but a sampled run's eager and compiled steps
 draw their random numbers differently, so a sampled file made under the other step is refused too, as is a file
-made with the models in other precisions (``--dtype auto`` decided again: :func:`check_step`). A sampled run whose
+made with the models in other precisions (``--dtype auto`` decided again: :func:`check_resume`). A sampled run whose
 tree the tuner sizes resumes with the tree its records were made with (:func:`resumed_tree`: a tuned tree follows
 the batch and the machine's timings, and another tree draws other samples)."""
 
@@ -101,7 +101,7 @@ def record(text: str, out: GenerateOutput, resolved: Resolved, tok: Any, layouts
 #: the arguments that decide a command's outputs (what ``--out`` resumes): a record made under others is not this
 #: run's. The batch size changes no output of a given tree (a batch's rows up to a batched forward's rounding; a
 #: sampled run resumes with its records' tuned tree: :func:`resumed_tree`); the seed none when
-#: greedy (:func:`settings` drops it there); compiling none when greedy (:func:`check_step` for sampled runs).
+#: greedy (:func:`settings` drops it there); compiling none when greedy (:func:`check_resume` for sampled runs).
 SETTINGS = {
     "generate": ("target", "draft", "device", "dtype", "draft_dtype", "ngram", "tree", "kary_width", "chains",
                  "paths", "budget", "depth", "acceptance", "positional_acceptance", "draft_mode", "temperature",
@@ -110,7 +110,7 @@ SETTINGS = {
                "mode", "temperature", "top_p", "top_k", "max_new_tokens", "max_depth", "context", "chat"),
 }
 #: the options that decide no output: where it goes and how it is shown, the batch size; the prompts' sources
-#: (each record's prompt is compared itself: :func:`finished`); compiling (:func:`check_step`)
+#: (each record's prompt is compared itself: :func:`finished`); compiling (:func:`check_resume`)
 NOT_SETTINGS = {"generate": ("batch_size", "compare", "compile", "json", "out", "prompt", "prompt_file",
                              "prompts_jsonl"),
                 "accept": ("batch_size", "dataset", "out")}
@@ -161,7 +161,7 @@ def resumed_tree(path: Path, done: dict[int, dict[str, Any]], recipe: Recipe) ->
     return replace(recipe, **tree)
 
 
-def check_step(path: Path, done: dict[int, dict[str, Any]], resolved: Resolved) -> None:
+def check_resume(path: Path, done: dict[int, dict[str, Any]], resolved: Resolved) -> None:
     """Refuse to add this run's outputs to ``path``'s (``done``, :func:`finished`) where they were made with other
     models: another precision of the target or the draft (``--dtype auto`` decided otherwise: a decision made again),
     which are other models' outputs; or, for a sampled run, with the other step, eager or compiled: the two draw

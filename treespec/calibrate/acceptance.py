@@ -310,12 +310,10 @@ def measure_each(target: torch.nn.Module, draft: torch.nn.Module, prompts: Seque
                         "written by the acceptance rule (walk)"),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "treespec": version()}
     prompts = [[int(t) for t in p] for p in prompts]
-    for j, p in enumerate(prompts):  # a walk past a sliding window measures another model than a run may use
-        for model, role in ((target, "target"), (draft, "draft")):
-            try:
-                checks.check_window(model, len(p) + int(max_new_tokens), role)
-            except ValueError as e:
-                raise ValueError(f"prompt {j} of {len(prompts)}: {e}") from None
+    # a walk past a sliding window measures another model than a run may use
+    checks.check_prompts_fit([len(p) for p in prompts], max_new_tokens, None,
+                             [f"prompt {j} of {len(prompts)}" for j in range(len(prompts))],
+                             windowed=[(target, "target"), (draft, "draft")])
     parts, todo = [], [j for j in range(len(prompts)) if j not in done]
     with tqdm(total=len(prompts), initial=len(prompts) - len(todo), desc="acceptance", unit="prompt",
               disable=not progress) as bar:

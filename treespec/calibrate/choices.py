@@ -14,7 +14,7 @@ from ..core.drafting import Drafter
 from ..drafters.cross_tokenizer import CrossTokenizerDrafter
 from ..drafters.model import ModelDrafter
 from ..drafters.ngram import NGramDrafter
-from ..models.pair import CrossDraft
+from ..models.pair import CrossDraft, draft_model
 from ..core.linear_layout import layout_tags
 from ..models.precision import kernel_tags, precision_of
 from ..core.batch import BatchOutput
@@ -42,7 +42,7 @@ class Resolved:
 
 def _describe_models(target: torch.nn.Module, drafts: Sequence[DraftModel]) -> str:
     return f"target {precision_of(target)}" + "".join(
-        f", draft {precision_of(d.model if isinstance(d, CrossDraft) else d)}" for d in drafts)
+        f", draft {precision_of(draft_model(d))}" for d in drafts)
 
 
 #: the trees the tuner sizes: Sequoia's DP, and the builders of a budget whose nodes are ranked children of one
@@ -95,11 +95,10 @@ def _measurement_key(tag: str, recipe: Recipe, target: torch.nn.Module, drafts: 
     trees = [f"tree={prompts_digest(d.layout.shape.paths)}"  # a digest of int lists: the paths
              for d in drafters if isinstance(d, ModelDrafter) and d.mode != "dynamic"]
     return measurement_key(tag, measured_name(target), precision_of(target), f"budget={recipe.budget}",
-                           *(f"{measured_name(d)}:{precision_of(d)}" for d in (m.model if isinstance(m, CrossDraft)
-                                                                           else m for m in drafts)),
+                           *(f"{measured_name(d)}:{precision_of(d)}" for d in map(draft_model, drafts)),
                            *(d.describe() for d in drafters), *trees, f"T={recipe.temperature}",
                            f"top_p={recipe.top_p}", f"top_k={recipe.top_k}", recipe.verifier, prompts_digest(prompts),
-                           *layout_tags(target, *(m.model if isinstance(m, CrossDraft) else m for m in drafts)),
+                           *layout_tags(target, *map(draft_model, drafts)),
                            *kernel_tags(target), device=next(target.parameters()).device)
 
 
@@ -178,7 +177,7 @@ def resolve(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[DraftModel
     # a model the engine refuses is refused before the tuner times it (its forwards failed in other words)
     check_model(target)
     for d in drafts:
-        check_model(d.model if isinstance(d, CrossDraft) else d, role="draft")
+        check_model(draft_model(d), role="draft")
     models = _describe_models(target, drafts)
     if recipe.budget is not None:
         return Resolved(recipe, f"{models}; {recipe.tree} tree, budget {recipe.budget} (as given)")

@@ -276,12 +276,16 @@ def context_note(model: object) -> str:
 
 
 def check_prompts_fit(lengths: Sequence[int], max_new_tokens: int, max_positions: int | None,
-                      names: Sequence[str | None], note: str = "") -> None:
-    """:func:`check_lengths` of each prompt (``lengths``), all before any runs; the error of one that does not fit
-    starts with its name (``names[i]``; None: the error as it is)."""
+                      names: Sequence[str | None], note: str = "",
+                      windowed: Sequence[tuple[torch.nn.Module, str]] = ()) -> None:
+    """:func:`check_lengths` of each prompt (``lengths``), and :func:`check_window` of each of the ``windowed``
+    (model, role) pairs, all before any runs; the error of one that does not fit starts with its name (``names[i]``;
+    None: the error as it is)."""
     for length, name in zip(lengths, names):
         try:
             check_lengths(length, max_new_tokens, max_positions, note)
+            for model, role in windowed:
+                check_window(model, length + int(max_new_tokens), role)
         except ValueError as error:
             if name is None:
                 raise

@@ -24,6 +24,11 @@ class CrossDraft:
     target_tokenizer: Any
 
 
+def draft_model(draft: "torch.nn.Module | CrossDraft") -> torch.nn.Module:
+    """The model behind a draft: its own, for a draft of another tokenizer."""
+    return draft.model if isinstance(draft, CrossDraft) else draft
+
+
 def default_precision(name: str | None, device: str | torch.device) -> str:
     """A precision name for :func:`treespec.models.load`; None: ``auto`` (measured) on CPU, bfloat16 on CUDA."""
     if name is None:

@@ -170,9 +170,9 @@ def auto_precision(model: torch.nn.Module, role: str = "target", *, name: str | 
     sizes = AUTO_SIZES[role]
     timer = default_timer if timer is None else timer
     seconds: dict[str, float] = {}
+    fused = bool(fused_weights(model))
     for precision in candidates:
-        if (precision in CPU_ONLY and device.type != "cpu") or (precision in ("int8", "int4")
-                                                                and fused_weights(model)):
+        if (precision in CPU_ONLY and device.type != "cpu") or (fused and precision in ("int8", "int4")):
             continue
         candidate = model if precision == "float32" else to_precision(copy.deepcopy(model), precision)
         seconds[precision] = timer(candidate, sizes)
