@@ -43,6 +43,9 @@ def test_bench_gpu_smoke_runs_every_phase_and_resumes(bench_gpu, tmp_path):
     # of the envelope on those graphs: none compiles anything
     levers = ph["levels"]["levers"]
     assert list(levers) == ["default"] and levers["default"]["new_graphs"] > 0
+    # one more level: the 8-level chain less the 4-level one (same graphs), beside drafting per forward
+    assert {"level_ms", "level_ms_per_forward", "drafting_fixed_ms"} <= set(levers["default"])
+    assert "one more level" in (tmp_path / "README.md").read_text()
     runs = ph["sweep"]["runs"]
     assert len(runs) >= 3 and {r["step"] for r in runs.values()} == {"captured"} and ph["sweep"]["lever"] == "default"
     assert all(r["new_graphs"] == 0 for r in runs.values())
@@ -89,6 +92,35 @@ def test_sweep_lever_best_is_the_fastest_timed_level_and_refuses_without_levels(
         pick("best", {})
     with pytest.raises(SystemExit, match="not one of LEVERS"):
         pick("fastest", done)
+
+
+def test_sweep_lever_best_compares_one_more_level_only_where_every_lever_has_it(bench_gpu):
+    pick = bench_gpu["sweep_lever"]
+    new = {"default": {"level_ms": 1.30, "level_ms_per_forward": 1.60},
+           "default+math": {"level_ms": 1.35, "level_ms_per_forward": 1.50}}
+    assert pick("best", {"levels": {"levers": new}})[0] == "default"  # one more level decides
+    old = {**new, "baseline": {"level_ms": 1.55}}  # a record from before: drafting per forward only
+    assert pick("best", {"levels": {"levers": old}})[0] == "default+math"
+
+
+def test_step_costs_fit_one_more_level_and_a_steps_fixed_drafting_past_an_outlier():
+    """Drafting = fixed + level * depth, fitted robustly over the shapes: one shape timed through a hiccup does not
+    move it; with one depth only, drafting per forward."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
+    from gpu_protocol.sweep import step_costs
+
+    def run(depth: int, drafting: float) -> dict:
+        return {"depth": depth, "per_step_seconds": {"drafting": drafting, "verifying": 2.6e-3, "overhead": 3e-4}}
+
+    runs = {f"s{i}": run(d, 0.8e-3 + 1.3e-3 * d) for i, d in enumerate([2, 3, 4, 4, 6, 8, 8])}
+    runs["hiccup"] = run(8, 30e-3)
+    c = step_costs(runs)
+    assert c["level"] == pytest.approx(1.3e-3) and c["drafting_fixed"] == pytest.approx(0.8e-3)
+    assert c["level_per_forward"] > 1.4e-3 and c["verify"] == pytest.approx(2.6e-3)
+    flat = step_costs({"a": run(4, 6e-3), "b": run(4, 6.4e-3)})
+    assert flat["level"] == pytest.approx(1.55e-3) and flat["drafting_fixed"] == 0.0
 
 
 def test_hf_under_freezing_is_timed_and_the_ratios_take_hfs_fastest(bench_gpu):

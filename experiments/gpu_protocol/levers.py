@@ -142,13 +142,16 @@ def lever(setting: Lever):
 
 def phase_levels(b: Bench) -> dict[str, Any]:
     """What each lever of ``LEVERS`` (or ``--levers``) does to a draft level, timed inside the captured step
-    (the level's own graph, as a step replays it): a 4-level chain's drafting seconds per step over its 4
-    levels, its verification, and its kernels per step (``torch.profiler``), one compile per lever. Saved after
+    (the level's own graph, as a step replays it): a level's marginal seconds (an 8-level chain's drafting per
+    step less a 4-level chain's, over the 4 levels between: what one more level costs, without the drafting a step
+    does whatever its depth), the 4-level chain's drafting per forward (``level_ms_per_forward``, what this phase
+    reported before), its verification, and its kernels per step (``torch.profiler``), one compile per lever (the
+    two chains share the envelope's graphs). Saved after
     every lever; a lever is started only if the phase, with the slowest first call of a lever so far, ends within
     ``--levels-seconds`` (the others are skipped, and named). Each lever records its CUDA graph skips (a lever
     that runs without CUDA graphs is host-bound, not slow in its kernels) and how many of its tokens agree with
     the first lever's (a lever fast because it computes something else would show)."""
-    shape = for_budget("chain", 5)
+    shape, deeper = for_budget("chain", 5), for_budget("chain", 9)
     _, env = sweep_shapes(b, MeasuredAcceptance.load(ACCEPTANCE_T0))
     out: dict[str, Any] = {"shape": f"chain of 4 in the sweep's envelope ({env.describe()})",
                            "context": b.args.prompt_len,
@@ -168,8 +171,8 @@ def phase_levels(b: Bench) -> dict[str, Any]:
         graphs, skips = graphs_compiled(), cudagraph_skips()
         try:
             with lever(setting):
-                run = treespec_run(b, b.model("target"), b.model("draft"), shape, b.compile, budget=env.nodes,
-                                   envelope=env)
+                run, run_deeper = (treespec_run(b, b.model("target"), b.model("draft"), s, b.compile, budget=env.nodes,
+                                                envelope=env) for s in (shape, deeper))
         except Exception as e:  # a lever that does not compile or run is a finding: record it, go on to the next
             out["levers"][name] = {"error": f"{type(e).__name__}: {str(e)[:500]}", **dataclasses.asdict(setting)}
             print(f"  {name}: failed: {out['levers'][name]['error']}", flush=True)
@@ -177,8 +180,11 @@ def phase_levels(b: Bench) -> dict[str, Any]:
             continue
         slowest_first = max(slowest_first, run["first_call_seconds"])
         reference = reference or run["outputs"]
-        sec = run["per_step_seconds"]
-        out["levers"][name] = {"level_ms": sec["drafting"] / shape.depth * 1e3, "verify_ms": sec["verifying"] * 1e3,
+        sec, drafting_deeper = run["per_step_seconds"], run_deeper["per_step_seconds"]["drafting"]
+        marginal = (drafting_deeper - sec["drafting"]) / (deeper.depth - shape.depth)
+        out["levers"][name] = {"level_ms": marginal * 1e3, "level_ms_per_forward": sec["drafting"] / shape.depth * 1e3,
+                               "drafting_fixed_ms": (sec["drafting"] - marginal * shape.depth) * 1e3,
+                               "verify_ms": sec["verifying"] * 1e3,
                                "step_ms": run["step_seconds"] * 1e3, "first_call_seconds": run["first_call_seconds"],
                                "new_graphs": graphs_compiled() - graphs, "cudagraph_skips": cudagraph_skips() - skips,
                                "tokens_agreeing_with_first_lever": agreement(run["outputs"], reference),
@@ -193,7 +199,9 @@ def phase_levels(b: Bench) -> dict[str, Any]:
                                        device_us_per_step=table["device_us_per_step"], top=table["top"])
         except Exception as e:
             out["levers"][name]["kernel_table_error"] = f"{type(e).__name__}: {str(e)[:500]}"
-        print(f"  {name}: {out['levers'][name]['level_ms']:.3f} ms per level", flush=True)
+        timed = out["levers"][name]
+        print(f"  {name}: {timed['level_ms']:.3f} ms per level (marginal), {timed['level_ms_per_forward']:.3f} ms "
+              "per forward of the 4-level chain", flush=True)
         b.checkpoint("levels", out)
     return out
 

@@ -99,12 +99,18 @@ def report(r: dict[str, Any]) -> str:
     if ph.get("levels"):
         lv = ph["levels"]
         lines += [f"## Draft level levers (inside the captured step: a {lv.get('shape', '?')}, {lv['context']} "
-                  "cached tokens)", "", "| lever | ms per level (measured) | verification ms | step ms | "
-                  "kernels per step "
-                  "| device us per step | first call s |", "|---|---|---|---|---|---|---|"]
-        lines += [f"| {k}: {v.get('what', '')} | {v['level_ms']:.3f} | {v['verify_ms']:.3f} | {v['step_ms']:.3f} | "
-                  f"{_num(v.get('kernels_per_step'))} | {_num(v.get('device_us_per_step'))} | "
-                  f"{v['first_call_seconds']:.0f} |" for k, v in lv["levers"].items() if "level_ms" in v]
+                  "cached tokens)", "", "| lever | ms per level (measured: one more level) | drafting ms per "
+                  "forward (4-level chain) | verification ms | step ms | kernels per step | device us per step | "
+                  "first call s |",
+                  "|---|---|---|---|---|---|---|---|"]
+        lines += [f"| {k}: {v.get('what', '')} | {_level_marginal(v)} | {_level_per_forward(v):.3f} | "
+                  f"{v['verify_ms']:.3f} | {v['step_ms']:.3f} | {_num(v.get('kernels_per_step'))} | "
+                  f"{_num(v.get('device_us_per_step'))} | {v['first_call_seconds']:.0f} |"
+                  for k, v in lv["levers"].items() if "level_ms" in v]
+        lines += ["", "One more level: an 8-level chain's drafting per step less a 4-level chain's, over 4 (the "
+                  "drafting a step does whatever its depth apart); per forward: the 4-level chain's drafting over its "
+                  "4 forwards (all this table reported before 2026-11-29's 'one more level' column; '-': not measured "
+                  "then)."]
         failed = {k: v["error"] for k, v in lv["levers"].items() if "error" in v}
         if failed:
             lines += ["", "Failed: " + "; ".join(f"{k}: `{e}`" for k, e in failed.items()) + "."]
@@ -114,6 +120,16 @@ def report(r: dict[str, Any]) -> str:
     if ph.get("sweep"):
         lines += sweep_report(ph["sweep"], hf_fastest(ph))
     return "\n".join(lines)
+
+
+def _level_per_forward(v: dict[str, Any]) -> float:
+    """A lever's drafting ms per forward of the 4-level chain (records before the marginal level: ``level_ms``)."""
+    return v.get("level_ms_per_forward", v["level_ms"])
+
+
+def _level_marginal(v: dict[str, Any]) -> str:
+    """A lever's ms for one more level, or '-' in a record from before it was measured."""
+    return f"{v['level_ms']:.3f}" if "level_ms_per_forward" in v else "-"
 
 
 def _num(x: float | None) -> str:
@@ -135,8 +151,14 @@ def sweep_report(sw: dict[str, Any], hf_c: float | None) -> list[str]:
         lines += [f"Every shape ran with the lever `{sw['lever']}` ({sw['lever_setting']}).", ""]
     if "step_costs" in sw:
         c = sw["step_costs"]
-        lines += [f"Costs read off the swept steps (medians over the shapes): a draft level {c['level'] * 1e3:.2f} ms, "
-                  f"a verification {c['verify'] * 1e3:.2f} ms, the engine {c['engine'] * 1e3:.2f} ms per step.", ""]
+        if "drafting_fixed" in c:
+            level = (f"a draft level {c['level'] * 1e3:.2f} ms (one more level: the Theil-Sen slope of drafting over "
+                     f"the shapes' depths) and {c['drafting_fixed'] * 1e3:.2f} ms of drafting per step whatever its "
+                     f"depth (drafting per forward {c['level_per_forward'] * 1e3:.2f} ms, the median)")
+        else:
+            level = f"a draft level {c['level'] * 1e3:.2f} ms (drafting per forward, the median over the shapes)"
+        lines += [f"Costs read off the swept steps: {level}, a verification {c['verify'] * 1e3:.2f} ms, the engine "
+                  f"{c['engine'] * 1e3:.2f} ms per step (medians over the shapes).", ""]
     if "t_compiled" in sw:
         t = {int(k): v for k, v in sw["t_compiled"].items()}
         lv = {int(k): v for k, v in sw["level_compiled"].items()}

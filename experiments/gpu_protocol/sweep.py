@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import scipy.stats
+
 import treespec
 from treespec.common.device import sync
 from treespec.calibrate.acceptance import MeasuredAcceptance
@@ -29,12 +31,14 @@ SIZED_BUILDERS = {"chain": Builder("chain"), "kary-2": Builder("kary", 2), "kary
 
 def sweep_lever(name: str, done: dict[str, Any]) -> tuple[str, Lever]:
     """``--sweep-lever``: a lever of ``LEVERS`` by name, or ``best`` (the lowest level seconds of phase levels'
-    saved results, ``done``)."""
+    saved results, ``done``: one more level's where every timed lever has it, else drafting per forward, which
+    every record has)."""
     if name == "best":
         timed = {k: v for k, v in ((done.get("levels") or {}).get("levers") or {}).items() if "level_ms" in v}
         if not timed:
             raise SystemExit("--sweep-lever best needs phase levels' timed levers in --out: run --phase levels first")
-        name = min(timed, key=lambda k: timed[k]["level_ms"])
+        key = "level_ms" if all("level_ms_per_forward" in v for v in timed.values()) else "level_ms_per_forward"
+        name = min(timed, key=lambda k: timed[k].get(key, timed[k]["level_ms"]))
     if name not in LEVERS:
         raise SystemExit(f"--sweep-lever {name!r} is not one of LEVERS or 'best'")
     return name, LEVERS[name]
@@ -48,8 +52,9 @@ def phase_sweep(b: Bench, done: dict[str, Any]) -> dict[str, Any]:
     1. Every family of ``SWEEP_FAMILIES`` at each ``--sweep-budgets`` budget, in one envelope (theirs, widened so
        that a device-sized tree fits it too): the first tree compiles (its seconds recorded apart), the others must
        not (dynamo's graph count is recorded per shape). Measured: seconds per step and its sections.
-    2. The device's costs, read off those steps: a draft level's seconds (drafting per step / the tree's depth)
-       and a verification's (flat in the node count up to the envelope's), medians over the shapes; with
+    2. The device's costs, read off those steps (:func:`step_costs`): a draft level's seconds (the slope of
+       drafting per step over the tree's depth, its intercept charged to every step) and a verification's (flat in
+       the node count up to the envelope's, the median over the shapes); with
        ``--sweep-costs dynamic`` also the compiled forwards timed alone (``measure_latency(compiled=...)``: one
        graph each with a dynamic token count, minutes of compiles on a GPU).
     3. The device-sized tree: ``choose_tree`` on the step costs with the shipped T=0 acceptance (per-depth rows),
@@ -88,7 +93,7 @@ def _sweep(b: Bench) -> dict[str, Any]:
     def sized(builder: Builder | None) -> Any:  # the best tree of a builder under the swept steps' costs
         return choose_tree(acc, {1: c["verify"], env.nodes: c["verify"]}, c["level"],
                            budgets=list(range(1, env.nodes + 1)), max_depth=env.depth, max_width=env.children,
-                           per_depth=True, overhead=c["engine"], builder=builder)
+                           per_depth=True, overhead=c["engine"] + c.get("drafting_fixed", 0.0), builder=builder)
 
     def described(choice: Any) -> dict[str, Any]:
         return {"budget": choice.budget, "depth": choice.depth, "size": choice.shape.size,
@@ -147,10 +152,23 @@ def _sweep_run(b: Bench, acc: MeasuredAcceptance, name: str, shape, env: Envelop
 
 
 def step_costs(runs: dict[str, dict[str, Any]]) -> dict[str, float]:
-    """A draft level's, a verification's and the engine's seconds per step, medians over the swept shapes' steps
-    (a level: drafting per step / the tree's depth; one envelope, so every verification has the same width)."""
+    """A draft level's, a verification's and the engine's seconds per step read off the swept shapes' steps (one
+    envelope, so every verification has the same width: medians over the shapes).
+
+    Drafting is fitted as ``fixed + level * depth`` (Theil-Sen: the median of the pairwise slopes, so one shape
+    timed through a hiccup does not move it): ``level`` is what one more level costs, ``drafting_fixed`` what a
+    step drafts whatever its depth. With a single depth among the shapes there is no slope: the median of drafting
+    per level, nothing fixed. ``level_per_forward`` is that median in any case (what this returned before)."""
     per = list(runs.values())
-    return {"level": statistics.median(r["per_step_seconds"]["drafting"] / r["depth"] for r in per),
+    depths = [r["depth"] for r in per]
+    drafting = [r["per_step_seconds"]["drafting"] for r in per]
+    per_forward = statistics.median(d / depth for d, depth in zip(drafting, depths))
+    level, fixed = per_forward, 0.0
+    if len(set(depths)) > 1:
+        slope, intercept, *_ = scipy.stats.theilslopes(drafting, depths)
+        if slope > 0:
+            level, fixed = float(slope), max(float(intercept), 0.0)
+    return {"level": level, "drafting_fixed": fixed, "level_per_forward": per_forward,
             "verify": statistics.median(r["per_step_seconds"]["verifying"] for r in per),
             "engine": statistics.median(r["per_step_seconds"]["overhead"] for r in per)}
 
