@@ -110,3 +110,35 @@ def test_int8_and_int4_refuse_a_model_whose_experts_are_no_linear_layers(family)
         to_precision(tiny_family_model(family), "int4")
     _, record = auto_precision(tiny_family_model(family), "draft", timer=lambda model, sizes: 1.0)
     assert set(record["seconds"]) <= {"float32", "bfloat16", "float16"}
+
+
+def test_gpt2s_conv1d_layers_are_quantised_as_the_linear_layers_they_are():
+    """GPT-2 keeps its projections in transformers' Conv1D (``x @ W + b``, ``W`` stored [in, out]), which int8 and
+    int4 quantise as Linear layers: none is left in float32 (the int4 name would hide it), the converted layer
+    computes what the Conv1D did, and the int8/int4 drafts keep the target's greedy output; an int4 target's is
+    its own greedy decoding."""
+    import torch
+    from transformers.pytorch_utils import Conv1D
+
+    from treespec.models.precision import to_precision
+    from treespec.models.quantized import conv1d_as_linear
+
+    target = tiny_family_model("gpt2")
+    block = target.transformer.h[0].attn.c_attn
+    x = torch.randn(3, block.weight.shape[0])
+    want = block(x)
+    converted = conv1d_as_linear(perturbed_copy(target, 0.0))
+    assert not any(isinstance(m, Conv1D) for m in converted.modules())
+    torch.testing.assert_close(converted.transformer.h[0].attn.c_attn(x), want, rtol=0, atol=1e-6)
+    ref = greedy_reference(target, PROMPTS[0], TOKENS)
+    for precision in ("int8", "int4"):
+        draft = to_precision(perturbed_copy(target, 0.1), precision)
+        assert not [m for m in draft.transformer.modules() if type(m) in (Conv1D, torch.nn.Linear)], precision
+        out = treespec.generate(target, PROMPTS[0], [treespec.ModelDrafter(draft, kary((3, 2, 2)), "topk")],
+                                max_new_tokens=TOKENS)
+        assert out.new_tokens == ref, precision
+    int4_target = to_precision(perturbed_copy(target, 0.0), "int4", twin="bfloat16")
+    draft = to_precision(perturbed_copy(target, 0.1), "int8")
+    out = treespec.generate(int4_target, PROMPTS[0], [treespec.ModelDrafter(draft, chain(4), "topk")],
+                            max_new_tokens=TOKENS)
+    assert out.new_tokens == greedy_reference(int4_target, PROMPTS[0], TOKENS)

@@ -18,11 +18,11 @@ from tree_builders import args as tree_args
 #: ALiBi (Bloom, MPT, Falcon with ALiBi: the bias is built from a 2D mask), recurrent or state-space layers (Mamba,
 #: Jamba, RecurrentGemma, ...: no state to branch or roll back), families whose code tests for the name "sdpa"
 #: (Falcon: it takes another softmax path under the engine's attention) or has no SDPA (Gemma 2, Bloom), attention sinks
-#: (GPT-OSS), Conv1D layers (GPT-2: the int8/int4 drafts would leave them in float32); others are not checked yet
+#: (GPT-OSS); others are not checked yet
 SUPPORTED_FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "mixtral", "qwen3_moe", "gemma", "gemma3_text", "olmo",
                       "olmo2", "olmo3", "granite", "phi", "phi3", "stablelm", "cohere", "gpt_neox", "gptj",
                       "starcoder2", "helium", "glm", "glm4", "smollm3", "exaone4", "nemotron", "arcee", "seed_oss",
-                      "persimmon", "apertus", "opt", "gpt_bigcode", "codegen")
+                      "persimmon", "apertus", "opt", "gpt_bigcode", "codegen", "gpt2")
 #: families that apply a set ``sliding_window`` only in the layers ``layer_types`` (or ``use_sliding_window``) name;
 #: the others apply it in every layer whenever it is set (Mistral, Mixtral, Phi-3, Starcoder2, Qwen3-MoE)
 LAYER_TYPED_WINDOWS = ("qwen2", "qwen3", "gemma3_text", "olmo3", "exaone4", "smollm3")

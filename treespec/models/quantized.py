@@ -232,10 +232,27 @@ def _check_cpu_float32(model: torch.nn.Module, what: str) -> None:
         raise ValueError(f"{what} starts from a float32 model; load it with dtype=torch.float32 first")
 
 
+def conv1d_as_linear(model: torch.nn.Module) -> torch.nn.Module:
+    """Each of transformers' ``Conv1D`` layers (GPT-2's: ``x @ W + b`` with ``W`` stored ``[in, out]``) replaced by
+    the ``nn.Linear`` that computes the same (``W`` transposed), in place, so that the quantisers take them; returns
+    ``model``."""
+    from transformers.pytorch_utils import Conv1D
+
+    def linear(name: str, conv: torch.nn.Module) -> torch.nn.Linear:
+        weight, bias = conv.weight.detach(), conv.bias
+        layer = torch.nn.Linear(weight.shape[0], weight.shape[1], bias=bias is not None, device="meta")
+        state = {"weight": weight.t().contiguous(), **({"bias": bias.detach()} if bias is not None else {})}
+        layer.load_state_dict(state, assign=True)
+        return layer
+
+    return replace_layers(model, Conv1D, linear)
+
+
 def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
     """Quantise every ``nn.Linear`` of a float32 CPU model in place (int8 weights, per-channel scales,
-    dynamic int8 activations); returns ``model``."""
+    dynamic int8 activations; GPT-2's ``Conv1D`` layers as the Linear layers they are); returns ``model``."""
     _check_cpu_float32(model, "int8 dynamic quantisation")
+    conv1d_as_linear(model)
     with warnings.catch_warnings():  # torch.ao's eager quantisation API warns that it is deprecated
         warnings.simplefilter("ignore")
         torch.ao.quantization.quantize_dynamic(
@@ -266,12 +283,14 @@ def quantize_int4(model: torch.nn.Module, group_size: int = GROUP_SIZE, twin: st
     place; returns ``model``. Tied weights (an LM head sharing the embeddings) are copied, not shared: the
     embeddings stay float32. ``twin``: what each layer runs wide inputs on (see the module): ``"int8"``, a draft's
     re-quantisation for its prompt; ``"bfloat16"``, a target's own 4-bit weights in bfloat16 for its prompt (its
-    law is what the output follows); None, the kernel for every input."""
+    law is what the output follows); None, the kernel for every input. GPT-2's ``Conv1D`` layers are taken as the
+    Linear layers they are (:func:`conv1d_as_linear`)."""
     if group_size not in _GROUPS:
         raise ValueError(f"group_size must be one of {_GROUPS} (the int4 kernel's), got {group_size!r}")
     if twin is not None and twin not in TWINS:
         raise ValueError(f"twin must be one of {TWINS} or None, got {twin!r}")
     _check_cpu_float32(model, "int4 quantisation")
+    conv1d_as_linear(model)
 
     def int4(name: str, linear: torch.nn.Linear) -> Int4Linear | None:
         group = group_size_for(linear, group_size)

@@ -66,7 +66,7 @@ FAMILY_CONFIGS: dict[str, dict[str, Any]] = {
     "opt": dict(vocab_size=96, hidden_size=32, num_hidden_layers=2, ffn_dim=64, max_position_embeddings=256,
                 word_embed_proj_dim=32, num_attention_heads=4, tie_word_embeddings=False, pad_token_id=0,
                 bos_token_id=1, eos_token_id=2),
-    "gpt_bigcode": _GPT, "codegen": dict(_GPT, n_ctx=256, rotary_dim=4),
+    "gpt2": _GPT, "gpt_bigcode": _GPT, "codegen": dict(_GPT, n_ctx=256, rotary_dim=4),
 }
 
 
