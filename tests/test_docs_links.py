@@ -32,3 +32,15 @@ def test_the_check_finds_a_broken_link(tmp_path):
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_relative_links_resolve(page):
     assert broken_links(page) == []
+
+
+URL = re.compile(r"\b(?:https?|ftp)://\S+")
+
+
+def test_no_page_points_outside_the_repository():
+    """The repository stands on its own: its pages cite what it holds (logs, which quote other tools' messages,
+    are not pages)."""
+    assert URL.findall("see https://example.org/x and [a](http://b.c)") == ["https://example.org/x",
+                                                                             "http://b.c)"]
+    outside = {str(p.relative_to(ROOT)): URL.findall(p.read_text()) for p in PAGES}
+    assert {page: urls for page, urls in outside.items() if urls} == {}

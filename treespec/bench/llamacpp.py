@@ -26,7 +26,7 @@ from .compare import Method
 TOOLS = {"plain": "llama-completion", "speculative": "llama-speculative-simple"}
 
 #: how the tools were built for experiments/results/llamacpp-cpu (check out the commit its README names)
-BUILD = ("git clone https://github.com/ggml-org/llama.cpp && cd llama.cpp\n"
+BUILD = ("cd llama.cpp  # a checkout of llama.cpp (ggml-org's) at the commit the report names\n"
          "cmake -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF "
          "-DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TESTS=OFF\n"
          "cmake --build build -j2 --target llama-completion llama-speculative-simple")
