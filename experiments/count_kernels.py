@@ -10,14 +10,19 @@ Qwen2 model of the real 0.5B draft's layer sizes with 1 and with 2 layers (rando
 vocabulary), counts the kernels in each, and reports their difference: the kernels of one layer, and the
 rest (embedding, mask, final norm, LM head, top-k), under each of ``CONFIGS``: inductor without and with weight
 freezing (the CPU default of ``compile=True``; it folds constant work and prepacks weights), and freezing with
-the linears that share an input concatenated (q, k, v; gate, up), which freezing does by default on CUDA.
+the linears that share an input concatenated (q, k, v; gate, up), which freezing does by default on CUDA. Under
+that last configuration also each tree attention of ``ATTENTIONS`` (``--attention``): SDPA's own kernel, SDPA's
+math path (the ``default+math`` lever of ``bench_gpu.py``), and the attention written out
+(``attention.grouped_matmul``, the ``default+matmul`` lever).
 
     python experiments/count_kernels.py --out experiments/results/kernels-per-layer-cpu.md
+    python experiments/count_kernels.py --attention --out experiments/results/kernels-per-layer-attention-cpu.md
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
 import sys
 import time
@@ -31,6 +36,7 @@ from torch._inductor.utils import run_and_get_code  # noqa: E402
 from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
 from treespec.common.machine import machine  # noqa: E402
+from treespec.core import attention  # noqa: E402
 from treespec.core.static_cache import StaticTreeCache  # noqa: E402
 
 DRAFT = dict(hidden_size=896, num_attention_heads=14, num_key_value_heads=2, intermediate_size=4864, vocab_size=151936,
@@ -56,6 +62,26 @@ def kernels(code: str) -> dict[str, int]:
 #: CUDA concatenates them (q, k, v; gate, up) by default; on a CPU only with ``cpp.enable_concat_linear``
 CONFIGS = {"no freezing": (False, False), "freezing": (True, False),
            "freezing with concatenated linears (as on CUDA)": (True, True)}
+
+
+#: the tree attentions counted with ``--attention`` (under freezing with concatenated linears): name -> (
+#: ``attention.TREE_ATTENTION``, SDPA's math path forced)
+ATTENTIONS = {"SDPA's kernel": ("sdpa", False), "SDPA's math path": ("sdpa", True),
+              "written out (grouped_matmul)": ("matmul", False)}
+
+
+@contextlib.contextmanager
+def tree_attention(name: str, math: bool):
+    """``attention.TREE_ATTENTION = name`` for the block, with SDPA held to its math path if ``math``."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    saved = attention.TREE_ATTENTION
+    attention.TREE_ATTENTION = name
+    try:
+        with sdpa_kernel(SDPBackend.MATH) if math else contextlib.nullcontext():
+            yield
+    finally:
+        attention.TREE_ATTENTION = saved
 
 
 def level_code(layers: int, rows: int, context: int, capacity: int, freezing: bool, dtype: torch.dtype,
@@ -89,13 +115,18 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--context", type=int, default=128)
     ap.add_argument("--capacity", type=int, default=1024)
     ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    ap.add_argument("--attention", action="store_true",
+                    help="count each tree attention of ATTENTIONS under freezing with concatenated linears instead")
     args = ap.parse_args(argv)
     dtype = getattr(torch, args.dtype)
     result: dict = {}
-    for name, (freezing, concat) in CONFIGS.items():
+    runs = ({f"{name} (freezing, concatenated linears)": (True, True, how) for name, how in ATTENTIONS.items()}
+            if args.attention else {name: (*config, ("sdpa", False)) for name, config in CONFIGS.items()})
+    for name, (freezing, concat, how) in runs.items():
         per = {}
         for layers in (1, 2):
-            code, seconds = level_code(layers, args.rows, args.context, args.capacity, freezing, dtype, concat)
+            with tree_attention(*how):
+                code, seconds = level_code(layers, args.rows, args.context, args.capacity, freezing, dtype, concat)
             per[layers] = (kernels(code), seconds)
         one, two = per[1][0], per[2][0]
         layer = {k: two.get(k, 0) - one.get(k, 0) for k in sorted(set(one) | set(two))}
@@ -105,7 +136,8 @@ def main(argv: list[str] | None = None) -> dict:
                                                               "compile_seconds": per[2][1]}
     lines = [f"# Kernels per draft layer in inductor's generated code ({machine(torch.device('cpu'))}, torch "
              f"{torch.__version__})", "",
-             f"Command: `python experiments/count_kernels.py --out ...` ({args.rows} rows after {args.context} cached "
+             f"Command: `python experiments/count_kernels.py{' --attention' if args.attention else ''} --out ...` "
+             f"({args.rows} rows after {args.context} cached "
              f"tokens on a {args.capacity}-row static cache, {args.dtype}, then top-8 per row; Qwen2 with the 0.5B "
              "draft's layer sizes; one layer = the 2-layer graph's kernels less the 1-layer graph's).", ""]
     for name, r in result.items():

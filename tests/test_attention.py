@@ -42,6 +42,25 @@ def test_grouped_equals_hf_sdpa_with_copied_heads(q, boolean):
     torch.testing.assert_close(ours, hf, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("q", [1, 5])
+@pytest.mark.parametrize("boolean", [False, True], ids=["additive", "bool"])
+@pytest.mark.parametrize("heads", [6, 2], ids=["grouped", "one group"])
+def test_grouped_matmul_equals_hf_sdpa(q, boolean, heads):
+    """The attention written out as two products and a softmax (``TREE_ATTENTION = "matmul"``) gives HF's numbers;
+    a row that sees nothing stays finite."""
+    query, key, value, mask = _inputs(q, heads=heads, boolean=boolean)
+    module = _Module(heads // 2)
+    ours, _ = attention.grouped_matmul(module, query, key, value, mask, scaling=0.3)
+    hf, _ = sdpa_attention_forward(module, query, key, value, mask, scaling=0.3)
+    torch.testing.assert_close(ours, hf, rtol=1e-5, atol=1e-6)
+    default_scale, _ = attention.grouped_matmul(module, query, key, value, mask)
+    torch.testing.assert_close(default_scale, sdpa_attention_forward(module, query, key, value, mask)[0],
+                               rtol=1e-5, atol=1e-6)
+    blind = mask.clone()
+    blind[..., 0, :] = False if boolean else torch.finfo(torch.float32).min
+    assert torch.isfinite(attention.grouped_matmul(module, query, key, value, blind)[0]).all()
+
+
 def test_negative_control_another_head_order_differs():
     """Stacking the query heads in the other order (head h -> key/value head h mod Hkv) is wrong, and the
     comparison above sees it."""
@@ -223,3 +242,34 @@ def test_captured_step_with_flex_tree_attention_is_exact(monkeypatch, backend, w
     assert made  # the tree forwards attended over block masks (traced: FlexAttention calls in the graphs)
     rows = {shape[2] for shape in made}  # a level forwards its rows, the verification the tree's 5 nodes
     assert (5 in rows) == (which == "flex")
+
+
+@pytest.mark.parametrize("compile", [False, "uncompiled", pytest.param(True, marks=pytest.mark.slow)],
+                         ids=["eager", "captured", "inductor"])  # inductor: a minute and a half on two cores
+def test_steps_with_matmul_tree_attention_are_exact(monkeypatch, compile):
+    """``TREE_ATTENTION = "matmul"`` (the GPU benchmark's lever: the keys read in place, no copy of the cache's)
+    runs every tree forward through :func:`attention.grouped_matmul`: greedy output is HF's, eager, captured, and
+    compiled by inductor with freezing."""
+    import treespec
+    from treespec.core import captured
+    from treespec.models.tiny import greedy_reference, perturbed_copy
+
+    target = tiny_model("qwen2", vocab=64, hidden=64, layers=1, scale=6, seed=0)
+    draft = perturbed_copy(target, 0.3)
+    monkeypatch.setattr(attention, "TREE_ATTENTION", "matmul")
+    calls, original = [], attention.grouped_matmul
+
+    def spy(*args, **kwargs):
+        calls.append(args[1].shape[2])  # query rows
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(attention, "grouped_matmul", spy)
+    monkeypatch.setitem(attention.AttentionInterface._global_mapping, attention.GROUPED_MATMUL, spy)
+    captured.RUNNERS.clear()
+    prompt = list(range(3, 13))
+    out = treespec.generate(target, prompt, [treespec.ModelDrafter(draft, [(0,), (1,), (0, 0), (0, 1)], "topk")],
+                            max_new_tokens=16, compile=compile)
+    captured.RUNNERS.clear()
+    assert out.new_tokens == greedy_reference(target, prompt, 16)
+    assert out.stats.step == ("eager" if compile is False else "captured")
+    assert calls  # traced into the graphs, or called by each eager forward

@@ -33,7 +33,7 @@ class Lever:
     sdpa: str = "cudnn"  # SDPA's kernel: "cudnn" (cuDNN's where it takes the call), "efficient" (the memory-efficient
     # kernel), or "math" (no fused kernel: inductor lowers attention to two batched products and a fused softmax)
     concat_qkv: bool = True  # q, k, v as one product whatever their widths: compiling.CUDA_GRAPHS_ONE_QKV
-    attention: str = "sdpa"  # the tree forwards' (FlexAttention: "flex", "flex-levels"): attention.TREE_ATTENTION
+    attention: str = "sdpa"  # the tree forwards' ("flex", "flex-levels", "matmul"): attention.TREE_ATTENTION
 
 
 #: the draft level's levers (phase levels), in the order they run by default
@@ -67,11 +67,17 @@ LEVERS = {
                           "fused masked softmax instead of cuDNN's call and the memset before it", sdpa="math"),
     "default+max-autotune": Lever("treespec's CUDA defaults and max-autotune (Triton GEMM templates: no split-K "
                                   "reduction)", mode="max-autotune"),
+    "default+matmul": Lever("treespec's CUDA defaults, the tree forwards' attention written out (attention."
+                            "grouped_matmul): the scaled queries times the keys read in place (SDPA's math path "
+                            "scales and so copies the whole cache's keys per layer), a float32 softmax, the values",
+                            attention="matmul"),
     # the attention levers with max-autotune: a second device call times the pair whose attention won the first
     "default+math+max-autotune": Lever("SDPA's math path in every tree forward and max-autotune", sdpa="math",
                                        mode="max-autotune"),
     "default+flex-levels+max-autotune": Lever("FlexAttention in the draft levels and max-autotune",
                                               attention="flex-levels", mode="max-autotune"),
+    "default+matmul+max-autotune": Lever("the attention written out and max-autotune", attention="matmul",
+                                         mode="max-autotune"),
 }
 
 
@@ -159,7 +165,8 @@ def phase_levels(b: Bench) -> dict[str, Any]:
     start, slowest_first, reference = time.perf_counter(), 0.0, None
     for name in b.args.levers or LEVERS:
         setting = LEVERS[name]
-        cuda_only = setting.mode == "max-autotune" or setting.sdpa == "efficient" or setting.attention != "sdpa"
+        cuda_only = (setting.mode == "max-autotune" or setting.sdpa == "efficient"
+                     or setting.attention.startswith("flex"))
         if (b.tiny or b.device.type != "cuda") and cuda_only:
             continue  # CUDA levers (on a CPU max-autotune times C++ templates for many minutes; inductor's CPU flex
             # template takes no mask computed inside the graph)

@@ -42,29 +42,72 @@ def grouped_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor
     additive or boolean ``attention_mask [B, 1, q, k]``; returns ``([B, q, H, D], None)`` like HF's SDPA.
     Without a mask, or with a per-head mask or extra features (softcap, position bias), it is HF's own
     ``sdpa_attention_forward``."""
-    b, heads, q, d = query.shape
-    groups = heads // key.shape[1]
-    plain = (attention_mask is None or attention_mask.shape[1] != 1 or groups == 1 or kwargs.get("softcap") is not None
-             or kwargs.get("position_bias") is not None or (module.training and dropout > 0))
-    if plain:
+    groups = query.shape[1] // key.shape[1]
+    if groups == 1 or _plain(module, attention_mask, dropout, kwargs):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
-    k = key.shape[2]
-    stacked = query.reshape(b, key.shape[1], groups * q, d)  # head h = kv * groups + r -> rows r * q + i of kv
-    mask = attention_mask.expand(b, 1, q, k)
-    if q > 1:
-        mask = mask[:, :, None].expand(b, 1, groups, q, k).reshape(b, 1, groups * q, k)
+    stacked, mask = _stacked(query, key, attention_mask)
     out = torch.nn.functional.scaled_dot_product_attention(stacked, key, value, attn_mask=mask, scale=scaling)
-    return out.reshape(b, heads, q, d).transpose(1, 2).contiguous(), None
+    return _unstacked(out, query), None
+
+
+def grouped_matmul(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                   attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                   is_causal: bool | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """:func:`grouped_sdpa`'s attention written out: the stacked queries, scaled, times the keys as they lie in the
+    cache (a transposed operand, no copy), the mask added, a softmax in float32, times the values. SDPA's math path
+    scales the keys too and so copies the whole cache's keys per layer (a transposing kernel over every cached row
+    on the H200, ``experiments/results/gpu-h200-math/trace-graphs.md``). ``TREE_ATTENTION = "matmul"``: a lever of
+    ``experiments/bench_gpu.py``, not a default."""
+    if _plain(module, attention_mask, dropout, kwargs):
+        return grouped_sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                            is_causal=is_causal, **kwargs)
+    stacked, mask = _stacked(query, key, attention_mask)
+    scale = query.shape[-1] ** -0.5 if scaling is None else scaling
+    scores = torch.matmul(stacked * scale, key.transpose(-1, -2))
+    # a boolean mask as the engine's additive ones (``StaticTreeCache.forward``'s): the dtype's lowest, not -inf, so
+    # that a row that sees nothing (an envelope's padding) stays finite
+    scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min) if mask.dtype == torch.bool else scores + mask
+    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
+    return _unstacked(torch.matmul(weights, value), query), None
+
+
+def _plain(module: torch.nn.Module, attention_mask: torch.Tensor | None, dropout: float, kwargs: dict) -> bool:
+    """Whether a call is left to HF's own SDPA: no mask, a per-head mask or extra features (softcap, position
+    bias), or dropout in training."""
+    return (attention_mask is None or attention_mask.shape[1] != 1 or kwargs.get("softcap") is not None
+            or kwargs.get("position_bias") is not None or (module.training and dropout > 0))
+
+
+def _stacked(query: torch.Tensor, key: torch.Tensor, attention_mask: torch.Tensor
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``g`` query heads of each key/value head stacked as its ``g * q`` rows (head ``h = kv * g + r`` becomes
+    rows ``r * q + i`` of head ``kv``), and the mask's rows repeated alike."""
+    b, heads, q, d = query.shape
+    groups, k = heads // key.shape[1], key.shape[2]
+    mask = attention_mask.expand(b, 1, q, k)
+    if q > 1 and groups > 1:
+        mask = mask[:, :, None].expand(b, 1, groups, q, k).reshape(b, 1, groups * q, k)
+    return query.reshape(b, key.shape[1], groups * q, d), mask
+
+
+def _unstacked(out: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
+    """:func:`_stacked`'s rows back to heads, in HF's output layout ``[B, q, H, D]``."""
+    return out.reshape(query.shape).transpose(1, 2).contiguous()
 
 
 AttentionInterface.register(GROUPED_SDPA, grouped_sdpa)
 AttentionMaskInterface.register(GROUPED_SDPA, sdpa_mask)  # masks are passed in 4D: never built through it
+#: the name under which :func:`grouped_matmul` is registered with ``transformers``
+GROUPED_MATMUL = "treespec_grouped_matmul"
+AttentionInterface.register(GROUPED_MATMUL, grouped_matmul)
+AttentionMaskInterface.register(GROUPED_MATMUL, sdpa_mask)
 
 #: the attention of the captured step's tree forwards (``StaticTreeCache.forward``): ``"sdpa"`` (:func:`grouped_sdpa`
 #: over an additive 4D mask), ``"flex"`` (FlexAttention over a block mask made once per forward, which skips the
 #: cache's blocks that no query sees: the rows past the used length; :func:`tree_flex`), or ``"flex-levels"``
-#: (FlexAttention in the draft levels only, the verification on SDPA). On an H200 cuDNN's SDPA
+#: (FlexAttention in the draft levels only, the verification on SDPA), or ``"matmul"`` (:func:`grouped_matmul` in
+#: every forward: two batched products and a softmax, the keys read in place). On an H200 cuDNN's SDPA
 #: call for a draft level cost 11.2 us over 512 rows, and a memset and 4.6 us of idling before it
 #: (``experiments/results/gpu-h200-qkv/trace-graphs.md``); FlexAttention timed alone 7.3 us over 1,024 rows
 #: (``experiments/results/gpu-h200-sweep/attention.json``). A lever of ``experiments/bench_gpu.py``, not a default.
@@ -104,6 +147,8 @@ def block_mask(allowed: torch.Tensor) -> Any:
 
 AttentionInterface.register(TREE_FLEX, tree_flex)
 AttentionMaskInterface.register(TREE_FLEX, sdpa_mask)  # masks are passed whole: never built through it
+#: each value of :data:`TREE_ATTENTION` -> the attention function's registered name
+TREE_ATTENTIONS = {"sdpa": GROUPED_SDPA, "flex": TREE_FLEX, "flex-levels": TREE_FLEX, "matmul": GROUPED_MATMUL}
 
 
 _CACHE_ARGUMENT: dict[type, str] = {}  # model class -> its forward's name for the KV cache
@@ -131,7 +176,7 @@ def grouped_attention(*models: torch.nn.Module) -> Iterator[None]:
     (``compiling.compile_graph``): switched inside, the config's writes would be traced into every graph."""
     configs = [m.config for m in models if m.config._attn_implementation == "sdpa"]
     for config in configs:
-        config._attn_implementation = TREE_FLEX if TREE_ATTENTION != "sdpa" else GROUPED_SDPA
+        config._attn_implementation = TREE_ATTENTIONS[TREE_ATTENTION]
     try:
         yield
     finally:
