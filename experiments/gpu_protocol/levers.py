@@ -157,8 +157,11 @@ def phase_levels(b: Bench) -> dict[str, Any]:
     ``--levels-seconds`` (the others are skipped, and named). Each lever records its CUDA graph skips (a lever
     that runs without CUDA graphs is host-bound, not slow in its kernels) and how many of its tokens agree with
     the first lever's (a lever fast because it computes something else would show)."""
-    shape, deeper = for_budget("chain", 5), for_budget("chain", 9)
     _, env = sweep_shapes(b, MeasuredAcceptance.load(ACCEPTANCE_T0))
+    # the deeper chain as deep as the envelope lets it, up to 8 levels (the sweep's: 8; the smoke's: 7)
+    shape, deeper = for_budget("chain", 5), for_budget("chain", min(env.depth, 8) + 1)
+    if deeper.depth <= shape.depth:
+        raise SystemExit(f"phase levels needs an envelope deeper than 4 levels, this one has {env.depth}")
     out: dict[str, Any] = {"shape": f"chain of 4 in the sweep's envelope ({env.describe()})",
                            "context": b.args.prompt_len,
                            "levers": {}, "skipped": []}
