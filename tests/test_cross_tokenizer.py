@@ -89,6 +89,24 @@ def test_greedy_equals_target_random_models(random_pair, depth, width):
         assert out.new_tokens == greedy_reference(target, prompt, 30)
 
 
+def test_a_draft_stops_drafting_where_its_position_table_ends(random_pair):
+    """A GPT-2 draft (a table of 16 learned positions) of another tokenizer: the text outgrows it mid-run, in its own
+    tokens, which no check before the run can count; it drafts shorter chains as its context ends, then nothing
+    (said once), and the target decodes on alone, exact (before: an IndexError in the draft's position table)."""
+    from treespec.models.tiny import tiny_family_model
+
+    target, _ = random_pair
+    draft = tiny_family_model("gpt2", vocab_size=7, n_positions=16)
+    prompt = [5, 5, 2, 1, 4, 3]
+    with pytest.warns(UserWarning, match="reached its context of 16 positions"):
+        out = treespec.generate(target, prompt, drafters=[cross(draft, depth=4)], max_new_tokens=30)
+    assert out.new_tokens == greedy_reference(target, prompt, 30)
+    long_prompt = [5, 5, 2, 1, 4, 3] * 4  # past the draft's context from the start: no prefill, no drafts
+    with pytest.warns(UserWarning, match="drafts nothing more"):
+        out = treespec.generate(target, long_prompt, drafters=[cross(draft, depth=4)], max_new_tokens=10)
+    assert out.new_tokens == greedy_reference(target, long_prompt, 10) and out.stats.tau == 1.0
+
+
 def test_text_predicting_draft_is_accepted(text_pair):
     """The draft predicts the target's text in its own tokens: its proposals are accepted."""
     target, draft = text_pair

@@ -51,13 +51,15 @@ def test_a_window_every_layer_applies_holds_a_run_inside_it(family):
     assert out.new_tokens == greedy_reference(target, PROMPTS[0], 4)
 
 
-def test_a_tuned_tree_times_a_model_inside_its_position_table(tmp_path, monkeypatch):
-    """OPT, GPT-J and GPT-BigCode index a table of positions: the tuner's timings ran past a 256-position model's
-    (a draft prefill of 512 tokens) and a tuned run died in an IndexError; they are held to the model's positions."""
+@pytest.mark.parametrize("family, positions", [("opt", None), ("gpt2", 64)])
+def test_a_tuned_tree_times_a_model_inside_its_position_table(tmp_path, monkeypatch, family, positions):
+    """OPT, GPT-2 and GPT-BigCode index a table of positions: the tuner's timings ran past a 256-position model's
+    (a draft prefill of 512 tokens) and a tuned run died in an IndexError; they are held to the model's positions,
+    HF's timed plain decoding too (128 + 12 tokens, past a 64-position model's)."""
     from treespec.recipes import Recipe
 
     monkeypatch.setenv("TREESPEC_CACHE", str(tmp_path))
-    target = tiny_family_model("opt")
+    target = tiny_family_model(family, **({"n_positions": positions} if positions else {}))
     draft = perturbed_copy(target, 0.1)
     out = treespec.run(Recipe(tree="chain", acceptance=[0.6, 0.3]), target, [draft], PROMPTS[0], max_new_tokens=8)
     assert out.new_tokens == greedy_reference(target, PROMPTS[0], 8)
@@ -142,3 +144,24 @@ def test_gpt2s_conv1d_layers_are_quantised_as_the_linear_layers_they_are():
     out = treespec.generate(int4_target, PROMPTS[0], [treespec.ModelDrafter(draft, chain(4), "topk")],
                             max_new_tokens=TOKENS)
     assert out.new_tokens == greedy_reference(int4_target, PROMPTS[0], TOKENS)
+
+
+def test_a_draft_of_fewer_positions_than_the_run_needs_is_refused_up_front():
+    """A draft of the target's tokenizer whose position table (GPT-2: 64) the run outgrows: refused before anything
+    runs, naming the draft's context, through the API (one prompt, a batch, a tuned run) and the CLI's check
+    (before: an IndexError when the run passed 64 positions, mid-run)."""
+    from treespec.cli_input import check_context
+    from treespec.recipes import Recipe
+
+    target = tiny_family_model("llama")
+    draft = tiny_family_model("gpt2", n_positions=64)
+    prompt = list(range(3, 50))
+    drafter = treespec.ModelDrafter(draft, chain(4), "topk")
+    with pytest.raises(ValueError, match="draft model's context is 64 positions and this run needs 67"):
+        treespec.generate(target, prompt, [drafter], max_new_tokens=20)
+    with pytest.raises(ValueError, match="prompt 1 of the batch: the draft model's context is 64"):
+        treespec.run(Recipe(tree="chain", acceptance=[0.5]), target, [draft], [[3, 4], prompt], max_new_tokens=20)
+    with pytest.raises(ValueError, match="draft model's context is 64"):
+        check_context([prompt], 20, target, drafts=[draft])
+    out = treespec.generate(target, prompt, [drafter], max_new_tokens=17)  # 64 positions: the run fits
+    assert out.new_tokens == greedy_reference(target, prompt, 17)

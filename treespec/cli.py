@@ -177,7 +177,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     target, tok, drafts = load_models(args, want_draft, tuned_target=True, tree_size=set_size, recipe=recipe)
     # an empty prompt is refused before anything is measured
     encoded = encode_all(tok, [prompts[i] for i in todo], args.chat, todo, len(prompts))
-    check_context(encoded, args.max_new_tokens, target, todo, len(prompts), list(map(draft_model, drafts)))
+    check_context(encoded, args.max_new_tokens, target, todo, len(prompts), drafts)
     recipe = cli_output.resumed_tree(args.out, done, recipe)  # after loading: the target's rendering is decided apart
     resolved = _resolve(args, recipe, target, tok, drafts, len(todo), sum(map(len, encoded)) / len(encoded))
     recipe = resolved.recipe
@@ -343,7 +343,7 @@ def cmd_accept(args: argparse.Namespace) -> int:
     if len(saved) < len(texts):
         target, tok, drafts = load_models(args)
         encoded = encode_all(tok, texts, args.chat)
-        check_context(encoded, args.max_new_tokens, target, drafts=list(map(draft_model, drafts)))
+        check_context(encoded, args.max_new_tokens, target, drafts=drafts)
         # each continuation ends at the target's end of sequence, where `treespec generate` stops (the text after
         # it is no run's)
         measure_each(target, same_tokenizer(drafts, "accept"), encoded, width=args.width,

@@ -12,6 +12,7 @@ from typing import Any, Sequence
 
 from .common.prompts import user_turn
 from .core.checks import check_prompts_fit, context_note, context_of
+from .models.pair import draft_model
 
 
 def read_paths(value: str | None, tree: str) -> list | None:
@@ -90,12 +91,14 @@ def encode_all(tok, prompts: list[str], chat: bool, numbers: list[int] | None = 
 def check_context(encoded: list[list[int]], max_new_tokens: int, target: Any, numbers: list[int] | None = None,
                   total: int | None = None, drafts: Sequence[Any] = ()) -> None:
     """Refuse, naming it (as :func:`encode_all`), a prompt whose tokens and ``max_new_tokens`` do not fit the
-    ``target``'s context, or reach past a sliding window of the target or a draft model (``drafts``, the models):
-    before any prompt runs, not when its turn comes."""
+    ``target``'s context, or reach past a sliding window of the target or a draft model (``drafts``: models, or
+    drafts of another tokenizer), or past a draft's context (one of the target's tokenizer): before any prompt runs,
+    not when its turn comes."""
     total = total or len(encoded)
     check_prompts_fit([len(ids) for ids in encoded], max_new_tokens, context_of(target),
                       [None if total == 1 else _named(i, numbers, total) for i in range(len(encoded))],
-                      context_note(target), [(target, "target")] + [(d, "draft") for d in drafts])
+                      context_note(target), [(target, "target")] + [(draft_model(d), "draft", draft_model(d) is d)
+                                                                     for d in drafts])
 
 
 def _named(i: int, numbers: list[int] | None, total: int) -> str:

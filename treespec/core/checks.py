@@ -182,10 +182,12 @@ def is_batch(input_ids: object) -> bool:
     return isinstance(first, (list, tuple)) or (isinstance(first, (torch.Tensor, np.ndarray)) and first.ndim > 0)
 
 
-def checked_prompts(target: torch.nn.Module, input_ids: object, max_new_tokens: object) -> list[list[int]]:
+def checked_prompts(target: torch.nn.Module, input_ids: object, max_new_tokens: object,
+                    drafts: Sequence[tuple[torch.nn.Module, bool]] = ()) -> list[list[int]]:
     """The prompts of ``input_ids`` (one, or a batch's), each checked against the target's vocabulary, context and
-    sliding window for ``max_new_tokens`` as a run checks it, a batch's named by its place: what a run that tunes
-    its tree checks before measuring anything."""
+    sliding window for ``max_new_tokens`` as a run checks it, and the reach of each draft model of ``drafts``
+    (model, counts in the target's tokens: :func:`check_reach`), a batch's named by its place: what a run that
+    tunes its tree checks before measuring anything."""
     check_not_empty(input_ids)
     batch = is_batch(input_ids)
     vocab, context, note = vocab_size(target), context_of(target) or 2**62, context_note(target)
@@ -193,7 +195,10 @@ def checked_prompts(target: torch.nn.Module, input_ids: object, max_new_tokens: 
     for r, ids in enumerate(input_ids if batch else [input_ids]):  # type: ignore[union-attr]
         try:
             prompts.append(as_prompt(ids, vocab))
-            check_window(target, len(prompts[-1]) + check_lengths(len(prompts[-1]), max_new_tokens, context, note))
+            positions = len(prompts[-1]) + check_lengths(len(prompts[-1]), max_new_tokens, context, note)
+            check_window(target, positions)
+            for model, own_tokens in drafts:
+                check_reach(model, positions, "draft", own_tokens)
         except ValueError as e:
             raise ValueError(f"prompt {r} of the batch: {e}" if batch else str(e)) from None
     return prompts
@@ -245,6 +250,21 @@ def check_lengths(prompt_len: int, max_new_tokens: object, max_positions: int | 
     return max_new_tokens
 
 
+def check_reach(model: torch.nn.Module, positions: int, role: str = "target", own_tokens: bool = True) -> None:
+    """:func:`check_window` of ``model`` for a run of ``positions`` positions, and for a draft counting in the
+    target's tokens its context too (a target's is :func:`check_lengths`'; a draft of another tokenizer counts in
+    its own and stops drafting at its context: ``CrossTokenizerDrafter``): a draft with a table of learned positions
+    (GPT-2, OPT, GPT-BigCode) has no embedding past it, and a rotary one drafts past its trained range."""
+    check_window(model, positions, role)
+    context = context_of(model) if role == "draft" and own_tokens else None
+    if context is not None and positions > context:
+        raise ValueError(
+            f"the draft model's context is {context} positions{context_note(model)} and this run needs {positions} "
+            "(the prompt plus max_new_tokens); use a draft with a longer context, or shorten the prompt or lower "
+            "max_new_tokens."
+        )
+
+
 def _longrope_limit(config: object) -> int | None:
     """A LongRoPE model's ``original_max_position_embeddings``: HF switches the whole forward to the long factors
     once its last position reaches it, so a tree forward, whose deepest node reaches it before the tokens one-token
@@ -277,15 +297,16 @@ def context_note(model: object) -> str:
 
 def check_prompts_fit(lengths: Sequence[int], max_new_tokens: int, max_positions: int | None,
                       names: Sequence[str | None], note: str = "",
-                      windowed: Sequence[tuple[torch.nn.Module, str]] = ()) -> None:
-    """:func:`check_lengths` of each prompt (``lengths``), and :func:`check_window` of each of the ``windowed``
-    (model, role) pairs, all before any runs; the error of one that does not fit starts with its name (``names[i]``;
-    None: the error as it is)."""
+                      windowed: Sequence[tuple[torch.nn.Module, str] | tuple[torch.nn.Module, str, bool]] = ()
+                      ) -> None:
+    """:func:`check_lengths` of each prompt (``lengths``), and :func:`check_reach` of each of the ``windowed``
+    (model, role[, own_tokens]) entries, all before any runs; the error of one that does not fit starts with its
+    name (``names[i]``; None: the error as it is)."""
     for length, name in zip(lengths, names):
         try:
             check_lengths(length, max_new_tokens, max_positions, note)
-            for model, role in windowed:
-                check_window(model, length + int(max_new_tokens), role)
+            for model, role, *own_tokens in windowed:
+                check_reach(model, length + int(max_new_tokens), role, *own_tokens)
         except ValueError as error:
             if name is None:
                 raise

@@ -18,6 +18,7 @@ import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
 from .attention import tree_forward
+from .checks import context_of
 
 if TYPE_CHECKING:
     from .drafting import Forward
@@ -298,6 +299,12 @@ def forward_masked(
     batched = input_ids.dim() == 2
     device = input_ids.device
     dtype = model.dtype
+    context = context_of(model)
+    if context is not None:
+        # a node past the model's context is never emitted (a target's: ``step.tree_depth``; a draft's:
+        # ``checks.check_reach`` holds the run inside its context) and its forward feeds deeper ones only: clamped,
+        # as ``StaticTreeCache.forward`` does, so that no table of positions is read past its end
+        position_ids = position_ids.clamp(max=context - 1)
     allowed = allowed.to(device, non_blocking=True)
     mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, torch.finfo(dtype).min)
     out = tree_forward(

@@ -91,9 +91,10 @@ class Request:
         if on_tokens is not None:
             checks.check_callback(on_tokens, "on_tokens", "each step's tokens", 1)
         max_new_tokens = checks.check_lengths(len(prompt), max_new_tokens, max_positions, checks.context_note(target))
-        for model, role in [(target, "target")] + [(d.model, "draft") for d in drafters
-                                                   if getattr(d, "model", None) is not None]:
-            checks.check_window(model, len(prompt) + max_new_tokens, role)
+        checks.check_reach(target, len(prompt) + max_new_tokens)
+        for d in drafters:  # a draft of another tokenizer (no vocabulary of the target's) counts in its own tokens
+            if getattr(d, "model", None) is not None:
+                checks.check_reach(d.model, len(prompt) + max_new_tokens, "draft", d.vocab_size is not None)
         checks.check_sampling_dtype(target, params.greedy)
         seed = checks.check_seed(seed)
         if envelope is not None and not isinstance(envelope, Envelope):

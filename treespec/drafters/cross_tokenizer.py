@@ -32,13 +32,14 @@ tokens added, decoded without skipping or cleaning anything) or any object with
 from __future__ import annotations
 
 import functools
+import warnings
 from typing import Sequence
 
 import torch
 
 from ..common.device import execution_device
 from ..common.machine import model_name
-from ..core.checks import check_int
+from ..core.checks import check_int, context_of
 from ..core.drafting import ROOT, DraftProposals, Drafter
 from ..core.kv import TreeCache, causal_allowed, forward_masked
 from ..core.sampling import SamplingParams
@@ -136,6 +137,7 @@ class CrossTokenizerDrafter(Drafter):
         self.target = TextCodec(target_tokenizer)
         self.device = execution_device(model)
         self.model_name = model_name(model)
+        self.context = context_of(model) or 2**62  # positions the draft takes, in its own tokens
         self.reset([], sampling=SamplingParams(), seed=0)
 
     def describe(self) -> str:
@@ -146,6 +148,7 @@ class CrossTokenizerDrafter(Drafter):
         self._ids: list[int] = []  # draft ids whose K/V are cache rows [0, len)
         self._chains: list[tuple[list[int], list[int]]] = []  # last step's chains: (draft tokens, cache rows)
         self.fed_tokens = 0  # draft context tokens fed so far (not counting drafted tree tokens)
+        self._past_context = False  # warned that the text outgrew the draft's context
         if prompt:  # fail early, before any target work, if the draft cannot carry the prompt's text
             self._check_round_trip(self.draft, self.target.decode(prompt), "draft")
 
@@ -154,7 +157,7 @@ class CrossTokenizerDrafter(Drafter):
         """Cache the prompt's draft ids but the last (the first step feeds it, as every step feeds its newest): the
         draft's pass over the prompt is the prefill's, not the first step's drafting."""
         ids = self.draft.encode(self.target.decode(prompt))
-        if len(ids) < 2 or self._ids:
+        if len(ids) < 2 or self._ids or len(ids) > self.context:
             return
         n = len(ids) - 1
         forward_masked(self.model, self.cache, torch.as_tensor(ids[:-1], dtype=torch.long, device=self.device),
@@ -185,6 +188,13 @@ class CrossTokenizerDrafter(Drafter):
         ids = self._check_round_trip(self.draft, text, "draft", self.draft.encode(text))
         if not ids:
             return None
+        if len(ids) > self.context:  # the text outgrew the draft's context: it drafts no more
+            if not self._past_context:
+                warnings.warn(f"the draft {self.model_name!r} (another tokenizer) reached its context of "
+                              f"{self.context} positions in its own tokens: it drafts nothing more this run, and the "
+                              "target decodes the rest alone (exact, without speculation)", stacklevel=2)
+                self._past_context = True
+            return None
         old = len(self._ids)
         m = common_prefix(self._ids, ids)
         keep: list[int] = []
@@ -209,13 +219,14 @@ class CrossTokenizerDrafter(Drafter):
     # -- drafting --------------------------------------------------------------------------------
 
     def _draft_chains(self, ids: list[int], root_logits: torch.Tensor) -> list[list[int]]:
-        """``width`` chains of ``depth`` draft tokens: the top first tokens, each continued greedily."""
+        """``width`` chains of ``depth`` draft tokens (fewer where the draft's context ends): the top first tokens,
+        each continued greedily."""
         n_ctx = len(ids)
         first = torch.topk(root_logits.float(), min(self.width, root_logits.shape[-1])).indices.tolist()
         chains = [[t] for t in first]
         rows: list[list[int]] = [[] for _ in chains]
         w = len(chains)
-        for d in range(1, self.depth):
+        for d in range(1, min(self.depth, self.context - n_ctx + 1)):  # the last chain token at position n_ctx - 1 + d
             base = self.cache.length
             allowed = torch.zeros(w, base + w, dtype=torch.bool)
             allowed[:, :n_ctx] = True

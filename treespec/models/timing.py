@@ -173,6 +173,9 @@ def measure_plain_decode(model: torch.nn.Module, context: int = 128, tokens: int
 
     if context < 1 or tokens < 3:
         raise ValueError(f"context must be >= 1 and tokens >= 3, got {context} and {tokens}")
+    if _positions(model) < tokens + 1:
+        raise ValueError(f"a model of {_positions(model)} positions cannot time {tokens} new tokens after a prompt")
+    context = min(context, _positions(model) - tokens)  # a short context: a model of fewer positions
     device = execution_device(model)
     clock = TokenClock(device)
     gen = torch.Generator().manual_seed(seed)
