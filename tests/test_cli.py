@@ -175,7 +175,7 @@ def _files(tmp: Path) -> dict[str, str]:
              "acc-neg.json": '{"vector": [0.5, -0.2]}', "acc-big.json": '{"vector": [0.9, 0.8, 0.7]}',
              "acc-list.json": "[0.5]", "a-file": "x", "bad.toml": "[grid\n", "typo.toml": "[grid]\nbudget = [4]\n",
              "float.toml": "[grid]\nseeds = [1.5]\n", "evil.toml": 'name = "../../escape"\n',
-             "corrupt.jsonl": '{"key": "a", "status": "ok"}\nnot json\n{"key": "b"}\n',
+             "corrupt.jsonl": '{"key": "a", "params": {}, "status": "ok"}\nnot json\n{"key": "b"}\n',
              "long.txt": "w1\nw2\n" + " ".join(["w3"] * 510) + "\n"}
     for name, text in files.items():
         (tmp / name).write_text(text)

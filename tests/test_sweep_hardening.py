@@ -188,6 +188,14 @@ def test_cli_help_says_what_new_does(capsys) -> None:
     ({"ngram": {"mode": "lookup"}}, "ngram.mode must be one of"),
     ({"baselines": {"methods": ["beam"]}}, r"baselines.methods\[0\] must be one of"),
     ({"baselines": {"assisted": 3}}, "baselines.assisted must be a table"),
+    ({"baselines": {"assisted": {"assistant_confidence_threshhold": 0.9}}},
+     "baselines.assisted.assistant_confidence_threshhold is not a GenerationConfig option; did you mean "
+     "assistant_confidence_threshold"),
+    ({"baselines": {"assisted": {"num_assistant_tokens": "four"}}},
+     "baselines.assisted.num_assistant_tokens must be an integer >= 0 .*got 'four'"),
+    ({"baselines": {"assisted": {"num_assistant_tokens": True}}}, "num_assistant_tokens must be an integer"),
+    ({"baselines": {"assisted": {"num_assistant_tokens_schedule": "fast"}}}, 'must be one of "heuristic"'),
+    ({"baselines": {"assisted": {"assistant_confidence_threshold": "high"}}}, "must be a number"),
     ({"models": {"target": ""}}, "models.target must be a non-empty string"),
     ({"models": {"pairs": [{"target": "a"}]}}, r"models.pairs\[0\] must be a table with exactly the keys"),
     ({"run": {"device": "gpu0"}}, "run.device must be a torch device name"),
@@ -201,6 +209,17 @@ def test_cli_help_says_what_new_does(capsys) -> None:
 def test_config_types_are_strict(given: dict, fragment: str) -> None:
     with pytest.raises(ValueError, match=fragment):
         E.load_config(given)
+
+
+def test_the_assisted_options_that_exist_pass_and_data_splits_is_no_file_key(tmp_path: Path) -> None:
+    cfg = E.load_config({"baselines": {"assisted": {"num_assistant_tokens": 4, "assistant_confidence_threshold": 1,
+                                                    "num_assistant_tokens_schedule": "constant"}}})
+    assert E.load_config(cfg)["baselines"]["assisted"]["num_assistant_tokens"] == 4  # a loaded config loads again
+    bad = tmp_path / "splits.toml"
+    bad.write_text("[data]\nsplits = 3\n")
+    with pytest.raises(ValueError, match=r"data.splits is not a config key: give a prompt set's own ranges as a "
+                                         r"table \[data.<set>\]"):
+        E.load_config(bad)
 
 
 def test_every_default_key_has_a_type_check_and_the_defaults_pass() -> None:
@@ -260,21 +279,41 @@ def _write(path: Path, lines: list[str], end: str = "\n") -> None:
     path.write_text("\n".join(lines) + end, encoding="utf-8")
 
 
+# records as a sweep writes them: key, params, status
+A, B = '{"key": "a", "params": {}, "status": "ok"}', '{"key": "b", "params": {}, "status": "ok"}'
+
+
 def test_valid_last_record_without_newline_is_kept(tmp_path: Path) -> None:
     path = tmp_path / "results.jsonl"
-    _write(path, ['{"key": "a"}', '{"key": "b"}'], end="")
+    _write(path, [A, B], end="")
     assert [r["key"] for r in read_records(path)] == ["a", "b"]
     repair_tail(path)
-    assert path.read_text() == '{"key": "a"}\n{"key": "b"}\n'
-    _write(path, ['{"key": "a"}', '{"key": "b", "sta'], end="")  # torn: dropped
+    assert path.read_text() == A + "\n" + B + "\n"
+    _write(path, [A, '{"key": "b", "sta'], end="")  # torn: dropped
     assert [r["key"] for r in read_records(path)] == ["a"]
     repair_tail(path)
-    assert path.read_text() == '{"key": "a"}\n'
+    assert path.read_text() == A + "\n"
+
+
+def test_a_json_object_that_is_no_sweep_record_is_corrupt(tmp_path: Path, capsys) -> None:
+    """A line of valid JSON without a sweep record's key, status and params (another tool's file, a hand edit) ended
+    in a KeyError traceback in the report, the dry run and a resume, or an empty report of "0 finished points"."""
+    from treespec.cli import main
+
+    path = tmp_path / "results.jsonl"
+    _write(path, [A, '{"status": "ok"}', B])
+    with pytest.raises(CorruptRecordError, match=r"line 2: a JSON object without key, params"):
+        read_records(path)
+    assert [r["key"] for r in read_records(path, skip_corrupt=True)] == ["a", "b"]
+    _write(path, ['{"method": "hf", "seconds": 1.0}'])  # a compare run's records
+    assert main(["sweep", "--report", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "line 1: a JSON object without key, status, params" in err and "Traceback" not in err
 
 
 def test_corrupt_middle_line_is_named_and_skipped_only_on_request(tmp_path: Path, capsys) -> None:
     path = tmp_path / "results.jsonl"
-    _write(path, ['{"key": "a"}', "{garbage", "[1, 2]", '{"key": "b"}'])
+    _write(path, [A, "{garbage", "[1, 2]", B])
     with pytest.raises(CorruptRecordError, match=r"results.jsonl, line 2: not a JSON record.*--skip-corrupt"):
         read_records(path)
     assert [r["key"] for r in read_records(path, skip_corrupt=True)] == ["a", "b"]
@@ -443,3 +482,42 @@ def test_a_run_with_failed_points_exits_1_and_a_rerun_retries_them(tmp_path: Pat
     assert cli.main(["sweep", "--config", str(config), "--out", out, "--no-progress"]) == 0
     statuses = [r["status"] for r in read_records(tmp_path / "out" / "results.jsonl")]
     assert statuses == ["ok", "error", "ok"]  # the baseline once, the point failed, then retried
+
+
+def test_a_model_or_prompt_set_every_point_would_fail_on_stops_the_sweep_first(tmp_path: Path, capsys,
+                                                                               monkeypatch) -> None:
+    """A target of a family not admitted, or evaluation prompts that with max_new_tokens outgrow the context, failed
+    every point alike, each recorded after the baselines had run, and the CLI said to run again to retry them; the
+    sweep now stops at the first point, naming the model or the prompt and what to change, and records nothing."""
+    from treespec.bench.sweep.runner import PairError
+    from treespec.core import checks
+
+    cfg, seen = small(), []
+    cfg["data"]["max_new_tokens"] = 5000
+    with pytest.raises(PairError, match="humaneval evaluation prompt 0: the prompt .* exceeds the model's context of "
+                                        "4096 positions.*data.max_new_tokens"):
+        E.sweep(cfg, tmp_path / "long", progress=False, make_report=False, on_point=seen.append)
+    monkeypatch.setattr(checks, "SUPPORTED_FAMILIES", ("qwen2",))
+    with pytest.raises(PairError, match="the target 'tiny:llama:seed=0:scale=4' fails every point of its pair: the "
+                                        "target model family 'llama' is not supported"):
+        E.sweep(small(), tmp_path / "family", progress=False, make_report=False, on_point=seen.append)
+    assert seen == [] and not any(p.stat().st_size for p in tmp_path.rglob("results.jsonl"))
+    assert cli.main(["sweep", "--config", str(_toml(tmp_path)), "--out", str(tmp_path / "cli"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "treespec: error: the target 'tiny:llama" in err and "retry" not in err and "Traceback" not in err
+
+
+def test_a_dry_run_says_what_a_run_would_refuse_before_loading_anything(tmp_path: Path, capsys) -> None:
+    """A dry run listed a full plan where the run stops at once: a CUDA device this machine lacks, an --out that
+    is a file; it now notes the refusal (and creates nothing)."""
+    import torch
+
+    a_file = tmp_path / "taken"
+    a_file.write_text("x")
+    assert E.main(["--config", str(TINY), "--out", str(a_file), "--dry-run"]) == 0
+    assert f"note: a run would be refused: --out {a_file} is a file" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert E.main(["--config", str(TINY), "--out", str(tmp_path / "new"), "--dry-run", "--device", "cuda"]) == 0
+        assert "note: a run would be refused: device 'cuda': this machine has no CUDA device" in \
+            capsys.readouterr().err
+    assert not (tmp_path / "new").exists()  # a dry run writes nothing

@@ -26,8 +26,10 @@ def _record(line: str) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def read_records(path: str | os.PathLike, skip_corrupt: bool = False, hint: str = SKIP_HINT) -> list[dict[str, Any]]:
-    """All records of a results file, in order.
+def read_records(path: str | os.PathLike, skip_corrupt: bool = False, hint: str = SKIP_HINT,
+                 fields: dict[str, type] | None = None) -> list[dict[str, Any]]:
+    """All records of a results file, in order (``fields``: the keys each must hold, with their types; a JSON
+    object without them is no record of this file's kind: corrupt as a line that is no JSON).
 
     A torn last line (a crash while writing: no final newline, not JSON) is ignored; a valid last
     record without its newline is kept. A corrupt line anywhere else raises
@@ -44,15 +46,18 @@ def read_records(path: str | os.PathLike, skip_corrupt: bool = False, hint: str 
         if not line.strip():
             continue
         record = _record(line)
-        if record is not None:
+        missing = [k for k, kind in (fields or {}).items() if not isinstance((record or {}).get(k), kind)]
+        if record is not None and not missing:
             out.append(record)
         elif n == len(lines) and not line.endswith("\n"):
             continue  # torn by a crash; repair_tail cuts it before the next append
-        elif skip_corrupt:
-            print(f"[treespec] {path}, line {n}: not a JSON record; skipped (--skip-corrupt)", file=sys.stderr)
         else:
+            what = "not a JSON record" if record is None else f"a JSON object without {', '.join(missing)}"
+            if skip_corrupt:
+                print(f"[treespec] {path}, line {n}: {what}; skipped (--skip-corrupt)", file=sys.stderr)
+                continue
             raise CorruptRecordError(
-                f"{path}, line {n}: not a JSON record ({line.strip()[:60]!r}); fix or delete that line, or {hint}")
+                f"{path}, line {n}: {what} ({line.strip()[:60]!r}); fix or delete that line, or {hint}")
     return out
 
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Sequence
 
 from ...common.files import check_writable
 from ...models.precision import FLOATS
-from .config import check_types, load_config
+from .config import check_device_available, check_types, load_config
 from .lock import REPLACED, refusal
 from .models import check_specs
 from .points import compile_plan, compile_refusal, enumerate_points, finished, measure_key, model_specs, \
@@ -122,6 +123,11 @@ def _dry_run(args: argparse.Namespace) -> int:
     check_types(cfg)  # the overrides too
     out = args.out or Path("experiments") / "results" / cfg["name"]
     why = refusal(out, cfg) if out.is_dir() and not args.new else None
+    try:  # what a run checks before any model loads (the output's writability below, creating nothing)
+        check_device_available(cfg["run"]["device"])
+    except ValueError as error:
+        why = why or str(error)
+    why = why or _unwritable(out)
     if why:
         print(f"note: a run would be refused: {why}", file=sys.stderr)
     finished_points = {} if args.new else finished(read_records(out / RESULTS, args.skip_corrupt))
@@ -144,6 +150,15 @@ def _dry_run(args: argparse.Namespace) -> int:
               file=sys.stderr)
     print("\n".join(compile_plan(cfg, [pt for pt in points if pt.key not in refused])))
     return 0
+
+
+def _unwritable(out: Path) -> str | None:
+    """Why a run could not write its output directory ``out`` (``check_writable``'s refusals), found without
+    creating it; None when it could."""
+    if out.exists() and not out.is_dir():
+        return f"--out {out} is a file, not a directory; give a directory (a sweep writes several files there)"
+    parent = next(p for p in (out, *out.parents) if p.exists())
+    return None if os.access(parent, os.W_OK) else f"--out {out} is not writable ({parent} is not)"
 
 
 def _refusal(params: dict) -> tuple[str, str] | None:

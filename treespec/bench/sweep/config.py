@@ -113,7 +113,11 @@ def load_config(config: str | os.PathLike | dict[str, Any]) -> dict[str, Any]:
         raw.setdefault("name", Path(config).stem)
     data = raw.get("data", {})
     check(isinstance(data, dict), f"config key 'data' must be a table, got {data!r}")
-    splits = dict(data.pop("splits", {}))  # a config already loaded once
+    # data.splits: where a loaded config keeps its [data.<set>] tables (a dict passed in again), no key of a file's
+    check("splits" not in data or (isinstance(config, dict) and isinstance(data["splits"], dict)),
+          "config key data.splits is not a config key: give a prompt set's own ranges as a table [data.<set>] "
+          f"(a set of {', '.join(DATASETS)}) holding calib and/or eval")
+    splits = dict(data.pop("splits", {}))
     splits.update({k: data.pop(k) for k in list(data) if isinstance(data[k], dict)})
     for name, table in splits.items():
         check(name in DATASETS and set(table) <= {"calib", "eval"},
@@ -354,6 +358,37 @@ def _table(where: str, value: Any) -> None:
         _refuse(where, value, "a table of GenerationConfig options (e.g. {num_assistant_tokens = 4})")
 
 
+#: the kinds of value of the GenerationConfig options that steer assisted generation (their defaults are None in
+#: transformers 5, so no type can be read off them); other options are checked by name only
+ASSISTED_KINDS = {"num_assistant_tokens": "int", "assistant_lookbehind": "int", "assistant_early_exit": "int",
+                  "assistant_confidence_threshold": "number", "assistant_ensemble_weight": "number",
+                  "num_assistant_tokens_schedule": ("heuristic", "heuristic_transient", "constant")}
+
+
+def _assisted(where: str, value: Any) -> None:
+    """``baselines.assisted``: options of HF's ``GenerationConfig`` by name (HF keeps an unknown name as an
+    attribute it never reads: a misspelt option ran with HF's default), those of :data:`ASSISTED_KINDS` of their
+    kind (HF checks none of them)."""
+    import difflib
+
+    from transformers import GenerationConfig
+
+    _table(where, value)
+    known = {k for k in vars(GenerationConfig()) if not k.startswith("_")}
+    for key, given in value.items():
+        if key not in known:
+            near = difflib.get_close_matches(key, known, 1)
+            raise ValueError(f"config key {where}.{key} is not a GenerationConfig option"
+                             + (f"; did you mean {near[0]}?" if near else ""))
+        kind = ASSISTED_KINDS.get(key)
+        if kind == "int":
+            _int(0)(f"{where}.{key}", given)
+        elif kind == "number":
+            _real(lambda x: x >= 0, ">= 0")(f"{where}.{key}", given)
+        elif kind is not None:
+            _choice(kind)(f"{where}.{key}", given)
+
+
 def _pairs(where: str, value: Any) -> None:
     if not isinstance(value, list):
         _refuse(where, value, 'a list of tables {target = "...", draft = "..."}')
@@ -391,7 +426,7 @@ TYPES: dict[str, Checker] = {
     "ngram.width": _int(1), "ngram.window": _int(1),
     "baselines.methods": _methods,
     "baselines.prompt_lookup_num_tokens": _int(1), "baselines.max_matching_ngram_size": _int(1),
-    "baselines.assisted": _table,
+    "baselines.assisted": _assisted,
     "run.device": _device, "run.dtype": _choice(FLOATS), "run.draft_dtype": _choice(("same", *PRECISIONS)),
     "run.warmup_tokens": _int(0), "run.threads": _int(0), "run.compile": _compile, "run.envelope": _choice(ENVELOPES),
     "run.workers": _int(0),

@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 from ...core.verifiers import NotExactError
 from .points import Point, Refused
+from .runner import PairError
 from .records import meta
 
 #: the live actors of the running distributed sweep (tests kill one to check that no point is lost)
@@ -44,6 +45,8 @@ def run_here(state: Any, pt: Point) -> dict[str, Any]:
         outcome = {**state.run_point(pt), "status": "ok"}
     except (KeyboardInterrupt, SystemExit):
         raise
+    except PairError as error:  # every point of the pair would fail alike: the sweep stops (``loop``), nothing kept
+        outcome = {"status": "error", "error": str(error), "stop": True}
     except Exception as error:  # a failing point is recorded and retried next time
         outcome = {"status": "error", "error": f"{type(error).__name__}: {error}",
                    "traceback": traceback.format_exc(limit=6)}

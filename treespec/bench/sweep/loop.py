@@ -19,7 +19,7 @@ from .models import check_specs
 from .points import Point, enumerate_points, finished, measure_key, model_specs
 from .records import RESULTS, append_record, machine_of, read_records, repair_tail
 from .report import report
-from .runner import Measure, Sweep
+from .runner import Measure, PairError, Sweep
 
 
 def sweep(config: str | os.PathLike | dict[str, Any], out_dir: str | os.PathLike | None = None,
@@ -111,6 +111,8 @@ def _run_sweep(cfg: dict[str, Any], out: Path, progress: bool, on_point: Callabl
                disable=not progress, dynamic_ncols=True)
 
     def finish(pt: Point, outcome: dict[str, Any]) -> None:
+        if outcome.get("stop"):  # a model or prompt set that fails every point of its pair: nothing to record
+            raise PairError(outcome["error"])
         record: dict[str, Any] = {"key": pt.key, "kind": pt.kind, "params": pt.params, **outcome}
         if record["status"] != "ok":
             bar.write(f"[treespec sweep] point {pt.label} failed: {record['error']}", file=sys.stderr)

@@ -9,7 +9,8 @@ from typing import Any
 
 import torch
 
-from ...common.jsonl import CorruptRecordError, append_record, read_records, repair_tail
+from ...common import jsonl
+from ...common.jsonl import CorruptRecordError, append_record, repair_tail
 from ...common.machine import device_name, machine
 
 __all__ = ["RESULTS", "TIMING_FIELDS", "CorruptRecordError", "append_record", "comparable", "machine_of", "meta",
@@ -19,6 +20,16 @@ RESULTS = "results.jsonl"
 
 #: fields of a record that depend on the clock or the machine's state, not on the computation
 TIMING_FIELDS = ("timing", "speedup", "meta")
+
+
+#: what every record of a sweep's results file holds (a JSON object without them is another file's, or damaged)
+FIELDS = {"key": str, "status": str, "params": dict}
+
+
+def read_records(path: str | os.PathLike, skip_corrupt: bool = False) -> list[dict[str, Any]]:
+    """A sweep's records (``common.jsonl.read_records``), each holding :data:`FIELDS`: a line that does not is
+    corrupt (named; skipped with ``skip_corrupt``)."""
+    return jsonl.read_records(path, skip_corrupt, fields=FIELDS)
 
 
 def machine_of(record: dict[str, Any]) -> str:

@@ -35,6 +35,12 @@ from .records import RESULTS, machine, machine_of
 Measure = Callable[..., Any]
 
 
+class PairError(ValueError):
+    """A model, its tokenizer or a prompt set's evaluation prompts that every point of theirs would fail on the same
+    way (a family not admitted, a draft of another tokenizer, a directory without a tokenizer, a prompt past the
+    context): the sweep stops, naming it, instead of recording each point as a failure to retry."""
+
+
 def _hf_compile_settings(method: str, device: torch.device) -> contextlib.AbstractContextManager:
     """HF's fastest plain decoding (``target_compiled``) compiles with ``baselines.fastest_compile_settings``."""
     return fastest_compile_settings(device) if method == "target_compiled" else contextlib.nullcontext()
@@ -71,6 +77,7 @@ class Sweep:
         self.records: dict[str, dict[str, Any]] = {}
         self.prompts: dict[tuple[str, str, str], list[list[int]]] = {}
         self.checked_pairs: set[tuple[str, str]] = set()
+        self.checked_inputs: set[tuple[str, str, str]] = set()  # (target, draft, dataset) passed check_inputs
         self._envelope: Envelope | None = None  # the sweep's padded envelope, made at its first compiled point
         self._acceptances: dict[str, Any] = {}  # acceptance file name -> its MeasuredAcceptance, read once
 
@@ -86,6 +93,36 @@ class Sweep:
         return model
 
     # -- inputs ---------------------------------------------------------------------------------
+    def check_inputs(self, p: dict[str, Any]) -> None:
+        """Raise :class:`PairError` if point ``p``'s target, its paired draft or its evaluation prompts would fail
+        every point of theirs: models that do not load or are not admitted (``checks.check_model``), a draft of
+        another tokenizer, a prompt that with ``max_new_tokens`` does not fit the target's context or either
+        model's reach (``checks.check_prompts_fit``). Once per (target, draft, prompt set)."""
+        from ...core.checks import check_model, check_prompts_fit, context_note, context_of
+
+        key = (p["target"], p.get("draft") or self.paired_draft(p["target"]), p["dataset"])
+        if key in self.checked_inputs:
+            return
+        role = "target"
+        try:
+            target, _ = self.models.get(key[0])
+            check_model(target)
+            role = "draft"
+            draft = self.draft_model(key[0], key[1])
+            check_model(draft, "draft")
+            prompts = self.token_prompts(key[0], key[2], "eval")
+        except (OSError, ValueError, ImportError) as error:
+            spec = key[0] if role == "target" else key[1]
+            raise PairError(f"the {role} {spec!r} fails every point of its pair: {error}") from None
+        try:
+            check_prompts_fit([len(ids) for ids in prompts], int(p["max_new_tokens"]), context_of(target),
+                              [f"{key[2]} evaluation prompt {i}" for i in range(len(prompts))], context_note(target),
+                              [(target, "target"), (draft, "draft")])
+        except ValueError as error:
+            raise PairError(f"{error} (data.max_prompt_tokens keeps each prompt's last tokens; data.max_new_tokens "
+                            "sets the tokens generated)") from None
+        self.checked_inputs.add(key)
+
     def token_prompts(self, spec: str, dataset: str, which: str) -> list[list[int]]:
         """Tokenised calibration (``which="calib"``) or evaluation prompts for ``spec``'s tokenizer."""
         key = (spec, dataset, which)
@@ -131,6 +168,7 @@ class Sweep:
         why = verifier_refusal(p)
         if why:
             raise NotExactError(why)
+        self.check_inputs(p)
         target, tokenizer = self.models.get(p["target"])
         prompts = self.token_prompts(p["target"], p["dataset"], "eval")
         if p["kind"] == "baseline":
