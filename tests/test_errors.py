@@ -3,7 +3,6 @@
 import numpy as np
 import pytest
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel
 
 import treespec
 from treespec.models.tiny import tiny_model
@@ -81,9 +80,11 @@ def test_empty_prompt(target, monkeypatch):
 
 
 def test_unsupported_family():
-    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=2, n_positions=64)).eval()
-    with pytest.raises(ValueError, match="model family 'gpt2' is not supported"):
-        treespec.generate(gpt2, [1, 2], max_new_tokens=2)
+    from transformers import BloomConfig, BloomForCausalLM
+
+    bloom = BloomForCausalLM(BloomConfig(vocab_size=64, hidden_size=32, n_layer=1, n_head=2)).eval()  # ALiBi
+    with pytest.raises(ValueError, match="model family 'bloom' is not supported"):
+        treespec.generate(bloom, [1, 2], max_new_tokens=2)
 
 
 def test_dynamic_arguments(target):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, MistralConfig, \
+from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, \
     MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 import treespec
@@ -75,7 +75,9 @@ def test_longrope_runs_inside_its_short_factor_range_and_is_refused_past_it():
 def test_a_tuned_recipe_refuses_an_unsupported_model_before_timing_it():
     """``treespec.run`` of a recipe the tuner sizes profiled the model first: a family the engine refuses failed
     inside the tuner's forwards (Bloom: "too many values to unpack", Mamba: an IndexError)."""
-    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=2, n_positions=64)).eval()
+    from transformers import BloomConfig, BloomForCausalLM
+
+    bloom = BloomForCausalLM(BloomConfig(vocab_size=64, hidden_size=32, n_layer=1, n_head=2)).eval()
     recipe = treespec.Recipe(tree="sequoia", acceptance=default_acceptance(None, 0.0))
-    with pytest.raises(ValueError, match="model family 'gpt2' is not supported"):
-        treespec.run(recipe, gpt2, [gpt2], [1, 2, 3], max_new_tokens=4)
+    with pytest.raises(ValueError, match="model family 'bloom' is not supported"):
+        treespec.run(recipe, bloom, [bloom], [1, 2, 3], max_new_tokens=4)

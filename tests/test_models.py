@@ -236,6 +236,16 @@ def test_local_dir_without_safetensors_is_refused(tmp_path):
         models.load(tmp_path)
 
 
+def test_local_dir_without_a_tokenizer_is_refused_before_loading(tmp_path):
+    """Weights saved without their tokenizer failed in HF's tokenizer loading with "Couldn't instantiate the backend
+    tokenizer from one of ... sentencepiece", after the weights had loaded; the directory is now refused first
+    (``check_source`` too: a sweep checks its models so before any point runs)."""
+    tiny_qwen2().save_pretrained(tmp_path)
+    for refuse in (models.load, models.check_source):
+        with pytest.raises(OSError, match="has weights but no tokenizer .*tokenizer.save_pretrained"):
+            refuse(tmp_path)
+
+
 def test_unknown_id_offline_says_so(tmp_path, monkeypatch):
     monkeypatch.setattr(models, "_hub_offline", lambda: True)
     with pytest.raises(OSError, match="neither a local directory nor in the local Hugging Face cache") as info:

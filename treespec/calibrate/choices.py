@@ -311,7 +311,7 @@ def run(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[DraftModel],
     if recipe.budget is None:  # the prompts checked before a tuning measures anything
         max_new_tokens = kwargs.get("max_new_tokens", MAX_NEW_TOKENS)
         prompts = checked_prompts(target, input_ids, max_new_tokens,
-                                  [(draft_model(d), draft_model(d) is d) for d in drafts])
+                                  [(draft_model(d), draft_model(d) is d) for d in check_draft_models(drafts)])
         recipe = resolve(recipe, target, drafts, batch_size=len(prompts), max_new_tokens=max_new_tokens,
                          prompt_tokens=sum(map(len, prompts)) / len(prompts)).recipe
     return run_resolved(recipe, target, drafts, input_ids, **kwargs)

@@ -84,6 +84,10 @@ def _from_pretrained(source: str | os.PathLike, dtype: torch.dtype, device_map: 
     return model, tokenizer
 
 
+#: the files of which a model directory holds at least one when a tokenizer was saved with it
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
 def _local_directory(name: str) -> Path | None:
     """``name`` as a local model directory (with safetensors weights), or None when it names no path (a hub id);
     OSError for a path that is no model directory."""
@@ -92,6 +96,9 @@ def _local_directory(name: str) -> Path | None:
         if not any(path.glob("*.safetensors")):
             raise OSError(f"{path} has no *.safetensors weights; treespec only loads safetensors (it never "
                           "unpickles .bin/.pt files). Convert the checkpoint to safetensors first.")
+        if not any((path / f).is_file() for f in TOKENIZER_FILES):
+            raise OSError(f"{path} has weights but no tokenizer (none of {', '.join(TOKENIZER_FILES)}): save the "
+                          "model's tokenizer beside them (tokenizer.save_pretrained(path)).")
         return path
     if name.startswith(("/", "./", "../", "~")) or os.path.exists(name):
         raise OSError(f"{name!r} is not a model directory (no such directory). Built-in offline models: "
