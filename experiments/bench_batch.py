@@ -40,7 +40,7 @@ import torch
 from treespec.bench import intervals
 from treespec.bench.baselines import fastest_compile_settings, hf_generate
 from treespec.bench.datasets import dataset_prompts
-from treespec.bench.sweep.records import append_record, read_records, repair_tail
+from treespec.common.jsonl import append_record, read_records, repair_tail
 from treespec.calibrate.choices import resolve
 from treespec.calibrate.vectors import default_acceptance
 from treespec.common.device import execution_device

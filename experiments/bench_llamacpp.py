@@ -45,7 +45,7 @@ import torch
 
 from treespec.bench import compare, intervals, llamacpp
 from treespec.bench.datasets import dataset_prompts, encode_prompt, prompt_range
-from treespec.bench.sweep.records import read_records
+from treespec.common.jsonl import read_records
 from treespec.calibrate import target_precision
 from treespec.calibrate.choices import resolve
 from treespec.calibrate.vectors import default_acceptance

@@ -46,7 +46,7 @@ from treespec.bench import intervals
 from treespec.calibrate.vectors import default_acceptance
 from treespec.recipes import Recipe, plan
 from treespec.recipes import run as run_recipe
-from treespec.bench.sweep.records import append_record, read_records, repair_tail
+from treespec.common.jsonl import append_record, read_records, repair_tail
 from treespec.core.verifiers import NotExactError
 
 RESULTS = "results.jsonl"
