@@ -156,6 +156,7 @@ def test_cli_help_says_what_new_does(capsys) -> None:
     ({"grid": {"budgets": []}}, "grid.budgets is an empty list"),
     ({"grid": {"budgets": [True]}}, r"got True \(bool\)"),
     ({"grid": {"budgets": [1]}}, r"grid.budgets\[0\] must be an integer >= 2"),
+    ({"grid": {"budgets": [100000]}}, r"grid.budgets\[0\] must be at most 4096"),
     ({"grid": {"drafters": []}}, "grid.drafters is an empty list"),
     ({"grid": {"builders": []}}, "grid.builders is an empty list"),
     ({"grid": {"max_depths": []}}, "grid.max_depths is an empty list"),
@@ -237,6 +238,10 @@ def test_bad_toml_names_the_file(tmp_path: Path) -> None:
     path.write_text("[grid\nbudgets = [4]\n")
     with pytest.raises(ValueError, match="broken.toml is not valid TOML"):
         E.load_config(path)
+    latin = tmp_path / "latin.toml"
+    latin.write_bytes('name = "caf\u00e9"\n'.encode("latin-1"))
+    with pytest.raises(ValueError, match="latin.toml is not UTF-8 text, as TOML must be"):
+        E.load_config(latin)
 
 
 # -- 4. output names stay inside the chosen directory ---------------------------------------------

@@ -395,3 +395,18 @@ def test_the_cost_section_reports_how_far_runs_of_one_tree_drifted(tmp_path) -> 
     text = "\n".join(M._step_cost_section([fast, slow, kary], tmp_path))
     assert "identical tree on one panel differ by up to 40%" in text
     assert "Timing drift" not in "\n".join(M._step_cost_section([fast, kary], tmp_path))
+
+
+def test_each_drafter_sets_tree_is_drawn_apart(tmp_path):
+    """The tree pictures were keyed by builder, budget and depth alone: beside the n-gram drafter ("both") the
+    model's share (here one node) was drawn under the model's name, or the "both" tree never drawn."""
+    from treespec.bench.sweep.report import _tree_images
+
+    def rec(drafters, paths):
+        return {"params": {"builder": "chain", "budget": 6, "max_depth": None, "drafters": drafters,
+                           "dataset": "humaneval", "temperature": 0.0},
+                "result": {"tree": {"paths": paths}}}
+
+    drawn = _tree_images([rec("model", [[0], [0, 0], [0, 0, 0]]), rec("both", [[0]])], tmp_path)
+    assert [name for _, name in drawn] == ["trees/chain-B6-dnone.png", "trees/chain-B6-dnone-both.png"]
+    assert drawn[1][0].endswith("drafters both") and all((tmp_path / name).is_file() for _, name in drawn)

@@ -432,3 +432,12 @@ def test_a_static_tree_out_of_order_is_refused_naming_the_path(paths, fragment):
 
     with pytest.raises(ValueError, match=fragment):
         priority_paths(paths)
+
+
+def test_a_budget_past_the_dps_largest_is_refused_before_its_tables_are_made():
+    """``budgets = [100000]`` in a sweep failed each Sequoia point with a MemoryError (75 GiB of tables)."""
+    from tree_builders.sequoia import MAX_BUDGET
+
+    with pytest.raises(ValueError, match="budget 100000 is past the 4096 nodes the Sequoia DP sizes"):
+        sequoia([0.5, 0.3], 100000)
+    assert sequoia([0.5], MAX_BUDGET, max_depth=2, max_width=2).size <= MAX_BUDGET

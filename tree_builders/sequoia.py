@@ -47,8 +47,16 @@ class _Level:
     split: list[list[int]]  # [W][B]
 
 
+#: the largest budget the DP sizes: its tables hold about budget x width numbers (a budget of 100,000 asked for
+#: 75 GiB), and no verification pass is that wide
+MAX_BUDGET = 4096
+
+
 def _check_limits(budget: int, max_depth: int | None, max_width: int | None) -> None:
     check_count("budget", budget, 1, "it counts the root")
+    if budget > MAX_BUDGET:
+        raise ValueError(f"budget {budget} is past the {MAX_BUDGET} nodes the Sequoia DP sizes (its tables grow with "
+                         "budget x width); a verification pass holds tens to hundreds of tokens: give a smaller budget")
     check_optional_count("max_depth", max_depth, 0)
     check_optional_count("max_width", max_width, 0)
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import tree_builders
+from tree_builders.sequoia import MAX_BUDGET
 
 from ...core.verifiers import VERIFIERS
 from ...drafters.model import STATIC_MODES
@@ -110,6 +111,9 @@ def load_config(config: str | os.PathLike | dict[str, Any]) -> dict[str, Any]:
                 raw = tomllib.load(f)
             except tomllib.TOMLDecodeError as error:
                 raise ValueError(f"{config} is not valid TOML: {error}") from None
+            except UnicodeDecodeError as error:
+                raise ValueError(f"{config} is not UTF-8 text, as TOML must be ({error.reason} at byte "
+                                 f"{error.start}); save it as UTF-8") from None
         raw.setdefault("name", Path(config).stem)
     data = raw.get("data", {})
     check(isinstance(data, dict), f"config key 'data' must be a table, got {data!r}")
@@ -215,6 +219,14 @@ def _real(ok: Callable[[float], bool], expected: str) -> Checker:
                 or not ok(value)):
             _refuse(where, value, f"a number {expected}")
     return check_value
+
+
+def _budget(where: str, value: Any) -> None:
+    """A tree budget: 2 (a root and one drafted token) to the Sequoia DP's largest."""
+    _int(2)(where, value)
+    if value > MAX_BUDGET:
+        _refuse(where, value, f"at most {MAX_BUDGET} (the Sequoia DP's largest budget; a "
+                              "verification pass holds tens to hundreds of tokens)")
 
 
 def _choice(options: Sequence[str]) -> Checker:
@@ -412,7 +424,7 @@ TYPES: dict[str, Checker] = {
     "name": _name,
     "models.target": _text, "models.draft": _text, "models.pairs": _pairs,
     "grid.drafters": _list(_choice(DRAFTER_SETS)), "grid.builders": _list(_choice(BUILDERS)),
-    "grid.budgets": _list(_int(2)), "grid.max_depths": _list(_depth), "grid.batch_sizes": _list(_int(1)),
+    "grid.budgets": _list(_budget), "grid.max_depths": _list(_depth), "grid.batch_sizes": _list(_int(1)),
     "grid.temperatures": _list(_real(lambda t: t >= 0, ">= 0 (0 is greedy)")),
     "grid.top_p": _list(_real(lambda p: 0 < p <= 1, "in (0, 1]")), "grid.seeds": _list(_int(0)),
     "grid.model_mode": _choice(MODEL_MODES), "grid.verifiers": _list(_choice(tuple(VERIFIERS))),

@@ -304,13 +304,15 @@ def _tree_images(tres: list[dict[str, Any]], out: Path) -> list[tuple[str, str]]
         depth = "none" if p["max_depth"] is None else p["max_depth"]
         a = r["result"].get("acceptance")
         tag = f"-{a['file'][len('acceptance-'):-len('.json')]}" if (a and p["builder"] == "sequoia") else ""
-        name = f"trees/{tree_label(p).replace(':', '-')}-B{p['budget']}-d{depth}{tag}.png"
+        drafters = p.get("drafters", "model")  # beside the n-gram drafter ("both") the model drafts a share
+        also = "" if drafters == "model" else f"-{drafters}"
+        name = f"trees/{tree_label(p).replace(':', '-')}-B{p['budget']}-d{depth}{also}{tag}.png"
         if any(name == seen for _, seen in trees):
             continue
         (out / "trees").mkdir(exist_ok=True)
         shape = TreeShape(tuple(x) for x in tree["paths"])
         title = f"{tree_label(p)} B={p['budget']} depth<={depth}" + (
-            f" ({p['dataset']}, T={p['temperature']:g})" if tag else "")
+            f" ({p['dataset']}, T={p['temperature']:g})" if tag else "") + (f", drafters {drafters}" if also else "")
         shape.draw(str(out / name), acceptance=a["vector"] if a else None, title=title)
         trees.append((title, name))
     return trees
