@@ -130,6 +130,24 @@ def test_the_grid_may_grow_or_lose_unfinished_points_but_keeps_finished_ones(tmp
     assert len(read_records(results)) == 3 and not list(tmp_path.glob("replaced-*"))
 
 
+def test_prompt_ranges_are_axes_whose_changes_keep_the_points_they_do_not_touch(tmp_path: Path) -> None:
+    """A prompt set added with ranges of its own, or a set's ranges restated at their defaults, was refused as
+    "the results of a different config" (data.splits compared as settings), though every point's key holds its
+    ranges; such changes now resume, and a range that moves finished points is refused, naming them."""
+    from treespec.bench.sweep.lock import refusal
+
+    E.sweep(small(), tmp_path, progress=False, make_report=False)
+    added = small()
+    added["data"]["datasets"] = ["humaneval", "lee-news"]
+    added["data"]["splits"] = {"lee-news": {"calib": "0:4", "eval": "10:11"}}
+    restated = small()
+    restated["data"]["splits"] = {"humaneval": {"calib": "0:4"}}
+    assert refusal(tmp_path, E.load_config(added)) is None and refusal(tmp_path, E.load_config(restated)) is None
+    moved = small()
+    moved["data"]["splits"] = {"humaneval": {"eval": "101:102"}}
+    assert "drops 2 finished point(s)" in refusal(tmp_path, E.load_config(moved))
+
+
 def test_directory_from_before_fingerprints_is_adopted(tmp_path: Path, capsys) -> None:
     E.sweep(small(), tmp_path, progress=False, make_report=False)
     (tmp_path / FINGERPRINT).unlink()

@@ -9,8 +9,8 @@
   directory is refused, naming what changed, unless ``new=True`` (``--new``, which starts over
   with any config): the old contents are then moved aside into ``<out>/replaced-<UTC time>/``
   (nothing is deleted). The same config without ``--new`` resumes.
-* **Growing or trimming the grid.** The :data:`AXES` (budgets, builders, temperatures, prompt
-  sets, baselines...) only choose which points run, and every point's key holds its own values of
+* **Growing or trimming the grid.** The :data:`AXES` (budgets, builders, temperatures, prompt sets and
+  their ranges, baselines...) only choose which points run, and every point's key holds its own values of
   them; changing them alone is accepted as long as every finished record stays a point of the new
   grid. New points then run and finished ones are kept; dropping a finished point is refused,
   naming it.
@@ -47,7 +47,16 @@ PLACEMENT = frozenset(["run.workers"])
 #: config keys that only choose which points run: a point's key holds its own value of each, so
 #: changing them adds or drops points without touching what a finished point measured
 AXES = frozenset([*(f"grid.{k}" for k in ("drafters", "builders", "budgets", "max_depths", "temperatures", "top_p",
-                                         "seeds", "verifiers")), "data.datasets", "baselines.methods"])
+                                         "seeds", "verifiers")), "data.datasets", "baselines.methods",
+                   # prompt ranges: every point's key holds its set's evaluation range, and a treespec point's its
+                   # calibration range, so a range changed drops the points it changes (refused when finished)
+                   "data.calib", "data.eval"])
+
+
+def is_axis(key: str) -> bool:
+    """Whether config key ``key`` (a leaf of :func:`changes`) only chooses which points run: :data:`AXES`, or a
+    prompt set's own ranges (``[data.<set>]``, kept under ``data.splits``)."""
+    return key in AXES or key == "data.splits" or key.startswith("data.splits.")
 
 
 class OutputDirError(ValueError):
@@ -146,11 +155,12 @@ def refusal(out: Path, cfg: dict[str, Any]) -> str | None:
     if not diff or not _finished(out):
         return None
     redo = f"re-run with --new to move them aside into {out}/{REPLACED}<time>/ and start over, or choose another --out"
-    if not set(diff) <= AXES:
-        lines = [line for key, line in diff.items() if key not in AXES]
+    if not all(map(is_axis, diff)):
+        lines = [line for key, line in diff.items() if not is_axis(key)]
         shown = "; ".join(lines[:6]) + (f"; and {len(lines) - 6} more" if len(lines) > 6 else "")
         return (f"{out} holds the results of a different config ({shown}). {redo[0].upper()}{redo[1:]}. (A change "
-                "of the grid's axes alone - budgets, builders, temperatures, prompt sets, baselines - resumes.)")
+                "of the grid's axes alone - budgets, builders, temperatures, prompt sets and their ranges, "
+                "baselines - resumes.)")
     # the finished points, once each (a failed or refused record drops nothing; a greedy record under another
     # verifier stands for the greedy point the grid keeps: points.finished)
     keys = {measure_key(p.params) for p in enumerate_points(cfg)}
