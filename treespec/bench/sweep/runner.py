@@ -16,6 +16,7 @@ import torch
 from ...common.device import sync
 from ...core.buffers import Envelope
 from ...core.captured import MODES as CAPTURED_MODES
+from ...core.checks import check_model, check_prompts_fit, context_note, context_of
 from ...core.compiling import graphs_compiled
 from ...core.sampling import spread_seed
 from ...core.stats import SECTIONS, Stats
@@ -98,8 +99,6 @@ class Sweep:
         every point of theirs: models that do not load or are not admitted (``checks.check_model``), a draft of
         another tokenizer, a prompt that with ``max_new_tokens`` does not fit the target's context or either
         model's reach (``checks.check_prompts_fit``). Once per (target, draft, prompt set)."""
-        from ...core.checks import check_model, check_prompts_fit, context_note, context_of
-
         key = (p["target"], p.get("draft") or self.paired_draft(p["target"]), p["dataset"])
         if key in self.checked_inputs:
             return
@@ -110,10 +109,10 @@ class Sweep:
             role = "draft"
             draft = self.draft_model(key[0], key[1])
             check_model(draft, "draft")
-            prompts = self.token_prompts(key[0], key[2], "eval")
         except (OSError, ValueError, ImportError) as error:
             spec = key[0] if role == "target" else key[1]
             raise PairError(f"the {role} {spec!r} fails every point of its pair: {error}") from None
+        prompts = self.token_prompts(key[0], key[2], "eval")
         try:
             check_prompts_fit([len(ids) for ids in prompts], int(p["max_new_tokens"]), context_of(target),
                               [f"{key[2]} evaluation prompt {i}" for i in range(len(prompts))], context_note(target),
