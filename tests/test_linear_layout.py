@@ -138,7 +138,10 @@ def test_auto_layout_keeps_the_faster_and_caches_it(tmp_path):
     decisions = tmp_path / "layout.json"
     model, record = auto_layout(model, "target", name="tiny", decisions=decisions, timer=timer)
     assert ll.layout_of(model) == ll.WEIGHT_FIRST and timed == ["stock", "weight-first"] and not record["cached"]
-    assert "weight-first (measured now" in describe_layout(record)
+    assert "weight-first (measured now" in describe_layout(record) and "Conv1D" not in describe_layout(record, model)
+    from treespec.models.tiny import tiny_family_model  # GPT-2: its products are Conv1D, the LM head alone switches
+
+    assert describe_layout(record, tiny_family_model("gpt2")).endswith("; 8 Conv1D layers keep their own)")
     assert json.loads(decisions.read_text())[record["key"]]["layout"] == ll.WEIGHT_FIRST
     again, cached = auto_layout(tiny_model("llama", vocab=40), "target", name="tiny", decisions=decisions,
                                 timer=timer)

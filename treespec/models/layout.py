@@ -63,10 +63,13 @@ def auto_layout(model: torch.nn.Module, role: str = "target", *, name: str | Non
     return set_layout(model, best), {**record, "cached": False}
 
 
-def describe_layout(record: dict[str, Any]) -> str:
-    """One line saying which layout was kept and on what timings."""
+def describe_layout(record: dict[str, Any], model: torch.nn.Module | None = None) -> str:
+    """One line saying which layout was kept and on what timings (and, given the ``model``, that its Conv1D
+    layers, GPT-2's products, keep their own: the layout switches ``nn.Linear`` ones only)."""
+    conv1d = 0 if model is None else sum(type(m).__name__ == "Conv1D" for m in model.modules())
+    others = f"; {conv1d} Conv1D layers keep their own" if conv1d else ""
     if not record.get("seconds"):
-        return f"{record['layout']} ({record.get('why', 'not measured')})"
+        return f"{record['layout']} ({record.get('why', 'not measured')}{others})"
     timings = ", ".join(f"{layout} {s * 1e3:.0f} ms" for layout, s in record["seconds"].items())
     how = "cached measurement" if record.get("cached") else "measured now"
-    return f"{record['layout']} ({how}; forward over {record.get('sizes')} tokens: {timings})"
+    return f"{record['layout']} ({how}; forward over {record.get('sizes')} tokens: {timings}{others})"

@@ -295,7 +295,7 @@ def _with_layout(model: PreTrainedModel, layout: str, role: str, name: str, spec
         return {"layout": "stock", "seconds": {}, "why": "device_map"}
     decisions = cache_root(cache_dir if spec is not None else None) / LAYOUT_DECISIONS
     _, record = auto_layout(model, role, name=spec.name if spec is not None else name, decisions=decisions)
-    log(f"{name} ({role}) nn.Linear layout: {describe_layout(record)}")
+    log(f"{name} ({role}) nn.Linear layout: {describe_layout(record, model)}")
     return record
 
 
