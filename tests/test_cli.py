@@ -536,7 +536,7 @@ def test_batch_size_decodes_the_prompts_in_batches_each_as_alone(tiny_dirs, tmp_
               "--max-new-tokens", "6", "--json", "--no-compile"]  # --no-compile last
     assert main(["generate", *common, "--batch-size", "2"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()]
-    assert [(r["row"], r["batch_size"]) for r in rows] == [(0, 2), (1, 2), (2, 1)]
+    assert [(r["row"], r["batch_size"]) for r in rows] == [(0, 2), (1, 2), (0, 1)]  # the row in its batch
     assert rows[0]["batch"]["step"] == "eager, batched" and rows[0]["batch"]["forwards"] >= 1
     assert main(["generate", *common]) == 0
     alone = [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()]
@@ -682,6 +682,15 @@ def test_a_jsonl_lines_other_fields_come_back_in_its_record(tiny_dirs, tmp_path,
                      "3", "--max-new-tokens", "3", "--no-compile", "--json", "--batch-size", batch]) == 0
         records = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
         assert records[0]["input"] == {"id": "a-7", "tags": [1, 2]} and "input" not in records[1]
+    # a resumed --out whose prompts' other fields changed is refused: its records would keep the old ones
+    run = [*models, "--prompts-jsonl", str(tmp_path / "p.jsonl"), "--tree", "chain", "--budget", "3",
+           "--max-new-tokens", "3", "--no-compile", "--out", str(tmp_path / "o.jsonl")]
+    assert main(["generate", *run]) == 0
+    (tmp_path / "p.jsonl").write_text('{"id": "X", "prompt": "w1 w2", "tags": [1, 2]}\n{"prompt": "w3"}\n'
+                                      '{"prompt": "w4"}\n')
+    capsys.readouterr()
+    assert main(["generate", *run]) == 2
+    assert "record 1: prompt 0's other fields changed since it was written" in capsys.readouterr().err
 
 
 def test_compare_of_a_tuned_run_prints_its_prediction_with_the_runs_prefill_beside_the_speedup(tiny_dirs, tmp_path,

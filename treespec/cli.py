@@ -166,7 +166,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
                          f"it with --batch-size {args.batch_size} (or use --batch-size 1)")
     want_draft = not (args.ngram and not args.draft)
     recipe = recipe_from_args(args, with_model=want_draft)  # validates before the models load
-    done = _done(args, prompts)
+    done = _done(args, prompts, inputs)
     todo = [i for i in range(len(prompts)) if i not in done]
     if not todo:
         print(f"all {len(prompts)} prompts are in {args.out} already", file=sys.stderr)
@@ -205,13 +205,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return status
 
 
-def _done(args: argparse.Namespace, prompts: list[str]) -> dict[int, dict[str, Any]]:
+def _done(args: argparse.Namespace, prompts: list[str], inputs: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
     """The records of the prompts done already, by index: with ``--out``, those it holds (``cli_output``); else
     none."""
     if args.out is None:
         return {}
     check_writable(args.out)  # fail now, not after minutes of work
-    done = cli_output.finished(args.out, args, prompts)
+    done = cli_output.finished(args.out, args, prompts, inputs)
     if 0 < len(done) < len(prompts):
         print(f"{args.out} holds {len(done)} of the {len(prompts)} prompts already; generating the other "
               f"{len(prompts) - len(done)}", file=sys.stderr)
@@ -291,7 +291,7 @@ def _generate_batches(args: argparse.Namespace, prompts: list[str], inputs: list
         out = run(resolved.recipe, target, drafts, encoded[start : start + args.batch_size],
                   max_new_tokens=args.max_new_tokens, seed=seeds, eos_token_id=eos)
         for r, (i, row) in enumerate(zip(indices, out.rows)):
-            _emit(args, i, {**cli_output.record(prompts[i], row, resolved, tok, layouts, tree), "row": i,
+            _emit(args, i, {**cli_output.record(prompts[i], row, resolved, tok, layouts, tree), "row": r,
                             "batch_size": len(indices), "row_seconds": out.row_seconds[r],
                             "batch": {"forwards": out.forwards, **out.stats.record()}}, inputs[i])
             if not args.json:

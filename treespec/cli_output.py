@@ -191,10 +191,11 @@ def check_resume(path: Path, done: dict[int, dict[str, Any]], resolved: Resolved
                          "--out")
 
 
-def finished(path: Path, args: argparse.Namespace, prompts: list[str]) -> dict[int, dict[str, Any]]:
+def finished(path: Path, args: argparse.Namespace, prompts: list[str],
+             inputs: list[dict[str, Any]] | None = None) -> dict[int, dict[str, Any]]:
     """The records ``path`` holds under this run's settings, by the index of their prompt in ``prompts`` (a torn last
-    line, from a stop while writing, is cut). A record of other settings, or of another prompt at its index, is
-    refused."""
+    line, from a stop while writing, is cut). A record of other settings, of another prompt at its index, or whose
+    prompt's other fields (``inputs``: what a record keeps under ``"input"``) changed, is refused."""
     repair_tail(path)
     mine, done = settings(args), {}
     for n, rec in enumerate(read_records(path, hint=HINT), start=1):
@@ -209,6 +210,10 @@ def finished(path: Path, args: argparse.Namespace, prompts: list[str]) -> dict[i
         if not (isinstance(i, int) and 0 <= i < len(prompts) and rec.get("prompt") == prompts[i]):
             raise ValueError(f"{path}, record {n}: its prompt (index {i!r}) is not prompt {i!r} of these prompts: "
                              "give another --out for another prompt file")
+        if inputs is not None and (rec.get("input") or {}) != (inputs[i] or {}):
+            raise ValueError(f"{path}, record {n}: prompt {i}'s other fields changed since it was written "
+                             f"({rec.get('input') or {}} -> {inputs[i] or {}}), and its record keeps the old ones: "
+                             f"give another --out, or move {path} aside to start over")
         done[i] = rec
     return done
 

@@ -84,8 +84,8 @@ def add_model_options(p: argparse.ArgumentParser, several_drafts: bool = False) 
                    help="target precision; auto times float32 and bfloat16 here and keeps the faster, and for a "
                         "GGUF target (a built-in one or a .gguf file) on a CPU, generate and demo keep int4 on the "
                         "file's own 4-bit blocks instead where its tuned tree (or a pilot's choice, for trees a pilot "
-                        "sizes) is predicted faster, or, for a set tree size (--budget, --paths), where it forwards "
-                        "that tree faster (decisions cached); "
+                        "sizes) is predicted faster, or, for a set tree size (generate's --budget, --paths), where "
+                        "it forwards that tree faster (decisions cached); "
                         "int4 (CPU) keeps a GGUF's own 4-bit blocks. Default: auto on CPU, bfloat16 on CUDA")
     p.add_argument("--draft-dtype", choices=CHOICES["draft"], default=None,
                    help="draft precision; int8 is dynamic int8 quantisation, int4 weight-only 4-bit (both CPU), "
@@ -95,7 +95,8 @@ def add_model_options(p: argparse.ArgumentParser, several_drafts: bool = False) 
 
 def add_sampling_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=_temperature, default=0.0, metavar="T", help="0 = greedy (default)")
-    p.add_argument("--top-p", type=_top_p, default=1.0, metavar="P")
+    p.add_argument("--top-p", type=_top_p, default=1.0, metavar="P",
+                   help="keep the fewest most likely tokens whose probability reaches P (default 1: all)")
     p.add_argument("--top-k", type=_top_k, default=0, metavar="K", help="keep the K most likely tokens (0: all)")
 
 
@@ -174,7 +175,8 @@ def _generate(sub) -> None:
                    help="how model drafters pick children (default: topk when greedy; when sampling "
                         "sample_without_replacement, or sample for --tree chains)")
     add_sampling_options(g)
-    g.add_argument("--max-new-tokens", type=_count("max-new-tokens"), default=128, metavar="N")
+    g.add_argument("--max-new-tokens", type=_count("max-new-tokens"), default=128, metavar="N",
+                   help="tokens to generate per prompt (default 128; fewer where an EOS comes first)")
     g.add_argument("--seed", type=_seed, default=None, metavar="S",
                    help="random seed of a sampled run: the first prompt runs with S, each other with a seed derived "
                         "from S and its place in the prompt list, so its output does not depend on --batch-size or "
@@ -230,7 +232,8 @@ def _demo(sub) -> None:
                                    "HumanEval prompts with the target alone and with treespec, and report.")
     d.add_argument("--prompts", type=_demo_prompts, default=3, metavar="N",
                    help="prompts from 100 on: HumanEval's, or ShareGPT's with --chat (1 to 64; default 3)")
-    d.add_argument("--max-new-tokens", type=_count("max-new-tokens"), default=64, metavar="N")
+    d.add_argument("--max-new-tokens", type=_count("max-new-tokens"), default=64, metavar="N",
+                   help="tokens each method generates per prompt (default 64)")
     d.add_argument("--chat", action="store_true",
                    help="run ShareGPT first turns (from 100 on) as user turns in the chat template instead, the tree "
                         "sized from the acceptance shipped for chat turns (what a chat user sends)")
@@ -267,7 +270,8 @@ def _accept(sub) -> None:
                    help="how the draft proposes (default: topk when greedy, else sample_without_replacement)")
     add_sampling_options(a)
     add_chat_option(a)
-    a.add_argument("--max-new-tokens", type=_count("max-new-tokens"), default=48, metavar="N")
+    a.add_argument("--max-new-tokens", type=_count("max-new-tokens"), default=48, metavar="N",
+                   help="tokens walked per prompt (default 48)")
     a.add_argument("--max-depth", type=_count("max-depth"), default=8, metavar="D", help="rows of the per-depth matrix")
     a.add_argument("--batch-size", type=_count("batch-size"), default=8, metavar="B",
                    help="prompts walked together, as the rows of one forward per position (default 8; each prompt's "

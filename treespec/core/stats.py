@@ -147,6 +147,10 @@ def _add(a: list[int], b: list[int]) -> list[int]:
 
 @dataclass
 class GenerateOutput:
+    """What ``treespec.generate`` returns for one prompt: the prompt and its new tokens as one ``[1, L + n]`` tensor
+    (as HF's ``generate`` returns them), the new tokens alone (none after an EOS), and the run's :class:`Stats`
+    (``stats.record()`` / ``stats.as_dict()`` for JSON)."""
+
     sequences: torch.Tensor  # [1, L + n]: prompt then the generated tokens
     new_tokens: list[int]
     stats: Stats
