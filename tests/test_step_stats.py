@@ -102,3 +102,18 @@ def test_a_batchs_merges_are_the_engines_seconds(pair, monkeypatch):
     out = treespec.generate(target, PROMPTS, drafters=[treespec.ModelDrafter(draft, CHAIN3)], max_new_tokens=6)
     merges = sum(r.stats.steps for r in out.rows)
     assert out.stats.overhead_seconds >= 0.9 * 0.01 * merges and out.stats.drafting_seconds < 0.01 * merges / 2
+
+
+def test_a_sampled_run_records_its_seed_and_that_seed_repeats_it(pair):
+    """A sampled run without a seed drew one it never reported (its output could not be repeated, nor its
+    ``--out`` record); ``stats.seed`` holds it, the one given too, and None at T=0 (no sampling)."""
+    target, draft = pair
+    drafter = treespec.ModelDrafter(draft, CHAIN3, "sample")
+    first = treespec.generate(target, PROMPTS[0], [drafter], max_new_tokens=12, temperature=1.0)
+    assert isinstance(first.stats.seed, int) and first.stats.record()["seed"] == first.stats.seed
+    again = treespec.generate(target, PROMPTS[0], [drafter], max_new_tokens=12, temperature=1.0,
+                              seed=first.stats.seed)
+    assert again.new_tokens == first.new_tokens and again.stats.seed == first.stats.seed
+    batch = treespec.generate(target, PROMPTS, [drafter], max_new_tokens=4, temperature=1.0, seed=[5, 6, 7])
+    assert [row.stats.seed for row in batch.rows] == [5, 6, 7]
+    assert treespec.generate(target, PROMPTS[0], [drafter], max_new_tokens=4).stats.seed is None

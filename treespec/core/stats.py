@@ -63,6 +63,7 @@ class Stats:
     depth_accepted: list[int] = field(default_factory=list)  # [d-1]: of those, steps that accepted a child at depth d
     verifier: str = "rrs"  # the verification rule (treespec.core.verifiers)
     step: str = "eager"  # where the steps ran: eager, compiled (host drafting, and why) or captured
+    seed: int | None = None  # a sampled run's seed, the one given or drawn (generate(seed=...) repeats the run)
 
     @property
     def tau(self) -> float:
@@ -118,7 +119,7 @@ class Stats:
                 "prefill_seconds": self.prefill_seconds, "drafting_seconds": self.drafting_seconds,
                 "verifying_seconds": self.verifying_seconds, "engine_seconds": self.overhead_seconds,
                 "seconds": self.seconds, "tokens_per_second": self.tokens_per_second, "verifier": self.verifier,
-                "step": self.step,
+                "step": self.step, "seed": self.seed,
                 "drafters": [asdict(d) for d in self.drafters]}
 
     @classmethod
@@ -202,7 +203,7 @@ class Progress:
     def __init__(self, req: "Request", step: str) -> None:
         self.req = req
         self.stats = Stats(drafters=[DrafterStats(d.describe()) for d in req.drafters], verifier=req.verifier,
-                           step=step)
+                           step=step, seed=None if req.params.greedy else req.seed)
         self.committed, self.new = list(req.prompt), []
         self.done = False
 
