@@ -863,3 +863,13 @@ def test_accept_ends_each_continuation_at_the_targets_end_of_sequence(tiny_dirs,
     from treespec.models.pair import eos_ids
 
     assert seen["eos_token_id"] == eos_ids(target, tok) != []
+
+
+def test_profile_times_the_sizes_generates_tuner_times():
+    """``treespec profile`` timed budgets up to 32 where ``generate``'s tuner profiles up to 64, so the tree it
+    recommended could differ from the one generate runs."""
+    from treespec.calibrate.tuning import PROFILE_SIZES
+    from treespec.cli_parser import build_parser
+
+    args = build_parser().parse_args(["profile"])
+    assert tuple(args.sizes) == PROFILE_SIZES

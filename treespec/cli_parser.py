@@ -11,6 +11,7 @@ from typing import Any, Callable
 from .bench.datasets import DATASETS
 from .calibrate.acceptance import CONTEXTS
 from .calibrate.choices import TUNED_TREES
+from .calibrate.tuning import PROFILE_SIZES
 from .common.device import check_device, default_device
 from .core import checks
 from .core.sampling import SamplingParams
@@ -291,9 +292,9 @@ def _profile(sub) -> None:
                                     "--tree chain / kary that builder's tree (budget, depth), with the most predicted "
                                     "tokens per second: G(T) / (t(n) + the draft forwards of its levels at their "
                                     "widths + the engine's time per step).")
-    pr.add_argument("--sizes", type=_count("size"), nargs="+", default=[1, 2, 4, 8, 16, 32], metavar="N",
+    pr.add_argument("--sizes", type=_count("size"), nargs="+", default=list(PROFILE_SIZES), metavar="N",
                     help="tree sizes (tokens per target forward) to time; the largest caps the budgets chosen "
-                         "from (default: 1 2 4 8 16 32)")
+                         f"from (default: {' '.join(map(str, PROFILE_SIZES))}, what generate's tuner times)")
     pr.add_argument("--acceptance", type=Path, default=None, metavar="JSON",
                     help="acceptance (default: the one shipped for the built-in pair); its per-depth rows unless "
                          "--positional-acceptance")
