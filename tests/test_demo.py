@@ -47,6 +47,10 @@ def test_prediction_table_charges_prefill_to_both_sides():
     # predicted (1 + 9 * 0.4) / (1 + 10 / 2.5 * 0.5) = 4.6 / 3 (plain decoding's prefill gives its first token);
     # measured, HF's records without a prefill of their own: tok/s (20 / 6) / (20 / 10) = 5 / 3
     assert "1.00 s of prefill per prompt charged to both | 1.53x | 1.67x |" in table
+    assert "paired ratios above" not in table  # HF's records hold no prefill: one measured speedup, no note
+    with_prefill = [{**r, "prefill_seconds": 0.8} for r in alone]
+    assert "the two measured speedups differ by the prefills' difference" in demo.predicted_and_measured(
+        choice, mine + with_prefill, "hf-float32")
     assert demo.predicted_and_measured(choice, mine, "hf-float32") == ""  # nothing to compare with
     # a replayed prediction carries the range of a 2-prompt run: calibration prompts of tau 2 and 3 (2.5 pooled)
     replayed = Prediction(2.5, 0.5, 0.4, "replay", ((20, 10), (30, 10)))
