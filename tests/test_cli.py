@@ -504,7 +504,7 @@ def test_interrupt_is_one_line(monkeypatch, capsys):
     monkeypatch.setitem(cli.COMMANDS, "generate", interrupted)
     monkeypatch.delenv("TREESPEC_DEBUG", raising=False)
     assert cli.main(["generate", "--prompt", "x"]) == 130
-    assert capsys.readouterr().err == "treespec: interrupted\n"
+    assert capsys.readouterr().err == "\ntreespec: interrupted\n"  # on a line of its own after streamed text
 
 
 def test_compile_names_the_route_it_took(tiny_dirs, tmp_path, capsys, monkeypatch):

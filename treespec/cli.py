@@ -452,7 +452,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         if debug:
             raise
-        print("treespec: interrupted", file=sys.stderr)
+        sys.stdout.flush()  # a streamed text ends without its newline: the message starts a line of its own
+        print("\ntreespec: interrupted", file=sys.stderr)
         return 130
 
 
