@@ -313,7 +313,7 @@ def measure_each(target: torch.nn.Module, draft: torch.nn.Module, prompts: Seque
     # a walk past a sliding window measures another model than a run may use
     checks.check_prompts_fit([len(p) for p in prompts], max_new_tokens, None,
                              [f"prompt {j} of {len(prompts)}" for j in range(len(prompts))],
-                             windowed=[(target, "target"), (draft, "draft")])
+                             reaching=[(target, "target"), (draft, "draft")])
     parts, todo = [], [j for j in range(len(prompts)) if j not in done]
     with tqdm(total=len(prompts), initial=len(prompts) - len(todo), desc="acceptance", unit="prompt",
               disable=not progress) as bar:

@@ -196,7 +196,7 @@ def checked_prompts(target: torch.nn.Module, input_ids: object, max_new_tokens: 
         try:
             prompts.append(as_prompt(ids, vocab))
             positions = len(prompts[-1]) + check_lengths(len(prompts[-1]), max_new_tokens, context, note)
-            check_window(target, positions)
+            check_reach(target, positions)
             for model, own_tokens in drafts:
                 check_reach(model, positions, "draft", own_tokens)
         except ValueError as e:
@@ -297,15 +297,15 @@ def context_note(model: object) -> str:
 
 def check_prompts_fit(lengths: Sequence[int], max_new_tokens: int, max_positions: int | None,
                       names: Sequence[str | None], note: str = "",
-                      windowed: Sequence[tuple[torch.nn.Module, str] | tuple[torch.nn.Module, str, bool]] = ()
+                      reaching: Sequence[tuple[torch.nn.Module, str] | tuple[torch.nn.Module, str, bool]] = ()
                       ) -> None:
-    """:func:`check_lengths` of each prompt (``lengths``), and :func:`check_reach` of each of the ``windowed``
+    """:func:`check_lengths` of each prompt (``lengths``), and :func:`check_reach` of each of the ``reaching``
     (model, role[, own_tokens]) entries, all before any runs; the error of one that does not fit starts with its
     name (``names[i]``; None: the error as it is)."""
     for length, name in zip(lengths, names):
         try:
             check_lengths(length, max_new_tokens, max_positions, note)
-            for model, role, *own_tokens in windowed:
+            for model, role, *own_tokens in reaching:
                 check_reach(model, length + int(max_new_tokens), role, *own_tokens)
         except ValueError as error:
             if name is None:

@@ -66,7 +66,9 @@ def auto_layout(model: torch.nn.Module, role: str = "target", *, name: str | Non
 def describe_layout(record: dict[str, Any], model: torch.nn.Module | None = None) -> str:
     """One line saying which layout was kept and on what timings (and, given the ``model``, that its Conv1D
     layers, GPT-2's products, keep their own: the layout switches ``nn.Linear`` ones only)."""
-    conv1d = 0 if model is None else sum(type(m).__name__ == "Conv1D" for m in model.modules())
+    from transformers.pytorch_utils import Conv1D
+
+    conv1d = 0 if model is None else sum(isinstance(m, Conv1D) for m in model.modules())
     others = f"; {conv1d} Conv1D layers keep their own" if conv1d else ""
     if not record.get("seconds"):
         return f"{record['layout']} ({record.get('why', 'not measured')}{others})"
