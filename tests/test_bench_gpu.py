@@ -197,3 +197,38 @@ def test_a_lever_entered_again_gets_its_own_runners_back(bench_gpu):
         captured.RUNNERS, levers.APPLIED[0] = before
         levers.KEPT.clear()
         levers.KEPT.update(kept)
+
+
+def test_gemm_autotune_tunes_the_level_graph_alone_and_keeps_freezing(bench_gpu, monkeypatch):
+    """A ``gemm_autotune`` lever compiles the draft level's graph with inductor's ``max_autotune_gemm`` on (until a
+    call of it compiles nothing) and the runner's other graphs without; a lever cannot claim freezing under a mode
+    that compiles unfrozen (``default+...+max-autotune`` levers would have been timed unfrozen while their records
+    said frozen: ``compiling.graph_settings`` freezes under reduce-overhead alone)."""
+    import sys
+    import types
+
+    import torch
+
+    from treespec.core import captured_runner, compiling
+
+    levers = sys.modules["gpu_protocol.levers"]
+    with pytest.raises(ValueError, match="compiles without freezing"):
+        levers.Lever("unfrozen", mode="max-autotune")
+    for name, setting in levers.LEVERS.items():  # what each lever claims is what its graphs get
+        monkeypatch.setattr(compiling, "CUDA_GRAPHS_FREEZE", setting.freezing)
+        assert compiling.graph_settings("inductor", setting.mode or "reduce-overhead")[0] == setting.freezing, name
+
+    def setting_seen(_runner) -> bool:
+        return torch._inductor.config.max_autotune_gemm
+
+    runner = object()
+    with bench_gpu["lever"](levers.LEVERS["default+matmul+gemm-autotune"]):
+        compile_graph = captured_runner.compile_graph
+        other = compile_graph(types.MethodType(setting_seen, runner), compiling.UNCOMPILED, None)
+        monkeypatch.setattr(captured_runner.CapturedRunner, "_level", setting_seen)  # as if it were the level
+        level = compile_graph(types.MethodType(setting_seen, runner), compiling.UNCOMPILED, None)
+    assert other() is False  # not the level: as compile_graph makes it
+    assert level() is True  # the level's first call compiles under the setting (uncompiled here: compiles nothing)
+    assert level() is False  # so the next runs without switching it
+    assert captured_runner.compile_graph is compiling.compile_graph
+    assert torch._inductor.config.max_autotune_gemm is False

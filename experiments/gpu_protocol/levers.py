@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import time
 from typing import Any
 
@@ -12,7 +13,7 @@ import torch
 import treespec
 from tree_builders.budgeted import for_budget
 from treespec.calibrate.acceptance import MeasuredAcceptance
-from treespec.core import attention, compiled, compiling, fused_qkv
+from treespec.core import attention, captured_runner, compiled, compiling, fused_qkv
 from treespec.core.compiling import graphs_compiled
 from treespec.core.runners import RunnerCache
 
@@ -34,6 +35,17 @@ class Lever:
     # kernel), or "math" (no fused kernel: inductor lowers attention to two batched products and a fused softmax)
     concat_qkv: bool = True  # q, k, v as one product whatever their widths: compiling.CUDA_GRAPHS_ONE_QKV
     attention: str = "sdpa"  # the tree forwards' ("flex", "flex-levels", "matmul"): attention.TREE_ATTENTION
+    # Triton GEMM templates autotuned against cuBLAS's in the draft level's graph alone (inductor's
+    # max_autotune_gemm while that graph compiles: no split-K reduction kernel where a template wins); unlike mode
+    # max-autotune it keeps freezing and CUDA graphs, and autotunes no other graph (less to compile)
+    gemm_autotune: bool = False
+
+    def __post_init__(self) -> None:
+        # inductor freezes only without a mode or under reduce-overhead (compiling.graph_settings): a lever that
+        # claims freezing under another mode would be timed unfrozen and reported as frozen
+        if self.freezing and self.mode not in (None, "reduce-overhead"):
+            raise ValueError(f"lever {self.what!r}: mode {self.mode!r} compiles without freezing; set freezing=False, "
+                             "or keep the mode and autotune GEMMs with gemm_autotune=True")
 
 
 #: the draft level's levers (phase levels), in the order they run by default
@@ -61,23 +73,24 @@ LEVERS = {
                           "(blocks past the used rows skipped; no cuDNN memset and launch gap)", attention="flex"),
     "default+flex-levels": Lever("treespec's CUDA defaults, FlexAttention in the draft levels only (the "
                                  "verification's 64 rows on cuDNN)", attention="flex-levels"),
-    "default+flex+max-autotune": Lever("the lever above and max-autotune", attention="flex", mode="max-autotune"),
     "default+math": Lever("treespec's CUDA defaults, SDPA's math path in every tree forward (reducing in bfloat16): "
                           "the level's attention (its rows over the cache's) as two small batched products and one "
                           "fused masked softmax instead of cuDNN's call and the memset before it", sdpa="math"),
-    "default+max-autotune": Lever("treespec's CUDA defaults and max-autotune (Triton GEMM templates: no split-K "
-                                  "reduction)", mode="max-autotune"),
+    "default+gemm-autotune": Lever("treespec's CUDA defaults, the draft level's GEMMs autotuned (Triton templates: no "
+                                   "split-K reduction where one wins)", gemm_autotune=True),
     "default+matmul": Lever("treespec's CUDA defaults, the tree forwards' attention written out (attention."
                             "grouped_matmul): the scaled queries times the keys read in place (SDPA's math path "
                             "scales and so copies the whole cache's keys per layer), a float32 softmax, the values",
                             attention="matmul"),
-    # the attention levers with max-autotune: a second device call times the pair whose attention won the first
-    "default+math+max-autotune": Lever("SDPA's math path in every tree forward and max-autotune", sdpa="math",
-                                       mode="max-autotune"),
-    "default+flex-levels+max-autotune": Lever("FlexAttention in the draft levels and max-autotune",
-                                              attention="flex-levels", mode="max-autotune"),
-    "default+matmul+max-autotune": Lever("the attention written out and max-autotune", attention="matmul",
-                                         mode="max-autotune"),
+    # the attention levers with the level's GEMMs autotuned: a device call times the pair whose attention won
+    "default+math+gemm-autotune": Lever("SDPA's math path in every tree forward, the level's GEMMs autotuned",
+                                        sdpa="math", gemm_autotune=True),
+    "default+flex+gemm-autotune": Lever("FlexAttention in every tree forward, the level's GEMMs autotuned",
+                                        attention="flex", gemm_autotune=True),
+    "default+flex-levels+gemm-autotune": Lever("FlexAttention in the draft levels, the level's GEMMs autotuned",
+                                               attention="flex-levels", gemm_autotune=True),
+    "default+matmul+gemm-autotune": Lever("the attention written out, the level's GEMMs autotuned", attention="matmul",
+                                          gemm_autotune=True),
 }
 
 
@@ -103,6 +116,29 @@ def set_sdpa_backends(enabled: dict[str, bool]) -> None:
     cuda.enable_mem_efficient_sdp(enabled["efficient"])
 
 
+def compile_level_gemm_autotuned(fn, backend, mode, models=()):
+    """``compiling.compile_graph``, whose draft-level graph (``CapturedRunner._level``) compiles with its GEMMs
+    autotuned (inductor's ``max_autotune_gemm``, read while inductor compiles); the runner's other graphs as
+    ``compile_graph`` makes them. The setting is switched on around the level's calls until one compiles nothing
+    (switching it costs the host tens of microseconds a call, which a replay should not carry)."""
+    call = compiling.compile_graph(fn, backend, mode, models)
+    if getattr(fn, "__func__", None) is not captured_runner.CapturedRunner._level:
+        return call
+    compiling_yet = [True]
+
+    @functools.wraps(call)
+    def autotuned(*args, **kwargs):
+        if not compiling_yet[0]:
+            return call(*args, **kwargs)
+        graphs = graphs_compiled()
+        with torch._inductor.config.patch(max_autotune_gemm=True):
+            out = call(*args, **kwargs)
+        compiling_yet[0] = graphs_compiled() > graphs
+        return out
+
+    return autotuned
+
+
 @contextlib.contextmanager
 def lever(setting: Lever):
     """The captured step with one lever (see :class:`Lever`). Runners are keyed by models, envelope and capacity,
@@ -121,6 +157,8 @@ def lever(setting: Lever):
     compiling.CUDA_GRAPHS_FREEZE, compiling.CUDA_GRAPHS_ONE_QKV = setting.freezing, setting.concat_qkv
     if setting.mode is not None:
         captured.compile_options = lambda c, device: (saved[2](c, device)[0], setting.mode)
+    if setting.gemm_autotune:  # the runners made inside the lever keep their tuned level graph
+        captured_runner.compile_graph = compile_level_gemm_autotuned
     allowed = {"cudnn": setting.sdpa == "cudnn", "flash": setting.sdpa != "math", "efficient": setting.sdpa != "math"}
     set_sdpa_backends({k: saved[3][k] and allowed[k] for k in allowed})
     # SDPA's math path takes bfloat16 inputs to float32 (three casts and float32 products per layer) unless told
@@ -141,6 +179,7 @@ def lever(setting: Lever):
         for n, v in zip(names[1], saved[1]):
             setattr(compiling, n, v)
         captured.compile_options = saved[2]
+        captured_runner.compile_graph = compiling.compile_graph
         set_sdpa_backends(saved[3])
         torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(math_reduction)
         attention.TREE_ATTENTION = saved[4]
@@ -168,7 +207,7 @@ def phase_levels(b: Bench) -> dict[str, Any]:
     start, slowest_first, reference = time.perf_counter(), 0.0, None
     for name in b.args.levers or LEVERS:
         setting = LEVERS[name]
-        cuda_only = (setting.mode == "max-autotune" or setting.sdpa == "efficient"
+        cuda_only = (setting.mode == "max-autotune" or setting.gemm_autotune or setting.sdpa == "efficient"
                      or setting.attention.startswith("flex"))
         if (b.tiny or b.device.type != "cuda") and cuda_only:
             continue  # CUDA levers (on a CPU max-autotune times C++ templates for many minutes; inductor's CPU flex
