@@ -45,6 +45,8 @@ def test_bench_gpu_smoke_runs_every_phase_and_resumes(bench_gpu, tmp_path):
     assert list(levers) == ["default"] and levers["default"]["new_graphs"] > 0
     # one more level: the 8-level chain less the 4-level one (same graphs), beside drafting per forward
     assert {"level_ms", "level_ms_per_forward", "drafting_fixed_ms"} <= set(levers["default"])
+    phases = levers["default"]["compile_phases_s"]  # where the lever's compile went, longest first
+    assert phases and list(phases.values()) == sorted(phases.values(), reverse=True) and min(phases.values()) >= 1.0
     assert "one more level" in (tmp_path / "README.md").read_text()
     runs = ph["sweep"]["runs"]
     assert len(runs) >= 3 and {r["step"] for r in runs.values()} == {"captured"} and ph["sweep"]["lever"] == "default"

@@ -18,7 +18,7 @@ from treespec.core.compiling import graphs_compiled
 from treespec.core.runners import RunnerCache
 
 from .bench import ACCEPTANCE_T0, Bench, treespec_run
-from .profiling import kernel_table
+from .profiling import compile_phase_seconds, compile_phases_between, kernel_table
 from .shapes import sweep_shapes
 
 
@@ -217,7 +217,7 @@ def phase_levels(b: Bench) -> dict[str, Any]:
         if b.args.levels_seconds and time.perf_counter() - start + slowest_first > b.args.levels_seconds:
             out["skipped"].append(name)
             continue
-        graphs, skips = graphs_compiled(), cudagraph_skips()
+        graphs, skips, phases = graphs_compiled(), cudagraph_skips(), compile_phase_seconds()
         try:
             with lever(setting):
                 run, run_deeper = (treespec_run(b, b.model("target"), b.model("draft"), s, b.compile, budget=env.nodes,
@@ -236,6 +236,8 @@ def phase_levels(b: Bench) -> dict[str, Any]:
                                "verify_ms": sec["verifying"] * 1e3,
                                "step_ms": run["step_seconds"] * 1e3, "first_call_seconds": run["first_call_seconds"],
                                "new_graphs": graphs_compiled() - graphs, "cudagraph_skips": cudagraph_skips() - skips,
+                               # where the first call's compile went (a lever's is minutes on a cold GPU machine)
+                               "compile_phases_s": compile_phases_between(phases, compile_phase_seconds()),
                                "tokens_agreeing_with_first_lever": agreement(run["outputs"], reference),
                                **dataclasses.asdict(setting)}
         try:  # the kernels of one step: a measurement aid, whose failure keeps the lever's timing
@@ -251,6 +253,8 @@ def phase_levels(b: Bench) -> dict[str, Any]:
         timed = out["levers"][name]
         print(f"  {name}: {timed['level_ms']:.3f} ms per level (marginal), {timed['level_ms_per_forward']:.3f} ms "
               "per forward of the 4-level chain", flush=True)
+        longest = list(timed["compile_phases_s"].items())[:6]
+        print("  its compile's longest phases (s): " + ", ".join(f"{k} {v}" for k, v in longest), flush=True)
         b.checkpoint("levels", out)
     return out
 

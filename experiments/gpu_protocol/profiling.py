@@ -41,6 +41,24 @@ def launch_profile(call: Callable[[], Any], device: torch.device) -> dict[str, A
             "per_step_top_level_aten_ops": aten_outside / steps, "per_step_device_busy_seconds": busy_us * 1e-6 / steps}
 
 
+def compile_phase_seconds() -> dict[str, float]:
+    """Seconds spent so far in this process in each of dynamo's timed compile phases (tracing, AOT, inductor's
+    passes, lowering, code generation, kernel compiles, GEMM autotuning: ``torch._dynamo.utils.compile_times``,
+    nested phases counted in their parents too); two readings' difference is where a first call's compile went."""
+    from torch._dynamo.utils import compile_times
+
+    names, seconds = compile_times(repr="csv", aggregate=True)
+    return {name: float(s) for name, s in zip(names, seconds)}
+
+
+def compile_phases_between(before: dict[str, float], after: dict[str, float], least: float = 1.0
+                           ) -> dict[str, float]:
+    """The compile phases that took at least ``least`` seconds between two :func:`compile_phase_seconds`
+    readings, longest first."""
+    grown = {name: s - before.get(name, 0.0) for name, s in after.items()}
+    return {name: round(s, 1) for name, s in sorted(grown.items(), key=lambda kv: -kv[1]) if s >= least}
+
+
 def kernel_table(call: Callable[[], Any], device: torch.device, top: int = 15) -> dict[str, Any]:
     """One ``generate`` call under ``torch.profiler``: the kernels (CUDA; on a CPU the operators) with the most
     device time, per step, and the kernel launches per step."""
