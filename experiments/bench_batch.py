@@ -43,7 +43,6 @@ from treespec.bench.datasets import dataset_prompts
 from treespec.common.jsonl import append_record, read_records, repair_tail
 from treespec.calibrate.choices import resolve
 from treespec.calibrate.vectors import default_acceptance
-from treespec.common.device import execution_device
 from treespec.common.machine import cpu_model
 from treespec.models import DEFAULT_DRAFT, DEFAULT_TARGET, cache_root, load
 from treespec.recipes import Recipe, run
@@ -59,7 +58,7 @@ def methods_for(target: torch.nn.Module, draft: torch.nn.Module, recipe: Recipe,
         return hf_generate(target, batch, n)  # type: ignore[return-value]
 
     def hf_compiled(batch: Batch, n: int) -> tuple[Batch, float]:
-        with fastest_compile_settings(execution_device(target)):
+        with fastest_compile_settings():
             return hf_generate(target, batch, n, static_compiled=True)  # type: ignore[return-value]
 
     def assisted(batch: Batch, n: int) -> tuple[Batch, float]:

@@ -73,12 +73,12 @@ def hf_method(target: torch.nn.Module, name: str | None = None) -> Method:
 
 def hf_compiled_method(target: torch.nn.Module, name: str | None = None) -> Method:
     """HF ``generate`` with a static cache and ``torch.compile`` (its fastest plain decoding: with inductor's
-    weight freezing on a CPU, ``baselines.fastest_compile_settings``), greedy. Its first call compiles (:func:`run`
+    weight freezing, ``baselines.fastest_compile_settings``), greedy. Its first call compiles (:func:`run`
     warms every method up alike)."""
     precision = precision_of(target)
 
     def run(ids: list[int], n: int):
-        with fastest_compile_settings(execution_device(target)):
+        with fastest_compile_settings():
             tokens, seconds = hf_generate(target, ids, n, static_compiled=True)
         return tokens, seconds, {}
 

@@ -6,7 +6,7 @@ for them from the shipped acceptance, then decodes a few HumanEval evaluation pr
 onwards: disjoint from the calibration prompts; ``--chat``: ShareGPT first turns from 100 on as user turns in the chat
 template, the tree sized from chat's shipped acceptance) greedily, interleaved per prompt (``treespec.bench.compare``):
 HF ``generate`` eager (in float32 too, the sceptic's baseline, and in the target's precision), HF with a static
-cache + ``torch.compile`` (inductor weight freezing on a CPU, CUDA graphs on a GPU), HF assisted generation
+cache + ``torch.compile`` (inductor weight freezing; CUDA graphs too on a GPU), HF assisted generation
 with the same draft, and treespec. Every method makes the same warm-up call first (its compiles), shown apart
 and counted in no tok/s. The report names the fastest of the HF methods that ran, the speedup over it with its
 interval, the tuner's prediction beside the measurement, and the best branching tree of the chosen budget

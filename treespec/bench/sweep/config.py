@@ -22,8 +22,8 @@ from ..datasets import DATASETS, dataset_prompts, dataset_size, prompt_range
 
 BUILDERS = ("sequoia", "kary", "chains", "chain", "dynamic", "paths")
 DRAFTER_SETS = ("model", "ngram", "both")
-#: HF generate: eager ("target"), with a static cache + torch.compile ("target_compiled": CUDA graphs on CUDA,
-#: inductor's weight freezing on a CPU: HF's fastest plain decoding; compiled with the backend ``run.compile`` names,
+#: HF generate: eager ("target"), with a static cache + torch.compile ("target_compiled": inductor's weight freezing,
+#: and CUDA graphs on CUDA: HF's fastest plain decoding; compiled with the backend ``run.compile`` names,
 #: inductor otherwise), assisted by the pair's draft, prompt lookup
 BASELINES = ("target", "target_compiled", "assisted", "prompt_lookup")
 #: run.envelope: the captured steps' envelopes (``treespec.core.buffers``): one padded envelope for every tree of

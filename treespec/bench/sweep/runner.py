@@ -42,9 +42,9 @@ class PairError(ValueError):
     context): the sweep stops, naming it, instead of recording each point as a failure to retry."""
 
 
-def _hf_compile_settings(method: str, device: torch.device) -> contextlib.AbstractContextManager:
+def _hf_compile_settings(method: str) -> contextlib.AbstractContextManager:
     """HF's fastest plain decoding (``target_compiled``) compiles with ``baselines.fastest_compile_settings``."""
-    return fastest_compile_settings(device) if method == "target_compiled" else contextlib.nullcontext()
+    return fastest_compile_settings() if method == "target_compiled" else contextlib.nullcontext()
 
 
 def _digest(tokens: Sequence[int]) -> str:
@@ -300,7 +300,7 @@ class Sweep:
 
         def call(ids: list[int] | list[list[int]], tokens: int, seed: int) -> list[int] | list[list[int]]:
             lookup = p["method"] == "prompt_lookup"
-            with _quiet_transformers(), _hf_compile_settings(p["method"], device):
+            with _quiet_transformers(), _hf_compile_settings(p["method"]):
                 new, _ = hf_generate(target, ids, tokens, temperature=p["temperature"], top_p=p["top_p"],
                                      pad_token_id=pad_id, seed=seed, assistant_model=draft,
                                      assistant_config=p.get("assisted"),
