@@ -124,6 +124,24 @@ def test_a_tuned_chain_is_set_beside_the_best_branching_tree():
     assert ("wider levels cost more" in text) == (tau > choice.tau) and ("accepts less" in text) == (tau <= choice.tau)
 
 
+def test_the_best_branching_tree_is_searched_under_width_limits_too():
+    """Where width costs, a tree narrower than Sequoia's unlimited one can be the fastest branching tree (the tuner
+    searches width limits; ``best_branching`` searched depth limits alone and named a slower tree); acceptance rows
+    under which a second child adds nothing have no branching tree."""
+    from tree_builders import sequoia
+    from treespec.calibrate.costs import Profile
+
+    prof = Profile({1: 0.10, 2: 0.11, 4: 0.13, 8: 0.18, 12: 0.23, 16: 0.28},
+                   {1: 0.03, 2: 0.045, 4: 0.07, 8: 0.12, 16: 0.22}, {}, 0.0)
+    acceptance = [0.55, 0.2, 0.1, 0.05]
+    shape, tau, seconds = prof.best_branching(acceptance, 10, 8)
+    unlimited = max((sequoia(acceptance, 10, max_depth=d) for d in range(1, 9)),
+                    key=lambda s: s.expected_tokens(acceptance) / prof.step_seconds(s))
+    assert tau / seconds > unlimited.expected_tokens(acceptance) / prof.step_seconds(unlimited)
+    assert shape.widths == (2,) and tau / seconds == pytest.approx(1.75 / 0.15)
+    assert prof.best_branching([0.8], 6, 8) is None
+
+
 def test_a_tuned_branching_tree_or_plain_decoding_says_so():
     """Where width is nearly free the chosen tree is itself the best branching one; where drafting never pays,
     plain decoding is named as the choice."""

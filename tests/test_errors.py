@@ -360,7 +360,8 @@ def test_an_on_tokens_of_the_wrong_arity_is_refused_before_the_prefill(target, b
 
 
 @pytest.mark.parametrize("kwargs,fragment", [(dict(tree="sequoia", chains=3), "chains is an option of tree='chains'"),
-                                             (dict(tree="chain", kary_width=4), "kary_width is an option of")])
+                                             (dict(tree="chain", kary_width=4), "kary_width is an option of"),
+                                             (dict(tree="kary", max_width=1), "max_width is an option of tree=")])
 def test_a_builder_option_of_another_tree_is_refused(kwargs, fragment):
     with pytest.raises(ValueError, match=fragment):
         treespec.Recipe(**kwargs)

@@ -441,3 +441,18 @@ def test_a_budget_past_the_dps_largest_is_refused_before_its_tables_are_made():
     with pytest.raises(ValueError, match="budget 100000 is past the 4096 nodes the Sequoia DP sizes"):
         sequoia([0.5, 0.3], 100000)
     assert sequoia([0.5], MAX_BUDGET, max_depth=2, max_width=2).size <= MAX_BUDGET
+
+
+def test_chains_past_the_largest_budget_are_refused():
+    """A chain's shape holds every node's whole path (nodes^2 / 2 entries): chains of more nodes than the Sequoia DP
+    sizes are refused with a message, as kary's and sequoia's sizes are (``for_budget("chain", 100000)`` ran out of
+    memory instead)."""
+    from tree_builders import chain, for_budget
+    from tree_builders.builders import independent_chains
+    from tree_builders.sequoia import MAX_BUDGET
+
+    assert chain(MAX_BUDGET).size == MAX_BUDGET + 1
+    for build in (lambda: chain(MAX_BUDGET + 1), lambda: for_budget("chain", 100_000),
+                  lambda: independent_chains(3, 2000), lambda: for_budget("chains", 100_000)):
+        with pytest.raises(ValueError, match="the largest tree treespec sizes"):
+            build()

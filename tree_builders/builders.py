@@ -7,15 +7,25 @@ import heapq
 from collections.abc import Iterable, Sequence
 
 from .args import check_count, check_optional_count
+from .sequoia import MAX_BUDGET
 from .shape import Acceptance, Path, TreeShape, acceptance_rows
 
 #: refuse to materialise k-ary trees larger than this (a typo in the widths can explode)
 MAX_KARY_SIZE = 1_000_000
 
 
+def _check_chain_nodes(nodes: int, what: str) -> None:
+    """Refuse chains past the Sequoia DP's largest budget: a shape holds every node's whole path, so a chain of
+    ``n`` nodes holds ``n^2 / 2`` entries (8,000 nodes: 5 s and 644 MiB) and no step drafts that deep."""
+    if nodes > MAX_BUDGET:
+        raise ValueError(f"{what} would have {nodes} drafted nodes (> {MAX_BUDGET}, the largest tree treespec "
+                         "sizes); a step never drafts that deep: give fewer")
+
+
 def chain(gamma: int) -> TreeShape:
     """A chain of ``gamma`` drafted tokens (classic speculative decoding): size ``gamma + 1``."""
     gamma = check_count("gamma", gamma, 0, "it is the number of drafted tokens")
+    _check_chain_nodes(gamma, f"chain({gamma})")
     return TreeShape((0,) * i for i in range(1, gamma + 1))
 
 
@@ -45,6 +55,7 @@ def independent_chains(k: int, depth: int) -> TreeShape:
     (e.g. ``k`` independent samples of a chain drafter merged at the root)."""
     k = check_count("k", k, 0, "it is the number of chains")
     depth = check_count("depth", depth, 0, "it is the length of each chain")
+    _check_chain_nodes(k * depth, f"independent_chains({k}, {depth})")
     if depth == 0:
         return TreeShape()
     return TreeShape((i,) + (0,) * j for i in range(k) for j in range(depth))

@@ -162,7 +162,8 @@ def why_this_shape(tuned: Any, acceptance: Any) -> str:
     other = prof.best_branching(acceptance, choice.shape.size, max(choice.shape.depth, 8))
     kind = "a chain" if choice.shape.max_width == 1 else f"a tree of widths {list(choice.shape.widths)}"
     if other is None:
-        return f"Chosen: {kind} of {choice.shape.size} nodes ({mine}); no branching tree has so few nodes."
+        return (f"Chosen: {kind} of {choice.shape.size} nodes ({mine}); no tree of that budget branches usefully "
+                "(fewer than 3 nodes, or acceptance rows under which a second child adds nothing).")
     shape, tau, seconds = other
     if shape.paths == choice.shape.paths:
         return f"Chosen: {kind} of {choice.shape.size} nodes ({mine}): the best branching tree of its budget."

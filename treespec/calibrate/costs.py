@@ -25,6 +25,9 @@ from .step_cost import Choice, choose_tree, cost_curve, draft_seconds
 __all__ = ["Profile", "draft_level_cost", "draft_level_latency", "measure_latency", "profile", "random_tree"]
 
 DEFAULT_WIDTHS = (1, 2, 4, 8, 16)  # draft level widths profiled
+#: the width limits under which :meth:`Profile.best_branching` builds Sequoia's trees (as the tuner's search does,
+#: past a chain's 1): on a machine where width costs, a narrower tree can beat the unlimited one
+BRANCHING_WIDTHS = (2, 4, 8, None)
 
 
 def draft_level_cost(draft: torch.nn.Module, tokens: int = 4, context: int = 128, repeats: int = 3) -> float:
@@ -190,19 +193,22 @@ class Profile(JSONFile):
         return drafting + verifying + self.step_overhead_seconds
 
     def best_branching(self, acceptance: Any, budget: int, max_depth: int) -> tuple[TreeShape, float, float] | None:
-        """The fastest predicted tree of ``budget`` nodes (root included) that branches somewhere, under these
-        costs: Sequoia's tree at each depth limit below a chain's, kept where a node has two or more children.
-        Returns (shape, predicted tau, predicted seconds per step), None when no such tree exists (budget < 3).
+        """The fastest predicted tree of at most ``budget`` nodes (root included) that branches somewhere, under these
+        costs: Sequoia's tree at each depth limit below a chain's and each width limit the tuner searches
+        (:data:`BRANCHING_WIDTHS`), kept where a node has two or more children.
+        Returns (shape, predicted tau, predicted seconds per step), None when no such tree exists: budget < 3, or
+        acceptance rows under which a second child adds nothing (Sequoia's trees are then chains).
         What a tuned chain is weighed against: on a machine where width costs, the chain wins by its cheaper
         levels, and this says by how much."""
         best = None
         for depth in range(1, min(int(max_depth), int(budget) - 1) + 1):
-            shape = sequoia(acceptance, int(budget), max_depth=depth)
-            if shape.max_width < 2:
-                continue
-            tau, seconds = shape.expected_tokens(acceptance), self.step_seconds(shape)
-            if best is None or tau / seconds > best[1] / best[2]:
-                best = (shape, tau, seconds)
+            for width in BRANCHING_WIDTHS:
+                shape = sequoia(acceptance, int(budget), max_depth=depth, max_width=width)
+                if shape.max_width < 2:
+                    continue
+                tau, seconds = shape.expected_tokens(acceptance), self.step_seconds(shape)
+                if best is None or tau / seconds > best[1] / best[2]:
+                    best = (shape, tau, seconds)
         return best
 
     def choose(self, acceptance: MeasuredAcceptance | Any, **kwargs: Any) -> Choice:

@@ -79,7 +79,7 @@ def shape_for(recipe: Recipe, max_new_tokens: int | None = None) -> TreeShape | 
         if recipe.tree == "sequoia" else None
     return tree_builders.for_budget(recipe.tree, budget, acceptance, _depth_cap(recipe, max_new_tokens),
                                     kary_width=recipe.kary_width, chains=recipe.chains,
-                                    max_width=recipe.max_width if recipe.tree == "sequoia" else None,
+                                    max_width=recipe.max_width,
                                     paths=recipe.paths)
 
 

@@ -156,7 +156,8 @@ class Recipe:
             set_(name, checks.check_int(name, getattr(self, name), 1, hint))
         set_("chains", _optional_count("chains", self.chains, 1, "independent chains; None for the default"))
         for name, value, default, tree in (("kary_width", self.kary_width, 2, "kary"),
-                                           ("chains", self.chains, None, "chains")):
+                                           ("chains", self.chains, None, "chains"),
+                                           ("max_width", self.max_width, None, "sequoia")):
             if value != default and self.tree != tree:  # as the CLI refuses --kary-width / --chains
                 raise ValueError(f"{name} is an option of tree={tree!r}; the {self.tree!r} tree does not read it: "
                                  f"drop it, or give tree={tree!r}")
