@@ -53,6 +53,56 @@ def test_greedy_rows_equal_each_prompt_decoded_alone(family, drafters):
         assert out.stats.new_tokens == 20 * size and out.forwards == max(r.stats.steps for r in out.rows)
 
 
+class Delegating(treespec.Drafter):
+    """A user's wrapper around another drafter (to log or filter its proposals): everything handed on."""
+
+    def __init__(self, inner):
+        self.inner, self.vocab_size = inner, inner.vocab_size
+
+    def reset(self, prompt, *, sampling, seed):
+        self.inner.reset(prompt, sampling=sampling, seed=seed)
+
+    def prefill(self, prompt):
+        self.inner.prefill(prompt)
+
+    def propose(self, context):
+        return self.inner.propose(context)
+
+    def drafting(self, context):
+        return self.inner.drafting(context)
+
+    def for_row(self):
+        return Delegating(self.inner.for_row())
+
+
+class Counting(treespec.ModelDrafter):
+    """A model drafter whose propose is its own (it counts its calls)."""
+
+    calls = 0
+
+    def propose(self, context):
+        Counting.calls += 1
+        return super().propose(context)
+
+
+def test_a_wrapped_drafter_and_a_subclass_with_its_own_propose_draft_in_a_batch_as_alone():
+    """A batch drafts in shared forwards only a drafter that says it may (``Drafter.drafts_in_forwards``: the model
+    drafter); it took every drafter overriding ``drafting`` for one, so a wrapper failed in a batch (no ``model``;
+    ``drafting`` None from an n-gram inside; its inner model drafter's cache never filled) and a subclass's own
+    ``propose`` was skipped. Each now proposes row by row, as alone."""
+    target, draft = tiny_pair("qwen2")
+    for make, counted in ((lambda: [Delegating(treespec.NGramDrafter(width=2))], False),
+                          (lambda: [Delegating(treespec.ModelDrafter(draft, TREE, "topk"))], False),
+                          (lambda: [Counting(draft, TREE, "topk")], True)):
+        Counting.calls = 0
+        out = treespec.generate(target, PROMPTS, make(), max_new_tokens=12)
+        assert (Counting.calls >= len(PROMPTS)) == counted  # the subclass's propose ran, for every row
+        for prompt, row in zip(PROMPTS, out.rows):
+            alone = treespec.generate(target, prompt, make(), max_new_tokens=12)
+            assert row.new_tokens == alone.new_tokens == greedy_reference(target, prompt, 12)
+            assert row.stats.step_tokens == alone.stats.step_tokens
+
+
 def test_rows_finish_at_different_steps_and_leave_the_batch():
     """EOS ends a row early; the rows left go on (the finished row's cache rows dropped) and stay exact."""
     target, draft = tiny_pair("llama")

@@ -155,6 +155,8 @@ def test_static_cache_commit_gathers_rows_for_all_layers():
     target = tiny_model("qwen2", vocab=32, hidden=32)
     cache = StaticTreeCache(target, 16)
     assert all(not layer.keys.any() for layer in cache.layers)  # zero-filled
+    head_dim = target.config.hidden_size // target.config.num_attention_heads
+    assert all(layer.k_head_dim == layer.v_head_dim == head_dim for layer in cache.layers)  # HF's layer fields
     for i, layer in enumerate(cache.layers):
         layer.keys[0, 0, :, 0] = torch.arange(16.0) + 100 * i
     cache.length.fill_(3)

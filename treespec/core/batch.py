@@ -6,10 +6,10 @@ its own acceptance: ``padded.HostAcceptance``, the eager step's), so a row's out
 (the eager step: ``compile=False``), whichever prompts share its batch. What the rows share are the forwards
 and the rule's call (``padded.accept_rows``: every row's tree padded to the widest, each with its own random
 numbers): the target's over every row's tree, and a model drafter's over every row's level (its drafting is a
-coroutine of forwards, ``Drafter.drafting``), each through one ``kv.RowsCache`` (batch row ``b`` holds row
-``b``'s committed tokens; a row's new tokens follow its own, padding attends to itself only). The prompts are
-not shared: each row's goes through its own forward (``kv.RowsCache.prompts``). A finished row (EOS or
-``max_new_tokens``) leaves the batch: it costs nothing after.
+coroutine of forwards, ``Drafter.drafting``, ``Drafter.drafts_in_forwards``; other drafters propose row by row),
+each through one ``kv.RowsCache`` (batch row ``b`` holds row ``b``'s committed tokens; a row's new tokens follow
+its own, padding attends to itself only). The prompts are not shared: each row's goes through its own forward
+(``kv.RowsCache.prompts``). A finished row (EOS or ``max_new_tokens``) leaves the batch: it costs nothing after.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def row_seeds(seed: int | Sequence[int] | None, rows: int) -> list[int]:
 
 class BatchEagerStep:
     """The eager step over a batch of rows (module docstring). Each step: every row's proposals, a drafter that
-    drafts in forwards (``Drafter.drafting``: the model drafter) running all rows' forwards at once over one
+    drafts in forwards (``Drafter.drafts_in_forwards``: the model drafter) running all rows' forwards at once over one
     ``RowsCache`` of its model (its rows' caches are views of it); one target forward for every row; every row's
     acceptance in one call of the rule (each row's own random numbers)."""
 
@@ -90,7 +90,7 @@ class BatchEagerStep:
         #: drafter index -> the rows' shared draft cache, for drafters that draft in forwards
         self.draft_caches: dict[int, RowsCache] = {}
         for i, d in enumerate(reqs[0].drafters):
-            if type(d).drafting is not Drafter.drafting:
+            if d.drafts_in_forwards():
                 self.draft_caches[i] = shared = RowsCache(len(reqs))
                 for row, req in enumerate(reqs):
                     req.drafters[i].cache = RowCache(shared, row)

@@ -237,6 +237,14 @@ class Drafter(abc.ABC):
         drafter proposes in one call, :meth:`propose`."""
         return None
 
+    def drafts_in_forwards(self) -> bool:
+        """Whether a batch runs this drafter's rows through :meth:`prefilling` and :meth:`drafting`, every row's
+        forwards of its ``model`` at once over a shared cache (each row's drafter gets its row as ``cache``), in
+        place of :meth:`prefill` and :meth:`propose` row by row. Only where that gives :meth:`propose`'s own
+        proposals (the model drafter); default False: a batch calls ``propose`` per row, as one prompt does (a
+        drafter wrapping another proposes as it does alone)."""
+        return False
+
 
 def propose_all(drafters: Sequence[Drafter], committed: list[int], vocab: int) -> list[DraftProposals]:
     """Every drafter's proposals for this step, validated; a bad drafter is named in the error."""

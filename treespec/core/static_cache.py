@@ -27,7 +27,8 @@ class StaticTreeLayer(StaticLayer):
 
     def allocate(self, rows: int, heads: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
         self.dtype, self.device = dtype, device
-        self.batch_size, self.num_heads, self.k_head_dim = self.v_head_dim = rows, heads, head_dim
+        self.batch_size, self.num_heads = rows, heads
+        self.k_head_dim = self.v_head_dim = head_dim
         self.keys = torch.zeros(rows, heads, self.max_cache_len, head_dim, dtype=dtype, device=device)
         self.values = torch.zeros_like(self.keys)
         # fixed data pointers: compiled graphs (and CUDA graphs) may mutate them in place. guard=True: under

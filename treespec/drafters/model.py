@@ -169,6 +169,11 @@ class ModelDrafter(Drafter):
     def propose(self, context: Sequence[int]) -> DraftProposals:
         return drive(self.drafting(context), self._forward)
 
+    def drafts_in_forwards(self) -> bool:
+        # a subclass whose propose is its own (one that edits the proposals, say) drafts row by row in a batch,
+        # so that its rows propose what it proposes alone
+        return type(self).propose is ModelDrafter.propose
+
     def drafting(self, context: Sequence[int]) -> Drafting:
         """The step's drafting as a coroutine of draft forwards (``propose`` answers them on :attr:`cache`; a
         batch of prompts answers every row's at once, ``treespec.core.batch``)."""
