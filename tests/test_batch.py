@@ -103,6 +103,14 @@ def test_a_wrapped_drafter_and_a_subclass_with_its_own_propose_draft_in_a_batch_
             assert row.stats.step_tokens == alone.stats.step_tokens
 
 
+def test_a_subclass_with_its_own_propose_is_not_captured():
+    """The captured step drafts a model drafter's shape on the device: a subclass's own ``propose`` would not run
+    there, so it drafts on the host (compile=True then takes the eager step, saying why)."""
+    _, draft = tiny_pair("qwen2")
+    assert isinstance(treespec.ModelDrafter(draft, TREE, "topk").capture(), treespec.core.drafting.Capture)
+    assert "propose of its own" in Counting(draft, TREE, "topk").capture()
+
+
 def test_rows_finish_at_different_steps_and_leave_the_batch():
     """EOS ends a row early; the rows left go on (the finished row's cache rows dropped) and stay exact."""
     target, draft = tiny_pair("llama")

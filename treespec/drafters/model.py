@@ -138,10 +138,12 @@ class ModelDrafter(Drafter):
         return f"model({name}, {self.mode}, size={self.layout.shape.size}, depth={self.layout.shape.depth}{stop})"
 
     def capture(self) -> Capture | str:
-        """The static shape for the captured step; dynamic trees and i.i.d. sampling (siblings may repeat a
-        token, which the host trie merges) draft on the host."""
+        """The static shape for the captured step; dynamic trees, i.i.d. sampling (siblings may repeat a
+        token, which the host trie merges) and a subclass with a propose of its own draft on the host."""
         if self.mode not in ("topk", "sample_without_replacement"):
             return f"mode={self.mode!r} drafts on the host (captured: topk, sample_without_replacement)"
+        if not self.drafts_in_forwards():  # the captured step drafts the shape itself: a propose of its own unrun
+            return f"{type(self).__name__} proposes with a propose of its own: it drafts on the host"
         return Capture(self.model, self.layout.parent, self.layout.rank, self.mode, self.min_confidence)
 
     def reset(self, prompt: Sequence[int], *, sampling: SamplingParams, seed: int) -> None:
