@@ -91,7 +91,7 @@ def generate(
     temperature: float = 0.0,
     top_k: int = 0,
     top_p: float = 1.0,
-    eos_token_id: int | Sequence[int] | None = None,
+    eos_token_id: int | Sequence[int] | torch.Tensor | None = None,
     seed: int | Sequence[int] | None = None,
     budget: int | None = None,
     on_tokens: Callable[[list[int]], None] | Callable[[int, list[int]], None] | None = None,

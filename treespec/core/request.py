@@ -64,7 +64,7 @@ class Request:
     @classmethod
     def checked(cls, target: torch.nn.Module, input_ids: torch.Tensor | Sequence[int], drafters: Sequence[Drafter],
                 max_new_tokens: int, temperature: float, top_k: int, top_p: float,
-                eos_token_id: int | Sequence[int] | None, seed: int | None, budget: int | None,
+                eos_token_id: int | Sequence[int] | torch.Tensor | None, seed: int | None, budget: int | None,
                 on_tokens: OnTokens | None, verifier: str, compile: bool | str,
                 envelope: Envelope | None = None) -> "Request":
         """Validate the arguments of ``treespec.generate`` (see there); each error says how to fix it."""

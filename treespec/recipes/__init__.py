@@ -67,8 +67,9 @@ MAX_NEW_TOKENS = 64
 
 
 def run(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[DraftModel],
-        input_ids: torch.Tensor | Sequence[int] | Sequence[Sequence[int]], *, max_new_tokens: int = MAX_NEW_TOKENS,
-        seed: int | None = None, eos_token_id: int | Sequence[int] | None = None,
+        input_ids: torch.Tensor | Sequence[int] | Sequence[Sequence[int] | torch.Tensor], *,
+        max_new_tokens: int = MAX_NEW_TOKENS, seed: int | Sequence[int] | None = None,
+        eos_token_id: int | Sequence[int] | torch.Tensor | None = None,
         on_tokens: Callable[[list[int]], None] | Callable[[int, list[int]], None] | None = None,
         envelope: Envelope | None = None) -> GenerateOutput | BatchOutput:
     """Generate from ``target`` with the drafters, cap, sampling, verifier and compile mode of ``recipe``.
