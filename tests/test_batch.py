@@ -285,3 +285,41 @@ def test_a_run_that_tunes_its_tree_checks_each_prompt_before_measuring(prompts, 
     monkeypatch.setattr(choices, "resolve", lambda *a, **k: pytest.fail("tuned before the prompts were checked"))
     with pytest.raises(ValueError, match=match):
         treespec.run(Recipe(tree="chain", acceptance=[0.6, 0.2]), target, [draft], prompts, max_new_tokens=8)
+
+
+@pytest.mark.parametrize("precisions", ["int4 target, int4 draft", "int8 draft"])
+def test_quantised_rows_equal_each_prompt_alone(precisions):
+    """A row's quantised layers do not move with its batch mates: an int4 layer took its twin (bfloat16 for a
+    target, int8 for a draft: a prompt's) when the whole batch's rows reached the threshold, not one sequence's (a
+    batch of 8 small trees verified on the twin, parting from the int4 target's own decoding); a torch.ao int8
+    draft quantised every row's activations with one scale (each row's q moved with the others). Greedy rows equal
+    the target's own greedy decoding, sampled rows their prompt alone with the row's seed."""
+    import random
+
+    from treespec.models.precision import to_precision
+    from treespec.models.quantized import quantize_int4
+    from treespec.models.tiny import perturbed_copy, tiny_model
+
+    base = tiny_model("llama", vocab=128, hidden=64, layers=2, scale=1.0, seed=3)
+    if precisions == "int8 draft":
+        target, draft = base, to_precision(perturbed_copy(base, 0.3), "int8")
+    else:
+        target = quantize_int4(perturbed_copy(base, 0.0), group_size=32, twin="bfloat16")
+        draft = quantize_int4(perturbed_copy(base, 0.3), group_size=32, twin="int8")
+    rng = random.Random(0)
+    prompts = [[rng.randrange(128) for _ in range(n)] for n in (5, 9, 3, 7, 4, 6, 8, 2)]
+    tree = [(0,), (1,), (0, 0), (0, 1), (1, 0)]  # 8 rows x 5 nodes: past both twins' thresholds together
+
+    def make(mode):
+        return [treespec.ModelDrafter(draft, tree, mode)]
+
+    greedy = treespec.generate(target, prompts, make("topk"), max_new_tokens=16)
+    sampled = treespec.generate(target, prompts, make("sample_without_replacement"), max_new_tokens=16,
+                                temperature=1.0, seed=5)
+    for r, prompt in enumerate(prompts):
+        alone = treespec.generate(target, prompt, make("topk"), max_new_tokens=16)
+        assert greedy.rows[r].stats.step_tokens == alone.stats.step_tokens
+        assert greedy.rows[r].new_tokens == greedy_reference(target, prompt, 16)
+        alone = treespec.generate(target, prompt, make("sample_without_replacement"), max_new_tokens=16,
+                                  temperature=1.0, seed=row_seed(5, r))
+        assert sampled.rows[r].new_tokens == alone.new_tokens

@@ -13,7 +13,7 @@ from tree_builders import TreeShape
 
 from ..common.device import execution_device
 from ..common.machine import model_name
-from ..core.checks import check_int, check_probability, vocab_size
+from ..core.checks import check_int, check_probability, has_dynamic_int8, vocab_size
 from ..core.drafting import ROOT, Capture, DraftProposals, Drafter, Drafting, Forward, drive
 from ..core.kv import TreeCache, causal_allowed, forward_masked, forward_prompt
 from ..core.sampling import SamplingParams, draw_children
@@ -142,7 +142,7 @@ class ModelDrafter(Drafter):
         token, which the host trie merges) and a subclass with a propose of its own draft on the host."""
         if self.mode not in ("topk", "sample_without_replacement"):
             return f"mode={self.mode!r} drafts on the host (captured: topk, sample_without_replacement)"
-        if not self.drafts_in_forwards():  # the captured step drafts the shape itself: a propose of its own unrun
+        if type(self).propose is not ModelDrafter.propose:  # the captured step drafts the shape: that propose unrun
             return f"{type(self).__name__} proposes with a propose of its own: it drafts on the host"
         return Capture(self.model, self.layout.parent, self.layout.rank, self.mode, self.min_confidence)
 
@@ -173,8 +173,9 @@ class ModelDrafter(Drafter):
 
     def drafts_in_forwards(self) -> bool:
         # a subclass whose propose is its own (one that edits the proposals, say) drafts row by row in a batch,
-        # so that its rows propose what it proposes alone
-        return type(self).propose is ModelDrafter.propose
+        # so that its rows propose what it proposes alone; so does a torch.ao int8 draft, whose forward quantises
+        # its activations with one scale for all its rows (each row's q would move with the rows beside it)
+        return type(self).propose is ModelDrafter.propose and not has_dynamic_int8(self.model)
 
     def drafting(self, context: Sequence[int]) -> Drafting:
         """The step's drafting as a coroutine of draft forwards (``propose`` answers them on :attr:`cache`; a

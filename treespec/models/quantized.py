@@ -36,10 +36,11 @@ A target cannot take other weights for its prompt (its law is what the output fo
 built-in target's prompts of 63-272 tokens took 3.21 s (median) against 2.26 s for the same weights in bfloat16
 (``experiments/int4_target_prefill.py``: whole 64-token runs 8.42 against 10.02 tok/s). So an int4 target's layers
 keep a **bfloat16 twin of their own 4-bit weights** (``twin="bfloat16"``: ``(code - 8) * scale + zero`` with the
-kernel's bfloat16 scales, rounded to bfloat16) for inputs of at least :data:`PROMPT_ROWS` rows outside
-``torch.compile``: a prompt. A tree is never that wide on a CPU target in int4 (its forward grows with every four
-tokens: ``experiments/linear_kernels_by_rows.py``), so every step verifies on the kernel, as HF's decoding of the
-same model does; the twin holds the same weights up to bfloat16 rounding (one part in 512: next-token KL from the
+kernel's bfloat16 scales, rounded to bfloat16) for inputs of at least :data:`PROMPT_ROWS` rows a sequence outside
+``torch.compile``: a prompt (a batch's rows counted apart: its trees are steps). The tuner never sizes a tree that
+wide on a CPU target in int4 (its forward grows with every four tokens: ``experiments/linear_kernels_by_rows.py``),
+so every step verifies on the kernel, as HF's decoding of the same model does (a budget of 32 or more given by hand
+verifies on the twin); the twin holds the same weights up to bfloat16 rounding (one part in 512: next-token KL from the
 file 0.00039 against the kernel's 0.00035, ``experiments/results/gguf-fidelity-cpu``), the rounding any two kernels
 differ by. One length rounds apart: a prompt of exactly ``PROMPT_ROWS`` tokens, which HF's prefill runs on the
 twins and treespec's (the prompt less its last token) on the kernel; the two can then part at a near-tie, as
@@ -69,7 +70,8 @@ _GROUPS = (32, 64, 128, 256)
 
 class KernelLinear(torch.nn.Module):
     """A Linear layer on a quantised kernel (:meth:`kernel`: ``x`` flattened to rows, in bfloat16, to ``y`` without
-    the bias), with an optional twin that runs inputs of at least ``wide_rows`` rows outside ``torch.compile``
+    the bias), with an optional twin that runs inputs of at least ``wide_rows`` rows a sequence (``x.shape[-2]``)
+    outside ``torch.compile``
     (:meth:`_with`; the module doc). ``x`` of any float dtype, ``y`` of the same dtype."""
 
     def __init__(self, in_features: int, out_features: int, bias: torch.Tensor | None) -> None:
@@ -89,9 +91,11 @@ class KernelLinear(torch.nn.Module):
         raise NotImplementedError
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # is_compiling first: a graph never takes the twin, nor guards on the input's size for it
-        if (not torch.compiler.is_compiling() and self.wide is not None
-                and x.numel() >= self.wide_rows * self.in_features):
+        # is_compiling first: a graph never takes the twin, nor guards on the input's size for it. Rows of one
+        # sequence (x: [..., rows, in]), not of the whole input: a batch of B trees ([B, n, in]) is B steps, not a
+        # prompt, and a row's layers must not change with the rows beside it
+        if (not torch.compiler.is_compiling() and self.wide is not None and x.dim() >= 2
+                and x.shape[-2] >= self.wide_rows):
             return self.wide(x.float()).to(x.dtype)
         y = self.kernel(x.reshape(-1, self.in_features).to(torch.bfloat16)).to(x.dtype)
         if self.bias is not None:
