@@ -161,6 +161,21 @@ def test_plain_batch_rows_take_their_first_token_from_the_prefill(temperature):
             assert row.new_tokens == greedy_reference(target, prompt, 6)
 
 
+def test_a_sampled_batchs_seed_repeats_it():
+    """A sampled batch's pooled stats hold the call's seed, given or drawn (it held None: ``seed=stats.seed`` drew
+    anew); a list of seeds has none to give, and greedy none."""
+    target, draft = tiny_pair("qwen2")
+    make = drafter_sets(draft)["model"]
+    for given in (7, None):
+        out = treespec.generate(target, PROMPTS, make(), max_new_tokens=8, temperature=1.0, seed=given)
+        assert out.stats.seed == (7 if given is not None else out.rows[0].stats.seed) is not None
+        again = treespec.generate(target, PROMPTS, make(), max_new_tokens=8, temperature=1.0, seed=out.stats.seed)
+        assert [r.new_tokens for r in again.rows] == [r.new_tokens for r in out.rows]
+    listed = treespec.generate(target, PROMPTS[:2], make(), max_new_tokens=4, temperature=1.0, seed=[1, 2])
+    assert listed.stats.seed is None and [r.stats.seed for r in listed.rows] == [1, 2]
+    assert treespec.generate(target, PROMPTS[:2], make(), max_new_tokens=4, seed=3).stats.seed is None
+
+
 def test_a_list_of_seeds_gives_each_row_its_own():
     """``seed=[s0, s1, ...]``: row ``r`` decodes as its prompt alone with seed ``s_r`` (what a measurement that
     seeds each prompt by itself batches)."""

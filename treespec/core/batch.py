@@ -56,9 +56,10 @@ def row_seed(seed: int, row: int) -> int:
     return seed if row == 0 else spread_seed("batch-row", seed, row)
 
 
-def row_seeds(seed: int | Sequence[int] | None, rows: int) -> list[int]:
+def row_seeds(seed: int | Sequence[int] | None, rows: int) -> tuple[list[int], int | None]:
     """Each row's seed: ``seed`` itself when it is a list of one seed per prompt, else :func:`row_seed` of the
-    call's seed (drawn at random when None)."""
+    call's seed (drawn at random when None); and that call's seed (None for a list): ``seed=`` it repeats the
+    batch."""
     if isinstance(seed, (np.ndarray, torch.Tensor)) and seed.ndim == 1:  # one seed per prompt, as an array
         seed = seed.tolist()
     if isinstance(seed, (list, tuple)):
@@ -66,11 +67,11 @@ def row_seeds(seed: int | Sequence[int] | None, rows: int) -> list[int]:
             raise ValueError(f"seed: a list gives one seed per prompt; got {len(seed)} seeds for {rows} prompts")
         if any(s is None for s in seed):
             raise ValueError("seed: a list of seeds holds whole numbers in [0, 2**64), not None")
-        return [checks.check_seed(s) for s in seed]
+        return [checks.check_seed(s) for s in seed], None
     seed = checks.check_seed(seed)
     if seed is None:
         seed = int.from_bytes(os.urandom(7), "little")
-    return [row_seed(seed, r) for r in range(rows)]
+    return [row_seed(seed, r) for r in range(rows)], seed
 
 
 class BatchEagerStep:
@@ -269,7 +270,7 @@ def generate_batch(
                          f"{' of length 0' if isinstance(prompts, Sequence) and not prompts else ''}")
     if on_tokens is not None:
         checks.check_callback(on_tokens, "on_tokens of a batch", "each row's index and its tokens", 2)
-    seeds = row_seeds(seed, len(prompts))
+    seeds, call_seed = row_seeds(seed, len(prompts))
     drafters = checks.check_drafters(drafters, Drafter)
     reqs = []
     for r, prompt in enumerate(prompts):
@@ -280,7 +281,9 @@ def generate_batch(
                                         compile, envelope))
         except ValueError as e:
             raise ValueError(f"prompt {r} of the batch: {e}") from None
-    return decode_batch(reqs, batch_step_for(reqs, [req.start() for req in reqs]))
+    out = decode_batch(reqs, batch_step_for(reqs, [req.start() for req in reqs]))
+    out.stats.seed = None if reqs[0].params.greedy else call_seed  # as one prompt's: seed=stats.seed repeats it
+    return out
 
 
 def batch_step_for(reqs: Sequence[Request], gens: Sequence[torch.Generator]) -> BatchEagerStep:
