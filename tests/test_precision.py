@@ -166,3 +166,13 @@ def test_unknown_name_never_touches_the_hub_unless_allowed(tmp_path, monkeypatch
     with pytest.raises(OSError, match="could not be fetched from the hub"):
         models.load("no-such-org/no-such-model", cache_dir=tmp_path, allow_download=True)
     assert calls == [True, False]
+
+
+def test_int4_refuses_a_model_no_layer_of_which_fits_its_kernel():
+    """Hidden size 24 fits no int4 group: every layer would keep float32 weights, and the model was returned as
+    int4 (``load`` recorded it so) while it ran in float32."""
+    from treespec.models.precision import to_precision
+    from treespec.models.tiny import tiny_model
+
+    with pytest.raises(ValueError, match="no Linear layer of this model fits the int4 kernel"):
+        to_precision(tiny_model("llama", vocab=48, hidden=24), "int4")

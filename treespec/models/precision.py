@@ -110,7 +110,12 @@ def to_precision(model: torch.nn.Module, precision: str, twin: str | None = "int
     if precision == "int8":
         return quantize_int8(model)
     if precision == "int4":
-        return quantize_int4(model, twin=twin)
+        quantize_int4(model, twin=twin)
+        if not has_int4(model):  # every layer kept its float32 weights: the model would run, called int4, in float32
+            raise ValueError("int4: no Linear layer of this model fits the int4 kernel (it needs output sizes a "
+                             "multiple of 16 and input sizes a multiple of 32); load it in float32 or bfloat16, or "
+                             "int8")
+        return model
     return _cast(model, _TORCH_DTYPES[precision])
 
 
