@@ -354,6 +354,10 @@ def test_a_model_changed_in_place_gets_a_new_runner(models):
     prompt = [1, 5, 7, 9, 3]
     before = run(changed, changed, prompt, 12, shape=CHAIN4, compile=STEP_BACKEND)
     key = model_key(changed)
+    changed.config.max_position_embeddings *= 2  # the runner's cache clamps positions at the context it was made for
+    assert model_key(changed) != key
+    changed.config.max_position_embeddings //= 2
+    assert model_key(changed) == key
     changed.load_state_dict(perturbed_copy(changed, 0.5).state_dict())
     assert model_key(changed) != key
     after = run(changed, changed, prompt, 12, shape=CHAIN4, compile=STEP_BACKEND)

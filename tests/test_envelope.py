@@ -147,3 +147,68 @@ def test_an_envelope_and_a_budgeted_tree_refuse_what_they_cannot_build_by_name()
         Envelope.for_shapes([chain(2), chain(0)])
     with pytest.raises(ValueError, match="model drafter in mode 'dynamic'"):
         for_budget("dynamic", 5)
+
+
+def test_sampled_trees_stops_and_chains_replay_the_envelopes_graphs():
+    """After an envelope's first run compiles its graphs, nothing more compiles for: a shallower sampled tree (the
+    placeholder q of undrafted levels was no inference tensor, and each step's noise kept the whole draw's strides,
+    which follow the tree's depth), a confidence stop cutting steps at varying depths, a model drafter alone after
+    a run with a given chain (the placeholder chain), and the same through a batch of two."""
+    from tree_builders import chain as chain_of
+    from treespec.core.buffers import with_chain
+    from treespec.drafters.model import _Layout, as_shape
+    from treespec.models.tiny import perturbed_copy, tiny_model
+
+    target = tiny_model("llama", vocab=64, seed=0, scale=6.0)
+    draft = perturbed_copy(target, 0.2)
+    prompt = list(range(1, 10))  # prefilled eagerly: the level and verify graphs alone
+
+    def graphs_after(runs):
+        """New graphs of each run after the first (which compiles the envelope's)."""
+        counts = []
+        for go in runs:
+            before = counters["stats"]["unique_graphs"]
+            go()
+            counts.append(counters["stats"]["unique_graphs"] - before)
+        return counts[1:]
+
+    env = Envelope.for_shapes([chain_of(4).paths, chain_of(3).paths])
+
+    def sampled(shape, prompts=prompt, **kw):
+        return lambda: treespec.generate(target, prompts, [treespec.ModelDrafter(draft, shape,
+                                                                                 "sample_without_replacement", **kw)],
+                                         max_new_tokens=12, temperature=0.7, seed=1, compile="eager", envelope=env)
+
+    assert graphs_after([sampled(chain_of(4).paths), sampled(chain_of(3).paths), sampled(chain_of(4).paths)]) == [0, 0]
+    assert graphs_after([sampled(chain_of(4).paths, [[1, 2, 3], [4, 5, 6, 7]]),
+                         sampled(chain_of(3).paths, [[1, 2, 3], [4, 5, 6, 7]])]) == [0]
+    # a confidence stop that never cuts, then one that cuts steps at several depths: the same runner (the threshold
+    # is read on the host), and no graph for the cut steps' undrafted levels
+    stops = [sampled(chain_of(4).paths, min_confidence=c) for c in (0.0, 0.05)]
+    assert graphs_after(stops) == [0]
+    assert len(set(stops[1]().stats.tree_sizes)) > 1  # it did cut steps at several depths
+    shape = [(0,), (1,), (0, 0)]
+    lay = _Layout.of(as_shape(shape))
+    env = Envelope.padded([Envelope.exact(*with_chain(lay.parent, lay.rank, 3)), Envelope.exact(lay.parent, lay.rank)])
+    with_ngram = [treespec.ModelDrafter(draft, shape), treespec.NGramDrafter(width=1, max_tokens=3)]
+    assert graphs_after([lambda: treespec.generate(target, prompt, with_ngram, max_new_tokens=12, compile="eager",
+                                                   envelope=env),
+                         lambda: treespec.generate(target, prompt, [treespec.ModelDrafter(draft, shape)],
+                                                   max_new_tokens=12, compile="eager", envelope=env)]) == [0]
+
+
+def test_one_prefill_graph_serves_prompts_of_one_piece_and_of_several():
+    """A prompt of several prefill pieces after one of one piece compiles no prefill of its own (each piece was a
+    slice keeping the whole prompt's row stride, which the first prompt's graph guards)."""
+    from treespec.models.tiny import perturbed_copy, tiny_model
+
+    target = tiny_model("llama", vocab=64, seed=1, max_positions=1100)
+    draft = perturbed_copy(target, 0.3)
+    new = []
+    for n in (17, 514):
+        before = counters["stats"]["unique_graphs"]
+        out = treespec.generate(target, [(7 * i) % 63 + 1 for i in range(n)],
+                                [treespec.ModelDrafter(draft, [(0,), (0, 0)])], max_new_tokens=4, compile="eager")
+        assert out.stats.step == "captured"
+        new.append(counters["stats"]["unique_graphs"] - before)
+    assert new[0] > 0 and new[1] == 0

@@ -224,12 +224,15 @@ class BatchCapturedStep:
             torch.rand(row.shape, generator=g, device=device, out=row)
         u.clamp_(torch.finfo(torch.float32).tiny)
         b = u.shape[0]
-        gumbel = [g.view(b, -1, v) for g in u[:, : sum(rows) * v].split([r * v for r in rows], dim=1)]
+        # each part a tensor of its own (slices of the one draw keep its row stride, which follows the tree's
+        # levels: a graph guards on strides, and compiled one per tree depth)
+        gumbel = [g.reshape(b, -1, v).clone(memory_format=torch.contiguous_format)
+                  for g in u[:, : sum(rows) * v].split([r * v for r in rows], dim=1)]
         if not accept:
             return gumbel, None
         rest = u[:, sum(rows) * v :]
         n = runner.envelope.nodes - 1
-        return gumbel, Noise(rest[:, :n], -rest[:, n:].log())
+        return gumbel, Noise(rest[:, :n].clone(memory_format=torch.contiguous_format), -rest[:, n:].log())
 
     def step(self, committed: dict[int, list[int]], remaining: dict[int, int], clock: Clock
              ) -> dict[int, tuple[TokenTree, list[int], int, bool]]:

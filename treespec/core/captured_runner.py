@@ -59,17 +59,19 @@ class CapturedRunner:
         device = self.cache.length.device
         # inference tensors, as the confidence stop's per-row tensors that take their place are (made in the
         # decoding loop's inference mode): a graph guards on the kind of tensor it was given
+        # (the placeholders below too: the drafted levels' q and a step's given chain are inference tensors, and a
+        # placeholder of another kind in their place compiled a graph of its own)
+        vocab = vocab_size(target)
         with torch.inference_mode():
             #: levels drafted by every row, as the verify call takes them ([B] per row)
             self.level_counts = [torch.full((rows,), d, device=device) for d in range(envelope.depth + 1)]
             self.all_rows = torch.ones(rows, dtype=torch.bool, device=device)
-        vocab = vocab_size(target)
-        # the levels a tree does not draft (shallower than the envelope, or cut by the confidence stop): no q
-        self.no_q = [] if mode == "topk" else [torch.zeros(rows, envelope.kept_rows(d), vocab, device=device)
-                                               for d in range(envelope.depth)]
+            # the levels a tree does not draft (shallower than the envelope, or cut by the confidence stop): no q
+            self.no_q = [] if mode == "topk" else [torch.zeros(rows, envelope.kept_rows(d), vocab, device=device)
+                                                   for d in range(envelope.depth)]
+            #: the chain's given tokens of a step without any ([B, chain], -1: none)
+            self.no_given = torch.full((rows, envelope.chain), -1, dtype=torch.long, device=device)
         self._trees: dict[tuple[bytes, ...], tuple] = {}  # tree_data, per shape
-        #: the chain's given tokens of a step without any ([B, chain], -1: none)
-        self.no_given = torch.full((rows, envelope.chain), -1, dtype=torch.long, device=device)
         self.level_step = compile_graph(self._level, backend, mode_compile, (draft,))
         self.verify_step = compile_graph(self._verify, backend, mode_compile, (target,))
 

@@ -104,7 +104,8 @@ class ChunkedPrefill:
         sizes = [min(self.chunk, n - s) for s in range(0, n, self.chunk)] if self.fixed else pieces(n, self.chunk)
         start = 0
         for size in sizes:
-            ids = tokens[:, start : start + size].clone()
+            # a contiguous copy: a piece of a longer prompt kept its row stride, and a graph guards on strides
+            ids = tokens[:, start : start + size].clone(memory_format=torch.contiguous_format)
             m = torch.tensor([min(max(k - start, 0), size) for k in lengths])
             if self.cache.rows is None:
                 ids, m = ids[0], m[0]

@@ -10,18 +10,21 @@ from typing import Callable, Generic, Hashable, TypeVar
 
 import torch
 
+from .checks import context_of
 from .compiling import allow_recompiles
 
 R = TypeVar("R")
 
 
 def model_key(model: torch.nn.Module) -> tuple[int, int]:
-    """A model as a runner's graphs hold it: its identity, and each parameter's and buffer's storage, version counter
-    and dtype. Weights frozen into a graph (inductor's freezing) and a cache made in the model's dtype belong to the
-    model as it was: an in-place ``load_state_dict``, a training step or ``.to(dtype)`` changes this key, so a new
-    runner is made instead of running the old weights (or failing deep in a trace)."""
+    """A model as a runner's graphs hold it: its identity, each parameter's and buffer's storage, version counter
+    and dtype, and its context (a runner's cache clamps positions at it). Weights frozen into a graph (inductor's
+    freezing) and a cache made in the model's dtype belong to the model as it was: an in-place ``load_state_dict``,
+    a training step or ``.to(dtype)`` changes this key, so a new runner is made instead of running the old weights
+    (or failing deep in a trace). A write through ``.data`` bumps no version counter and is not seen: clear
+    ``treespec.core.captured.RUNNERS`` and ``treespec.core.compiled.RUNNERS`` after one."""
     tensors = (*model.parameters(), *model.buffers())
-    return id(model), hash(tuple((t.data_ptr(), t._version, t.dtype) for t in tensors))
+    return id(model), hash((context_of(model), *((t.data_ptr(), t._version, t.dtype) for t in tensors)))
 
 
 class RunnerCache(Generic[R]):
