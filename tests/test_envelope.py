@@ -197,15 +197,17 @@ def test_sampled_trees_stops_and_chains_replay_the_envelopes_graphs():
                                                    max_new_tokens=12, compile="eager", envelope=env)]) == [0]
 
 
-def test_one_prefill_graph_serves_prompts_of_one_piece_and_of_several():
+def test_one_prefill_graph_serves_prompts_of_one_piece_and_of_several(monkeypatch):
     """A prompt of several prefill pieces after one of one piece compiles no prefill of its own (each piece was a
     slice keeping the whole prompt's row stride, which the first prompt's graph guards)."""
+    from treespec.core import prefill
     from treespec.models.tiny import perturbed_copy, tiny_model
 
-    target = tiny_model("llama", vocab=64, seed=1, max_positions=1100)
+    monkeypatch.setattr(prefill, "PIECE", 24)  # pieces of at most 24 tokens (512 by default): short prompts
+    target = tiny_model("llama", vocab=64, seed=1)
     draft = perturbed_copy(target, 0.3)
     new = []
-    for n in (17, 514):
+    for n in (17, 60):
         before = counters["stats"]["unique_graphs"]
         out = treespec.generate(target, [(7 * i) % 63 + 1 for i in range(n)],
                                 [treespec.ModelDrafter(draft, [(0,), (0, 0)])], max_new_tokens=4, compile="eager")
