@@ -57,11 +57,10 @@ class CapturedRunner:
         self.verifier = "rrs"  # the request's rule for sampled steps (set like params; dynamo guards on both)
         self.clone_between = mode_compile == "reduce-overhead"  # CUDA graphs may reuse an output at the next replay
         device = self.cache.length.device
-        # inference tensors, as the confidence stop's per-row tensors that take their place are (made in the
-        # decoding loop's inference mode): a graph guards on the kind of tensor it was given
-        # (the placeholders below too: the drafted levels' q and a step's given chain are inference tensors, and a
-        # placeholder of another kind in their place compiled a graph of its own)
         vocab = vocab_size(target)
+        # inference tensors, as the tensors that take their place are (the confidence stop's per-row ones, the
+        # drafted levels' q, a step's given chain: made in the decoding loop's inference mode): a graph guards on
+        # the kind of tensor it was given, and a placeholder of another kind compiled a graph of its own
         with torch.inference_mode():
             #: levels drafted by every row, as the verify call takes them ([B] per row)
             self.level_counts = [torch.full((rows,), d, device=device) for d in range(envelope.depth + 1)]
