@@ -16,7 +16,7 @@ MAX_KARY_SIZE = 1_000_000
 
 def _check_chain_nodes(nodes: int, what: str) -> None:
     """Refuse chains past the Sequoia DP's largest budget: a shape holds every node's whole path, so a chain of
-    ``n`` nodes holds ``n^2 / 2`` entries (8,000 nodes: 5 s and 644 MiB) and no step drafts that deep."""
+    ``n`` nodes holds ``n^2 / 2`` entries (hundreds of MiB at 8,000 nodes) and no step drafts that deep."""
     if nodes > MAX_BUDGET:
         raise ValueError(f"{what} would have {nodes} drafted nodes (> {MAX_BUDGET}, the largest tree treespec "
                          "sizes); a step never drafts that deep: give fewer")

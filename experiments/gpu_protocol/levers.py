@@ -120,7 +120,7 @@ def compile_level_gemm_autotuned(fn, backend, mode, models=()):
     """``compiling.compile_graph``, whose draft-level graph (``CapturedRunner._level``) compiles with its GEMMs
     autotuned (inductor's ``max_autotune_gemm``, read while inductor compiles); the runner's other graphs as
     ``compile_graph`` makes them. The setting is switched on around the level's calls until one compiles nothing
-    (switching it costs the host tens of microseconds a call, which a replay should not carry)."""
+    (switching it costs the host time on every call, which a replay should not carry)."""
     call = compiling.compile_graph(fn, backend, mode, models)
     if getattr(fn, "__func__", None) is not captured_runner.CapturedRunner._level:
         return call

@@ -142,7 +142,7 @@ class ModelDrafter(Drafter):
         token, which the host trie merges) and a subclass with a propose of its own draft on the host."""
         if self.mode not in ("topk", "sample_without_replacement"):
             return f"mode={self.mode!r} drafts on the host (captured: topk, sample_without_replacement)"
-        if type(self).propose is not ModelDrafter.propose:  # the captured step drafts the shape: that propose unrun
+        if not self._stock_propose():  # the captured step drafts the shape: a propose of its own would not run
             return f"{type(self).__name__} proposes with a propose of its own: it drafts on the host"
         return Capture(self.model, self.layout.parent, self.layout.rank, self.mode, self.min_confidence)
 
@@ -171,11 +171,15 @@ class ModelDrafter(Drafter):
     def propose(self, context: Sequence[int]) -> DraftProposals:
         return drive(self.drafting(context), self._forward)
 
+    def _stock_propose(self) -> bool:
+        """Whether this drafter proposes with :meth:`propose` as defined here (a subclass may edit the proposals)."""
+        return type(self).propose is ModelDrafter.propose
+
     def drafts_in_forwards(self) -> bool:
-        # a subclass whose propose is its own (one that edits the proposals, say) drafts row by row in a batch,
-        # so that its rows propose what it proposes alone; so does a torch.ao int8 draft, whose forward quantises
-        # its activations with one scale for all its rows (each row's q would move with the rows beside it)
-        return type(self).propose is ModelDrafter.propose and not has_dynamic_int8(self.model)
+        # a subclass whose propose is its own drafts row by row in a batch, so that its rows propose what it proposes
+        # alone; so does a torch.ao int8 draft, whose forward quantises its activations with one scale for all its
+        # rows (each row's q would move with the rows beside it)
+        return self._stock_propose() and not has_dynamic_int8(self.model)
 
     def drafting(self, context: Sequence[int]) -> Drafting:
         """The step's drafting as a coroutine of draft forwards (``propose`` answers them on :attr:`cache`; a

@@ -40,14 +40,14 @@ kernel's bfloat16 scales, rounded to bfloat16) for inputs of at least :data:`PRO
 ``torch.compile``: a prompt (a batch's rows counted apart: its trees are steps). The tuner never sizes a tree that
 wide on a CPU target in int4 (its forward grows with every four tokens: ``experiments/linear_kernels_by_rows.py``),
 so every step verifies on the kernel, as HF's decoding of the same model does (a budget of 32 or more given by hand
-verifies on the twin, and its greedy output can then part from HF's at near-ties: 2 of 12 random prompts with trees
-of 42 and 84 nodes on a tiny model, in a hunt on 2026-11-30); the twin holds the same weights up to bfloat16
+verifies on the twin, and its greedy output can then part from HF's at near-ties: seen with trees of 42 and 84
+nodes on a tiny model); the twin holds the same weights up to bfloat16
 rounding (one part in 512: next-token KL from the file 0.00039 against the kernel's 0.00035,
 ``experiments/results/gguf-fidelity-cpu``), the rounding any two kernels differ by. The eager step forwards a whole
 prompt, as HF's prefill does, so its layers match HF's at every length. The compiled steps cache the prompt less its
 last token and forward that token with the first tree, on the kernel: from ``PROMPT_ROWS`` + 1 tokens on, that row is
 the twin's in HF's prefill and the kernel's here (at exactly ``PROMPT_ROWS`` every cached row is on the kernel), and
-the two can part at a near-tie (the same hunt: 3 of 30 prompts of 32-48 tokens; 0 of 30 eager), as forwards over a
+the two can part at a near-tie (seen on a tiny model with prompts of 32-48 tokens; never eager), as forwards over a
 tree and over one token can. In a batch a row's draft forward padded to a neighbour's ask of ``WIDE_ROWS`` tokens or
 more (a catch-up after a long accepted chain: seen with an n-gram drafter of 24-token chains) takes the int8 twin with
 it, whose activations share one scale, so that row's ``q`` can move with the batch (its law does not).
