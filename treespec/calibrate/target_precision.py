@@ -31,6 +31,7 @@ from __future__ import annotations
 import datetime
 import gc
 import hashlib
+import weakref
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
@@ -226,8 +227,10 @@ def _load_faster(target: str, draft: str | None, key: str, rate: Callable[[torch
         candidates[rated.precision] = rated
         if rated.seconds_per_token < best.seconds_per_token:
             model, best = other, rated
+    left = weakref.ref(other)
     del other
-    gc.collect()
+    if left() is not None:  # kept alive by a reference cycle: collected now (a full collection scans the whole heap)
+        gc.collect()
     record = {"precision": best.precision, "key": key,
               "candidates": {p: {"seconds_per_token": c.seconds_per_token, "tree": c.tree}
                              for p, c in candidates.items()},

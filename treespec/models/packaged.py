@@ -20,6 +20,7 @@ import shutil
 import sys
 import tempfile
 import time
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -303,8 +304,10 @@ def build_cache(spec: PackagedModel, cache_dir: str | os.PathLike | None = None)
         tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=spec.gguf_file)
         log(f"caching safetensors + config + tokenizer ({time.perf_counter() - t0:.0f} s so far)")
         save_dequantized(model, tokenizer, tmp)
+        left = weakref.ref(model)
         del model, tokenizer
-        gc.collect()
+        if left() is not None:  # kept alive by a reference cycle: collected now (a full collection scans the heap)
+            gc.collect()
         shutil.rmtree(gguf_dir)  # the packages rebuild it in a second; the cache is what is kept
         (tmp / _MARKER).write_text(json.dumps(_marker(spec), indent=1))
         if cache_is_valid(final, spec):  # another process finished first: keep its cache
