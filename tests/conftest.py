@@ -59,19 +59,6 @@ def shared_runners():
 
 
 @pytest.fixture(scope="session", autouse=True)
-def cacheable_frozen_graphs():
-    """Frozen graphs keep their weights as plain tensors, not packed for oneDNN (``cpp.weight_prepack``): inductor's
-    graph cache refuses a graph holding packed weights ("mkldnn tensors unpickleable"), so every compile of the
-    suite generated its code anew; unpacked, a graph of the same code and shapes that another test, worker or run
-    compiled is loaded (tests/test_freezing.py: 105 -> 61 s in one process on the Zen 3 host, warm cache). The CPU
-    configuration users run, packed, is tests/test_freezing.py's (its module fixture packs again)."""
-    import torch
-
-    with torch._inductor.config.patch({"cpp.weight_prepack": False}):
-        yield
-
-
-@pytest.fixture(scope="session", autouse=True)
 def model_classes_registered():
     """transformers registers each model class when its first model is built, and a compiled graph guards on how
     many it holds: a class first built mid-run (another family, GPT-2 in an error test) would make every graph

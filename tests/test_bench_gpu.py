@@ -53,8 +53,9 @@ def test_bench_gpu_smoke_runs_every_phase_and_resumes(bench_gpu, tmp_path):
     assert all(r["new_graphs"] == 0 for r in runs.values())
     # every builder sized by the same swept costs: the chain a chain, each k-ary tree of its width; in the report
     sized = ph["sweep"]["device_sized_builders"]
-    assert set(sized) == {"chain", "kary-2", "kary-4"} and max(sized["chain"]["widths"]) == 1
-    assert sized["kary-4"]["widths"][0] in (1, 4) and "Each builder at its own best size" in (
+    # (no levels where the smoke's measured costs make drafting lose: a timing the host decides)
+    assert set(sized) == {"chain", "kary-2", "kary-4"} and set(sized["chain"]["widths"]) <= {1}
+    assert sized["kary-4"]["widths"][:1] in ([], [1], [4]) and "Each builder at its own best size" in (
         tmp_path / "README.md").read_text()
     assert ph["first"]["second_shape_compiled_nothing"]
     before = ph["costs"]

@@ -4,16 +4,10 @@ or be mutated by it. Exact (greedy = HF greedy and the eager step) with several 
 prompt's chunk graph, several trees in one envelope, and an int4 draft; and HF's own compiled decoding under it (the
 baselines' fastest plain decoding on a CPU).
 
-The suite's frozen weights stay unpacked (``cacheable_frozen_graphs`` in conftest.py: inductor's graph cache
-refuses packed ones); the CPU configuration users run, products packed for MKL/oneDNN, is checked in a process of
-its own (inductor registers its packing patterns at a process's first frozen compile, whatever the setting later).
 The tests share one tiny configuration (qwen2, vocab 64, hidden 64, one layer) and the trees of one envelope
-(``KARY``'s own), and one worker runs them in order: a later test's runner loads the graphs an earlier one compiled
-from inductor's cache (each test still makes its own models and runners: what a test checks is its own compile)."""
-
-import os
-import subprocess
-import sys
+(``KARY``'s own), and one worker runs them in order: inductor's graph cache keys a graph by its code and shapes,
+not by the frozen weights, so a later test's runner loads the kernels an earlier test built (each test still
+makes its own models and runners: what a test checks is its own compile)."""
 
 import pytest
 import torch
@@ -143,50 +137,3 @@ def test_compile_graph_freezes_the_weights_it_reads():
         plain = torch.compile(lambda v: layer(v).relu(), fullgraph=True, options={"freezing": True})
         _, codes = run_and_get_code(plain, x)
         assert "_frozen_param" not in "\n".join(codes)  # the control: options alone freeze nothing
-
-
-def test_the_suites_frozen_graphs_are_loaded_from_inductors_cache():
-    """What ``cacheable_frozen_graphs`` (conftest.py) buys: a frozen graph compiled again (dynamo reset, the same code
-    and shapes) is loaded from inductor's graph cache, not generated anew (with packed weights it is refused)."""
-    from treespec.core.compiling import compile_graph
-
-    layer = torch.nn.Linear(8, 8).eval()
-    x = torch.randn(2, 8)
-    for _ in range(2):
-        torch._dynamo.reset()
-        hits = counters["inductor"]["fxgraph_cache_hit"]
-        with torch.inference_mode():
-            compile_graph(lambda v: layer(v).relu(), "inductor", None)(x)
-    assert counters["inductor"]["fxgraph_cache_hit"] == hits + 1 and not counters["inductor"]["fxgraph_cache_bypass"]
-
-
-PACKED_STEP = """
-import torch
-from torch._dynamo.utils import counters
-import treespec
-from treespec.models.tiny import greedy_reference, perturbed_copy, tiny_model
-torch.set_num_threads(1)
-assert torch._inductor.config.cpp.weight_prepack  # a user's default
-target = tiny_model("qwen2", vocab=64, hidden=64, layers=1, scale=6, seed=0)
-draft = perturbed_copy(target, 0.3)
-prompt = torch.randint(0, 64, (8,), generator=torch.Generator().manual_seed(8)).tolist()
-run = lambda **kw: treespec.generate(target, prompt, drafters=[treespec.ModelDrafter(draft, {tree}, "topk")],
-                                     max_new_tokens=12, **kw)
-out = run(compile=True)
-assert out.stats.step == "captured", out.stats.step
-assert out.new_tokens == run(compile=False).new_tokens == greedy_reference(target, prompt, 12)
-assert counters["inductor"]["mkldnn_linear_weight_pack_matcher_count"] >= 4, "products not packed"  # both models
-print("packed ok")
-"""
-
-
-def test_the_packed_cpu_step_users_run_is_exact(tmp_path):
-    """``compile=True`` on a CPU as a user's process runs it (inductor's default: frozen products packed for MKL or
-    oneDNN, which the rest of the suite leaves unpacked): the captured step's greedy output equals the eager step's
-    and HF's, and inductor packed both models' products (its pattern counter). In a process of its own: inductor
-    registers its packing patterns at a process's first frozen compile, and this worker's first ran unpacked."""
-    env = {**os.environ, "TREESPEC_CACHE": str(tmp_path), "OMP_NUM_THREADS": "1"}
-    env.pop("TORCHINDUCTOR_CPP_WEIGHT_PREPACK", None)
-    script = PACKED_STEP.format(tree=[(0,), (1,), (0, 0)])
-    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0 and "packed ok" in done.stdout, done.stderr[-3000:]
