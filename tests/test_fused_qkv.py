@@ -10,7 +10,7 @@ from torch._inductor.utils import run_and_get_code
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 import treespec
-from treespec.core import captured, compiling, fused_qkv
+from treespec.core import captured, compiling, fused_qkv, prefill
 from treespec.models.tiny import greedy_reference, perturbed_copy, tiny_model
 
 pytestmark = pytest.mark.xdist_group("freezing")
@@ -65,11 +65,11 @@ def test_captured_step_with_the_cuda_graph_settings_is_exact_on_a_cpu(monkeypatc
     monkeypatch.setattr(captured, "compile_options", lambda compile, device: ("inductor", "reduce-overhead"))
     captured.RUNNERS.clear()
     taken = fused_qkv.TAKEN[0]
-    prompt = list(range(3, 27))
+    prompt = list(range(3, 13))  # shorter than prefill.CHUNKED_MIN: prefilled eagerly (no prefill graph to compile)
     with fused_qkv.uncached():  # compiled here, not loaded from an earlier run's cache (which would skip the pass)
         out = treespec.generate(target, prompt, [treespec.ModelDrafter(draft, [(0,), (1,), (0, 0)], "topk")],
                                 max_new_tokens=16, compile=True)
     captured.RUNNERS.clear()
-    assert out.stats.step == "captured"
+    assert len(prompt) < prefill.CHUNKED_MIN and out.stats.step == "captured"
     assert fused_qkv.TAKEN[0] - taken >= 2  # the draft's level graph and the target's verification, at least
     assert out.new_tokens == greedy_reference(target, prompt, 16)

@@ -34,8 +34,9 @@ from treespec.models.precision import to_precision
 from treespec.models.tiny import greedy_reference, perturbed_copy, tiny_model
 from treespec.recipes import NGramSettings
 
-#: examples per test: a greedy call costs ~30 ms, a sampled example ~0.13 s (its rows run alone twice as well)
-SETTINGS = settings(max_examples=200, deadline=None, derandomize=True, database=None,
+#: examples per test (the suite's minutes are shared with every other file; the named cases are pinned elsewhere):
+#: a greedy example costs ~0.13 s on the slower CI host, a sampled one ~0.75 s (its rows run alone twice as well)
+SETTINGS = settings(max_examples=100, deadline=None, derandomize=True, database=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 SHAPES = {"chain": [(0,), (0, 0), (0, 0, 0)], "kary": [(0,), (1,), (0, 0), (0, 1), (1, 0)],
@@ -125,7 +126,7 @@ def test_greedy_output_is_the_targets_for_any_call(c):
             assert max(row.stats.tree_sizes) <= c["budget"]
 
 
-@settings(SETTINGS, max_examples=80)
+@settings(SETTINGS, max_examples=40)
 @given(calls())
 def test_an_int4_targets_greedy_output_is_its_own_up_to_bfloat16_ties(c):
     """An int4 target (the kernel rounds at bfloat16): greedy output equals HF's greedy decoding of the same module,
@@ -141,7 +142,7 @@ def test_an_int4_targets_greedy_output_is_its_own_up_to_bfloat16_ties(c):
         assert where is None or where["near_tie"], where
 
 
-@settings(SETTINGS, max_examples=100)
+@settings(SETTINGS, max_examples=40)
 @given(calls(), st.sampled_from([0.7, 1.0, 1.5]), st.sampled_from([0, 5]), st.sampled_from([1.0, 0.8]),
        st.sampled_from(["rrs", "traversal"]), st.integers(0, 2**32))
 def test_sampled_output_is_reproducible_and_a_rows_is_its_prompts_alone(c, temperature, top_k, top_p, verifier,
@@ -183,7 +184,7 @@ def recipes(draw: st.DrawFn) -> treespec.Recipe:
     return treespec.Recipe(**kw)
 
 
-@settings(SETTINGS, max_examples=120)
+@settings(SETTINGS, max_examples=60)
 @given(recipes(), st.lists(st.lists(st.integers(0, 63), min_size=1, max_size=20), min_size=1, max_size=3),
        st.sampled_from([24, 5, 1]))
 def test_greedy_output_of_any_recipe_is_the_targets(recipe, prompts, n):

@@ -104,16 +104,17 @@ def hf_generate(b: Bench, model: torch.nn.Module, compile: bool) -> dict[str, An
 
 def hf_generate_frozen(b: Bench, model: torch.nn.Module) -> dict[str, Any]:
     """HF ``generate`` with a static cache + ``torch.compile`` under inductor's weight freezing (what treespec's own
-    CUDA graphs run with; on a CPU HF's fastest already): ``treespec.bench.baselines.hf_generate``, whose one
-    reused ``StaticCache`` per model stays valid under freezing (HF's per-call cache would be folded into the
-    first call's graphs)."""
-    from treespec.bench.baselines import hf_generate as baseline_generate
+    CUDA graphs run with; on a CPU HF's fastest already): the baselines' own method
+    (``treespec.bench.compare.hf_compiled_method``), whose one reused ``StaticCache`` per model stays valid under
+    freezing (HF's per-call cache would be folded into the first call's graphs). One warm-up call (it compiles),
+    then every prompt timed."""
+    from treespec.bench.compare import hf_compiled_method
 
     n = b.args.new_tokens
     model.generation_config.eos_token_id = None
-    with torch._inductor.config.patch(freezing=True):
-        baseline_generate(model, b.prompts[0], n, static_compiled=True)  # warm-up (compiles)
-        seconds = sum(baseline_generate(model, p, n, static_compiled=True)[1] for p in b.prompts)
+    method = hf_compiled_method(model)
+    method.run(b.prompts[0], n)  # warm-up (compiles)
+    seconds = sum(method.run(p, n)[1] for p in b.prompts)
     return {"tokens": n * len(b.prompts), "seconds": seconds, "tok_s": n * len(b.prompts) / seconds}
 
 
