@@ -5,9 +5,10 @@ prompt's chunk graph, several trees in one envelope, and an int4 draft; and HF's
 baselines' fastest plain decoding on a CPU).
 
 The tests share one tiny configuration (qwen2, vocab 64, hidden 64, one layer) and the trees of one envelope
-(``KARY``'s own), and one worker runs them in order: inductor's graph cache keys a graph by its code and shapes,
-not by the frozen weights, so a later test's runner loads the kernels an earlier test built (each test still
-makes its own models and runners: what a test checks is its own compile)."""
+(``KARY``'s own), and one worker runs them in order. A frozen graph is never loaded from inductor's graph cache
+(freezing packs the weights for oneDNN, which the cache cannot pickle), so each test traces and generates its graphs
+anew; only the C++ kernels, cached by their source, are compiled once for all the tests (g++ is most of a frozen
+compile here: ~2 s a kernel). Each test makes its own models and runners: what a test checks is its own compile."""
 
 import pytest
 import torch
