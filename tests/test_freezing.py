@@ -26,10 +26,10 @@ KARY = [(0,), (1,), (0, 0), (0, 1), (1, 0), (1, 1)]
 ENVELOPE_TREES = [KARY, [(0,), (1,)], [(0,), (0, 0)], [(0,), (1,), (1, 0)]]  # KARY's envelope
 
 
-def fresh_pair() -> tuple[torch.nn.Module, torch.nn.Module]:
+def fresh_pair(draft_precision: str = "float32") -> tuple[torch.nn.Module, torch.nn.Module]:
     """New objects (no runner of another test is keyed by them) of the configuration every test here shares."""
     target = tiny_model("qwen2", vocab=64, hidden=64, layers=1, scale=6, seed=0)
-    return target, perturbed_copy(target, 0.3)
+    return target, to_precision(perturbed_copy(target, 0.3), draft_precision)
 
 
 def run(target, draft, prompt, n, shape, mode="topk", **kwargs):
@@ -61,8 +61,11 @@ def test_freezing_with_several_runners_prompt_lengths_and_trees_in_one_process(m
     The captured step's second runner then runs the other trees of its envelope (smaller ones padded): a static
     tensor that a graph only reads would be folded into a constant, so the tree buffers must stay graph inputs (a
     tree frozen into the graph would replay the first shape); none adds a graph either. Every run's greedy output
-    equals HF's and the eager step's, and so does its walk."""
-    target, draft = fresh_pair()
+    equals HF's and the eager step's, and so does its walk. The captured step's draft is int4
+    (``treespec.models.quantized``): its level graph lowers the int4 kernel, frozen; its prompt prefills eagerly on
+    its int8 twin (``prefill.prefill_for``), so the chunk graph is the target's alone (the host-drafted step drafts
+    eagerly: its draft stays float32)."""
+    target, draft = fresh_pair("int4" if mode == "topk" else "float32")
     assert prefill.CHUNKED_MIN <= 18
     env = Envelope.for_shapes(ENVELOPE_TREES)
     assert env == Envelope(7, (2, 2), 2)  # KARY's own
@@ -83,16 +86,6 @@ def test_freezing_with_several_runners_prompt_lengths_and_trees_in_one_process(m
                 assert out.stats.step_tokens[:-1] == eager.stats.step_tokens[: len(out.stats.step_tokens) - 1]
                 assert max(out.stats.tree_sizes) == len(tree) + 1 or mode == "sample"  # (draws may repeat)
                 assert (counters["stats"]["unique_graphs"] > graphs) == (i == 0)  # its own graphs, then none
-
-
-def test_int4_draft_under_inductor_with_freezing():
-    """An int4 draft (``treespec.models.quantized``) in the captured step under freezing."""
-    target, draft = fresh_pair()
-    draft = to_precision(draft, "int4")
-    prompt = [2, 4, 6, 8]
-    with torch._inductor.config.patch(freezing=True):
-        out = run(target, draft, prompt, 12, KARY, compile=True)
-    assert out.stats.step == "captured" and out.new_tokens == greedy_reference(target, prompt, 12)
 
 
 def test_hfs_fastest_plain_decoding_under_freezing_is_its_greedy_decoding():
