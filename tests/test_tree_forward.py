@@ -118,13 +118,36 @@ def test_rows_already_in_place_are_kept_without_a_copy(rows, copied):
     cache.update(k.clone(), v.clone(), 0)
     writes: list[int] = []
     layer = cache.layers[0]
-    real = layer.keep
-    layer.keep = lambda prefix, kept: writes.append(kept.numel()) or real(prefix, kept)
+    real = layer.move
+    layer.move = lambda moves: writes.append(len(moves.src)) or real(moves)
     cache.keep(5, np.array(rows))
     assert cache.length == 5 + len(rows) and (writes[0] > 0) == copied
     expected = [*range(5), *rows]
     assert torch.equal(cache.layers[0].keys[0], k[0][:, expected]) and torch.equal(cache.layers[0].values[0],
                                                                                   v[0][:, expected])
+
+
+def test_a_batchs_commit_moves_every_rows_slots_at_once():
+    """``keep_rows`` over a batch's rows (one gather per layer's tensor, ``kv.Moves``): row ``b`` holds its prefix
+    and then its kept slots, in order, in every layer, whatever the other rows keep (nothing; slots already in
+    place; slots whose destinations overlap them); one prefix and index given for a batch applies to every row."""
+    cache = TreeCache()
+    layers = [(torch.randn(4, 2, 12, 4), torch.randn(4, 2, 12, 4)) for _ in range(2)]
+    for i, (k, v) in enumerate(layers):
+        cache.update(k.clone(), v.clone(), i)
+    prefixes, rows = [3, 5, 2, 6], [[4, 6, 7], [], [2, 3], torch.tensor([8, 11])]
+    cache.keep_rows(prefixes, rows)
+    assert cache.length == 8
+    for layer, (k, v) in zip(cache.layers, layers):
+        for b, (prefix, kept) in enumerate(zip(prefixes, rows)):
+            expected = [*range(prefix), *map(int, kept)]
+            assert torch.equal(layer.keys[b, :, : len(expected)], k[b][:, expected])
+            assert torch.equal(layer.values[b, :, : len(expected)], v[b][:, expected])
+    before = [layer.keys.clone() for layer in cache.layers]
+    cache.keep(2, [4, 5])
+    assert cache.length == 4
+    for layer, old in zip(cache.layers, before):
+        assert torch.equal(layer.keys, old[:, :, [0, 1, 4, 5]])
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])

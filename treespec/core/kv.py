@@ -11,6 +11,7 @@ key/value heads). The compiled steps' cache, of fixed shapes, is ``treespec.core
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
@@ -66,22 +67,25 @@ class TreeKVLayer(DynamicLayer):
         return self.length
 
     def keep(self, prefix: int, rows: torch.Tensor) -> None:
-        """Keep rows ``[0, prefix)`` followed by ``rows`` (absolute, increasing, >= prefix)."""
+        """Keep rows ``[0, prefix)`` followed by ``rows`` (absolute, increasing, >= prefix), in every batch row."""
         if self.is_initialized:
-            self.keep_rows([prefix] * self._k.shape[0], [rows] * self._k.shape[0])
+            self.move(Moves.of([prefix] * self._k.shape[0], [rows] * self._k.shape[0], self.device))
 
-    def keep_rows(self, prefixes: Sequence[int], rows: Sequence[torch.Tensor]) -> None:
-        """Per batch row ``b`` (a batch of prompts, ``treespec.core.batch``): keep its rows ``[0, prefixes[b])``
-        followed by ``rows[b]``. The next tokens are written after the longest row kept; a shorter row's
-        slots between its length and that offset are stale (its masks never allow them)."""
+    def move(self, moves: "Moves") -> None:
+        """Per batch row ``b`` (a batch of prompts, ``treespec.core.batch``): keep its slots ``[0, prefix_b)``
+        followed by its kept slots (:class:`Moves`: every row's in one gather and one write per tensor). The next
+        tokens are written after the longest row kept; a shorter row's slots between its length and that offset
+        are stale (its masks never allow them)."""
         if not self.is_initialized:
             return
-        for b, (prefix, kept) in enumerate(zip(prefixes, rows)):
-            m = kept.numel()
-            if m:
-                self._k[b, :, prefix : prefix + m] = self._k[b, :, kept]
-                self._v[b, :, prefix : prefix + m] = self._v[b, :, kept]
-        self.length = max(p + r.numel() for p, r in zip(prefixes, rows))
+        if moves.one is not None:  # one row moves (a prompt alone): into a slice of it, cheaper than a scatter
+            b, start = moves.one
+            self._k[b, :, start : start + len(moves.src)] = self._k[b, :, moves.src]
+            self._v[b, :, start : start + len(moves.src)] = self._v[b, :, moves.src]
+        elif len(moves.src):  # the gather reads every source before the write (a row's kept slots move down)
+            self._k[moves.batch, :, moves.dst] = self._k[moves.batch, :, moves.src]
+            self._v[moves.batch, :, moves.dst] = self._v[moves.batch, :, moves.src]
+        self.length = moves.length
         self.keys, self.values = self._k[..., : self.length, :], self._v[..., : self.length, :]
 
     def select(self, batch_rows: torch.Tensor) -> None:
@@ -122,19 +126,16 @@ class TreeCache(Cache):
         # rows already in place (a chain's accepted path, plain decoding's one token: the first rows after the prefix)
         # are kept by moving the prefix past them, with no copy (two per layer per step otherwise)
         prefixes, rows = zip(*(_in_place(p, r) for p, r in zip(prefixes, rows)))
-        on: dict[torch.device, list[torch.Tensor]] = {}
+        on: dict[torch.device, Moves] = {}
         for layer in self.layers:
             if not layer.is_initialized:
                 continue
-            if layer.device not in on:  # (most rows of a batch's one-row commit keep nothing: one empty index)
-                empty = torch.empty(0, dtype=torch.long, device=layer.device)
-                on[layer.device] = [torch.as_tensor(r, dtype=torch.long, device=layer.device) if len(r) else empty
-                                    for r in rows]
-            kept = on[layer.device]
-            if len(kept) == 1:
-                layer.keep(prefixes[0], kept[0])
-            else:
-                layer.keep_rows(prefixes, kept)
+            if layer.device not in on:
+                batch = layer._k.shape[0]
+                one = len(rows) == 1 and batch > 1  # one prefix and index for every row
+                on[layer.device] = Moves.of(prefixes * batch if one else prefixes, rows * batch if one else rows,
+                                            layer.device)
+            layer.move(on[layer.device])
 
     def select(self, batch_rows: Sequence[int]) -> None:
         """Keep only these batch rows, in this order."""
@@ -143,6 +144,43 @@ class TreeCache(Cache):
             if layer.is_initialized:
                 layer.select(index.setdefault(layer.device, torch.tensor(list(batch_rows), dtype=torch.long,
                                                                      device=layer.device)))
+
+
+@dataclass(frozen=True)
+class Moves:
+    """The slot moves of a commit over a batch's rows, as three indices: slot ``src[i]`` of batch row ``batch[i]``
+    moves to its slot ``dst[i]``; ``length``: the longest row's slots after it. When a single row moves, ``one`` is
+    that row and its first destination slot (its slots ``src`` follow it), and ``batch`` and ``dst`` are empty."""
+
+    batch: torch.Tensor
+    dst: torch.Tensor
+    src: torch.Tensor
+    length: int
+    one: tuple[int, int] | None
+
+    @classmethod
+    def of(cls, prefixes: Sequence[int], rows: Sequence[torch.Tensor | Sequence[int]], device: torch.device
+           ) -> "Moves":
+        """Batch row ``b`` keeps ``[0, prefixes[b])`` then its slots ``rows[b]`` (increasing, >= its prefix),
+        which move to follow the prefix. Built on the host (an index on a device: on that device) and moved once."""
+        sizes = [len(r) for r in rows]
+        kept = [b for b, m in enumerate(sizes) if m]
+        length = max(p + m for p, m in zip(prefixes, sizes))
+        if len(kept) == 1:  # (a prompt alone)
+            b = kept[0]
+            return cls(EMPTY, EMPTY, torch.as_tensor(rows[b], dtype=torch.long).to(device), length, (b, prefixes[b]))
+        if any(isinstance(rows[b], torch.Tensor) and rows[b].device.type != "cpu" for b in kept):
+            src = torch.cat([torch.as_tensor(rows[b], dtype=torch.long, device=device) for b in kept])
+        else:
+            src = torch.from_numpy(np.concatenate([np.asarray(rows[b], dtype=np.int64) for b in kept] or [NONE]))
+        batch = np.repeat(np.array(kept, dtype=np.int64), [sizes[b] for b in kept])
+        dst = np.concatenate([np.arange(prefixes[b], prefixes[b] + sizes[b]) for b in kept] or [NONE])
+        return cls(torch.from_numpy(batch).to(device), torch.from_numpy(dst).to(device), src.to(device), length, None)
+
+
+#: an empty index
+NONE = np.zeros(0, dtype=np.int64)
+EMPTY = torch.from_numpy(NONE)
 
 
 def _in_place(prefix: int, rows: torch.Tensor | Sequence[int]) -> tuple[int, torch.Tensor | Sequence[int]]:
