@@ -78,7 +78,7 @@ class TreeKVLayer(DynamicLayer):
         are stale (its masks never allow them)."""
         if not self.is_initialized:
             return
-        if moves.one is not None:  # one row moves (a prompt alone): into a slice of it, cheaper than a scatter
+        if moves.one is not None:  # one row moves: into a slice of it, cheaper than a scatter
             b, start = moves.one
             self._k[b, :, start : start + len(moves.src)] = self._k[b, :, moves.src]
             self._v[b, :, start : start + len(moves.src)] = self._v[b, :, moves.src]
@@ -166,7 +166,7 @@ class Moves:
         sizes = [len(r) for r in rows]
         kept = [b for b, m in enumerate(sizes) if m]
         length = max(p + m for p, m in zip(prefixes, sizes))
-        if len(kept) == 1:  # (a prompt alone)
+        if len(kept) == 1:  # a prompt alone, or the one row of a batch that keeps slots
             b = kept[0]
             return cls(EMPTY, EMPTY, torch.as_tensor(rows[b], dtype=torch.long).to(device), length, (b, prefixes[b]))
         if any(isinstance(rows[b], torch.Tensor) and rows[b].device.type != "cpu" for b in kept):
