@@ -88,20 +88,21 @@ def test_the_callers_on_tokens_is_charged_to_the_engine_not_to_drafting(pair):
 
 def test_a_batchs_merges_are_the_engines_seconds(pair, monkeypatch):
     """Each row's merge of its proposals into its tree is the engine's work; in a batch the next row's drafting
-    charge counted the previous row's merge as drafting."""
+    charge counted the previous row's merge as drafting. Each merge sleeps 30 ms, well above the rows' real drafting
+    (13 merges of 10 ms let a loaded machine's drafting, 69 ms, pass the half of them it may take: a false alarm)."""
     from treespec.core.tree import TokenTree
 
     target, draft = pair
     merge = TokenTree.merge
 
     def slow(self, *args, **kwargs):
-        time.sleep(0.01)
+        time.sleep(0.03)
         return merge(self, *args, **kwargs)
 
     monkeypatch.setattr(TokenTree, "merge", slow)
     out = treespec.generate(target, PROMPTS, drafters=[treespec.ModelDrafter(draft, CHAIN3)], max_new_tokens=6)
     merges = sum(r.stats.steps for r in out.rows)
-    assert out.stats.overhead_seconds >= 0.9 * 0.01 * merges and out.stats.drafting_seconds < 0.01 * merges / 2
+    assert out.stats.overhead_seconds >= 0.9 * 0.03 * merges and out.stats.drafting_seconds < 0.03 * merges / 2
 
 
 def test_a_sampled_run_records_its_seed_and_that_seed_repeats_it(pair):
