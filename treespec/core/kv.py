@@ -150,7 +150,8 @@ class TreeCache(Cache):
 class Moves:
     """The slot moves of a commit over a batch's rows, as three indices: slot ``src[i]`` of batch row ``batch[i]``
     moves to its slot ``dst[i]``; ``length``: the longest row's slots after it. When a single row moves, ``one`` is
-    that row and its first destination slot (its slots ``src`` follow it), and ``batch`` and ``dst`` are empty."""
+    that row and its first destination slot (its slots ``src`` follow it), and ``batch`` and ``dst`` are empty; when
+    none moves, all three are."""
 
     batch: torch.Tensor
     dst: torch.Tensor
@@ -166,21 +167,22 @@ class Moves:
         sizes = [len(r) for r in rows]
         kept = [b for b, m in enumerate(sizes) if m]
         length = max(p + m for p, m in zip(prefixes, sizes))
+        if not kept:  # every row's slots in place already (a chain's path, plain decoding): nothing moves
+            return cls(EMPTY, EMPTY, EMPTY, length, None)
         if len(kept) == 1:  # a prompt alone, or the one row of a batch that keeps slots
             b = kept[0]
             return cls(EMPTY, EMPTY, torch.as_tensor(rows[b], dtype=torch.long).to(device), length, (b, prefixes[b]))
         if any(isinstance(rows[b], torch.Tensor) and rows[b].device.type != "cpu" for b in kept):
             src = torch.cat([torch.as_tensor(rows[b], dtype=torch.long, device=device) for b in kept])
         else:
-            src = torch.from_numpy(np.concatenate([np.asarray(rows[b], dtype=np.int64) for b in kept] or [NONE]))
+            src = torch.from_numpy(np.concatenate([np.asarray(rows[b], dtype=np.int64) for b in kept]))
         batch = np.repeat(np.array(kept, dtype=np.int64), [sizes[b] for b in kept])
-        dst = np.concatenate([np.arange(prefixes[b], prefixes[b] + sizes[b]) for b in kept] or [NONE])
+        dst = np.concatenate([np.arange(prefixes[b], prefixes[b] + sizes[b]) for b in kept])
         return cls(torch.from_numpy(batch).to(device), torch.from_numpy(dst).to(device), src.to(device), length, None)
 
 
 #: an empty index
-NONE = np.zeros(0, dtype=np.int64)
-EMPTY = torch.from_numpy(NONE)
+EMPTY = torch.zeros(0, dtype=torch.long)
 
 
 def _in_place(prefix: int, rows: torch.Tensor | Sequence[int]) -> tuple[int, torch.Tensor | Sequence[int]]:
