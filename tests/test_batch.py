@@ -255,6 +255,23 @@ def test_bad_batches_are_refused_with_what_to_do():
         treespec.generate(target, [[1], [2]], max_new_tokens=4, seed=[3, None])
 
 
+def test_a_batch_checks_its_settings_once_and_each_rows_prompt(monkeypatch):
+    """The models and settings are checked once for a whole batch (with its first prompt), each row's prompt and
+    its reach on its own: a batch of many rows does not check its target and draft once per row."""
+    from treespec.core import checks
+
+    target, draft = tiny_pair("llama")
+    seen, prompts = [], []
+    real_model, real_prompt = checks.check_model, checks.as_prompt
+    monkeypatch.setattr(checks, "check_model",
+                        lambda model, role="target": seen.append(role) or real_model(model, role))
+    monkeypatch.setattr(checks, "as_prompt", lambda ids, vocab=None: prompts.append(ids) or real_prompt(ids, vocab))
+    rows = [[1, 2], [3], [4, 5, 6], [7, 8]]
+    out = treespec.generate(target, rows, [treespec.ModelDrafter(draft, BUSHY, "topk")], max_new_tokens=3)
+    assert seen == ["target", "draft"] and prompts == rows and len(out.rows) == 4
+    assert [r.stats.drafters[0].name for r in out.rows] == [out.rows[0].stats.drafters[0].name] * 4
+
+
 def test_the_hf_baseline_decodes_a_batch_left_padded_as_each_prompt_alone():
     """``bench.baselines.hf_generate`` on a batch (HF's left padding and mask; the batch benchmark's baseline):
     each row equals the prompt's own greedy output in float32, eager and with HF's static cache compiled."""

@@ -8,7 +8,7 @@ from conftest import counted_forwards
 from treespec.models.tiny import tiny_model
 from treespec.core.drafting import DraftProposals
 from treespec.core.drafting import Forward
-from treespec.core.kv import (RowsCache, TreeCache, causal_allowed, forward_masked, forward_prompt, kept_rows,
+from treespec.core.kv import (RowCache, RowsCache, TreeCache, causal_allowed, forward_masked, forward_prompt, kept_rows,
                                tree_inputs)
 from treespec.core.tree import TokenTree, flatten
 
@@ -148,6 +148,36 @@ def test_a_batchs_commit_moves_every_rows_slots_at_once():
     assert cache.length == 4
     for layer, old in zip(cache.layers, before):
         assert torch.equal(layer.keys, old[:, :, [0, 1, 4, 5]])
+
+
+def test_the_rows_own_keeps_wait_for_the_next_forward_and_move_in_one_pass():
+    """Each row's drafter keeps its own slots (``kv.RowCache.keep``) at the start of its step: the keeps wait
+    (``RowsCache.pending``; a row's ``length`` counts its own at once) and the next forward moves every row's in one
+    pass over the layers, before it writes; each row then holds its prefix, its kept slots and the forward's tokens.
+    A row keeping twice keeps from what its first keep left."""
+    model = tiny_model("llama", vocab=32, hidden=16, layers=2, seed=3)
+    rows = RowsCache(3)
+    with torch.inference_mode():
+        rows.forward(model, {r: Forward(torch.arange(r + 1, r + 7), torch.arange(6), causal_allowed(0, 6),
+                                        prompt=True) for r in range(3)})
+        before = [layer.keys.clone() for layer in rows.layers]
+        passes = []
+        real = rows.keep_rows
+        rows.keep_rows = lambda prefixes, kept: passes.append(list(prefixes)) or real(prefixes, kept)
+        RowCache(rows, 0).keep(2, [4, 5])
+        RowCache(rows, 1).keep(3, [])
+        RowCache(rows, 2).keep(1, [3, 4, 5])
+        assert passes == [] and rows.layers[0].keys.equal(before[0])  # nothing moved yet
+        assert [RowCache(rows, r).length for r in range(3)] == [4, 3, 4]
+        RowCache(rows, 2).keep(2, [3])  # from its first keep's slots (0, 3, 4, 5): 0, 3 then 5
+        assert passes == [[2, 3, 1]] and RowCache(rows, 2).length == 3  # the three waiting keeps in one pass
+        rows.forward(model, {r: Forward(torch.tensor([9]), torch.tensor([rows.length_of(r)]),
+                                        causal_allowed(rows.length_of(r), 1)) for r in range(3)})
+        assert passes[1] == [4, 3, 2] and len(passes) == 3  # row 2's second keep, then the forward's own pass
+        assert rows.lengths == [5, 4, 4]
+        for layer, old in zip(rows.layers, before):
+            for b, kept in enumerate([[0, 1, 4, 5], [0, 1, 2], [0, 3, 5]]):
+                assert torch.equal(layer.keys[b, :, : len(kept)], old[b][:, kept])
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])

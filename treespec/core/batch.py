@@ -272,13 +272,14 @@ def generate_batch(
         checks.check_callback(on_tokens, "on_tokens of a batch", "each row's index and its tokens", 2)
     seeds, call_seed = row_seeds(seed, len(prompts))
     drafters = checks.check_drafters(drafters, Drafter)
-    reqs = []
-    for r, prompt in enumerate(prompts):
+    reqs: list[Request] = []
+    for r, prompt in enumerate(prompts):  # the settings checked once, with the first prompt; each row's prompt
         stream = None if on_tokens is None else functools.partial(on_tokens, r)
+        row = {"drafters": [d.for_row() for d in drafters], "seed": seeds[r], "on_tokens": stream}
         try:
-            reqs.append(Request.checked(target, prompt, [d.for_row() for d in drafters], max_new_tokens, temperature,
-                                        top_k, top_p, eos_token_id, seeds[r], budget, stream, verifier,
-                                        compile, envelope))
+            reqs.append(reqs[0].for_prompt(prompt, **row) if reqs else
+                        Request.checked(target, prompt, row["drafters"], max_new_tokens, temperature, top_k, top_p,
+                                        eos_token_id, seeds[r], budget, stream, verifier, compile, envelope))
         except ValueError as e:
             raise ValueError(f"prompt {r} of the batch: {e}") from None
     out = decode_batch(reqs, batch_step_for(reqs, [req.start() for req in reqs]))

@@ -238,10 +238,15 @@ def as_prompt(input_ids: torch.Tensor | Sequence[int], vocab: int | None = None)
     return prompt
 
 
+def check_max_new_tokens(max_new_tokens: object) -> int:
+    """``max_new_tokens`` as an int >= 1."""
+    return check_int("max_new_tokens", max_new_tokens, 1, "it is the number of tokens to generate.")
+
+
 def check_lengths(prompt_len: int, max_new_tokens: object, max_positions: int | None, note: str = "") -> int:
     """``max_new_tokens`` as an int >= 1 that fits the model's context after the prompt (``note``: why the context
     is what it is, :func:`context_note`)."""
-    max_new_tokens = check_int("max_new_tokens", max_new_tokens, 1, "it is the number of tokens to generate.")
+    max_new_tokens = check_max_new_tokens(max_new_tokens)
     if max_positions is not None and prompt_len + max_new_tokens > max_positions:
         raise ValueError(
             f"the prompt ({prompt_len} tokens) plus max_new_tokens ({max_new_tokens}) exceeds the model's "

@@ -207,14 +207,28 @@ class RowsCache(TreeCache):
         super().__init__()
         self.rows = list(range(rows))  # the row in each batch row
         self.lengths = [0] * rows  # committed slots of each batch row
+        #: row -> (prefix, kept slots): the rows' own keeps (:class:`RowCache`), applied together before the next
+        #: forward (each row's drafter keeps its own slots at the start of its step: one pass over the batch for
+        #: all of them, not one per row)
+        self.pending: dict[int, tuple[int, torch.Tensor | list[int]]] = {}
 
     def length_of(self, row: int) -> int:
+        if row in self.pending:
+            prefix, kept = self.pending[row]
+            return prefix + len(kept)
         return self.lengths[self.rows.index(row)]
+
+    def flush(self) -> None:
+        """Apply the rows' pending keeps (:meth:`keep_row`), all in one pass."""
+        if self.pending:
+            pending, self.pending = self.pending, {}
+            self.keep_each(pending)
 
     def forward(self, model: torch.nn.Module, asks: dict[int, "Forward"]) -> dict[int, torch.Tensor]:
         """One forward of ``model`` over every row's ask (``drafting.Forward``, in the row's own coordinates;
         rows without one get padding): the asks' logits by row. A row's padding attends to itself only. Prompts
         into this empty cache (every ask a ``prompt``) go row by row instead (:meth:`prompts`)."""
+        self.flush()
         if self.length == 0 and all(a.prompt for a in asks.values()):
             return self.prompts(model, asks)
         device, past = next(iter(asks.values())).ids.device, self.length
@@ -270,16 +284,21 @@ class RowsCache(TreeCache):
         self.lengths = [p + len(r) for p, r in zip(prefixes, rows)]
 
     def keep_row(self, row: int, prefix: int, kept: torch.Tensor | list[int]) -> None:
-        """:meth:`TreeCache.keep` for one row: its slots ``[0, prefix)`` then ``kept`` (the others unchanged)."""
-        self.keep_each({row: (prefix, kept)})
+        """:meth:`TreeCache.keep` for one row: its slots ``[0, prefix)`` then ``kept`` (the others unchanged), when
+        the cache is next forwarded or its rows kept (:attr:`pending`; :meth:`length_of` counts it at once)."""
+        if row in self.pending:  # a row keeps from what it holds now (the other rows' keeps touch only theirs)
+            self.flush()
+        self.pending[row] = (prefix, kept)
 
     def keep_each(self, kept: dict[int, tuple[int, torch.Tensor | list[int]]]) -> None:
         """:meth:`keep_row` for several rows in one pass (row -> its prefix and kept slots; the others unchanged)."""
+        self.flush()
         self.keep_rows([kept[row][0] if row in kept else n for row, n in zip(self.rows, self.lengths)],
                        [kept[row][1] if row in kept else [] for row in self.rows])
 
     def drop(self, rows: Sequence[int]) -> None:
         """These rows finished: they leave the batch (their slots are freed)."""
+        self.flush()
         stay = [b for b, row in enumerate(self.rows) if row not in set(rows)]
         self.select(stay)
         self.rows = [self.rows[b] for b in stay]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -86,26 +87,36 @@ class Request:
             checks.check_vocab(vocab, d.vocab_size, d.describe())
             if getattr(d, "model", None) is not None:
                 checks.check_model(d.model, role="draft")
-        prompt = checks.as_prompt(input_ids, vocab)
         max_positions = checks.context_of(target) or 2**62
         if on_tokens is not None:
             checks.check_callback(on_tokens, "on_tokens", "each step's tokens", 1)
-        max_new_tokens = checks.check_lengths(len(prompt), max_new_tokens, max_positions, checks.context_note(target))
-        checks.check_reach(target, len(prompt) + max_new_tokens)
-        for d in drafters:  # a draft of another tokenizer (no vocabulary of the target's) counts in its own tokens
-            if getattr(d, "model", None) is not None:
-                checks.check_reach(d.model, len(prompt) + max_new_tokens, "draft", d.vocab_size is not None)
+        max_new_tokens = checks.check_max_new_tokens(max_new_tokens)
         checks.check_sampling_dtype(target, params.greedy)
         seed = checks.check_seed(seed)
         if envelope is not None and not isinstance(envelope, Envelope):
             raise ValueError(f"envelope must be a treespec.core.buffers.Envelope (e.g. Envelope.padded over the "
                              f"trees to run), got {type(envelope).__name__}")
-        return cls(
-            target=target, prompt=prompt, drafters=drafters, params=params,
+        shared = cls(
+            target=target, prompt=[], drafters=drafters, params=params,
             max_new_tokens=max_new_tokens,
             eos=checks.eos_ids(eos_token_id, vocab), budget=checks.check_budget(budget), on_tokens=on_tokens,
             seed=int.from_bytes(os.urandom(7), "little") if seed is None else seed,
             verifier=verifier, compile=compile, vocab=vocab, max_positions=max_positions,
-            out_device=input_ids.device if isinstance(input_ids, torch.Tensor) else torch.device("cpu"),
-            envelope=envelope,
+            out_device=torch.device("cpu"), envelope=envelope,
         )
+        return shared.for_prompt(input_ids)
+
+    def for_prompt(self, input_ids: torch.Tensor | Sequence[int], **changes: object) -> "Request":
+        """This request for the prompt ``input_ids`` (and the fields in ``changes``: a batch's row has its own
+        drafters' copies, seed and callback, checked by the batch): the prompt is checked, and that it fits the
+        target's context and every model's reach with ``max_new_tokens``; the rest was checked by :meth:`checked`,
+        once for a whole batch."""
+        prompt = checks.as_prompt(input_ids, self.vocab)
+        checks.check_lengths(len(prompt), self.max_new_tokens, self.max_positions, checks.context_note(self.target))
+        positions = len(prompt) + self.max_new_tokens
+        checks.check_reach(self.target, positions)
+        for d in changes.get("drafters", self.drafters):  # a draft of another tokenizer counts in its own tokens
+            if getattr(d, "model", None) is not None:
+                checks.check_reach(d.model, positions, "draft", d.vocab_size is not None)
+        out_device = input_ids.device if isinstance(input_ids, torch.Tensor) else torch.device("cpu")
+        return dataclasses.replace(self, prompt=prompt, out_device=out_device, **changes)
