@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 import torch
+from torch.nn.utils.rnn import pad_sequence
 from transformers.cache_utils import Cache, DynamicLayer
 
 from .attention import tree_forward
@@ -232,28 +233,28 @@ class RowsCache(TreeCache):
         if self.length == 0 and all(a.prompt for a in asks.values()):
             return self.prompts(model, asks)
         device, past = next(iter(asks.values())).ids.device, self.length
-        n, batch = max(len(a.ids) for a in asks.values()), len(self.rows)
-        ids = torch.zeros(batch, n, dtype=torch.long, device=device)
-        pos = torch.zeros(batch, n, dtype=torch.long, device=device)
-        allowed = torch.zeros(batch, n, past + n, dtype=torch.bool)
-        allowed[:, :, past:] = torch.eye(n, dtype=torch.bool)
-        new = [0] * batch
-        for row, a in asks.items():
-            b, k = self.rows.index(row), len(a.ids)
-            length, new[b] = self.lengths[b], k
-            ids[b, :k], pos[b, :k] = a.ids, a.positions
-            allowed[b, :k, :length] = a.allowed[:, :length].cpu()
-            allowed[b, :k, past : past + k] = a.allowed[:, length:].cpu()
+        n, at = max(len(a.ids) for a in asks.values()), {row: b for b, row in enumerate(self.rows)}
+        asked = [asks.get(row) for row in self.rows]
+        none = torch.zeros(0, dtype=torch.long, device=device)
+        ids = pad_sequence([none if a is None else a.ids for a in asked], batch_first=True)
+        pos = pad_sequence([none if a is None else a.positions for a in asked], batch_first=True)
+        allowed = np.zeros((len(self.rows), n, past + n), dtype=bool)  # built on the host: one copy
+        allowed[:, :, past:] = np.eye(n, dtype=bool)
+        new = [0 if a is None else len(a.ids) for a in asked]
+        for b, a in enumerate(asked):
+            if a is not None:
+                k, length, mask = new[b], self.lengths[b], a.allowed.cpu().numpy()
+                allowed[b, :k, :length] = mask[:, :length]
+                allowed[b, :k, past : past + k] = mask[:, length:]
         last = all(a.last for a in asks.values())  # then only each ask's last row goes through the LM head
-        keep = sorted({new[self.rows.index(row)] - 1 for row in asks}) if last else []
-        logits = forward_masked(model, self, ids, pos, allowed,
+        keep = sorted({new[at[row]] - 1 for row in asks}) if last else []
+        logits = forward_masked(model, self, ids, pos, torch.from_numpy(allowed),
                                 logits_to_keep=torch.tensor(keep, device=device) if last else 0)
-        self.keep_rows(self.lengths, [past + torch.arange(k) for k in new])  # each row's new slots follow its own
-        out = {}
-        for row, a in asks.items():
-            b, k = self.rows.index(row), len(a.ids)
-            out[row] = logits[b, keep.index(k - 1)][None] if last else logits[b, :k]
-        return out
+        self.keep_rows(self.lengths, [np.arange(past, past + k) for k in new])  # each row's new slots follow its own
+        if not last:
+            return {row: logits[at[row], : new[at[row]]] for row in asks}
+        column = {k: i for i, k in enumerate(keep)}
+        return {row: logits[at[row], column[new[at[row]] - 1]][None] for row in asks}
 
     def prompts(self, model: torch.nn.Module, asks: dict[int, "Forward"]) -> dict[int, torch.Tensor]:
         """Each row's prompt into this empty cache through a forward of its own (:func:`forward_prompt`: the

@@ -44,12 +44,9 @@ class Request:
     vocab: int
     max_positions: int
     out_device: torch.device
+    device: torch.device  # where the target's inputs go (its device; for a dispatched target, its embeddings' execution
+    # device), read once
     envelope: Envelope | None = None
-
-    @property
-    def device(self) -> torch.device:
-        """Where the target's inputs go (its device; for a dispatched target, its embeddings' execution device)."""
-        return execution_device(self.target)
 
     @property
     def speculating(self) -> bool:
@@ -102,7 +99,7 @@ class Request:
             eos=checks.eos_ids(eos_token_id, vocab), budget=checks.check_budget(budget), on_tokens=on_tokens,
             seed=int.from_bytes(os.urandom(7), "little") if seed is None else seed,
             verifier=verifier, compile=compile, vocab=vocab, max_positions=max_positions,
-            out_device=torch.device("cpu"), envelope=envelope,
+            out_device=torch.device("cpu"), device=execution_device(target), envelope=envelope,
         )
         return shared.for_prompt(input_ids)
 

@@ -27,6 +27,18 @@ Path = tuple[int, ...]
 
 
 @dataclass(frozen=True)
+class _Level:
+    """The nodes one depth of a static shape draws (computed once per shape, read at every step)."""
+
+    parents: np.ndarray  # the nodes one level up that have children (the rows of the level's q), increasing
+    width: int  # the most children one of them has (draws per row)
+    kids: np.ndarray  # this level's nodes
+    slot: np.ndarray  # [kids] the row of each one's parent in ``parents``
+    rank: np.ndarray  # [kids] each one's child rank: its column of the draws
+    fwd: np.ndarray  # the kids with children of their own (forwarded to draw the next level)
+
+
+@dataclass(frozen=True)
 class _Layout:
     """A ``TreeShape``'s nodes as arrays (node 0 = the root, then ``shape.paths`` in BFS order)."""
 
@@ -36,15 +48,20 @@ class _Layout:
     depth: np.ndarray  # [N]
     n_children: np.ndarray  # [N]
     ancestors: np.ndarray  # [N, N] bool, self included
+    levels: tuple[_Level, ...]  # depth d at ``levels[d - 1]``
 
     @classmethod
     def of(cls, shape: TreeShape) -> "_Layout":
         parent, rank = shape.node_arrays()
         depth, ancestors = layout(parent)
-        return cls(shape, parent, rank, depth, np.bincount(parent[1:], minlength=len(parent)), ancestors)
-
-    def level(self, d: int) -> np.ndarray:
-        return np.flatnonzero(self.depth == d)
+        n_children = np.bincount(parent[1:], minlength=len(parent))
+        levels = []
+        for d in range(1, int(depth.max()) + 1):
+            parents = np.flatnonzero((depth == d - 1) & (n_children > 0))
+            kids = np.flatnonzero(depth == d)
+            levels.append(_Level(parents, int(n_children[parents].max()), kids,
+                                 np.searchsorted(parents, parent[kids]), rank[kids], kids[n_children[kids] > 0]))
+        return cls(shape, parent, rank, depth, n_children, ancestors, tuple(levels))
 
 
 def _share_rows_of_equal_contexts(nodes: np.ndarray, parent: np.ndarray, tokens: np.ndarray,
@@ -242,10 +259,11 @@ class ModelDrafter(Drafter):
         """
         base = self.cache.length
         cached = np.flatnonzero(rows >= ctx_len)  # tree nodes (below the root) already in the cache
-        allowed = torch.zeros(len(fwd), base + len(fwd), dtype=torch.bool)
+        allowed = np.zeros((len(fwd), base + len(fwd)), dtype=bool)
         allowed[:, :ctx_len] = True
-        allowed[:, torch.as_tensor(rows[cached])] = torch.as_tensor(ancestors[np.ix_(fwd, cached)])
-        allowed[:, base:] = torch.eye(len(fwd), dtype=torch.bool)
+        allowed[:, rows[cached]] = ancestors[np.ix_(fwd, cached)]
+        allowed[:, base:] = np.eye(len(fwd), dtype=bool)
+        allowed = torch.from_numpy(allowed)
         ids = torch.as_tensor(np.maximum(tokens[fwd], 0), device=self.device)
         pos = torch.as_tensor(ctx_len - 1 + depth[fwd], device=self.device)
         out = yield Forward(ids, pos, allowed)
@@ -257,7 +275,7 @@ class ModelDrafter(Drafter):
 
     def _propose_static(self, context: Sequence[int], q_root: torch.Tensor) -> Drafting:
         layout, ctx_len = self.layout, len(context)
-        n, max_depth = layout.shape.size, layout.shape.depth
+        n, max_depth = layout.shape.size, len(layout.levels)
         tokens = np.full(n, -1, dtype=np.int64)
         tokens[0] = context[-1]
         rows = np.full(n, -1, dtype=np.int64)  # cache row of each forwarded node
@@ -267,16 +285,11 @@ class ModelDrafter(Drafter):
         conf = np.zeros(n)  # cumulative draft probability of each node's path (confidence stop only)
         conf[0] = 1.0
         dists = [q_root]
-        for d in range(1, max_depth + 1):
-            parents = layout.level(d - 1)
-            parents = parents[layout.n_children[parents] > 0]
-            q = dists[0] if d == 1 else torch.cat(dists)[q_row[parents]]
-            kids = layout.level(d)
-            drawn = draw_children(q, int(layout.n_children[parents].max()), self.mode, self.generator)
-            slot = np.searchsorted(parents, layout.parent[kids])
-            drawn_np = drawn.cpu().numpy()
-            tokens[kids] = np.where(tokens[layout.parent[kids]] >= 0, drawn_np[slot, layout.rank[kids]], -1)
-            fwd = kids[layout.n_children[kids] > 0]
+        for d, level in enumerate(layout.levels, start=1):
+            kids, slot, fwd = level.kids, level.slot, level.fwd
+            q = dists[0] if d == 1 else torch.cat(dists)[q_row[level.parents]]
+            drawn = draw_children(q, level.width, self.mode, self.generator)
+            tokens[kids] = np.where(tokens[layout.parent[kids]] >= 0, drawn.cpu().numpy()[slot, level.rank], -1)
             if d == max_depth or fwd.size == 0:
                 break
             if self.min_confidence is not None:
