@@ -43,11 +43,18 @@ class PaddedTree(NamedTuple):
     @classmethod
     def of(cls, flat: FlatTree, w: int, device: torch.device) -> "PaddedTree":
         """Two host->device copies."""
-        n = len(flat)
-        ints = np.zeros((4, w), dtype=np.int64)
-        ints[0, :n], ints[1, :n], ints[2, :n], ints[3, :n] = flat.tokens, flat.depth, flat.parent, 1
-        anc = np.eye(w, dtype=bool)
-        anc[:n, :n] = flat.ancestors
+        return cls(*(x[0] for x in cls.of_rows([flat], w, device)))
+
+    @classmethod
+    def of_rows(cls, flats: Sequence[FlatTree], w: int, device: torch.device) -> "PaddedTree":
+        """Several trees as the rows of one (every field with a leading ``[B]``), in two host->device copies."""
+        ints = np.zeros((4, len(flats), w), dtype=np.int64)
+        anc = np.zeros((len(flats), w, w), dtype=bool)
+        anc[:, np.arange(w), np.arange(w)] = True
+        for b, flat in enumerate(flats):
+            n = len(flat)
+            ints[0, b, :n], ints[1, b, :n], ints[2, b, :n], ints[3, b, :n] = flat.tokens, flat.depth, flat.parent, 1
+            anc[b, :n, :n] = flat.ancestors
         t = torch.from_numpy(ints).to(device, non_blocking=True)
         return cls(t[0], t[1], t[2], t[3].bool(), torch.from_numpy(anc).to(device, non_blocking=True))
 
@@ -68,26 +75,37 @@ class Proposals(NamedTuple):
     def of(cls, tree: TokenTree, flat: FlatTree, vocab: int, w: int, device: torch.device,
            size: int = 0) -> "Proposals":
         """``P`` is a power of two ``>= w`` (a fixed shape keeps one graph), or ``size`` where that is larger."""
-        props = [(i, p) for i, node in enumerate(flat.order) for p in tree.proposals[node]]
-        n, size = len(props), max(size, next_pow2(len(props), w))
-        ints = np.zeros((6, size), dtype=np.int64)  # token, parent, child, last, (per flat node: has_props, post)
-        ints[1] = -1
-        ints[5, :w] = np.arange(w)
-        ints[5, : len(flat)] = post_order(flat.parent)
-        for j, (i, p) in enumerate(props):
-            ints[:3, j] = (p.token, i, flat.index[p.child])
-        if n:
-            ints[3, :n] = np.r_[ints[1, 1:n] != ints[1, : n - 1], True]
-        ints[4, ints[1, :n]] = 1  # size >= w, so the flat nodes fit in this row
+        return cls(*(x[0] for x in cls.of_rows([(tree, flat)], vocab, w, device, size)))
+
+    @classmethod
+    def of_rows(cls, trees: Sequence[tuple[TokenTree, FlatTree]], vocab: int, w: int, device: torch.device,
+                size: int = 0) -> "Proposals":
+        """Several trees' proposals as the rows of one list (every field with a leading ``[B]``; ``P`` fits the
+        longest row, as :meth:`of`), in one host->device copy of the integers and one write of each kind of ``q``."""
+        props = [[(i, p) for i, node in enumerate(flat.order) for p in tree.proposals[node]] for tree, flat in trees]
+        size = max(size, *(next_pow2(len(row), w) for row in props))
+        ints = np.zeros((6, len(trees), size), dtype=np.int64)  # token, parent, child, last, (per flat node:
+        ints[1] = -1  # has_props, post)
+        ints[5, :, :w] = np.arange(w)
+        point, dense = [], []  # (row, proposal) of each kind
+        for b, ((_, flat), row) in enumerate(zip(trees, props)):
+            n = len(row)
+            ints[5, b, : len(flat)] = post_order(flat.parent)
+            for j, (i, p) in enumerate(row):
+                ints[:3, b, j] = (p.token, i, flat.index[p.child])
+                (point if p.row == POINT_MASS else dense).append((b, j))
+            if n:
+                ints[3, b, :n] = np.r_[ints[1, b, 1:n] != ints[1, b, : n - 1], True]
+            ints[4, b, ints[1, b, :n]] = 1  # size >= w, so the flat nodes fit in this row
         t = torch.from_numpy(ints).to(device, non_blocking=True)
-        point = [j for j, (_, p) in enumerate(props) if p.row == POINT_MASS]
-        dense = [j for j, (_, p) in enumerate(props) if p.row != POINT_MASS]
-        q = torch.zeros(size, vocab, device=device)
+        q = torch.zeros(len(trees), size, vocab, device=device)
         if point:
-            q[torch.tensor(point, device=device), t[0, point]] = 1.0
+            at = torch.tensor(point, device=device).T
+            q[at[0], at[1], t[0, at[0], at[1]]] = 1.0
         if dense:
-            q[torch.tensor(dense, device=device)] = torch.stack([props[j][1].q(vocab, device) for j in dense])
-        return cls(q, t[0], t[1], t[2], t[3].bool(), t[4, :w].bool(), t[5, :w])
+            at = torch.tensor(dense, device=device).T
+            q[at[0], at[1]] = torch.stack([props[b][j][1].q(vocab, device) for b, j in dense])
+        return cls(q, t[0], t[1], t[2], t[3].bool(), t[4, :, :w].bool(), t[5, :, :w])
 
 
 class Noise(NamedTuple):
@@ -153,14 +171,13 @@ def accept_rows(rows: Sequence[tuple[HostAcceptance, TokenTree, FlatTree, torch.
         return [verifiers.spectr(tree, verifiers.node_targets(flat, logits, req.params), verifiers.TorchCoins(acc.gen))
                 for acc, tree, flat, logits in rows]
     device, w = req.device, max(len(flat) for _, _, flat, _ in rows)
-    padded = PaddedTree(*map(torch.stack, zip(*(PaddedTree.of(flat, w, device) for _, _, flat, _ in rows))))
+    padded = PaddedTree.of_rows([flat for _, _, flat, _ in rows], w, device)
     logits = torch.stack([torch.cat([x, x.new_zeros(w - len(x), x.shape[1])]) for *_, x in rows])
     props = noise = None
     if not req.params.greedy:
         count = [sum(len(tree.proposals[v]) for v in flat.order) for _, tree, flat, _ in rows]
         size = max(next_pow2(n, w) for n in count)
-        props = Proposals(*map(torch.stack, zip(*(Proposals.of(tree, flat, req.vocab, w, device, size)
-                                                   for _, tree, flat, _ in rows))))
+        props = Proposals.of_rows([(tree, flat) for _, tree, flat, _ in rows], req.vocab, w, device, size)
         own = [acc.noise(next_pow2(n, len(flat))) for n, (acc, _, flat, _) in zip(count, rows)]  # as drawn alone
         noise = Noise(torch.stack([torch.cat([x.uniforms, x.uniforms.new_ones(size - len(x.uniforms))]) for x in own]),
                       torch.stack([x.exponentials for x in own]))
