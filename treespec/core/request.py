@@ -44,8 +44,7 @@ class Request:
     vocab: int
     max_positions: int
     out_device: torch.device
-    device: torch.device  # where the target's inputs go (its device; for a dispatched target, its embeddings' execution
-    # device), read once
+    device: torch.device  # where the target's inputs go (``common.device.execution_device``), read once
     envelope: Envelope | None = None
 
     @property
@@ -104,10 +103,10 @@ class Request:
         return shared.for_prompt(input_ids)
 
     def for_prompt(self, input_ids: torch.Tensor | Sequence[int], **changes: object) -> "Request":
-        """This request for the prompt ``input_ids`` (and the fields in ``changes``: a batch's row has its own
-        drafters' copies, seed and callback, checked by the batch): the prompt is checked, and that it fits the
-        target's context and every model's reach with ``max_new_tokens``; the rest was checked by :meth:`checked`,
-        once for a whole batch."""
+        """This request for the prompt ``input_ids`` (and the fields in ``changes``: a batch's row has its own copies
+        of the checked drafters, and its seed and callback, which the batch checks): the prompt is checked, and that
+        it fits the target's context and every model's reach with ``max_new_tokens``; the rest was checked by
+        :meth:`checked`, once for a whole batch."""
         prompt = checks.as_prompt(input_ids, self.vocab)
         checks.check_lengths(len(prompt), self.max_new_tokens, self.max_positions, checks.context_note(self.target))
         positions = len(prompt) + self.max_new_tokens
