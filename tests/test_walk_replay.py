@@ -156,8 +156,9 @@ def test_the_replay_without_a_horizon_is_the_runs_tau_uncut():
     walk = measure(target, draft, prompts, width=4, mode="topk", max_new_tokens=30, max_depth=6, progress=False)
     for shape in (chain(4), kary([2, 2, 2])):
         tokens = steps = 0
-        for p in prompts:
-            s = treespec.generate(target, p, [treespec.ModelDrafter(draft, shape, "topk")], max_new_tokens=30).stats
+        for row in treespec.generate(target, prompts, [treespec.ModelDrafter(draft, shape, "topk")],
+                                     max_new_tokens=30).rows:  # each row: its prompt's run alone
+            s = row.stats
             tokens += sum(t for t, cut in zip(s.step_tokens, s.step_cut) if not cut)
             steps += s.step_cut.count(False)
         assert walk.replayed_tau(shape) == pytest.approx(tokens / steps, rel=1e-12)
@@ -170,7 +171,7 @@ def test_a_continuation_ended_at_the_end_of_text_keeps_its_last_steps_as_a_run_d
     target = tiny_model("llama", vocab=64, hidden=64, scale=3, seed=0)
     draft = perturbed_copy(target, 0.5)
     prompts = [np.random.default_rng(100 + i).integers(0, 64, 6).tolist() for i in range(12)]
-    seen = [treespec.generate(target, p, [], max_new_tokens=30).new_tokens for p in prompts]
+    seen = [row.new_tokens for row in treespec.generate(target, prompts, [], max_new_tokens=30).rows]
     # a token that most runs write first a few tokens in: they end there, after several steps
     eos = max(range(64), key=lambda t: sum(s.index(t) >= 3 for s in seen if t in s))
     walk = measure(target, draft, prompts, width=4, mode="topk", max_new_tokens=30, max_depth=6, progress=False,
@@ -179,9 +180,9 @@ def test_a_continuation_ended_at_the_end_of_text_keeps_its_last_steps_as_a_run_d
     for shape in (chain(4), kary([2, 2, 2])):
         uncut = [0, 0]
         every = [0, 0]
-        for p in prompts:
-            s = treespec.generate(target, p, [treespec.ModelDrafter(draft, shape, "topk")], max_new_tokens=30,
-                                  eos_token_id=eos).stats
+        for row in treespec.generate(target, prompts, [treespec.ModelDrafter(draft, shape, "topk")], max_new_tokens=30,
+                                     eos_token_id=eos).rows:
+            s = row.stats
             uncut[0] += sum(t for t, cut in zip(s.step_tokens, s.step_cut) if not cut)
             uncut[1] += s.step_cut.count(False)
             every[0] += sum(s.step_tokens)
@@ -200,9 +201,9 @@ def test_the_replay_with_the_stop_is_a_chains_tau_uncut(stop):
     prompts = [np.random.default_rng(100 + i).integers(0, 64, 1 + i).tolist() for i in range(10)]
     walk = measure(target, draft, prompts, width=4, mode="topk", max_new_tokens=30, max_depth=6, progress=False)
     tokens = steps = 0
-    for p in prompts:
-        s = treespec.generate(target, p, [treespec.ModelDrafter(draft, chain(4), "topk", min_confidence=stop)],
-                              max_new_tokens=30).stats
+    for row in treespec.generate(target, prompts, [treespec.ModelDrafter(draft, chain(4), "topk", min_confidence=stop)],
+                                 max_new_tokens=30).rows:
+        s = row.stats
         tokens += sum(t for t, cut in zip(s.step_tokens, s.step_cut) if not cut)
         steps += s.step_cut.count(False)
     assert walk.replayed_tau(chain(4), stop) == pytest.approx(tokens / steps, rel=1e-12)
