@@ -281,6 +281,7 @@ class RowsCache(TreeCache):
         return logits
 
     def keep_rows(self, prefixes: Sequence[int], rows: Sequence[torch.Tensor | list[int]]) -> None:
+        self.flush()  # the rows' waiting keeps first: ``prefixes`` and ``rows`` are of what the rows hold after them
         super().keep_rows(prefixes, rows)
         self.lengths = [p + len(r) for p, r in zip(prefixes, rows)]
 
