@@ -18,6 +18,28 @@ def parse_error(argv, capsys) -> str:
     return capsys.readouterr().err
 
 
+HELP_CALLS = [["--help"], ["generate", "--help"], ["demo", "--help"], ["accept", "--help"], ["profile", "--help"],
+              ["--version"], ["frobnicate"], ["generate", "--prompt", "x", "--tree", "bush"]]
+
+
+def test_help_and_bad_options_are_answered_without_torch():
+    """``treespec --help``, each command's ``--help``, ``--version`` and a refused choice are answered before torch or
+    transformers is imported (a fraction of a second where importing them takes ~8 s here): the parser reads its
+    names and defaults from ``treespec.common.options`` and imports a rule's owner only to check an option given.
+    A fresh interpreter, since this one imported both long ago."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom treespec.cli import main\n"
+            f"for argv in {HELP_CALLS!r}:\n"
+            "    try:\n        main(argv)\n    except SystemExit as e:\n        assert e.code in (0, 2), e.code\n"
+            "print('loaded:', sorted(m for m in ('torch', 'transformers') if m in sys.modules), file=sys.stderr)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.rstrip().endswith("loaded: []"), done.stderr[-500:]
+    assert done.stdout.count("usage: treespec") == 5 and "invalid choice: 'bush'" in done.stderr
+
+
 @pytest.mark.parametrize("argv,fragment", [
     (["generate"], "one of the arguments --prompt --prompt-file --prompts-jsonl is required"),
     (["generate", "--prompt", "x", "--prompt-file", "f"], "not allowed with argument"),
@@ -87,14 +109,14 @@ def test_bad_acceptance_file_is_a_user_error(tmp_path, capsys, monkeypatch, cont
 def test_a_programming_error_keeps_its_traceback(monkeypatch, bug):
     """Only what a user can cause (ValueError, OSError, ImportError) is printed as ``treespec: error: ...``; a
     TypeError or KeyError raised inside treespec is a bug and reaches the caller with its traceback."""
-    import treespec.cli as cli
+    from treespec import cli_commands
 
     def command(args):
         raise bug
 
-    monkeypatch.setitem(cli.COMMANDS, "generate", command)
+    monkeypatch.setitem(cli_commands.COMMANDS, "generate", command)
     with pytest.raises(type(bug)):
-        cli.main(["generate", "--prompt", "x"])
+        main(["generate", "--prompt", "x"])
 
 
 def test_debug_shows_the_traceback(tmp_path, capsys, monkeypatch):
@@ -442,7 +464,7 @@ def test_accept_measures_on_another_built_in_prompt_set(tiny_dirs, tmp_path, cap
 def test_compare_warms_both_methods_up_before_timing(tiny_dirs, tmp_path, capsys, monkeypatch):
     """``--compare`` times neither method's first call: one untimed warm-up of each on the longest prompt (a
     compiled step compiles there, not inside the first timed prompt), then each prompt timed and compared."""
-    from treespec import cli
+    from treespec import cli_commands as cli
 
     monkeypatch.setenv("TREESPEC_CACHE", str(tmp_path / "cache"))
     calls: list[int] = []
@@ -496,14 +518,14 @@ def test_compare_says_where_greedy_outputs_part_and_fails_only_off_a_tie(tie, ti
 
 def test_interrupt_is_one_line(monkeypatch, capsys):
     """Ctrl-C prints `treespec: interrupted` and exits 130 (the shell's code for SIGINT), no traceback."""
-    import treespec.cli as cli
+    from treespec import cli_commands
 
     def interrupted(args):
         raise KeyboardInterrupt
 
-    monkeypatch.setitem(cli.COMMANDS, "generate", interrupted)
+    monkeypatch.setitem(cli_commands.COMMANDS, "generate", interrupted)
     monkeypatch.delenv("TREESPEC_DEBUG", raising=False)
-    assert cli.main(["generate", "--prompt", "x"]) == 130
+    assert main(["generate", "--prompt", "x"]) == 130
     assert capsys.readouterr().err == "\ntreespec: interrupted\n"  # on a line of its own after streamed text
 
 
@@ -554,7 +576,7 @@ def test_batch_size_decodes_the_prompts_in_batches_each_as_alone(tiny_dirs, tmp_
 def test_the_json_record_names_the_static_tree_drafted_and_none_for_a_cross_tokenizer_draft():
     """``--json`` records the model drafter's static tree (capped by the new tokens), and none where the draft has
     another tokenizer (it proposes re-tokenised chains, not that tree) or no model drafts."""
-    from treespec.cli import _tree
+    from treespec.cli_commands import _tree
     from treespec.models.pair import CrossDraft
     from treespec.models.tiny import tiny_model
     from treespec.recipes import Recipe
@@ -710,7 +732,7 @@ def test_a_chain_without_a_budget_is_tuned_and_independent_chains_are_piloted(ti
     ``--tree chains`` by a pilot; each run says what it chose."""
     import json
 
-    from treespec import cli
+    from treespec import cli_commands as cli
     from treespec.calibrate import tuning
     from treespec.calibrate.costs import Profile
 

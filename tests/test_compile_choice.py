@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from treespec import cli
+from treespec import cli, cli_commands
 from treespec.calibrate import compile_choice
 from treespec.calibrate.compile_choice import RouteTiming, decide
 from treespec.core.stats import GenerateOutput, Stats
@@ -119,7 +119,7 @@ def test_plain_decoding_stays_eager(pair, tmp_path) -> None:
 def test_the_cli_compiles_by_measurement_unless_told(argv, expect) -> None:
     args = cli.build_parser().parse_args(["generate", "--prompt", "x", *argv])
     assert args.compile == expect
-    assert cli.recipe_from_args(args).compile == (expect or False)
+    assert cli_commands.recipe_from_args(args).compile == (expect or False)
 
 
 def _tuned(vector):

@@ -11,7 +11,8 @@ import pytest
 from tree_builders import TreeShape, acceptance_rows
 from treespec.calibrate.acceptance import MeasuredAcceptance
 from treespec.calibrate.vectors import default_acceptance
-from treespec.cli import build_parser, recipe_from_args
+from treespec.cli_commands import recipe_from_args
+from treespec.cli_parser import build_parser
 
 CALIBRATE = runpy.run_path(str(Path(__file__).resolve().parents[1] / "experiments" / "calibrate_default.py"))
 

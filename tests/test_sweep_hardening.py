@@ -14,6 +14,7 @@ import pytest
 
 import treespec.bench.sweep as E
 import treespec.cli as cli
+import treespec.cli_commands as cli_commands
 from treespec.common.files import check_writable
 from treespec.bench.sweep.lock import FINGERPRINT, LOCK, OutputDirError, claim, exclusive
 from treespec.bench.sweep.records import CorruptRecordError, read_records, repair_tail
@@ -391,7 +392,7 @@ def test_outputs_are_checked_before_models_load(command: str, tmp_path: Path, ca
     def never(*args, **kwargs):
         raise AssertionError("models loaded before --out was checked")
 
-    monkeypatch.setattr(cli, "load_models", never)
+    monkeypatch.setattr(cli_commands, "load_models", never)
     monkeypatch.delenv("TREESPEC_DEBUG", raising=False)
     blocker = tmp_path / "a-file"
     blocker.write_text("x")

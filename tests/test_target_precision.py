@@ -12,7 +12,8 @@ from test_models import tiny_qwen2, write_gguf
 from treespec import cli
 from treespec.calibrate import target_precision
 from treespec.calibrate.target_precision import Candidate, applies, load_pair_tuned
-from treespec.models.precision import FLOATS, precision_of
+from treespec.common.options import FLOATS
+from treespec.models.precision import precision_of
 
 
 @pytest.fixture

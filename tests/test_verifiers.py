@@ -479,3 +479,11 @@ def test_kseq_rho_is_the_smallest_feasible_rho_of_a_direct_sum():
             smaller = rho * (1 - 1e-9)
             assert c_direct(r, q, k, smaller) > smaller, (n, zeros, k, rho)
     assert interior >= 20  # most cases have 1 < rho < k
+
+
+def test_the_commands_verifier_names_are_the_registrys():
+    """``treespec generate --verifier`` offers the names of ``treespec.common.options`` (torch-free, for a fast
+    ``--help``): the registry's, in its order."""
+    from treespec.common.options import VERIFIER_NAMES
+
+    assert tuple(verifiers.VERIFIERS) == VERIFIER_NAMES

@@ -5,39 +5,69 @@ Layers, each importing only the ones before it: ``common`` (rules every layer sh
 precision, timing), ``recipes`` (settings -> drafters, ``run``), ``calibrate`` (acceptance, costs,
 tuning, and the choices a recipe leaves to measurement: ``resolve``), ``bench`` (comparisons, demo,
 sweeps) and ``cli``.
+
+The public names below are imported on first use (PEP 562): ``import treespec`` alone loads neither
+torch nor transformers, so the ``treespec`` command answers ``--help`` without them.
 """
 
-from .calibrate import acceptance, analysis
-from .core import verifiers
-from .core.batch import BatchOutput
-from .core.buffers import Envelope
-from .core.drafting import DraftProposals, Drafter
-from .core.engine import generate
-from .core.sampling import SamplingParams, standardize
-from .core.stats import GenerateOutput, Stats
-from .drafters.cross_tokenizer import CrossTokenizerDrafter
-from .drafters.model import ModelDrafter
-from .drafters.ngram import NGramDrafter
-from .calibrate.choices import resolve, run
-from .recipes import Recipe
+from __future__ import annotations
 
-__all__ = [
-    "acceptance",
-    "analysis",
-    "verifiers",
-    "BatchOutput",
-    "CrossTokenizerDrafter",
-    "DraftProposals",
-    "Envelope",
-    "Drafter",
-    "GenerateOutput",
-    "ModelDrafter",
-    "NGramDrafter",
-    "Recipe",
-    "SamplingParams",
-    "Stats",
-    "generate",
-    "resolve",
-    "run",
-    "standardize",
-]
+import importlib
+from typing import TYPE_CHECKING, Any
+
+#: each public name -> the module that defines it (a module's own name: the module itself)
+_HOMES = {
+    "acceptance": ".calibrate.acceptance",
+    "analysis": ".calibrate.analysis",
+    "verifiers": ".core.verifiers",
+    "BatchOutput": ".core.batch",
+    "CrossTokenizerDrafter": ".drafters.cross_tokenizer",
+    "DraftProposals": ".core.drafting",
+    "Drafter": ".core.drafting",
+    "Envelope": ".core.buffers",
+    "GenerateOutput": ".core.stats",
+    "ModelDrafter": ".drafters.model",
+    "NGramDrafter": ".drafters.ngram",
+    "Recipe": ".recipes",
+    "SamplingParams": ".core.sampling",
+    "Stats": ".core.stats",
+    "generate": ".core.engine",
+    "resolve": ".calibrate.choices",
+    "run": ".calibrate.choices",
+    "standardize": ".core.sampling",
+}
+
+__all__ = sorted(_HOMES)
+#: the layers, imported on first use too (``treespec.core.sampling`` after a bare ``import treespec``)
+_LAYERS = ("bench", "calibrate", "cli", "common", "core", "drafters", "models", "recipes")
+
+
+def __getattr__(name: str) -> Any:
+    """A public name or a layer, imported from its module on first use (then a plain attribute of the package)."""
+    home = _HOMES.get(name) or (f".{name}" if name in _LAYERS else None)
+    if home is None:
+        raise AttributeError(f"module 'treespec' has no attribute {name!r}")
+    module = importlib.import_module(home, __name__)
+    value = module if home.rsplit(".", 1)[-1] == name else getattr(module, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
+
+if TYPE_CHECKING:  # what a type checker and an IDE see: the same names, imported eagerly (``X as X``: re-exported)
+    from .calibrate import acceptance as acceptance, analysis as analysis
+    from .calibrate.choices import resolve as resolve, run as run
+    from .core import verifiers as verifiers
+    from .core.batch import BatchOutput as BatchOutput
+    from .core.buffers import Envelope as Envelope
+    from .core.drafting import DraftProposals as DraftProposals, Drafter as Drafter
+    from .core.engine import generate as generate
+    from .core.sampling import SamplingParams as SamplingParams, standardize as standardize
+    from .core.stats import GenerateOutput as GenerateOutput, Stats as Stats
+    from .drafters.cross_tokenizer import CrossTokenizerDrafter as CrossTokenizerDrafter
+    from .drafters.model import ModelDrafter as ModelDrafter
+    from .drafters.ngram import NGramDrafter as NGramDrafter
+    from .recipes import Recipe as Recipe

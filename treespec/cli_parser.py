@@ -1,6 +1,8 @@
 """The ``treespec`` command's arguments: one parser per command, and argument types that apply each rule's
-owner (``treespec.core.checks``, ``SamplingParams``), never a second copy of it; name lists (trees, modes,
-verifiers, precisions) come from their owners. ``treespec.cli`` runs the parsed command."""
+owner (``treespec.core.checks``, ``SamplingParams``, ``treespec.common.device``), never a second copy of it; name
+lists (trees, modes, verifiers, precisions) and defaults come from ``treespec.common.options``. Building the parser
+imports neither torch nor transformers (``--help`` answers at once); a rule's owner is imported when an option it
+checks is parsed. ``treespec.cli`` runs the parsed command."""
 
 from __future__ import annotations
 
@@ -9,16 +11,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .bench.datasets import DATASETS
-from .calibrate.acceptance import CONTEXTS
-from .calibrate.choices import TUNED_TREES
-from .calibrate.tuning import PROFILE_SIZES
-from .common.device import check_device, default_device
-from .core import checks
-from .core.sampling import SamplingParams
-from .core.verifiers import VERIFIERS
-from .drafters.model import STATIC_MODES
-from .models.precision import CHOICES
-from .recipes import TREES
+from .common.options import (CHOICES, CONTEXTS, DEFAULT_DRAFT, DEFAULT_TARGET, PROFILE_SIZES, STATIC_MODES, TREES,
+                             TUNED_TREES, VERIFIER_NAMES)
+
+#: ``--device``'s default, read as this machine's device when the options are parsed
+AUTO_DEVICE = "cuda if available"
 
 
 def _arg(convert: Callable[[str], Any], check: Callable[[Any], Any]) -> Callable[[str], Any]:
@@ -35,15 +32,29 @@ def _arg(convert: Callable[[str], Any], check: Callable[[Any], Any]) -> Callable
     return parse
 
 
+def _checks():
+    """``treespec.core.checks``, imported when an option it checks is parsed (it imports torch)."""
+    from .core import checks
+
+    return checks
+
+
+def _sampling(**field: Any) -> None:
+    """``SamplingParams``' own check of one field (imported when parsed, as :func:`_checks`)."""
+    from .core.sampling import SamplingParams
+
+    SamplingParams(**field)
+
+
 def _count(name: str, minimum: int = 1) -> Callable[[str], int]:
-    return _arg(int, lambda v: checks.check_int(name, v, minimum))
+    return _arg(int, lambda v: _checks().check_int(name, v, minimum))
 
 
-_budget = _arg(int, checks.check_budget)
-_seed = _arg(int, checks.check_seed)
-_temperature = _arg(float, lambda v: SamplingParams(temperature=v))
-_top_p = _arg(float, lambda v: SamplingParams(top_p=v))
-_top_k = _arg(int, lambda v: SamplingParams(top_k=v))
+_budget = _arg(int, lambda v: _checks().check_budget(v))
+_seed = _arg(int, lambda v: _checks().check_seed(v))
+_temperature = _arg(float, lambda v: _sampling(temperature=v))
+_top_p = _arg(float, lambda v: _sampling(top_p=v))
+_top_k = _arg(int, lambda v: _sampling(top_k=v))
 
 
 def _demo_prompt_count(n: int) -> None:
@@ -56,7 +67,12 @@ _demo_prompts = _arg(int, _demo_prompt_count)
 
 
 def _device(text: str) -> str:
-    """An argparse type: a torch device of this machine (``cpu``, ``cuda``, ``cuda:1``, ...)."""
+    """An argparse type: a torch device of this machine (``cpu``, ``cuda``, ``cuda:1``, ...); :data:`AUTO_DEVICE`
+    (the default, which argparse converts as given text) is ``cuda`` where this machine has one, else ``cpu``."""
+    from .common.device import check_device, default_device
+
+    if text == AUTO_DEVICE:
+        return default_device()
     try:
         check_device(text)
     except ValueError as e:
@@ -67,8 +83,6 @@ def _device(text: str) -> str:
 def add_model_options(p: argparse.ArgumentParser, several_drafts: bool = False) -> None:
     """The target, draft, device and precision options; ``several_drafts``: ``--draft`` repeats (generate), else the
     command runs one draft (a second ``--draft`` replaces the first, as options do)."""
-    from .models.loading import DEFAULT_DRAFT, DEFAULT_TARGET
-
     p.add_argument("--target", default=DEFAULT_TARGET, metavar="M",
                    help="target model: HF id, local dir, local .gguf file, or a built-in name "
                         f"(default: {DEFAULT_TARGET})")
@@ -79,8 +93,8 @@ def add_model_options(p: argparse.ArgumentParser, several_drafts: bool = False) 
         p.add_argument("--draft", type=lambda name: [name], metavar="M",
                        help=f"draft model: HF id, local dir, local .gguf file, or a built-in name (default: "
                             f"{DEFAULT_DRAFT})")
-    p.add_argument("--device", type=_device, default=default_device(),
-                   help="torch device, e.g. cpu, cuda or cuda:1 (default: cuda if available)")
+    p.add_argument("--device", type=_device, default=AUTO_DEVICE,
+                   help="torch device, e.g. cpu, cuda or cuda:1 (default: %(default)s)")
     p.add_argument("--dtype", choices=CHOICES["target"], default=None,
                    help="target precision; auto times float32 and bfloat16 here and keeps the faster, and for a "
                         "GGUF target (a built-in one or a .gguf file) on a CPU, generate and demo keep int4 on the "
@@ -183,7 +197,7 @@ def _generate(sub) -> None:
                         "from S and its place in the prompt list, so its output does not depend on --batch-size or "
                         "on a resumed --out (default: a random seed per prompt)")
     add_chat_option(g)
-    g.add_argument("--verifier", choices=tuple(VERIFIERS), default="rrs",
+    g.add_argument("--verifier", choices=VERIFIER_NAMES, default="rrs",
                    help="exact verification rule for sampled steps (docs/verifiers.md; default rrs)")
     g.add_argument("--compile", nargs="?", const=True, default=None, metavar="BACKEND",
                    help="compiled static-shape steps (optionally naming the torch.compile backend, or "

@@ -61,15 +61,12 @@ from tqdm.auto import tqdm
 from ..common.device import execution_device
 from ..common.files import JSONFile
 from ..common.machine import model_name, version
+from ..common.options import CONTEXTS, STATIC_MODES
 from ..core import checks
 from ..core.engine import generate
 from ..core.sampling import SamplingParams, spread_seed
-from ..drafters.model import STATIC_MODES
 from .ranks import accepted_ranks, continuation_logits, walk_ranks
 from .walk_replay import ReplayedStep, per_continuation, replay_steps
-
-#: how a continuation is written (module doc)
-CONTEXTS = ("walk", "target")
 
 
 @dataclass

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 
+from ..common.options import TUNED_TREES
 from ..core.drafting import Drafter
 from ..drafters.cross_tokenizer import CrossTokenizerDrafter
 from ..drafters.model import ModelDrafter
@@ -45,11 +46,6 @@ def _describe_models(target: torch.nn.Module, drafts: Sequence[DraftModel]) -> s
         f", draft {precision_of(draft_model(d))}" for d in drafts)
 
 
-#: the trees the tuner sizes: Sequoia's DP, and the builders of a budget whose nodes are ranked children of one
-#: draft model's tree (its top-k or without-replacement draws), which the acceptance rows score. Independent
-#: chains (``chains``: sampled with replacement) and the dynamic tree are a pilot's; a static path list runs as
-#: given (all its paths, unless a budget cuts them), its depth a pilot's.
-TUNED_TREES = ("sequoia", "chain", "kary")
 
 
 def tunable(recipe: Recipe, drafts: Sequence[DraftModel]) -> bool:

@@ -27,6 +27,7 @@ from tree_builders import TreeShape
 
 from ..common.files import DAMAGED, read_json_dict, write_json
 from ..common.machine import measurement_key, measured_name
+from ..common.options import PROFILE_SIZES
 from ..core.linear_layout import layout_tags
 from ..models.precision import kernel_tags, precision_of
 from ..models.timing import measure_prefill
@@ -36,7 +37,6 @@ from .step_cost import Builder, Choice, checked_costs, run_speedup
 from .pilot import MARGIN, Pilot
 from .walk_replay import per_continuation, truncated
 
-PROFILE_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 PROFILE_WIDTHS = (1, 2, 4, 8, 16)
 #: the model drafter's confidence stop in tuned recipes: deeper levels are not drafted once the best
 #: path's cumulative draft probability is below this (it saves draft forwards that would rarely pay).

@@ -13,6 +13,7 @@ from tree_builders import TreeShape
 
 from ..common.device import execution_device
 from ..common.machine import model_name
+from ..common.options import STATIC_MODES
 from ..core.checks import check_int, check_probability, has_dynamic_int8, vocab_size
 from ..core.drafting import ROOT, Capture, DraftProposals, Drafter, Drafting, Forward, drive
 from ..core.kv import TreeCache, causal_allowed, forward_masked, forward_prompt
@@ -20,7 +21,6 @@ from ..core.sampling import SamplingParams, draw_children
 from ..core.tree import layout
 
 #: the modes of a static tree shape (the dynamic EAGLE-2 tree grows its own)
-STATIC_MODES = ("topk", "sample", "sample_without_replacement")
 MODES = (*STATIC_MODES, "dynamic")
 
 Path = tuple[int, ...]

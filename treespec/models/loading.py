@@ -30,7 +30,8 @@ from .gguf_blocks import SAME_ROWS, read_file_blocks, with_file_blocks
 from .layout import LAYOUT_DECISIONS, auto_layout, describe_layout
 from .packaged import DEFAULT_DRAFT, DEFAULT_TARGET, REGISTRY, build_cache, cache_is_valid, cache_root, \
     chunk_paths, file_int4_blocks, log
-from .precision import FLOATS, ROLES, auto_precision, describe_choice, parse_precision, to_precision, torch_dtype
+from ..common.options import FLOATS
+from .precision import ROLES, auto_precision, describe_choice, parse_precision, to_precision, torch_dtype
 
 
 def _hub_offline() -> bool:

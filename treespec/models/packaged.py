@@ -28,8 +28,8 @@ from typing import Sequence
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
-DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
+from ..common.options import DEFAULT_DRAFT, DEFAULT_TARGET
+
 SMOLLM2 = "smollm2-135m-instruct"
 
 GGUF_MAGIC = b"GGUF"

@@ -32,16 +32,11 @@ import torch
 
 from ..common.files import read_json_dict, write_json
 from ..common.machine import measurement_key, measured_name
+from ..common.options import PRECISIONS
 from ..core.checks import has_dynamic_int8
 from .quantized import Int8Linear, has_int4, quantize_int4, quantize_int8
 
-PRECISIONS = ("float32", "bfloat16", "float16", "int8", "int4")
-#: the floating-point precisions (a target may run in any of them, or in int4 on a GGUF file's own blocks; int8 is for
-#: drafts only)
-FLOATS = PRECISIONS[:3]
 ROLES = ("target", "draft")
-#: the names a user may give per role (``auto`` measures; see :func:`auto_precision`)
-CHOICES = {"target": ("auto", *FLOATS, "int4"), "draft": ("auto", *PRECISIONS)}
 #: precisions ``auto`` times, per role: int8 and int4 only for drafts (a quantised target changes the output)
 AUTO_CANDIDATES = {"target": ("float32", "bfloat16"), "draft": ("float32", "bfloat16", "int8", "int4")}
 #: the precisions that run on the CPU only

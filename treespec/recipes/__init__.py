@@ -37,7 +37,7 @@ Rules (also in docs/api.md):
   the depth cap); the dynamic tree is a drafter mode, not a shape.
 
 Precision: ``target_dtype`` / ``draft_dtype`` are names for ``treespec.models.load``
-(``treespec.models.precision.CHOICES``: ``auto``, ``float32``, ``bfloat16``, ``float16``, ``int4`` (a draft's, or a
+(``treespec.common.options.CHOICES``: ``auto``, ``float32``, ``bfloat16``, ``float16``, ``int4`` (a draft's, or a
 GGUF target's on its file's own 4-bit blocks), and ``int8`` for drafts only); None means ``auto`` on CPU (measured
 here; int8 and int4 are among a draft's candidates) and bfloat16 on CUDA (``treespec.models.pair.default_precision``).
 """

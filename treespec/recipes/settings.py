@@ -12,14 +12,12 @@ import torch
 import tree_builders
 
 from ..core import checks, verifiers
+from ..common.options import STATIC_MODES, TREES
 from ..core.sampling import SamplingParams
-from ..drafters.model import STATIC_MODES
 from ..drafters.ngram import NGramDrafter
 from ..models.pair import CrossDraft
 from ..models.precision import parse_precision
 
-#: tree builders a recipe names: ``tree_builders``' static shapes, and the EAGLE-2 dynamic tree
-TREES = (*tree_builders.STATIC_BUILDERS, "dynamic")
 #: the budget of a recipe that leaves it to tuning when tuning does not apply
 DEFAULT_BUDGET = 16
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ...common.files import check_writable
-from ...models.precision import FLOATS
+from ...common.options import FLOATS
 from .config import check_device_available, check_types, load_config
 from .lock import REPLACED, refusal
 from .models import check_specs

@@ -17,7 +17,7 @@ from ...core.verifiers import VERIFIERS
 from ...drafters.model import STATIC_MODES
 from ...recipes import NGramSettings, Recipe
 from ...models.packaged import DEFAULT_DRAFT, DEFAULT_TARGET
-from ...models.precision import FLOATS, PRECISIONS
+from ...common.options import FLOATS, PRECISIONS
 from ..datasets import DATASETS, dataset_prompts, dataset_size, prompt_range
 
 BUILDERS = ("sequoia", "kary", "chains", "chain", "dynamic", "paths")

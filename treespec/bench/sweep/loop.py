@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import torch
 
-from ...models.precision import FLOATS
+from ...common.options import FLOATS
 from .config import check, check_device_available, load_config
 from .distributed import run_here, run_points
 from .lock import claim, exclusive
