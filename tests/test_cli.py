@@ -19,7 +19,7 @@ def parse_error(argv, capsys) -> str:
 
 
 HELP_CALLS = [["--help"], ["generate", "--help"], ["demo", "--help"], ["accept", "--help"], ["profile", "--help"],
-              ["--version"], ["frobnicate"], ["generate", "--prompt", "x", "--tree", "bush"]]
+              ["sweep", "--help"], ["--version"], ["frobnicate"], ["generate", "--prompt", "x", "--tree", "bush"]]
 
 
 def test_help_and_bad_options_are_answered_without_torch():
@@ -37,7 +37,7 @@ def test_help_and_bad_options_are_answered_without_torch():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stderr.rstrip().endswith("loaded: []"), done.stderr[-500:]
-    assert done.stdout.count("usage: treespec") == 5 and "invalid choice: 'bush'" in done.stderr
+    assert done.stdout.count("usage: treespec") == 6 and "invalid choice: 'bush'" in done.stderr
 
 
 @pytest.mark.parametrize("argv,fragment", [

@@ -13,6 +13,7 @@ import tree_builders
 
 import treespec.bench.sweep as E
 from treespec.bench import datasets
+from treespec.bench.sweep.report import report
 from treespec.models import tiny as testing
 from treespec.recipes import Recipe, shape_for
 
@@ -104,7 +105,7 @@ def test_interrupted_run_resumes_to_the_same_records(full: Path, tmp_path: Path)
 
 
 def test_report_writes_plots_and_table(full: Path, tmp_path: Path) -> None:
-    readme = E.report(full, tmp_path)
+    readme = report(full, tmp_path)
     for name in ("tau_vs_budget.png", "speedup_vs_budget.png", "predicted_vs_measured_tau.png", "acceptance.png"):
         assert (tmp_path / name).stat().st_size > 1000, name
     trees = sorted(p.name for p in (tmp_path / "trees").glob("*.png"))
@@ -374,5 +375,5 @@ def test_a_batch_size_axis_runs_batched_points_and_plots_speedup_against_batch_s
         assert r["result"]["output_digests"] == by[1, "target"]["result"]["output_digests"]  # rows = prompts alone
     assert "compile" not in two["params"] and set(two["speedup"]) == {"target"}
     assert two["checks"]["greedy_same_as_target"] == "4/4" and set(one["speedup"]) == {"target", "assisted"}
-    readme = E.report(path)
+    readme = report(path)
     assert (tmp_path / "speedup_vs_batch_size.png").exists() and "(batch 2)" in readme.read_text()

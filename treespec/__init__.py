@@ -12,8 +12,9 @@ torch nor transformers, so the ``treespec`` command answers ``--help`` without t
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .common import lazy
 
 #: each public name -> the module that defines it (a module's own name: the module itself)
 _HOMES = {
@@ -40,21 +41,7 @@ _HOMES = {
 __all__ = sorted(_HOMES)
 #: the layers, imported on first use too (``treespec.core.sampling`` after a bare ``import treespec``)
 _LAYERS = ("bench", "calibrate", "cli", "common", "core", "drafters", "models", "recipes")
-
-
-def __getattr__(name: str) -> Any:
-    """A public name or a layer, imported from its module on first use (then a plain attribute of the package)."""
-    home = _HOMES.get(name) or (f".{name}" if name in _LAYERS else None)
-    if home is None:
-        raise AttributeError(f"module 'treespec' has no attribute {name!r}")
-    module = importlib.import_module(home, __name__)
-    value = module if home.rsplit(".", 1)[-1] == name else getattr(module, name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy.exports(__name__, {**_HOMES, **{layer: f".{layer}" for layer in _LAYERS}})
 
 
 if TYPE_CHECKING:  # what a type checker and an IDE see: the same names, imported eagerly (``X as X``: re-exported)

@@ -3,9 +3,9 @@
 Modules: ``config`` (TOML -> validated dict), ``points`` (the grid, point keys, a point's recipe),
 ``models`` (the pair's models, loaded once), ``runner`` (timed calls, the resumable loop),
 ``distributed`` (the same loop's points on Ray workers, one device each), ``records``
-(``results.jsonl``), ``lock`` (one writer per directory, the config fingerprint), ``figures``
-(intervals and checks over records), ``report`` (the plots), ``markdown`` (the README summary),
-``cli`` (``treespec sweep``).
+(``results.jsonl``), ``lock`` (one writer per directory, the config fingerprint), ``paths`` (the names of
+what a sweep writes), ``figures`` (intervals and checks over records), ``report`` (the plots: ``report.report``),
+``markdown`` (the README summary), ``cli`` (``treespec sweep``).
 
 A sweep runs a grid of *points* described by a TOML config (``experiments/configs/*.toml``) and
 appends one JSON record per finished point to ``<out>/results.jsonl``. A point is either
@@ -79,17 +79,32 @@ default). Tiny models read text as UTF-8 bytes modulo their vocabulary.
 
 from __future__ import annotations
 
-from .cli import main
-from .config import BASELINES, BUILDERS, DEFAULTS, DRAFTER_SETS, calib_eval_prompts, load_config, pairs, \
-    split_ranges
-from .points import Point, acceptance_params, enumerate_points, point_key, point_recipe
-from .records import RESULTS, TIMING_FIELDS, append_record, comparable, read_records
-from .report import report
-from .models import load_model
-from .loop import sweep
-from .runner import Sweep
+from typing import TYPE_CHECKING
 
-__all__ = ["BASELINES", "BUILDERS", "DEFAULTS", "DRAFTER_SETS", "RESULTS", "TIMING_FIELDS", "Point", "Sweep",
-           "acceptance_params", "append_record", "calib_eval_prompts", "comparable", "enumerate_points",
-           "load_config", "load_model", "main", "pairs", "point_key", "point_recipe", "read_records",
-           "report", "split_ranges", "sweep"]
+from ...common import lazy
+
+#: the public names, each imported from its module when first read (``treespec sweep --help`` imports no torch);
+#: the report is ``report.report`` (a name of the package's own would be its module once that is imported)
+_HOMES = {
+    **dict.fromkeys(["BASELINES", "BUILDERS", "DEFAULTS", "DRAFTER_SETS", "calib_eval_prompts", "load_config", "pairs",
+                     "split_ranges"], ".config"),
+    **dict.fromkeys(["Point", "acceptance_params", "enumerate_points", "point_key", "point_recipe"], ".points"),
+    **dict.fromkeys(["TIMING_FIELDS", "append_record", "comparable", "read_records"], ".records"),
+    "RESULTS": ".paths", "main": ".cli", "load_model": ".models", "sweep": ".loop", "Sweep": ".runner",
+}
+__all__ = sorted(_HOMES)
+__getattr__, __dir__ = lazy.exports(__name__, _HOMES)
+
+if TYPE_CHECKING:  # what a type checker and an IDE see: the same names, imported eagerly (``X as X``: re-exported)
+    from .cli import main as main
+    from .config import (BASELINES as BASELINES, BUILDERS as BUILDERS, DEFAULTS as DEFAULTS,
+                         DRAFTER_SETS as DRAFTER_SETS, calib_eval_prompts as calib_eval_prompts,
+                         load_config as load_config, pairs as pairs, split_ranges as split_ranges)
+    from .loop import sweep as sweep
+    from .models import load_model as load_model
+    from .paths import RESULTS as RESULTS
+    from .points import (Point as Point, acceptance_params as acceptance_params, enumerate_points as enumerate_points,
+                         point_key as point_key, point_recipe as point_recipe)
+    from .records import (TIMING_FIELDS as TIMING_FIELDS, append_record as append_record, comparable as comparable,
+                          read_records as read_records)
+    from .runner import Sweep as Sweep

@@ -1,4 +1,5 @@
-"""``treespec sweep``: run or resume a sweep from a TOML config, list its points, or write its report."""
+"""``treespec sweep``: run or resume a sweep from a TOML config, list its points, or write its report. The options
+are parsed before the sweep's modules (and torch) are imported: ``--help`` answers at once."""
 
 from __future__ import annotations
 
@@ -10,14 +11,7 @@ from typing import Sequence
 
 from ...common.files import check_writable
 from ...common.options import FLOATS
-from .config import check_device_available, check_types, load_config
-from .lock import REPLACED, refusal
-from .models import check_specs
-from .points import compile_plan, compile_refusal, enumerate_points, finished, measure_key, model_specs, \
-    verifier_refusal
-from .records import RESULTS, read_records
-from .report import report
-from .loop import sweep
+from .paths import REPLACED, RESULTS
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -37,6 +31,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _dry_run(args)
     if args.out is not None:
         check_writable(args.out, directory=True)
+    from .loop import sweep
+
     failed: list[dict] = []
 
     def keep_failed(record: dict) -> None:
@@ -110,11 +106,19 @@ def _report_only(ap: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         ap.error(f"--report only writes the report of an existing results file; it takes no {', '.join(extra)}")
     if not args.report.is_file():
         ap.error(f"--report {args.report}: no such results file (give the results.jsonl of a sweep)")
+    from .report import report
+
     print(report(args.report, args.out, skip_corrupt=args.skip_corrupt))
     return 0
 
 
 def _dry_run(args: argparse.Namespace) -> int:
+    from .config import check_device_available, check_types, load_config
+    from .lock import refusal
+    from .models import check_specs
+    from .points import compile_plan, enumerate_points, finished, measure_key, model_specs
+    from .records import read_records
+
     cfg = load_config(args.config)
     if args.device:
         cfg["run"]["device"] = args.device
@@ -164,6 +168,8 @@ def _unwritable(out: Path) -> str | None:
 def _refusal(params: dict) -> tuple[str, str] | None:
     """What ``--dry-run`` lists for a point a run records as refused without running it, and why; else None. Checked
     in the order the run checks them (``runner.Sweep.run_point``)."""
+    from .points import compile_refusal, verifier_refusal
+
     why = compile_refusal(params)
     if why:
         return "verifier runs on the host only, not compiled", why

@@ -31,12 +31,9 @@ from typing import Any, Iterator
 
 from ...common.files import write_json
 from .config import DEFAULTS
+from .paths import FINGERPRINT, LOCK, REPLACED
 from .points import enumerate_points, finished, measure_key
 from .records import RESULTS, read_records
-
-LOCK = ".treespec-sweep.lock"
-FINGERPRINT = "config.json"
-REPLACED = "replaced-"
 
 #: config keys that do not change any result (the name only labels the run and its default directory)
 IGNORED = ("name",)

@@ -12,11 +12,10 @@ import torch
 from ...common import jsonl
 from ...common.jsonl import CorruptRecordError, append_record, repair_tail
 from ...common.machine import device_name, machine
+from .paths import RESULTS
 
 __all__ = ["RESULTS", "TIMING_FIELDS", "CorruptRecordError", "append_record", "comparable", "machine_of", "meta",
            "read_records", "repair_tail"]
-
-RESULTS = "results.jsonl"
 
 #: fields of a record that depend on the clock or the machine's state, not on the computation
 TIMING_FIELDS = ("timing", "speedup", "meta")
