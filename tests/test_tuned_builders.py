@@ -1,5 +1,5 @@
 """A chain or a k-ary tree without a budget is sized by the tuner, by the same cost model and acceptance rows as the
-Sequoia tree (``step_cost.Builder``, ``choices.TUNED_TREES``), and the run drafts exactly the tree it sized."""
+Sequoia tree (``step_cost.Builder``, ``options.TUNED_TREES``), and the run drafts exactly the tree it sized."""
 
 from __future__ import annotations
 

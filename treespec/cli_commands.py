@@ -18,11 +18,12 @@ from typing import Any, Callable, Iterable, Sequence, TypeVar
 
 from . import cli_output
 from .calibrate import target_precision
-from .calibrate.choices import TUNED_TREES, Resolved, compile_batch, resolve, resolve_compile
+from .calibrate.choices import Resolved, compile_batch, resolve, resolve_compile
 from .calibrate.vectors import acceptance_for_draft, default_acceptance
 from .cli_input import check_context, encode_all, read_paths, read_prompt_lines, read_prompts
 from .cli_output import Streamer, print_stats
 from .common.files import check_writable
+from .common.options import DEFAULT_DRAFT, TUNED_TREES
 from .core.linear_layout import layout_of
 from .models.pair import CrossDraft, draft_model, eos_ids, load_pair
 from .models.precision import precision_of
@@ -42,8 +43,6 @@ def load_models(args: argparse.Namespace, want_draft: bool = True, tuned_target:
     largest tree under that budget) the one that forwards that many tokens faster; with a ``recipe`` whose tree a
     pilot sizes (no ``--budget``, not the tuner's) the one whose pilot choice is predicted faster. Elsewhere
     ``auto`` keeps the floating precision one forward measures fastest."""
-    from .models import DEFAULT_DRAFT
-
     names = args.draft if args.draft else ([DEFAULT_DRAFT] if want_draft else [])
     draft_dtype, compile = getattr(args, "draft_dtype", None), getattr(args, "compile", None) or False
     if tuned_target and target_precision.applies(args.target, names, args.device, args.dtype):
@@ -74,7 +73,7 @@ def same_tokenizer(drafts: Sequence[Any], command: str) -> Any:
 def recipe_from_args(args: argparse.Namespace, with_model: bool = True) -> Recipe:
     """The recipe ``treespec generate`` runs for its options (``--budget`` absent: None, resolved later). A Sequoia
     tree carries the acceptance it is built from; a chain or k-ary tree without a budget the acceptance it is
-    sized from (``choices.TUNED_TREES``; with the n-gram drafter a pilot sizes it)."""
+    sized from (``options.TUNED_TREES``; with the n-gram drafter a pilot sizes it)."""
     with_acceptance = with_model and (args.tree == "sequoia" or tuned_tree(args))
     unread = [o for o, given in (("--acceptance", getattr(args, "acceptance", None) is not None),
                                  ("--positional-acceptance", getattr(args, "positional_acceptance", False))) if given]
@@ -93,7 +92,7 @@ def recipe_from_args(args: argparse.Namespace, with_model: bool = True) -> Recip
 
 
 def tuned_tree(args: argparse.Namespace) -> bool:
-    """Whether the options leave the tree to the tuner (``choices.TUNED_TREES``, no ``--budget``, no ``--ngram``;
+    """Whether the options leave the tree to the tuner (``options.TUNED_TREES``, no ``--budget``, no ``--ngram``;
     with one draft model of the target's tokenizer, ``choices.tunable``); the demo's options: its Sequoia tree."""
     return (getattr(args, "budget", None) is None and getattr(args, "tree", "sequoia") in TUNED_TREES
             and not getattr(args, "ngram", False))

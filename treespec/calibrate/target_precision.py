@@ -14,7 +14,7 @@ A run whose tree size is set (``--budget``, a static tree; budget 1, plain decod
 largest tree is its size) has no tree to tune: its draft's part of a step is the same in either rendering, so the
 target that forwards that many tokens faster is kept (:func:`load_pair_sized`). For plain decoding that is int4: a
 one-token forward 69 ms against bfloat16's 222 ms on the Zen 4 host. A chain or k-ary tree without a ``--budget``
-is tuned as the Sequoia tree is (``choices.TUNED_TREES``: that builder's tree sized in each rendering). A run whose
+is tuned as the Sequoia tree is (``options.TUNED_TREES``: that builder's tree sized in each rendering). A run whose
 tree a pilot sizes (no ``--budget``: the n-gram drafter, alone or beside the draft, independent chains, the dynamic
 tree) runs that pilot in each
 rendering and keeps the one whose choice, speculation or plain decoding, is predicted to decode faster
