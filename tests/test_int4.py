@@ -17,6 +17,9 @@ from treespec.models import quantized as int4
 from treespec.models.precision import precision_of, to_precision
 from treespec.models.tiny import greedy_reference, perturbed_copy, tiny_model
 
+# Int4Linear.from_linear called directly builds its int8 twin with torch.ao, whose quantised tensors warn that they
+# are deprecated (quantize_int4 and quantize_int8 silence it for their calls)
+pytestmark = pytest.mark.filterwarnings("ignore:torch.quantize_per_tensor, torch.quantize_per_channel:UserWarning")
 
 def _dequantised(layer: int4.Int4Linear, linear: torch.nn.Linear) -> torch.Tensor:
     """The weight the codes stand for, rebuilt independently of the kernel's packed layout: each group's
@@ -170,3 +173,67 @@ def test_captured_int4_draft_prefills_a_long_prompt_eagerly(pair, monkeypatch):
                             compile=UNCOMPILED)
     assert used == [30] and out.stats.step == "captured"
     assert out.new_tokens == greedy_reference(target, prompt, 10)
+
+
+def test_layers_built_in_row_chunks_equal_the_whole_weights_conversion(monkeypatch):
+    """A layer is built ``CHUNK_ROWS`` rows at a time (its codes, the kernel's packing, its twin): the same buffers
+    as the whole weight converted at once, over several chunks and a last one of 16 rows; codes given two a byte
+    make the same layer. (By hand: 16-row chunks pack otherwise on an AVX2 host, and this test fails.)"""
+    monkeypatch.setattr(int4, "CHUNK_ROWS", 64)
+    torch.manual_seed(0)
+    n, k, group = 208, 256, 32
+    codes = torch.randint(0, 16, (n, k), dtype=torch.uint8)
+    scale, zero = torch.rand(n, k // group) * 0.1, torch.randn(n, k // group) * 0.1
+    layer = int4.Int4Linear.from_groups(codes, scale, zero, None, "bfloat16")
+    assert torch.equal(layer.packed, torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.int(), 1))
+    s, z = (g.float().t().repeat_interleave(group, dim=1) for g in layer.scales_and_zeros.unbind(-1))
+    whole = ((codes.float() - 8) * s + z).bfloat16()
+    assert torch.equal(layer.wide.weight.view(torch.int16), whole.view(torch.int16))
+    two_a_byte = int4.Int4Linear.from_groups(codes[:, 0::2] | (codes[:, 1::2] << 4), scale, zero, None, "bfloat16",
+                                             nibbles=True)
+    assert torch.equal(two_a_byte.packed, layer.packed) and torch.equal(two_a_byte.wide.weight, layer.wide.weight)
+    # from a float weight: the group-wise rounding of the whole weight
+    linear = torch.nn.Linear(k, n)
+    groups = linear.weight.detach().view(n, k // group, group)
+    low, high = groups.amin(-1), groups.amax(-1)
+    steps = ((high - low) / 15).clamp_min(torch.finfo(torch.float32).tiny)
+    rounded = ((groups - low[..., None]) / steps[..., None]).round().clamp(0, 15).view(n, k)
+    assert torch.equal(int4.Int4Linear.from_linear(linear, group, None).packed,
+                       int4.Int4Linear.from_groups(rounded, steps, low + 8 * steps).packed)
+    # int8 per row: codes and twin
+    w = torch.randn(n, k)
+    int8 = int4.Int8Linear.from_weight(w)
+    rows = int8.scales.float()[:, None]
+    assert torch.equal(int8.codes, torch.div(w, rows).round().clamp(-127, 127).to(torch.int8))
+    assert torch.equal(int8.wide.weight.view(torch.int16), (int8.codes.float() * rows).bfloat16().view(torch.int16))
+
+
+def test_int8_layers_converted_on_threads_are_quantize_dynamics():
+    """``quantize_int8`` converts layers two at a time (``threads=2``): every layer's packed
+    weights (codes, per-channel scales, offsets), bias and the model's logits are ``quantize_dynamic``'s."""
+    import copy
+    import warnings
+
+    from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
+
+    from treespec.models.quantized import quantize_int8
+
+    model = tiny_model("qwen2", vocab=64, hidden=64, layers=2)
+    reference = copy.deepcopy(model)
+    with pytest.warns(Warning):  # torch.ao's eager API is deprecated (quantize_int8 silences it)
+        torch.ao.quantization.quantize_dynamic(
+            reference, {torch.nn.Linear: torch.ao.quantization.per_channel_dynamic_qconfig}, dtype=torch.qint8,
+            inplace=True)
+    filters = list(warnings.filters)
+    quantize_int8(model, threads=2)
+    assert warnings.filters == filters  # torch.ao's warnings silenced for the call only, whatever its threads did
+    ours, theirs = ([m for m in each.modules() if isinstance(m, DynamicLinear)] for each in (model, reference))
+    assert len(ours) == len(theirs) == 15  # 7 a layer, and the LM head
+    for a, b in zip(ours, theirs):
+        qa, qb = a.weight(), b.weight()
+        assert torch.equal(qa.int_repr(), qb.int_repr()) and torch.equal(qa.q_per_channel_scales(),
+                                                                          qb.q_per_channel_scales())
+        assert torch.equal(qa.q_per_channel_zero_points(), qb.q_per_channel_zero_points())
+        assert (a.bias() is None) == (b.bias() is None) and (a.bias() is None or torch.equal(a.bias(), b.bias()))
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    assert torch.equal(model(ids).logits, reference(ids).logits)

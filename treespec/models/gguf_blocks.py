@@ -143,8 +143,7 @@ def with_file_blocks(model: torch.nn.Module, blocks: dict[str, torch.Tensor]) ->
             counts["int8"] += 1
             return Int8Linear.from_weight(linear.weight, bias)
         counts["exact"] += 1
-        packed = blocks[f"{key}.codes"]
-        codes = torch.stack([packed & 0x0F, packed >> 4], -1).reshape(packed.shape[0], -1)
-        return Int4Linear.from_groups(codes, blocks[f"{key}.scale"], blocks[f"{key}.zero"], bias, "bfloat16")
+        return Int4Linear.from_groups(blocks[f"{key}.codes"], blocks[f"{key}.scale"], blocks[f"{key}.zero"], bias,
+                                      "bfloat16", nibbles=True)
 
     return replace_layers(model, torch.nn.Linear, from_file), counts

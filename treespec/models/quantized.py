@@ -7,8 +7,8 @@ with it: on a CPU its speed is the memory traffic of its weights. Both precision
 ``nn.Linear`` (the LM head included); embeddings, norms, attention and the KV cache stay float32.
 
 ``int8`` (:func:`quantize_int8`): int8 weights with per-channel scales and dynamic int8 activations,
-through ``torch.ao.quantization.quantize_dynamic`` (fbgemm kernels). Its packed weights are opaque
-script objects that ``torch.compile`` cannot trace.
+``torch.ao``'s dynamic Linear layers as ``torch.ao.quantization.quantize_dynamic`` makes them (fbgemm kernels). Their
+packed weights are opaque script objects that ``torch.compile`` cannot trace.
 
 ``int4`` (:func:`quantize_int4`): each weight in 4 bits with one scale and one offset per group of
 ``group_size`` input columns (asymmetric round-to-nearest: a group's minimum to maximum in 15
@@ -56,6 +56,7 @@ it, whose activations share one scale, so that row's ``q`` can move with the bat
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import warnings
 from typing import Callable, Iterator
@@ -73,6 +74,12 @@ TWINS = ("int8", "bfloat16")
 #: (0.939 code / 0.520 prose, int8 0.931 / 0.485; ``experiments/results/draft-level-cpu.md``)
 GROUP_SIZE = 128
 _GROUPS = (32, 64, 128, 256)
+#: rows of a weight converted at a time when a layer is built (its codes, the kernel's packing, its twin): a
+#: chunk's temporaries stay in the CPU's caches, where passes over a whole weight went to memory and faulted in
+#: fresh pages (the built-in target's layers 13.7 -> 6.8 s to build here: ``experiments/layer_build_seconds.py``); a
+#: multiple of the 64 rows the CPU kernel packs together, so the chunks' packings are the whole weight's
+#: (``tests/test_int4.py``)
+CHUNK_ROWS = 256
 
 
 class KernelLinear(torch.nn.Module):
@@ -136,9 +143,12 @@ class Int4Linear(KernelLinear):
                              f"the output size a multiple of 16 and the input size a multiple of a group size in "
                              f"{_GROUPS})")
         groups = w.view(n, k // group_size, group_size)
-        low, high = groups.amin(-1), groups.amax(-1)
+        low, high = groups.aminmax(dim=-1)
         scale = ((high - low) / 15).clamp_min(torch.finfo(torch.float32).tiny)
-        codes = ((groups - low[..., None]) / scale[..., None]).round().clamp(0, 15).view(n, k)
+        codes = torch.empty(n, k, dtype=torch.uint8)
+        for rows in _row_chunks(n):
+            steps = (groups[rows] - low[rows, :, None]) / scale[rows, :, None]
+            codes[rows] = steps.round_().clamp_(0, 15).view(-1, k)
         bias = None if linear.bias is None else linear.bias.detach().float().clone()
         if twin == "int8":
             return cls.from_groups(codes, scale, low + 8 * scale, bias, None)._with(_int8_twin(linear), WIDE_ROWS)
@@ -146,29 +156,39 @@ class Int4Linear(KernelLinear):
 
     @classmethod
     def from_groups(cls, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, bias: torch.Tensor | None = None,
-                    twin: str | None = None) -> "Int4Linear":
+                    twin: str | None = None, *, nibbles: bool = False) -> "Int4Linear":
         """The layer whose weight is ``(codes - 8) * scale + zero`` group by group (``codes`` ``[out, in]`` in
         0..15; ``scale``, ``zero`` ``[out, groups]``, the group size ``in / groups``), the kernel keeping
         ``scale`` and ``zero`` in bfloat16: what :meth:`from_linear` rounds a float weight to, or a file's own
         4-bit blocks (``treespec.models.gguf_blocks``). ``twin``: None, or ``"bfloat16"``, these weights in
-        bfloat16 for prompts (see the module; an int8 twin needs the float weight: :meth:`from_linear`)."""
+        bfloat16 for prompts (see the module; an int8 twin needs the float weight: :meth:`from_linear`).
+        ``nibbles``: ``codes`` given two a byte (``[out, in / 2]`` uint8, an even column's code in the low four
+        bits), as a file's blocks are cached."""
         if twin not in (None, "bfloat16"):
             raise ValueError(f"from_groups keeps no twin or a bfloat16 one, got {twin!r}")
-        n, k = codes.shape
+        codes = torch.as_tensor(codes)
+        n, k = codes.shape[0], codes.shape[1] * (2 if nibbles else 1)
         group_size = k // scale.shape[1]
         if group_size not in _GROUPS or k % group_size or n % 16:
             raise ValueError(f"the int4 kernel cannot take a {k} -> {n} Linear with group size {group_size} (it needs "
                              f"the output size a multiple of 16 and the input size a multiple of a group size in "
                              f"{_GROUPS})")
-        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(torch.as_tensor(codes).to(torch.int32), 1)
         scales_and_zeros = torch.stack([torch.as_tensor(scale).float().t(), torch.as_tensor(zero).float().t()],
                                        -1).to(torch.bfloat16).contiguous()
-        layer = cls(packed, scales_and_zeros, group_size, k, n, bias)
-        if twin == "bfloat16":  # the kernel's own weights: bfloat16 scales and zeros, codes - 8 exact
-            # (codes - 8) * scale + zero in float32, group by group (in place, the scales broadcast over a group)
-            s, z = (g.float().t()[:, :, None] for g in scales_and_zeros.unbind(-1))
-            weight = torch.as_tensor(codes).reshape(n, k // group_size, group_size).to(torch.float32)
-            layer._with(BFloat16Linear(weight.sub_(8).mul_(s).add_(z).view(n, k), bias), PROMPT_ROWS)
+        # the twin: the kernel's own weights (bfloat16 scales and zeros, codes - 8 exact), (codes - 8) * scale + zero
+        # in float32 group by group (the scales broadcast over a group), rounded once to bfloat16
+        s, z = (g.float().t()[:, :, None] for g in scales_and_zeros.unbind(-1))
+        weight = torch.empty(n, k, dtype=torch.bfloat16) if twin == "bfloat16" else None
+        packed = []
+        for rows in _row_chunks(n):
+            chunk = (unpack_nibbles(codes[rows]) if nibbles else codes[rows]).to(torch.int32)
+            packed.append(torch.ops.aten._convert_weight_to_int4pack_for_cpu(chunk, 1))
+            if weight is not None:
+                w = chunk.view(-1, k // group_size, group_size).to(torch.float32)
+                weight[rows] = w.sub_(8).mul_(s[rows]).add_(z[rows]).view(-1, k)
+        layer = cls(torch.cat(packed), scales_and_zeros, group_size, k, n, bias)
+        if weight is not None:
+            layer._with(BFloat16Linear(weight, bias, copy=False), PROMPT_ROWS)
         return layer
 
     def kernel(self, flat: torch.Tensor) -> torch.Tensor:
@@ -202,10 +222,16 @@ class Int8Linear(KernelLinear):
         low, high = w.aminmax(dim=1)  # a row's largest magnitude
         scales = (torch.maximum(-low, high) / 127).clamp_min(torch.finfo(torch.float32).tiny).to(torch.bfloat16)
         row_scales = scales.float()[:, None]
-        codes = torch.div(w, row_scales).round_().clamp_(-127, 127).to(torch.int8)
+        codes = torch.empty(w.shape, dtype=torch.int8)
+        twin_weight = torch.empty(w.shape, dtype=torch.bfloat16) if twin == "bfloat16" else None
+        for rows in _row_chunks(w.shape[0]):
+            chunk = torch.div(w[rows], row_scales[rows]).round_().clamp_(-127, 127)
+            codes[rows] = chunk
+            if twin_weight is not None:  # these int8 weights (a code of 0 is +0), code * scale in float32, rounded
+                twin_weight[rows] = codes[rows].to(torch.float32).mul_(row_scales[rows])  # once to bfloat16
         layer = cls(codes, scales, None if bias is None else bias.detach().float().clone())
-        if twin == "bfloat16":
-            layer._with(BFloat16Linear(codes.to(torch.float32).mul_(row_scales), layer.bias), PROMPT_ROWS)
+        if twin_weight is not None:
+            layer._with(BFloat16Linear(twin_weight, layer.bias, copy=False), PROMPT_ROWS)
         return layer
 
     def kernel(self, flat: torch.Tensor) -> torch.Tensor:
@@ -215,12 +241,13 @@ class Int8Linear(KernelLinear):
 class BFloat16Linear(torch.nn.Module):
     """``y = x W^T + b`` with ``W`` kept in bfloat16 inside a float32 model (``x`` rounded to bfloat16 for the
     product, ``y`` and ``b`` in ``x``'s dtype): a quantised target layer's twin for its prompts (:class:`Int4Linear`,
-    :class:`Int8Linear`). ``weight`` ``[out, in]``, ``bias`` ``[out]`` or None."""
+    :class:`Int8Linear`). ``weight`` ``[out, in]`` (copied unless ``copy=False``), ``bias`` ``[out]`` or None."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, *, copy: bool = True) -> None:
         super().__init__()
         self.out_features, self.in_features = weight.shape
-        self.register_buffer("weight", weight.detach().to(torch.bfloat16, copy=True))
+        # copy=False: a weight made for this layer, already bfloat16, is kept as it is
+        self.register_buffer("weight", weight.detach().to(torch.bfloat16, copy=copy))
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
 
     @classmethod
@@ -231,6 +258,17 @@ class BFloat16Linear(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = torch.nn.functional.linear(x.to(torch.bfloat16), self.weight).to(x.dtype)
         return y if self.bias is None else y + self.bias.to(x.dtype)
+
+
+def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
+    """Codes kept two a byte (``[rows, columns / 2]`` uint8, an even column's in the low four bits) as ``[rows,
+    columns]`` uint8."""
+    return torch.stack([packed & 0x0F, packed >> 4], -1).reshape(packed.shape[0], -1)
+
+
+def _row_chunks(rows: int) -> Iterator[slice]:
+    """A weight's rows, :data:`CHUNK_ROWS` at a time."""
+    return (slice(i, i + CHUNK_ROWS) for i in range(0, rows, CHUNK_ROWS))
 
 
 def _check_cpu_float32(model: torch.nn.Module, what: str) -> None:
@@ -259,24 +297,48 @@ def conv1d_as_linear(model: torch.nn.Module) -> torch.nn.Module:
     return replace_layers(model, Conv1D, linear)
 
 
-def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
+def quantize_int8(model: torch.nn.Module, threads: int | None = None) -> torch.nn.Module:
     """Quantise every ``nn.Linear`` of a float32 CPU model in place (int8 weights, per-channel scales,
-    dynamic int8 activations; GPT-2's ``Conv1D`` layers as the Linear layers they are); returns ``model``."""
+    dynamic int8 activations; GPT-2's ``Conv1D`` layers as the Linear layers they are); returns ``model``.
+
+    Each layer is converted as ``torch.ao.quantization.quantize_dynamic`` converts it (its ``from_float``), on
+    ``threads`` threads at once (None: as many as torch computes on): fbgemm's weight packing and the quantisation
+    run on one core (the built-in draft's LM head 5.4 s of them here), so layers convert side by side; the same
+    packed weights (``experiments/layer_build_seconds.py``)."""
     _check_cpu_float32(model, "int8 dynamic quantisation")
     conv1d_as_linear(model)
-    with warnings.catch_warnings():  # torch.ao's eager quantisation API warns that it is deprecated
+
+    def int8(name: str, linear: torch.nn.Linear) -> torch.nn.Module | None:
+        # quantize_dynamic's mapping: the class itself, not its subclasses
+        return _dynamic_int8(linear) if type(linear) is torch.nn.Linear else None
+
+    with _torch_ao_quiet():
+        return replace_layers(model, torch.nn.Linear, int8, threads=threads or torch.get_num_threads())
+
+
+def _dynamic_int8(linear: torch.nn.Linear) -> torch.nn.Module:
+    """``linear`` as ``torch.ao``'s dynamic int8 Linear (per-channel weight scales), converted as
+    ``quantize_dynamic`` converts it (its ``from_float``). It may run on a worker thread: the caller silences
+    ``torch.ao``'s warnings (:func:`_torch_ao_quiet`, on its own thread: warnings' filters are the process's)."""
+    from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
+
+    linear.qconfig = torch.ao.quantization.per_channel_dynamic_qconfig
+    return DynamicLinear.from_float(linear)
+
+
+@contextlib.contextmanager
+def _torch_ao_quiet() -> Iterator[None]:
+    """``torch.ao``'s eager quantisation warns that it is deprecated: silenced for the block."""
+    with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.ao.quantization.quantize_dynamic(
-            model, {torch.nn.Linear: torch.ao.quantization.per_channel_dynamic_qconfig}, dtype=torch.qint8,
-            inplace=True)
-    return model
+        yield
 
 
 def _int8_twin(linear: torch.nn.Linear) -> torch.nn.Module:
     """``linear`` as ``torch.ao``'s dynamic int8 Linear (per-channel weight scales), the ``int8`` precision's."""
     copy = torch.nn.Linear(linear.in_features, linear.out_features, bias=linear.bias is not None, device="meta")
     copy.load_state_dict({k: v.detach().float() for k, v in linear.state_dict().items()}, assign=True)  # no copy
-    return quantize_int8(torch.nn.Sequential(copy))[0]
+    return _dynamic_int8(copy)
 
 
 def group_size_for(linear: torch.nn.Linear, preferred: int = GROUP_SIZE) -> int | None:
@@ -288,14 +350,15 @@ def group_size_for(linear: torch.nn.Linear, preferred: int = GROUP_SIZE) -> int 
     return max(fits) if fits else None
 
 
-def quantize_int4(model: torch.nn.Module, group_size: int = GROUP_SIZE, twin: str | None = "int8"
-                  ) -> torch.nn.Module:
+def quantize_int4(model: torch.nn.Module, group_size: int = GROUP_SIZE, twin: str | None = "int8",
+                  threads: int | None = None) -> torch.nn.Module:
     """Replace every ``nn.Linear`` of a float32 CPU model that the kernel takes by an :class:`Int4Linear`, in
     place; returns ``model``. Tied weights (an LM head sharing the embeddings) are copied, not shared: the
     embeddings stay float32. ``twin``: what each layer runs wide inputs on (see the module): ``"int8"``, a draft's
     re-quantisation for its prompt; ``"bfloat16"``, a target's own 4-bit weights in bfloat16 for its prompt (its
     law is what the output follows); None, the kernel for every input. GPT-2's ``Conv1D`` layers are taken as the
-    Linear layers they are (:func:`conv1d_as_linear`)."""
+    Linear layers they are (:func:`conv1d_as_linear`). ``threads``: layers converted at once (None: as many as
+    torch computes on; an int8 twin's packing runs on one core, :func:`quantize_int8`)."""
     if group_size not in _GROUPS:
         raise ValueError(f"group_size must be one of {_GROUPS} (the int4 kernel's), got {group_size!r}")
     if twin is not None and twin not in TWINS:
@@ -307,19 +370,35 @@ def quantize_int4(model: torch.nn.Module, group_size: int = GROUP_SIZE, twin: st
         group = group_size_for(linear, group_size)
         return None if group is None else Int4Linear.from_linear(linear, group, twin)
 
-    return replace_layers(model, torch.nn.Linear, int4)
+    with _torch_ao_quiet():  # the int8 twins
+        return replace_layers(model, torch.nn.Linear, int4, threads=threads or torch.get_num_threads())
 
 
 def replace_layers(model: torch.nn.Module, kind: type,
-                   make: Callable[[str, torch.nn.Module], torch.nn.Module | None]) -> torch.nn.Module:
+                   make: Callable[[str, torch.nn.Module], torch.nn.Module | None], *, threads: int = 1
+                   ) -> torch.nn.Module:
     """``model`` with each submodule of type ``kind`` replaced by ``make(its qualified name, it)`` (None: kept), in
-    place; returns ``model``."""
-    for prefix, module in list(model.named_modules()):
-        for name, child in list(module.named_children()):
-            if isinstance(child, kind):
-                layer = make(f"{prefix}.{name}" if prefix else name, child)
-                if layer is not None:
-                    setattr(module, name, layer)
+    place; returns ``model``. ``threads`` > 1: ``make`` runs on that many threads at once, the largest layers first
+    (for a ``make`` whose work runs on one core outside Python; it must not share state between calls, nor set
+    warnings' filters: they are the process's)."""
+    sites = [(module, name, f"{prefix}.{name}" if prefix else name, child)
+             for prefix, module in list(model.named_modules()) for name, child in list(module.named_children())
+             if isinstance(child, kind)]
+    layers: list[torch.nn.Module | None] = [None] * len(sites)
+    largest_first = sorted(range(len(sites)), key=lambda i: -sum(p.numel() for p in sites[i][3].parameters()))
+
+    def make_site(i: int) -> None:
+        layers[i] = make(sites[i][2], sites[i][3])
+
+    if threads > 1 and len(sites) > 1:
+        with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+            list(pool.map(make_site, largest_first))  # list: an error in any call raises here
+    else:
+        for i in range(len(sites)):
+            make_site(i)
+    for (module, name, _, _), layer in zip(sites, layers):
+        if layer is not None:
+            setattr(module, name, layer)
     return model
 
 
