@@ -36,8 +36,9 @@ class Streamer:
     rare CJK character under byte-level BPE) decodes as U+FFFD until its last byte comes, so a trailing U+FFFD is
     held back until then (or until :meth:`end`, where an invalid sequence prints as it decodes)."""
 
-    def __init__(self, tok, out=sys.stdout) -> None:
-        self.tok, self.out, self.ids, self.printed = tok, out, [], 0
+    def __init__(self, tok, out=None) -> None:
+        # sys.stdout as it is now (None), not as it was when this module was imported
+        self.tok, self.out, self.ids, self.printed = tok, sys.stdout if out is None else out, [], 0
 
     def __call__(self, tokens: list[int]) -> None:
         self.ids += tokens
