@@ -70,11 +70,14 @@ def main(argv: list[str] | None = None) -> dict:
     reference, tok = load(args.target, dtype="float32")
     batches = texts(range(160, 164), range(40, 44), args.max_tokens, tok)
     int4 = "int4 (file blocks, other types int8)"
+    def with_twins() -> torch.nn.Module:  # the twins kept whatever this machine runs prompts on
+        return load(args.target, dtype="int4", prompt_twin="twin")[0]
+
     candidates = {"bfloat16": lambda: load(args.target, dtype="bfloat16")[0],
-                  f"{int4}, the kernels (its steps)": lambda: load(args.target, dtype="int4")[0],
-                  f"{int4}, the bfloat16 twins (its prompts)": lambda: load(args.target, dtype="int4")[0],
+                  f"{int4}, the kernels (its steps)": with_twins,
+                  f"{int4}, the bfloat16 twins (its prompts)": with_twins,
                   "int4 (file blocks, other types bfloat16), the kernel (its steps)":
-                      lambda: with_bfloat16_rest(load(args.target, dtype="int4")[0], reference),
+                      lambda: with_bfloat16_rest(with_twins(), reference),
                   "int4 re-quantised from the float weights (control), the kernel":
                       lambda: quantize_int4(copy.deepcopy(reference), group_size=32, twin=None)}
     rows = {}

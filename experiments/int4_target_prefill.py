@@ -26,7 +26,13 @@ prefill included (the int4 prefill median 2.75 s this time). ``--tuned --compile
 captured step, inductor with freezing; compiles 143 s for int4, 197 s for bfloat16, untimed): **int4 12.36 tok/s,
 bfloat16 10.32**.
 
-    python experiments/int4_target_prefill.py --rounds 2 [--tuned [--compile]]
+``--prefill-only`` (added with ``treespec.models.twin``) on the Zen 3 host (family 25 model 1, AVX2, no bfloat16
+arithmetic), alone, HumanEval 150-152 (85-225 tokens), 2 rounds: prefill median **19.08 s on the twins, 7.90 s on
+the kernels** (per prompt 11.88 / 18.85 / 32.83 s against 4.88 / 7.21 / 13.92 s in the first round): there a
+bfloat16 product is slower than the int4 kernel, and ``load``'s measured choice (``prompt_twin="auto"``) drops the
+twins.
+
+    python experiments/int4_target_prefill.py --rounds 2 [--tuned [--compile]] [--prefill-only]
 """
 
 from __future__ import annotations
@@ -56,6 +62,21 @@ def prefill_seconds(model: torch.nn.Module, ids: list[int]) -> float:
     return time.perf_counter() - start
 
 
+def prefill_only(int4: torch.nn.Module, prompts: list[list[int]], first: int, rounds: int) -> None:
+    """The target's prefill of each prompt on its twins and on its kernels, alternated, and their medians."""
+    arms = {"twins": contextlib.nullcontext, "kernel only": lambda: kernel_only(int4)}
+    prefill: dict[str, list[float]] = {k: [] for k in arms}
+    prefill_seconds(int4, prompts[0])  # warm-up
+    for rnd in range(rounds):
+        for i, ids in enumerate(prompts):
+            for name in (list(arms) if rnd % 2 == 0 else list(arms)[::-1]):
+                with arms[name]():
+                    prefill[name].append(prefill_seconds(int4, ids))
+            print(f"round {rnd} prompt {first + i} ({len(ids)} tokens): "
+                  + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in prefill.items()), flush=True)
+    print("prefill median: " + ", ".join(f"{k} {statistics.median(v):.2f} s" for k, v in prefill.items()))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prompts", default="150:156", metavar="A:B", help="HumanEval problems A..B-1")
@@ -64,14 +85,18 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--tuned", action="store_true", help="each target with its own tuned tree (no kernel-only arm)")
     ap.add_argument("--compile", action="store_true", help="with --tuned: the captured step")
+    ap.add_argument("--prefill-only", action="store_true",
+                    help="the int4 target's prefill on its twins and on its kernels only (no runs, no bfloat16 target)")
     args = ap.parse_args()
     torch.set_num_threads(2)
-    int4, tok = load(DEFAULT_TARGET, dtype="int4", role="target")
+    int4, tok = load(DEFAULT_TARGET, dtype="int4", role="target", prompt_twin="twin")
+    a, b = (int(x) for x in args.prompts.split(":"))
+    prompts = [tok(text)["input_ids"] for text in humaneval_prompts(a, b)]
+    if args.prefill_only:
+        return prefill_only(int4, prompts, a, args.rounds)
     bf16, _ = load(DEFAULT_TARGET, dtype="bfloat16", role="target")
     draft, _ = load(DEFAULT_DRAFT, dtype="auto", role="draft")
     chain = TreeShape.from_paths([tuple([0] * k) for k in range(1, args.depth + 1)])
-    a, b = (int(x) for x in args.prompts.split(":"))
-    prompts = [tok(text)["input_ids"] for text in humaneval_prompts(a, b)]
     arms = {"int4, twins": (int4, contextlib.nullcontext), "int4, kernel only": (int4, lambda: kernel_only(int4)),
             "bfloat16": (bf16, contextlib.nullcontext)}
     generate = {k: (lambda m, ids: treespec.generate(m, ids, [ModelDrafter(draft, chain)], max_new_tokens=args.tokens))

@@ -40,10 +40,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     torch.set_num_threads(2)
-    int8, _ = load(DEFAULT_TARGET, dtype="int4", role="target")
+    int8, _ = load(DEFAULT_TARGET, dtype="int4", role="target", prompt_twin="twin")
     same, layers = rows_independent(int8)
     print(f"rows independent in {same} of {layers} int8 layers", flush=True)
-    bf16, _ = load(DEFAULT_TARGET, dtype="int4", role="target")
+    bf16, _ = load(DEFAULT_TARGET, dtype="int4", role="target", prompt_twin="twin")  # its int8 layers' twins below
     replace_layers(bf16, Int8Linear, lambda name, layer: layer.wide)
     for _ in range(args.rounds):
         for name, model in (("int8 layers", int8), ("bfloat16 layers", bf16)):

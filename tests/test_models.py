@@ -546,7 +546,7 @@ def test_an_int4_targets_prompt_runs_its_own_weights_in_bfloat16_and_its_steps_t
     from treespec.models.tiny import greedy_reference
 
     path = write_gguf(tiny_qwen2(seed=4), tmp_path / "m.gguf", gguf.GGMLQuantizationType.Q4_0)
-    target, _ = models.load(str(path), dtype="int4")
+    target, _ = models.load(str(path), dtype="int4", prompt_twin="twin")
     draft, _ = models.load(str(path))
     down = target.model.layers[1].mlp.down_proj
     assert isinstance(down, Int4Linear) and isinstance(down.wide, BFloat16Linear) and down.wide_rows == PROMPT_ROWS

@@ -32,6 +32,8 @@ from .packaged import DEFAULT_DRAFT, DEFAULT_TARGET, REGISTRY, build_cache, cach
     chunk_paths, file_int4_blocks, log
 from ..common.options import FLOATS
 from .precision import ROLES, auto_precision, describe_choice, parse_precision, to_precision, torch_dtype
+from .quantized import without_twins
+from .twin import TWIN_CHOICES, TWIN_DECISIONS, auto_twin, describe_twin
 
 
 def _hub_offline() -> bool:
@@ -182,8 +184,8 @@ PRECISION_DECISIONS = "precision.json"
 def load(name_or_path: str | os.PathLike = DEFAULT_TARGET, device: str | torch.device = "cpu",
          dtype: str | torch.dtype = torch.float32, *, role: str = "target", trust_remote_code: bool = False,
          cache_dir: str | os.PathLike | None = None, allow_download: bool = False,
-         device_map: str | dict[str, Any] | None = None, traceable: bool = False, linear_layout: str = "auto"
-         ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+         device_map: str | dict[str, Any] | None = None, traceable: bool = False, linear_layout: str = "auto",
+         prompt_twin: str = "auto") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a causal LM and its tokenizer, in eval mode on ``device`` with SDPA attention.
 
     ``name_or_path``: ``DEFAULT_TARGET`` / ``DEFAULT_DRAFT`` (offline, from the installed chunk
@@ -212,6 +214,9 @@ def load(name_or_path: str | os.PathLike = DEFAULT_TARGET, device: str | torch.d
     (``treespec.core.linear_layout``): ``"stock"``, ``"weight-first"``, or ``"auto"``: on a CPU, time a tree
     forward in both and keep the faster (``treespec.models.layout``; cached in ``<cache root>/linear-layout.json``).
     HF's own calls on the model (``generate``) always run stock layers.
+    ``prompt_twin``: what an int4 target's prompts run on (``treespec.models.twin``): ``"twin"``, its layers'
+    bfloat16 twins of their own weights; ``"kernel"``, the int4 and int8 kernels (no twins kept); ``"auto"``: time
+    both here and keep the faster (cached in ``<cache root>/prompt-twin.json``).
     A model from a GGUF file (built-in or local) ends generations at its tokenizer's end-of-text control tokens
     too, as llama.cpp on the file does (``gguf_file.with_end_of_text_ids``).
     Gradients are switched off. The returned model carries ``treespec_precision``: a dict with the
@@ -229,6 +234,8 @@ def load(name_or_path: str | os.PathLike = DEFAULT_TARGET, device: str | torch.d
         raise ValueError("dtype 'int8' is for drafts only (its dynamic quantisation scales a forward's activations "
                          "over all its rows, so a token tree changes the target's logits): load the target in "
                          "'float32', 'bfloat16', 'int4' or 'auto'")
+    if prompt_twin not in TWIN_CHOICES:
+        raise ValueError(f"prompt_twin must be one of {', '.join(TWIN_CHOICES)}, got {prompt_twin!r}")
     if device_map is not None and precision not in FLOATS:
         raise ValueError(f"device_map needs a floating precision ({', '.join(FLOATS)}), got {precision!r}: 'auto' "
                          "'int8' and 'int4' convert a whole model on one device")
@@ -248,6 +255,8 @@ def load(name_or_path: str | os.PathLike = DEFAULT_TARGET, device: str | torch.d
     # with them on the int8 kernel, experiments/results/ggml-kernels-cpu)
     blocks = _file_blocks(model, spec, gguf_path, cache_dir) if precision == "int4" and role == "target" else None
     model, record = _in_precision(model, precision, role, name, blocks, spec, cache_dir, traceable)
+    if precision == "int4" and role == "target":
+        record["prompt_twin"] = _with_twin(model, prompt_twin, name, spec, cache_dir)
     record["linear_layout"] = _with_layout(model, linear_layout, role, name, spec, cache_dir, device_map)
     model.treespec_precision = record
     return model, tokenizer
@@ -297,6 +306,22 @@ def _with_layout(model: PreTrainedModel, layout: str, role: str, name: str, spec
     decisions = cache_root(cache_dir if spec is not None else None) / LAYOUT_DECISIONS
     _, record = auto_layout(model, role, name=spec.name if spec is not None else name, decisions=decisions)
     log(f"{name} ({role}) nn.Linear layout: {describe_layout(record, model)}")
+    return record
+
+
+def _with_twin(model: PreTrainedModel, choice: str, name: str, spec: Any, cache_dir: str | os.PathLike | None
+               ) -> dict[str, Any]:
+    """Keep or drop an int4 target's bfloat16 twins as ``choice`` says (``"auto"``: measured here,
+    ``twin.auto_twin``); returns the choice's record."""
+    if choice == "twin":
+        record = {"prompt": "twin", "seconds": {}, "cached": False, "why": "requested"}
+    elif choice == "kernel":
+        without_twins(model)
+        record = {"prompt": "kernel", "seconds": {}, "cached": False, "why": "requested"}
+    else:
+        decisions = cache_root(cache_dir if spec is not None else None) / TWIN_DECISIONS
+        _, record = auto_twin(model, name=spec.name if spec is not None else name, decisions=decisions)
+    log(f"{name} (target) {describe_twin(record)}")
     return record
 
 
@@ -361,8 +386,7 @@ def _in_precision(model: PreTrainedModel, precision: str, role: str, name: str,
     if blocks is not None:  # a GGUF's own 4-bit blocks, where the kernel takes them as they are
         model, counts = with_file_blocks(model, blocks())
         log(f"{name} int4: {counts['exact']} Linear layers from the file's own 4-bit blocks, {counts['int8']} "
-            "re-quantised to int8 per row (types the int4 kernel does not hold exactly); prompts run bfloat16 twins "
-            "of those weights")
+            "re-quantised to int8 per row (types the int4 kernel does not hold exactly)")
         return model, {"precision": precision, "cached": False, "requested": True, "file_blocks": counts}
     # a target's prompt runs its own weights (in bfloat16), a draft's an int8 re-quantisation (quantized module doc)
     model = to_precision(model, precision, twin="int8" if role == "draft" else "bfloat16")

@@ -35,8 +35,10 @@ draft's own forwards, so its proposals stay exact drafts; only their acceptance 
 A target cannot take other weights for its prompt (its law is what the output follows), and on the kernel the
 built-in target's prompts of 63-272 tokens took 3.21 s (median) against 2.26 s for the same weights in bfloat16
 (``experiments/int4_target_prefill.py``: whole 64-token runs 8.42 against 10.02 tok/s). So an int4 target's layers
-keep a **bfloat16 twin of their own 4-bit weights** (``twin="bfloat16"``: ``(code - 8) * scale + zero`` with the
-kernel's bfloat16 scales, rounded to bfloat16) for inputs of at least :data:`PROMPT_ROWS` rows a sequence outside
+can keep a **bfloat16 twin of their own 4-bit weights** (``twin="bfloat16"``: ``(code - 8) * scale + zero`` with
+the kernel's bfloat16 scales, rounded to bfloat16; ``load`` keeps the twins where they measure faster than the
+kernels, ``treespec.models.twin``: on a CPU without bfloat16 arithmetic they ran prompts 2.4x slower) for inputs of
+at least :data:`PROMPT_ROWS` rows a sequence outside
 ``torch.compile``: a prompt (a batch's rows counted apart: its trees are steps). The tuner never sizes a tree that
 wide on a CPU target in int4 (its forward grows with every four tokens: ``experiments/linear_kernels_by_rows.py``),
 so every step verifies on the kernel, as HF's decoding of the same model does (a budget of 32 or more given by hand
@@ -414,6 +416,15 @@ def kernel_only(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
     finally:
         for m, wide in zip(layers, kept):
             m.__dict__["wide"] = wide
+
+
+def without_twins(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` with its quantised layers running every input on their kernel for good (their twins dropped, and
+    their memory with them), in place; returns ``model``."""
+    for layer in model.modules():
+        if isinstance(layer, KernelLinear):
+            layer.__dict__["wide"] = None
+    return model
 
 
 def has_int4(model: torch.nn.Module) -> bool:
