@@ -65,3 +65,26 @@ def test_load_takes_the_choice_as_asked(tmp_path):
     draft, _ = models.load(tmp_path / "ckpt", dtype="int4", role="draft")  # a draft's twins are int8: untouched
     assert "prompt_twin" not in draft.treespec_precision
     assert all(m.wide is not None for m in draft.modules() if isinstance(m, KernelLinear))
+
+
+def test_load_measures_once_and_then_builds_no_twins_it_would_drop(tmp_path, monkeypatch):
+    """``prompt_twin="auto"``: the first load builds the twins, times them against the kernels (here the kernels
+    win) and drops them; a later load reads the decision and builds none."""
+    from treespec.models import quantized, twin
+
+    monkeypatch.setenv("TREESPEC_CACHE", str(tmp_path / "cache"))
+    packaged.save_dequantized(tiny_qwen2(), word_tokenizer(GGUF_TOKENS), tmp_path / "ckpt")
+    monkeypatch.setattr(twin, "prompt_seconds", lambda layers, on_twins: 2.0 if on_twins else 1.0)
+    first, _ = models.load(tmp_path / "ckpt", dtype="int4")
+    record = first.treespec_precision["prompt_twin"]
+    assert record["prompt"] == "kernel" and not record["cached"] and twins(first) == 0
+    monkeypatch.setattr(twin, "prompt_seconds", lambda *_: pytest.fail("a cached decision is not measured again"))
+    built = []  # each int4 layer's twin argument
+    make = quantized.Int4Linear.from_groups.__func__
+    monkeypatch.setattr(quantized.Int4Linear, "from_groups",
+                        classmethod(lambda cls, *a, **k: built.append(a[4] if len(a) > 4 else k.get("twin"))
+                                    or make(cls, *a, **k)))
+    again, _ = models.load(tmp_path / "ckpt", dtype="int4")
+    assert again.treespec_precision["prompt_twin"]["cached"] and twins(again) == 0
+    assert built and set(built) == {None}  # no twin built
+    assert greedy_reference(again, [5, 9, 2, 7] * 10, 6) == greedy_reference(first, [5, 9, 2, 7] * 10, 6)

@@ -114,7 +114,8 @@ def read_file_blocks(gguf_path: str | Path, model: torch.nn.Module) -> dict[str,
     return out
 
 
-def with_file_blocks(model: torch.nn.Module, blocks: dict[str, torch.Tensor]) -> tuple[torch.nn.Module, dict[str, int]]:
+def with_file_blocks(model: torch.nn.Module, blocks: dict[str, torch.Tensor], twin: str | None = "bfloat16"
+                     ) -> tuple[torch.nn.Module, dict[str, int]]:
     """``model`` (float32, CPU; loaded from the file ``blocks`` were read from) with every Linear layer whose weight
     has blocks an ``Int4Linear`` of the file's own codes and every other one (a type the int4 kernel does not hold
     exactly: Q6_K, Q8_0, ...) an ``Int8Linear`` of its dequantised weights re-quantised to int8 per output row, in
@@ -129,8 +130,8 @@ def with_file_blocks(model: torch.nn.Module, blocks: dict[str, torch.Tensor]) ->
     (KL) against 0.00035 with them in bfloat16 and 0.00070 for the whole model in bfloat16
     (``experiments/results/gguf-fidelity-cpu-int8``): as near the file as bfloat16. Re-quantised to 4 bits instead
     they put it 0.0100 away. Each layer
-    keeps bfloat16 twins for a prompt (``twin="bfloat16"``: the same codes, ``quantized`` module doc), its steps run
-    the kernels."""
+    keeps bfloat16 twins for a prompt (``twin="bfloat16"``: the same codes, ``quantized`` module doc; None: none,
+    prompts on the kernels too: ``treespec.models.twin``), its steps run the kernels."""
     from .quantized import Int4Linear, Int8Linear, _check_cpu_float32, replace_layers
 
     _check_cpu_float32(model, "int4 from a GGUF's blocks")
@@ -141,9 +142,9 @@ def with_file_blocks(model: torch.nn.Module, blocks: dict[str, torch.Tensor]) ->
         bias = None if linear.bias is None else linear.bias.detach().float().clone()
         if f"{key}.codes" not in blocks:
             counts["int8"] += 1
-            return Int8Linear.from_weight(linear.weight, bias)
+            return Int8Linear.from_weight(linear.weight, bias, twin)
         counts["exact"] += 1
         return Int4Linear.from_groups(blocks[f"{key}.codes"], blocks[f"{key}.scale"], blocks[f"{key}.zero"], bias,
-                                      "bfloat16", nibbles=True)
+                                      twin, nibbles=True)
 
     return replace_layers(model, torch.nn.Linear, from_file), counts

@@ -32,8 +32,7 @@ from .packaged import DEFAULT_DRAFT, DEFAULT_TARGET, REGISTRY, build_cache, cach
     chunk_paths, file_int4_blocks, log
 from ..common.options import FLOATS
 from .precision import ROLES, auto_precision, describe_choice, parse_precision, to_precision, torch_dtype
-from .quantized import without_twins
-from .twin import TWIN_CHOICES, TWIN_DECISIONS, auto_twin, describe_twin
+from .twin import TWIN_CHOICES, TWIN_DECISIONS, auto_twin, cached_twin, describe_twin, twin_key
 
 
 def _hub_offline() -> bool:
@@ -254,9 +253,17 @@ def load(name_or_path: str | os.PathLike = DEFAULT_TARGET, device: str | torch.d
     # other types on the int4 kernel too: the built-in draft's Linear layers at one row 19.7-21.8 ms against 40.1-54.9
     # with them on the int8 kernel, experiments/results/ggml-kernels-cpu)
     blocks = _file_blocks(model, spec, gguf_path, cache_dir) if precision == "int4" and role == "target" else None
-    model, record = _in_precision(model, precision, role, name, blocks, spec, cache_dir, traceable)
+    twin = None  # what an int4 target's prompts run on, where asked for or cached (the kernels: no twins built)
     if precision == "int4" and role == "target":
-        record["prompt_twin"] = _with_twin(model, prompt_twin, name, spec, cache_dir)
+        twin = _known_twin(prompt_twin, name, spec, cache_dir, device)
+    model, record = _in_precision(model, precision, role, name, blocks, spec, cache_dir, traceable,
+                                  None if twin is not None and twin["prompt"] == "kernel" else "bfloat16")
+    if precision == "int4" and role == "target":
+        if twin is None:  # measured on the model built with its twins (dropped if the kernels are faster)
+            decisions = cache_root(cache_dir if spec is not None else None) / TWIN_DECISIONS
+            model, twin = auto_twin(model, name=spec.name if spec is not None else name, decisions=decisions)
+        log(f"{name} (target) {describe_twin(twin)}")
+        record["prompt_twin"] = twin
     record["linear_layout"] = _with_layout(model, linear_layout, role, name, spec, cache_dir, device_map)
     model.treespec_precision = record
     return model, tokenizer
@@ -309,20 +316,14 @@ def _with_layout(model: PreTrainedModel, layout: str, role: str, name: str, spec
     return record
 
 
-def _with_twin(model: PreTrainedModel, choice: str, name: str, spec: Any, cache_dir: str | os.PathLike | None
-               ) -> dict[str, Any]:
-    """Keep or drop an int4 target's bfloat16 twins as ``choice`` says (``"auto"``: measured here,
-    ``twin.auto_twin``); returns the choice's record."""
-    if choice == "twin":
-        record = {"prompt": "twin", "seconds": {}, "cached": False, "why": "requested"}
-    elif choice == "kernel":
-        without_twins(model)
-        record = {"prompt": "kernel", "seconds": {}, "cached": False, "why": "requested"}
-    else:
-        decisions = cache_root(cache_dir if spec is not None else None) / TWIN_DECISIONS
-        _, record = auto_twin(model, name=spec.name if spec is not None else name, decisions=decisions)
-    log(f"{name} (target) {describe_twin(record)}")
-    return record
+def _known_twin(choice: str, name: str, spec: Any, cache_dir: str | os.PathLike | None, device: torch.device
+                ) -> dict[str, Any] | None:
+    """What an int4 target's prompts run on as ``choice`` asks (``"twin"``, ``"kernel"``) or as this machine's
+    cached measurement says (``"auto"``); None: not measured yet."""
+    if choice != "auto":
+        return {"prompt": choice, "seconds": {}, "cached": False, "why": "requested"}
+    decisions = cache_root(cache_dir if spec is not None else None) / TWIN_DECISIONS
+    return cached_twin(twin_key(spec.name if spec is not None else name, device), decisions)
 
 
 def _load_gguf(path: Path, dtype: torch.dtype, **placement: Any) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
@@ -374,9 +375,10 @@ def _file_blocks(model: PreTrainedModel, spec: Any, gguf_path: Path | None, cach
 
 def _in_precision(model: PreTrainedModel, precision: str, role: str, name: str,
                   blocks: Callable[[], dict[str, torch.Tensor]] | None, spec: Any, cache_dir: str | os.PathLike | None,
-                  traceable: bool) -> tuple[PreTrainedModel, dict[str, Any]]:
+                  traceable: bool, target_twin: str | None) -> tuple[PreTrainedModel, dict[str, Any]]:
     """``load``'s model (float32 where it converts) in ``precision``, and the record of what was kept and why
-    (``blocks``: the 4-bit blocks of the GGUF file it came from, read when asked)."""
+    (``blocks``: the 4-bit blocks of the GGUF file it came from, read when asked; ``target_twin``: an int4 target's
+    layers' twins, ``"bfloat16"`` or None)."""
     if precision == "auto":
         decisions = (cache_root(cache_dir if spec is not None else None)) / PRECISION_DECISIONS
         model, record = auto_precision(model, role, name=spec.name if spec is not None else name,
@@ -384,12 +386,12 @@ def _in_precision(model: PreTrainedModel, precision: str, role: str, name: str,
         log(f"{name} ({role}) precision: {describe_choice(record)}")
         return model, record
     if blocks is not None:  # a GGUF's own 4-bit blocks, where the kernel takes them as they are
-        model, counts = with_file_blocks(model, blocks())
+        model, counts = with_file_blocks(model, blocks(), target_twin)
         log(f"{name} int4: {counts['exact']} Linear layers from the file's own 4-bit blocks, {counts['int8']} "
             "re-quantised to int8 per row (types the int4 kernel does not hold exactly)")
         return model, {"precision": precision, "cached": False, "requested": True, "file_blocks": counts}
     # a target's prompt runs its own weights (in bfloat16), a draft's an int8 re-quantisation (quantized module doc)
-    model = to_precision(model, precision, twin="int8" if role == "draft" else "bfloat16")
+    model = to_precision(model, precision, twin="int8" if role == "draft" else target_twin)
     return model, {"precision": precision, "cached": False, "requested": True}
 
 

@@ -46,12 +46,10 @@ def auto_twin(model: torch.nn.Module, *, name: str | None = None, decisions: str
     timed = [m for m in layers if m is not head]  # a prompt's logits are its last row's: the head takes one row
     if not layers:
         return model, {"prompt": "kernel", "seconds": {}, "cached": False, "why": "no bfloat16 twins"}
-    key = measurement_key("prompt-twin", name or measured_name(model), device=next(model.parameters()).device)
+    key = twin_key(name or measured_name(model), next(model.parameters()).device)
     path = None if decisions is None else Path(decisions)
-    record = read_json_dict(path).get(key) if path is not None else None
-    if isinstance(record, dict) and record.get("prompt") in ("twin", "kernel"):
-        record = {**record, "cached": True}
-    else:
+    record = cached_twin(key, path)
+    if record is None:
         largest = {}  # the largest layer of each kernel (int4, int8)
         for layer in timed or layers:
             kind = type(layer)
@@ -66,6 +64,20 @@ def auto_twin(model: torch.nn.Module, *, name: str | None = None, decisions: str
             write_json(path, {**read_json_dict(path), key: record}, sort_keys=True)
         record = {**record, "cached": False}
     return (model if record["prompt"] == "twin" else without_twins(model)), record
+
+
+def twin_key(name: str, device: torch.device | str) -> str:
+    """The key of a model's twin decision (``name``: what it was loaded by)."""
+    return measurement_key("prompt-twin", name, device=device)
+
+
+def cached_twin(key: str, decisions: str | os.PathLike | None) -> dict[str, Any] | None:
+    """The decision cached under ``key`` in the file ``decisions`` (marked ``cached``), or None: ``load`` reads it
+    before building a target's layers, to build no twins where its prompts run on the kernels."""
+    record = None if decisions is None else read_json_dict(Path(decisions)).get(key)
+    if isinstance(record, dict) and record.get("prompt") in ("twin", "kernel"):
+        return {**record, "cached": True}
+    return None
 
 
 def prompt_seconds(layers: list[torch.nn.Module], twins: bool, repeats: int = 2) -> float:
