@@ -5,7 +5,8 @@ at a time (fbgemm's packing runs on one core).
 
 Each part starts from the float32 model as ``load`` reads it from the cache and builds the layers ``load`` builds:
 ``target-int4`` the target's layers from its GGUF file's blocks (``gguf_blocks.with_file_blocks``: Q4_K blocks on the
-int4 kernel with bfloat16 twins, Q6_K tensors int8 per row), ``draft-int8`` the draft's ``quantize_int8``,
+int4 kernel with bfloat16 twins, Q6_K tensors int8 per row; where prompts run on the kernels, ``treespec.models.twin``,
+``load`` now builds no twins, and less), ``draft-int8`` the draft's ``quantize_int8``,
 ``draft-int4`` its ``quantize_int4`` (int8 twins). The two settings alternate, ``--rounds`` times; the layers each
 builds are compared by a digest of every buffer (they must be identical). Each build runs in a process of its own,
 as a user's ``load`` does: in one long process a second build of the whole weights reuses memory the first one

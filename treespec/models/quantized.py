@@ -387,12 +387,13 @@ def replace_layers(model: torch.nn.Module, kind: type,
              for prefix, module in list(model.named_modules()) for name, child in list(module.named_children())
              if isinstance(child, kind)]
     layers: list[torch.nn.Module | None] = [None] * len(sites)
-    largest_first = sorted(range(len(sites)), key=lambda i: -sum(p.numel() for p in sites[i][3].parameters()))
 
     def make_site(i: int) -> None:
         layers[i] = make(sites[i][2], sites[i][3])
 
     if threads > 1 and len(sites) > 1:
+        # the largest first: the longest conversion (an LM head) starts at once, the small ones fill in around it
+        largest_first = sorted(range(len(sites)), key=lambda i: -sum(p.numel() for p in sites[i][3].parameters()))
         with concurrent.futures.ThreadPoolExecutor(threads) as pool:
             list(pool.map(make_site, largest_first))  # list: an error in any call raises here
     else:
