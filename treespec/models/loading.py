@@ -253,15 +253,16 @@ def load(name_or_path: str | os.PathLike = DEFAULT_TARGET, device: str | torch.d
     # other types on the int4 kernel too: the built-in draft's Linear layers at one row 19.7-21.8 ms against 40.1-54.9
     # with them on the int8 kernel, experiments/results/ggml-kernels-cpu)
     blocks = _file_blocks(model, spec, gguf_path, cache_dir) if precision == "int4" and role == "target" else None
-    twin = None  # what an int4 target's prompts run on, where asked for or cached (the kernels: no twins built)
-    if precision == "int4" and role == "target":
-        twin = _known_twin(prompt_twin, name, spec, cache_dir, device)
+    int4_target = precision == "int4" and role == "target"
+    twin_file = cache_root(cache_dir if spec is not None else None) / TWIN_DECISIONS
+    measured_as = spec.name if spec is not None else name
+    # what an int4 target's prompts run on, where asked for or cached (the kernels: no twins built)
+    twin = _known_twin(prompt_twin, measured_as, twin_file, device) if int4_target else None
     model, record = _in_precision(model, precision, role, name, blocks, spec, cache_dir, traceable,
                                   None if twin is not None and twin["prompt"] == "kernel" else "bfloat16")
-    if precision == "int4" and role == "target":
+    if int4_target:
         if twin is None:  # measured on the model built with its twins (dropped if the kernels are faster)
-            decisions = cache_root(cache_dir if spec is not None else None) / TWIN_DECISIONS
-            model, twin = auto_twin(model, name=spec.name if spec is not None else name, decisions=decisions)
+            model, twin = auto_twin(model, name=measured_as, decisions=twin_file)
         log(f"{name} (target) {describe_twin(twin)}")
         record["prompt_twin"] = twin
     record["linear_layout"] = _with_layout(model, linear_layout, role, name, spec, cache_dir, device_map)
@@ -316,14 +317,12 @@ def _with_layout(model: PreTrainedModel, layout: str, role: str, name: str, spec
     return record
 
 
-def _known_twin(choice: str, name: str, spec: Any, cache_dir: str | os.PathLike | None, device: torch.device
-                ) -> dict[str, Any] | None:
+def _known_twin(choice: str, measured_as: str, decisions: Path, device: torch.device) -> dict[str, Any] | None:
     """What an int4 target's prompts run on as ``choice`` asks (``"twin"``, ``"kernel"``) or as this machine's
-    cached measurement says (``"auto"``); None: not measured yet."""
+    measurement cached in ``decisions`` says (``"auto"``); None: not measured yet."""
     if choice != "auto":
         return {"prompt": choice, "seconds": {}, "cached": False, "why": "requested"}
-    decisions = cache_root(cache_dir if spec is not None else None) / TWIN_DECISIONS
-    return cached_twin(twin_key(spec.name if spec is not None else name, device), decisions)
+    return cached_twin(twin_key(measured_as, device), decisions)
 
 
 def _load_gguf(path: Path, dtype: torch.dtype, **placement: Any) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:

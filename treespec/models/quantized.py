@@ -410,8 +410,7 @@ def kernel_only(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
     """``model`` with its quantised layers running every input on their kernel for the block (twins set aside)."""
     layers = [m for m in model.modules() if isinstance(m, KernelLinear)]
     kept = [m.wide for m in layers]
-    for m in layers:
-        m.__dict__["wide"] = None
+    without_twins(model)
     try:
         yield model
     finally:

@@ -7,9 +7,9 @@ against 3.21 s on the kernel). A CPU without bfloat16 arithmetic multiplies in b
 (``experiments/int4_target_prefill.py --prefill-only``). So :func:`auto_twin` times a prompt-wide input
 (``2 * PROMPT_ROWS`` rows) through the largest layer of each kernel the model's decoder holds (the LM head takes a
 prompt's last row only), on its twin and on its kernel, and keeps the twins only where they are faster in sum (the
-built-in target here: 179 ms on the twins, 48 ms on the kernels); cached like the precision decisions (keyed by
-model, device, CPU model, threads and torch). What a prompt's forward multiplies with is the same weights either
-way, up to bfloat16 rounding; a step never takes a twin.
+built-in target here, as ``load`` logs its decision: 179 ms on the twins, 48 ms on the kernels); cached like the
+precision decisions (keyed by model, device, CPU model, threads and torch). What a prompt's forward multiplies with
+is the same weights either way, up to bfloat16 rounding; a step never takes a twin.
 """
 
 from __future__ import annotations
@@ -50,12 +50,9 @@ def auto_twin(model: torch.nn.Module, *, name: str | None = None, decisions: str
     path = None if decisions is None else Path(decisions)
     record = cached_twin(key, path)
     if record is None:
-        largest = {}  # the largest layer of each kernel (int4, int8)
-        for layer in timed or layers:
-            kind = type(layer)
-            if kind not in largest or layer.in_features * layer.out_features > (
-                    largest[kind].in_features * largest[kind].out_features):
-                largest[kind] = layer
+        largest = {}  # the largest layer of each kernel (int4, int8): the last of its kind by size
+        for layer in sorted(timed or layers, key=lambda m: m.in_features * m.out_features):
+            largest[type(layer)] = layer
         timer = prompt_seconds if timer is None else timer
         seconds = {"twin": timer(list(largest.values()), True), "kernel": timer(list(largest.values()), False)}
         record = {"prompt": min(seconds, key=seconds.get), "seconds": seconds, "rows": 2 * PROMPT_ROWS, "key": key,
