@@ -1,5 +1,6 @@
 """The acceptance rule on explicit distributions, many vectorised trials per case."""
 
+import zlib
 from collections import Counter
 
 import pytest
@@ -45,8 +46,9 @@ def check(out, r):
 
 @pytest.mark.parametrize("case", ["single", "iid3", "wor3", "points", "mixed", "duplicates"])
 def test_output_follows_target(case):
-    gen = torch.Generator().manual_seed(hash(case) % 2**31)
-    torch.manual_seed(hash(case) % 2**31)
+    seed = zlib.crc32(case.encode())  # str's hash() is salted per process: each run would draw anew
+    gen = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
     r, q, q2 = dist(gen), dist(gen), dist(gen)
     if case == "single":
         tokens, qs = iid(q, 1, gen)
