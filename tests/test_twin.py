@@ -88,3 +88,19 @@ def test_load_measures_once_and_then_builds_no_twins_it_would_drop(tmp_path, mon
     assert again.treespec_precision["prompt_twin"]["cached"] and twins(again) == 0
     assert built and set(built) == {None}  # no twin built
     assert greedy_reference(again, [5, 9, 2, 7] * 10, 6) == greedy_reference(first, [5, 9, 2, 7] * 10, 6)
+
+
+def test_a_timing_with_the_twins_is_not_read_back_for_the_model_without_them():
+    """The tuner's profile key (and the pilots') tells an int4 target whose prompts run on its kernels from the same
+    model with its twins: a tree of ``PROMPT_ROWS`` tokens or more forwards on the twins in one and on the kernels in
+    the other (on a CPU without bfloat16 arithmetic, the slower), so a profile timed with the twins is not theirs."""
+    from treespec.calibrate.tuning import _key
+    from treespec.models.precision import kernel_tags
+    from treespec.models.quantized import without_twins
+
+    target, draft = int4_target(), to_precision(tiny_model("qwen2", vocab=64, hidden=32, layers=1, seed=4), "int4")
+    with_twins = _key(target, draft)
+    assert kernel_tags(target, draft) == []  # the draft keeps its int8 twins
+    without_twins(target)
+    assert kernel_tags(target, draft) == ["twins=none"]
+    assert _key(target, draft) != with_twins and _key(target, draft).replace("|twins=none", "") == with_twins

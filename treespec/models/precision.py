@@ -34,7 +34,7 @@ from ..common.files import read_json_dict, write_json
 from ..common.machine import measurement_key, measured_name
 from ..common.options import PRECISIONS
 from ..core.checks import has_dynamic_int8
-from .quantized import Int8Linear, has_int4, quantize_int4, quantize_int8
+from .quantized import Int8Linear, KernelLinear, has_int4, quantize_int4, quantize_int8
 
 ROLES = ("target", "draft")
 #: precisions ``auto`` times, per role: int8 and int4 only for drafts (a quantised target changes the output)
@@ -84,8 +84,16 @@ def precision_of(model: torch.nn.Module) -> str:
 def kernel_tags(*models: torch.nn.Module) -> list[str]:
     """What a cached timing of these models depends on besides their precision and layout: ``"rest=int8"`` for a
     model whose layers outside the int4 kernel run int8 (a GGUF target's Q6_K tensors since they left bfloat16:
-    ``gguf_blocks.with_file_blocks``), so timings of the earlier loading are not read back for it."""
-    return ["rest=int8" for m in models if any(isinstance(x, Int8Linear) for x in m.modules())]
+    ``gguf_blocks.with_file_blocks``), so timings of the earlier loading are not read back for it; ``"twins=none"``
+    for a model whose quantised layers keep no twin (an int4 target whose prompts run on its kernels,
+    ``treespec.models.twin``): its forwards of ``quantized.PROMPT_ROWS`` rows or more (a tree of 32 tokens or more)
+    run on the kernels, and a timing of the same model with its twins is not read back for it."""
+    tags = []
+    for model in models:
+        layers = [m for m in model.modules() if isinstance(m, KernelLinear)]
+        tags += ["rest=int8"] if any(isinstance(m, Int8Linear) for m in layers) else []
+        tags += ["twins=none"] if layers and all(m.wide is None for m in layers) else []
+    return tags
 
 
 def to_precision(model: torch.nn.Module, precision: str, twin: str | None = "int8") -> torch.nn.Module:
