@@ -9,6 +9,7 @@ from typing import Any, Sequence
 import torch
 
 from ..common.device import execution_device, sync
+from ..common.hf_notes import without_hf_notes
 from ..core.attention import cache_argument
 from ..core.checks import is_batch
 
@@ -76,11 +77,24 @@ def hf_generate(model: torch.nn.Module, ids: Sequence[int] | Sequence[Sequence[i
             extra_cache.reset()
         # exact shapes: a graph made dynamic in the batch size would serve another batch size with the cache it
         # froze (``_static_cache``)
-        with torch._dynamo.config.patch(automatic_dynamic_shapes=not static_compiled):
+        with torch._dynamo.config.patch(automatic_dynamic_shapes=not static_compiled), (
+                _assisted_notes_dropped() if assistant_model is not None else contextlib.nullcontext()):
             out = model.generate(x, attention_mask=mask, generation_config=GenerationConfig(**kw), **extra)
     sync(device)
     new = out[:, width:].tolist()
     return new if batch else new[0], time.perf_counter() - t0
+
+
+#: what transformers' assisted generation logs about its own call of the assistant's ``generate`` (a generation
+#: config passed with arguments beside it; the main run's minimum-length processor passed where the assistant's
+#: config makes its own): notes on HF's internal call, nothing the caller passed or can change
+ASSISTED_NOTES = ("Passing `generation_config` together with generation-related arguments",
+                  "has been passed to `.generate()`, but it was also created in `.generate()`")
+
+
+def _assisted_notes_dropped() -> contextlib.AbstractContextManager:
+    """The block with :data:`ASSISTED_NOTES` dropped from transformers' generation log."""
+    return without_hf_notes("transformers.generation.utils", *ASSISTED_NOTES)
 
 
 def _generation_settings(max_new_tokens: int, temperature: float, top_p: float, top_k: int,

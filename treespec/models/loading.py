@@ -24,6 +24,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from ..common.device import check_device
+from ..common.hf_notes import without_hf_notes
 from ..core.linear_layout import LAYOUTS, set_layout
 from . import gguf_file
 from .gguf_blocks import SAME_ROWS, read_file_blocks, with_file_blocks
@@ -57,23 +58,11 @@ def _hf_bars_on_terminals_only() -> Iterator[None]:
         hf_logging.enable_progress_bar()
 
 
-@contextlib.contextmanager
-def _without_packed_weights_note() -> Iterator[None]:
+def _without_packed_weights_note() -> contextlib.AbstractContextManager:
     """transformers' note on loading a GGUF file in another dtype than float32 ("the weights stay quantized"),
     dropped: the layers treespec runs are dequantised ``nn.Linear`` in the dtype asked for (the int4 precision then
     takes the file's own blocks), so the note would say the opposite of what runs."""
-    import logging
-
-    from transformers.utils import logging as hf_logging
-
-    logger = hf_logging.get_logger("transformers.quantizers.quantizer_gguf")
-    note = logging.Filter()
-    note.filter = lambda record: "weights packed" not in record.getMessage()
-    logger.addFilter(note)
-    try:
-        yield
-    finally:
-        logger.removeFilter(note)
+    return without_hf_notes("transformers.quantizers.quantizer_gguf", "weights packed")
 
 
 def _from_pretrained(source: str | os.PathLike, dtype: torch.dtype, device_map: Any = None,
