@@ -335,3 +335,23 @@ def test_a_benchmark_resumes_only_under_the_settings_its_records_were_made_with(
     old.write_text('{"dataset": "humaneval", "prompt": 0, "method": "a", "precision": "float32", "baseline": false, '
                    '"tokens": 4, "seconds": 0.1, "tokens_per_second": 40.0, "output": [1, 1, 1, 1]}\n')
     assert len(compare.run([method("a")], prompts, 4, old)) == 2
+
+
+def test_a_chain_beside_the_best_branching_tree_says_what_both_are_predicted_by():
+    """Where width costs, a chain is chosen and set beside the best branching tree of its budget, both by the
+    tuner's expectation over the acceptance rows (every level drafted): the line says so, for a reader who finds
+    the prediction table's tau (the calibration walk replayed with the run's confidence stop) another figure."""
+    from treespec.calibrate.costs import Profile
+    from treespec.calibrate.tuning import Tuned
+    from treespec.calibrate.vectors import default_acceptance
+
+    acceptance = default_acceptance(None, 0.0)
+    dear_width = Profile({1: 0.1, 2: 0.13, 4: 0.19, 8: 0.31, 16: 0.55}, {1: 0.01, 2: 0.02, 4: 0.04, 8: 0.08, 16: 0.16},
+                         {}, 0.0)
+    choice = dear_width.choose(acceptance, max_depth=8)
+    line = demo.why_this_shape(Tuned(choice, dear_width), acceptance)
+    assert choice.shape.max_width == 1 and line.startswith("Chosen: a chain of")
+    assert f"tau {choice.shape.expected_tokens(acceptance):.2f} at" in line
+    assert "The best branching tree of the same budget" in line
+    assert line.endswith("(Both by the tuner's expectation over the acceptance rows, every level drafted, the "
+                         "confidence stop aside: the figures the trees were compared by.)")

@@ -172,7 +172,8 @@ def why_this_shape(tuned: Any, acceptance: Any) -> str:
     return (f"Chosen: {kind} of {choice.shape.size} nodes, depth {choice.shape.depth} ({mine}, "
             f"{choice.tau / step_seconds:.2f} tokens/s predicted). The best branching tree of the same "
             f"budget (depth {shape.depth}, widths {list(shape.widths)}): tau {tau:.2f} at {seconds:.3f} s per step, "
-            f"{tau / seconds:.2f} tokens/s predicted: {verdict}.")
+            f"{tau / seconds:.2f} tokens/s predicted: {verdict}. (Both by the tuner's expectation over the "
+            "acceptance rows, every level drafted, the confidence stop aside: the figures the trees were compared by.)")
 
 
 def run_demo(args: argparse.Namespace, target: torch.nn.Module, tok: Any, draft: torch.nn.Module) -> int:
