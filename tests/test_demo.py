@@ -355,3 +355,37 @@ def test_a_chain_beside_the_best_branching_tree_says_what_both_are_predicted_by(
     assert "The best branching tree of the same budget" in line
     assert line.endswith("(Both by the tuner's expectation over the acceptance rows, every level drafted, the "
                          "confidence stop aside: the figures the trees were compared by.)")
+
+
+def test_the_float32_baseline_runs_only_where_its_copy_fits(tmp_path, monkeypatch, capsys):
+    """The sceptic's baseline loads the target again in float32 (6.6 GiB for the built-in one): on a machine without
+    the memory the demo says so and runs the rest, where the copy would have ended it minutes in. The copy's size
+    is the float32 model's, whatever the target's precision."""
+    from treespec.common.machine import available_memory
+    from treespec.models.precision import float32_bytes, to_precision
+
+    def int4_target():
+        return to_precision(tiny_model("llama", vocab=128, hidden=64, scale=6), "int4", twin="bfloat16")
+
+    plain = tiny_model("llama", vocab=128, hidden=64, scale=6)
+    target = int4_target()
+    need = float32_bytes(target)
+    assert need == float32_bytes(plain) == 4 * sum(p.numel() for p in plain.parameters())
+    assert float32_bytes(to_precision(tiny_model("llama", vocab=128, hidden=64, scale=6), "int8")) == need
+    assert demo.float32_baseline_refused(target, available=2 * need) is None
+    said = demo.float32_baseline_refused(target, available=need)
+    assert said.startswith("The float32 baseline (HF generate eager on the target loaded again in float32) was not "
+                           "run") and "this machine has 0.0 GiB available" in said
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       24000000 kB\nMemFree:  100 kB\nMemAvailable:   20000000 kB\n")
+    assert available_memory(meminfo) == 20000000 * 1024
+    # the whole demo on a machine of too little memory: the float32 copy is not loaded ("unused" is no model)
+    monkeypatch.setenv("TREESPEC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(demo, "available_memory", lambda: need)
+    args = argparse.Namespace(out=tmp_path / "out", prompts=1, max_new_tokens=8, device="cpu", target="unused",
+                              quick=True)
+    assert demo.run_demo(args, target, ByteTokenizer(128, max_tokens=48), perturbed_copy(plain, 0.2)) == 0
+    out = capsys.readouterr().out
+    assert "The float32 baseline (HF generate eager" in out and "hf-float32" not in out
+    assert "identical to hf-int4 (same precision) on 1/1 prompts" in out
+    assert "this machine has" in (tmp_path / "out" / "report.md").read_text()

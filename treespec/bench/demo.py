@@ -5,7 +5,8 @@ here, measures this machine's forward latencies (``treespec.calibrate.tuning``; 
 for them from the shipped acceptance, then decodes a few HumanEval evaluation prompts (100
 onwards: disjoint from the calibration prompts; ``--chat``: ShareGPT first turns from 100 on as user turns in the chat
 template, the tree sized from chat's shipped acceptance) greedily, interleaved per prompt (``treespec.bench.compare``):
-HF ``generate`` eager (in float32 too, the sceptic's baseline, and in the target's precision), HF with a static
+HF ``generate`` eager (in float32 too, the sceptic's baseline, where the target's float32 copy fits in this machine's
+memory: :func:`float32_baseline_refused`; and in the target's precision), HF with a static
 cache + ``torch.compile`` (inductor weight freezing; CUDA graphs too on a GPU), HF assisted generation
 with the same draft, and treespec. Every method makes the same warm-up call first (its compiles), shown apart
 and counted in no tok/s. The report names the fastest of the HF methods that ran, the speedup over it with its
@@ -27,8 +28,9 @@ import torch
 
 from ..calibrate.vectors import acceptance_for_draft
 from ..common.files import check_writable
+from ..common.machine import available_memory
 from ..core.checks import check_prompts_fit, context_of
-from ..models.precision import precision_of
+from ..models.precision import float32_bytes, precision_of
 from ..models.timing import measure_plain_decode
 from ..recipes import Recipe, run
 from ..calibrate.choices import Resolved, resolve, resolve_compile
@@ -128,6 +130,25 @@ def retimed(prediction: Prediction, target: torch.nn.Module, prompts: list[list[
     return dataclasses.replace(prediction, plain_seconds=seconds)
 
 
+#: the share of this machine's available memory the sceptic's float32 copy of the target may take: the rest is the
+#: run's (HF's compiled graphs, caches, the tokenizer) and the machine's
+FLOAT32_SHARE = 0.8
+
+
+def float32_baseline_refused(target: torch.nn.Module, available: int | None = None) -> str | None:
+    """Why the sceptic's baseline (HF eager on the target loaded again in float32) is not run, or None where its
+    copy fits: its float32 weights (``precision.float32_bytes``) within :data:`FLOAT32_SHARE` of the memory this
+    machine has available (``available``, default ``machine.available_memory``; unknown: it runs). A copy that does
+    not fit would end the demo minutes in, its finished work with it, or swap and time the swapping."""
+    need = float32_bytes(target)
+    available = available_memory() if available is None else available
+    if available is None or need <= FLOAT32_SHARE * available:
+        return None
+    return (f"The float32 baseline (HF generate eager on the target loaded again in float32) was not run: its "
+            f"weights need about {need / 2**30:.1f} GiB and this machine has {available / 2**30:.1f} GiB available; "
+            f"the HF methods in the target's own precision ran as usual.")
+
+
 def baseline_methods(target: torch.nn.Module, draft: torch.nn.Module, quick: bool) -> list[compare.Method]:
     """The HF methods a user would pick, each at its fastest: ``generate`` eager, with a static cache +
     ``torch.compile``, and assisted by ``draft``; ``quick``: eager only."""
@@ -192,10 +213,15 @@ def run_demo(args: argparse.Namespace, target: torch.nn.Module, tok: Any, draft:
     prof, choice = tuned.profile, tuned.choice
     quick = getattr(args, "quick", False)
     methods = baseline_methods(target, draft, quick)
+    no_float32 = None
     if precision_of(target) != "float32":  # the sceptic's baseline: the target alone in float32 too
-        from ..models import load
+        no_float32 = float32_baseline_refused(target)
+        if no_float32 is None:
+            from ..models import load
 
-        methods.insert(0, compare.hf_method(load(args.target, device=args.device, dtype="float32")[0]))
+            methods.insert(0, compare.hf_method(load(args.target, device=args.device, dtype="float32")[0]))
+        else:
+            print(no_float32, flush=True)
     methods.append(compare.treespec_method(lambda ids, n: run(recipe, target, [draft], ids, max_new_tokens=n),
                                            precision_of(target)))
     dataset = prompts[0][0]
@@ -225,6 +251,8 @@ def run_demo(args: argparse.Namespace, target: torch.nn.Module, tok: Any, draft:
         report += f"\n\nThe tuner's prediction ({how}) beside this run:\n\n{versus}"
     if divergences:
         report += "\n\n" + divergence_lines(divergences, precision_of(target), LABELS[dataset])
+    if no_float32:
+        report += f"\n\n{no_float32}"
     print("\n" + report)
     print(f"\n{headline}")
     (out_dir / "report.md").write_text(

@@ -87,3 +87,18 @@ def version() -> str:
         return importlib.metadata.version("treespec")
     except importlib.metadata.PackageNotFoundError:  # pragma: no cover - source checkout
         return "unknown"
+
+
+def available_memory(meminfo: str | os.PathLike = "/proc/meminfo") -> int | None:
+    """Bytes of memory this machine can give a new allocation without swapping (Linux's ``MemAvailable``: free
+    memory and the page cache it can reclaim), else free physical pages; None where neither can be read."""
+    try:
+        for line in Path(meminfo).read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024  # kB
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None

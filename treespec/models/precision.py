@@ -96,6 +96,20 @@ def kernel_tags(*models: torch.nn.Module) -> list[str]:
     return tags
 
 
+def float32_bytes(model: torch.nn.Module) -> int:
+    """About the bytes ``model`` holds in float32: its parameters, and each quantised Linear layer's weight and bias
+    counted as the float32 tensors they were made from (a quantised LM head tied to the embeddings counted apart:
+    an upper bound)."""
+    quantised = [m for m in model.modules()
+                 if isinstance(m, (KernelLinear, torch.ao.nn.quantized.dynamic.Linear))]
+    elements = sum(p.numel() for p in model.parameters() if p.is_floating_point())
+    # torch.ao's layer gives its bias by a call, a kernel layer keeps it as a buffer
+    biases = [m.bias() if callable(m.bias) else m.bias for m in quantised]
+    elements += sum(m.in_features * m.out_features + (b.numel() if b is not None else 0)
+                    for m, b in zip(quantised, biases))
+    return 4 * elements
+
+
 def to_precision(model: torch.nn.Module, precision: str, twin: str | None = "int8") -> torch.nn.Module:
     """``model`` (float32, or already in ``precision``) converted to ``precision`` in place (``twin``: what int4
     layers run a prompt on: ``"int8"`` for a draft, ``"bfloat16"`` (their own weights) for a target;
