@@ -42,13 +42,15 @@ def test_help_and_bad_options_are_answered_without_torch():
 
 @pytest.mark.parametrize("argv,fragment", [
     (["generate"], "one of the arguments --prompt --prompt-file --prompts-jsonl is required"),
-    (["generate", "--prompt", "x", "--prompt-file", "f"], "not allowed with argument"),
+    (["generate", "--prompt", "x", "--prompt-file", __file__], "not allowed with argument"),
     (["generate", "--prompt", "x", "--budget", "0"], "budget must be an int >= 1"),
     (["generate", "--prompt", "x", "--temperature", "-1"], "temperature must be >= 0"),
     (["generate", "--prompt", "x", "--top-p", "1.5"], "top_p must be in (0, 1]"),
     (["generate", "--prompt", "x", "--top-p", "0"], "top_p must be in (0, 1]"),
     (["generate", "--prompt", "x", "--tree", "bush"], "invalid choice: 'bush'"),
     (["generate", "--prompt", "x", "--max-new-tokens", "0"], "max-new-tokens must be an int >= 1"),
+    (["generate", "--prompts-jsonl", "."], "argument --prompts-jsonl: .: not a file"),  # refused while parsing
+    (["accept", "--prompt-file", "no-such-prompts.txt"], "argument --prompt-file: no-such-prompts.txt: no such file"),
     (["frobnicate"], "invalid choice: 'frobnicate'"),
 ])
 def test_argument_errors(argv, fragment, capsys):
@@ -254,8 +256,8 @@ ADVERSARIAL = [
     ("dir without weights", [*GEN, "--prompt", "w1", "--target", "{empty}"], 2, "has no *.safetensors weights"),
     ("draft of another vocabulary", [*GEN, "--prompt", "w1", "--draft", "{wide}"], 2, "vocabulary of 80 tokens"),
     ("empty prompt", [*GEN, "--prompt", ""], 2, "the prompt is empty"),
-    ("prompt file missing", [*GEN, "--prompt-file", "{tmp}/none.txt"], 2, "none.txt: No such file or directory"),
-    ("prompt file is a directory", [*GEN, "--prompt-file", "{tmp}"], 2, ": Is a directory"),
+    ("prompt file missing", [*GEN, "--prompt-file", "{tmp}/none.txt"], 2, "none.txt: no such file"),
+    ("prompt file is a directory", [*GEN, "--prompt-file", "{tmp}"], 2, ": not a file"),
     ("prompt file blank", [*GEN, "--prompt-file", "{blank.txt}"], 2, "holds no prompt"),
     ("jsonl without prompt", [*GEN, "--prompts-jsonl", "{bad.jsonl}"], 2, "line 2: expected a JSON object"),
     ("jsonl with an empty prompt", [*GEN, "--prompts-jsonl", "{empty.jsonl}"], 2, "prompt 2 of 2 is empty"),

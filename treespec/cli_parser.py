@@ -32,6 +32,15 @@ def _arg(convert: Callable[[str], Any], check: Callable[[Any], Any]) -> Callable
     return parse
 
 
+def _prompts_file(text: str) -> Path:
+    """An argparse type: a prompts file that exists, refused while parsing (in a fraction of a second, not after
+    the imports and the models' loading)."""
+    path = Path(text)
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(f"{text}: {'not a file' if path.exists() else 'no such file'}")
+    return path
+
+
 def _checks():
     """``treespec.core.checks``, imported when an option it checks is parsed (it imports torch)."""
     from .core import checks
@@ -156,10 +165,10 @@ def _generate(sub) -> None:
                                    "tau, tokens/s and the accepted-length histogram.")
     src = g.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", metavar="TEXT", help="the prompt text")
-    src.add_argument("--prompt-file", type=Path, metavar="F",
+    src.add_argument("--prompt-file", type=_prompts_file, metavar="F",
                      help="a text file: one prompt per line (\\n inside a line is a newline, \\\\ a backslash; "
                           "--prompts-jsonl takes any text as it is)")
-    src.add_argument("--prompts-jsonl", type=Path, metavar="F",
+    src.add_argument("--prompts-jsonl", type=_prompts_file, metavar="F",
                      help="a JSONL file: one object with a 'prompt' per line; its other fields (an id, say) come "
                           "back in the prompt's JSON record under 'input'")
     add_model_options(g, several_drafts=True)
@@ -271,10 +280,10 @@ def _accept(sub) -> None:
     calib = a.add_mutually_exclusive_group()
     calib.add_argument("--calib", default="0:20", metavar="A:B", help="prompts A..B-1 of --dataset (default 0:20; keep "
                        "them disjoint from the prompts you evaluate on, e.g. HumanEval's 100-163)")
-    calib.add_argument("--prompt-file", type=Path, metavar="F",
+    calib.add_argument("--prompt-file", type=_prompts_file, metavar="F",
                        help="calibrate on your own prompts instead: a text file, one prompt per line (prompts like "
                             "the ones you will generate from, but not the same ones)")
-    calib.add_argument("--prompts-jsonl", type=Path, metavar="F",
+    calib.add_argument("--prompts-jsonl", type=_prompts_file, metavar="F",
                        help="calibrate on your own prompts instead: a JSONL file, one object with a 'prompt' per line")
     a.add_argument("--dataset", choices=DATASETS, default=None,
                    help="the built-in prompts --calib ranges over: humaneval (code, the default), lee-news (news "
