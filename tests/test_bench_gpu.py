@@ -16,7 +16,8 @@ def bench_gpu() -> dict:
 
 
 def test_bench_gpu_smoke_runs_every_phase_and_resumes(bench_gpu, tmp_path):
-    result = bench_gpu["main"](["--smoke", "--out", str(tmp_path)])
+    # a CUDA lever first: named as not run here, and the smoke's one lever after it
+    result = bench_gpu["main"](["--smoke", "--out", str(tmp_path), "--levers", "default+gemm-autotune", "default"])
     saved = json.loads((tmp_path / "results.json").read_text())
     ph = saved["phases"]
     assert set(bench_gpu["PHASES"]) <= set(ph)
@@ -43,6 +44,9 @@ def test_bench_gpu_smoke_runs_every_phase_and_resumes(bench_gpu, tmp_path):
     # of the envelope on those graphs: none compiles anything
     levers = ph["levels"]["levers"]
     assert list(levers) == ["default"] and levers["default"]["new_graphs"] > 0
+    assert ph["levels"]["cuda_only"] == ["default+gemm-autotune"]
+    assert "Not run (CUDA levers, this run's device is not one): default+gemm-autotune." in (
+        tmp_path / "README.md").read_text()
     # one more level: the 8-level chain less the 4-level one (same graphs), beside drafting per forward
     assert {"level_ms", "level_ms_per_forward", "drafting_fixed_ms"} <= set(levers["default"])
     phases = levers["default"]["compile_phases_s"]  # where the lever's compile went, longest first
@@ -95,6 +99,9 @@ def test_sweep_lever_best_is_the_fastest_timed_level_and_refuses_without_levels(
         pick("best", {})
     with pytest.raises(SystemExit, match="not one of LEVERS"):
         pick("fastest", done)
+    # a rehearsal off CUDA whose levers are all CUDA ones: phase levels ran and says why it timed nothing
+    with pytest.raises(SystemExit, match=r"timed no lever here \(default\+gemm-autotune run on CUDA only\)"):
+        pick("best", {"levels": {"levers": {}, "cuda_only": ["default+gemm-autotune"]}})
 
 
 def test_sweep_lever_best_compares_one_more_level_only_where_every_lever_has_it(bench_gpu):

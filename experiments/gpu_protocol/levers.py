@@ -210,8 +210,11 @@ def phase_levels(b: Bench) -> dict[str, Any]:
         cuda_only = (setting.mode == "max-autotune" or setting.gemm_autotune or setting.sdpa == "efficient"
                      or setting.attention.startswith("flex"))
         if (b.tiny or b.device.type != "cuda") and cuda_only:
-            continue  # CUDA levers (on a CPU max-autotune times C++ templates for many minutes; inductor's CPU flex
-            # template takes no mask computed inside the graph)
+            # CUDA levers (on a CPU max-autotune times C++ templates for many minutes; inductor's CPU flex template
+            # takes no mask computed inside the graph): named, so that a rehearsal here says why it timed nothing
+            out.setdefault("cuda_only", []).append(name)
+            print(f"  {name}: a CUDA lever, not run on {'the smoke' if b.tiny else b.device.type}", flush=True)
+            continue
         if b.tiny and out["levers"]:
             break  # the smoke checks the phase's path: one lever (each compiles its own runner)
         if b.args.levels_seconds and time.perf_counter() - start + slowest_first > b.args.levels_seconds:

@@ -116,6 +116,8 @@ def report(r: dict[str, Any]) -> str:
             lines += ["", "Failed: " + "; ".join(f"{k}: `{e}`" for k, e in failed.items()) + "."]
         if lv.get("skipped"):
             lines += ["", "Not run (the phase's time was spent): " + "; ".join(lv["skipped"]) + "."]
+        if lv.get("cuda_only"):
+            lines += ["", "Not run (CUDA levers, this run's device is not one): " + "; ".join(lv["cuda_only"]) + "."]
         lines.append("")
     if ph.get("sweep"):
         lines += sweep_report(ph["sweep"], hf_fastest(ph))

@@ -34,7 +34,12 @@ def sweep_lever(name: str, done: dict[str, Any]) -> tuple[str, Lever]:
     saved results, ``done``: one more level's where every timed lever has it, else drafting per forward, which
     every record has)."""
     if name == "best":
-        timed = {k: v for k, v in ((done.get("levels") or {}).get("levers") or {}).items() if "level_ms" in v}
+        levels = done.get("levels") or {}
+        timed = {k: v for k, v in (levels.get("levers") or {}).items() if "level_ms" in v}
+        if not timed and levels.get("cuda_only"):
+            raise SystemExit(f"--sweep-lever best: phase levels timed no lever here ({', '.join(levels['cuda_only'])} "
+                             "run on CUDA only): add a lever that runs here (--levers default ...) or name one "
+                             "(--sweep-lever default)")
         if not timed:
             raise SystemExit("--sweep-lever best needs phase levels' timed levers in --out: run --phase levels first")
         key = "level_ms" if all("level_ms_per_forward" in v for v in timed.values()) else "level_ms_per_forward"
