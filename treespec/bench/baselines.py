@@ -78,7 +78,8 @@ def hf_generate(model: torch.nn.Module, ids: Sequence[int] | Sequence[Sequence[i
         # exact shapes: a graph made dynamic in the batch size would serve another batch size with the cache it
         # froze (``_static_cache``)
         with torch._dynamo.config.patch(automatic_dynamic_shapes=not static_compiled), (
-                _assisted_notes_dropped() if assistant_model is not None else contextlib.nullcontext()):
+                without_hf_notes("transformers.generation.utils", *ASSISTED_NOTES) if assistant_model is not None
+                else contextlib.nullcontext()):
             out = model.generate(x, attention_mask=mask, generation_config=GenerationConfig(**kw), **extra)
     sync(device)
     new = out[:, width:].tolist()
@@ -90,11 +91,6 @@ def hf_generate(model: torch.nn.Module, ids: Sequence[int] | Sequence[Sequence[i
 #: config makes its own): notes on HF's internal call, nothing the caller passed or can change
 ASSISTED_NOTES = ("Passing `generation_config` together with generation-related arguments",
                   "has been passed to `.generate()`, but it was also created in `.generate()`")
-
-
-def _assisted_notes_dropped() -> contextlib.AbstractContextManager:
-    """The block with :data:`ASSISTED_NOTES` dropped from transformers' generation log."""
-    return without_hf_notes("transformers.generation.utils", *ASSISTED_NOTES)
 
 
 def _generation_settings(max_new_tokens: int, temperature: float, top_p: float, top_k: int,

@@ -14,8 +14,10 @@ def without_hf_notes(logger_name: str, *phrases: str) -> Iterator[None]:
     from transformers.utils import logging as hf_logging
 
     logger = hf_logging.get_logger(logger_name)
-    notes = logging.Filter()
-    notes.filter = lambda record: not any(p in record.getMessage() for p in phrases)
+
+    def notes(record: logging.LogRecord) -> bool:  # a logger takes a plain function as a filter
+        return not any(p in record.getMessage() for p in phrases)
+
     logger.addFilter(notes)
     try:
         yield
