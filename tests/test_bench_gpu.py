@@ -226,7 +226,8 @@ def test_gemm_autotune_tunes_the_level_graph_alone_and_keeps_freezing(bench_gpu,
     """A ``gemm_autotune`` lever compiles the draft level's graph with inductor's ``max_autotune_gemm`` on (until a
     call of it compiles nothing) and the runner's other graphs without; a lever cannot claim freezing under a mode
     that compiles unfrozen (``default+...+max-autotune`` levers would have been timed unfrozen while their records
-    said frozen: ``compiling.graph_settings`` freezes under reduce-overhead alone)."""
+    said frozen: ``compiling.graph_settings`` freezes under reduce-overhead alone). A lever's split-K (decompose_k)
+    and programmatic dependent launch apply to the level's graph alone, as well."""
     import sys
     import types
 
@@ -241,17 +242,27 @@ def test_gemm_autotune_tunes_the_level_graph_alone_and_keeps_freezing(bench_gpu,
         monkeypatch.setattr(compiling, "CUDA_GRAPHS_FREEZE", setting.freezing)
         assert compiling.graph_settings("inductor", setting.mode or "reduce-overhead")[0] == setting.freezing, name
 
-    def setting_seen(_runner) -> bool:
-        return torch._inductor.config.max_autotune_gemm
+    with pytest.raises(ValueError, match="set gemm_autotune=True"):
+        levers.Lever("split-K without autotuning", decompose_k=5)
 
+    def setting_seen(_runner) -> tuple:
+        config = torch._inductor.config
+        return config.max_autotune_gemm, config.triton.decompose_k_threshold, config.triton.enable_pdl
+
+    default = setting_seen(None)
+    assert default[0] is False and default[2] is False
     runner = object()
-    with bench_gpu["lever"](levers.LEVERS["default+matmul+gemm-autotune"]):
-        compile_graph = captured_runner.compile_graph
-        other = compile_graph(types.MethodType(setting_seen, runner), compiling.UNCOMPILED, None)
-        monkeypatch.setattr(captured_runner.CapturedRunner, "_level", setting_seen)  # as if it were the level
-        level = compile_graph(types.MethodType(setting_seen, runner), compiling.UNCOMPILED, None)
-    assert other() is False  # not the level: as compile_graph makes it
-    assert level() is True  # the level's first call compiles under the setting (uncompiled here: compiles nothing)
-    assert level() is False  # so the next runs without switching it
-    assert captured_runner.compile_graph is compiling.compile_graph
-    assert torch._inductor.config.max_autotune_gemm is False
+    for name, seen in (("default+matmul+gemm-autotune", (True, default[1], False)),
+                       ("default+matmul+gemm-autotune+split-k+pdl", (True, 5, True))):
+        monkeypatch.undo()
+        with bench_gpu["lever"](levers.LEVERS[name]):
+            compile_graph = captured_runner.compile_graph
+            other = compile_graph(types.MethodType(setting_seen, runner), compiling.UNCOMPILED, None)
+            monkeypatch.setattr(captured_runner.CapturedRunner, "_level", setting_seen)  # as if it were the level
+            level = compile_graph(types.MethodType(setting_seen, runner), compiling.UNCOMPILED, None)
+        assert other() == default, name  # not the level: as compile_graph makes it
+        # the level's first call compiles under the settings (uncompiled here: compiles nothing) ...
+        assert level() == seen, name
+        assert level() == default, name  # ... so the next runs without switching them
+        assert captured_runner.compile_graph is compiling.compile_graph
+        assert setting_seen(None) == default

@@ -39,8 +39,24 @@ class Lever:
     # max_autotune_gemm while that graph compiles: no split-K reduction kernel where a template wins); unlike mode
     # max-autotune it keeps freezing and CUDA graphs, and autotunes no other graph (less to compile)
     gemm_autotune: bool = False
+    # with gemm_autotune, inductor settings for the level's graph alone: ``decompose_k`` (inductor's decompose_k
+    # threshold: a product whose K is at least this many times its M and N also tries K split into a batched
+    # product and a sum, a split-K of Triton's own; 0: inductor's default, 32, which the level's down projection
+    # (K 4864, N 896) misses) and ``pdl`` (programmatic dependent launch on Hopper: a Triton kernel other than a
+    # GEMM template starts before the one it follows ends, and waits on the device where it reads that one's
+    # output)
+    decompose_k: int = 0
+    pdl: bool = False
+
+    def level_settings(self) -> dict[str, Any]:
+        """The inductor settings the draft level's graph compiles under (``compile_level_gemm_autotuned``)."""
+        return {"max_autotune_gemm": True, **({"triton.decompose_k_threshold": self.decompose_k} if self.decompose_k
+                                              else {}), **({"triton.enable_pdl": True} if self.pdl else {})}
 
     def __post_init__(self) -> None:
+        if (self.decompose_k or self.pdl) and not self.gemm_autotune:
+            raise ValueError(f"lever {self.what!r}: decompose_k and pdl apply to the level's graph as gemm_autotune "
+                             "compiles it; set gemm_autotune=True")
         # inductor freezes only without a mode or under reduce-overhead (compiling.graph_settings): a lever that
         # claims freezing under another mode would be timed unfrozen and reported as frozen
         if self.freezing and self.mode not in (None, "reduce-overhead"):
@@ -91,6 +107,14 @@ LEVERS = {
                                                attention="flex-levels", gemm_autotune=True),
     "default+matmul+gemm-autotune": Lever("the attention written out, the level's GEMMs autotuned", attention="matmul",
                                           gemm_autotune=True),
+    # the H200's trace of that lever (2026-11-30): the down projection's Triton template (no split-K: 28 blocks of
+    # 32 columns for 132 SMs) took 12.8 us a layer, against cuBLAS's split-K 5.6 us + 1.7 us reduction before
+    "default+matmul+gemm-autotune+split-k": Lever(
+        "the attention written out, the level's GEMMs autotuned with inductor's split-K (decompose_k) among the "
+        "choices of the down projection", attention="matmul", gemm_autotune=True, decompose_k=5),
+    "default+matmul+gemm-autotune+split-k+pdl": Lever(
+        "as +split-k, and the level's Triton kernels launched with programmatic dependent launch",
+        attention="matmul", gemm_autotune=True, decompose_k=5, pdl=True),
 }
 
 
@@ -116,11 +140,12 @@ def set_sdpa_backends(enabled: dict[str, bool]) -> None:
     cuda.enable_mem_efficient_sdp(enabled["efficient"])
 
 
-def compile_level_gemm_autotuned(fn, backend, mode, models=()):
+def compile_level_gemm_autotuned(fn, backend, mode, models=(), settings=None):
     """``compiling.compile_graph``, whose draft-level graph (``CapturedRunner._level``) compiles with its GEMMs
-    autotuned (inductor's ``max_autotune_gemm``, read while inductor compiles); the runner's other graphs as
-    ``compile_graph`` makes them. The setting is switched on around the level's calls until one compiles nothing
-    (switching it costs the host time on every call, which a replay should not carry)."""
+    autotuned (inductor's ``max_autotune_gemm``, read while inductor compiles; ``settings``: inductor's settings
+    then, :meth:`Lever.level_settings`); the runner's other graphs as ``compile_graph`` makes them. The settings are
+    switched on around the level's calls until one compiles nothing (switching them costs the host time on every
+    call, which a replay should not carry)."""
     call = compiling.compile_graph(fn, backend, mode, models)
     if getattr(fn, "__func__", None) is not captured_runner.CapturedRunner._level:
         return call
@@ -131,7 +156,7 @@ def compile_level_gemm_autotuned(fn, backend, mode, models=()):
         if not compiling_yet[0]:
             return call(*args, **kwargs)
         graphs = graphs_compiled()
-        with torch._inductor.config.patch(max_autotune_gemm=True):
+        with torch._inductor.config.patch(settings or {"max_autotune_gemm": True}):
             out = call(*args, **kwargs)
         compiling_yet[0] = graphs_compiled() > graphs
         return out
@@ -158,7 +183,8 @@ def lever(setting: Lever):
     if setting.mode is not None:
         captured.compile_options = lambda c, device: (saved[2](c, device)[0], setting.mode)
     if setting.gemm_autotune:  # the runners made inside the lever keep their tuned level graph
-        captured_runner.compile_graph = compile_level_gemm_autotuned
+        captured_runner.compile_graph = functools.partial(compile_level_gemm_autotuned,
+                                                          settings=setting.level_settings())
     allowed = {"cudnn": setting.sdpa == "cudnn", "flash": setting.sdpa != "math", "efficient": setting.sdpa != "math"}
     set_sdpa_backends({k: saved[3][k] and allowed[k] for k in allowed})
     # SDPA's math path takes bfloat16 inputs to float32 (three casts and float32 products per layer) unless told
