@@ -13,10 +13,13 @@ freezing (the CPU default of ``compile=True``; it folds constant work and prepac
 the linears that share an input concatenated (q, k, v; gate, up), which freezing does by default on CUDA. Under
 that last configuration also each tree attention of ``ATTENTIONS`` (``--attention``): SDPA's own kernel, SDPA's
 math path (the ``default+math`` lever of ``bench_gpu.py``), and the attention written out
-(``attention.grouped_matmul``, the ``default+matmul`` lever).
+(``attention.grouped_matmul``, the ``default+matmul`` lever). With ``--split-k``, the attention written out with
+and without the down and o projections as split-K sums (``gpu_protocol.split_k``, the ``default+matmul+split-k``
+levers): whether the sum of the pieces becomes a kernel of its own or part of the one that reads it.
 
     python experiments/count_kernels.py --out experiments/results/kernels-per-layer-cpu.md
     python experiments/count_kernels.py --attention --out experiments/results/kernels-per-layer-attention-cpu.md
+    python experiments/count_kernels.py --split-k --out experiments/results/kernels-per-layer-split-k-cpu.md
 """
 
 from __future__ import annotations
@@ -31,10 +34,12 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from torch._inductor.utils import run_and_get_code  # noqa: E402
 from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
+from gpu_protocol.split_k import split_k  # noqa: E402
 from treespec.common.machine import machine  # noqa: E402
 from treespec.core import attention  # noqa: E402
 from treespec.core.static_cache import StaticTreeCache  # noqa: E402
@@ -68,6 +73,9 @@ CONFIGS = {"no freezing": (False, False), "freezing": (True, False),
 #: ``attention.TREE_ATTENTION``, SDPA's math path forced)
 ATTENTIONS = {"SDPA's kernel": ("sdpa", False), "SDPA's math path": ("sdpa", True),
               "written out (grouped_matmul)": ("matmul", False)}
+#: the split-K configurations counted with ``--split-k`` (the attention written out): name -> splits by linear
+SPLITS = {"no split": {}, "down projection in 8 pieces": {"mlp.down_proj": 8},
+          "down in 8 pieces, o in 7": {"mlp.down_proj": 8, "self_attn.o_proj": 7}}
 
 
 @contextlib.contextmanager
@@ -85,10 +93,16 @@ def tree_attention(name: str, math: bool):
 
 
 def level_code(layers: int, rows: int, context: int, capacity: int, freezing: bool, dtype: torch.dtype,
-               concat: bool = False) -> tuple[str, float]:
+               concat: bool = False, splits: dict[str, int] | None = None) -> tuple[str, float]:
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(Qwen2Config(num_hidden_layers=layers, attn_implementation="sdpa",
                                          **DRAFT)).to(dtype).eval()
+    with split_k(model, splits) if splits else contextlib.nullcontext():
+        return _level_code(model, rows, context, capacity, freezing, concat)
+
+
+def _level_code(model: torch.nn.Module, rows: int, context: int, capacity: int, freezing: bool,
+                concat: bool) -> tuple[str, float]:
     cache = StaticTreeCache(model, capacity)
     cache.prefill(model, list(range(1, context + 2)))
     committed = cache.length.clone()
@@ -117,16 +131,26 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     ap.add_argument("--attention", action="store_true",
                     help="count each tree attention of ATTENTIONS under freezing with concatenated linears instead")
+    ap.add_argument("--split-k", action="store_true",
+                    help="count each split-K configuration of SPLITS (attention written out, freezing, concatenated "
+                         "linears) instead")
     args = ap.parse_args(argv)
     dtype = getattr(torch, args.dtype)
     result: dict = {}
-    runs = ({f"{name} (freezing, concatenated linears)": (True, True, how) for name, how in ATTENTIONS.items()}
-            if args.attention else {name: (*config, ("sdpa", False)) for name, config in CONFIGS.items()})
-    for name, (freezing, concat, how) in runs.items():
+    if args.split_k:
+        runs = {f"{name} (attention written out, freezing, concatenated linears)": (True, True, ("matmul", False),
+                                                                                  splits)
+                for name, splits in SPLITS.items()}
+    elif args.attention:
+        runs = {f"{name} (freezing, concatenated linears)": (True, True, how, {}) for name, how in ATTENTIONS.items()}
+    else:
+        runs = {name: (*config, ("sdpa", False), {}) for name, config in CONFIGS.items()}
+    for name, (freezing, concat, how, splits) in runs.items():
         per = {}
         for layers in (1, 2):
             with tree_attention(*how):
-                code, seconds = level_code(layers, args.rows, args.context, args.capacity, freezing, dtype, concat)
+                code, seconds = level_code(layers, args.rows, args.context, args.capacity, freezing, dtype, concat,
+                                           splits)
             per[layers] = (kernels(code), seconds)
         one, two = per[1][0], per[2][0]
         layer = {k: two.get(k, 0) - one.get(k, 0) for k in sorted(set(one) | set(two))}
@@ -136,7 +160,8 @@ def main(argv: list[str] | None = None) -> dict:
                                                               "compile_seconds": per[2][1]}
     lines = [f"# Kernels per draft layer in inductor's generated code ({machine(torch.device('cpu'))}, torch "
              f"{torch.__version__})", "",
-             f"Command: `python experiments/count_kernels.py{' --attention' if args.attention else ''} --out ...` "
+             f"Command: `python experiments/count_kernels.py{' --attention' if args.attention else ''}"
+             f"{' --split-k' if args.split_k else ''} --out ...` "
              f"({args.rows} rows after {args.context} cached "
              f"tokens on a {args.capacity}-row static cache, {args.dtype}, then top-8 per row; Qwen2 with the 0.5B "
              "draft's layer sizes; one layer = the 2-layer graph's kernels less the 1-layer graph's).", ""]

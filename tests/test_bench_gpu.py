@@ -16,8 +16,11 @@ def bench_gpu() -> dict:
 
 
 def test_bench_gpu_smoke_runs_every_phase_and_resumes(bench_gpu, tmp_path):
-    # a CUDA lever first: named as not run here, and the smoke's one lever after it
-    result = bench_gpu["main"](["--smoke", "--out", str(tmp_path), "--levers", "default+gemm-autotune", "default"])
+    # a CUDA lever first: named as not run here, and the smoke's one lever after it: the draft's down projection
+    # as a split-K sum, swapped in for phase levels and again for the sweep, which replays its graphs
+    lever = "default+matmul+split-k"
+    result = bench_gpu["main"](["--smoke", "--out", str(tmp_path), "--levers", "default+gemm-autotune", lever,
+                                "--sweep-lever", "best"])
     saved = json.loads((tmp_path / "results.json").read_text())
     ph = saved["phases"]
     assert set(bench_gpu["PHASES"]) <= set(ph)
@@ -43,17 +46,17 @@ def test_bench_gpu_smoke_runs_every_phase_and_resumes(bench_gpu, tmp_path):
     # phase levels compiles the sweep's envelope under its lever; phase sweep, under the same lever, runs every tree
     # of the envelope on those graphs: none compiles anything
     levers = ph["levels"]["levers"]
-    assert list(levers) == ["default"] and levers["default"]["new_graphs"] > 0
+    assert list(levers) == [lever] and levers[lever]["new_graphs"] > 0 and levers[lever]["split_k"]
     assert ph["levels"]["cuda_only"] == ["default+gemm-autotune"]
     assert "Not run (CUDA levers, this run's device is not one): default+gemm-autotune." in (
         tmp_path / "README.md").read_text()
     # one more level: the 8-level chain less the 4-level one (same graphs), beside drafting per forward
-    assert {"level_ms", "level_ms_per_forward", "drafting_fixed_ms"} <= set(levers["default"])
-    phases = levers["default"]["compile_phases_s"]  # where the lever's compile went, longest first
+    assert {"level_ms", "level_ms_per_forward", "drafting_fixed_ms"} <= set(levers[lever])
+    phases = levers[lever]["compile_phases_s"]  # where the lever's compile went, longest first
     assert phases and list(phases.values()) == sorted(phases.values(), reverse=True) and min(phases.values()) >= 1.0
     assert "one more level" in (tmp_path / "README.md").read_text()
     runs = ph["sweep"]["runs"]
-    assert len(runs) >= 3 and {r["step"] for r in runs.values()} == {"captured"} and ph["sweep"]["lever"] == "default"
+    assert len(runs) >= 3 and {r["step"] for r in runs.values()} == {"captured"} and ph["sweep"]["lever"] == lever
     assert all(r["new_graphs"] == 0 for r in runs.values())
     # every builder sized by the same swept costs: the chain a chain, each k-ary tree of its width; in the report
     sized = ph["sweep"]["device_sized_builders"]

@@ -20,6 +20,7 @@ from treespec.core.runners import RunnerCache
 from .bench import ACCEPTANCE_T0, Bench, treespec_run
 from .profiling import compile_phase_seconds, compile_phases_between, kernel_table
 from .shapes import sweep_shapes
+from .split_k import split_k
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +48,9 @@ class Lever:
     # output)
     decompose_k: int = 0
     pdl: bool = False
+    # the draft's linears of these names as split-K sums of that many pieces (``split_k.SplitKLinear``: the sum
+    # joins the kernel that reads it), e.g. (("mlp.down_proj", 8),)
+    split_k: tuple[tuple[str, int], ...] = ()
 
     def level_settings(self) -> dict[str, Any]:
         """The inductor settings the draft level's graph compiles under (``compile_level_gemm_autotuned``)."""
@@ -115,6 +119,15 @@ LEVERS = {
     "default+matmul+gemm-autotune+split-k+pdl": Lever(
         "as +split-k, and the level's Triton kernels launched with programmatic dependent launch",
         attention="matmul", gemm_autotune=True, decompose_k=5, pdl=True),
+    # the split written into the graph instead (nothing autotuned: the same kernels on every machine); its sum
+    # unrolled into the residual add and the next norm, so cuBLAS's reduction kernel and the gap before it go
+    "default+matmul+split-k": Lever(
+        "the attention written out, the draft's down projection as a sum of 8 products over slices of its input "
+        "(one batched product; the sum inside the next kernel)", attention="matmul",
+        split_k=(("mlp.down_proj", 8),)),
+    "default+matmul+split-k+o": Lever(
+        "as default+matmul+split-k, and the o projection as a sum of 7 (896 = 7 x 128 input columns)",
+        attention="matmul", split_k=(("mlp.down_proj", 8), ("self_attn.o_proj", 7))),
 }
 
 
@@ -165,12 +178,14 @@ def compile_level_gemm_autotuned(fn, backend, mode, models=(), settings=None):
 
 
 @contextlib.contextmanager
-def lever(setting: Lever):
+def lever(setting: Lever, draft: torch.nn.Module | None = None):
     """The captured step with one lever (see :class:`Lever`). Runners are keyed by models, envelope and capacity,
     not by the compile settings, so each lever has runners of its own: entering a lever sets the others' aside
     (:data:`KEPT`) and restores its own, so phase sweep after phase levels replays any lever's graphs. A frozen
     lever compiles without inductor's graph cache, whose key does not hold the q/k/v rewrite
-    (``fused_qkv.applied``)."""
+    (``fused_qkv.applied``). A split-K lever swaps ``draft``'s linears for the block (the same twins each time)."""
+    if setting.split_k and draft is None:
+        raise ValueError(f"lever {setting.what!r} splits the draft's products: pass the draft")
     from treespec.core import captured
 
     names = ("CAPACITY_BUCKET", "CUDA_CAPACITY_BUCKET"), ("CUDA_GRAPHS_FREEZE", "CUDA_GRAPHS_ONE_QKV")
@@ -197,7 +212,8 @@ def lever(setting: Lever):
         captured.RUNNERS = KEPT.pop(setting, None) or RunnerCache(captured.RUNNERS.limit)
         APPLIED[0] = setting
     try:
-        with fused_qkv.uncached() if setting.freezing else contextlib.nullcontext():
+        with (fused_qkv.uncached() if setting.freezing else contextlib.nullcontext(),
+              split_k(draft, dict(setting.split_k)) if setting.split_k else contextlib.nullcontext()):
             yield
     finally:
         for n, v in zip(names[0], saved[0]):
@@ -248,7 +264,7 @@ def phase_levels(b: Bench) -> dict[str, Any]:
             continue
         graphs, skips, phases = graphs_compiled(), cudagraph_skips(), compile_phase_seconds()
         try:
-            with lever(setting):
+            with lever(setting, b.model("draft")):
                 run, run_deeper = (treespec_run(b, b.model("target"), b.model("draft"), s, b.compile, budget=env.nodes,
                                                 envelope=env) for s in (shape, deeper))
         except Exception as e:  # a lever that does not compile or run is a finding: record it, go on to the next
@@ -270,7 +286,7 @@ def phase_levels(b: Bench) -> dict[str, Any]:
                                "tokens_agreeing_with_first_lever": agreement(run["outputs"], reference),
                                **dataclasses.asdict(setting)}
         try:  # the kernels of one step: a measurement aid, whose failure keeps the lever's timing
-            with lever(setting):
+            with lever(setting, b.model("draft")):
                 table = kernel_table(lambda: treespec.generate(b.model("target"), b.prompts[0],
                                                                [treespec.ModelDrafter(b.model("draft"), shape)],
                                                                max_new_tokens=b.args.new_tokens, budget=env.nodes,

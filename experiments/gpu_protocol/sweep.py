@@ -70,7 +70,7 @@ def phase_sweep(b: Bench, done: dict[str, Any]) -> dict[str, Any]:
 
     Every shape runs with ``--sweep-lever`` (:func:`sweep_lever`; ``done``: the phases saved so far)."""
     name, setting = sweep_lever(b.args.sweep_lever, done)
-    with lever(setting):
+    with lever(setting, b.model("draft")):
         return {"lever": name, "lever_setting": dataclasses.asdict(setting), **_sweep(b)}
 
 
