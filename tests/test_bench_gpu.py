@@ -269,3 +269,20 @@ def test_gemm_autotune_tunes_the_level_graph_alone_and_keeps_freezing(bench_gpu,
         assert level() == default, name  # ... so the next runs without switching them
         assert captured_runner.compile_graph is compiling.compile_graph
         assert setting_seen(None) == default
+
+
+def test_the_sweeps_report_says_why_its_ratio_column_is_empty(bench_gpu):
+    """A device call that leaves phase hf out (gpu-h200-autotune's, to fit its levers) reports the sweep without HF's
+    figure: the report says the column is empty and how to fill it, and fills it when HF's figure is there."""
+    import sys
+
+    report = sys.modules["gpu_protocol.report"]
+    root = Path(__file__).resolve().parents[1] / "experiments" / "results" / "gpu-h200-autotune" / "2"
+    phases = json.loads((root / "results.json").read_text())["phases"]
+    assert "hf" not in phases and bench_gpu["hf_fastest"](phases) is None
+    without = "\n".join(report.sweep_report(phases["sweep"], None))
+    assert "The ratio column is empty: phase hf has not run" in without
+    assert "| device-sized | 64 | 7 |" in without and "611 | |" in without
+    with_hf = "\n".join(report.sweep_report(phases["sweep"], 247.5))  # HF's fastest on an H200 the day before
+    assert "The ratio column is empty" not in with_hf and "611 | 2.47x |" in with_hf
+    assert "(3221 kernels and 9993 us of device time per step)" in with_hf

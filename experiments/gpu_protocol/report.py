@@ -193,11 +193,13 @@ def sweep_report(sw: dict[str, Any], hf_c: float | None) -> list[str]:
                          f"{tok_s:.0f} | " + (f"{tok_s / hf_c:.2f}x |" if hf_c else "|"))
         lines += ["", "Seconds per step are measured (a step costs the same whatever a random draft proposes); tau is "
                   "PREDICTED from the shipped HumanEval T=0 acceptance (replay over its ranks), so tok/s and the ratio "
-                  "are predictions for the real pair, not measurements.", ""]
+                  "are predictions for the real pair, not measurements."
+                  + ("" if hf_c else " The ratio column is empty: phase hf has not run into this --out (run "
+                     "--phase hf on the same machine to fill it)."), ""]
     if sw.get("kernel_table"):
         k = sw["kernel_table"]
-        lines += [f"Kernel table of the device-sized tree's step ({k['kernels_per_step']} kernels and "
-                  f"{k['device_us_per_step']} us of device time per step):", "",
+        lines += [f"Kernel table of the device-sized tree's step ({k['kernels_per_step']:.0f} kernels and "
+                  f"{k['device_us_per_step']:.0f} us of device time per step):", "",
                   "| kernel | calls per step | us per step |",
                   "|---|---|---|"]
         lines += [f"| `{r['name']}` | {r['calls_per_step']:.1f} | {r['us_per_step']:.1f} |" for r in k["top"]]
