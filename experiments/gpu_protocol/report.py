@@ -198,8 +198,8 @@ def sweep_report(sw: dict[str, Any], hf_c: float | None) -> list[str]:
                      "--phase hf on the same machine to fill it)."), ""]
     if sw.get("kernel_table"):
         k = sw["kernel_table"]
-        lines += [f"Kernel table of the device-sized tree's step ({k['kernels_per_step']:.0f} kernels and "
-                  f"{k['device_us_per_step']:.0f} us of device time per step):", "",
+        lines += [f"Kernel table of the device-sized tree's step ({_num(k['kernels_per_step'])} kernels and "
+                  f"{_num(k['device_us_per_step'])} us of device time per step):", "",
                   "| kernel | calls per step | us per step |",
                   "|---|---|---|"]
         lines += [f"| `{r['name']}` | {r['calls_per_step']:.1f} | {r['us_per_step']:.1f} |" for r in k["top"]]
