@@ -19,7 +19,8 @@ levers): whether the sum of the pieces becomes a kernel of its own or part of th
 
     python experiments/count_kernels.py --out experiments/results/kernels-per-layer-cpu.md
     python experiments/count_kernels.py --attention --out experiments/results/kernels-per-layer-attention-cpu.md
-    python experiments/count_kernels.py --split-k --out experiments/results/kernels-per-layer-split-k-cpu.md
+    python experiments/count_kernels.py --split-k --rows 16 --capacity 512 \
+        --out experiments/results/kernels-per-layer-split-k-cpu.md
 """
 
 from __future__ import annotations
