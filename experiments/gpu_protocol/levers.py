@@ -54,8 +54,12 @@ class Lever:
 
     def level_settings(self) -> dict[str, Any]:
         """The inductor settings the draft level's graph compiles under (``compile_level_gemm_autotuned``)."""
-        return {"max_autotune_gemm": True, **({"triton.decompose_k_threshold": self.decompose_k} if self.decompose_k
-                                              else {}), **({"triton.enable_pdl": True} if self.pdl else {})}
+        settings: dict[str, Any] = {"max_autotune_gemm": True}
+        if self.decompose_k:
+            settings["triton.decompose_k_threshold"] = self.decompose_k
+        if self.pdl:
+            settings["triton.enable_pdl"] = True
+        return settings
 
     def __post_init__(self) -> None:
         if (self.decompose_k or self.pdl) and not self.gemm_autotune:
