@@ -14,8 +14,10 @@ the linears that share an input concatenated (q, k, v; gate, up), which freezing
 that last configuration also each tree attention of ``ATTENTIONS`` (``--attention``): SDPA's own kernel, SDPA's
 math path (the ``default+math`` lever of ``bench_gpu.py``), and the attention written out
 (``attention.grouped_matmul``, the ``default+matmul`` lever). With ``--split-k``, the attention written out with
-and without the down and o projections as split-K sums (``gpu_protocol.split_k``, the ``default+matmul+split-k``
-levers): whether the sum of the pieces becomes a kernel of its own or part of the one that reads it.
+and without the down projection (and o, and q/k/v's one product) as split-K sums (``gpu_protocol.split_k``, the
+``default+matmul+split-k`` levers; each report says how many products the pass rewrote per layer: none where the
+CPU's weight packing takes the products first, as for bfloat16 on a CPU that computes in it): whether the sum of
+the pieces becomes a kernel of its own or part of the ones that read it.
 
     python experiments/count_kernels.py --out experiments/results/kernels-per-layer-cpu.md
     python experiments/count_kernels.py --attention --out experiments/results/kernels-per-layer-attention-cpu.md
@@ -40,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from torch._inductor.utils import run_and_get_code  # noqa: E402
 from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
-from gpu_protocol.split_k import split_k  # noqa: E402
+from gpu_protocol import split_k  # noqa: E402
 from treespec.common.machine import machine  # noqa: E402
 from treespec.core import attention  # noqa: E402
 from treespec.core.static_cache import StaticTreeCache  # noqa: E402
@@ -74,9 +76,9 @@ CONFIGS = {"no freezing": (False, False), "freezing": (True, False),
 #: ``attention.TREE_ATTENTION``, SDPA's math path forced)
 ATTENTIONS = {"SDPA's kernel": ("sdpa", False), "SDPA's math path": ("sdpa", True),
               "written out (grouped_matmul)": ("matmul", False)}
-#: the split-K configurations counted with ``--split-k`` (the attention written out): name -> splits by linear
-SPLITS = {"no split": {}, "down projection in 8 pieces": {"mlp.down_proj": 8},
-          "down in 8 pieces, o in 7": {"mlp.down_proj": 8, "self_attn.o_proj": 7}}
+#: the split-K configurations counted with ``--split-k`` (the attention written out): name -> splits by role
+SPLITS = {"no split": {}, "down projection in 8 pieces": {"down": 8},
+          "down, o and q/k/v in 8 pieces each": {"down": 8, "o": 8, "qkv": 8}}
 
 
 @contextlib.contextmanager
@@ -94,16 +96,20 @@ def tree_attention(name: str, math: bool):
 
 
 def level_code(layers: int, rows: int, context: int, capacity: int, freezing: bool, dtype: torch.dtype,
-               concat: bool = False, splits: dict[str, int] | None = None) -> tuple[str, float]:
+               concat: bool = False, splits: dict[str, int] | None = None) -> tuple[str, float, int | None]:
+    """The level's generated code, its compile seconds, and with ``splits`` (``{}``: none) how many products the
+    split-K pass took."""
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(Qwen2Config(num_hidden_layers=layers, attn_implementation="sdpa",
                                          **DRAFT)).to(dtype).eval()
-    with split_k(model, splits) if splits else contextlib.nullcontext():
-        return _level_code(model, rows, context, capacity, freezing, concat)
+    if not splits:
+        return *_level_code(model, rows, context, capacity, freezing, concat, {}), 0
+    split = split_k.SplitK(split_k.shapes_of(model.config, splits))
+    return *_level_code(model, rows, context, capacity, freezing, concat, split_k.settings(split)), split.taken
 
 
 def _level_code(model: torch.nn.Module, rows: int, context: int, capacity: int, freezing: bool,
-                concat: bool) -> tuple[str, float]:
+                concat: bool, settings: dict) -> tuple[str, float]:
     cache = StaticTreeCache(model, capacity)
     cache.prefill(model, list(range(1, context + 2)))
     committed = cache.length.clone()
@@ -116,8 +122,8 @@ def _level_code(model: torch.nn.Module, rows: int, context: int, capacity: int, 
     fn = torch.compile(level, fullgraph=True)
     t = time.perf_counter()
     # freezing must be on while dynamo traces (it marks the weights static then), not only in inductor's options
-    with torch.inference_mode(), torch._inductor.config.patch(freezing=freezing,
-                                                              **{"cpp.enable_concat_linear": concat}):
+    with torch.inference_mode(), torch._inductor.config.patch(freezing=freezing, fx_graph_cache=False,
+                                                              **{"cpp.enable_concat_linear": concat}, **settings):
         _, codes = run_and_get_code(fn, ids, committed + torch.arange(rows), block, committed)
     torch._dynamo.reset()
     return "\n".join(codes), time.perf_counter() - t
@@ -143,33 +149,40 @@ def main(argv: list[str] | None = None) -> dict:
                                                                                   splits)
                 for name, splits in SPLITS.items()}
     elif args.attention:
-        runs = {f"{name} (freezing, concatenated linears)": (True, True, how, {}) for name, how in ATTENTIONS.items()}
+        runs = {f"{name} (freezing, concatenated linears)": (True, True, how, None)
+                for name, how in ATTENTIONS.items()}
     else:
-        runs = {name: (*config, ("sdpa", False), {}) for name, config in CONFIGS.items()}
+        runs = {name: (*config, ("sdpa", False), None) for name, config in CONFIGS.items()}
     for name, (freezing, concat, how, splits) in runs.items():
         per = {}
         for layers in (1, 2):
             with tree_attention(*how):
-                code, seconds = level_code(layers, args.rows, args.context, args.capacity, freezing, dtype, concat,
-                                           splits)
-            per[layers] = (kernels(code), seconds)
+                code, seconds, taken = level_code(layers, args.rows, args.context, args.capacity, freezing, dtype,
+                                                  concat, splits)
+            per[layers] = (kernels(code), seconds, taken)
         one, two = per[1][0], per[2][0]
         layer = {k: two.get(k, 0) - one.get(k, 0) for k in sorted(set(one) | set(two))}
         rest = {k: one.get(k, 0) - layer.get(k, 0) for k in one}
         result[name] = {"per_layer": {k: v for k, v in layer.items() if v},
-                                                              "outside_layers": {k: v for k, v in rest.items() if v},
-                                                              "compile_seconds": per[2][1]}
+                        "outside_layers": {k: v for k, v in rest.items() if v}, "compile_seconds": per[2][1]}
+        if splits is not None:
+            result[name]["split_products_per_layer"] = per[2][2] - per[1][2]
     lines = [f"# Kernels per draft layer in inductor's generated code ({machine(torch.device('cpu'))}, torch "
              f"{torch.__version__})", "",
              f"Command: `python experiments/count_kernels.py{' --attention' if args.attention else ''}"
-             f"{' --split-k' if args.split_k else ''} --out ...` "
+             f"{' --split-k' if args.split_k else ''}"
+             + "".join(f" --{k} {v}" for k, v in vars(args).items()
+                       if k in ("rows", "context", "capacity", "dtype") and v != ap.get_default(k))
+             + " --out ...` "
              f"({args.rows} rows after {args.context} cached "
              f"tokens on a {args.capacity}-row static cache, {args.dtype}, then top-8 per row; Qwen2 with the 0.5B "
              "draft's layer sizes; one layer = the 2-layer graph's kernels less the 1-layer graph's).", ""]
     for name, r in result.items():
         total = sum(r["per_layer"].values())
-        lines += [f"## {name}: {total} kernels per layer", "", "| kernel | per layer | outside the layers |",
-                  "|---|---|---|"]
+        lines += [f"## {name}: {total} kernels per layer", ""]
+        if "split_products_per_layer" in r:
+            lines += [f"Products the split-K pass rewrote per layer: {r['split_products_per_layer']}.", ""]
+        lines += ["| kernel | per layer | outside the layers |", "|---|---|---|"]
         for k in sorted(set(r["per_layer"]) | set(r["outside_layers"])):
             lines.append(f"| `{k}` | {r['per_layer'].get(k, 0)} | {r['outside_layers'].get(k, 0)} |")
         lines.append("")

@@ -17,7 +17,7 @@ def bench_gpu() -> dict:
 
 def test_bench_gpu_smoke_runs_every_phase_and_resumes(bench_gpu, tmp_path):
     # a CUDA lever first: named as not run here, and the smoke's one lever after it: the draft's down projection
-    # as a split-K sum, swapped in for phase levels and again for the sweep, which replays its graphs
+    # as a split-K sum in the level's graph, for phase levels and again for the sweep, which replays its graphs
     lever = "default+matmul+split-k"
     result = bench_gpu["main"](["--smoke", "--out", str(tmp_path), "--levers", "default+gemm-autotune", lever,
                                 "--sweep-lever", "best"])
@@ -47,6 +47,7 @@ def test_bench_gpu_smoke_runs_every_phase_and_resumes(bench_gpu, tmp_path):
     # of the envelope on those graphs: none compiles anything
     levers = ph["levels"]["levers"]
     assert list(levers) == [lever] and levers[lever]["new_graphs"] > 0 and levers[lever]["split_k"]
+    assert levers[lever]["split_k_products"] == 0  # the smoke's eager backend runs no inductor pass (test_split_k's)
     assert ph["levels"]["cuda_only"] == ["default+gemm-autotune"]
     assert "Not run (CUDA levers, this run's device is not one): default+gemm-autotune." in (
         tmp_path / "README.md").read_text()
@@ -229,8 +230,9 @@ def test_gemm_autotune_tunes_the_level_graph_alone_and_keeps_freezing(bench_gpu,
     """A ``gemm_autotune`` lever compiles the draft level's graph with inductor's ``max_autotune_gemm`` on (until a
     call of it compiles nothing) and the runner's other graphs without; a lever cannot claim freezing under a mode
     that compiles unfrozen (``default+...+max-autotune`` levers would have been timed unfrozen while their records
-    said frozen: ``compiling.graph_settings`` freezes under reduce-overhead alone). A lever's split-K (decompose_k)
-    and programmatic dependent launch apply to the level's graph alone, as well."""
+    said frozen: ``compiling.graph_settings`` freezes under reduce-overhead alone). A lever's split-K (decompose_k,
+    or the split-K pass over the draft's products, with autotuning off) and programmatic dependent launch apply to
+    the level's graph alone, as well."""
     import sys
     import types
 
@@ -250,15 +252,22 @@ def test_gemm_autotune_tunes_the_level_graph_alone_and_keeps_freezing(bench_gpu,
 
     def setting_seen(_runner) -> tuple:
         config = torch._inductor.config
-        return config.max_autotune_gemm, config.triton.decompose_k_threshold, config.triton.enable_pdl
+        return (config.max_autotune_gemm, config.triton.decompose_k_threshold, config.triton.enable_pdl,
+                getattr(config.post_grad_custom_pre_pass, "splits", None), config.unroll_reductions_threshold)
 
     default = setting_seen(None)
-    assert default[0] is False and default[2] is False
+    assert default[0] is False and default[2] is False and default[3] is None and default[4] == 8
+    with pytest.raises(ValueError, match="splits the draft's products: pass the draft"):
+        bench_gpu["lever"](levers.LEVERS["default+matmul+split-k"]).__enter__()
+    draft = sys.modules["gpu_protocol.models"].build("draft", True, torch.float32, torch.device("cpu"), 1)
     runner = object()
-    for name, seen in (("default+matmul+gemm-autotune", (True, default[1], False)),
-                       ("default+matmul+gemm-autotune+split-k+pdl", (True, 5, True))):
+    for name, seen in (("default+matmul+gemm-autotune", (True, *default[1:3], None, 8)),
+                       ("default+matmul+gemm-autotune+split-k+pdl", (True, 5, True, None, 8)),
+                       # the tiny draft's down projection (64 -> 32), o (32 -> 32) and q/k/v (32 -> 32 + 2 x 16)
+                       ("default+matmul+split-k+o+qkv", (False, default[1], False,
+                                                         {(64, 32): 8, (32, 32): 8, (32, 64): 8}, 9))):
         monkeypatch.undo()
-        with bench_gpu["lever"](levers.LEVERS[name]):
+        with bench_gpu["lever"](levers.LEVERS[name], draft):
             compile_graph = captured_runner.compile_graph
             other = compile_graph(types.MethodType(setting_seen, runner), compiling.UNCOMPILED, None)
             monkeypatch.setattr(captured_runner.CapturedRunner, "_level", setting_seen)  # as if it were the level

@@ -1,91 +1,120 @@
-"""The split-K draft products of bench_gpu's ``default+matmul+split-k`` levers (experiments/gpu_protocol/split_k.py):
-the same products, swapped in for a block and back, and a sum that inductor lowers into the kernel reading it."""
+"""The split-K products of bench_gpu's ``default+matmul+split-k`` levers (experiments/gpu_protocol/split_k.py): the
+same product, the products a frozen graph holds rewritten by shape (q/k/v's one product among them) and no other,
+and a sum that inductor lowers into the kernels reading it."""
 
-import contextlib
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from torch._inductor.utils import run_and_get_code
+from transformers import Qwen2Config
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
 
-from gpu_protocol.split_k import SplitKLinear, split_k  # noqa: E402
+from gpu_protocol.split_k import SplitK, settings, shapes_of, split_product  # noqa: E402
 
 
-def test_a_split_k_linear_is_the_linears_product():
+def test_a_split_product_is_the_product():
     torch.manual_seed(0)
-    for splits, bias in ((8, False), (7, True)):
-        linear = torch.nn.Linear(56, 24, bias=bias)
-        x = torch.randn(2, 3, 56)
-        assert torch.allclose(SplitKLinear(linear, splits)(x), linear(x), atol=1e-5)
-    with pytest.raises(ValueError, match="divide the input width 56"):
-        SplitKLinear(linear, 5)
+    x = torch.randn(5, 56)
+    for splits, bias in ((8, None), (7, torch.randn(24))):
+        weight = torch.randn(24, 56)  # a linear's [N, K]: the product's weight is its transpose, a strided view
+        expected = torch.nn.functional.linear(x, weight, bias)
+        assert torch.allclose(split_product(x, weight.t(), bias, splits), expected, atol=1e-5)
 
 
-def test_split_k_swaps_the_named_linears_for_the_block_and_the_same_twins_each_time():
-    torch.manual_seed(0)
-    cfg = Qwen2Config(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
-                      num_hidden_layers=2, vocab_size=64)
-    model = Qwen2ForCausalLM(cfg).eval()
-    ids = torch.arange(1, 9)[None]
-    with torch.no_grad():
-        reference = model(ids).logits
-        originals = [(layer.mlp.down_proj, layer.self_attn.o_proj) for layer in model.model.layers]
-        with split_k(model, {"mlp.down_proj": 8, "self_attn.o_proj": 4}) as swapped:
-            assert swapped == 4
-            twins = [(layer.mlp.down_proj, layer.self_attn.o_proj) for layer in model.model.layers]
-            assert all(isinstance(m, SplitKLinear) for pair in twins for m in pair)
-            assert [m.splits for m in twins[0]] == [8, 4]
-            assert torch.allclose(model(ids).logits, reference, atol=1e-5)
-            assert torch._inductor.config.unroll_reductions_threshold > 8  # the sum of 8 unrolled by inductor
-        assert [(layer.mlp.down_proj, layer.self_attn.o_proj) for layer in model.model.layers] == originals
-        assert torch._inductor.config.unroll_reductions_threshold == 8
-        with split_k(model, {"mlp.down_proj": 8, "self_attn.o_proj": 4}):  # a compiled graph's guards hold them
-            assert [(layer.mlp.down_proj, layer.self_attn.o_proj) for layer in model.model.layers] == twins
-    with pytest.raises(ValueError, match=r"no nn.Linear named \*mlp.up"):
-        with split_k(model, {"mlp.down_proj": 8, "mlp.up": 2}):
-            pass
-    assert model.model.layers[0].mlp.down_proj is originals[0][0]
+def test_the_roles_name_the_shapes_of_a_decoders_products():
+    cfg = Qwen2Config(hidden_size=896, num_attention_heads=14, num_key_value_heads=2, intermediate_size=4864)
+    assert shapes_of(cfg, {"down": 8, "o": 8, "qkv": 8}) == {(4864, 896): 8, (896, 896): 8, (896, 1152): 8}
+    with pytest.raises(ValueError, match="not split in 5 equal pieces"):
+        shapes_of(cfg, {"o": 5})
+    with pytest.raises(ValueError, match="no product named 'up'"):
+        shapes_of(cfg, {"up": 2})
+    square = Qwen2Config(hidden_size=64, num_attention_heads=4, num_key_value_heads=4, intermediate_size=64)
+    with pytest.raises(ValueError, match="the shape .* of another product named"):  # o and down both 64 x 64
+        shapes_of(square, {"o": 4, "down": 8})
 
 
-class _Block(torch.nn.Module):
-    """A decoder's down projection, the residual add and the next RMS norm."""
+class _Layer(torch.nn.Module):
+    """An attention block's q, k and v (of other widths: freezing makes them one product), o of another input, and
+    an MLP whose down projection's sum is read by the residual add and the next RMS norm."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.down_proj = torch.nn.Linear(64, 32, bias=False)
-        self.weight = torch.nn.Parameter(torch.randn(32))
+        self.q, self.k, self.v = (torch.nn.Linear(128, n) for n in (128, 32, 32))
+        self.o = torch.nn.Linear(128, 128, bias=False)
+        self.gate_up = torch.nn.Linear(128, 512, bias=False)
+        self.down = torch.nn.Linear(256, 128, bias=False)
+        self.weight = torch.nn.Parameter(torch.randn(128))
 
-    def forward(self, gate_up: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        h = residual + self.down_proj(torch.nn.functional.silu(gate_up[:, :64]) * gate_up[:, 64:])
-        return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight, h
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.q(x), self.k(x), self.v(x)
+        h = x + self.o(q * torch.cat((k, v, k, v), -1).sigmoid())
+        gate_up = self.gate_up(h)
+        h = h + self.down(torch.nn.functional.silu(gate_up[:, :256]) * gate_up[:, 256:])
+        return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight
+
+
+def _compiled(layer, x, split: SplitK | None, unroll: int | None = None) -> tuple[torch.Tensor, str, int]:
+    """``layer(x)`` compiled frozen, with q/k/v concatenated (as on CUDA) and ``split``'s pass; its code and how
+    many q/k/v triples were concatenated. (In float64: a CPU's freezing packs float32 weights for its BLAS before
+    the pass could see them.)"""
+    from treespec.core import fused_qkv
+
+    torch._dynamo.reset()
+    taken = fused_qkv.TAKEN[0]
+    options = settings(split) if split else {}
+    if unroll:
+        options["unroll_reductions_threshold"] = unroll
+    try:
+        with (torch.no_grad(), fused_qkv.applied(), fused_qkv.uncached(),
+              torch._inductor.config.patch(freezing=True, **options)):
+            out, codes = run_and_get_code(torch.compile(layer, fullgraph=True), x)
+    finally:
+        torch._dynamo.reset()
+    return out, "\n".join(codes), fused_qkv.TAKEN[0] - taken
+
+
+def test_the_pass_rewrites_the_listed_products_of_a_frozen_graph_and_no_other():
+    """q/k/v's one product (which only freezing makes: no module holds it), o and down are listed: each becomes one
+    batched product reading its weight in place, and the graph computes the same; gate/up, not listed, stays a
+    product. Without the pass (the control) the graph holds no batched product."""
+    torch.manual_seed(0)
+    layer, x = _Layer().eval().double(), torch.randn(16, 128, dtype=torch.float64)
+    with torch.no_grad():
+        expected = layer(x)
+    out, plain, concatenated = _compiled(layer, x, None)
+    assert torch.allclose(out, expected) and "extern_kernels.bmm" not in plain and concatenated == 1
+    # q/k/v's one product with its biases; o and down with the residual they are added to (inductor's addmm)
+    assert plain.count("extern_kernels.addmm") == 3 and plain.count("extern_kernels.mm(") == 1
+    split = SplitK({(128, 192): 4, (128, 128): 8, (256, 128): 8})  # q/k/v's one product, o, down
+    out, code, concatenated = _compiled(layer, x, split)
+    assert torch.allclose(out, expected) and concatenated == 1
+    assert split.taken == 3 and code.count("extern_kernels.bmm") == 3
+    assert "extern_kernels.addmm" not in code and code.count("extern_kernels.mm(") == 1  # gate/up alone
+    assert "reinterpret_tensor(_frozen_param" in code  # the weights' slices read in place (views, no copy)
 
 
 def test_the_sum_of_the_pieces_lowers_as_additions_inside_the_next_kernel():
-    """Under ``split_k`` inductor lowers the sum of 8 pieces as pointwise additions (one IR node fewer than the
-    same graph whose sum stays a reduction: the control, inductor's threshold put back to 1), so on CUDA it joins
-    the residual add and norm's kernel instead of a reduction kernel of its own (a CPU fuses both alike, so the
-    IR, not the kernel count, tells them apart)."""
-    from torch._inductor import metrics
-
+    """Under the pass's settings inductor lowers the sum of 8 pieces as pointwise additions inside the residual add
+    and norm's kernel, which reads the pieces: the sum is written to no buffer of its own (one buffer fewer than the
+    same graph whose sum stays a reduction: the control, inductor's threshold put back to 1), so on CUDA no reduction
+    kernel of its own (a CPU fuses the reduction into that kernel too, so the buffers, not the kernel count, tell
+    them apart)."""
     torch.manual_seed(0)
-    block, inputs = _Block(), (torch.randn(4, 128), torch.randn(4, 32))
+    layer, x = _Layer().eval().double(), torch.randn(16, 128, dtype=torch.float64)
     with torch.no_grad():
-        expected = block(*inputs)
+        expected = layer(x)
+    buffers = []
+    for unroll in (None, 1):
+        split = SplitK({(256, 128): 8})
+        out, code, _ = _compiled(layer, x, split, unroll)
+        assert torch.allclose(out, expected) and split.taken == 1
+        buffers.append(code.count("empty_strided_cpu("))
+    assert buffers[0] == buffers[1] - 1
 
-    def ir_nodes(unroll: int | None) -> int:
-        torch._dynamo.reset()
-        metrics.reset()
-        with (torch.no_grad(), split_k(block, {"down_proj": 8}),
-              torch._inductor.config.patch(unroll_reductions_threshold=unroll) if unroll else contextlib.nullcontext(),
-              torch._inductor.config.patch(fx_graph_cache=False)):
-            out = torch.compile(block, fullgraph=True)(*inputs)
-        assert all(torch.allclose(o, e, atol=1e-5) for o, e in zip(out, expected))
-        return metrics.ir_nodes_pre_fusion
 
-    try:
-        assert ir_nodes(None) == ir_nodes(1) - 1
-    finally:
-        torch._dynamo.reset()
+def test_the_pass_is_part_of_inductors_cache_key():
+    """Inductor's graph cache keys a graph by the pass's uuid: two tables, two keys; the same table, one."""
+    assert SplitK({(64, 32): 8}).uuid() == SplitK({(64, 32): 8}).uuid() != SplitK({(64, 32): 4}).uuid()

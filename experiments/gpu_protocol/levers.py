@@ -20,7 +20,7 @@ from treespec.core.runners import RunnerCache
 from .bench import ACCEPTANCE_T0, Bench, treespec_run
 from .profiling import compile_phase_seconds, compile_phases_between, kernel_table
 from .shapes import sweep_shapes
-from .split_k import split_k
+from . import split_k
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,17 +48,22 @@ class Lever:
     # output)
     decompose_k: int = 0
     pdl: bool = False
-    # the draft's linears of these names as split-K sums of that many pieces (``split_k.SplitKLinear``: the sum
-    # joins the kernel that reads it), e.g. (("mlp.down_proj", 8),)
+    # the draft's products of these roles (``split_k.ROLES``) as split-K sums of that many pieces in the level's
+    # graph (``split_k.SplitK``: the sum joins the kernels that read it), e.g. (("down", 8),)
     split_k: tuple[tuple[str, int], ...] = ()
 
-    def level_settings(self) -> dict[str, Any]:
-        """The inductor settings the draft level's graph compiles under (``compile_level_gemm_autotuned``)."""
-        settings: dict[str, Any] = {"max_autotune_gemm": True}
+    def level_settings(self, draft: torch.nn.Module | None = None) -> dict[str, Any]:
+        """The inductor settings the draft level's graph alone compiles under (``compile_level_with``; none: the
+        level compiles as the runner's other graphs); a split-K lever's are for ``draft``'s products."""
+        settings: dict[str, Any] = {"max_autotune_gemm": True} if self.gemm_autotune else {}
         if self.decompose_k:
             settings["triton.decompose_k_threshold"] = self.decompose_k
         if self.pdl:
             settings["triton.enable_pdl"] = True
+        if self.split_k:
+            if draft is None:
+                raise ValueError(f"lever {self.what!r} splits the draft's products: pass the draft")
+            settings.update(split_k.settings(split_k.SplitK(split_k.shapes_of(draft.config, dict(self.split_k)))))
         return settings
 
     def __post_init__(self) -> None:
@@ -123,15 +128,14 @@ LEVERS = {
     "default+matmul+gemm-autotune+split-k+pdl": Lever(
         "as +split-k, and the level's Triton kernels launched with programmatic dependent launch",
         attention="matmul", gemm_autotune=True, decompose_k=5, pdl=True),
-    # the split written into the graph instead (nothing autotuned: the same kernels on every machine); its sum
-    # unrolled into the residual add and the next norm, so cuBLAS's reduction kernel and the gap before it go
+    # the split written into the level's graph instead (nothing autotuned: the same kernels on every machine); its
+    # sum unrolled into the kernels that read it, so cuBLAS's reduction kernel and the gap before it go
     "default+matmul+split-k": Lever(
         "the attention written out, the draft's down projection as a sum of 8 products over slices of its input "
-        "(one batched product; the sum inside the next kernel)", attention="matmul",
-        split_k=(("mlp.down_proj", 8),)),
-    "default+matmul+split-k+o": Lever(
-        "as default+matmul+split-k, and the o projection as a sum of 7 (896 = 7 x 128 input columns)",
-        attention="matmul", split_k=(("mlp.down_proj", 8), ("self_attn.o_proj", 7))),
+        "(one batched product; the sum inside the next kernel)", attention="matmul", split_k=(("down", 8),)),
+    "default+matmul+split-k+o+qkv": Lever(
+        "as default+matmul+split-k, and the o projection and q/k/v's one product as sums of 8 (896 = 8 x 112 "
+        "input columns)", attention="matmul", split_k=(("down", 8), ("o", 8), ("qkv", 8))),
 }
 
 
@@ -157,28 +161,28 @@ def set_sdpa_backends(enabled: dict[str, bool]) -> None:
     cuda.enable_mem_efficient_sdp(enabled["efficient"])
 
 
-def compile_level_gemm_autotuned(fn, backend, mode, models=(), settings=None):
-    """``compiling.compile_graph``, whose draft-level graph (``CapturedRunner._level``) compiles with its GEMMs
-    autotuned (inductor's ``max_autotune_gemm``, read while inductor compiles; ``settings``: inductor's settings
-    then, :meth:`Lever.level_settings`); the runner's other graphs as ``compile_graph`` makes them. The settings are
-    switched on around the level's calls until one compiles nothing (switching them costs the host time on every
-    call, which a replay should not carry)."""
+def compile_level_with(fn, backend, mode, models=(), *, settings: dict[str, Any]):
+    """``compiling.compile_graph``, whose draft-level graph (``CapturedRunner._level``) compiles under inductor's
+    ``settings`` (:meth:`Lever.level_settings`: its GEMMs autotuned, split-K, ...; read while inductor compiles); the
+    runner's other graphs as ``compile_graph`` makes them. The settings are switched on around the level's calls
+    until one compiles nothing (switching them costs the host time on every call, which a replay should not
+    carry)."""
     call = compiling.compile_graph(fn, backend, mode, models)
     if getattr(fn, "__func__", None) is not captured_runner.CapturedRunner._level:
         return call
     compiling_yet = [True]
 
     @functools.wraps(call)
-    def autotuned(*args, **kwargs):
+    def level(*args, **kwargs):
         if not compiling_yet[0]:
             return call(*args, **kwargs)
         graphs = graphs_compiled()
-        with torch._inductor.config.patch(settings or {"max_autotune_gemm": True}):
+        with torch._inductor.config.patch(settings):
             out = call(*args, **kwargs)
         compiling_yet[0] = graphs_compiled() > graphs
         return out
 
-    return autotuned
+    return level
 
 
 @contextlib.contextmanager
@@ -187,10 +191,11 @@ def lever(setting: Lever, draft: torch.nn.Module | None = None):
     not by the compile settings, so each lever has runners of its own: entering a lever sets the others' aside
     (:data:`KEPT`) and restores its own, so phase sweep after phase levels replays any lever's graphs. A frozen
     lever compiles without inductor's graph cache, whose key does not hold the q/k/v rewrite
-    (``fused_qkv.applied``). A split-K lever swaps ``draft``'s linears for the block (the same twins each time)."""
-    if setting.split_k and draft is None:
-        raise ValueError(f"lever {setting.what!r} splits the draft's products: pass the draft")
+    (``fused_qkv.applied``). Yields the level's settings (a split-K lever's pass counts what it took), which a
+    split-K lever makes for ``draft``'s products."""
     from treespec.core import captured
+
+    level_settings = setting.level_settings(draft)
 
     names = ("CAPACITY_BUCKET", "CUDA_CAPACITY_BUCKET"), ("CUDA_GRAPHS_FREEZE", "CUDA_GRAPHS_ONE_QKV")
     saved = ([getattr(compiled, n) for n in names[0]], [getattr(compiling, n) for n in names[1]],
@@ -201,9 +206,8 @@ def lever(setting: Lever, draft: torch.nn.Module | None = None):
     compiling.CUDA_GRAPHS_FREEZE, compiling.CUDA_GRAPHS_ONE_QKV = setting.freezing, setting.concat_qkv
     if setting.mode is not None:
         captured.compile_options = lambda c, device: (saved[2](c, device)[0], setting.mode)
-    if setting.gemm_autotune:  # the runners made inside the lever keep their tuned level graph
-        captured_runner.compile_graph = functools.partial(compile_level_gemm_autotuned,
-                                                          settings=setting.level_settings())
+    if level_settings:  # the runners made inside the lever keep their level graph
+        captured_runner.compile_graph = functools.partial(compile_level_with, settings=level_settings)
     allowed = {"cudnn": setting.sdpa == "cudnn", "flash": setting.sdpa != "math", "efficient": setting.sdpa != "math"}
     set_sdpa_backends({k: saved[3][k] and allowed[k] for k in allowed})
     # SDPA's math path takes bfloat16 inputs to float32 (three casts and float32 products per layer) unless told
@@ -216,9 +220,8 @@ def lever(setting: Lever, draft: torch.nn.Module | None = None):
         captured.RUNNERS = KEPT.pop(setting, None) or RunnerCache(captured.RUNNERS.limit)
         APPLIED[0] = setting
     try:
-        with (fused_qkv.uncached() if setting.freezing else contextlib.nullcontext(),
-              split_k(draft, dict(setting.split_k)) if setting.split_k else contextlib.nullcontext()):
-            yield
+        with fused_qkv.uncached() if setting.freezing else contextlib.nullcontext():
+            yield level_settings
     finally:
         for n, v in zip(names[0], saved[0]):
             setattr(compiled, n, v)
@@ -268,9 +271,12 @@ def phase_levels(b: Bench) -> dict[str, Any]:
             continue
         graphs, skips, phases = graphs_compiled(), cudagraph_skips(), compile_phase_seconds()
         try:
-            with lever(setting, b.model("draft")):
+            with lever(setting, b.model("draft")) as level:
                 run, run_deeper = (treespec_run(b, b.model("target"), b.model("draft"), s, b.compile, budget=env.nodes,
                                                 envelope=env) for s in (shape, deeper))
+            split = level.get("post_grad_custom_pre_pass")  # inductor's pass (the smoke's eager backend runs none)
+            if split is not None and not split.taken and b.backend == "inductor":
+                raise RuntimeError(f"the split-K pass took none of the level's products {sorted(split.splits)}")
         except Exception as e:  # a lever that does not compile or run is a finding: record it, go on to the next
             out["levers"][name] = {"error": f"{type(e).__name__}: {str(e)[:500]}", **dataclasses.asdict(setting)}
             print(f"  {name}: failed: {out['levers'][name]['error']}", flush=True)
@@ -288,6 +294,8 @@ def phase_levels(b: Bench) -> dict[str, Any]:
                                # where the first call's compile went (a lever's is minutes on a cold GPU machine)
                                "compile_phases_s": compile_phases_between(phases, compile_phase_seconds()),
                                "tokens_agreeing_with_first_lever": agreement(run["outputs"], reference),
+                               # the products the split-K pass rewrote in the level's graph (the real draft: 24 a role)
+                               **({"split_k_products": split.taken} if split is not None else {}),
                                **dataclasses.asdict(setting)}
         try:  # the kernels of one step: a measurement aid, whose failure keeps the lever's timing
             with lever(setting, b.model("draft")):
