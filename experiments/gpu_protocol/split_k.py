@@ -88,8 +88,9 @@ class SplitK(CustomGraphPass):
             register_graph_pattern(pattern, extra_check=self._listed, pass_dict=self.patterns)(self._rewrite)
 
     def _listed(self, match: Match) -> bool:
-        weight = match.kwargs["weight"]
-        return weight.op == "get_attr" and tuple(weight.meta["val"].shape) in self.splits
+        weight, scales = match.kwargs["weight"], match.output_node().kwargs  # addmm's beta * b + alpha * x @ W
+        return (weight.op == "get_attr" and tuple(weight.meta["val"].shape) in self.splits
+                and scales.get("alpha", 1) == 1 and scales.get("beta", 1) == 1)
 
     def _rewrite(self, match: Match, x, weight, bias=None) -> None:
         splits = self.splits[tuple(weight.meta["val"].shape)]
