@@ -17,11 +17,12 @@ math path (the ``default+math`` lever of ``bench_gpu.py``), and the attention wr
 and without the down projection (and o, and q/k/v's one product) as split-K sums (``gpu_protocol.split_k``, the
 ``default+matmul+split-k`` levers; each report says how many products the pass rewrote per layer: none where the
 CPU's weight packing takes the products first, as for bfloat16 on a CPU that computes in it): whether the sum of
-the pieces becomes a kernel of its own or part of the ones that read it.
+the pieces becomes a kernel of its own or part of the ones that read it. ``--time CALLS`` also times each compiled
+level on this CPU (medians; a layer's milliseconds as the 2-layer level's less the 1-layer one's).
 
     python experiments/count_kernels.py --out experiments/results/kernels-per-layer-cpu.md
     python experiments/count_kernels.py --attention --out experiments/results/kernels-per-layer-attention-cpu.md
-    python experiments/count_kernels.py --split-k --rows 16 --capacity 512 \
+    python experiments/count_kernels.py --split-k --rows 16 --capacity 512 --time 20 \
         --out experiments/results/kernels-per-layer-split-k-cpu.md
 """
 
@@ -30,6 +31,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import re
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -96,20 +98,21 @@ def tree_attention(name: str, math: bool):
 
 
 def level_code(layers: int, rows: int, context: int, capacity: int, freezing: bool, dtype: torch.dtype,
-               concat: bool = False, splits: dict[str, int] | None = None) -> tuple[str, float, int | None]:
-    """The level's generated code, its compile seconds, and with ``splits`` (``{}``: none) how many products the
-    split-K pass took."""
+               concat: bool = False, splits: dict[str, int] | None = None,
+               calls: int = 0) -> tuple[str, float, float | None, int]:
+    """The level's generated code, its compile seconds, with ``calls`` its median milliseconds over that many calls
+    after a warm-up, and with ``splits`` (``{}``: none) how many products the split-K pass took."""
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(Qwen2Config(num_hidden_layers=layers, attn_implementation="sdpa",
                                          **DRAFT)).to(dtype).eval()
     if not splits:
-        return *_level_code(model, rows, context, capacity, freezing, concat, {}), 0
+        return *_level_code(model, rows, context, capacity, freezing, concat, {}, calls), 0
     split = split_k.SplitK(split_k.shapes_of(model.config, splits))
-    return *_level_code(model, rows, context, capacity, freezing, concat, split_k.settings(split)), split.taken
+    return *_level_code(model, rows, context, capacity, freezing, concat, split_k.settings(split), calls), split.taken
 
 
 def _level_code(model: torch.nn.Module, rows: int, context: int, capacity: int, freezing: bool,
-                concat: bool, settings: dict) -> tuple[str, float]:
+                concat: bool, settings: dict, calls: int) -> tuple[str, float, float | None]:
     cache = StaticTreeCache(model, capacity)
     cache.prefill(model, list(range(1, context + 2)))
     committed = cache.length.clone()
@@ -125,8 +128,14 @@ def _level_code(model: torch.nn.Module, rows: int, context: int, capacity: int, 
     with torch.inference_mode(), torch._inductor.config.patch(freezing=freezing, fx_graph_cache=False,
                                                               **{"cpp.enable_concat_linear": concat}, **settings):
         _, codes = run_and_get_code(fn, ids, committed + torch.arange(rows), block, committed)
+        seconds = time.perf_counter() - t
+        times = []
+        for _ in range(calls + 1 if calls else 0):  # the first a warm-up (it writes the same cache rows each time)
+            t = time.perf_counter()
+            fn(ids, committed + torch.arange(rows), block, committed)
+            times.append(time.perf_counter() - t)
     torch._dynamo.reset()
-    return "\n".join(codes), time.perf_counter() - t
+    return "\n".join(codes), seconds, statistics.median(times[1:]) * 1e3 if calls else None
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -141,6 +150,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--split-k", action="store_true",
                     help="count each split-K configuration of SPLITS (attention written out, freezing, concatenated "
                          "linears) instead")
+    ap.add_argument("--time", type=int, default=0, metavar="CALLS",
+                    help="also time each compiled level: the median of CALLS calls after a warm-up, and a layer's "
+                         "milliseconds as the 2-layer level's less the 1-layer one's")
     args = ap.parse_args(argv)
     dtype = getattr(torch, args.dtype)
     result: dict = {}
@@ -157,9 +169,9 @@ def main(argv: list[str] | None = None) -> dict:
         per = {}
         for layers in (1, 2):
             with tree_attention(*how):
-                code, seconds, taken = level_code(layers, args.rows, args.context, args.capacity, freezing, dtype,
-                                                  concat, splits)
-            per[layers] = (kernels(code), seconds, taken)
+                code, seconds, ms, taken = level_code(layers, args.rows, args.context, args.capacity, freezing,
+                                                      dtype, concat, splits, args.time)
+            per[layers] = (kernels(code), seconds, taken, ms)
         one, two = per[1][0], per[2][0]
         layer = {k: two.get(k, 0) - one.get(k, 0) for k in sorted(set(one) | set(two))}
         rest = {k: one.get(k, 0) - layer.get(k, 0) for k in one}
@@ -167,12 +179,14 @@ def main(argv: list[str] | None = None) -> dict:
                         "outside_layers": {k: v for k, v in rest.items() if v}, "compile_seconds": per[2][1]}
         if splits is not None:
             result[name]["split_products_per_layer"] = per[2][2] - per[1][2]
+        if args.time:
+            result[name].update(ms_one_layer=per[1][3], ms_two_layers=per[2][3], ms_per_layer=per[2][3] - per[1][3])
     lines = [f"# Kernels per draft layer in inductor's generated code ({machine(torch.device('cpu'))}, torch "
              f"{torch.__version__})", "",
              f"Command: `python experiments/count_kernels.py{' --attention' if args.attention else ''}"
              f"{' --split-k' if args.split_k else ''}"
              + "".join(f" --{k} {v}" for k, v in vars(args).items()
-                       if k in ("rows", "context", "capacity", "dtype") and v != ap.get_default(k))
+                       if k in ("rows", "context", "capacity", "dtype", "time") and v != ap.get_default(k))
              + " --out ...` "
              f"({args.rows} rows after {args.context} cached "
              f"tokens on a {args.capacity}-row static cache, {args.dtype}, then top-8 per row; Qwen2 with the 0.5B "
@@ -182,6 +196,9 @@ def main(argv: list[str] | None = None) -> dict:
         lines += [f"## {name}: {total} kernels per layer", ""]
         if "split_products_per_layer" in r:
             lines += [f"Products the split-K pass rewrote per layer: {r['split_products_per_layer']}.", ""]
+        if "ms_per_layer" in r:
+            lines += [f"Timed (median of {args.time} calls): {r['ms_per_layer']:.2f} ms per layer (the 1-layer level "
+                      f"{r['ms_one_layer']:.2f} ms, the 2-layer one {r['ms_two_layers']:.2f} ms).", ""]
         lines += ["| kernel | per layer | outside the layers |", "|---|---|---|"]
         for k in sorted(set(r["per_layer"]) | set(r["outside_layers"])):
             lines.append(f"| `{k}` | {r['per_layer'].get(k, 0)} | {r['outside_layers'].get(k, 0)} |")
