@@ -105,10 +105,9 @@ def level_code(layers: int, rows: int, context: int, capacity: int, freezing: bo
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(Qwen2Config(num_hidden_layers=layers, attn_implementation="sdpa",
                                          **DRAFT)).to(dtype).eval()
-    if not splits:
-        return *_level_code(model, rows, context, capacity, freezing, concat, {}, calls), 0
-    split = split_k.SplitK(split_k.shapes_of(model.config, splits))
-    return *_level_code(model, rows, context, capacity, freezing, concat, split_k.settings(split), calls), split.taken
+    split = split_k.SplitK(split_k.shapes_of(model.config, splits)) if splits else None
+    settings = split_k.settings(split) if split else {}
+    return *_level_code(model, rows, context, capacity, freezing, concat, settings, calls), split.taken if split else 0
 
 
 def _level_code(model: torch.nn.Module, rows: int, context: int, capacity: int, freezing: bool,
@@ -171,16 +170,17 @@ def main(argv: list[str] | None = None) -> dict:
             with tree_attention(*how):
                 code, seconds, ms, taken = level_code(layers, args.rows, args.context, args.capacity, freezing,
                                                       dtype, concat, splits, args.time)
-            per[layers] = (kernels(code), seconds, taken, ms)
-        one, two = per[1][0], per[2][0]
+            per[layers] = {"kernels": kernels(code), "seconds": seconds, "taken": taken, "ms": ms}
+        one, two = per[1]["kernels"], per[2]["kernels"]
         layer = {k: two.get(k, 0) - one.get(k, 0) for k in sorted(set(one) | set(two))}
         rest = {k: one.get(k, 0) - layer.get(k, 0) for k in one}
         result[name] = {"per_layer": {k: v for k, v in layer.items() if v},
-                        "outside_layers": {k: v for k, v in rest.items() if v}, "compile_seconds": per[2][1]}
+                        "outside_layers": {k: v for k, v in rest.items() if v}, "compile_seconds": per[2]["seconds"]}
         if splits is not None:
-            result[name]["split_products_per_layer"] = per[2][2] - per[1][2]
+            result[name]["split_products_per_layer"] = per[2]["taken"] - per[1]["taken"]
         if args.time:
-            result[name].update(ms_one_layer=per[1][3], ms_two_layers=per[2][3], ms_per_layer=per[2][3] - per[1][3])
+            result[name].update(ms_one_layer=per[1]["ms"], ms_two_layers=per[2]["ms"],
+                                ms_per_layer=per[2]["ms"] - per[1]["ms"])
     lines = [f"# Kernels per draft layer in inductor's generated code ({machine(torch.device('cpu'))}, torch "
              f"{torch.__version__})", "",
              f"Command: `python experiments/count_kernels.py{' --attention' if args.attention else ''}"

@@ -68,8 +68,8 @@ class Lever:
 
     def __post_init__(self) -> None:
         if (self.decompose_k or self.pdl) and not self.gemm_autotune:
-            raise ValueError(f"lever {self.what!r}: decompose_k and pdl apply to the level's graph as gemm_autotune "
-                             "compiles it; set gemm_autotune=True")
+            raise ValueError(f"lever {self.what!r}: decompose_k and pdl are settings of the level's autotuned GEMMs "
+                             "(decompose_k a choice autotuning ranks); set gemm_autotune=True")
         # inductor freezes only without a mode or under reduce-overhead (compiling.graph_settings): a lever that
         # claims freezing under another mode would be timed unfrozen and reported as frozen
         if self.freezing and self.mode not in (None, "reduce-overhead"):
