@@ -118,3 +118,27 @@ def test_the_sum_of_the_pieces_lowers_as_additions_inside_the_next_kernel():
 def test_the_pass_is_part_of_inductors_cache_key():
     """Inductor's graph cache keys a graph by the pass's uuid: two tables, two keys; the same table, one."""
     assert SplitK({(64, 32): 8}).uuid() == SplitK({(64, 32): 8}).uuid() != SplitK({(64, 32): 4}).uuid()
+
+
+def test_on_cuda_the_pieces_multiply_in_bfloat16_into_float32_partial_sums():
+    """The CUDA form the levers run, traced with fake CUDA tensors (no GPU needed): one ``bmm`` of bfloat16 pieces
+    with float32 output (cuBLAS's split-K keeps its partial sums so), the sum in float32, rounded once to bfloat16,
+    the bias added after; and inductor has a lowering for that product (its extern cuBLAS call). The control: the
+    same bfloat16 product on a CPU multiplies without the float32 output."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def traced(device: str) -> list[tuple[object, torch.dtype]]:
+        with FakeTensorMode():
+            x, weight, bias = (torch.empty(*shape, dtype=torch.bfloat16, device=device)
+                               for shape in ((16, 4864), (4864, 896), (896,)))
+            graph = make_fx(lambda x, w, b: split_product(x, w, b, 8))(x, weight, bias).graph
+        return [(n.target, n.meta["val"].dtype) for n in graph.nodes if n.op == "call_function"]
+
+    aten = torch.ops.aten
+    ops = traced("cuda")
+    assert (aten.bmm.dtype, torch.float32) in ops and (aten.sum.dim_IntList, torch.float32) in ops
+    assert ops[-1] == (aten.add.Tensor, torch.bfloat16) and aten.bmm.default not in dict(ops)
+    assert aten.bmm.dtype in torch._inductor.lowering.lowerings
+    cpu = dict(traced("cpu"))
+    assert aten.bmm.dtype not in cpu and cpu[aten.bmm.default] == torch.bfloat16
