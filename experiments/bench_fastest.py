@@ -46,7 +46,7 @@ import torch
 
 from treespec.bench import compare
 from treespec.bench.datasets import dataset_prompts, prompt_range
-from treespec.bench.demo import LABELS, divergence_lines
+from treespec.bench.demo import LABELS, method_divergences
 from treespec.calibrate.vectors import default_acceptance
 from treespec.common.machine import machine
 from treespec.models import DEFAULT_DRAFT, DEFAULT_TARGET, cache_root, load
@@ -142,8 +142,9 @@ def main(argv: list[str] | None = None) -> dict:
               "max_new_tokens": args.max_new_tokens, "summaries": summaries,
               "per_step": {s["dataset"]: per_step(records, s) for s in summaries}}
     (args.out / "summary.json").write_text(json.dumps(result, indent=1))
-    text = "\n\n".join(compare.markdown(s) + differences(s, precision_of(target)) + "\n\n"
-                       + breakdown(result["per_step"][s["dataset"]]) for s in summaries)
+    text = "\n\n".join(compare.markdown(s) + "".join(
+        f"\n\n{t}" for t in method_divergences(s, precision_of(target), LABELS.get(s["dataset"], s["dataset"])))
+        + "\n\n" + breakdown(result["per_step"][s["dataset"]]) for s in summaries)
     (args.out / "README.md").write_text(
         f"# The captured step against HF at its fastest, CPU\n\nMachine: {result['machine']}, "
         f"torch {torch.__version__}."
@@ -158,13 +159,6 @@ def main(argv: list[str] | None = None) -> dict:
     compare.plot(summaries, args.out / "tokens_per_second.png")
     print(text)
     return result
-
-
-def differences(summary: dict, precision: str) -> str:
-    """Where each treespec method's greedy output parts from HF's in ``summary`` (located), and whether at a tie."""
-    return "".join(f"\n\n{name}: " + divergence_lines(a["divergences"], precision,
-                                                     LABELS.get(summary["dataset"], summary["dataset"]))
-                   for name, a in summary.get("agreement", {}).items() if a.get("divergences"))
 
 
 def per_step(records: list[dict], summary: dict) -> dict:

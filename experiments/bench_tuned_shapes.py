@@ -35,7 +35,7 @@ import torch
 
 from treespec.bench import arms, compare
 from treespec.bench.datasets import dataset_prompts, prompt_range
-from treespec.bench.demo import LABELS, baseline_methods, divergence_lines
+from treespec.bench.demo import LABELS, baseline_methods, method_divergences
 from treespec.calibrate.choices import resolve
 from treespec.calibrate.vectors import acceptance_for_draft
 from treespec.cli_input import encode_all, read_prompts
@@ -134,10 +134,8 @@ def main(argv: list[str] | None = None) -> None:
                      f"{s['predicted']['step_seconds']:.3f} | {decode / max(steps, 1):.3f} | "
                      f"{s['predicted']['run_speedup']:.2f}x |")
     lines += ["", compare.markdown(summary)]
-    for name, agreement in summary.get("agreement", {}).items():
-        if agreement.get("divergences"):
-            lines += ["", f"{name}: " + divergence_lines(agreement["divergences"], precision_of(target),
-                                                        LABELS.get(prompts[0][0], "prompt"))]
+    for text in method_divergences(summary, precision_of(target), LABELS.get(prompts[0][0], "prompt")):
+        lines += ["", text]
     lines += ["", "Why each tree (the tuner's line):", "", *[f"- {n}: {s['why']}" for n, s in shapes.items()]]
     compare.plot([summary], args.out / "tok_s.png")
     (args.out / "README.md").write_text("\n".join(lines) + "\n")

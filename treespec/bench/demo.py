@@ -294,6 +294,13 @@ def _configuration(args: argparse.Namespace, target: torch.nn.Module, tok: Any, 
     return resolved, png, shape_note
 
 
+def method_divergences(summary: dict[str, Any], precision: str, label: str) -> list[str]:
+    """Each method's greedy differences from HF in ``summary`` (located by ``compare.locate_divergences``) as
+    :func:`divergence_lines`' text headed by the method's name; methods that differ nowhere are left out."""
+    return [f"{name}: " + divergence_lines(a["divergences"], precision, label)
+            for name, a in summary.get("agreement", {}).items() if a.get("divergences")]
+
+
 def divergence_lines(divergences: list[dict[str, Any]], precision: str, label: str = "HumanEval") -> str:
     """The demo's verdict on outputs that differ from HF's (``compare.locate_divergences``): ties at the target's
     precision are rounding, not a rule broken (the demo exits 0); a difference where one token leads is a bug (it
