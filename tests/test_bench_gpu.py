@@ -53,8 +53,10 @@ def test_bench_gpu_smoke_runs_every_phase_and_resumes(bench_gpu, tmp_path):
         tmp_path / "README.md").read_text()
     # one more level: the 8-level chain less the 4-level one (same graphs), beside drafting per forward
     assert {"level_ms", "level_ms_per_forward", "drafting_fixed_ms"} <= set(levers[lever])
-    phases = levers[lever]["compile_phases_s"]  # where the lever's compile went, longest first
-    assert phases and list(phases.values()) == sorted(phases.values(), reverse=True) and min(phases.values()) >= 1.0
+    # where the lever's compile went, longest first: phases of a second or more, which a fast host may not have
+    # (CI's had none); the readings themselves are tested below on a compile of known phases
+    phases = levers[lever]["compile_phases_s"]
+    assert list(phases.values()) == sorted(phases.values(), reverse=True) and min(phases.values(), default=1.0) >= 1.0
     assert "one more level" in (tmp_path / "README.md").read_text()
     runs = ph["sweep"]["runs"]
     assert len(runs) >= 3 and {r["step"] for r in runs.values()} == {"captured"} and ph["sweep"]["lever"] == lever
@@ -72,6 +74,25 @@ def test_bench_gpu_smoke_runs_every_phase_and_resumes(bench_gpu, tmp_path):
     assert again["costs"] == json.loads(json.dumps(before)) and again["first"]["ok"]  # the rest kept
     assert again["predict"] == json.loads(json.dumps(ph["predict"]))  # the same inputs: the same choice
     assert result["setup"]["smoke"]
+
+
+def test_compile_phases_between_two_readings_name_where_a_compile_went(bench_gpu):
+    import sys
+
+    import torch
+
+    profiling = sys.modules["gpu_protocol.profiling"]
+    before = profiling.compile_phase_seconds()
+    torch._dynamo.reset()
+    torch.compile(lambda x: torch.sin(x) * 2 + 1, backend="inductor")(torch.randn(8))
+    after = profiling.compile_phase_seconds()
+    grown = profiling.compile_phases_between(before, after, least=0.0)
+    assert grown and list(grown.values()) == sorted(grown.values(), reverse=True)
+    assert sum(after.values()) > sum(before.values())  # the compile's time was read
+    # the threshold keeps the long phases only, and a reading against itself has none
+    assert profiling.compile_phases_between({"a": 0.0, "b": 1.0}, {"a": 2.5, "b": 1.5, "c": 1.0}) == {
+        "a": 2.5, "c": 1.0}
+    assert profiling.compile_phases_between(after, after) == {}
 
 
 def test_phase_treespec_run_again_adds_its_runs_and_other_phases_replace_theirs(bench_gpu):
