@@ -311,7 +311,8 @@ def phase_levels(b: Bench) -> dict[str, Any]:
         print(f"  {name}: {timed['level_ms']:.3f} ms per level (marginal), {timed['level_ms_per_forward']:.3f} ms "
               "per forward of the 4-level chain", flush=True)
         longest = list(timed["compile_phases_s"].items())[:6]
-        print("  its compile's longest phases (s): " + ", ".join(f"{k} {v}" for k, v in longest), flush=True)
+        print("  its compile's longest phases (s): "
+              + (", ".join(f"{k} {v}" for k, v in longest) or "none of a second or more"), flush=True)
         b.checkpoint("levels", out)
     return out
 
