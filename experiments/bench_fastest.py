@@ -142,9 +142,12 @@ def main(argv: list[str] | None = None) -> dict:
               "max_new_tokens": args.max_new_tokens, "summaries": summaries,
               "per_step": {s["dataset"]: per_step(records, s) for s in summaries}}
     (args.out / "summary.json").write_text(json.dumps(result, indent=1))
-    text = "\n\n".join(compare.markdown(s) + "".join(
-        f"\n\n{t}" for t in method_divergences(s, precision_of(target), LABELS.get(s["dataset"], s["dataset"])))
-        + "\n\n" + breakdown(result["per_step"][s["dataset"]]) for s in summaries)
+
+    def section(s: dict) -> str:  # a dataset's table, where its greedy outputs differ from HF's, its step breakdown
+        differ = method_divergences(s, precision_of(target), LABELS.get(s["dataset"], s["dataset"]))
+        return "\n\n".join([compare.markdown(s), *differ, breakdown(result["per_step"][s["dataset"]])])
+
+    text = "\n\n".join(section(s) for s in summaries)
     (args.out / "README.md").write_text(
         f"# The captured step against HF at its fastest, CPU\n\nMachine: {result['machine']}, "
         f"torch {torch.__version__}."
