@@ -7,8 +7,9 @@ prompt (``treespec.bench.compare``):
 
 * ``llamacpp``: llama.cpp's plain decoding (``llama-completion``);
 * ``llamacpp-speculative-d<N>``: llama.cpp's speculative decoding with the 0.5B file as its draft
-  (``llama-speculative-simple``), at the ``--draft-max`` found fastest by a small search on prompts disjoint from
-  the measured ones (``search.json``; candidates ``--search-draft-max``);
+  (``llama-speculative-simple``), at the ``--draft-max`` and threads' polling level found fastest by a small search
+  on prompts disjoint from the measured ones (``search.json``; candidates ``--search-draft-max`` x ``--search-poll``:
+  on 2 cores the default polling level halved its speed, ``treespec.bench.llamacpp.speculative_method``);
 * ``treespec``: what ``treespec generate`` runs by default: the target in the precision whose tuned tree is
   predicted fastest here (``treespec.calibrate.target_precision``: bfloat16, the file dequantised, or int4, the
   file's own 4-bit blocks: Q4_K blocks kept exactly, its Q6_K tensors in bfloat16, its prompt on bfloat16 twins),
@@ -77,25 +78,51 @@ def prompts_of(tok: Any, ranges: dict[str, str]) -> list[tuple[str, int, list[in
     return out
 
 
+def poll_level(text: str) -> int | None:
+    """``--search-poll``'s values: a polling level 0-100, or ``default`` (None: no flag, llama.cpp's own level)."""
+    if text == "default":
+        return None
+    if not text.isdigit() or int(text) > 100:
+        raise argparse.ArgumentTypeError(f"{text!r} is no polling level: give 0-100 or 'default'")
+    return int(text)
+
+
+def search_key(draft_max: int, poll: int | None) -> str:
+    """A search candidate's name in ``search.json``: its ``--draft-max`` (0: plain decoding), then its polling level
+    where one is set (``4``: llama.cpp's default level; ``4-poll0``)."""
+    return f"{draft_max}" if poll is None or draft_max == 0 else f"{draft_max}-poll{poll}"
+
+
 def search_speculative(llama: llamacpp.LlamaCpp, target: Path, draft: Path, tok: Any, prompts, n: int,
-                       candidates: list[int], path: Path) -> int:
-    """The ``--draft-max`` of llama.cpp's speculative decoding fastest on ``prompts`` (mean tok/s, plain decoding
-    among the candidates as 0), cached in ``path``."""
+                       draft_maxes: list[int], polls: list[int | None], path: Path) -> tuple[int, int | None]:
+    """The ``--draft-max`` and polling level (``llamacpp.speculative_method``) of llama.cpp's speculative decoding
+    fastest on ``prompts`` (mean tok/s; plain decoding among the candidates as draft-max 0, for reference), cached in
+    ``path``: a candidate measured before is not run again."""
     found = json.loads(path.read_text()) if path.exists() else {}
-    for d in candidates:
-        if str(d) in found:
+    candidates = {search_key(d, p): (d, p) for d in draft_maxes for p in polls}
+    for key, (d, p) in candidates.items():
+        if key in found:
             continue
         m = (llamacpp.plain_method(llama, target, tok) if d == 0 else
-             llamacpp.speculative_method(llama, target, draft, tok, draft_max=d))
+             llamacpp.speculative_method(llama, target, draft, tok, draft_max=d, poll=p))
         m.run(prompts[0][2], compare.WARMUP_TOKENS)
         speeds = []
         for _, _, ids in prompts:
             tokens, seconds, _ = m.run(ids, n)
             speeds.append(len(tokens) / seconds)
-        found[str(d)] = statistics.mean(speeds)
-        print(f"  search: draft-max {d}: {found[str(d)]:.2f} tok/s", flush=True)
+        found[key] = statistics.mean(speeds)
+        print(f"  search: {search_name(key)}: {found[key]:.2f} tok/s", flush=True)
         path.write_text(json.dumps(found, indent=1))
-    return int(max((k for k in found if int(k) > 0), key=lambda k: found[k]))
+    speculative = [k for k, (d, _) in candidates.items() if d > 0]
+    if not speculative:
+        raise ValueError("--search-draft-max holds no draft-max above 0: give at least one (e.g. 4)")
+    return candidates[max(speculative, key=lambda k: found[k])]
+
+
+def search_name(key: str) -> str:
+    """How the report names a search candidate (``search_key``)."""
+    draft_max, _, poll = key.partition("-poll")
+    return "plain" if draft_max == "0" else f"draft-max {draft_max}" + (f" poll {poll}" if poll else "")
 
 
 def treespec_methods(tok: Any, names: list[str], n: int) -> tuple[list[compare.Method], dict[str, str]]:
@@ -175,6 +202,9 @@ def main(argv: list[str] | None = None) -> dict:
                     help="the speculative search's prompts (disjoint from the measured ones)")
     ap.add_argument("--search-draft-max", type=int, nargs="+", default=[0, 2, 4, 8, 16],
                     help="llama.cpp --draft-max candidates (0: plain decoding, for reference)")
+    ap.add_argument("--search-poll", type=poll_level, nargs="+", default=[None, 0], metavar="LEVEL",
+                    help="llama.cpp --poll candidates for speculative decoding, each with every draft-max: 0-100, or "
+                         "'default' (no flag: llama.cpp's 50); default: default 0")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--treespec", nargs="+", choices=TREESPEC, default=list(TREESPEC),
@@ -189,11 +219,11 @@ def main(argv: list[str] | None = None) -> dict:
     _, tok = load(DEFAULT_TARGET, dtype="bfloat16", role="target")
     llama = llamacpp.LlamaCpp(args.llamacpp_bin, args.threads)
     search = prompts_of(tok, dict(s.split("=") for s in args.search.split(",") if s))
-    best = search_speculative(llama, target_file, draft_file, tok, search, args.max_new_tokens,
-                              args.search_draft_max, args.out / "search.json")
+    best, poll = search_speculative(llama, target_file, draft_file, tok, search, args.max_new_tokens,
+                                    args.search_draft_max, args.search_poll, args.out / "search.json")
     mine, why = treespec_methods(tok, args.treespec, args.max_new_tokens)
     methods = [llamacpp.plain_method(llama, target_file, tok),
-               llamacpp.speculative_method(llama, target_file, draft_file, tok, draft_max=best), *mine]
+               llamacpp.speculative_method(llama, target_file, draft_file, tok, draft_max=best, poll=poll), *mine]
     prompts = prompts_of(tok, {"humaneval": args.humaneval, "sharegpt": args.sharegpt})
     for m in mine:  # compiles and one-off setup, paid before the timed prompts: a whole first prompt, untimed
         t = time.perf_counter()
@@ -211,7 +241,7 @@ def main(argv: list[str] | None = None) -> dict:
     summaries = [compare.summarize(records, d) for d in dict.fromkeys(p[0] for p in prompts)]
     result = {"machine": machine("cpu"), "torch": torch.__version__, "threads": args.threads,
               "llamacpp_version": llamacpp.version(args.llamacpp_bin), "files": [target_file.name, draft_file.name],
-              "speculative_search": json.loads((args.out / "search.json").read_text()), "draft_max": best,
+              "speculative_search": json.loads((args.out / "search.json").read_text()), "draft_max": best, "poll": poll,
               "configurations": why, "added_later": added_later, "max_new_tokens": args.max_new_tokens,
               "summaries": summaries,
               "decode_only": {s["dataset"]: decode_only(records, s) for s in summaries},
@@ -232,15 +262,15 @@ def report(result: dict, args: argparse.Namespace) -> None:
         lines += ["", "Share of llama.cpp's plain greedy text each output reproduces from its start: " + ", ".join(
             f"{m} {v:.0%}" for m, v in result["agreement_with_llamacpp"][d].items()) + "."]
         parts.append("\n".join(lines))
-    search = ", ".join(f"{'plain' if k == '0' else 'draft-max ' + k} {v:.2f}"
-                       for k, v in result["speculative_search"].items())
+    search = ", ".join(f"{search_name(k)} {v:.2f}" for k, v in result["speculative_search"].items())
+    kept = search_name(search_key(result["draft_max"], result.get("poll")))
     text = (f"# treespec against llama.cpp on the same GGUF files, CPU\n\nMachine: {result['machine']}, torch "
             f"{result['torch']}, {result['threads']} threads for every method. Files: {', '.join(result['files'])}. "
             f"{result['max_new_tokens']} greedy tokens per prompt, methods interleaved per prompt"
             + (f" (except {', '.join(result['added_later'])}: added by a later run, after the others)"
                if result["added_later"] else "") + ".\n\n"
-            f"llama.cpp's speculative search (mean tok/s on the search prompts): {search}; kept: draft-max "
-            f"{result['draft_max']}.\n\ntreespec's configurations: "
+            f"llama.cpp's speculative search (mean tok/s on the search prompts): {search}; kept: {kept}.\n\n"
+            "treespec's configurations: "
             + "; ".join(f"{k}: {v}" for k, v in result["configurations"].items())
             + f".\n\nllama.cpp: {result['llamacpp_version']}, built like this (at that commit):\n\n"
             f"```\n{llamacpp.BUILD}\n```\n\n"

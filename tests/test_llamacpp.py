@@ -99,6 +99,42 @@ def test_methods_charge_prefill_plus_decoding_for_exactly_the_tokens_asked(tmp_p
         llamacpp.plain_method(llama, model, tok).run(ids, 8)
 
 
+def test_the_speculative_search_tries_each_polling_level_and_keeps_the_fastest(tmp_path):
+    """llama.cpp's speculative decoding is searched over draft-max x polling level (``experiments/bench_llamacpp.py``):
+    a polling level given reaches the tool as ``--poll`` and names the method; the search keeps the fastest
+    speculative candidate (never plain decoding, its reference), caches each candidate's speed, and a re-run with
+    the tools gone measures nothing again."""
+    import json
+    import runpy
+
+    bench = runpy.run_path(str(Path(__file__).resolve().parents[1] / "experiments" / "bench_llamacpp.py"))
+    fake_tool(tmp_path / "llama-completion", "abc", COMPLETION_LOG)  # 64 tokens in 1.96 s
+    slow, fast = (SPECULATIVE_LOG.replace("3.287 seconds", f"{s} seconds") for s in ("6.500", "2.500"))
+    (tmp_path / "llama-speculative-simple").write_text(f"""#!{sys.executable}
+import sys
+a = sys.argv[1:]
+polled = "--poll" in a and a[a.index("--poll") + 1] == "0"
+sys.stdout.write("\\n\\n" + a[a.index("-p") + 1] + "abc\\n\\n")
+sys.stderr.write({fast!r} if polled and a[a.index("--spec-draft-n-max") + 1] == "4" else {slow!r})
+""")
+    (tmp_path / "llama-speculative-simple").chmod(0o755)
+    llama, tok = llamacpp.LlamaCpp(tmp_path, threads=2), CharTokenizer()
+    prompts = [("humaneval", 0, [ord(c) for c in "def f():\n"])]
+    search = lambda: bench["search_speculative"](llama, tmp_path / "t.gguf", tmp_path / "d.gguf", tok,  # noqa: E731
+                                                  prompts, 64, [0, 2, 4], [None, 0], tmp_path / "search.json")
+    assert search() == (4, 0)  # plain (1.96 s) beats every speculative candidate here: it is not a choice
+    found = json.loads((tmp_path / "search.json").read_text())
+    assert list(found) == ["0", "2", "2-poll0", "4", "4-poll0"] and max(found, key=found.get) == "0"
+    assert [bench["search_name"](k) for k in found][2:] == ["draft-max 2 poll 0", "draft-max 4", "draft-max 4 poll 0"]
+    assert llamacpp.speculative_method(llama, tmp_path, tmp_path, tok, draft_max=4, poll=0).name == \
+        "llamacpp-speculative-d4-poll0"
+    for tool in ("llama-completion", "llama-speculative-simple"):
+        (tmp_path / tool).unlink()
+    assert search() == (4, 0)  # from the cache alone
+    with pytest.raises(ValueError, match="no draft-max above 0"):
+        bench["search_speculative"](llama, tmp_path, tmp_path, tok, prompts, 64, [0], [None], tmp_path / "search.json")
+
+
 def test_common_prefix():
     assert llamacpp.common_prefix([1, 2, 3], [1, 2, 4]) == 2
     assert llamacpp.common_prefix("abc", "abcd") == 3 and llamacpp.common_prefix([], [1]) == 0
