@@ -7,9 +7,10 @@ prompt (``treespec.bench.compare``):
 
 * ``llamacpp``: llama.cpp's plain decoding (``llama-completion``);
 * ``llamacpp-speculative-d<N>``: llama.cpp's speculative decoding with the 0.5B file as its draft
-  (``llama-speculative-simple``), at the ``--draft-max`` and threads' polling level found fastest by a small search
-  on prompts disjoint from the measured ones (``search.json``; candidates ``--search-draft-max`` x ``--search-poll``:
-  on 2 cores the default polling level halved its speed, ``treespec.bench.llamacpp.speculative_method``);
+  (``llama-speculative-simple``), at the settings found fastest by a small search on prompts disjoint from the
+  measured ones (``search.json``): its ``--draft-max`` (``--search-draft-max``) x its threads' polling level
+  (``--search-poll``: on 2 cores llama.cpp's default level halved its speed,
+  ``treespec.bench.llamacpp.speculative_method``) x its minimum draft probability (``--search-p-min``);
 * ``treespec``: what ``treespec generate`` runs by default: the target in the precision whose tuned tree is
   predicted fastest here (``treespec.calibrate.target_precision``: bfloat16, the file dequantised, or int4, the
   file's own 4-bit blocks: Q4_K blocks kept exactly, its Q6_K tensors in bfloat16, its prompt on bfloat16 twins),
@@ -37,7 +38,10 @@ import argparse
 import ctypes
 import ctypes.util
 import json
+import re
+import shlex
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -87,24 +91,43 @@ def poll_level(text: str) -> int | None:
     return int(text)
 
 
-def search_key(draft_max: int, poll: int | None) -> str:
+def probability(text: str) -> float:
+    """``--search-p-min``'s values: a probability in [0, 1)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is no minimum draft probability: give a number in [0, 1)")
+    return value
+
+
+#: a speculative candidate: draft-max (0: plain decoding), polling level (None: llama.cpp's), minimum draft probability
+Candidate = tuple[int, int | None, float]
+
+
+def search_key(candidate: Candidate) -> str:
     """A search candidate's name in ``search.json``: its ``--draft-max`` (0: plain decoding), then its polling level
-    where one is set (``4``: llama.cpp's default level; ``4-poll0``)."""
-    return f"{draft_max}" if poll is None or draft_max == 0 else f"{draft_max}-poll{poll}"
+    where one is set and its minimum draft probability where above 0 (``4``: llama.cpp's defaults;
+    ``4-poll0-pmin0.75``)."""
+    draft_max, poll, p_min = candidate
+    if draft_max == 0:
+        return "0"
+    return f"{draft_max}" + (f"-poll{poll}" if poll is not None else "") + (f"-pmin{p_min:g}" if p_min else "")
 
 
 def search_speculative(llama: llamacpp.LlamaCpp, target: Path, draft: Path, tok: Any, prompts, n: int,
-                       draft_maxes: list[int], polls: list[int | None], path: Path) -> tuple[int, int | None]:
-    """The ``--draft-max`` and polling level (``llamacpp.speculative_method``) of llama.cpp's speculative decoding
+                       candidates: list[Candidate], path: Path) -> Candidate:
+    """The candidate (``Candidate``: ``llamacpp.speculative_method``'s settings) of llama.cpp's speculative decoding
     fastest on ``prompts`` (mean tok/s; plain decoding among the candidates as draft-max 0, for reference), cached in
     ``path``: a candidate measured before is not run again."""
     found = json.loads(path.read_text()) if path.exists() else {}
-    candidates = {search_key(d, p): (d, p) for d in draft_maxes for p in polls}
-    for key, (d, p) in candidates.items():
+    by_key = {search_key(c): c for c in candidates}
+    for key, (d, poll, p_min) in by_key.items():
         if key in found:
             continue
         m = (llamacpp.plain_method(llama, target, tok) if d == 0 else
-             llamacpp.speculative_method(llama, target, draft, tok, draft_max=d, poll=p))
+             llamacpp.speculative_method(llama, target, draft, tok, draft_max=d, poll=poll, p_min=p_min))
         m.run(prompts[0][2], compare.WARMUP_TOKENS)
         speeds = []
         for _, _, ids in prompts:
@@ -113,16 +136,17 @@ def search_speculative(llama: llamacpp.LlamaCpp, target: Path, draft: Path, tok:
         found[key] = statistics.mean(speeds)
         print(f"  search: {search_name(key)}: {found[key]:.2f} tok/s", flush=True)
         path.write_text(json.dumps(found, indent=1))
-    speculative = [k for k, (d, _) in candidates.items() if d > 0]
+    speculative = [k for k, c in by_key.items() if c[0] > 0]
     if not speculative:
         raise ValueError("--search-draft-max holds no draft-max above 0: give at least one (e.g. 4)")
-    return candidates[max(speculative, key=lambda k: found[k])]
+    return by_key[max(speculative, key=lambda k: found[k])]
 
 
 def search_name(key: str) -> str:
     """How the report names a search candidate (``search_key``)."""
-    draft_max, _, poll = key.partition("-poll")
-    return "plain" if draft_max == "0" else f"draft-max {draft_max}" + (f" poll {poll}" if poll else "")
+    draft_max, poll, p_min = re.fullmatch(r"(\d+)(?:-poll(\d+))?(?:-pmin([\d.]+))?", key).groups()
+    return "plain" if draft_max == "0" else " ".join(
+        [f"draft-max {draft_max}"] + [f"poll {poll}"] * (poll is not None) + [f"p-min {p_min}"] * (p_min is not None))
 
 
 def treespec_methods(tok: Any, names: list[str], n: int) -> tuple[list[compare.Method], dict[str, str]]:
@@ -192,6 +216,14 @@ def agreement(records: list[dict], summary: dict, tok: Any, reference: str = "ll
     return out
 
 
+def command_line(argv: list[str]) -> str:
+    """The command a report names: ``argv`` with the llama.cpp build's own path written as a placeholder."""
+    path = "<llama.cpp>/build/bin"
+    shown = [path if i and argv[i - 1] == "--llamacpp-bin" else f"--llamacpp-bin={path}"
+             if a.startswith("--llamacpp-bin=") else shlex.quote(a) for i, a in enumerate(argv)]
+    return " ".join(["python experiments/bench_llamacpp.py", *shown])
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--llamacpp-bin", type=Path, required=True, help="llama.cpp's build/bin directory")
@@ -205,10 +237,14 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--search-poll", type=poll_level, nargs="+", default=[None, 0], metavar="LEVEL",
                     help="llama.cpp --poll candidates for speculative decoding, each with every draft-max: 0-100, or "
                          "'default' (no flag: llama.cpp's 50); default: default 0")
+    ap.add_argument("--search-p-min", type=probability, nargs="+", default=[0.0, 0.75], metavar="P",
+                    help="llama.cpp --spec-draft-p-min candidates (drafting stops under this probability; 0: "
+                         "llama.cpp's default), each with every draft-max and polling level; default: 0 0.75")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--treespec", nargs="+", choices=TREESPEC, default=list(TREESPEC),
                     help="treespec's methods to run (one added to a finished --out runs after the others)")
+    argv = sys.argv[1:] if argv is None else argv
     args = ap.parse_args(argv)
     llamacpp.find_binaries(args.llamacpp_bin)  # says how to build the tools when they are missing
     args.out.mkdir(parents=True, exist_ok=True)
@@ -219,11 +255,13 @@ def main(argv: list[str] | None = None) -> dict:
     _, tok = load(DEFAULT_TARGET, dtype="bfloat16", role="target")
     llama = llamacpp.LlamaCpp(args.llamacpp_bin, args.threads)
     search = prompts_of(tok, dict(s.split("=") for s in args.search.split(",") if s))
-    best, poll = search_speculative(llama, target_file, draft_file, tok, search, args.max_new_tokens,
-                                    args.search_draft_max, args.search_poll, args.out / "search.json")
+    grid = [(d, p, m) for d in args.search_draft_max for p in args.search_poll for m in args.search_p_min]
+    best = search_speculative(llama, target_file, draft_file, tok, search, args.max_new_tokens, grid,
+                              args.out / "search.json")
     mine, why = treespec_methods(tok, args.treespec, args.max_new_tokens)
     methods = [llamacpp.plain_method(llama, target_file, tok),
-               llamacpp.speculative_method(llama, target_file, draft_file, tok, draft_max=best, poll=poll), *mine]
+               llamacpp.speculative_method(llama, target_file, draft_file, tok, draft_max=best[0], poll=best[1],
+                                           p_min=best[2]), *mine]
     prompts = prompts_of(tok, {"humaneval": args.humaneval, "sharegpt": args.sharegpt})
     for m in mine:  # compiles and one-off setup, paid before the timed prompts: a whole first prompt, untimed
         t = time.perf_counter()
@@ -241,9 +279,9 @@ def main(argv: list[str] | None = None) -> dict:
     summaries = [compare.summarize(records, d) for d in dict.fromkeys(p[0] for p in prompts)]
     result = {"machine": machine("cpu"), "torch": torch.__version__, "threads": args.threads,
               "llamacpp_version": llamacpp.version(args.llamacpp_bin), "files": [target_file.name, draft_file.name],
-              "speculative_search": json.loads((args.out / "search.json").read_text()), "draft_max": best, "poll": poll,
+              "speculative_search": json.loads((args.out / "search.json").read_text()), "speculative": search_key(best),
               "configurations": why, "added_later": added_later, "max_new_tokens": args.max_new_tokens,
-              "summaries": summaries,
+              "command": command_line(argv), "summaries": summaries,
               "decode_only": {s["dataset"]: decode_only(records, s) for s in summaries},
               "agreement_with_llamacpp": {s["dataset"]: agreement(records, s, tok) for s in summaries}}
     summary_file.write_text(json.dumps(result, indent=1))
@@ -263,7 +301,7 @@ def report(result: dict, args: argparse.Namespace) -> None:
             f"{m} {v:.0%}" for m, v in result["agreement_with_llamacpp"][d].items()) + "."]
         parts.append("\n".join(lines))
     search = ", ".join(f"{search_name(k)} {v:.2f}" for k, v in result["speculative_search"].items())
-    kept = search_name(search_key(result["draft_max"], result.get("poll")))
+    kept = search_name(result["speculative"])
     text = (f"# treespec against llama.cpp on the same GGUF files, CPU\n\nMachine: {result['machine']}, torch "
             f"{result['torch']}, {result['threads']} threads for every method. Files: {', '.join(result['files'])}. "
             f"{result['max_new_tokens']} greedy tokens per prompt, methods interleaved per prompt"
@@ -274,8 +312,7 @@ def report(result: dict, args: argparse.Namespace) -> None:
             + "; ".join(f"{k}: {v}" for k, v in result["configurations"].items())
             + f".\n\nllama.cpp: {result['llamacpp_version']}, built like this (at that commit):\n\n"
             f"```\n{llamacpp.BUILD}\n```\n\n"
-            "Command: `python experiments/bench_llamacpp.py --llamacpp-bin <llama.cpp>/build/bin "
-            f"--out {args.out}`.\n\n"
+            f"Command: `{result['command']}`.\n\n"
             + "\n\n".join(parts) + "\n")
     (args.out / "README.md").write_text(text)
     print(text)

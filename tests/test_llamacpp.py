@@ -99,11 +99,11 @@ def test_methods_charge_prefill_plus_decoding_for_exactly_the_tokens_asked(tmp_p
         llamacpp.plain_method(llama, model, tok).run(ids, 8)
 
 
-def test_the_speculative_search_tries_each_polling_level_and_keeps_the_fastest(tmp_path):
-    """llama.cpp's speculative decoding is searched over draft-max x polling level (``experiments/bench_llamacpp.py``):
-    a polling level given reaches the tool as ``--poll`` and names the method; the search keeps the fastest
-    speculative candidate (never plain decoding, its reference), caches each candidate's speed, and a re-run with
-    the tools gone measures nothing again."""
+def test_the_speculative_search_tries_each_setting_and_keeps_the_fastest(tmp_path):
+    """llama.cpp's speculative decoding is searched over draft-max x polling level x minimum draft probability
+    (``experiments/bench_llamacpp.py``): each setting given reaches the tool (``--poll``, ``--spec-draft-p-min``) and
+    names the method; the search keeps the fastest speculative candidate (never plain decoding, its reference),
+    caches each candidate's speed, and a re-run with the tools gone measures nothing again."""
     import json
     import runpy
 
@@ -113,26 +113,29 @@ def test_the_speculative_search_tries_each_polling_level_and_keeps_the_fastest(t
     (tmp_path / "llama-speculative-simple").write_text(f"""#!{sys.executable}
 import sys
 a = sys.argv[1:]
-polled = "--poll" in a and a[a.index("--poll") + 1] == "0"
+value = lambda flag: a[a.index(flag) + 1] if flag in a else None
+chosen = (value("--spec-draft-n-max"), value("--poll"), value("--spec-draft-p-min")) == ("4", "0", "0.75")
 sys.stdout.write("\\n\\n" + a[a.index("-p") + 1] + "abc\\n\\n")
-sys.stderr.write({fast!r} if polled and a[a.index("--spec-draft-n-max") + 1] == "4" else {slow!r})
+sys.stderr.write({fast!r} if chosen else {slow!r})
 """)
     (tmp_path / "llama-speculative-simple").chmod(0o755)
     llama, tok = llamacpp.LlamaCpp(tmp_path, threads=2), CharTokenizer()
     prompts = [("humaneval", 0, [ord(c) for c in "def f():\n"])]
-    search = lambda: bench["search_speculative"](llama, tmp_path / "t.gguf", tmp_path / "d.gguf", tok,  # noqa: E731
-                                                  prompts, 64, [0, 2, 4], [None, 0], tmp_path / "search.json")
-    assert search() == (4, 0)  # plain (1.96 s) beats every speculative candidate here: it is not a choice
+    grid = [(d, p, m) for d in (0, 2, 4) for p in (None, 0) for m in (0.0, 0.75)]
+    search = lambda g: bench["search_speculative"](llama, tmp_path / "t.gguf", tmp_path / "d.gguf", tok,  # noqa: E731
+                                                    prompts, 64, g, tmp_path / "search.json")
+    assert search(grid) == (4, 0, 0.75)  # plain (1.96 s) beats every speculative candidate here: it is not a choice
     found = json.loads((tmp_path / "search.json").read_text())
-    assert list(found) == ["0", "2", "2-poll0", "4", "4-poll0"] and max(found, key=found.get) == "0"
-    assert [bench["search_name"](k) for k in found][2:] == ["draft-max 2 poll 0", "draft-max 4", "draft-max 4 poll 0"]
-    assert llamacpp.speculative_method(llama, tmp_path, tmp_path, tok, draft_max=4, poll=0).name == \
-        "llamacpp-speculative-d4-poll0"
+    assert len(found) == 9 and max(found, key=found.get) == "0" and "4-poll0-pmin0.75" in found
+    assert [bench["search_name"](k) for k in ("0", "2", "4-poll0", "4-poll0-pmin0.75")] == [
+        "plain", "draft-max 2", "draft-max 4 poll 0", "draft-max 4 poll 0 p-min 0.75"]
+    assert llamacpp.speculative_method(llama, tmp_path, tmp_path, tok, draft_max=4, poll=0, p_min=0.75).name == \
+        "llamacpp-speculative-d4-poll0-pmin0.75"
     for tool in ("llama-completion", "llama-speculative-simple"):
         (tmp_path / tool).unlink()
-    assert search() == (4, 0)  # from the cache alone
+    assert search(grid) == (4, 0, 0.75)  # from the cache alone
     with pytest.raises(ValueError, match="no draft-max above 0"):
-        bench["search_speculative"](llama, tmp_path, tmp_path, tok, prompts, 64, [0], [None], tmp_path / "search.json")
+        search([(0, None, 0.0)])
 
 
 def test_common_prefix():

@@ -130,23 +130,26 @@ def plain_method(llama: LlamaCpp, model: Path, tokenizer: Any, *, name: str = "l
 
 
 def speculative_method(llama: LlamaCpp, model: Path, draft: Path, tokenizer: Any, *, draft_max: int,
-                       poll: int | None = None, name: str | None = None) -> Method:
+                       poll: int | None = None, p_min: float = 0.0, name: str | None = None) -> Method:
     """llama.cpp's speculative decoding of ``model`` with ``draft`` (``llama-speculative-simple``, ``draft-simple``):
     chains of up to ``draft_max`` drafted tokens, its threads' polling level ``poll`` (``--poll``, 0-100, the
-    draft's too; None: llama.cpp's default, 50), its other settings at their defaults.
+    draft's too; None: llama.cpp's default, 50), drafting stopped where the draft's greedy token has a probability
+    under ``p_min`` (``--spec-draft-p-min``; 0, llama.cpp's default, drafts ``draft_max`` always), its other
+    settings at their defaults.
 
     The polling level matters here: after each graph llama.cpp's threads spin waiting for more work, and the
     target and the draft each have a pool of ``threads`` threads. Where those threads fill the cores, the pool
     that just ran spins on the cores the other one needs next: on 2 cores at the default level this tool decoded at
-    half its speed at level 0 (``experiments/results/llamacpp-cpu-zen5-poll``)."""
+    half its speed at level 0 (``experiments/results/llamacpp-cpu-zen5-spec``)."""
     flags = ["-m", str(model), "-md", str(draft), "--spec-type", "draft-simple", "--spec-draft-n-max", str(draft_max)]
     flags += ["--poll", str(poll)] if poll is not None else []
+    flags += ["--spec-draft-p-min", f"{p_min:g}"] if p_min else []
 
     def call(prompt: str, n: int):
         out, err = llama.call(TOOLS["speculative"], [*flags, "-n", str(n)], prompt)
         return generated_text(out, prompt), parse_speculative(err)
 
-    suffix = f"-poll{poll}" if poll is not None else ""
+    suffix = (f"-poll{poll}" if poll is not None else "") + (f"-pmin{p_min:g}" if p_min else "")
     return _method(name or f"llamacpp-speculative-d{draft_max}{suffix}", tokenizer, call, f"gguf:{model.name}")
 
 
