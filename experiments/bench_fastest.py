@@ -10,7 +10,9 @@ The real Qwen2.5-Coder pair (1.5B target, 0.5B draft), greedy, 64 tokens per pro
   default picks for it (int8 here: the same draft as treespec-eager and treespec-compiled);
 * ``hf-assisted-<p>-draft``: HF assisted generation with the captured step's draft (``auto`` among the
   precisions ``torch.compile`` can trace), so each treespec method meets HF assisted with its own draft
-  (left out when both drafts have one precision);
+  (left out when both drafts have one precision). Each assisted method runs in its setting fastest on one
+  prompt of each set just outside the measured ranges (``compare.fastest_assisted_method``: HF's default or a
+  constant number of drafted tokens; cached in ``--out``);
 * ``treespec-eager``: what ``treespec generate`` runs by default (measured precisions, tuned tree, its
   confidence stop);
 * ``treespec-captured``: what ``treespec generate --compile`` runs: the same tuned recipe with
@@ -83,13 +85,27 @@ def main(argv: list[str] | None = None) -> dict:
                        cache_file=profiles)
     print("treespec eager:", eager.why, "\ntreespec captured:", captured.why, flush=True)
 
+    prompts, search = [], []  # search: HF assisted's settings are timed on one prompt of each set apart from these
+    for name, spec in (("humaneval", args.humaneval), ("lee-news", args.lee_news)):
+        if spec:
+            texts = dataset_prompts(name)
+            a, b = prompt_range(spec, len(texts), name)
+            prompts += [(name, i, tok(texts[i])["input_ids"]) for i in range(a, b)]
+            search.append(tok(texts[a - 1 if a else b])["input_ids"])  # just before the range, or just after
+
+    def assisted(draft: torch.nn.Module, name: str) -> compare.Method:
+        """HF assisted with ``draft`` in its setting fastest on ``search`` (cached in --out: a resumed run keeps it)."""
+        method, speeds = compare.fastest_assisted_method(target, draft, search, args.max_new_tokens, name=name,
+                                                         cache=args.out / f"{name}.search.json")
+        print(f"{name}: tok/s by setting {speeds}; kept: {max(speeds, key=speeds.get)}", flush=True)
+        return method
+
     host_compiled = replace(eager.recipe, compile=True)
     makers = {
         "hf-bfloat16": lambda: compare.hf_method(target),
         "hf-bfloat16-static-compiled": lambda: compare.hf_compiled_method(target),
-        "hf-assisted-bfloat16": lambda: compare.hf_assisted_method(target, draft_auto),
-        f"hf-assisted-{traced}-draft": lambda: compare.hf_assisted_method(target, draft_traced,
-                                                                          name=f"hf-assisted-{traced}-draft"),
+        "hf-assisted-bfloat16": lambda: assisted(draft_auto, "hf-assisted-bfloat16"),
+        f"hf-assisted-{traced}-draft": lambda: assisted(draft_traced, f"hf-assisted-{traced}-draft"),
         "treespec-eager": lambda: compare.treespec_method(
             lambda ids, n: run(eager.recipe, target, [draft_auto], ids, max_new_tokens=n), precision_of(target),
             name="treespec-eager"),
@@ -120,12 +136,6 @@ def main(argv: list[str] | None = None) -> dict:
             compile_seconds[m.name] = time.perf_counter() - t
     print(f"compiles: {compile_seconds}", flush=True)
 
-    prompts = []
-    for name, spec in (("humaneval", args.humaneval), ("lee-news", args.lee_news)):
-        if spec:
-            texts = dataset_prompts(name)
-            a, b = prompt_range(spec, len(texts), name)
-            prompts += [(name, i, tok(texts[i])["input_ids"]) for i in range(a, b)]
 
     def show(r: dict) -> None:
         print(f"  {r['dataset']}/{r['prompt']} {r['method']}: {r['tokens_per_second']:.2f} tok/s"

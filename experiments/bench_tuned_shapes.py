@@ -35,7 +35,8 @@ import torch
 
 from treespec.bench import arms, compare
 from treespec.bench.datasets import dataset_prompts, prompt_range
-from treespec.bench.demo import LABELS, baseline_methods, method_divergences
+from treespec.bench.demo import (ASSISTED_SEARCH_PROMPTS, FIRST_PROMPT, LABELS, baseline_methods, demo_prompts,
+                                 method_divergences)
 from treespec.calibrate.choices import resolve
 from treespec.calibrate.vectors import acceptance_for_draft
 from treespec.cli_input import encode_all, read_prompts
@@ -86,7 +87,13 @@ def main(argv: list[str] | None = None) -> None:
     rows, walk = acceptance_for_draft(args.acceptance, 0.0, draft, chat=args.chat)
     mean_prompt = statistics.mean(len(ids) for _, _, ids in prompts)
 
-    methods, shapes = baseline_methods(target, draft, args.quick), {}
+    # HF assisted generation's settings timed on prompts apart from the measured ones: those just before the range
+    # (after it where the range starts at the set's first; HumanEval's or ShareGPT's before 100 for --prompts-jsonl)
+    first = FIRST_PROMPT if args.prompts_jsonl is not None else a if a >= ASSISTED_SEARCH_PROMPTS else b + 2
+    search = demo_prompts(tok, ASSISTED_SEARCH_PROMPTS, args.chat, first=first - ASSISTED_SEARCH_PROMPTS)
+    methods, assisted_note = baseline_methods(target, draft, args.quick, search, args.max_new_tokens,
+                                              cache=args.out / "assisted.json")
+    shapes = {}
     for name in args.shapes:
         tree, width = SHAPES[name]
         resolved = resolve(Recipe(tree=tree, kary_width=width, acceptance=rows), target, [draft], tokenizer=tok,
@@ -133,7 +140,7 @@ def main(argv: list[str] | None = None) -> None:
                      f"{s['predicted']['tau']:.2f} | {sum(r['tokens'] for r in mine) / max(steps, 1):.2f} | "
                      f"{s['predicted']['step_seconds']:.3f} | {decode / max(steps, 1):.3f} | "
                      f"{s['predicted']['run_speedup']:.2f}x |")
-    lines += ["", compare.markdown(summary)]
+    lines += ["", compare.markdown(summary)] + (["", assisted_note] if assisted_note else [])
     for text in method_divergences(summary, precision_of(target), LABELS.get(prompts[0][0], "prompt")):
         lines += ["", text]
     lines += ["", "Why each tree (the tuner's line):", "", *[f"- {n}: {s['why']}" for n, s in shapes.items()]]

@@ -1,6 +1,7 @@
 """The demo's whole path on tiny models (the real pair is what `make demo` runs)."""
 
 import argparse
+import json
 import re
 
 import pytest
@@ -78,12 +79,66 @@ def _records(method: str, seconds: float, baseline: bool = True, precision: str 
 
 
 def test_the_full_run_times_each_hf_method_a_user_would_pick_and_quick_hf_eager_alone():
+    """Every HF method at its fastest: assisted generation in the setting fastest on prompts apart from the measured
+    ones, which the report names; each setting's greedy output is HF's own greedy decoding."""
+    from treespec.models.tiny import greedy_reference
+
     target = tiny_model("llama", vocab=32, hidden=32, layers=1)
     draft = perturbed_copy(target, 0.2)
-    full = demo.baseline_methods(target, draft, quick=False)
+    full, note = demo.baseline_methods(target, draft, quick=False, search=[("humaneval", 98, [1, 2, 3])],
+                                       max_new_tokens=6)
     assert [m.name for m in full] == ["hf-float32", "hf-float32-static-compiled", "hf-assisted-float32"]
     assert all(m.baseline for m in full)
-    assert [m.name for m in demo.baseline_methods(target, draft, quick=True)] == ["hf-float32"]
+    assert note.startswith("HF assisted generation ran with ") and "HumanEval 98-98 (6 tokens each" in note
+    kept = full[-1].run([4, 5], 6)[2]["assisted_setting"]
+    assert f"ran with {kept}, the fastest" in note and all(s in note for s in compare.ASSISTED_SETTINGS)
+    for setting in compare.ASSISTED_SETTINGS:
+        tokens, _, _ = compare.hf_assisted_method(target, draft, setting=setting).run([4, 5, 6], 8)
+        assert tokens == greedy_reference(target, [4, 5, 6], 8), setting
+    assert demo.baseline_methods(target, draft, quick=True)[0][0].name == "hf-float32"
+    with pytest.raises(ValueError, match="prompts to search"):
+        demo.baseline_methods(target, draft, quick=False)
+
+
+def test_hf_assisted_is_kept_in_its_fastest_setting(monkeypatch):
+    """``compare.fastest_assisted_method`` times every setting on every search prompt (after one untimed call) and
+    keeps the one of the most tokens per second; the method it returns runs that setting's configuration."""
+    target = tiny_model("llama", vocab=32, hidden=32, layers=1)
+    draft = perturbed_copy(target, 0.2)
+    calls = []
+
+    def timed(model, ids, n, assistant_model=None, assistant_config=None):
+        calls.append(assistant_config)
+        return [0] * n, 1.0 + abs(assistant_config.get("num_assistant_tokens", 20) - 3)  # 3 a step is fastest
+
+    monkeypatch.setattr(compare, "hf_generate", timed)
+    method, speeds = compare.fastest_assisted_method(target, draft, [[1, 2, 3], [4, 5]], 8)
+    assert max(speeds, key=speeds.get) == "3 drafted tokens" and speeds["3 drafted tokens"] == 8.0
+    assert calls[0] == {} and len(calls) == 1 + 2 * len(compare.ASSISTED_SETTINGS)
+    assert method.run([1], 8)[2] == {"assisted_setting": "3 drafted tokens"}
+    assert calls[-1] == compare.ASSISTED_SETTINGS["3 drafted tokens"] and calls[-1]["num_assistant_tokens"] == 3
+    _, speeds = compare.fastest_assisted_method(target, draft, [[1]], 8, settings=["HF's default", "1 drafted token"])
+    assert list(speeds) == ["HF's default", "1 drafted token"]
+
+
+def test_hf_assisteds_search_resumes_from_its_cache(monkeypatch, tmp_path):
+    """With a cache file the figures measured before are read, not measured again: a resumed benchmark keeps the
+    setting its records were made with."""
+    target = tiny_model("llama", vocab=32, hidden=32, layers=1)
+    draft = perturbed_copy(target, 0.2)
+    cache, calls = tmp_path / "assisted.json", []
+
+    def timed(model, ids, n, assistant_model=None, assistant_config=None):
+        calls.append(assistant_config)
+        return [0] * n, 1.0 + assistant_config.get("num_assistant_tokens", 20)
+
+    monkeypatch.setattr(compare, "hf_generate", timed)
+    first, speeds = compare.fastest_assisted_method(target, draft, [[1]], 8, cache=cache)
+    assert json.loads(cache.read_text()) == speeds and len(calls) == 1 + len(compare.ASSISTED_SETTINGS)
+    cache.write_text(json.dumps({**speeds, "6 drafted tokens": 100.0}))  # as if measured so on the first run
+    again, _ = compare.fastest_assisted_method(target, draft, [[1]], 8, cache=cache)
+    assert len(calls) == 1 + len(compare.ASSISTED_SETTINGS)  # nothing measured again
+    assert again.run([1], 8)[2]["assisted_setting"] == "6 drafted tokens"
 
 
 @pytest.mark.parametrize("ran, fastest", [(["hf-bfloat16"], "hf-bfloat16"),

@@ -22,7 +22,7 @@ import json
 import platform
 import statistics
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
@@ -43,19 +43,23 @@ from .datasets import dataset_prompts
 #: the demo's prompts start at this index of their set: HumanEval problems 100 on (the calibration walked 0-39),
 #: or with ``--chat`` ShareGPT first turns 100 on (chat's walked turns 1000-1099)
 FIRST_PROMPT = 100
+#: how many prompts of the demo's set, just before its measured ones, HF assisted generation's settings are timed on
+#: (``compare.fastest_assisted_method``: the HF method is run at its fastest, as found on prompts it is not measured on)
+ASSISTED_SEARCH_PROMPTS = 2
 #: how a prompt of each set is named in the demo's lines
 LABELS = {"humaneval": "HumanEval", "sharegpt": "ShareGPT"}
 
 
-def demo_prompts(tok: Any, count: int, chat: bool = False) -> list[tuple[str, int, list[int]]]:
-    """``(dataset, index, token ids)`` of the demo's ``count`` prompts from :data:`FIRST_PROMPT` on: HumanEval
-    problems as written, or (``chat``) ShareGPT first turns as user turns in the target's chat template, what a
-    chat user sends (refused for a tokenizer without a template)."""
+def demo_prompts(tok: Any, count: int, chat: bool = False, first: int = FIRST_PROMPT
+                 ) -> list[tuple[str, int, list[int]]]:
+    """``(dataset, index, token ids)`` of ``count`` prompts from ``first`` on (the demo's: :data:`FIRST_PROMPT`):
+    HumanEval problems as written, or (``chat``) ShareGPT first turns as user turns in the target's chat template,
+    what a chat user sends (refused for a tokenizer without a template)."""
     if not chat:
-        return [("humaneval", FIRST_PROMPT + i, tok(text)["input_ids"]) for i, text in
-                enumerate(dataset_prompts("humaneval")[FIRST_PROMPT:FIRST_PROMPT + count])]
-    return [("sharegpt", FIRST_PROMPT + i, user_turn(tok, text)) for i, text in
-            enumerate(dataset_prompts("sharegpt")[FIRST_PROMPT:FIRST_PROMPT + count])]
+        return [("humaneval", first + i, tok(text)["input_ids"]) for i, text in
+                enumerate(dataset_prompts("humaneval")[first:first + count])]
+    return [("sharegpt", first + i, user_turn(tok, text)) for i, text in
+            enumerate(dataset_prompts("sharegpt")[first:first + count])]
 
 
 def prompt_set(prompts: list[tuple[str, int, list[int]]], chat: bool) -> str:
@@ -149,13 +153,28 @@ def float32_baseline_refused(target: torch.nn.Module, available: int | None = No
             f"the HF methods in the target's own precision ran as usual.")
 
 
-def baseline_methods(target: torch.nn.Module, draft: torch.nn.Module, quick: bool) -> list[compare.Method]:
+def baseline_methods(target: torch.nn.Module, draft: torch.nn.Module, quick: bool,
+                     search: Sequence[tuple[str, int, list[int]]] = (), max_new_tokens: int = 64,
+                     cache: Path | None = None) -> tuple[list[compare.Method], str]:
     """The HF methods a user would pick, each at its fastest: ``generate`` eager, with a static cache +
-    ``torch.compile``, and assisted by ``draft``; ``quick``: eager only."""
+    ``torch.compile``, and assisted by ``draft`` in the setting fastest on the ``search`` prompts (``(dataset,
+    index, ids)``, apart from the measured ones; ``compare.fastest_assisted_method``); ``quick``: eager only.
+    Returns the methods and a line saying which assisted setting was kept and why ("" with ``quick``); ``cache``:
+    the search's figures, kept for a resumed run."""
     methods = [compare.hf_method(target)]
-    if not quick:
-        methods += [compare.hf_compiled_method(target), compare.hf_assisted_method(target, draft)]
-    return methods
+    if quick:
+        return methods, ""
+    if not search:
+        raise ValueError("baseline_methods: HF assisted generation needs prompts to search its settings on")
+    print("HF assisted generation: timing its settings on prompts apart from the measured ones ...", flush=True)
+    assisted, speeds = compare.fastest_assisted_method(
+        target, draft, [ids for _, _, ids in search], max_new_tokens,
+        on_setting=lambda setting, speed: print(f"  {setting}: {speed:.2f} tok/s", flush=True), cache=cache)
+    kept = max(speeds, key=speeds.get)
+    where = f"{LABELS.get(search[0][0], search[0][0])} {search[0][1]}-{search[-1][1]}"
+    note = (f"HF assisted generation ran with {kept}, the fastest of its settings on {where} ({max_new_tokens} "
+            "tokens each, tok/s: " + ", ".join(f"{k} {v:.2f}" for k, v in speeds.items()) + ").")
+    return methods + [compare.hf_compiled_method(target), assisted], note
 
 
 def headline_line(summary: dict[str, Any], quick: bool) -> str:
@@ -212,7 +231,8 @@ def run_demo(args: argparse.Namespace, target: torch.nn.Module, tok: Any, draft:
     recipe, tuned = resolved.recipe, resolved.tuned
     prof, choice = tuned.profile, tuned.choice
     quick = getattr(args, "quick", False)
-    methods = baseline_methods(target, draft, quick)
+    search = demo_prompts(tok, ASSISTED_SEARCH_PROMPTS, chat, first=FIRST_PROMPT - ASSISTED_SEARCH_PROMPTS)
+    methods, assisted_note = baseline_methods(target, draft, quick, search, args.max_new_tokens)
     no_float32 = None
     if precision_of(target) != "float32":  # the sceptic's baseline: the target alone in float32 too
         no_float32 = float32_baseline_refused(target)
@@ -241,7 +261,7 @@ def run_demo(args: argparse.Namespace, target: torch.nn.Module, tok: Any, draft:
     divergences = agreement["divergences"]
     exact = agreement["of"] == len(prompts) and all(d["near_tie"] for d in divergences)
     headline = headline_line(summary, quick)
-    report = compare.markdown(summary) + f"\n\n{shape_note}"
+    report = compare.markdown(summary) + f"\n\n{shape_note}" + (f"\n\n{assisted_note}" if assisted_note else "")
     versus = predicted_and_measured(prediction, records, compare.hf_method(target).name,
                                     tuned.draft_prefill if recipe.budget > 1 else 0.0)
     if versus:
