@@ -158,6 +158,12 @@ def main(argv: list[str] | None = None) -> dict:
         return "\n\n".join([compare.markdown(s), *differ, breakdown(result["per_step"][s["dataset"]])])
 
     text = "\n\n".join(section(s) for s in summaries)
+    searches = {f.name.removesuffix(".search.json"): json.loads(f.read_text())
+                for f in sorted(args.out.glob("*.search.json"))}  # each HF assisted method's settings, timed
+    settings = "".join(
+        f"\n{name} ran with {max(speeds, key=speeds.get)}, the fastest of its settings on one prompt of each set "
+        "outside the measured ranges (tok/s: " + ", ".join(f"{k} {v:.2f}" for k, v in speeds.items()) + ")."
+        for name, speeds in searches.items())
     (args.out / "README.md").write_text(
         f"# The captured step against HF at its fastest, CPU\n\nMachine: {result['machine']}, "
         f"torch {torch.__version__}."
@@ -167,7 +173,7 @@ def main(argv: list[str] | None = None) -> dict:
         f"{eager.why}. treespec-captured (`treespec generate --compile`): {captured.why}; `compile=True` with "
         f"inductor weight freezing, the whole step in compiled calls. treespec-compiled (if present): the eager "
         f"default with `compile=True` (its int8 draft drafts on the host).\nCompile seconds paid once before the "
-        f"timed prompts: {', '.join(f'{k} {v:.0f} s' for k, v in compile_seconds.items())}.\n"
+        f"timed prompts: {', '.join(f'{k} {v:.0f} s' for k, v in compile_seconds.items())}.{settings}\n"
         f"Command: `python experiments/bench_fastest.py --out {args.out}`.\n\n{text}\n")
     compare.plot(summaries, args.out / "tokens_per_second.png")
     print(text)

@@ -90,8 +90,8 @@ def hf_compiled_method(target: torch.nn.Module, name: str | None = None) -> Meth
 _CONSTANT = {"num_assistant_tokens_schedule": "constant", "assistant_confidence_threshold": 0.0}
 #: the settings of HF assisted generation :func:`fastest_assisted_method` tries: HF's own (up to 20 drafted tokens a
 #: step, drafting stopped where the draft's confidence falls under 0.4), and a constant number of drafted tokens.
-#: Where a wider verification costs (a CPU), HF's own drafts more than pays: the demo on a Zen 5 host timed it at
-#: 2/3 of the speed of 2 drafted tokens a step (experiments/results/demo-cpu-zen5-assisted)
+#: Where a wider verification costs (a CPU), HF's own drafts more than pays: on a Zen 5 host with the int4 pair, 0.69x
+#: of the speed of 3 drafted tokens a step (experiments/results/demo-cpu-zen5-assisted)
 ASSISTED_SETTINGS: dict[str, dict[str, Any]] = {
     "HF's default": {},
     **{f"{k} drafted token{'s' * (k > 1)}": {"num_assistant_tokens": k, **_CONSTANT} for k in (1, 2, 3, 4, 6)}}
