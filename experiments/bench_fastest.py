@@ -136,7 +136,6 @@ def main(argv: list[str] | None = None) -> dict:
             compile_seconds[m.name] = time.perf_counter() - t
     print(f"compiles: {compile_seconds}", flush=True)
 
-
     def show(r: dict) -> None:
         print(f"  {r['dataset']}/{r['prompt']} {r['method']}: {r['tokens_per_second']:.2f} tok/s"
               + (f", tau {r['tau']:.2f}" if "tau" in r else ""), flush=True)

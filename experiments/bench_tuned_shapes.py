@@ -89,8 +89,9 @@ def main(argv: list[str] | None = None) -> None:
 
     # HF assisted generation's settings timed on prompts apart from the measured ones: those just before the range
     # (after it where the range starts at the set's first; HumanEval's or ShareGPT's before 100 for --prompts-jsonl)
-    first = FIRST_PROMPT if args.prompts_jsonl is not None else a if a >= ASSISTED_SEARCH_PROMPTS else b + 2
-    search = demo_prompts(tok, ASSISTED_SEARCH_PROMPTS, args.chat, first=first - ASSISTED_SEARCH_PROMPTS)
+    k = ASSISTED_SEARCH_PROMPTS
+    first = FIRST_PROMPT - k if args.prompts_jsonl is not None else a - k if a >= k else b
+    search = demo_prompts(tok, k, args.chat, first=first)
     methods, assisted_note = baseline_methods(target, draft, args.quick, search, args.max_new_tokens,
                                               cache=args.out / "assisted.json")
     shapes = {}
