@@ -3,7 +3,8 @@
 The real Qwen2.5-Coder pair (1.5B target, 0.5B draft), greedy, on HumanEval 100-109 (code) and the
 first lee-news leads (natural language, from the gensim wheel), 64 tokens each. Per prompt, in
 turn: HF ``generate`` in float32 and in bfloat16, HF assisted generation (bfloat16 target, the
-draft in the precision treespec chose for it), then treespec with what ``treespec generate``
+draft in the precision treespec chose for it, in its setting fastest on one prompt of each set outside the measured
+ones: ``compare.fastest_assisted_method``), then treespec with what ``treespec generate``
 picks by default (measured precisions, tuned tree; ``treespec.calibrate.tuning``). The headline is the
 speedup over the fastest HF configuration, paired per prompt, with a bootstrap 95% interval.
 Records are appended as they finish; a re-run resumes.
@@ -50,15 +51,19 @@ def main(argv: list[str] | None = None) -> dict:
     print("treespec configuration:", resolved.why, flush=True)
     target16 = target if str(target.dtype) == "torch.bfloat16" else to_precision(load(DEFAULT_TARGET)[0], "bfloat16")
 
-    methods = [] if args.no_fp32_baseline else [compare.hf_method(target32)]
-    methods += [compare.hf_method(target16), compare.hf_assisted_method(target16, draft),
-                compare.treespec_method(lambda ids, n: run(recipe, target, [draft], ids, max_new_tokens=n),
-                                        precision_of(target))]
-    prompts = []
+    prompts, search = [], []  # search: HF assisted's settings are timed on one prompt of each set apart from these
     for name, spec in (("humaneval", args.humaneval), ("lee-news", args.lee_news)):
         if spec:
             a, b = (int(x) for x in spec.split(":"))
             prompts += [(name, i, tok(dataset_prompts(name)[i])["input_ids"]) for i in range(a, b)]
+            search.append(tok(dataset_prompts(name)[a - 1 if a else b])["input_ids"])  # just outside the range
+    assisted, speeds = compare.fastest_assisted_method(target16, draft, search, args.max_new_tokens,
+                                                       cache=args.out / "assisted.search.json")
+    print(f"HF assisted: tok/s by setting {speeds}; kept: {max(speeds, key=speeds.get)}", flush=True)
+    methods = [] if args.no_fp32_baseline else [compare.hf_method(target32)]
+    methods += [compare.hf_method(target16), assisted,
+                compare.treespec_method(lambda ids, n: run(recipe, target, [draft], ids, max_new_tokens=n),
+                                        precision_of(target))]
 
     def show(r: dict) -> None:
         print(f"  {r['dataset']}/{r['prompt']} {r['method']}: {r['tokens_per_second']:.2f} tok/s"
