@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> dict:
             search.append(tok(dataset_prompts(name)[a - 1 if a else b])["input_ids"])  # just outside the range
     assisted, speeds = compare.fastest_assisted_method(target16, draft, search, args.max_new_tokens,
                                                        cache=args.out / "assisted.search.json")
-    print(f"HF assisted: tok/s by setting {speeds}; kept: {max(speeds, key=speeds.get)}", flush=True)
+    print(compare.assisted_choice(speeds, "one prompt of each set outside the measured ones"), flush=True)
     methods = [] if args.no_fp32_baseline else [compare.hf_method(target32)]
     methods += [compare.hf_method(target16), assisted,
                 compare.treespec_method(lambda ids, n: run(recipe, target, [draft], ids, max_new_tokens=n),

@@ -61,6 +61,10 @@ from treespec.calibrate.choices import resolve
 WARMUP = 'def add(a: int, b: int) -> int:\n    """Return the sum of a and b.\n\n    >>> add(2, 3)\n    5\n    """\n'
 
 
+#: where HF assisted's settings are timed (``compare.fastest_assisted_method``)
+OUTSIDE = "one prompt of each set outside the measured ranges"
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=Path("experiments/results/cpu-fastest"))
@@ -97,7 +101,7 @@ def main(argv: list[str] | None = None) -> dict:
         """HF assisted with ``draft`` in its setting fastest on ``search`` (cached in --out: a resumed run keeps it)."""
         method, speeds = compare.fastest_assisted_method(target, draft, search, args.max_new_tokens, name=name,
                                                          cache=args.out / f"{name}.search.json")
-        print(f"{name}: tok/s by setting {speeds}; kept: {max(speeds, key=speeds.get)}", flush=True)
+        print(compare.assisted_choice(speeds, OUTSIDE, who=name), flush=True)
         return method
 
     host_compiled = replace(eager.recipe, compile=True)
@@ -159,10 +163,7 @@ def main(argv: list[str] | None = None) -> dict:
     text = "\n\n".join(section(s) for s in summaries)
     searches = {f.name.removesuffix(".search.json"): json.loads(f.read_text())
                 for f in sorted(args.out.glob("*.search.json"))}  # each HF assisted method's settings, timed
-    settings = "".join(
-        f"\n{name} ran with {max(speeds, key=speeds.get)}, the fastest of its settings on one prompt of each set "
-        "outside the measured ranges (tok/s: " + ", ".join(f"{k} {v:.2f}" for k, v in speeds.items()) + ")."
-        for name, speeds in searches.items())
+    settings = "".join(f"\n{compare.assisted_choice(speeds, OUTSIDE, who=name)}" for name, speeds in searches.items())
     (args.out / "README.md").write_text(
         f"# The captured step against HF at its fastest, CPU\n\nMachine: {result['machine']}, "
         f"torch {torch.__version__}."

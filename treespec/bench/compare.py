@@ -136,6 +136,15 @@ def fastest_assisted_method(target: torch.nn.Module, draft: torch.nn.Module, pro
     return hf_assisted_method(target, draft, name, max(speeds, key=speeds.get)), speeds
 
 
+def assisted_choice(speeds: dict[str, float], where: str, who: str = "HF assisted generation",
+                    tokens: int | None = None) -> str:
+    """The line a report gives :func:`fastest_assisted_method`'s choice: the setting kept, where the settings were
+    timed (``tokens`` new tokens each, where given), and each one's tokens per second."""
+    each = f"{tokens} tokens each, " if tokens is not None else ""
+    return (f"{who} ran with {max(speeds, key=speeds.get)}, the fastest of its settings on {where} ({each}tok/s: "
+            + ", ".join(f"{k} {v:.2f}" for k, v in speeds.items()) + ").")
+
+
 def treespec_method(generate_one: Callable[[list[int], int], GenerateOutput], precision: str,
                     name: str = "treespec") -> Method:
     """treespec on one prompt: ``generate_one(ids, max_new_tokens)``, e.g. ``treespec.run`` with a recipe

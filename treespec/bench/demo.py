@@ -170,11 +170,9 @@ def baseline_methods(target: torch.nn.Module, draft: torch.nn.Module, quick: boo
     assisted, speeds = compare.fastest_assisted_method(
         target, draft, [ids for _, _, ids in search], max_new_tokens,
         on_setting=lambda setting, speed: print(f"  {setting}: {speed:.2f} tok/s", flush=True), cache=cache)
-    kept = max(speeds, key=speeds.get)
     where = f"{LABELS.get(search[0][0], search[0][0])} {search[0][1]}-{search[-1][1]}"
-    note = (f"HF assisted generation ran with {kept}, the fastest of its settings on {where} ({max_new_tokens} "
-            "tokens each, tok/s: " + ", ".join(f"{k} {v:.2f}" for k, v in speeds.items()) + ").")
-    return methods + [compare.hf_compiled_method(target), assisted], note
+    return methods + [compare.hf_compiled_method(target), assisted], compare.assisted_choice(
+        speeds, where, tokens=max_new_tokens)
 
 
 def headline_line(summary: dict[str, Any], quick: bool) -> str:
