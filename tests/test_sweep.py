@@ -31,16 +31,21 @@ def _comparable(path: Path) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def full(tmp_path_factory) -> Path:
-    """The tiny 2x2 sweep (sequoia/chain x budgets 4/8, plus 3 baselines), run once without interruption."""
+    """The tiny 2x2 sweep (sequoia/chain x budgets 4/8, plus 3 baselines, HF assisted in 2 settings), run once
+    without interruption."""
     out = tmp_path_factory.mktemp("full")
     return E.sweep(TINY, out, progress=False)
 
 
 def test_sweep_writes_the_expected_records(full: Path) -> None:
     records = E.read_records(full)
-    assert [r["status"] for r in records] == ["ok"] * 7
+    assert [r["status"] for r in records] == ["ok"] * 8
     bases = {r["params"]["method"]: r for r in records if r["kind"] == "baseline"}
     assert set(bases) == {"target", "assisted", "prompt_lookup"}
+    assisted = [r for r in records if r["params"].get("method") == "assisted"]  # baselines.assisted: 2 settings
+    assert [r["params"]["assisted"] for r in assisted] == [{}, {
+        "assistant_confidence_threshold": 0.0, "num_assistant_tokens": 2, "num_assistant_tokens_schedule": "constant"}]
+    faster = min(r["timing"]["wall_seconds"] for r in assisted)
     tres = [r for r in records if r["kind"] == "treespec"]
     assert sorted((r["params"]["builder"], r["params"]["budget"]) for r in tres) == [
         ("chain", 4), ("chain", 8), ("sequoia", 4), ("sequoia", 8)]
@@ -54,6 +59,7 @@ def test_sweep_writes_the_expected_records(full: Path) -> None:
         assert res["predicted_tau"] >= 1 and res["replayed_tau"] >= 1  # the calibration keeps its walk's ranks
         assert set(r["speedup"]) == {"target", "assisted", "prompt_lookup"}
         assert all(isinstance(v, float) and v > 0 for v in r["speedup"].values())
+        assert r["speedup"]["assisted"] == pytest.approx(faster / r["timing"]["wall_seconds"])  # the faster setting
         assert r["checks"]["greedy_same_as_target"] == "2/2"  # greedy treespec == HF greedy, token for token
         assert res["output_digests"] == bases["target"]["result"]["output_digests"]
         assert {"drafting_seconds", "verifying_seconds", "overhead_seconds"} <= set(r["timing"])
@@ -100,7 +106,7 @@ def test_interrupted_run_resumes_to_the_same_records(full: Path, tmp_path: Path)
     with open(results, "a", encoding="utf-8") as f:  # a crash in the middle of writing a record
         f.write('{"key": "torn", "status": "o')
     E.sweep(TINY, tmp_path, progress=False)
-    assert len(_lines(results)) == 7
+    assert len(_lines(results)) == 8
     assert _comparable(results) == _comparable(full)
 
 
@@ -113,6 +119,12 @@ def test_report_writes_plots_and_table(full: Path, tmp_path: Path) -> None:
     text = readme.read_text(encoding="utf-8")
     assert "## Baselines" in text and "## Treespec points" in text
     assert text.count("| humaneval | 0 | 1 | 0 | model |") == 4
+    # HF assisted's two settings named, the faster in bold (the one each "vs assisted" is over)
+    rows = {line.split(" | ")[5]: float(line.split(" | ")[9]) for line in text.splitlines()
+            if "assisted (" in line and line.startswith("| ")}
+    assert len(rows) == 2 and sum(name.startswith("**") for name in rows) == 1
+    bold = next(name for name in rows if name.startswith("**"))
+    assert rows[bold] == min(rows.values()) and "HF assisted generation ran in several settings" in text
     assert "](tau_vs_budget.png)" in text and "[" in text.split("| model |")[1]  # intervals in the table
     header = next(line for line in text.splitlines() if line.startswith("| dataset | T | top-p | seed | drafters"))
     column = header.split(" | ").index("replayed tau")
@@ -246,7 +258,7 @@ def test_cli(full: Path, capsys) -> None:
     assert exit_info.value.code == 0
     assert "--config" in capsys.readouterr().out
     assert E.main(["--config", str(TINY), "--out", str(full.parent), "--dry-run"]) == 0
-    assert "7 points (3 baselines, 4 treespec), 7 finished" in capsys.readouterr().out
+    assert "8 points (4 baselines, 4 treespec), 8 finished" in capsys.readouterr().out
     assert E.main(["--report", str(full)]) == 0
     assert capsys.readouterr().out.strip().endswith("README.md")
 
@@ -363,7 +375,7 @@ def test_a_batch_size_axis_runs_batched_points_and_plots_speedup_against_batch_s
     cfg["baselines"]["methods"] = ["target", "assisted"]
     path = E.sweep(cfg, tmp_path, progress=False)
     records = E.read_records(path)
-    assert [r["status"] for r in records] == ["ok"] * 5
+    assert [r["status"] for r in records] == ["ok"] * 6  # HF assisted in tiny.toml's 2 settings
     by = {(r["params"].get("batch_size", 1), r["params"].get("method", "treespec")): r for r in records}
     assert set(by) == {(1, "target"), (1, "assisted"), (1, "treespec"), (2, "target"), (2, "treespec")}
     one, two = by[1, "treespec"], by[2, "treespec"]

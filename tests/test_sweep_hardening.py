@@ -131,6 +131,29 @@ def test_the_grid_may_grow_or_lose_unfinished_points_but_keeps_finished_ones(tmp
     assert len(read_records(results)) == 3 and not list(tmp_path.glob("replaced-*"))
 
 
+def test_hf_assisted_runs_in_each_setting_by_default_and_its_settings_are_an_axis(tmp_path: Path) -> None:
+    """``baselines.assisted`` left out is "fastest": HF assisted generation in each of ``ASSISTED_SETTINGS``, one
+    point each; a sweep whose assisted baseline ran in one setting resumes under "fastest" (that setting's point is
+    one of its points), and a setting list that drops a finished setting is refused, naming it."""
+    from treespec.bench.baselines import ASSISTED_SETTINGS
+    from treespec.bench.sweep.lock import refusal
+
+    default = E.load_config({"data": {"datasets": ["humaneval"]}})
+    assert default["baselines"]["assisted"] == "fastest"
+    assisted = [pt.params["assisted"] for pt in E.enumerate_points(default) if pt.params.get("method") == "assisted"]
+    assert assisted == [dict(sorted(s.items())) for s in ASSISTED_SETTINGS.values()]
+    one = small()
+    one["baselines"].update(methods=["assisted"], assisted={"num_assistant_tokens": 2})
+    E.sweep(one, tmp_path, progress=False, make_report=False)
+    fastest = small()
+    fastest["baselines"].update(methods=["assisted"], assisted=[{"num_assistant_tokens": 2}, {}])
+    assert refusal(tmp_path, E.load_config(fastest)) is None
+    fastest["baselines"]["assisted"] = "fastest"
+    assert refusal(tmp_path, E.load_config(fastest)) is not None  # its setting {num_assistant_tokens: 2} is not in it
+    fastest["baselines"]["assisted"] = [{}]
+    assert "drops 1 finished point(s) (humaneval T=0.0 assisted" in refusal(tmp_path, E.load_config(fastest))
+
+
 def test_prompt_ranges_are_axes_whose_changes_keep_the_points_they_do_not_touch(tmp_path: Path) -> None:
     """A prompt set added with ranges of its own, or a set's ranges restated at their defaults, was refused as
     "the results of a different config" (data.splits compared as settings), though every point's key holds its
@@ -211,7 +234,13 @@ def test_cli_help_says_what_new_does(capsys) -> None:
     ({"ngram": {"max_order": 1}}, "ngram.max_order must be an integer >= 2"),
     ({"ngram": {"mode": "lookup"}}, "ngram.mode must be one of"),
     ({"baselines": {"methods": ["beam"]}}, r"baselines.methods\[0\] must be one of"),
-    ({"baselines": {"assisted": 3}}, "baselines.assisted must be a table"),
+    ({"baselines": {"assisted": 3}}, 'baselines.assisted must be "fastest" .*, a table of GenerationConfig options'),
+    ({"baselines": {"assisted": "best"}}, 'baselines.assisted must be "fastest"'),
+    ({"baselines": {"assisted": []}}, 'baselines.assisted must be "fastest"'),
+    ({"baselines": {"assisted": [{}, {"num_assistant_tokens": "2"}]}},
+     r"baselines.assisted\[1\].num_assistant_tokens must be an integer"),
+    ({"baselines": {"assisted": [{"num_assistant_tokens": 2}, {"num_assistant_tokens": 2}]}},
+     "baselines.assisted names a setting twice"),
     ({"baselines": {"assisted": {"assistant_confidence_threshhold": 0.9}}},
      "baselines.assisted.assistant_confidence_threshhold is not a GenerationConfig option; did you mean "
      "assistant_confidence_threshold"),

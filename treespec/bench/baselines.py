@@ -14,6 +14,27 @@ from ..core.attention import cache_argument
 from ..core.checks import is_batch
 
 
+#: a constant number of drafted tokens a step, without HF's confidence stop
+_CONSTANT = {"num_assistant_tokens_schedule": "constant", "assistant_confidence_threshold": 0.0}
+#: the settings of HF assisted generation that "at its fastest" tries (``compare.fastest_assisted_method``, a sweep's
+#: ``baselines.assisted = "fastest"``): HF's own (up to 20 drafted tokens a step, drafting stopped where the draft's
+#: confidence falls under 0.4), and a constant number of drafted tokens. Where a wider verification costs (a CPU),
+#: HF's own drafts more than pays: on a Zen 5 host with the int4 pair, 0.69x of the speed of 3 drafted tokens a step
+#: (experiments/results/demo-cpu-zen5-assisted)
+ASSISTED_SETTINGS: dict[str, dict[str, Any]] = {
+    "HF's default": {},
+    **{f"{k} drafted token{'s' * (k > 1)}": {"num_assistant_tokens": k, **_CONSTANT} for k in (1, 2, 3, 4, 6)}}
+
+
+def assisted_setting_name(config: dict[str, Any]) -> str:
+    """How reports name a setting of HF assisted generation (``GenerationConfig`` options): its name in
+    :data:`ASSISTED_SETTINGS`, or its options written out."""
+    for name, known in ASSISTED_SETTINGS.items():
+        if dict(config) == known:
+            return name
+    return ", ".join(f"{k}={v}" for k, v in sorted(config.items()))
+
+
 def _left_padded(prompts: list[list[int]], pad_token_id: int,
                  device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """Prompts left-padded with ``pad_token_id`` to one length, and their attention mask (HF's way of batching)."""

@@ -22,7 +22,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from . import intervals
-from .baselines import fastest_compile_settings, hf_generate
+from .baselines import ASSISTED_SETTINGS, fastest_compile_settings, hf_generate
 from ..common.device import execution_device
 from ..core.stats import GenerateOutput
 from ..models.precision import CPU_ONLY, precision_of
@@ -84,17 +84,6 @@ def hf_compiled_method(target: torch.nn.Module, name: str | None = None) -> Meth
         return tokens, seconds, {}
 
     return Method(name or f"hf-{precision}-static-compiled", run, precision, True)
-
-
-#: a constant number of drafted tokens a step, without HF's confidence stop
-_CONSTANT = {"num_assistant_tokens_schedule": "constant", "assistant_confidence_threshold": 0.0}
-#: the settings of HF assisted generation :func:`fastest_assisted_method` tries: HF's own (up to 20 drafted tokens a
-#: step, drafting stopped where the draft's confidence falls under 0.4), and a constant number of drafted tokens.
-#: Where a wider verification costs (a CPU), HF's own drafts more than pays: on a Zen 5 host with the int4 pair, 0.69x
-#: of the speed of 3 drafted tokens a step (experiments/results/demo-cpu-zen5-assisted)
-ASSISTED_SETTINGS: dict[str, dict[str, Any]] = {
-    "HF's default": {},
-    **{f"{k} drafted token{'s' * (k > 1)}": {"num_assistant_tokens": k, **_CONSTANT} for k in (1, 2, 3, 4, 6)}}
 
 
 def hf_assisted_method(target: torch.nn.Module, draft: torch.nn.Module, name: str | None = None,

@@ -18,6 +18,7 @@ from ...drafters.model import STATIC_MODES
 from ...recipes import NGramSettings, Recipe
 from ...models.packaged import DEFAULT_DRAFT, DEFAULT_TARGET
 from ...common.options import FLOATS, PRECISIONS
+from ..baselines import ASSISTED_SETTINGS
 from ..datasets import DATASETS, dataset_prompts, dataset_size, prompt_range
 
 BUILDERS = ("sequoia", "kary", "chains", "chain", "dynamic", "paths")
@@ -61,9 +62,11 @@ DEFAULTS: dict[str, Any] = {
                "dynamic_topk": _RECIPE.dynamic_topk, "paths": []},
     "ngram": {"mode": _NGRAM.mode, "max_order": _NGRAM.max_order, "max_tokens": 6, "width": _NGRAM.width,
               "window": _NGRAM.window},
+    # baselines.assisted: HF assisted generation at its fastest ("fastest": each of ASSISTED_SETTINGS, compared
+    # with the fastest of them), one setting (a table of GenerationConfig options) or several (an array of tables)
     "baselines": {"methods": "auto", "prompt_lookup_num_tokens": 10,
                   "max_matching_ngram_size": 2,
-                  "assisted": {}},
+                  "assisted": "fastest"},
     "run": {"device": "auto", "dtype": "float32", "draft_dtype": "same", "warmup_tokens": 4, "threads": 0,
             "compile": "auto", "envelope": "auto", "workers": 0},
 }
@@ -375,12 +378,36 @@ def _table(where: str, value: Any) -> None:
 ASSISTED_KINDS = {"num_assistant_tokens": "int", "assistant_lookbehind": "int", "assistant_early_exit": "int",
                   "assistant_confidence_threshold": "number", "assistant_ensemble_weight": "number",
                   "num_assistant_tokens_schedule": ("heuristic", "heuristic_transient", "constant")}
+#: ``baselines.assisted``'s word for :data:`ASSISTED_SETTINGS`: HF assisted generation at its fastest
+FASTEST = "fastest"
 
 
 def _assisted(where: str, value: Any) -> None:
-    """``baselines.assisted``: options of HF's ``GenerationConfig`` by name (HF keeps an unknown name as an
-    attribute it never reads: a misspelt option ran with HF's default), those of :data:`ASSISTED_KINDS` of their
-    kind (HF checks none of them)."""
+    """``baselines.assisted``: ``"fastest"``, or one setting of HF assisted generation (a table) or several (an array
+    of tables), each a table of HF ``GenerationConfig`` options by name (HF keeps an unknown name as an attribute it
+    never reads: a misspelt option ran with HF's default), those of :data:`ASSISTED_KINDS` of their kind (HF checks
+    none of them)."""
+    expected = (f'"{FASTEST}" (HF\'s default and a constant 1, 2, 3, 4 or 6 drafted tokens, the fastest compared), '
+                "a table of GenerationConfig options (e.g. {num_assistant_tokens = 4}) or an array of such tables")
+    if isinstance(value, str):
+        if value != FASTEST:
+            _refuse(where, value, expected)
+        return
+    if isinstance(value, list):
+        if not value:
+            _refuse(where, value, expected)
+        for i, setting in enumerate(value):
+            _assisted_setting(f"{where}[{i}]", setting)
+        if len({repr(sorted(s.items())) for s in value}) < len(value):
+            raise ValueError(f"config key {where} names a setting twice: {value!r}")
+        return
+    if not isinstance(value, dict):
+        _refuse(where, value, expected)
+    _assisted_setting(where, value)
+
+
+def _assisted_setting(where: str, value: Any) -> None:
+    """One setting of ``baselines.assisted``: a table of known ``GenerationConfig`` options of their kinds."""
     import difflib
 
     from transformers import GenerationConfig
@@ -399,6 +426,14 @@ def _assisted(where: str, value: Any) -> None:
             _real(lambda x: x >= 0, ">= 0")(f"{where}.{key}", given)
         elif kind is not None:
             _choice(kind)(f"{where}.{key}", given)
+
+
+def assisted_settings(cfg: dict[str, Any]) -> list[dict[str, Any]]:
+    """The settings of HF assisted generation a sweep runs as baselines (``baselines.assisted``), each its own point;
+    the speedups "vs assisted" are over the fastest of them on the same prompts (``figures.baseline_of``)."""
+    given = cfg["baselines"]["assisted"]
+    settings = list(ASSISTED_SETTINGS.values()) if given == FASTEST else given if isinstance(given, list) else [given]
+    return [dict(sorted(s.items())) for s in settings]
 
 
 def _pairs(where: str, value: Any) -> None:

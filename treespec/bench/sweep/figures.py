@@ -14,7 +14,7 @@ from tree_builders import TreeShape
 from ...calibrate.acceptance import MeasuredAcceptance
 from ..intervals import Interval, ratio_of_sums
 from .points import batch_size, tree_label
-from .records import machine_of
+from .records import fastest, machine_of
 
 #: what a baseline shares with the treespec points it is compared with (same prompts, same settings)
 _SAME_RUN = ("target", "dataset", "eval", "max_new_tokens", "max_prompt_tokens", "temperature", "top_p", "seed",
@@ -65,14 +65,18 @@ def speed_interval(records: list[dict[str, Any]]) -> Interval | None:
 
 def baseline_of(record: dict[str, Any], bases: list[dict[str, Any]], method: str) -> dict[str, Any] | None:
     """The finished ``method`` baseline measured on the same prompts and settings as ``record``, on the
-    same machine (a speedup across two machines measures the machines, not the method)."""
+    same machine (a speedup across two machines measures the machines, not the method); of several settings of one
+    method (HF assisted generation's, ``baselines.assisted``) the fastest (``records.fastest``)."""
     p = record["params"]
-    for b in bases:
-        q = b["params"]
-        if (q["method"] == method and all(q.get(k) == p.get(k) for k in _SAME_RUN) and b is not record
-                and machine_of(b) == machine_of(record)):
-            return b
-    return None
+    return fastest([b for b in bases if b["params"]["method"] == method and b is not record
+                    and all(b["params"].get(k) == p.get(k) for k in _SAME_RUN) and machine_of(b) == machine_of(record)])
+
+
+def is_fastest(base: dict[str, Any], bases: list[dict[str, Any]]) -> bool:
+    """Whether baseline record ``base`` is the one :func:`baseline_of` pairs its prompts with (not a slower setting
+    of HF assisted generation)."""
+    other = baseline_of(base, bases, base["params"]["method"])
+    return other is None or fastest([base, other]) is base
 
 
 def speedup_interval(records: list[dict[str, Any]], bases: list[dict[str, Any]], method: str) -> Interval | None:

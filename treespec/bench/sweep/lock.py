@@ -45,15 +45,18 @@ PLACEMENT = frozenset(["run.workers"])
 #: changing them adds or drops points without touching what a finished point measured
 AXES = frozenset([*(f"grid.{k}" for k in ("drafters", "builders", "budgets", "max_depths", "temperatures", "top_p",
                                          "seeds", "verifiers")), "data.datasets", "baselines.methods",
+                   # HF assisted generation's settings: each is its own point, its setting in its key
+                   "baselines.assisted",
                    # prompt ranges: every point's key holds its set's evaluation range, and a treespec point's its
                    # calibration range, so a range changed drops the points it changes (refused when finished)
                    "data.calib", "data.eval"])
 
 
 def is_axis(key: str) -> bool:
-    """Whether config key ``key`` (a leaf of :func:`changes`) only chooses which points run: :data:`AXES`, or a
-    prompt set's own ranges (``[data.<set>]``, kept under ``data.splits``)."""
-    return key in AXES or key == "data.splits" or key.startswith("data.splits.")
+    """Whether config key ``key`` (a leaf of :func:`changes`) only chooses which points run: :data:`AXES`, a
+    prompt set's own ranges (``[data.<set>]``, kept under ``data.splits``), or an option of HF assisted generation's
+    one setting (``baselines.assisted.<option>``)."""
+    return key in AXES or key == "data.splits" or key.startswith(("data.splits.", "baselines.assisted."))
 
 
 class OutputDirError(ValueError):

@@ -9,10 +9,10 @@ from typing import Any
 
 from ..intervals import Interval
 from .config import CITABLE
-from .figures import (agreement, baseline_of, baseline_speedup, depth_rows, panel, per_depth_prediction,
+from .figures import (agreement, baseline_of, baseline_speedup, depth_rows, is_fastest, panel, per_depth_prediction,
                       same_greedy_outputs, speed_interval, speedup_interval, step_cost_rows, tau_interval,
                       tree_vs_chain, where_the_gap_is)
-from .points import batch_note, batch_size, tree_label, verifier_note
+from .points import baseline_label, batch_note, batch_size, tree_label, verifier_note
 from .records import machine_of
 
 
@@ -80,14 +80,23 @@ def _baseline_table(bases: list[dict[str, Any]]) -> list[str]:
              "| target | dataset | T | top-p | seed | method | prompts | tokens | tok/s [95% CI] | wall s | "
              "vs target [95% CI] | greedy = target |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in sorted(bases, key=lambda r: (str(panel(r["params"])), r["params"]["seed"], r["params"]["method"])):
+    settings = any(baseline_of(r, bases, r["params"]["method"]) is not None for r in bases
+                   if r["params"]["method"] == "assisted")  # several settings of HF assisted on the same prompts
+    for r in sorted(bases, key=lambda r: (str(panel(r["params"])), r["params"]["seed"], baseline_label(r["params"]))):
         p, res, t = r["params"], r["result"], r["timing"]
+        method = baseline_label(p)
+        if settings and p["method"] == "assisted" and is_fastest(r, bases):
+            method = f"**{method}**"
         lines.append(f"| {p['target']} | {p['dataset']} | {p['temperature']:g} | {p['top_p']:g} | {p['seed']} | "
-                     f"{p['method']}{batch_note(batch_size(p))} | {res['prompts']} | {res['new_tokens']}"
+                     f"{method}{batch_note(batch_size(p))} | {res['prompts']} | {res['new_tokens']}"
                      f"{'' if res['complete'] else ' (short!)'} | "
                      f"{_fmt(speed_interval([r]) or t['tokens_per_second'])} | "
                      f"{t['wall_seconds']:.3g} | {_fmt(baseline_speedup(r, bases))} | "
                      f"{_fmt(same_greedy_outputs(r, bases))} |")
+    if settings:
+        lines += ["", "HF assisted generation ran in several settings on the same prompts (`baselines.assisted`); in "
+                  "bold the fastest of them, the one every \"vs assisted\" is over (chosen on the prompts it is "
+                  "compared on, which favours HF: a speedup over it is if anything understated)."]
     return lines + [""]
 
 

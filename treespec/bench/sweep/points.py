@@ -16,8 +16,9 @@ from ...core.request import ON_DEVICE
 from ...core.verifiers import NotExactError, check_exact
 from ...drafters.model import STATIC_MODES
 from ...recipes import NGramSettings, Recipe, draft_mode, plan
-from .config import baseline_methods, draft_dtype, padded_envelope, pairs, run_compile, split_ranges, \
-    static_trees
+from ..baselines import assisted_setting_name
+from .config import assisted_settings, baseline_methods, draft_dtype, padded_envelope, pairs, run_compile, \
+    split_ranges, static_trees
 
 
 @dataclass(frozen=True)
@@ -36,11 +37,19 @@ class Point:
         p = self.params
         batch = batch_note(batch_size(p))
         if p["kind"] == "baseline":
-            return f"{p['dataset']} T={p['temperature']} {p['method']}{batch}"
+            return f"{p['dataset']} T={p['temperature']} {baseline_label(p)}{batch}"
         depth = "" if p["max_depth"] is None else f" d<={p['max_depth']}"
         verifier = f" {p['verifier']}" if "verifier" in p else ""
         return (f"{p['dataset']} T={p['temperature']} {p['drafters']}/{tree_label(p)} B={p['budget']}{depth}{verifier}"
                 f"{batch}")
+
+
+def baseline_label(params: dict[str, Any]) -> str:
+    """A baseline point's method as reports name it: HF assisted generation with its setting (``assisted (3 drafted
+    tokens)``), the others by their method."""
+    if params["method"] == "assisted" and "assisted" in params:
+        return f"assisted ({assisted_setting_name(params['assisted'])})"
+    return params["method"]
 
 
 def tree_label(params: dict[str, Any]) -> str:
@@ -107,7 +116,8 @@ def enumerate_points(cfg: dict[str, Any]) -> list[Point]:
                                   **({"batch_size": int(batch)} if batch > 1 else {})}
                         for method in baseline_methods(cfg):
                             if batch == 1 or method in BATCHED_METHODS:
-                                add(baseline_params(cfg, common, method, draft))
+                                for params in baseline_params(cfg, common, method, draft):
+                                    add(params)
                         for drafters in g["drafters"]:
                             for builder in (["ngram"] if drafters == "ngram" else g["builders"]):
                                 trees = static_trees(cfg) if builder == "paths" else [(None, None)]
@@ -210,17 +220,20 @@ def verifier_note(params: dict[str, Any]) -> str:
     return f" [{params['verifier']}]" if "verifier" in params else ""
 
 
-def baseline_params(cfg: dict[str, Any], common: dict[str, Any], method: str, draft: str) -> dict[str, Any]:
+def baseline_params(cfg: dict[str, Any], common: dict[str, Any], method: str, draft: str) -> list[dict[str, Any]]:
+    """The points of baseline ``method`` on ``common``'s prompts and settings: one, or for HF assisted generation one
+    per setting of ``baselines.assisted`` (``config.assisted_settings``)."""
+    if method == "assisted":
+        return [{"kind": "baseline", "method": method, **common, "draft": draft, "assisted": setting,
+                 **_draft_precision(cfg)} for setting in assisted_settings(cfg)]
     b = cfg["baselines"]
     params = {"kind": "baseline", "method": method, **common}
-    if method == "assisted":
-        params.update(draft=draft, assisted=dict(sorted(b["assisted"].items())), **_draft_precision(cfg))
     if method == "target_compiled" and isinstance(run_compile(cfg), str):
         params["backend"] = run_compile(cfg)  # the backend the treespec points name (recorded only when named)
     if method == "prompt_lookup":
         params.update(prompt_lookup_num_tokens=int(b["prompt_lookup_num_tokens"]),
                       max_matching_ngram_size=int(b["max_matching_ngram_size"]))
-    return params
+    return [params]
 
 
 def treespec_params(cfg: dict[str, Any], common: dict[str, Any], draft: str, drafters: str, builder: str,

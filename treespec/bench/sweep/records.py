@@ -14,8 +14,8 @@ from ...common.jsonl import CorruptRecordError, append_record, repair_tail
 from ...common.machine import device_name, machine
 from .paths import RESULTS
 
-__all__ = ["RESULTS", "TIMING_FIELDS", "CorruptRecordError", "append_record", "comparable", "machine_of", "meta",
-           "read_records", "repair_tail"]
+__all__ = ["RESULTS", "TIMING_FIELDS", "CorruptRecordError", "append_record", "comparable", "fastest", "machine_of",
+           "meta", "read_records", "repair_tail"]
 
 #: fields of a record that depend on the clock or the machine's state, not on the computation
 TIMING_FIELDS = ("timing", "speedup", "meta")
@@ -34,6 +34,13 @@ def read_records(path: str | os.PathLike, skip_corrupt: bool = False) -> list[di
 def machine_of(record: dict[str, Any]) -> str:
     """The machine a record was measured on (``meta.machine``; records older than that field: "not recorded")."""
     return (record.get("meta") or {}).get("machine") or "not recorded"
+
+
+def fastest(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The fastest of several finished runs of one baseline on the same prompts (HF assisted generation's settings,
+    ``baselines.assisted``): complete runs first, then the least wall time; None when there are none. Chosen on the
+    prompts it is compared on, which favours the baseline: a speedup over it can only be understated."""
+    return min(records, key=lambda r: (not r["result"]["complete"], r["timing"]["wall_seconds"]), default=None)
 
 
 def meta(cfg: dict[str, Any]) -> dict[str, Any]:

@@ -23,7 +23,7 @@ import numpy as np
 from tree_builders import TreeShape
 
 from ..intervals import Interval
-from .figures import baseline_speedup, panel, speedup_interval, tau_interval
+from .figures import baseline_speedup, is_fastest, panel, speedup_interval, tau_interval
 from .markdown import summary
 from .points import batch_size, finished, measure_key, tree_label, verifier_note
 from .records import read_records
@@ -201,10 +201,11 @@ def _intervals(ax: Any, pts: list[tuple[int, Interval]], **style: Any) -> Any:
 
 
 def _base_speedups(pn: tuple, bases: list[dict[str, Any]]) -> dict[str, float]:
-    """The HF baselines' speedups over the target alone in panel ``pn`` (horizontal lines)."""
+    """The HF baselines' speedups over the target alone in panel ``pn`` (horizontal lines; HF assisted generation's
+    fastest setting)."""
     lines: dict[str, list[float]] = {}
     for r in bases:
-        if panel(r["params"]) == pn and r["params"]["method"] != "target":
+        if panel(r["params"]) == pn and r["params"]["method"] != "target" and is_fastest(r, bases):
             v = baseline_speedup(r, bases)
             if v is not None:
                 lines.setdefault(f"HF {r['params']['method']}", []).append(v.estimate)
