@@ -9,7 +9,8 @@ machine's speed hits every method alike):
 * ``hf-static-compiled``: the same with a static cache and ``torch.compile`` (inductor's weight freezing on a
   CPU): HF's fastest plain decoding. Its compile runs in a warm-up call per batch size, apart;
 * ``hf-assisted``: HF assisted generation with the same draft, at B = 1 only (HF's assisted generation
-  takes one prompt);
+  takes one prompt), in its setting fastest on one prompt of each set outside the measured ones
+  (``compare.fastest_assisted_method``: HF's default or a constant number of drafted tokens; cached in ``--out``);
 * ``treespec``: ``treespec.run`` on the batch (the eager batched step, ``treespec.core.batch``; the tree the
   default recipe tunes here for that batch size: ``resolve(batch_size=B)``, ``Profile.for_batch``);
 * ``treespec-compiled`` (``--compile``): the same tree through the captured batched step
@@ -37,7 +38,7 @@ from typing import Any
 
 import torch
 
-from treespec.bench import intervals
+from treespec.bench import compare, intervals
 from treespec.bench.baselines import fastest_compile_settings, hf_generate
 from treespec.bench.datasets import dataset_prompts
 from treespec.common.jsonl import append_record, read_records, repair_tail
@@ -48,12 +49,18 @@ from treespec.models import DEFAULT_DRAFT, DEFAULT_TARGET, cache_root, load
 from treespec.recipes import Recipe, run
 
 Batch = list[list[int]]
+#: where HF assisted's settings are timed (the prompt just before each set's measured ones, or just after)
+OUTSIDE = "one prompt of each set outside the measured ones"
 #: method name -> run(batch, new tokens) -> (new tokens per row, seconds)
 Methods = dict[str, Callable[[Batch, int], tuple[Batch, float]]]
 
 
 def methods_for(target: torch.nn.Module, draft: torch.nn.Module, recipe: Recipe, batch_size: int,
-                compiled: bool = False) -> Methods:
+                compiled: bool = False, assisted_method: compare.Method | None = None) -> Methods:
+    """The methods timed at ``batch_size``; ``assisted_method``: HF assisted generation in its fastest setting
+    (:func:`treespec.bench.compare.fastest_assisted_method`), run at B = 1 (HF's default setting where not given)."""
+    one = assisted_method or compare.hf_assisted_method(target, draft)
+
     def hf(batch: Batch, n: int) -> tuple[Batch, float]:
         return hf_generate(target, batch, n)  # type: ignore[return-value]
 
@@ -62,8 +69,8 @@ def methods_for(target: torch.nn.Module, draft: torch.nn.Module, recipe: Recipe,
             return hf_generate(target, batch, n, static_compiled=True)  # type: ignore[return-value]
 
     def assisted(batch: Batch, n: int) -> tuple[Batch, float]:
-        tokens, seconds = hf_generate(target, batch[0], n, assistant_model=draft)
-        return [tokens], seconds  # type: ignore[list-item]
+        tokens, seconds, _ = one.run(batch[0], n)
+        return [tokens], seconds
 
     def treespec_run(recipe: Recipe, batch: Batch, n: int) -> tuple[Batch, float]:
         t = time.perf_counter()
@@ -166,8 +173,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     prompts = {d: [tok(dataset_prompts(d)[first.get(d, 0) + i])["input_ids"] for i in range(args.prompts)]
                for d in args.datasets}
     warm = [prompts[args.datasets[0]][0][:32]]
+    assisted, choice = None, ""
+    if 1 in args.batch_sizes:  # HF assisted in its fastest setting, timed on prompts apart from the measured ones
+        search = [tok(dataset_prompts(d)[first[d] - 1 if first.get(d) else args.prompts])["input_ids"]
+                  for d in args.datasets]
+        assisted, speeds = compare.fastest_assisted_method(target, draft, search, args.max_new_tokens,
+                                                           name="hf-assisted", cache=args.out / "assisted.search.json")
+        choice = compare.assisted_choice(speeds, OUTSIDE, who="HF assisted (B = 1)", tokens=args.max_new_tokens)
+        print(choice, flush=True)
     for b in args.batch_sizes:
-        methods = methods_for(target, draft, resolved[b].recipe, b, compiled=args.compile)
+        methods = methods_for(target, draft, resolved[b].recipe, b, compiled=args.compile, assisted_method=assisted)
         todo = {(b, d, g, m) for d in args.datasets for g in range(len(prompts[d]) // b) for m in methods} - done
         if not todo:
             continue  # resumed: this batch size is done
@@ -196,7 +211,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     summaries = [summarize(records, b, d) for b in args.batch_sizes for d in [*args.datasets, None]]
     machine = (f"{cpu_model()}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads, "
                f"torch {torch.__version__}")
-    result = {"machine": machine, "configuration": {b: r.why for b, r in resolved.items()},
+    result = {"machine": machine, "configuration": {b: r.why for b, r in resolved.items()}, "hf_assisted": choice,
               "max_new_tokens": args.max_new_tokens,
               "warmup_seconds": (read_records(args.out / "warmups.jsonl") if (args.out / "warmups.jsonl").exists()
                                  else []),
@@ -209,7 +224,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         + "".join(f"- B={b}: {r.why}\n" for b, r in resolved.items())
         + f"\n{args.max_new_tokens} greedy "
         f"tokens per prompt, {args.prompts} prompts per dataset ({', '.join(args.datasets)}), methods interleaved "
-        f"per group of B prompts.\nCommand: `python experiments/bench_batch.py --out {args.out} --batch-sizes "
+        f"per group of B prompts.{' ' + choice if choice else ''}\n"
+        f"Command: `python experiments/bench_batch.py --out {args.out} --batch-sizes "
         f"{' '.join(map(str, args.batch_sizes))} --prompts {args.prompts} --max-new-tokens {args.max_new_tokens}"
         f"{' --compile' if args.compile else ''}`."
         f"\n\n{table}\n\nThe target runs in bfloat16 for every method: a greedy row that differs from HF's is a "
