@@ -12,6 +12,8 @@ every method alike; ``treespec.bench.compare``):
 * ``hf-assisted-qwen0.5b``: HF assisted generation with the Qwen 0.5B draft;
 * ``hf-assisted-smollm2``: HF "universal assisted generation" with SmolLM2 (``tokenizer=`` and
   ``assistant_tokenizer=``: HF re-tokenises the draft's chain);
+  each HF assisted method in its setting fastest on one prompt of each set outside the measured ones
+  (``compare.fastest_assisted_method``: HF's default or a constant number of drafted tokens; cached in ``--out``);
 * ``treespec-qwen0.5b``: treespec with the Qwen draft as ``treespec generate`` runs it by default
   (the tuned Sequoia tree, ``treespec.calibrate.tuning``);
 * ``treespec-smollm2``: treespec with SmolLM2 as a cross-tokenizer draft (``CrossDraft`` from
@@ -47,7 +49,6 @@ import torch
 from treespec.bench import compare
 
 from treespec.bench import intervals
-from treespec.bench.baselines import hf_generate
 from treespec.bench.datasets import DATASETS, dataset_prompts, encode_prompt, humaneval_prompts
 from treespec.drafters.model import ModelDrafter
 from treespec.common.machine import cpu_model
@@ -63,26 +64,26 @@ SAME, CROSS = "same", "cross"  # the two draft roles
 
 @dataclass
 class Setup:
-    """What one run compares: the target, its tokenizer and the five methods."""
+    """What one run compares: the target, its tokenizer, the five methods (HF assisted's in HF's default setting
+    until :func:`fastest_assisted` times them) and the two drafts by role."""
 
     target: torch.nn.Module
     tokenizer: Any
     methods: list[compare.Method]
     settings: dict[str, Any]
+    drafts: dict[str, torch.nn.Module | CrossDraft]
+    labels: dict[str, str]
 
 
 # -- methods ---------------------------------------------------------------------------------------
 
 
-def hf_cross_assisted_method(target: torch.nn.Module, draft: CrossDraft, name: str) -> compare.Method:
-    """HF universal assisted generation: the draft has its own tokenizer (greedy)."""
-
-    def run(ids: list[int], n: int):
-        tokens, seconds = hf_generate(target, ids, n, assistant_model=draft.model, tokenizer=draft.target_tokenizer,
-                                      assistant_tokenizer=draft.tokenizer)
-        return tokens, seconds, {}
-
-    return compare.Method(name, run, precision_of(target), True)
+def tokenizers_of(draft: torch.nn.Module | CrossDraft) -> tuple[torch.nn.Module, tuple[Any, Any] | None]:
+    """The model HF assisted generation drafts with, and the (target's, draft's) tokenizers where the draft has a
+    vocabulary of its own (HF's universal assisted generation re-tokenises its chain)."""
+    if isinstance(draft, CrossDraft):
+        return draft.model, (draft.target_tokenizer, draft.tokenizer)
+    return draft, None
 
 
 def draft_forwards(drafter: Any, proposals: int) -> int:
@@ -136,8 +137,8 @@ def methods_for(target: torch.nn.Module, drafts: dict[str, torch.nn.Module | Cro
     if not isinstance(cross, CrossDraft) or isinstance(same, CrossDraft):
         raise ValueError("bench_cross needs one draft sharing the target's tokenizer and one that does not")
     return [compare.hf_method(target),
-            compare.hf_assisted_method(target, same, name=f"hf-assisted-{labels[SAME]}"),
-            hf_cross_assisted_method(target, cross, f"hf-assisted-{labels[CROSS]}"),
+            *(compare.hf_assisted_method(target, tokenizers_of(drafts[role])[0], f"hf-assisted-{labels[role]}",
+                                         tokenizers=tokenizers_of(drafts[role])[1]) for role in (SAME, CROSS)),
             treespec_counted(target, recipes[SAME], same, f"treespec-{labels[SAME]}"),
             treespec_counted(target, recipes[CROSS], cross, f"treespec-{labels[CROSS]}")]
 
@@ -169,9 +170,11 @@ def real_setup(args: argparse.Namespace) -> Setup:
                 "treespec-qwen0.5b": f"tuned: {resolved.why}",
                 "treespec-smollm2": f"cross-tokenizer greedy chain of {args.cross_depth} draft tokens "
                                     f"(budget {recipes[CROSS].budget})",
-                "hf-assisted": "HF defaults for the assistant (fresh GenerationConfig: 20 draft tokens, "
-                               "adjusted by HF's heuristic)"}
-    return Setup(target, tok, methods_for(target, {SAME: same, CROSS: cross}, recipes, labels), settings)
+                "hf-assisted": "each in its setting fastest on a prompt of each set outside the measured ones "
+                               "(HF's default, up to 20 drafted tokens a step stopped under the draft's confidence "
+                               "0.4, or a constant 1, 2, 3, 4 or 6)"}
+    drafts = {SAME: same, CROSS: cross}
+    return Setup(target, tok, methods_for(target, drafts, recipes, labels), settings, drafts, labels)
 
 
 def tiny_bpe(texts: Sequence[str], vocab_size: int) -> Any:
@@ -204,7 +207,8 @@ def smoke_setup(args: argparse.Namespace) -> Setup:
     settings = {"target": "tiny random Llama (float32), byte-level BPE of 384 tokens",
                 SAME: "its perturbed copy (same tokenizer)",
                 CROSS: "tiny random Qwen2 with another byte-level BPE (320 tokens)"}
-    return Setup(target, tok, methods_for(target, {SAME: same, CROSS: cross}, recipes, labels), settings)
+    drafts = {SAME: same, CROSS: cross}
+    return Setup(target, tok, methods_for(target, drafts, recipes, labels), settings, drafts, labels)
 
 
 # -- summary ---------------------------------------------------------------------------------------
@@ -301,6 +305,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def fastest_assisted(setup: Setup, args: argparse.Namespace, prompt_ids: Any) -> list[compare.Method]:
+    """``setup``'s methods with each HF assisted method in its setting fastest on one prompt of each set outside the
+    measured ones (``compare.fastest_assisted_method``, cached in ``--out``); the choice goes into the settings."""
+    outside = args.start - 1 if args.start else args.start + args.prompts  # just before the range, or just after
+    search = [prompt_ids(d, outside) for d in args.datasets]
+    chosen = {}
+    for role, draft in setup.drafts.items():
+        name = f"hf-assisted-{setup.labels[role]}"
+        model, tokenizers = tokenizers_of(draft)
+        chosen[name], speeds = compare.fastest_assisted_method(
+            setup.target, model, search, args.max_new_tokens, name=name, cache=args.out / f"{name}.search.json",
+            tokenizers=tokenizers)
+        setup.settings[name] = compare.assisted_choice(speeds, f"prompt {outside} of each set", who=name,
+                                                       tokens=args.max_new_tokens)
+        print(setup.settings[name], flush=True)
+    return [chosen.get(m.name, m) for m in setup.methods]
+
+
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     command = "python experiments/bench_cross.py " + " ".join(shlex.quote(a) for a in
@@ -316,9 +338,10 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"  {r['dataset']}/{r['prompt']} {r['method']}: {r['tokens_per_second']:.2f} tok/s"
               + (f", tau {r['tau']:.2f}" if "tau" in r else ""), flush=True)
 
-    records = compare.run(setup.methods, prompts, args.max_new_tokens, args.out / "results.jsonl", on_record=show,
+    methods = fastest_assisted(setup, args, prompt_ids)
+    records = compare.run(methods, prompts, args.max_new_tokens, args.out / "results.jsonl", on_record=show,
                           settings={"cross_depth": args.cross_depth})
-    names = [m.name for m in setup.methods]
+    names = [m.name for m in methods]
     reference, as_same, as_cross, ts_same, ts_cross = names
     pairs = [(as_same, reference), (as_cross, reference), (ts_cross, ts_same), (as_cross, as_same)]
     summaries = []

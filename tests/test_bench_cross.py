@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from treespec.bench import datasets
+from treespec.bench.baselines import ASSISTED_SETTINGS
 
 bench = runpy.run_path(str(Path(__file__).resolve().parents[1] / "experiments" / "bench_cross.py"))
 ARGS = ["--smoke", "--prompts", "2", "--max-new-tokens", "8", "--datasets", "humaneval"]
@@ -32,6 +33,12 @@ def test_smoke_writes_outputs_and_resumes(tmp_path: Path) -> None:
     readme = (tmp_path / "README.md").read_text()
     assert "Greedy agreement" in readme and "[" in readme  # intervals
     assert (tmp_path / "tokens_per_second.png").stat().st_size > 0
+    for label in ("tiny-same", "tiny-cross"):  # each HF assisted method in its fastest setting, named in the README
+        speeds = json.loads((tmp_path / f"hf-assisted-{label}.search.json").read_text())
+        assert set(speeds) == set(ASSISTED_SETTINGS)
+        kept = {r["assisted_setting"] for r in records if r["method"] == f"hf-assisted-{label}"}
+        assert kept == {max(speeds, key=speeds.get)}
+        assert f"hf-assisted-{label} ran with {kept.pop()}, the fastest of its settings on prompt 2" in readme
 
     # resume: a torn last line is cut, finished rows are skipped, only the missing one is redone
     lines = (tmp_path / "results.jsonl").read_text().splitlines(keepends=True)

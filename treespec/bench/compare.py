@@ -87,13 +87,15 @@ def hf_compiled_method(target: torch.nn.Module, name: str | None = None) -> Meth
 
 
 def hf_assisted_method(target: torch.nn.Module, draft: torch.nn.Module, name: str | None = None,
-                       setting: str = "HF's default") -> Method:
+                       setting: str = "HF's default", tokenizers: tuple[Any, Any] | None = None) -> Method:
     """HF assisted generation (its own speculative decoding with ``draft``), greedy, with one of
-    :data:`ASSISTED_SETTINGS` (its records name it: ``assisted_setting``)."""
+    :data:`ASSISTED_SETTINGS` (its records name it: ``assisted_setting``). ``tokenizers``: the target's and the
+    draft's, for a draft with a vocabulary of its own (HF's universal assisted generation)."""
     precision, config = precision_of(target), ASSISTED_SETTINGS[setting]
+    own = {} if tokenizers is None else {"tokenizer": tokenizers[0], "assistant_tokenizer": tokenizers[1]}
 
     def run(ids: list[int], n: int):
-        tokens, seconds = hf_generate(target, ids, n, assistant_model=draft, assistant_config=config)
+        tokens, seconds = hf_generate(target, ids, n, assistant_model=draft, assistant_config=config, **own)
         return tokens, seconds, {"assisted_setting": setting}
 
     return Method(name or f"hf-assisted-{precision}", run, precision, True)
@@ -101,28 +103,29 @@ def hf_assisted_method(target: torch.nn.Module, draft: torch.nn.Module, name: st
 
 def fastest_assisted_method(target: torch.nn.Module, draft: torch.nn.Module, prompts: Sequence[list[int]], n: int,
                             name: str | None = None, settings: Sequence[str] = tuple(ASSISTED_SETTINGS),
-                            on_setting: Callable[[str, float], None] | None = None, cache: Path | None = None
-                            ) -> tuple[Method, dict[str, float]]:
+                            on_setting: Callable[[str, float], None] | None = None, cache: Path | None = None,
+                            tokenizers: tuple[Any, Any] | None = None) -> tuple[Method, dict[str, float]]:
     """HF assisted generation at its fastest here: each of ``settings`` (:data:`ASSISTED_SETTINGS`) timed on
     ``prompts`` (prompts apart from the measured ones), ``n`` new tokens each, after one untimed call; returns the
     method with the setting of the most tokens per second (mean over the prompts) and each setting's figure
     (``on_setting(setting, tok/s)`` as each is measured). ``cache``: a JSON file of the figures, read first and
-    written as each is measured (a resumed run keeps the setting its records were made with)."""
+    written as each is measured (a resumed run keeps the setting its records were made with). ``tokenizers``: as
+    :func:`hf_assisted_method`'s."""
     if not prompts or not settings:
         raise ValueError("fastest_assisted_method: give at least one prompt and one setting to time")
     found = json.loads(cache.read_text()) if cache is not None and cache.exists() else {}
     speeds = {s: found[s] for s in settings if s in found}
     if len(speeds) < len(settings):
-        hf_generate(target, prompts[0], min(n, 8), assistant_model=draft, assistant_config={})  # one-off setup
+        hf_assisted_method(target, draft, name, tokenizers=tokenizers).run(prompts[0], min(n, 8))  # one-off setup
     for setting in settings:
         if setting not in speeds:
-            method = hf_assisted_method(target, draft, name, setting)
+            method = hf_assisted_method(target, draft, name, setting, tokenizers)
             speeds[setting] = sum(n / method.run(ids, n)[1] for ids in prompts) / len(prompts)
             if cache is not None:
                 cache.write_text(json.dumps({**found, **speeds}, indent=1))
         if on_setting is not None:
             on_setting(setting, speeds[setting])
-    return hf_assisted_method(target, draft, name, max(speeds, key=speeds.get)), speeds
+    return hf_assisted_method(target, draft, name, max(speeds, key=speeds.get), tokenizers), speeds
 
 
 def assisted_choice(speeds: dict[str, float], where: str, who: str = "HF assisted generation",
