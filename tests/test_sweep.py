@@ -124,7 +124,7 @@ def test_report_writes_plots_and_table(full: Path, tmp_path: Path) -> None:
             if "assisted (" in line and line.startswith("| ")}
     assert len(rows) == 2 and sum(name.startswith("**") for name in rows) == 1
     bold = next(name for name in rows if name.startswith("**"))
-    assert rows[bold] == min(rows.values()) and "HF assisted generation ran in several settings" in text
+    assert rows[bold] == min(rows.values()) and "assisted ran in several settings" in text
     assert "](tau_vs_budget.png)" in text and "[" in text.split("| model |")[1]  # intervals in the table
     header = next(line for line in text.splitlines() if line.startswith("| dataset | T | top-p | seed | drafters"))
     column = header.split(" | ").index("replayed tau")

@@ -154,6 +154,26 @@ def test_hf_assisted_runs_in_each_setting_by_default_and_its_settings_are_an_axi
     assert "drops 1 finished point(s) (humaneval T=0.0 assisted" in refusal(tmp_path, E.load_config(fastest))
 
 
+def test_prompt_lookup_runs_at_several_lengths_by_default_and_they_are_an_axis(tmp_path: Path) -> None:
+    """``baselines.prompt_lookup_num_tokens`` left out is 2, 4 and 10 tokens a step, one point each (comparisons take
+    the fastest, as for HF assisted); a single number is a list of one; a sweep whose lookup ran at 4 resumes with
+    lengths added and refuses a list without 4."""
+    from treespec.bench.sweep.lock import refusal
+
+    default = E.load_config({"data": {"datasets": ["humaneval"]}})
+    lookups = [pt for pt in E.enumerate_points(default) if pt.params.get("method") == "prompt_lookup"]
+    assert [pt.params["prompt_lookup_num_tokens"] for pt in lookups] == [2, 4, 10]
+    assert lookups[1].label == "humaneval T=0.0 prompt_lookup (4 tokens)"
+    one = small()
+    one["baselines"].update(methods=["prompt_lookup"], prompt_lookup_num_tokens=4)
+    E.sweep(E.load_config(one), tmp_path, progress=False, make_report=False)
+    more = small()
+    more["baselines"].update(methods=["prompt_lookup"], prompt_lookup_num_tokens=[4, 2])
+    assert refusal(tmp_path, E.load_config(more)) is None
+    more["baselines"]["prompt_lookup_num_tokens"] = [2]
+    assert "drops 1 finished point(s) (humaneval T=0.0 prompt_lookup" in refusal(tmp_path, E.load_config(more))
+
+
 def test_prompt_ranges_are_axes_whose_changes_keep_the_points_they_do_not_touch(tmp_path: Path) -> None:
     """A prompt set added with ranges of its own, or a set's ranges restated at their defaults, was refused as
     "the results of a different config" (data.splits compared as settings), though every point's key holds its

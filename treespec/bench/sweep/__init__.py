@@ -16,7 +16,8 @@ appends one JSON record per finished point to ``<out>/results.jsonl``. A point i
 * a **baseline** point: HuggingFace ``generate`` on the same prompts: the target alone
   (``target``), assisted generation with the same draft (``assisted``, ``assistant_model=``; one point per setting
   of ``baselines.assisted``, by default HF's own and a constant 1, 2, 3, 4 or 6 drafted tokens, and speedups over
-  the fastest of them on the same prompts) or prompt lookup (``prompt_lookup``, ``prompt_lookup_num_tokens=``).
+  the fastest of them on the same prompts) or prompt lookup (``prompt_lookup``, ``prompt_lookup_num_tokens=``; one
+  point per length of ``baselines.prompt_lookup_num_tokens``, by default 2, 4 and 10, compared by the fastest).
 
 Fair comparisons. Every method generates exactly ``max_new_tokens`` tokens per prompt: treespec
 runs with ``eos_token_id=None`` and HF with ``min_new_tokens=max_new_tokens`` and an empty

@@ -63,8 +63,9 @@ DEFAULTS: dict[str, Any] = {
     "ngram": {"mode": _NGRAM.mode, "max_order": _NGRAM.max_order, "max_tokens": 6, "width": _NGRAM.width,
               "window": _NGRAM.window},
     # baselines.assisted: HF assisted generation at its fastest ("fastest": each of ASSISTED_SETTINGS, compared
-    # with the fastest of them), one setting (a table of GenerationConfig options) or several (an array of tables)
-    "baselines": {"methods": "auto", "prompt_lookup_num_tokens": 10,
+    # with the fastest of them), one setting (a table of GenerationConfig options) or several (an array of tables);
+    # baselines.prompt_lookup_num_tokens: HF prompt lookup's tokens a step, each a point, compared with the fastest
+    "baselines": {"methods": "auto", "prompt_lookup_num_tokens": [2, 4, 10],
                   "max_matching_ngram_size": 2,
                   "assisted": "fastest"},
     "run": {"device": "auto", "dtype": "float32", "draft_dtype": "same", "warmup_tokens": 4, "threads": 0,
@@ -138,6 +139,7 @@ def load_config(config: str | os.PathLike | dict[str, Any]) -> dict[str, Any]:
         g[key] = _as_list(g[key])
     cfg["data"]["datasets"] = _as_list(cfg["data"]["datasets"])
     cfg["baselines"]["methods"] = _as_list(cfg["baselines"]["methods"])
+    cfg["baselines"]["prompt_lookup_num_tokens"] = _as_list(cfg["baselines"]["prompt_lookup_num_tokens"])
     if cfg["run"]["device"] == "auto":  # the CLI's default: CUDA where there is one
         from ...common.device import default_device
 
@@ -472,7 +474,7 @@ TYPES: dict[str, Checker] = {
     "ngram.mode": _choice(("ngram", "prompt_lookup")), "ngram.max_order": _int(2), "ngram.max_tokens": _int(1),
     "ngram.width": _int(1), "ngram.window": _int(1),
     "baselines.methods": _methods,
-    "baselines.prompt_lookup_num_tokens": _int(1), "baselines.max_matching_ngram_size": _int(1),
+    "baselines.prompt_lookup_num_tokens": _list(_int(1)), "baselines.max_matching_ngram_size": _int(1),
     "baselines.assisted": _assisted,
     "run.device": _device, "run.dtype": _choice(FLOATS), "run.draft_dtype": _choice(("same", *PRECISIONS)),
     "run.warmup_tokens": _int(0), "run.threads": _int(0), "run.compile": _compile, "run.envelope": _choice(ENVELOPES),

@@ -66,7 +66,7 @@ def speed_interval(records: list[dict[str, Any]]) -> Interval | None:
 def baseline_of(record: dict[str, Any], bases: list[dict[str, Any]], method: str) -> dict[str, Any] | None:
     """The finished ``method`` baseline measured on the same prompts and settings as ``record``, on the
     same machine (a speedup across two machines measures the machines, not the method); of several settings of one
-    method (HF assisted generation's, ``baselines.assisted``) the fastest (``records.fastest``)."""
+    method (HF assisted generation's, prompt lookup's) the fastest (``records.fastest``)."""
     p = record["params"]
     return fastest([b for b in bases if b["params"]["method"] == method and b is not record
                     and all(b["params"].get(k) == p.get(k) for k in _SAME_RUN) and machine_of(b) == machine_of(record)])
@@ -74,7 +74,7 @@ def baseline_of(record: dict[str, Any], bases: list[dict[str, Any]], method: str
 
 def is_fastest(base: dict[str, Any], bases: list[dict[str, Any]]) -> bool:
     """Whether baseline record ``base`` is the one :func:`baseline_of` pairs its prompts with (not a slower setting
-    of HF assisted generation)."""
+    of HF assisted generation or prompt lookup)."""
     other = baseline_of(base, bases, base["params"]["method"])
     return other is None or fastest([base, other]) is base
 

@@ -45,8 +45,9 @@ PLACEMENT = frozenset(["run.workers"])
 #: changing them adds or drops points without touching what a finished point measured
 AXES = frozenset([*(f"grid.{k}" for k in ("drafters", "builders", "budgets", "max_depths", "temperatures", "top_p",
                                          "seeds", "verifiers")), "data.datasets", "baselines.methods",
-                   # HF assisted generation's settings: each is its own point, its setting in its key
-                   "baselines.assisted",
+                   # HF assisted generation's settings and prompt lookup's tokens a step: each is its own point,
+                   # its setting in its key
+                   "baselines.assisted", "baselines.prompt_lookup_num_tokens",
                    # prompt ranges: every point's key holds its set's evaluation range, and a treespec point's its
                    # calibration range, so a range changed drops the points it changes (refused when finished)
                    "data.calib", "data.eval"])

@@ -80,12 +80,12 @@ def _baseline_table(bases: list[dict[str, Any]]) -> list[str]:
              "| target | dataset | T | top-p | seed | method | prompts | tokens | tok/s [95% CI] | wall s | "
              "vs target [95% CI] | greedy = target |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    settings = any(baseline_of(r, bases, r["params"]["method"]) is not None for r in bases
-                   if r["params"]["method"] == "assisted")  # several settings of HF assisted on the same prompts
+    # the methods that ran in several settings on the same prompts (HF assisted generation, prompt lookup)
+    settings = sorted({r["params"]["method"] for r in bases if baseline_of(r, bases, r["params"]["method"])})
     for r in sorted(bases, key=lambda r: (str(panel(r["params"])), r["params"]["seed"], baseline_label(r["params"]))):
         p, res, t = r["params"], r["result"], r["timing"]
         method = baseline_label(p)
-        if settings and p["method"] == "assisted" and is_fastest(r, bases):
+        if p["method"] in settings and is_fastest(r, bases):
             method = f"**{method}**"
         lines.append(f"| {p['target']} | {p['dataset']} | {p['temperature']:g} | {p['top_p']:g} | {p['seed']} | "
                      f"{method}{batch_note(batch_size(p))} | {res['prompts']} | {res['new_tokens']}"
@@ -94,9 +94,10 @@ def _baseline_table(bases: list[dict[str, Any]]) -> list[str]:
                      f"{t['wall_seconds']:.3g} | {_fmt(baseline_speedup(r, bases))} | "
                      f"{_fmt(same_greedy_outputs(r, bases))} |")
     if settings:
-        lines += ["", "HF assisted generation ran in several settings on the same prompts (`baselines.assisted`); in "
-                  "bold the fastest of them, the one every \"vs assisted\" is over (chosen on the prompts it is "
-                  "compared on, which favours HF: a speedup over it is if anything understated)."]
+        lines += ["", f"{' and '.join(settings)} ran in several settings on the same prompts (`baselines.assisted`, "
+                  "`baselines.prompt_lookup_num_tokens`); in bold the fastest of each, the one every \"vs\" column "
+                  "is over (chosen on the prompts it is compared on, which favours HF: a speedup over it is if "
+                  "anything understated)."]
     return lines + [""]
 
 

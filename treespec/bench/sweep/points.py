@@ -45,10 +45,12 @@ class Point:
 
 
 def baseline_label(params: dict[str, Any]) -> str:
-    """A baseline point's method as reports name it: HF assisted generation with its setting (``assisted (3 drafted
-    tokens)``), the others by their method."""
+    """A baseline point's method as reports name it: HF assisted generation and prompt lookup with their setting
+    (``assisted (3 drafted tokens)``, ``prompt_lookup (4 tokens)``), the others by their method."""
     if params["method"] == "assisted" and "assisted" in params:
         return f"assisted ({assisted_setting_name(params['assisted'])})"
+    if params["method"] == "prompt_lookup" and "prompt_lookup_num_tokens" in params:
+        return f"prompt_lookup ({params['prompt_lookup_num_tokens']} tokens)"
     return params["method"]
 
 
@@ -221,18 +223,19 @@ def verifier_note(params: dict[str, Any]) -> str:
 
 
 def baseline_params(cfg: dict[str, Any], common: dict[str, Any], method: str, draft: str) -> list[dict[str, Any]]:
-    """The points of baseline ``method`` on ``common``'s prompts and settings: one, or for HF assisted generation one
-    per setting of ``baselines.assisted`` (``config.assisted_settings``)."""
+    """The points of baseline ``method`` on ``common``'s prompts and settings: one, or one per setting for HF assisted
+    generation (``baselines.assisted``, ``config.assisted_settings``) and prompt lookup (its tokens a step,
+    ``baselines.prompt_lookup_num_tokens``): comparisons take the fastest (``figures.baseline_of``)."""
+    b = cfg["baselines"]
     if method == "assisted":
         return [{"kind": "baseline", "method": method, **common, "draft": draft, "assisted": setting,
                  **_draft_precision(cfg)} for setting in assisted_settings(cfg)]
-    b = cfg["baselines"]
+    if method == "prompt_lookup":
+        return [{"kind": "baseline", "method": method, **common, "prompt_lookup_num_tokens": int(n),
+                 "max_matching_ngram_size": int(b["max_matching_ngram_size"])} for n in b["prompt_lookup_num_tokens"]]
     params = {"kind": "baseline", "method": method, **common}
     if method == "target_compiled" and isinstance(run_compile(cfg), str):
         params["backend"] = run_compile(cfg)  # the backend the treespec points name (recorded only when named)
-    if method == "prompt_lookup":
-        params.update(prompt_lookup_num_tokens=int(b["prompt_lookup_num_tokens"]),
-                      max_matching_ngram_size=int(b["max_matching_ngram_size"]))
     return [params]
 
 

@@ -38,8 +38,9 @@ def machine_of(record: dict[str, Any]) -> str:
 
 def fastest(records: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The fastest of several finished runs of one baseline on the same prompts (HF assisted generation's settings,
-    ``baselines.assisted``): complete runs first, then the least wall time; None when there are none. Chosen on the
-    prompts it is compared on, which favours the baseline: a speedup over it can only be understated."""
+    ``baselines.assisted``; prompt lookup's lengths, ``baselines.prompt_lookup_num_tokens``): complete runs first,
+    then the least wall time; None when there are none. Chosen on the prompts it is compared on, which favours the
+    baseline: a speedup over it can only be understated."""
     return min(records, key=lambda r: (not r["result"]["complete"], r["timing"]["wall_seconds"]), default=None)
 
 

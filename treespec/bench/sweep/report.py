@@ -201,8 +201,8 @@ def _intervals(ax: Any, pts: list[tuple[int, Interval]], **style: Any) -> Any:
 
 
 def _base_speedups(pn: tuple, bases: list[dict[str, Any]]) -> dict[str, float]:
-    """The HF baselines' speedups over the target alone in panel ``pn`` (horizontal lines; HF assisted generation's
-    fastest setting)."""
+    """The HF baselines' speedups over the target alone in panel ``pn`` (horizontal lines; of HF assisted generation's
+    and prompt lookup's settings the fastest)."""
     lines: dict[str, list[float]] = {}
     for r in bases:
         if panel(r["params"]) == pn and r["params"]["method"] != "target" and is_fastest(r, bases):

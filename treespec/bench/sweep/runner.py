@@ -331,8 +331,8 @@ class Sweep:
 
     def baselines_for(self, p: dict[str, Any], machine: str) -> dict[str, dict[str, Any]]:
         """Finished baseline records measured on the same prompts and settings as treespec point ``p``,
-        on ``machine`` (a speedup across machines measures the machines), one per method: of HF assisted generation's
-        settings the fastest (``records.fastest``)."""
+        on ``machine`` (a speedup across machines measures the machines), one per method: of the settings of HF
+        assisted generation or prompt lookup the fastest (``records.fastest``)."""
         common = {k: p[k] for k in ("target", "dataset", "eval", "max_new_tokens", "max_prompt_tokens",
                                     "temperature", "top_p", "seed", "device", "dtype", "batch_size") if k in p}
         out: dict[str, dict[str, Any]] = {}
@@ -343,7 +343,7 @@ class Sweep:
             found = [rec for params in baseline_params(self.cfg, common, method, draft)
                      if (rec := self.records.get(point_key(params))) is not None and rec.get("status") == "ok"
                      and machine_of(rec) == machine]
-            if (best := fastest(found)) is not None:  # HF assisted: the fastest of its settings
+            if (best := fastest(found)) is not None:  # HF assisted, prompt lookup: the fastest of their settings
                 out[method] = best
         return out
 
