@@ -599,3 +599,30 @@ def test_a_dry_run_says_what_a_run_would_refuse_before_loading_anything(tmp_path
         assert "note: a run would be refused: device 'cuda': this machine has no CUDA device" in \
             capsys.readouterr().err
     assert not (tmp_path / "new").exists()  # a dry run writes nothing
+
+
+def test_a_sweep_loads_its_draft_as_a_draft(monkeypatch) -> None:
+    """A real draft was loaded with ``load``'s default role, "target": in int8 (the CPU sweep's own config) ``load``
+    refuses it as a target ("dtype 'int8' is for drafts only"), and in int4 or auto it became a target's int4 (the
+    file's blocks, bfloat16 twins) or was timed among a target's precisions, not the draft ``treespec generate``
+    runs. The draft now loads with role "draft", the target with "target", each once."""
+    from treespec.bench.sweep import models as sweep_models
+    from treespec.bench.sweep.runner import Sweep
+    from treespec.models import load
+    from treespec.models.tiny import ByteTokenizer, tiny_model
+
+    with pytest.raises(ValueError, match="dtype 'int8' is for drafts only"):
+        load("qwen2.5-coder-0.5b-instruct", dtype="int8")  # refused before any weight is read
+    calls: list[tuple[str, str, str]] = []
+
+    def fake_load(spec: str, device: str = "cpu", dtype: str = "float32", role: str = "target"):
+        calls.append((spec, dtype, role))
+        return tiny_model("llama", vocab=16, hidden=16, seed=0), ByteTokenizer(16)
+
+    monkeypatch.setattr(sweep_models, "load", fake_load)
+    cfg = E.load_config({"models": {"target": "real-target", "draft": "real-draft"},
+                         "data": {"datasets": ["humaneval"]}, "run": {"device": "cpu", "draft_dtype": "int8"}})
+    state = Sweep(cfg, Path("unused"), progress=False, measure=None)
+    for _ in range(2):
+        state.draft_model("real-target", "real-draft")
+    assert calls == [("real-draft", "int8", "draft"), ("real-target", "float32", "target")]

@@ -11,8 +11,9 @@ from ...models.precision import to_precision
 from ...models.tiny import ByteTokenizer, parse_tiny_spec, tiny_from_spec
 
 
-def load_model(spec: str, device: str, dtype: str) -> tuple[torch.nn.Module, Any]:
-    """Load a model by name (``treespec.models.load``) or build a tiny one; returns (model, tokenizer).
+def load_model(spec: str, device: str, dtype: str, role: str = "target") -> tuple[torch.nn.Module, Any]:
+    """Load a model by name (``treespec.models.load``, as ``role``: a draft's int8 and int4 are drafts' precisions,
+    its ``auto`` times them too) or build a tiny one; returns (model, tokenizer).
 
     The model's ``generation_config`` is replaced by a neutral one (every baseline sets its
     sampling explicitly, and no checkpoint default may leak in).
@@ -23,7 +24,7 @@ def load_model(spec: str, device: str, dtype: str) -> tuple[torch.nn.Module, Any
         model = to_precision(tiny_from_spec(spec).to(device=device), dtype)
         tokenizer: Any = ByteTokenizer(model.config.vocab_size)
     else:
-        model, tokenizer = load(spec, device=device, dtype=dtype)
+        model, tokenizer = load(spec, device=device, dtype=dtype, role=role)
     model.generation_config = GenerationConfig()
     return model, tokenizer
 
@@ -59,13 +60,13 @@ class SweepModels:
 
     def __init__(self, device: str, dtype: str) -> None:
         self.device, self.dtype = device, dtype
-        self.loaded: dict[tuple[str, str], tuple[torch.nn.Module, Any]] = {}
+        self.loaded: dict[tuple[str, str, str], tuple[torch.nn.Module, Any]] = {}
 
-    def get(self, spec: str, dtype: str | None = None) -> tuple[torch.nn.Module, Any]:
-        """Model ``spec`` in ``dtype`` (default: the run's dtype), loaded once."""
-        key = (spec, dtype or self.dtype)
+    def get(self, spec: str, dtype: str | None = None, role: str = "target") -> tuple[torch.nn.Module, Any]:
+        """Model ``spec`` in ``dtype`` (default: the run's dtype) as ``role`` ("target" or "draft"), loaded once."""
+        key = (spec, dtype or self.dtype, role)
         if key not in self.loaded:
-            self.loaded[key] = load_model(spec, self.device, key[1])
+            self.loaded[key] = load_model(spec, self.device, key[1], role)
         return self.loaded[key]
 
     def keep_only(self, specs: set[str]) -> None:

@@ -83,9 +83,9 @@ class Sweep:
         self._acceptances: dict[str, Any] = {}  # acceptance file name -> its MeasuredAcceptance, read once
 
     def draft_model(self, target: str, draft: str) -> torch.nn.Module:
-        """The draft in the run's draft precision, after checking once that it shares the target's
-        tokenizer (real models)."""
-        model, tokenizer = self.models.get(draft, draft_dtype(self.cfg))
+        """The draft in the run's draft precision, loaded as a draft (its int8 or int4 a draft's, as ``treespec
+        generate`` loads it), after checking once that it shares the target's tokenizer (real models)."""
+        model, tokenizer = self.models.get(draft, draft_dtype(self.cfg), role="draft")
         if (target, draft) not in self.checked_pairs:
             target_tok = self.models.get(target)[1]
             if not isinstance(tokenizer, ByteTokenizer) and not isinstance(target_tok, ByteTokenizer):
