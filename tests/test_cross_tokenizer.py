@@ -344,6 +344,24 @@ def test_bad_arguments():
         CrossTokenizerDrafter(draft, object(), TARGET_TOK)
 
 
+def test_load_cross_drafter_loads_its_model_as_a_draft(monkeypatch):
+    """``load_cross_drafter`` passed no role to ``load``, whose default is "target": an int8 draft was refused as a
+    target and an int4 or auto one loaded as a target's. It loads as a draft unless told otherwise."""
+    from treespec.models import pair
+
+    _, draft = text_pair_models()
+    roles = []
+
+    def fake_load(name, device="cpu", dtype=torch.float32, role="target", **kwargs):
+        roles.append(role)
+        return draft, DRAFT_TOK
+
+    monkeypatch.setattr(pair, "load", fake_load)
+    assert isinstance(load_cross_drafter("a-draft", TARGET_TOK, dtype="int8"), CrossTokenizerDrafter)
+    load_cross_drafter("a-draft", TARGET_TOK, role="target")
+    assert roles == ["draft", "target"]
+
+
 def test_hf_tokenizers_are_used_without_special_tokens():
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast

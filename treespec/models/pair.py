@@ -70,8 +70,9 @@ def load_cross_drafter(draft_name: str | os.PathLike, target_tokenizer: PreTrain
                        width: int = 1, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
                        **load_kwargs: Any) -> CrossTokenizerDrafter:
     """Load the draft model ``draft_name`` (a built-in name, a directory or a hub id; see
-    :func:`treespec.models.load`) as a ``CrossTokenizerDrafter`` for ``target_tokenizer``."""
-    model, tokenizer = load(draft_name, device=device, dtype=dtype, **load_kwargs)
+    :func:`treespec.models.load`, as a draft: its ``int8``, ``int4`` and ``auto`` are a draft's) as a
+    ``CrossTokenizerDrafter`` for ``target_tokenizer``."""
+    model, tokenizer = load(draft_name, device=device, dtype=dtype, **{"role": "draft", **load_kwargs})
     return CrossTokenizerDrafter(model, tokenizer, target_tokenizer, depth=depth, width=width)
 
 
