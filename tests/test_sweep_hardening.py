@@ -626,3 +626,23 @@ def test_a_sweep_loads_its_draft_as_a_draft(monkeypatch) -> None:
     for _ in range(2):
         state.draft_model("real-target", "real-draft")
     assert calls == [("real-draft", "int8", "draft"), ("real-target", "float32", "target")]
+
+
+def test_an_int4_target_sweeps_on_the_cpu_and_is_refused_elsewhere(tmp_path: Path) -> None:
+    """``run.dtype = "int4"``: the target on the int4 kernel (for a GGUF file, its own blocks: the CPU's fastest, the
+    precision ``treespec generate`` picks there), its draft "same" in int4 too; greedy treespec equals HF's greedy
+    decoding of the same int4 model. int8 and int4 on another device than the CPU are refused, naming the key."""
+    cfg = small()
+    cfg["run"]["dtype"] = "int4"
+    cfg["baselines"]["methods"] = ["target"]
+    records = E.read_records(E.sweep(E.load_config(cfg), tmp_path, progress=False, make_report=False))
+    assert [r["status"] for r in records] == ["ok", "ok"]
+    assert all(r["params"]["dtype"] == "int4" and "draft_dtype" not in r["params"] for r in records)
+    point = next(r for r in records if r["kind"] == "treespec")
+    assert point["checks"]["greedy_same_as_target"] == "1/1" and point["result"]["tau"] > 1
+    for run, key in (({"device": "cuda", "dtype": "int4"}, "run.dtype = 'int4'"),
+                     ({"device": "cuda:1", "draft_dtype": "int8"}, "run.draft_dtype = 'int8'")):
+        with pytest.raises(ValueError, match=f"{key} runs on a CPU only .* this sweep's device is 'cuda"):
+            E.load_config({"data": {"datasets": ["humaneval"]}, "run": run})
+    with pytest.raises(ValueError, match="run.dtype must be one of"):
+        E.load_config({"data": {"datasets": ["humaneval"]}, "run": {"dtype": "int8"}})

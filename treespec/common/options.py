@@ -28,8 +28,10 @@ PRECISIONS = ("float32", "bfloat16", "float16", "int8", "int4")
 #: the floating-point precisions (a target may run in any of them, or in int4 on a GGUF file's own blocks; int8 is for
 #: drafts only)
 FLOATS = PRECISIONS[:3]
+#: the precisions a target may run in (int4: a GGUF file's own 4-bit blocks, CPU only; int8 is for drafts only)
+TARGET_PRECISIONS = (*FLOATS, "int4")
 #: the names a user may give per role (``auto`` measures; see ``treespec.models.precision.auto_precision``)
-CHOICES = {"target": ("auto", *FLOATS, "int4"), "draft": ("auto", *PRECISIONS)}
+CHOICES = {"target": ("auto", *TARGET_PRECISIONS), "draft": ("auto", *PRECISIONS)}
 
 #: the built-in pair, packaged as GGUF files (``treespec.models.packaged``)
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ...common.files import check_writable
-from ...common.options import FLOATS
+from ...common.options import TARGET_PRECISIONS
 from .paths import REPLACED, RESULTS
 
 
@@ -72,7 +72,8 @@ def _parser() -> argparse.ArgumentParser:
                          "README.md go, default beside the results file)")
     ap.add_argument("--device", default=None,
                     help="torch device for both models, e.g. cpu or cuda (overrides run.device)")
-    ap.add_argument("--dtype", choices=FLOATS, default=None, help="model dtype (overrides run.dtype)")
+    ap.add_argument("--dtype", choices=TARGET_PRECISIONS, default=None,
+                    help="the target's precision (overrides run.dtype; int4: a CPU's, the GGUF file's own blocks)")
     ap.add_argument("--report", type=Path, default=None, metavar="RESULTS_JSONL",
                     help="only write plots and README.md for an existing results.jsonl")
     ap.add_argument("--dry-run", action="store_true",
@@ -113,7 +114,7 @@ def _report_only(ap: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
 
 def _dry_run(args: argparse.Namespace) -> int:
-    from .config import check_device_available, check_types, load_config
+    from .config import check_cpu_precisions, check_device_available, check_types, load_config
     from .lock import refusal
     from .models import check_specs
     from .points import compile_plan, enumerate_points, finished, measure_key, model_specs
@@ -125,6 +126,7 @@ def _dry_run(args: argparse.Namespace) -> int:
     if args.dtype:
         cfg["run"]["dtype"] = args.dtype
     check_types(cfg)  # the overrides too
+    check_cpu_precisions(cfg)
     out = args.out or Path("experiments") / "results" / cfg["name"]
     why = refusal(out, cfg) if out.is_dir() and not args.new else None
     try:  # what a run checks before any model loads (the output's writability below, creating nothing)

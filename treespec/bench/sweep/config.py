@@ -17,7 +17,7 @@ from ...core.verifiers import VERIFIERS
 from ...drafters.model import STATIC_MODES
 from ...recipes import NGramSettings, Recipe
 from ...models.packaged import DEFAULT_DRAFT, DEFAULT_TARGET
-from ...common.options import FLOATS, PRECISIONS
+from ...common.options import PRECISIONS, TARGET_PRECISIONS
 from ..baselines import ASSISTED_SETTINGS
 from ..datasets import DATASETS, dataset_prompts, dataset_size, prompt_range
 
@@ -144,6 +144,7 @@ def load_config(config: str | os.PathLike | dict[str, Any]) -> dict[str, Any]:
         from ...common.device import default_device
 
         cfg["run"]["device"] = default_device()
+    check_cpu_precisions(cfg)
     g["max_depths"] = [None if isinstance(d, str) else d for d in g["max_depths"]]  # "none" (checked above)
     check("paths" not in g["builders"] or bool(static_trees(cfg)),
           "grid.builders has \"paths\": give its static tree as shapes.paths, child-rank paths in priority order, "
@@ -153,6 +154,18 @@ def load_config(config: str | os.PathLike | dict[str, Any]) -> dict[str, Any]:
         if not set(range(*calib)).isdisjoint(range(*evals)):
             raise ValueError(f"dataset {name}: calibration prompts {calib} overlap evaluation prompts {evals}")
     return cfg
+
+
+def check_cpu_precisions(cfg: dict[str, Any]) -> None:
+    """Refuse int8 and int4 (``run.dtype``, ``run.draft_dtype``) on a device other than the CPU: their kernels are
+    the CPU's (``treespec.models.precision.CPU_ONLY``)."""
+    from ...models.precision import CPU_ONLY
+
+    device = str(cfg["run"]["device"])
+    for key, value in (("run.dtype", cfg["run"]["dtype"]), ("run.draft_dtype", draft_dtype(cfg))):
+        check(value not in CPU_ONLY or device == "cpu" or device.startswith("cpu:"),
+              f"{key} = {value!r} runs on a CPU only (its kernels are the CPU's), and this sweep's device is "
+              f"{device!r}: use bfloat16 there, or run.device = \"cpu\"")
 
 
 def draft_dtype(cfg: dict[str, Any]) -> str:
@@ -476,7 +489,8 @@ TYPES: dict[str, Checker] = {
     "baselines.methods": _methods,
     "baselines.prompt_lookup_num_tokens": _list(_int(1)), "baselines.max_matching_ngram_size": _int(1),
     "baselines.assisted": _assisted,
-    "run.device": _device, "run.dtype": _choice(FLOATS), "run.draft_dtype": _choice(("same", *PRECISIONS)),
+    # run.dtype: the target's precision ("auto" would name no precision in a point's key)
+    "run.device": _device, "run.dtype": _choice(TARGET_PRECISIONS), "run.draft_dtype": _choice(("same", *PRECISIONS)),
     "run.warmup_tokens": _int(0), "run.threads": _int(0), "run.compile": _compile, "run.envelope": _choice(ENVELOPES),
     "run.workers": _int(0),
 }

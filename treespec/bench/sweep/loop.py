@@ -11,8 +11,8 @@ from typing import Any, Callable
 
 import torch
 
-from ...common.options import FLOATS
-from .config import check, check_device_available, load_config
+from ...common.options import TARGET_PRECISIONS
+from .config import check, check_cpu_precisions, check_device_available, load_config
 from .distributed import run_here, run_points
 from .lock import claim, exclusive
 from .models import check_specs
@@ -60,8 +60,9 @@ def sweep(config: str | os.PathLike | dict[str, Any], out_dir: str | os.PathLike
     if device is not None:
         cfg["run"]["device"] = device
     if dtype is not None:
-        check(dtype in FLOATS, f"dtype must be one of {FLOATS}")
+        check(dtype in TARGET_PRECISIONS, f"dtype must be one of {TARGET_PRECISIONS}")
         cfg["run"]["dtype"] = dtype
+    check_cpu_precisions(cfg)
     check_device_available(cfg["run"]["device"])
     out = Path(out_dir) if out_dir is not None else Path("experiments") / "results" / cfg["name"]
     out.mkdir(parents=True, exist_ok=True)
