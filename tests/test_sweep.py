@@ -131,6 +131,16 @@ def test_report_writes_plots_and_table(full: Path, tmp_path: Path) -> None:
     replayed = {line.split(" | ")[column] for line in text.splitlines()
                 if line.startswith("| humaneval | 0 | 1 | 0 | model |")}
     assert replayed and "-" not in replayed  # every static point's replay, from the walk's ranks
+    # vs fastest HF: the least of the per-method speedups, naming that method
+    columns = header.split(" | ")
+    for line in text.splitlines():
+        if line.startswith("| humaneval | 0 | 1 | 0 | model |"):
+            cells = dict(zip(columns, line.split(" | ")))
+            each = {m: float(cells[m].split()[0]) for m in ("vs target", "vs assisted", "vs prompt lookup")}
+            assert cells["vs static+compile"] == "-"  # not run by this config
+            assert float(cells["vs fastest HF"].split()[0]) == min(each.values())
+            method = min(each, key=each.get).removeprefix("vs ").replace(" ", "_")
+            assert f"] ({method}" in cells["vs fastest HF"]
 
 
 def test_ngram_both_and_the_other_builders(tmp_path: Path) -> None:
@@ -218,16 +228,17 @@ def test_config_is_validated() -> None:
 
 def test_a_config_without_baselines_or_device_runs_what_a_user_of_the_machine_would(monkeypatch) -> None:
     """``run.device`` left out is the commands' default (CUDA where there is one); ``baselines.methods`` left out is
-    eager HF, assisted and prompt lookup, and on CUDA HF with a static cache + ``torch.compile`` too (what a GPU user
-    runs); a listed set stays as listed."""
+    eager HF, HF with a static cache + ``torch.compile`` (HF's fastest plain decoding on a GPU, and on a CPU in
+    bfloat16), assisted and prompt lookup on every device; a listed set stays as listed."""
     from treespec.bench.sweep.config import baseline_methods
 
     import torch
 
     bare = {"data": {"datasets": ["humaneval"]}}  # the rest of the defaults
     cfg = E.load_config(bare)
-    assert cfg["run"]["device"] == "cpu" and baseline_methods(cfg) == ["target", "assisted", "prompt_lookup"]
-    assert "target_compiled" in baseline_methods({**cfg, "run": {**cfg["run"], "device": "cuda"}})
+    assert cfg["run"]["device"] == "cpu"
+    assert baseline_methods(cfg) == ["target", "target_compiled", "assisted", "prompt_lookup"]
+    assert baseline_methods({**cfg, "run": {**cfg["run"], "device": "cuda"}}) == baseline_methods(cfg)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert E.load_config(bare)["run"]["device"] == "cuda"
     listed = E.load_config({**bare, "baselines": {"methods": ["target"]}, "run": {"device": "cpu"}})

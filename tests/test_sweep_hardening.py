@@ -646,3 +646,18 @@ def test_an_int4_target_sweeps_on_the_cpu_and_is_refused_elsewhere(tmp_path: Pat
             E.load_config({"data": {"datasets": ["humaneval"]}, "run": run})
     with pytest.raises(ValueError, match="run.dtype must be one of"):
         E.load_config({"data": {"datasets": ["humaneval"]}, "run": {"dtype": "int8"}})
+
+
+def test_settings_the_device_decides_compare_as_the_device_takes_them() -> None:
+    """The committed CPU sweep's config says ``run.compile = false`` and has no ``run.envelope`` (both added or made
+    "auto" later): on a CPU "auto" compiles nothing and pads nothing, so resuming it is no change; on CUDA "auto"
+    compiles, which is one."""
+    from treespec.bench.sweep.lock import canonical, changes
+
+    new = canonical(small())
+    old = json.loads(json.dumps(new))
+    old["run"]["compile"] = False
+    del old["run"]["envelope"]
+    assert new["run"]["compile"] == "auto" and changes(old, new) == {}
+    on_cuda = {**new, "run": {**new["run"], "device": "cuda"}}
+    assert set(changes({**old, "run": {**old["run"], "device": "cuda"}}, on_cuda)) == {"run.compile"}

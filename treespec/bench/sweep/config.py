@@ -306,19 +306,18 @@ def _compile(where: str, value: Any) -> None:
                     "backend name (torch._dynamo.list_backends() lists them)")
 
 
-#: ``baselines.methods = "auto"``: each alternative a user would run, at its fastest on the device: these, and on CUDA
-#: HF ``generate`` with a static cache and ``torch.compile`` (CUDA graphs) too (on a CPU it compiles for minutes and
-#: eager HF int4 was the faster of the two in the demo: list "target_compiled" to add it)
-AUTO_BASELINES = ("target", "assisted", "prompt_lookup")
+#: ``baselines.methods = "auto"``: each alternative a user would run, on every device: HF ``generate`` eager and with a
+#: static cache + ``torch.compile`` (inductor's weight freezing; CUDA graphs on CUDA), assisted generation and prompt
+#: lookup, each at its fastest (their settings: ``baselines.assisted``, ``baselines.prompt_lookup_num_tokens``).
+#: Which is fastest depends on the machine and precision: on a Zen 5 CPU static + compile ran bfloat16 1.29x faster
+#: than eager (experiments/results/cpu-fastest-zen5) and int4 0.89x as fast (demo-cpu-zen5-assisted), so both run
+AUTO_BASELINES = ("target", "target_compiled", "assisted", "prompt_lookup")
 
 
 def baseline_methods(cfg: dict[str, Any]) -> list[str]:
-    """The HF baselines a sweep runs: ``baselines.methods``, where "auto" is :data:`AUTO_BASELINES` and, on CUDA,
-    ``target_compiled``."""
+    """The HF baselines a sweep runs: ``baselines.methods``, where "auto" is :data:`AUTO_BASELINES`."""
     methods = cfg["baselines"]["methods"]
-    if methods != ["auto"]:
-        return list(methods)
-    return [*AUTO_BASELINES, *(["target_compiled"] if "cuda" in str(cfg["run"]["device"]) else [])]
+    return list(AUTO_BASELINES) if methods == ["auto"] else list(methods)
 
 
 def run_compile(cfg: dict[str, Any]) -> bool | str:

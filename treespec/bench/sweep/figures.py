@@ -63,12 +63,13 @@ def speed_interval(records: list[dict[str, Any]]) -> Interval | None:
     return _pooled(records, lambda r: _units(r)[0], lambda r: _units(r)[1])
 
 
-def baseline_of(record: dict[str, Any], bases: list[dict[str, Any]], method: str) -> dict[str, Any] | None:
+def baseline_of(record: dict[str, Any], bases: list[dict[str, Any]], method: str | None) -> dict[str, Any] | None:
     """The finished ``method`` baseline measured on the same prompts and settings as ``record``, on the
     same machine (a speedup across two machines measures the machines, not the method); of several settings of one
-    method (HF assisted generation's, prompt lookup's) the fastest (``records.fastest``)."""
+    method (HF assisted generation's, prompt lookup's) the fastest (``records.fastest``). ``method`` None: the
+    fastest of every HF method run there (what a user would run instead)."""
     p = record["params"]
-    return fastest([b for b in bases if b["params"]["method"] == method and b is not record
+    return fastest([b for b in bases if method in (None, b["params"]["method"]) and b is not record
                     and all(b["params"].get(k) == p.get(k) for k in _SAME_RUN) and machine_of(b) == machine_of(record)])
 
 
@@ -79,10 +80,12 @@ def is_fastest(base: dict[str, Any], bases: list[dict[str, Any]]) -> bool:
     return other is None or fastest([base, other]) is base
 
 
-def speedup_interval(records: list[dict[str, Any]], bases: list[dict[str, Any]], method: str) -> Interval | None:
+def speedup_interval(records: list[dict[str, Any]], bases: list[dict[str, Any]], method: str | None
+                     ) -> Interval | None:
     """Baseline seconds / treespec seconds over the prompts of ``records``, paired per prompt, or per batch
-    for a batch point (each record with the ``method`` baseline of its own prompts, batch size and seed). None
-    unless every record has that baseline, finished, with exactly the same token count per prompt."""
+    for a batch point (each record with the ``method`` baseline of its own prompts, batch size and seed; None: the
+    fastest HF method there, :func:`baseline_of`). None unless every record has that baseline, finished, with
+    exactly the same token count per prompt."""
     pairs = []
     for r in records:
         b = baseline_of(r, bases, method)

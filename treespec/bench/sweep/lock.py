@@ -106,15 +106,28 @@ def _leaves(tree: Any, where: str = "") -> dict[str, Any]:
     return {where.rstrip("."): tree}
 
 
+def _resolved(cfg: dict[str, Any]) -> dict[str, Any]:
+    """``cfg`` with its "auto" settings that its device decides (``run.compile``, ``run.envelope``) as that device
+    takes them: "auto" on a CPU compiles nothing, as false does (a stored config from before "auto" was the
+    default says false)."""
+    run = cfg.get("run")
+    if not isinstance(run, dict) or "device" not in run:
+        return cfg
+    cuda = "cuda" in str(run["device"])
+    fixed = {"compile": cuda if run.get("compile") == "auto" else run.get("compile"),
+             "envelope": ("padded" if cuda else "exact") if run.get("envelope") == "auto" else run.get("envelope")}
+    return {**cfg, "run": {**run, **{k: v for k, v in fixed.items() if k in run}}}
+
+
 def changes(old: dict[str, Any], new: dict[str, Any]) -> dict[str, str]:
     """``{key: "key: old -> new"}`` for every setting that differs, in key order. A key the old config
     lacks counts as unchanged when the new value is its default (a setting added to treespec later, at
-    its old behaviour)."""
-    a, b = _leaves(old), _leaves(new)
+    its old behaviour); settings its device decides are compared as the device takes them (:func:`_resolved`)."""
+    a, b, given = _leaves(_resolved(old)), _leaves(_resolved(new)), _leaves(new)
     defaults = _leaves(canonical(DEFAULTS))
     out = {}
     for key in sorted(set(a) | set(b)):
-        if key in PLACEMENT or (key not in a and key in defaults and b[key] == defaults[key]):
+        if key in PLACEMENT or (key not in a and key in defaults and given.get(key) == defaults[key]):
             continue
         if a.get(key, "(absent)") != b.get(key, "(absent)"):
             out[key] = f"{key}: {json.dumps(a.get(key, '(absent)'))} -> {json.dumps(b.get(key, '(absent)'))}"

@@ -110,15 +110,18 @@ def _order(r: dict[str, Any]) -> tuple:
 def _treespec_table(tres: list[dict[str, Any]], bases: list[dict[str, Any]]) -> list[str]:
     verifier = any("verifier" in r["params"] for r in tres)  # a column where a point is not verified by rrs
     header = ("| dataset | T | top-p | seed | drafters | builder | " + ("verifier | " if verifier else "")
-              + "B | depth | tree size | tau | tau (uncut) | predicted tau | replayed tau | tok/s | vs target | "
-              "vs assisted | vs prompt lookup | drafting s | verifying s | overhead s | greedy = target |")
+              + "B | depth | tree size | tau | tau (uncut) | predicted tau | replayed tau | tok/s | vs fastest HF | "
+              "vs target | vs static+compile | vs assisted | vs prompt lookup | drafting s | verifying s | "
+              "overhead s | greedy = target |")
     lines = ["## Treespec points", "",
              "Intervals: 95% bootstrap over prompts (`treespec.bench.intervals`; speedups paired per prompt). "
              "tau counts every step; tau (uncut) only the steps the end of generation (max_new_tokens or "
              "EOS, or the depth cap near it) did not shorten, the quantity the prediction estimates. "
              "predicted tau: the calibration's acceptance rows through the tree (Sequoia's model); "
              "replayed tau: the tree run over the calibration walk's ranks (exact for that calibration's "
-             "prompts; '-' where the calibration kept no ranks)."
+             "prompts; '-' where the calibration kept no ranks). vs fastest HF: over the fastest HF method run on "
+             "the same prompts and machine (named; HF `generate` eager, with a static cache + `torch.compile`, "
+             "assisted generation and prompt lookup, each in its fastest setting: what a user would run instead)."
              + (" greedy = target compares outputs with HF generate's in the same precision; below float32 "
                 "a batched tree forward can round a near-tie of the top two logits the other way "
                 "(docs/design.md), so a difference there is not a failure of exactness. HF's own "
@@ -133,7 +136,12 @@ def _treespec_table(tres: list[dict[str, Any]], bases: list[dict[str, Any]]) -> 
         p, res, t, s = r["params"], r["result"], r["timing"], r.get("speedup", {})
         rule = f"{p.get('verifier', 'rrs')} | " if verifier else ""
 
-        def vs(method: str) -> Any:  # the stored figure only for records without per-prompt timings
+        def vs(method: str | None) -> Any:  # the stored figure only for records without per-prompt timings
+            if method is None:  # the fastest HF method on these prompts, named
+                best = baseline_of(r, bases, None)
+                stored = min((v for v in s.values() if v is not None), default=None)
+                figure = speedup_interval([r], bases, None) or (stored if best is not None else None)
+                return None if figure is None else f"{_fmt(figure)} ({baseline_label(best['params'])})"
             return speedup_interval([r], bases, method) or (
                 s.get(method) if baseline_of(r, bases, method) is not None else None)
 
@@ -144,7 +152,8 @@ def _treespec_table(tres: list[dict[str, Any]], bases: list[dict[str, Any]]) -> 
             f"{_fmt(tau_interval([r]) or res['tau'])} | {_fmt(tau_interval([r], uncut=True))} | "
             f"{_fmt(res.get('predicted_tau'))} | {_fmt(res.get('replayed_tau'))} | "
             f"{_fmt(speed_interval([r]) or t['tokens_per_second'])} | "
-            f"{_fmt(vs('target'))} | {_fmt(vs('assisted'))} | {_fmt(vs('prompt_lookup'))} | "
+            f"{_fmt(vs(None))} | {_fmt(vs('target'))} | {_fmt(vs('target_compiled'))} | {_fmt(vs('assisted'))} | "
+            f"{_fmt(vs('prompt_lookup'))} | "
             f"{t['drafting_seconds']:.3g} | {t['verifying_seconds']:.3g} | {t['overhead_seconds']:.3g} | "
             f"{_fmt(same_greedy_outputs(r, bases) or r.get('checks', {}).get('greedy_same_as_target'))} |")
     lines.append("")
