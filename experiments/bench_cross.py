@@ -136,9 +136,9 @@ def methods_for(target: torch.nn.Module, drafts: dict[str, torch.nn.Module | Cro
     same, cross = drafts[SAME], drafts[CROSS]
     if not isinstance(cross, CrossDraft) or isinstance(same, CrossDraft):
         raise ValueError("bench_cross needs one draft sharing the target's tokenizer and one that does not")
-    return [compare.hf_method(target),
-            *(compare.hf_assisted_method(target, tokenizers_of(drafts[role])[0], f"hf-assisted-{labels[role]}",
-                                         tokenizers=tokenizers_of(drafts[role])[1]) for role in (SAME, CROSS)),
+    assisted = [compare.hf_assisted_method(target, model, f"hf-assisted-{labels[role]}", tokenizers=tokenizers)
+                for role in (SAME, CROSS) for model, tokenizers in [tokenizers_of(drafts[role])]]
+    return [compare.hf_method(target), *assisted,
             treespec_counted(target, recipes[SAME], same, f"treespec-{labels[SAME]}"),
             treespec_counted(target, recipes[CROSS], cross, f"treespec-{labels[CROSS]}")]
 

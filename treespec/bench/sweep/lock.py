@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ...common.files import write_json
-from .config import DEFAULTS
+from .config import DEFAULTS, padded_envelope, run_compile
 from .paths import FINGERPRINT, LOCK, REPLACED
 from .points import enumerate_points, finished, measure_key
 from .records import RESULTS, read_records
@@ -113,10 +113,12 @@ def _resolved(cfg: dict[str, Any]) -> dict[str, Any]:
     run = cfg.get("run")
     if not isinstance(run, dict) or "device" not in run:
         return cfg
-    cuda = "cuda" in str(run["device"])
-    fixed = {"compile": cuda if run.get("compile") == "auto" else run.get("compile"),
-             "envelope": ("padded" if cuda else "exact") if run.get("envelope") == "auto" else run.get("envelope")}
-    return {**cfg, "run": {**run, **{k: v for k, v in fixed.items() if k in run}}}
+    fixed = dict(run)
+    if "compile" in run:
+        fixed["compile"] = run_compile(cfg)
+    if run.get("envelope") == "auto":
+        fixed["envelope"] = "padded" if padded_envelope(cfg) else "exact"
+    return {**cfg, "run": fixed}
 
 
 def changes(old: dict[str, Any], new: dict[str, Any]) -> dict[str, str]:
