@@ -643,9 +643,27 @@ def test_an_int4_target_sweeps_on_the_cpu_and_is_refused_elsewhere(tmp_path: Pat
     for run, key in (({"device": "cuda", "dtype": "int4"}, "run.dtype = 'int4'"),
                      ({"device": "cuda:1", "draft_dtype": "int8"}, "run.draft_dtype = 'int8'")):
         with pytest.raises(ValueError, match=f"{key} runs on a CPU only .* this sweep's device is 'cuda"):
-            E.load_config({"data": {"datasets": ["humaneval"]}, "run": run})
+            E.sweep({"data": {"datasets": ["humaneval"]}, "run": run}, tmp_path / "refused", progress=False)
+        assert not (tmp_path / "refused").exists()  # refused before anything is written
     with pytest.raises(ValueError, match="run.dtype must be one of"):
         E.load_config({"data": {"datasets": ["humaneval"]}, "run": {"dtype": "int8"}})
+
+
+def test_the_command_lines_device_and_dtype_decide_the_cpu_only_precisions(tmp_path: Path, capsys) -> None:
+    """int4 is refused on CUDA after ``--device`` / ``--dtype`` replace the config's, not before: a config written
+    for a GPU node (cuda, int4 by mistake or for a later CPU run) dry-runs with ``--device cpu`` and with
+    ``--dtype bfloat16``, and is refused as it stands, naming the key."""
+    config = tmp_path / "gpu-int4.toml"
+    text = TINY.read_text()
+    config.write_text(text.replace('device = "cpu"', 'device = "cuda"').replace('dtype = "float32"', 'dtype = "int4"'))
+    assert 'device = "cuda"\ndtype = "int4"' in config.read_text()
+    out = str(tmp_path / "out")
+    assert E.main(["--config", str(config), "--out", out, "--dry-run", "--device", "cpu"]) == 0
+    assert "runs on a CPU only" not in capsys.readouterr().err
+    code = E.main(["--config", str(config), "--out", out, "--dry-run", "--dtype", "bfloat16"])
+    assert "runs on a CPU only" not in capsys.readouterr().err and code == 0
+    with pytest.raises(ValueError, match="run.dtype = 'int4' runs on a CPU only"):
+        E.main(["--config", str(config), "--out", out, "--dry-run"])
 
 
 def test_settings_the_device_decides_compare_as_the_device_takes_them() -> None:

@@ -97,7 +97,9 @@ def load_config(config: str | os.PathLike | dict[str, Any]) -> dict[str, Any]:
 
     ``data`` may hold per-dataset tables (``[data.lee-news] calib = "0:100"``) overriding
     ``calib``/``eval`` for that dataset. Every value is type-checked without coercion
-    (:func:`check_types`); a list key also takes a single value.
+    (:func:`check_types`); a list key also takes a single value. What depends on the device (int8/int4 on a CPU
+    only: :func:`check_cpu_precisions`; the device present: :func:`check_device_available`) is checked by the
+    sweep and its dry run after the command line's ``--device`` / ``--dtype`` have replaced the config's.
     """
     if isinstance(config, dict):
         raw = copy.deepcopy(config)
@@ -144,7 +146,6 @@ def load_config(config: str | os.PathLike | dict[str, Any]) -> dict[str, Any]:
         from ...common.device import default_device
 
         cfg["run"]["device"] = default_device()
-    check_cpu_precisions(cfg)
     g["max_depths"] = [None if isinstance(d, str) else d for d in g["max_depths"]]  # "none" (checked above)
     check("paths" not in g["builders"] or bool(static_trees(cfg)),
           "grid.builders has \"paths\": give its static tree as shapes.paths, child-rank paths in priority order, "
