@@ -410,3 +410,39 @@ def test_each_drafter_sets_tree_is_drawn_apart(tmp_path):
     drawn = _tree_images([rec("model", [[0], [0, 0], [0, 0, 0]]), rec("both", [[0]])], tmp_path)
     assert [name for _, name in drawn] == ["trees/chain-B6-dnone.png", "trees/chain-B6-dnone-both.png"]
     assert drawn[1][0].endswith("drafters both") and all((tmp_path / name).is_file() for _, name in drawn)
+
+
+def test_hf_assisted_is_compared_only_with_the_points_own_draft() -> None:
+    """Two pairs of a sweep sharing a target (``models.pairs``): each pair's points are over HF assisted with their own
+    draft, not the other pair's faster one; each draft's fastest setting is bold and has its own line in the plots;
+    a point of the n-gram drafter alone (no draft) takes the fastest of them."""
+    rec = _treespec([8] * 2, [2] * 2, [4.0] * 2)
+    rec["params"]["draft"] = "draft-a"
+    target = _baseline(rec, [10.0] * 2)
+    mine, theirs = (_baseline(rec, [s] * 2, method="assisted") for s in (5.0, 2.0))
+    mine["params"]["draft"], theirs["params"]["draft"] = "draft-a", "draft-b"
+    mine["key"], theirs["key"] = "b-assisted-a", "b-assisted-b"
+    bases = [target, mine, theirs]
+    assert F.baseline_of(rec, bases, "assisted") is mine  # the other pair's draft is faster: not compared
+    assert F.speedup_interval([rec], bases, "assisted").estimate == pytest.approx(5.0 / 4.0)
+    assert F.baseline_of(rec, bases, None) is mine  # fastest HF: among the methods this pair's user could run
+    assert F.is_fastest(mine, bases) and F.is_fastest(theirs, bases)  # each draft's only setting
+    lines = R._base_speedups(F.panel(rec["params"]), bases)
+    assert lines == {"HF assisted (draft-a)": pytest.approx(2.0), "HF assisted (draft-b)": pytest.approx(5.0),
+                     "target alone": 1.0}
+    ngram = _treespec([8] * 2, [2] * 2, [4.0] * 2)
+    assert F.baseline_of(ngram, bases, "assisted") is theirs
+
+
+def test_vs_fastest_hf_without_per_prompt_timings_is_the_stored_figure_over_the_method_it_names() -> None:
+    """A record written before per-prompt timings shows its stored speedup over the fastest HF method it is named
+    after, not the least of its stored speedups (one over a baseline this report does not hold)."""
+    rec = _treespec([8] * 2, [2] * 2, [4.0] * 2)
+    target, assisted = _baseline(rec, [10.0] * 2), _baseline(rec, [5.0] * 2, method="assisted")
+    for r in (rec, target, assisted):
+        del r["timing"]["per_prompt_seconds"]
+    rec["result"]["mean_tree_size"] = 4.0
+    rec["timing"].update(tokens_per_second=2.0, drafting_seconds=1.0, verifying_seconds=6.0, overhead_seconds=1.0)
+    rec["speedup"] = {"target": 1.25, "assisted": 0.625, "prompt_lookup": 0.4}  # no prompt lookup record here
+    row = next(line for line in M._treespec_table([rec], [target, assisted]) if line.startswith("| d |"))
+    assert "| 2.00 | 0.62 (assisted) | 1.25 | - | 0.62 | - |" in row, row  # tok/s, vs fastest, target, ..

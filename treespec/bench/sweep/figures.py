@@ -65,12 +65,21 @@ def speed_interval(records: list[dict[str, Any]]) -> Interval | None:
 
 def baseline_of(record: dict[str, Any], bases: list[dict[str, Any]], method: str | None) -> dict[str, Any] | None:
     """The finished ``method`` baseline measured on the same prompts and settings as ``record``, on the
-    same machine (a speedup across two machines measures the machines, not the method); of several settings of one
-    method (HF assisted generation's, prompt lookup's) the fastest (``records.fastest``). ``method`` None: the
-    fastest of every HF method run there (what a user would run instead)."""
+    same machine (a speedup across two machines measures the machines, not the method), HF assisted with the same
+    draft (:func:`_same_draft`); of several settings of one method (HF assisted generation's, prompt lookup's) the
+    fastest (``records.fastest``). ``method`` None: the fastest of every HF method run there (what a user would run
+    instead)."""
     p = record["params"]
     return fastest([b for b in bases if method in (None, b["params"]["method"]) and b is not record
-                    and all(b["params"].get(k) == p.get(k) for k in _SAME_RUN) and machine_of(b) == machine_of(record)])
+                    and all(b["params"].get(k) == p.get(k) for k in _SAME_RUN) and _same_draft(b, p)
+                    and machine_of(b) == machine_of(record)])
+
+
+def _same_draft(base: dict[str, Any], params: dict[str, Any]) -> bool:
+    """HF assisted generation compared only with the draft of the point's own pair: two pairs of a sweep may share
+    a target (``models.pairs``). A point without a draft (the n-gram drafter alone) takes any."""
+    b = base["params"]
+    return b["method"] != "assisted" or "draft" not in params or b.get("draft") == params["draft"]
 
 
 def is_fastest(base: dict[str, Any], bases: list[dict[str, Any]]) -> bool:

@@ -139,8 +139,8 @@ def _treespec_table(tres: list[dict[str, Any]], bases: list[dict[str, Any]]) -> 
         def vs(method: str | None) -> Any:  # the stored figure only for records without per-prompt timings
             if method is None:  # the fastest HF method on these prompts, named
                 best = baseline_of(r, bases, None)
-                stored = min((v for v in s.values() if v is not None), default=None)
-                figure = speedup_interval([r], bases, None) or (stored if best is not None else None)
+                stored = s.get(best["params"]["method"]) if best is not None else None  # over that method
+                figure = speedup_interval([r], bases, None) or stored
                 return None if figure is None else f"{_fmt(figure)} ({baseline_label(best['params'])})"
             return speedup_interval([r], bases, method) or (
                 s.get(method) if baseline_of(r, bases, method) is not None else None)

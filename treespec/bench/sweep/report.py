@@ -202,13 +202,16 @@ def _intervals(ax: Any, pts: list[tuple[int, Interval]], **style: Any) -> Any:
 
 def _base_speedups(pn: tuple, bases: list[dict[str, Any]]) -> dict[str, float]:
     """The HF baselines' speedups over the target alone in panel ``pn`` (horizontal lines; of HF assisted generation's
-    and prompt lookup's settings the fastest)."""
+    and prompt lookup's settings the fastest, HF assisted a line per draft)."""
     lines: dict[str, list[float]] = {}
-    for r in bases:
-        if panel(r["params"]) == pn and r["params"]["method"] != "target" and is_fastest(r, bases):
-            v = baseline_speedup(r, bases)
-            if v is not None:
-                lines.setdefault(f"HF {r['params']['method']}", []).append(v.estimate)
+    shown = [r for r in bases
+             if panel(r["params"]) == pn and r["params"]["method"] != "target" and is_fastest(r, bases)]
+    drafts = {r["params"]["draft"] for r in shown if r["params"]["method"] == "assisted"}
+    for r in shown:
+        v = baseline_speedup(r, bases)
+        if v is not None:  # HF assisted: a line per draft where pairs share this panel's target
+            draft = f" ({r['params']['draft']})" if r["params"]["method"] == "assisted" and len(drafts) > 1 else ""
+            lines.setdefault(f"HF {r['params']['method']}{draft}", []).append(v.estimate)
     out_lines = {k: float(np.mean(v)) for k, v in lines.items()}
     out_lines["target alone"] = 1.0
     return out_lines
