@@ -20,7 +20,8 @@ machine's speed hits every method alike):
 Tokens per second: every row's tokens over the group's seconds; speedups paired per group (ratio of sums,
 bootstrap 95% intervals over groups). Each method's greedy rows are compared with treespec's (same
 precision: bf16 near-ties may differ). Records are appended as they finish; a re-run resumes (a batch size
-whose treespec records ran another tree runs again, every method, so that its methods stay interleaved).
+whose treespec records ran another tree, or whose HF assisted records another setting, runs again, every method,
+so that its methods stay interleaved: ``current_records``).
 
     python experiments/bench_batch.py --out experiments/results/batch-cpu
 """
@@ -91,6 +92,33 @@ def tree_of(recipe: Recipe) -> str:
     return f"budget {recipe.budget}, depth {recipe.depth}"
 
 
+def made_as(trees: dict[int, str], setting: str | None, batch_size: int) -> dict[str, Any]:
+    """What decides a record of ``batch_size`` besides its method: the tree treespec runs there (:func:`tree_of`) and
+    HF assisted's ``setting`` (B = 1 only); every record keeps it."""
+    return {"tree": trees[batch_size], "assisted_setting": setting if batch_size == 1 else None}
+
+
+def current_records(records: list[dict[str, Any]], trees: dict[int, str], setting: str | None) -> list[dict[str, Any]]:
+    """The records made as this run makes them (:func:`made_as`) at its batch sizes (``trees``), and those of other
+    batch sizes. A batch size made otherwise runs again, every method, so that its methods stay interleaved.
+    Records kept before ``made_as`` was: their batch size is current when its treespec records ran this tree and
+    its HF assisted records this setting (one not recorded is not)."""
+    def legacy_stale(r: dict[str, Any]) -> bool:
+        if r["method"].startswith("treespec"):
+            return r.get("tree") != trees[r["batch_size"]]
+        return r["method"] == "hf-assisted" and r.get("assisted_setting") != setting
+
+    stale = {r["batch_size"] for r in records if "made_as" not in r and r["batch_size"] in trees and legacy_stale(r)}
+    return [r for r in records if r["batch_size"] not in trees
+            or (r["made_as"] == made_as(trees, setting, r["batch_size"]) if "made_as" in r
+                else r["batch_size"] not in stale)]
+
+
+def _tree(record: dict[str, Any]) -> str | None:
+    """The tree a treespec record ran (kept in ``made_as``; in ``tree`` by records made before it was)."""
+    return record["made_as"]["tree"] if "made_as" in record else record.get("tree")
+
+
 def summarize(records: list[dict[str, Any]], batch_size: int, dataset: str | None = None) -> dict[str, Any]:
     """Tok/s per method at ``batch_size`` (on ``dataset``, or all) and each treespec method's paired speedup over
     each HF method and the fastest."""
@@ -108,7 +136,7 @@ def summarize(records: list[dict[str, Any]], batch_size: int, dataset: str | Non
     hf = [m for m in names if m not in ours]
     fastest = max(hf, key=tps.get)
     out: dict[str, Any] = {"batch_size": batch_size, "dataset": dataset or "all", "groups": len(complete),
-                           "tokens_per_second": tps, "tree": by[(*complete[0], "treespec")].get("tree"),
+                           "tokens_per_second": tps, "tree": _tree(by[(*complete[0], "treespec")]),
                            "fastest_hf": fastest, "speedup": {}, "greedy_rows_equal": {}}
     for t in ours:
         # same tokens per group (greedy, exactly n each): the ratio of seconds is the ratio of tok/s
@@ -162,13 +190,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                            cache_file=cache_root() / "profiles.json", batch_size=b) for b in args.batch_sizes}
     for b, r in resolved.items():
         print(f"treespec configuration at B={b}:", r.why, flush=True)
-    done = set()
-    if results.exists():
-        repair_tail(results)
-        old = read_records(results)
-        stale = {r["batch_size"] for r in old if r["method"] == "treespec" and r["batch_size"] in resolved
-                 and r.get("tree") != tree_of(resolved[r["batch_size"]].recipe)}
-        done = {(r["batch_size"], r["dataset"], r["group"], r["method"]) for r in old if r["batch_size"] not in stale}
     first = {"humaneval": 100, "lee-news": 0}
     prompts = {d: [tok(dataset_prompts(d)[first.get(d, 0) + i])["input_ids"] for i in range(args.prompts)]
                for d in args.datasets}
@@ -181,6 +202,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                                            name="hf-assisted", cache=args.out / "assisted.search.json")
         choice = compare.assisted_choice(speeds, OUTSIDE, who="HF assisted (B = 1)", tokens=args.max_new_tokens)
         print(choice, flush=True)
+    trees = {b: tree_of(r.recipe) for b, r in resolved.items()}
+    setting = assisted.setting if assisted is not None else None
+    done = set()
+    if results.exists():
+        repair_tail(results)
+        done = {(r["batch_size"], r["dataset"], r["group"], r["method"])
+                for r in current_records(read_records(results), trees, setting)}
     for b in args.batch_sizes:
         methods = methods_for(target, draft, resolved[b].recipe, b, compiled=args.compile, assisted_method=assisted)
         todo = {(b, d, g, m) for d in args.datasets for g in range(len(prompts[d]) // b) for m in methods} - done
@@ -204,10 +232,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     tokens, seconds = method(batch, args.max_new_tokens)
                     append_record(results, {"batch_size": b, "dataset": d, "group": g, "method": name,
                                             "tokens": tokens, "seconds": seconds,
-                                            **({"tree": tree_of(resolved[b].recipe)} if name.startswith("treespec")
-                                               else {})})
+                                            "made_as": made_as(trees, setting, b)})
                     print(f"B={b} {d}/{g} {name}: {sum(map(len, tokens)) / seconds:.2f} tok/s", flush=True)
-    records = read_records(results)
+    records = current_records(read_records(results), trees, setting)
     summaries = [summarize(records, b, d) for b in args.batch_sizes for d in [*args.datasets, None]]
     machine = (f"{cpu_model()}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads, "
                f"torch {torch.__version__}")

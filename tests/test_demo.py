@@ -392,6 +392,28 @@ def test_a_benchmark_resumes_only_under_the_settings_its_records_were_made_with(
     assert len(compare.run([method("a")], prompts, 4, old)) == 2
 
 
+def test_hf_assisted_records_of_another_setting_are_run_again_not_mixed(tmp_path):
+    """A file whose HF assisted records were made in another setting (before its fastest one was searched, or with
+    the search cache removed): a re-run measures them again in this run's setting and returns only those; the
+    other methods' records resume."""
+    calls = []
+
+    def method(name, setting=None):
+        run = lambda ids, n: calls.append(name) or ([1] * n, 0.1, {"assisted_setting": setting} if setting else {})  # noqa: E731
+        return compare.Method(name, run, "float32", True, setting)
+
+    results, prompts = tmp_path / "results.jsonl", [("humaneval", 0, [1, 2, 3]), ("humaneval", 1, [4, 5])]
+    compare.run([method("hf"), method("hf-assisted", "HF's default")], prompts, 4, results)
+    calls.clear()
+    records = compare.run([method("hf"), method("hf-assisted", "4 drafted tokens")], prompts, 4, results)
+    assert calls == ["hf", "hf-assisted"] + ["hf-assisted"] * 2  # each method's warm-up, then the stale runs alone
+    assert sorted((r["method"], r.get("assisted_setting")) for r in records) == [
+        ("hf", None), ("hf", None), ("hf-assisted", "4 drafted tokens"), ("hf-assisted", "4 drafted tokens")]
+    calls.clear()
+    assert len(compare.run([method("hf"), method("hf-assisted", "4 drafted tokens")], prompts, 4, results)) == 4
+    assert calls == []  # resumed: nothing left in this setting
+
+
 def test_a_chain_beside_the_best_branching_tree_says_what_both_are_predicted_by():
     """Where width costs, a chain is chosen and set beside the best branching tree of its budget, both by the
     tuner's expectation over the acceptance rows (every level drafted): the line says so, for a reader who finds

@@ -56,6 +56,7 @@ class Method:
     run: Callable[[list[int], int], tuple[list[int], float, dict[str, Any]]]
     precision: str  # of the target it decodes with (greedy agreement is checked within a precision)
     baseline: bool
+    setting: str | None = None  # HF assisted generation's (its records' ``assisted_setting``): another is re-run
 
 
 def hf_method(target: torch.nn.Module, name: str | None = None) -> Method:
@@ -98,7 +99,7 @@ def hf_assisted_method(target: torch.nn.Module, draft: torch.nn.Module, name: st
         tokens, seconds = hf_generate(target, ids, n, assistant_model=draft, assistant_config=config, **own)
         return tokens, seconds, {"assisted_setting": setting}
 
-    return Method(name or f"hf-assisted-{precision}", run, precision, True)
+    return Method(name or f"hf-assisted-{precision}", run, precision, True, setting)
 
 
 def fastest_assisted_method(target: torch.nn.Module, draft: torch.nn.Module, prompts: Sequence[list[int]], n: int,
@@ -197,13 +198,17 @@ def run(methods: Sequence[Method], prompts: Sequence[tuple[str, int, list[int]]]
     positions, which the warm-up call's tokens are kept within (never fewer than the runs'). ``settings``: what
     else decides the outputs and timings (a script's options); with ``max_new_tokens`` and each method's precision
     they are kept in every record, and a file of records made under other settings is refused (a re-run into it
-    would have mixed them), records kept before settings were excepted."""
+    would have mixed them), records kept before settings were excepted. A method's records made in another of its
+    own settings (HF assisted generation's, :attr:`Method.setting`: a file made before its fastest setting was
+    searched, or whose search cache was removed) are run again and left out of what it returns."""
     results.parent.mkdir(parents=True, exist_ok=True)
     repair_tail(results)  # a torn last line from an interrupted run
     settings = {"max_new_tokens": max_new_tokens, **(settings or {})}
+    own = {m.name: m.setting for m in methods}
+    current = lambda r: r.get("assisted_setting") == own[r["method"]] if r["method"] in own else True  # noqa: E731
     kept = read_records(results)
     check_settings(kept, settings, {m.name: m.precision for m in methods}, results)
-    done = {(r["dataset"], r["prompt"], r["method"]) for r in kept}
+    done = {(r["dataset"], r["prompt"], r["method"]) for r in kept if current(r)}
     if prompts and len(done) < len(prompts) * len(methods):
         # the same warm-up call for every method (compiles and one-off setup, kept apart), on the longest prompt and
         # as many new tokens as the runs: the caches it makes hold every run's (a compiled step's runner of a larger
@@ -227,7 +232,7 @@ def run(methods: Sequence[Method], prompts: Sequence[tuple[str, int, list[int]]]
             append_record(results, record)
             if on_record is not None:
                 on_record(record)
-    return read_records(results)
+    return [r for r in read_records(results) if current(r)]
 
 
 def check_settings(records: Sequence[dict[str, Any]], settings: dict[str, Any], precisions: dict[str, str],
