@@ -330,6 +330,13 @@ def test_a_compiled_sweep_pays_its_compiles_once_per_envelope(tmp_path: Path, ca
     plan = capsys.readouterr().out
     assert "compile plan: 4 compiled points" in plan and "ONE padded envelope" in plan
     assert "its longest prompt, whose runner serves every shorter one" in plan
+    assert "1 HF static cache + torch.compile baseline point(s) (backend eager): each compiles" in plan
+    eager = tmp_path / "eager.toml"  # treespec eager (a CPU's default), HF's compiled baseline still compiles
+    eager.write_text(config.read_text().replace('compile = "eager"\nenvelope = "padded"', ""))
+    assert sweep_main(["--config", str(eager), "--out", str(tmp_path / "eager"), "--dry-run"]) == 0
+    plan = capsys.readouterr().out
+    assert "compile plan: no treespec point compiles (run.compile is off" in plan
+    assert "1 HF static cache + torch.compile baseline point(s) (backend inductor)" in plan
     results = E.sweep(config, tmp_path / "out", progress=False)
     records = E.read_records(results)
     tres = [r for r in records if r["kind"] == "treespec"]

@@ -151,7 +151,8 @@ def test_hf_assisted_runs_in_each_setting_by_default_and_its_settings_are_an_axi
     fastest["baselines"]["assisted"] = "fastest"
     assert refusal(tmp_path, E.load_config(fastest)) is not None  # its setting {num_assistant_tokens: 2} is not in it
     fastest["baselines"]["assisted"] = [{}]
-    assert "drops 1 finished point(s) (humaneval T=0.0 assisted" in refusal(tmp_path, E.load_config(fastest))
+    assert "drops 1 finished point(s) (humaneval T=0.0 assisted (num_assistant_tokens=2))" in refusal(
+        tmp_path, E.load_config(fastest))  # named with its setting
 
 
 def test_prompt_lookup_runs_at_several_lengths_by_default_and_they_are_an_axis(tmp_path: Path) -> None:
@@ -171,7 +172,28 @@ def test_prompt_lookup_runs_at_several_lengths_by_default_and_they_are_an_axis(t
     more["baselines"].update(methods=["prompt_lookup"], prompt_lookup_num_tokens=[4, 2])
     assert refusal(tmp_path, E.load_config(more)) is None
     more["baselines"]["prompt_lookup_num_tokens"] = [2]
-    assert "drops 1 finished point(s) (humaneval T=0.0 prompt_lookup" in refusal(tmp_path, E.load_config(more))
+    assert "drops 1 finished point(s) (humaneval T=0.0 prompt_lookup (4 tokens))" in refusal(
+        tmp_path, E.load_config(more))
+
+
+def test_a_whole_number_for_a_fraction_names_the_same_assisted_setting() -> None:
+    """``assistant_confidence_threshold = 0`` and ``= 0.0`` are one setting of HF assisted generation: one point and
+    one key (two would run it twice and split its records), named as the known setting."""
+    from treespec.bench.sweep.config import assisted_settings
+    from treespec.bench.sweep.points import baseline_label
+
+    keys, labels = [], []
+    for zero in (0, 0.0):
+        cfg = small()
+        cfg["baselines"].update(methods=["assisted"], assisted=[{
+            "num_assistant_tokens": 2, "num_assistant_tokens_schedule": "constant",
+            "assistant_confidence_threshold": zero}])
+        cfg = E.load_config(cfg)
+        assert assisted_settings(cfg)[0]["assistant_confidence_threshold"] == 0.0
+        point = next(pt for pt in E.enumerate_points(cfg) if pt.params.get("method") == "assisted")
+        keys.append(point.key)
+        labels.append(baseline_label(point.params))
+    assert keys[0] == keys[1] and labels == ["assisted (2 drafted tokens)"] * 2
 
 
 def test_prompt_ranges_are_axes_whose_changes_keep_the_points_they_do_not_touch(tmp_path: Path) -> None:

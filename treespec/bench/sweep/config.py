@@ -448,7 +448,13 @@ def assisted_settings(cfg: dict[str, Any]) -> list[dict[str, Any]]:
     the speedups "vs assisted" are over the fastest of them on the same prompts (``figures.baseline_of``)."""
     given = cfg["baselines"]["assisted"]
     settings = list(ASSISTED_SETTINGS.values()) if given == FASTEST else given if isinstance(given, list) else [given]
-    return [dict(sorted(s.items())) for s in settings]
+    # a whole number where GenerationConfig takes a fraction (0 for 0.0) names the same setting: one point, one key
+    return [{k: float(v) if k in _FRACTIONS and isinstance(v, int) and not isinstance(v, bool) else v
+             for k, v in sorted(s.items())} for s in settings]
+
+
+#: HF assisted generation's options that are fractions (``GenerationConfig``)
+_FRACTIONS = ("assistant_confidence_threshold",)
 
 
 def _pairs(where: str, value: Any) -> None:

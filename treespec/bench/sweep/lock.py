@@ -32,7 +32,7 @@ from typing import Any, Iterator
 from ...common.files import write_json
 from .config import DEFAULTS, padded_envelope, run_compile
 from .paths import FINGERPRINT, LOCK, REPLACED
-from .points import enumerate_points, finished, measure_key
+from .points import baseline_label, enumerate_points, finished, measure_key
 from .records import RESULTS, read_records
 
 #: config keys that do not change any result (the name only labels the run and its default directory)
@@ -195,7 +195,7 @@ def _finished(out: Path) -> bool:
 
 def _label(record: dict[str, Any]) -> str:
     p = record.get("params", {})
-    what = p.get("method") if p.get("kind") == "baseline" else f"{p.get('builder')} B={p.get('budget')}"
+    what = baseline_label(p) if p.get("kind") == "baseline" else f"{p.get('builder')} B={p.get('budget')}"
     return f"{p.get('dataset')} T={p.get('temperature')} {what}"
 
 

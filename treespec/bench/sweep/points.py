@@ -298,13 +298,19 @@ def shape_record(shape: TreeShape) -> dict[str, Any]:
 
 def compile_plan(cfg: dict[str, Any], points: list[Point]) -> list[str]:
     """What a sweep's compiled ``points`` (those a run does not refuse) will compile (``--dry-run``): which points
-    capture their tree on the device and in which envelopes, which draft on the host, and the graphs to expect.
+    capture their tree on the device and in which envelopes, which draft on the host, the graphs to expect, and the
+    HF static cache + torch.compile baselines, which compile whether or not treespec's points do.
     Sequoia trees are known only once their acceptance is measured, so a padded envelope is stated by what bounds
     it."""
+    hf = [pt for pt in points if pt.kind == "baseline" and pt.params["method"] == "target_compiled"]
+    hf_lines = [f"  {len(hf)} HF static cache + torch.compile baseline point(s) (backend "
+                f"{', '.join(sorted({pt.params.get('backend', 'inductor') for pt in hf}))}): each compiles HF's "
+                "decoding in its warm-up call, timed apart from its measured calls"] if hf else []
     compiled = [pt for pt in points if pt.kind == "treespec" and pt.params.get("compile")]
     if not compiled:
-        return ["compile plan: no point compiles " + ("(each that would is refused)" if run_compile(cfg) else
-                                                      "(run.compile is off for this device): eager steps")]
+        return ["compile plan: no treespec point compiles " + (
+            "(each that would is refused)" if run_compile(cfg) else "(run.compile is off for this device): eager "
+            "steps")] + hf_lines
     captured = [pt for pt in compiled if pt.params["drafters"] == "model" and pt.params["builder"] != "dynamic"
                 and pt.params.get("mode") in ("topk", "sample_without_replacement")]
     host = [pt for pt in compiled if pt not in captured]
@@ -335,4 +341,4 @@ def compile_plan(cfg: dict[str, Any], points: list[Point]) -> list[str]:
         widths = sorted({pt.params["budget"] for pt in host})
         lines.append(f"  {len(host)} points draft on the host (n-gram, several drafters, i.i.d. sampling or dynamic "
                      f"trees): one compiled verification per budget ({widths}) and sampling setting")
-    return lines
+    return lines + hf_lines
