@@ -7,8 +7,9 @@ HumanEval (code, raw completion prompts) and ShareGPT human first turns (chat, w
 target's chat template). Per prompt, in turn (interleaved, so a drift in the machine's speed hits
 every method alike; ``treespec.bench.compare``):
 
-* ``hf-bfloat16``: HF ``generate``, the target alone (the fastest HF configuration of the target
-  here, see ``experiments/results/cpu-speed``);
+* ``hf-bfloat16``: HF ``generate``, the target alone, eager;
+* ``hf-bfloat16-static-compiled``: the same with a static cache and ``torch.compile`` (inductor's weight freezing
+  on a CPU): HF's fastest plain decoding, compiled in the warm-up call every method gets (``compare.run``);
 * ``hf-assisted-qwen0.5b``: HF assisted generation with the Qwen 0.5B draft;
 * ``hf-assisted-smollm2``: HF "universal assisted generation" with SmolLM2 (``tokenizer=`` and
   ``assistant_tokenizer=``: HF re-tokenises the draft's chain);
@@ -64,7 +65,7 @@ SAME, CROSS = "same", "cross"  # the two draft roles
 
 @dataclass
 class Setup:
-    """What one run compares: the target, its tokenizer, the five methods (HF assisted's in HF's default setting
+    """What one run compares: the target, its tokenizer, the six methods (HF assisted's in HF's default setting
     until :func:`fastest_assisted` times them) and the two drafts by role."""
 
     target: torch.nn.Module
@@ -132,13 +133,13 @@ def treespec_counted(target: torch.nn.Module, recipe: Recipe, draft: torch.nn.Mo
 
 def methods_for(target: torch.nn.Module, drafts: dict[str, torch.nn.Module | CrossDraft],
                 recipes: dict[str, Recipe], labels: dict[str, str]) -> list[compare.Method]:
-    """The five methods, in the order they run on each prompt."""
+    """The six methods, in the order they run on each prompt."""
     same, cross = drafts[SAME], drafts[CROSS]
     if not isinstance(cross, CrossDraft) or isinstance(same, CrossDraft):
         raise ValueError("bench_cross needs one draft sharing the target's tokenizer and one that does not")
     assisted = [compare.hf_assisted_method(target, model, f"hf-assisted-{labels[role]}", tokenizers=tokenizers)
                 for role in (SAME, CROSS) for model, tokenizers in [tokenizers_of(drafts[role])]]
-    return [compare.hf_method(target), *assisted,
+    return [compare.hf_method(target), compare.hf_compiled_method(target), *assisted,
             treespec_counted(target, recipes[SAME], same, f"treespec-{labels[SAME]}"),
             treespec_counted(target, recipes[CROSS], cross, f"treespec-{labels[CROSS]}")]
 
@@ -342,7 +343,7 @@ def main(argv: list[str] | None = None) -> dict:
     records = compare.run(methods, prompts, args.max_new_tokens, args.out / "results.jsonl", on_record=show,
                           settings={"cross_depth": args.cross_depth})
     names = [m.name for m in methods]
-    reference, as_same, as_cross, ts_same, ts_cross = names
+    reference, _, as_same, as_cross, ts_same, ts_cross = names  # the second: HF static + compile
     pairs = [(as_same, reference), (as_cross, reference), (ts_cross, ts_same), (as_cross, as_same)]
     summaries = []
     for d in dict.fromkeys(p[0] for p in prompts):

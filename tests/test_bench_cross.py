@@ -12,7 +12,7 @@ from treespec.bench.baselines import ASSISTED_SETTINGS
 
 bench = runpy.run_path(str(Path(__file__).resolve().parents[1] / "experiments" / "bench_cross.py"))
 ARGS = ["--smoke", "--prompts", "2", "--max-new-tokens", "8", "--datasets", "humaneval"]
-METHODS = 5  # HF alone, HF assisted (same / cross tokenizer), treespec (same / cross tokenizer)
+METHODS = 6  # HF alone (eager, static + compile), HF assisted (same / cross tokenizer), treespec (same / cross)
 
 
 def test_smoke_writes_outputs_and_resumes(tmp_path: Path) -> None:
@@ -32,6 +32,8 @@ def test_smoke_writes_outputs_and_resumes(tmp_path: Path) -> None:
     assert len(saved["summaries"]) == len(result["summaries"]) == 1
     readme = (tmp_path / "README.md").read_text()
     assert "Greedy agreement" in readme and "[" in readme  # intervals
+    assert "| hf-float32-static-compiled |" in readme  # HF's fastest plain decoding runs beside the others
+    assert "treespec-tiny-cross vs hf-float32-static-compiled" in readme
     assert (tmp_path / "tokens_per_second.png").stat().st_size > 0
     for label in ("tiny-same", "tiny-cross"):  # each HF assisted method in its fastest setting, named in the README
         speeds = json.loads((tmp_path / f"hf-assisted-{label}.search.json").read_text())
