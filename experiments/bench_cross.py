@@ -15,8 +15,8 @@ every method alike; ``treespec.bench.compare``):
   ``assistant_tokenizer=``: HF re-tokenises the draft's chain);
   each HF assisted method in its setting fastest on one prompt of each set outside the measured ones
   (``compare.fastest_assisted_method``: HF's default or a constant number of drafted tokens; cached in ``--out``);
-* ``treespec-qwen0.5b``: treespec with the Qwen draft as ``treespec generate`` runs it by default
-  (the tuned Sequoia tree, ``treespec.calibrate.tuning``);
+* ``treespec-qwen0.5b``: treespec with the Qwen draft tuned as ``treespec generate`` tunes it (the Sequoia tree
+  sized by the shipped acceptance of the draft's precision and a pilot, ``treespec.calibrate.tuning``), eager steps;
 * ``treespec-smollm2``: treespec with SmolLM2 as a cross-tokenizer draft (``CrossDraft`` from
   ``treespec.recipes.load_pair``; a greedy text chain of ``--cross-depth`` draft tokens per step,
   proposed as target-token point masses).
@@ -55,7 +55,7 @@ from treespec.drafters.model import ModelDrafter
 from treespec.common.machine import cpu_model
 from treespec.models.precision import precision_of
 import treespec
-from treespec.calibrate.vectors import default_acceptance
+from treespec.calibrate.vectors import acceptance_for_draft, default_acceptance
 from treespec.models.pair import CrossDraft
 from treespec.recipes import Recipe, build_drafters
 from treespec.calibrate.choices import resolve
@@ -159,8 +159,12 @@ def real_setup(args: argparse.Namespace) -> Setup:
 
     target, tok, (same, cross) = load_pair(DEFAULT_TARGET, [DEFAULT_DRAFT, SMOLLM2], target_dtype="bfloat16",
                                            draft_dtype="auto")
-    resolved = resolve(Recipe(tree="sequoia", acceptance=default_acceptance(None, 0.0)), target, [same],
-                       cache_file=cache_root() / "profiles.json")
+    # tuned as `treespec generate` tunes it: the shipped code acceptance of this draft's precision, the profile
+    # corrected by a pilot of the tree's real steps, the prediction replayed over the calibration walk the rows came
+    # from (their bare expectation overstates tau); eager steps (generate's measured compile choice is not made here)
+    acceptance, walk = acceptance_for_draft(None, 0.0, same)
+    resolved = resolve(Recipe(tree="sequoia", acceptance=acceptance), target, [same], tokenizer=tok, walk=walk,
+                       max_new_tokens=args.max_new_tokens, cache_file=cache_root() / "profiles.json")
     recipes = {SAME: resolved.recipe, CROSS: cross_recipe(args.cross_depth, target, cross)}
     labels = {SAME: "qwen0.5b", CROSS: "smollm2"}
     settings = {"target": f"{DEFAULT_TARGET} ({precision_of(target)})",
@@ -221,11 +225,12 @@ def paired_speed(by_method: dict[str, dict[int, dict]], a: str, b: str, prompts:
                                    [by_method[a][p]["seconds"] for p in prompts]).as_dict()
 
 
-def summarize(records: Sequence[dict], dataset: str, reference: str, pairs: Sequence[tuple[str, str]]) -> dict:
-    """``compare.summarize`` plus, per method: greedy agreement with ``reference`` (the target alone),
-    per-drafter acceptance, draft forwards per step and draft seconds per forward; and the speed
-    ratios of ``pairs`` (paired per prompt)."""
-    s = compare.summarize(records, dataset)
+def summarize(records: Sequence[dict], dataset: str, reference: str, pairs: Sequence[tuple[str, str]],
+              warmup: dict[str, float] | None = None) -> dict:
+    """``compare.summarize`` (with each method's warm-up seconds: HF static + compile's compile) plus, per method:
+    greedy agreement with ``reference`` (the target alone), per-drafter acceptance, draft forwards per step and draft
+    seconds per forward; and the speed ratios of ``pairs`` (paired per prompt)."""
+    s = compare.summarize(records, dataset, warmup)
     by_method: dict[str, dict[int, dict]] = {}
     for r in records:
         if r["dataset"] == dataset:
@@ -347,7 +352,7 @@ def main(argv: list[str] | None = None) -> dict:
     pairs = [(as_same, reference), (as_cross, reference), (ts_cross, ts_same), (as_cross, as_same)]
     summaries = []
     for d in dict.fromkeys(p[0] for p in prompts):
-        s = summarize(records, d, reference, pairs)
+        s = summarize(records, d, reference, pairs, compare.warmup_seconds(args.out / "results.jsonl"))
         compare.locate_divergences(setup.target, records, s, prompt_ids)
         summaries.append(s)
     meta = {"machine": f"{cpu_model()}, {torch.get_num_threads()} torch threads", "torch": torch.__version__,

@@ -32,6 +32,7 @@ def test_smoke_writes_outputs_and_resumes(tmp_path: Path) -> None:
     assert len(saved["summaries"]) == len(result["summaries"]) == 1
     readme = (tmp_path / "README.md").read_text()
     assert "Greedy agreement" in readme and "[" in readme  # intervals
+    assert "its seconds are shown apart" in readme  # the warm-up calls (HF static + compile compiles in its own)
     assert "| hf-float32-static-compiled |" in readme  # HF's fastest plain decoding runs beside the others
     assert "treespec-tiny-cross vs hf-float32-static-compiled" in readme
     assert (tmp_path / "tokens_per_second.png").stat().st_size > 0
