@@ -132,14 +132,15 @@ def treespec_counted(target: torch.nn.Module, recipe: Recipe, draft: torch.nn.Mo
 
 
 def methods_for(target: torch.nn.Module, drafts: dict[str, torch.nn.Module | CrossDraft],
-                recipes: dict[str, Recipe], labels: dict[str, str]) -> list[compare.Method]:
-    """The six methods, in the order they run on each prompt."""
+                recipes: dict[str, Recipe], labels: dict[str, str], backend: str = "inductor") -> list[compare.Method]:
+    """The six methods, in the order they run on each prompt (``backend``: HF static + compile's, inductor but in
+    the smoke run)."""
     same, cross = drafts[SAME], drafts[CROSS]
     if not isinstance(cross, CrossDraft) or isinstance(same, CrossDraft):
         raise ValueError("bench_cross needs one draft sharing the target's tokenizer and one that does not")
     assisted = [compare.hf_assisted_method(target, model, f"hf-assisted-{labels[role]}", tokenizers=tokenizers)
                 for role in (SAME, CROSS) for model, tokenizers in [tokenizers_of(drafts[role])]]
-    return [compare.hf_method(target), compare.hf_compiled_method(target), *assisted,
+    return [compare.hf_method(target), compare.hf_compiled_method(target, backend=backend), *assisted,
             treespec_counted(target, recipes[SAME], same, f"treespec-{labels[SAME]}"),
             treespec_counted(target, recipes[CROSS], cross, f"treespec-{labels[CROSS]}")]
 
@@ -213,7 +214,10 @@ def smoke_setup(args: argparse.Namespace) -> Setup:
                 SAME: "its perturbed copy (same tokenizer)",
                 CROSS: "tiny random Qwen2 with another byte-level BPE (320 tokens)"}
     drafts = {SAME: same, CROSS: cross}
-    return Setup(target, tok, methods_for(target, drafts, recipes, labels), settings, drafts, labels)
+    # HF static + compile with dynamo's aot_eager backend: the smoke checks its plumbing in seconds (inductor's
+    # compile of it under freezing: tests/test_freezing.py)
+    return Setup(target, tok, methods_for(target, drafts, recipes, labels, backend="aot_eager"), settings, drafts,
+                 labels)
 
 
 # -- summary ---------------------------------------------------------------------------------------

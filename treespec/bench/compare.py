@@ -73,15 +73,16 @@ def hf_method(target: torch.nn.Module, name: str | None = None) -> Method:
     return Method(name or f"hf-{precision}", run, precision, True)
 
 
-def hf_compiled_method(target: torch.nn.Module, name: str | None = None) -> Method:
+def hf_compiled_method(target: torch.nn.Module, name: str | None = None, backend: str = "inductor") -> Method:
     """HF ``generate`` with a static cache and ``torch.compile`` (its fastest plain decoding: with inductor's
     weight freezing, ``baselines.fastest_compile_settings``), greedy. Its first call compiles (:func:`run`
-    warms every method up alike)."""
+    warms every method up alike). ``backend``: dynamo's (another than inductor only where a smoke run checks the
+    plumbing, not the speed)."""
     precision = precision_of(target)
 
     def run(ids: list[int], n: int):
         with fastest_compile_settings():
-            tokens, seconds = hf_generate(target, ids, n, static_compiled=True)
+            tokens, seconds = hf_generate(target, ids, n, static_compiled=True, compile_backend=backend)
         return tokens, seconds, {}
 
     return Method(name or f"hf-{precision}-static-compiled", run, precision, True)
