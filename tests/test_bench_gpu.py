@@ -170,15 +170,16 @@ def test_hf_under_freezing_is_timed_and_the_ratios_take_hfs_fastest(bench_gpu, m
 
     calls = []
 
-    def timed_call(model, ids, n, static_compiled=False):  # HF's generate, as the method calls it
-        calls.append((list(ids), n, static_compiled, torch._inductor.config.freezing))
+    def timed_call(model, ids, n, static_compiled=False, compile_backend="inductor"):  # as the method calls it
+        calls.append((list(ids), n, static_compiled, torch._inductor.config.freezing, compile_backend))
         return [0] * n, 0.5
 
     monkeypatch.setattr(compare, "hf_generate", timed_call)
     model = tiny_model("qwen2", vocab=40, seed=3)
     b = SimpleNamespace(args=SimpleNamespace(new_tokens=4), prompts=[[1, 2, 3], [4, 5, 6, 7]])
     out = bench_gpu["hf_generate_frozen"](b, model)
-    assert calls == [([1, 2, 3], 4, True, True), ([1, 2, 3], 4, True, True), ([4, 5, 6, 7], 4, True, True)]
+    frozen = (True, True, "inductor")  # static cache, compiled by inductor under freezing
+    assert calls == [([1, 2, 3], 4, *frozen), ([1, 2, 3], 4, *frozen), ([4, 5, 6, 7], 4, *frozen)]
     assert out == {"tokens": 8, "seconds": 1.0, "tok_s": 8.0}  # the warm-up untimed
     assert model.generation_config.eos_token_id is None  # every prompt decodes its whole length
     fastest = bench_gpu["hf_fastest"]
