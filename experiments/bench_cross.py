@@ -349,14 +349,16 @@ def main(argv: list[str] | None = None) -> dict:
               + (f", tau {r['tau']:.2f}" if "tau" in r else ""), flush=True)
 
     methods = fastest_assisted(setup, args, prompt_ids)
-    records = compare.run(methods, prompts, args.max_new_tokens, args.out / "results.jsonl", on_record=show,
+    results = args.out / "results.jsonl"
+    records = compare.run(methods, prompts, args.max_new_tokens, results, on_record=show,
                           settings={"cross_depth": args.cross_depth})
+    warmup = compare.warmup_seconds(results)
     names = [m.name for m in methods]
     reference, _, as_same, as_cross, ts_same, ts_cross = names  # the second: HF static + compile
     pairs = [(as_same, reference), (as_cross, reference), (ts_cross, ts_same), (as_cross, as_same)]
     summaries = []
     for d in dict.fromkeys(p[0] for p in prompts):
-        s = summarize(records, d, reference, pairs, compare.warmup_seconds(args.out / "results.jsonl"))
+        s = summarize(records, d, reference, pairs, warmup)
         compare.locate_divergences(setup.target, records, s, prompt_ids)
         summaries.append(s)
     meta = {"machine": f"{cpu_model()}, {torch.get_num_threads()} torch threads", "torch": torch.__version__,
