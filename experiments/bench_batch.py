@@ -12,7 +12,8 @@ machine's speed hits every method alike):
   takes one prompt), in its setting fastest on one prompt of each set outside the measured ones
   (``compare.fastest_assisted_method``: HF's default or a constant number of drafted tokens; cached in ``--out``);
 * ``treespec``: ``treespec.run`` on the batch (the eager batched step, ``treespec.core.batch``; the tree the
-  default recipe tunes here for that batch size: ``resolve(batch_size=B)``, ``Profile.for_batch``);
+  default recipe tunes here for that batch size, as ``treespec generate --batch-size B`` does:
+  ``choices.resolve_run``, ``Profile.for_batch``);
 * ``treespec-compiled`` (``--compile``): the same tree through the captured batched step
   (``treespec.core.captured.BatchCapturedStep``); its compiles run in a warm-up on the first group's prompts,
   apart (``warmups.jsonl`` keeps every method's warm-up seconds).
@@ -43,10 +44,10 @@ from treespec.bench import compare, intervals
 from treespec.bench.baselines import fastest_compile_settings, hf_generate
 from treespec.bench.datasets import dataset_prompts
 from treespec.common.jsonl import append_record, read_records, repair_tail
-from treespec.calibrate.choices import resolve
+from treespec.calibrate.choices import resolve_run
 from treespec.calibrate.vectors import default_acceptance
 from treespec.common.machine import cpu_model
-from treespec.models import DEFAULT_DRAFT, DEFAULT_TARGET, cache_root, load
+from treespec.models import DEFAULT_DRAFT, DEFAULT_TARGET, load
 from treespec.recipes import Recipe, run
 
 Batch = list[list[int]]
@@ -186,13 +187,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     results = args.out / "results.jsonl"
     target, tok = load(DEFAULT_TARGET, dtype="auto", role="target")
     draft, _ = load(DEFAULT_DRAFT, dtype="auto", role="draft")
-    resolved = {b: resolve(Recipe(tree="sequoia", acceptance=default_acceptance(None, 0.0)), target, [draft],
-                           cache_file=cache_root() / "profiles.json", batch_size=b) for b in args.batch_sizes}
-    for b, r in resolved.items():
-        print(f"treespec configuration at B={b}:", r.why, flush=True)
     first = {"humaneval": 100, "lee-news": 0}
     prompts = {d: [tok(dataset_prompts(d)[first.get(d, 0) + i])["input_ids"] for i in range(args.prompts)]
                for d in args.datasets}
+    every = [p for d in args.datasets for p in prompts[d]]
+    # what `treespec generate --batch-size B --no-compile` runs on these prompts: the tree sized for B rows from the
+    # shipped acceptance of the draft's precision, its tau predicted by the calibration walk replayed through it
+    resolved = {b: resolve_run(Recipe(tree="sequoia", acceptance=default_acceptance(None, 0.0)), target, [draft], tok,
+                               prompts=len(every), prompt_tokens=sum(map(len, every)) / len(every),
+                               max_new_tokens=args.max_new_tokens, batch_size=b, compile=False)
+                for b in args.batch_sizes}
+    for b, r in resolved.items():
+        print(f"treespec configuration at B={b}:", r.why, flush=True)
     warm = [prompts[args.datasets[0]][0][:32]]
     assisted, choice = None, ""
     if 1 in args.batch_sizes:  # HF assisted in its fastest setting, timed on prompts apart from the measured ones
@@ -247,7 +253,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     table = markdown(summaries)
     (args.out / "README.md").write_text(
         f"# treespec on a batch of prompts vs HF generate on the same batch, CPU\n\nMachine: {machine}.\n"
-        "Configuration chosen by treespec here for each batch size (`resolve(batch_size=B)`):\n\n"
+        "Configuration chosen by treespec here for each batch size (`resolve_run(batch_size=B)`):\n\n"
         + "".join(f"- B={b}: {r.why}\n" for b, r in resolved.items())
         + f"\n{args.max_new_tokens} greedy "
         f"tokens per prompt, {args.prompts} prompts per dataset ({', '.join(args.datasets)}), methods interleaved "

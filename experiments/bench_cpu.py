@@ -23,12 +23,12 @@ import torch
 
 from treespec.bench import compare
 from treespec.bench.datasets import dataset_prompts
-from treespec.models import DEFAULT_DRAFT, DEFAULT_TARGET, cache_root, load
+from treespec.models import DEFAULT_DRAFT, DEFAULT_TARGET, load
 from treespec.models.precision import to_precision
 from treespec.calibrate.vectors import default_acceptance
 from treespec.models.precision import precision_of
 from treespec.recipes import Recipe, run
-from treespec.calibrate.choices import resolve
+from treespec.calibrate.choices import resolve_run
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -44,19 +44,20 @@ def main(argv: list[str] | None = None) -> dict:
     target32, tok = load(DEFAULT_TARGET, dtype="float32")
     target, _ = load(DEFAULT_TARGET, dtype="auto", role="target")
     draft, _ = load(DEFAULT_DRAFT, dtype="auto", role="draft")
-    vector = default_acceptance(None, 0.0)
-    resolved = resolve(Recipe(tree="sequoia", acceptance=vector), target, [draft],
-                       cache_file=cache_root() / "profiles.json")
-    recipe = resolved.recipe
-    print("treespec configuration:", resolved.why, flush=True)
-    target16 = target if str(target.dtype) == "torch.bfloat16" else to_precision(load(DEFAULT_TARGET)[0], "bfloat16")
-
     prompts, search = [], []  # search: HF assisted's settings are timed on one prompt of each set apart from these
     for name, spec in (("humaneval", args.humaneval), ("lee-news", args.lee_news)):
         if spec:
             a, b = (int(x) for x in spec.split(":"))
             prompts += [(name, i, tok(dataset_prompts(name)[i])["input_ids"]) for i in range(a, b)]
             search.append(tok(dataset_prompts(name)[a - 1 if a else b])["input_ids"])  # just outside the range
+    # what `treespec generate` runs on these prompts by default (choices.resolve_run: the tree, then the compile
+    # choice, measured)
+    resolved = resolve_run(Recipe(tree="sequoia", acceptance=default_acceptance(None, 0.0)), target, [draft], tok,
+                           prompts=len(prompts), prompt_tokens=sum(len(p) for *_, p in prompts) / len(prompts),
+                           max_new_tokens=args.max_new_tokens)
+    recipe = resolved.recipe
+    print("treespec configuration:", resolved.why, flush=True)
+    target16 = target if str(target.dtype) == "torch.bfloat16" else to_precision(load(DEFAULT_TARGET)[0], "bfloat16")
     assisted, speeds = compare.fastest_assisted_method(target16, draft, search, args.max_new_tokens,
                                                        cache=args.out / "assisted.search.json")
     print(compare.assisted_choice(speeds, "one prompt of each set outside the measured ones"), flush=True)

@@ -13,8 +13,8 @@ The real Qwen2.5-Coder pair (1.5B target, 0.5B draft), greedy, 64 tokens per pro
   (left out when both drafts have one precision). Each assisted method runs in its setting fastest on one
   prompt of each set just outside the measured ranges (``compare.fastest_assisted_method``: HF's default or a
   constant number of drafted tokens; cached in ``--out``);
-* ``treespec-eager``: what ``treespec generate`` runs by default (measured precisions, tuned tree, its
-  confidence stop);
+* ``treespec-eager``: what ``treespec generate --no-compile`` runs (measured precisions, the tree tuned as
+  ``treespec generate`` tunes it, ``choices.resolve_run``, its confidence stop);
 * ``treespec-captured``: what ``treespec generate --compile`` runs: the same tuned recipe with
   ``compile=True``, its draft loaded for compiled steps (``load(..., traceable=True)``); one draft model
   of a static shape, so the whole step runs in compiled calls (``treespec.core.captured``: start,
@@ -51,10 +51,10 @@ from treespec.bench.datasets import dataset_prompts, prompt_range
 from treespec.bench.demo import LABELS, method_divergences
 from treespec.calibrate.vectors import default_acceptance
 from treespec.common.machine import machine
-from treespec.models import DEFAULT_DRAFT, DEFAULT_TARGET, cache_root, load
+from treespec.models import DEFAULT_DRAFT, DEFAULT_TARGET, load
 from treespec.models.precision import precision_of
 from treespec.recipes import Recipe, run
-from treespec.calibrate.choices import resolve
+from treespec.calibrate.choices import Resolved, resolve_run
 
 
 #: the compiles' warm-up prompt: long enough for the compiled steps' chunked prefill (``treespec.core.prefill``)
@@ -82,13 +82,6 @@ def main(argv: list[str] | None = None) -> dict:
     draft_auto, _ = load(DEFAULT_DRAFT, dtype="auto", role="draft")
     draft_traced, _ = load(DEFAULT_DRAFT, dtype="auto", role="draft", traceable=True)
     traced = precision_of(draft_traced)
-    vector = default_acceptance(None, 0.0)
-    profiles = cache_root() / "profiles.json"
-    eager = resolve(Recipe(tree="sequoia", acceptance=vector), target, [draft_auto], cache_file=profiles)
-    captured = resolve(Recipe(tree="sequoia", acceptance=vector, compile=True), target, [draft_traced],
-                       cache_file=profiles)
-    print("treespec eager:", eager.why, "\ntreespec captured:", captured.why, flush=True)
-
     prompts, search = [], []  # search: HF assisted's settings are timed on one prompt of each set apart from these
     for name, spec in (("humaneval", args.humaneval), ("lee-news", args.lee_news)):
         if spec:
@@ -96,6 +89,17 @@ def main(argv: list[str] | None = None) -> dict:
             a, b = prompt_range(spec, len(texts), name)
             prompts += [(name, i, tok(texts[i])["input_ids"]) for i in range(a, b)]
             search.append(tok(texts[a - 1 if a else b])["input_ids"])  # just before the range, or just after
+
+    # what `treespec generate --no-compile` and `treespec generate --compile` run on these prompts: each tree sized
+    # from the shipped acceptance of its draft's precision, its tau predicted by the calibration walk replayed
+    # through it, its costs corrected by a pilot of its real steps
+    def resolved(draft: torch.nn.Module, compile: bool) -> Resolved:
+        return resolve_run(Recipe(tree="sequoia", acceptance=default_acceptance(None, 0.0)), target, [draft], tok,
+                           prompts=len(prompts), prompt_tokens=sum(len(p) for *_, p in prompts) / len(prompts),
+                           max_new_tokens=args.max_new_tokens, compile=compile)
+
+    eager, captured = resolved(draft_auto, False), resolved(draft_traced, True)
+    print("treespec eager:", eager.why, "\ntreespec captured:", captured.why, flush=True)
 
     def assisted(draft: torch.nn.Module, name: str) -> compare.Method:
         """HF assisted with ``draft`` in its setting fastest on ``search`` (cached in --out: a resumed run keeps it)."""

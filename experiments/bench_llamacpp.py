@@ -52,7 +52,7 @@ from treespec.bench import compare, intervals, llamacpp
 from treespec.bench.datasets import dataset_prompts, encode_prompt, prompt_range
 from treespec.common.jsonl import read_records
 from treespec.calibrate import target_precision
-from treespec.calibrate.choices import resolve
+from treespec.calibrate.choices import resolve_run
 from treespec.calibrate.vectors import default_acceptance
 from treespec.common.machine import machine
 from treespec.models import DEFAULT_DRAFT, DEFAULT_TARGET, cache_root, load
@@ -149,9 +149,12 @@ def search_name(key: str) -> str:
         [f"draft-max {draft_max}"] + [f"poll {poll}"] * (poll is not None) + [f"p-min {p_min}"] * (p_min is not None))
 
 
-def treespec_methods(tok: Any, names: list[str], n: int) -> tuple[list[compare.Method], dict[str, str]]:
-    """treespec's methods and the configuration each runs (``resolve``'s why). Methods whose models load in the
-    same precision share them (the captured step's frozen graphs hold their own copy of the weights)."""
+def treespec_methods(tok: Any, names: list[str], n: int,
+                     prompts: list[tuple[str, int, list[int]]]) -> tuple[list[compare.Method], dict[str, str]]:
+    """treespec's methods and the configuration each runs on ``prompts`` (``choices.resolve_run``'s why: what
+    ``treespec generate`` runs, with ``--compile`` for a ``-captured`` method, ``--no-compile`` otherwise). Methods
+    whose models load in the same precision share them (the captured step's frozen graphs hold their own copy of
+    the weights)."""
     loaded: dict[tuple[str, str], torch.nn.Module] = {}
 
     def model(name: str, role: str, dtype: str, traceable: bool = False) -> torch.nn.Module:
@@ -163,15 +166,15 @@ def treespec_methods(tok: Any, names: list[str], n: int) -> tuple[list[compare.M
             getattr(ctypes.CDLL(libc), "malloc_trim", lambda _: None)(0)
         return m
 
-    vector = default_acceptance(None, 0.0)
+    vector, prompt_tokens = default_acceptance(None, 0.0), sum(len(p) for *_, p in prompts) / len(prompts)
     methods, why = [], {}
     for name in names:
         captured = name.endswith("-captured")
         asked = name.removesuffix("-captured").removeprefix("treespec").removeprefix("-")
         target = model(DEFAULT_TARGET, "target", asked or default_target_precision())
         drafts = [model(DEFAULT_DRAFT, "draft", "auto", traceable=captured)]
-        resolved = resolve(Recipe(tree="sequoia", acceptance=vector, compile=captured), target, drafts, tokenizer=tok,
-                           max_new_tokens=n, cache_file=cache_root() / "profiles.json")
+        resolved = resolve_run(Recipe(tree="sequoia", acceptance=vector), target, drafts, tok, prompts=len(prompts),
+                               prompt_tokens=prompt_tokens, max_new_tokens=n, compile=captured)
         why[name] = resolved.why
         print(f"{name}: {resolved.why}", flush=True)
         methods.append(compare.treespec_method(
@@ -258,11 +261,11 @@ def main(argv: list[str] | None = None) -> dict:
     grid = [(d, p, m) for d in args.search_draft_max for p in args.search_poll for m in args.search_p_min]
     best = search_speculative(llama, target_file, draft_file, tok, search, args.max_new_tokens, grid,
                               args.out / "search.json")
-    mine, why = treespec_methods(tok, args.treespec, args.max_new_tokens)
+    prompts = prompts_of(tok, {"humaneval": args.humaneval, "sharegpt": args.sharegpt})
+    mine, why = treespec_methods(tok, args.treespec, args.max_new_tokens, prompts)
     methods = [llamacpp.plain_method(llama, target_file, tok),
                llamacpp.speculative_method(llama, target_file, draft_file, tok, draft_max=best[0], poll=best[1],
                                            p_min=best[2]), *mine]
-    prompts = prompts_of(tok, {"humaneval": args.humaneval, "sharegpt": args.sharegpt})
     for m in mine:  # compiles and one-off setup, paid before the timed prompts: a whole first prompt, untimed
         t = time.perf_counter()
         m.run(prompts[0][2], args.max_new_tokens)

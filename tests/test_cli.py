@@ -734,8 +734,7 @@ def test_a_chain_without_a_budget_is_tuned_and_independent_chains_are_piloted(ti
     ``--tree chains`` by a pilot; each run says what it chose."""
     import json
 
-    from treespec import cli_commands as cli
-    from treespec.calibrate import tuning
+    from treespec.calibrate import choices, tuning
     from treespec.calibrate.costs import Profile
 
     monkeypatch.setenv("TREESPEC_CACHE", str(tmp_path / "cache"))
@@ -746,8 +745,8 @@ def test_a_chain_without_a_budget_is_tuned_and_independent_chains_are_piloted(ti
         builders.append("sequoia" if builder is None else builder.name)
         return tuning.Tuned(prof.choose(acceptance, max_depth=8, builder=builder), prof, builder=builder)
 
-    real = cli.resolve
-    monkeypatch.setattr(cli, "resolve", lambda *a, **k: real(*a, **{**k, "tuner": tuner}))
+    real = choices.resolve
+    monkeypatch.setattr(choices, "resolve", lambda *a, **k: real(*a, **{**k, "tuner": tuner}))
     models = [a.format(**tiny_dirs) for a in MODELS]
     for tree, said in (("chain", "chain of budget"), ("chains", "pilot (")):
         assert main(["generate", *models, "--prompt", "w1 w2 w3", "--tree", tree, "--max-new-tokens", "4",

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from treespec.bench import compare, demo
+from treespec.calibrate import vectors
 from treespec.calibrate.tuning import Prediction
 from treespec.models.tiny import ByteTokenizer, perturbed_copy, tiny_model
 
@@ -351,14 +352,14 @@ def test_demo_chat_sends_sharegpt_turns_in_the_chat_template_sized_from_chats_ac
     turns = tuple(f"turn {i}: say something short" for i in range(110))  # stand-in ShareGPT first turns
     asked, sized = [], []
     monkeypatch.setattr(demo, "dataset_prompts", lambda name: asked.append(name) or turns)
-    shipped = demo.acceptance_for_draft
-    monkeypatch.setattr(demo, "acceptance_for_draft", lambda *a, **kw: sized.append(kw) or shipped(*a, **kw))
+    shipped = vectors.acceptance_for_draft
+    monkeypatch.setattr(vectors, "acceptance_for_draft", lambda *a, **kw: sized.append(kw) or shipped(*a, **kw))
     args = argparse.Namespace(out=tmp_path, prompts=2, max_new_tokens=12, device="cpu", target="unused", quick=True,
                               chat=True)
     assert demo.run_demo(args, target, ChatBytes(128, max_tokens=48), draft) == 0
     out = capsys.readouterr().out
     assert set(asked) == {"sharegpt"} and "ShareGPT/100 " in out and "ShareGPT/101 " in out
-    assert sized == [{"chat": True}]  # the tree sized from chat's shipped acceptance
+    assert [kw["chat"] for kw in sized] == [True]  # the tree sized from chat's shipped acceptance
     assert "ShareGPT first turns 100-101 as user turns in the chat template" in (tmp_path / "report.md").read_text()
     ids = demo.demo_prompts(ChatBytes(128), 1, chat=True)[0][2]
     assert ChatBytes(128).decode(ids).startswith("user: turn 100")

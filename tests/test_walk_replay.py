@@ -223,3 +223,40 @@ def test_an_acceptance_file_whose_length_is_not_a_count_is_refused_by_name(tmp_p
     path.write_text(json.dumps(saved))
     with pytest.raises(ValueError, match=r"acc\.json: its meta \"max_new_tokens\" is 'abc', not a count"):
         calibration_walk(path, 0.0)
+
+
+def test_resolve_run_sizes_from_the_drafts_acceptance_and_predicts_by_its_walk(tmp_path, monkeypatch):
+    """``choices.resolve_run`` (what ``treespec generate``, the demo and the benchmarks run) replaces the recipe's
+    rows by the shipped ones of the draft's precision and predicts tau by replaying their calibration walk; a bare
+    ``resolve`` with the rows alone (what the benchmarks ran, printing a tau 37% above the measured one on code)
+    predicts by the rows' expectation. The same tuned costs in both."""
+    from treespec.calibrate import choices, tuning
+    from treespec.calibrate.costs import Profile
+    from treespec.calibrate.vectors import acceptance_for_draft
+    from treespec.models.tiny import ByteTokenizer
+    from treespec.recipes import Recipe
+
+    monkeypatch.setenv("TREESPEC_CACHE", str(tmp_path / "cache"))
+    prof = Profile({1: 0.10, 2: 0.11, 4: 0.13, 8: 0.18, 16: 0.30}, {1: 0.02, 4: 0.03, 16: 0.06}, {}, 0.004,
+                   plain_decode_seconds=0.1)
+    sized: list[list] = []
+
+    def tuner(target, draft, acceptance, *, builder=None, **kwargs):
+        sized.append(acceptance)
+        return tuning.Tuned(prof.choose(acceptance, max_depth=8, builder=builder), prof, builder=builder)
+
+    real = choices.resolve
+    monkeypatch.setattr(choices, "resolve", lambda *a, **k: real(*a, **{**k, "tuner": tuner}))
+    monkeypatch.setattr(choices, "_measured", lambda *a, **k: None)  # no pilot: the costs stay the profile's
+    monkeypatch.setattr(choices, "calibrate", lambda tuned, *a, **k: tuned)
+    target = tiny_model("llama", vocab=128, hidden=64, scale=6)
+    draft = perturbed_copy(target, 0.2)
+    tok, rows = ByteTokenizer(128, max_tokens=48), [[0.9], [0.1]]
+    run = choices.resolve_run(Recipe(tree="sequoia", acceptance=rows), target, [draft], tok, prompts=1,
+                              prompt_tokens=8, max_new_tokens=16, compile=False)
+    shipped = acceptance_for_draft(None, 0.0, draft)[0]
+    assert sized[-1] == shipped != rows and [list(r) for r in run.recipe.acceptance] == shipped
+    assert run.tuned.prediction.model == "replay" and run.recipe.compile is False, run.why
+    bare = choices.resolve(Recipe(tree="sequoia", acceptance=shipped), target, [draft], tokenizer=tok,
+                           max_new_tokens=16)
+    assert bare.tuned.prediction.model == "rows"  # control: no walk given, the rows' expectation

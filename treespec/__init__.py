@@ -34,6 +34,7 @@ _HOMES = {
     "Stats": ".core.stats",
     "generate": ".core.engine",
     "resolve": ".calibrate.choices",
+    "resolve_run": ".calibrate.choices",
     "run": ".calibrate.choices",
     "standardize": ".core.sampling",
 }
@@ -46,7 +47,7 @@ __getattr__, __dir__ = lazy.exports(__name__, {**_HOMES, **{layer: f".{layer}" f
 
 if TYPE_CHECKING:  # what a type checker and an IDE see: the same names, imported eagerly (``X as X``: re-exported)
     from .calibrate import acceptance as acceptance, analysis as analysis
-    from .calibrate.choices import resolve as resolve, run as run
+    from .calibrate.choices import resolve as resolve, resolve_run as resolve_run, run as run
     from .core import verifiers as verifiers
     from .core.batch import BatchOutput as BatchOutput
     from .core.buffers import Envelope as Envelope

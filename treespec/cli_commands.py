@@ -12,13 +12,12 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence, TypeVar
 
 from . import cli_output
 from .calibrate import target_precision
-from .calibrate.choices import Resolved, compile_batch, resolve, resolve_compile
+from .calibrate.choices import Resolved, resolve_run
 from .calibrate.vectors import acceptance_for_draft, default_acceptance
 from .cli_input import check_context, encode_all, read_paths, read_prompt_lines, read_prompts
 from .cli_output import Streamer, print_stats
@@ -26,7 +25,6 @@ from .common.files import check_writable
 from .common.options import DEFAULT_DRAFT, TUNED_TREES
 from .core.linear_layout import layout_of
 from .models.pair import CrossDraft, draft_model, eos_ids, load_pair
-from .models.precision import precision_of
 from .recipes import NGramSettings, Recipe, draft_mode, plan, run, verified_tokens
 
 T = TypeVar("T")
@@ -177,7 +175,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
     encoded = encode_all(tok, [prompts[i] for i in todo], args.chat, todo, len(prompts))
     check_context(encoded, args.max_new_tokens, target, todo, len(prompts), drafts)
     recipe = cli_output.resumed_tree(args.out, done, recipe)  # after loading: the target's rendering is decided apart
-    resolved = _resolve(args, recipe, target, tok, drafts, len(todo), sum(map(len, encoded)) / len(encoded))
+    # the tree (from the acceptance of the draft's precision, chat's with --chat), then whether the steps compile
+    resolved = resolve_run(recipe, target, drafts, tok, prompts=len(todo),
+                           prompt_tokens=sum(map(len, encoded)) / len(encoded), max_new_tokens=args.max_new_tokens,
+                           acceptance_file=args.acceptance, chat=args.chat,
+                           per_depth=not args.positional_acceptance, batch_size=args.batch_size, compile=args.compile)
     recipe = resolved.recipe
     cli_output.check_resume(args.out, done, resolved)
     print(f"configuration: {resolved.why}", file=sys.stderr if args.json else sys.stdout, flush=True)
@@ -234,32 +236,6 @@ def _emit(args: argparse.Namespace, index: int, record: dict[str, Any], fields: 
         print(json.dumps(record), flush=True)
     if args.out is not None:
         cli_output.write(args.out, index, record, args)
-
-
-def _resolve(args: argparse.Namespace, recipe: Recipe, target: Any, tok: Any, drafts: Sequence[Any],
-             prompts: int, prompt_tokens: float) -> Resolved:
-    """What ``recipe`` leaves to measurement, chosen for ``prompts`` prompts of ``prompt_tokens`` tokens on average:
-    the tree (the shipped acceptance of the draft's precision, where one was shipped, chat's with ``--chat``), then
-    whether the steps compile."""
-    walk = None
-    if recipe.acceptance is not None:
-        rows, walk = acceptance_for_draft(args.acceptance, args.temperature, drafts[0],
-                                          per_depth=not args.positional_acceptance, chat=args.chat)
-        recipe = replace(recipe, acceptance=rows)
-    resolved = resolve(recipe, target, drafts, tokenizer=tok, max_new_tokens=args.max_new_tokens, walk=walk,
-                       batch_size=min(args.batch_size, prompts),  # a tuned tree is sized for the batch
-                       compiled=bool(args.compile), prompt_tokens=prompt_tokens)
-    # compiled by measurement, or as asked (a cached measurement still costs the why-line); a batch compiles only
-    # when asked (its captured step: treespec.core.captured.BatchCapturedStep)
-    if args.compile is not False and args.batch_size == 1:
-        resolved = resolve_compile(resolved, target, drafts, tok, prompts=prompts,
-                                   max_new_tokens=args.max_new_tokens, backend=args.compile or True,
-                                   asked=args.compile is not None)
-    elif args.compile:
-        resolved = compile_batch(resolved, target, args.compile)
-    # the precisions the models run in, for the records (``--dtype auto`` names none until the loading chose)
-    return replace(resolved, recipe=replace(resolved.recipe, target_dtype=precision_of(target),
-                                            draft_dtype=precision_of(draft_model(drafts[0])) if drafts else None))
 
 
 def _layouts(target: Any, drafts: Sequence[Any]) -> dict[str, Any]:

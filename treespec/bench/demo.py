@@ -26,14 +26,14 @@ from typing import Any, Sequence
 
 import torch
 
-from ..calibrate.vectors import acceptance_for_draft
+from ..calibrate.vectors import default_acceptance
 from ..common.files import check_writable
 from ..common.machine import available_memory
 from ..core.checks import check_prompts_fit, context_of
 from ..models.precision import float32_bytes, precision_of
 from ..models.timing import measure_plain_decode
 from ..recipes import Recipe, run
-from ..calibrate.choices import Resolved, resolve, resolve_compile
+from ..calibrate.choices import Resolved, resolve_run
 from ..calibrate.step_cost import run_speedup
 from ..calibrate.tuning import Prediction
 from . import compare
@@ -289,16 +289,16 @@ def _configuration(args: argparse.Namespace, target: torch.nn.Module, tok: Any, 
     printed with the costs it was chosen by; its tree drawn to ``out_dir/tree.png``. Returns (the resolved recipe,
     the picture, why this shape won here)."""
     print("measuring forward latencies on this machine (cached after the first run) ...", flush=True)
-    # the shipped files of this draft's precision (chat's with --chat)
-    acceptance, walk = acceptance_for_draft(None, 0.0, draft, chat=getattr(args, "chat", False))
     # on CUDA treespec compiles as HF's static-cache baseline does (both compile in their warm-up call, kept out of
-    # tok/s): an eager step there is launch-bound, the route no GPU user runs; on a CPU the run's own choice
+    # tok/s): an eager step there is launch-bound, the route no GPU user runs; on a CPU the run's own choice. The tree
+    # is sized from the shipped acceptance of this draft's precision (chat's with --chat), as `treespec generate` does
     cuda = next(target.parameters()).device.type == "cuda"
-    resolved = resolve(Recipe(tree="sequoia", acceptance=acceptance), target, [draft], tokenizer=tok,
-                       max_new_tokens=args.max_new_tokens, walk=walk, compiled=cuda, prompt_tokens=prompt_tokens)
-    resolved = resolve_compile(resolved, target, [draft], tok, prompts=args.prompts, max_new_tokens=args.max_new_tokens,
-                               asked="on CUDA the demo compiles treespec as it compiles HF's static-cache baseline, "
-                                     "each in its warm-up call" if cuda else False)
+    resolved = resolve_run(Recipe(tree="sequoia", acceptance=default_acceptance(None, 0.0)), target, [draft], tok,
+                           prompts=args.prompts, prompt_tokens=prompt_tokens, max_new_tokens=args.max_new_tokens,
+                           chat=getattr(args, "chat", False), compile=True if cuda else None,
+                           reason="on CUDA the demo compiles treespec as it compiles HF's static-cache baseline, "
+                                  "each in its warm-up call" if cuda else None)
+    acceptance = resolved.recipe.acceptance
     prof, choice = resolved.tuned.profile, resolved.tuned.choice
     levels = ", ".join(f"{w} tokens {s:.3f} s" for w, s in sorted((prof.draft_level_latency or {}).items()))
     print(f"  target forward: {prof.target_latency[1]:.3f} s for 1 token, {prof.target_latency[16]:.3f} s for 16; "

@@ -1,6 +1,7 @@
 """The choices a recipe leaves to measurement on this machine: its budget (the tuner, or a pilot of its real
 steps) and whether its steps compile (``compile_choice``). :func:`resolve` and :func:`resolve_compile` return
-a :class:`Resolved`: the recipe with the choice made and a line saying what runs and why."""
+a :class:`Resolved`: the recipe with the choice made and a line saying what runs and why; :func:`resolve_run` makes
+both choices as ``treespec generate`` does."""
 
 from __future__ import annotations
 
@@ -295,6 +296,41 @@ def compiled_recipe(recipe: Recipe, backend: bool | str, tuned: Tuned | None,
     return (replace(compiled, min_confidence=None),
             f"no confidence stop on {device.type}: the captured step drafts every level (a stop would read the "
             f"draft's confidence from the device after each level, and drafts on the host)")
+
+
+def resolve_run(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[DraftModel], tokenizer: Any, *,
+                prompts: int, prompt_tokens: float, max_new_tokens: int = MAX_NEW_TOKENS,
+                acceptance_file: str | Path | None = None, chat: bool = False, per_depth: bool = True,
+                batch_size: int = 1, compile: bool | str | None = None, reason: str | None = None) -> Resolved:
+    """What ``treespec generate`` runs for ``prompts`` prompts of ``prompt_tokens`` tokens on average: the one home of
+    that choice, which the CLI, the demo and the benchmarks share, so that a benchmark measures and predicts the
+    configuration a user gets.
+
+    A recipe with acceptance rows (a tuned tree) is sized from the acceptance of the first draft's precision in
+    ``acceptance_file``, else the shipped one (chat's with ``chat``; per-depth rows unless ``per_depth`` is False),
+    with its calibration walk, so the tau it predicts is the walk replayed through the chosen tree and its stop
+    (``vectors.acceptance_for_draft``; rows sized for another draft precision overstate it). Then :func:`resolve`
+    for batches of ``batch_size`` (at most ``prompts``), then the compile choice: ``compile`` None measures whether
+    compiling pays (:func:`resolve_compile`; a batch stays eager), False keeps eager steps, True or a backend name
+    compiles as asked (a batch: :func:`compile_batch`); ``reason``: why it is asked, said in the why-line. The
+    recipe names the precisions the models run in."""
+    from .vectors import acceptance_for_draft
+
+    walk = None
+    if recipe.acceptance is not None:
+        rows, walk = acceptance_for_draft(acceptance_file, recipe.temperature, drafts[0], per_depth=per_depth,
+                                          chat=chat)
+        recipe = replace(recipe, acceptance=rows)
+    resolved = resolve(recipe, target, drafts, tokenizer=tokenizer, max_new_tokens=max_new_tokens, walk=walk,
+                       batch_size=min(batch_size, prompts), compiled=bool(compile), prompt_tokens=prompt_tokens)
+    if compile is not False and batch_size == 1:
+        resolved = resolve_compile(resolved, target, drafts, tokenizer, prompts=prompts,
+                                   max_new_tokens=max_new_tokens, backend=compile or True,
+                                   asked=(reason or True) if compile is not None else False)
+    elif compile:
+        resolved = compile_batch(resolved, target, compile)
+    return replace(resolved, recipe=replace(resolved.recipe, target_dtype=precision_of(target),
+                                            draft_dtype=precision_of(draft_model(drafts[0])) if drafts else None))
 
 
 def run(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[DraftModel],
