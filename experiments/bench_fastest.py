@@ -31,6 +31,10 @@ finish; a re-run resumes (compiles are paid again).
 
     python experiments/bench_fastest.py --out experiments/results/cpu-fastest-zen4
 
+On a host without bfloat16 arithmetic (AVX2 only: Zen 3) the bfloat16 target's forward costs in proportion to its
+tokens and no tree pays: both treespec methods then run plain decoding, and the script says so
+(``experiments/results/cpu-fastest-zen3``); the defaults there run the int4 target (``treespec demo``).
+
 In 24 GiB three frozen compiles of the pair do not fit in one process: ``--only`` adds a method to a
 finished run (its prompts then run after, not interleaved with, the others; on an empty ``--out``,
 ``--only`` just runs fewer methods).
@@ -100,6 +104,10 @@ def main(argv: list[str] | None = None) -> dict:
 
     eager, captured = resolved(draft_auto, False), resolved(draft_traced, True)
     print("treespec eager:", eager.why, "\ntreespec captured:", captured.why, flush=True)
+    if eager.recipe.budget == captured.recipe.budget == 1:
+        print("note: both treespec methods run plain decoding on this host (no tree is predicted to pay with a "
+              "bfloat16 target here: without bfloat16 arithmetic its forward costs in proportion to its tokens, "
+              "experiments/results/cpu-fastest-zen3); what follows times plain decoding against HF's", flush=True)
 
     def assisted(draft: torch.nn.Module, name: str) -> compare.Method:
         """HF assisted with ``draft`` in its setting fastest on ``search`` (cached in --out: a resumed run keeps it)."""
