@@ -1,17 +1,18 @@
 """Tree shapes compared each at its own best size, beside every HF method a user would pick at its fastest.
 
 A shape comparison at one fixed budget favours whichever shape that budget suits; here each builder is sized by the
-same tuner, the way ``treespec generate --tree NAME`` sizes it without ``--budget``
-(``treespec.calibrate.choices.resolve``: this machine's cost profile calibrated on real steps of that builder's
-tree, the shipped acceptance rows, the run's tokens and prompt length): the Sequoia tree (the default), a chain and
-SpecInfer's k-ary trees of widths 2 and 3. They run on the built-in pair or any other (``--target``, ``--draft``: an HF
-id, a local directory or ``.gguf`` file; a GGUF target on a CPU in ``int4`` on its file's blocks by default, the
-rendering the demo keeps on the Zen 4 host, else ``auto``; ``--target-dtype`` names another), greedy, interleaved per
-prompt with HF ``generate`` eager, with a static cache + ``torch.compile`` (inductor freezing on a CPU) and HF
-assisted generation with the same draft, on the same loaded model, after the same warm-up call. Prompts: HumanEval's
-``--prompts A:B`` (ShareGPT first turns in the chat template with ``--chat``, sized from chat's rows), or your own
-(``--prompts-jsonl``, a ``prompt`` per line); rows: the shipped ones for the built-in draft, or ``--acceptance`` (from
-``treespec accept`` on prompts like yours). Records are appended as they finish and a re-run resumes.
+same tuner, the way ``treespec generate --tree NAME --no-compile`` sizes it without ``--budget``
+(``treespec.calibrate.choices.resolve_run``: this machine's cost profile calibrated on real steps of that builder's
+tree, the acceptance rows and walk of the draft's precision, the run's tokens and prompt length): the Sequoia tree
+(the default), a chain and SpecInfer's k-ary trees of widths 2 and 3. They run on the built-in pair or any other
+(``--target``, ``--draft``: an HF id, a local directory or ``.gguf`` file; a GGUF target on a CPU in ``int4`` on its
+file's blocks by default, the rendering the demo keeps on the Zen 4 host, else ``auto``; ``--target-dtype`` names
+another), greedy, interleaved per prompt with HF ``generate`` eager, with a static cache + ``torch.compile``
+(inductor freezing on a CPU) and HF assisted generation with the same draft, on the same loaded model, after the
+same warm-up call. Prompts: HumanEval's ``--prompts A:B`` (ShareGPT first turns in the chat template with
+``--chat``, sized from chat's rows), or your own (``--prompts-jsonl``, a ``prompt`` per line); rows: the shipped
+ones for the built-in draft, or ``--acceptance`` (from ``treespec accept`` on prompts like yours). Records are
+appended as they finish and a re-run resumes.
 
 Printed and written to ``OUT/README.md`` (with ``summary.json``, ``shapes.json`` and ``tok_s.png``): each shape's
 tuned tree and the tuner's prediction beside what it measured, the methods' tok/s, each shape over each HF
@@ -37,8 +38,8 @@ from treespec.bench import arms, compare
 from treespec.bench.datasets import dataset_prompts, prompt_range
 from treespec.bench.demo import (ASSISTED_SEARCH_PROMPTS, FIRST_PROMPT, LABELS, baseline_methods, demo_prompts,
                                  method_divergences)
-from treespec.calibrate.choices import resolve
-from treespec.calibrate.vectors import acceptance_for_draft
+from treespec.calibrate.choices import resolve_run
+from treespec.calibrate.vectors import default_acceptance
 from treespec.cli_input import encode_all, read_prompts
 from treespec.common.machine import machine
 from treespec.models import DEFAULT_DRAFT, DEFAULT_TARGET, load
@@ -84,7 +85,6 @@ def main(argv: list[str] | None = None) -> None:
         texts = dataset_prompts(dataset)
         a, b = prompt_range(args.prompts, len(texts), dataset)
         prompts = [(dataset, i, ids) for i, ids in zip(range(a, b), encode_all(tok, texts[a:b], args.chat))]
-    rows, walk = acceptance_for_draft(args.acceptance, 0.0, draft, chat=args.chat)
     mean_prompt = statistics.mean(len(ids) for _, _, ids in prompts)
 
     # HF assisted generation's settings timed on prompts apart from the measured ones: those just before the range
@@ -97,8 +97,12 @@ def main(argv: list[str] | None = None) -> None:
     shapes = {}
     for name in args.shapes:
         tree, width = SHAPES[name]
-        resolved = resolve(Recipe(tree=tree, kary_width=width, acceptance=rows), target, [draft], tokenizer=tok,
-                           walk=walk, max_new_tokens=args.max_new_tokens, prompt_tokens=mean_prompt)
+        # as `treespec generate --tree T --no-compile` sizes it: the rows and walk of --acceptance, else the shipped
+        # ones of the draft's precision (chat's with --chat)
+        resolved = resolve_run(Recipe(tree=tree, kary_width=width, acceptance=default_acceptance(None, 0.0)), target,
+                               [draft], tok, prompts=len(prompts), prompt_tokens=mean_prompt,
+                               max_new_tokens=args.max_new_tokens, acceptance_file=args.acceptance, chat=args.chat,
+                               compile=False)
         print(f"{name}: {resolved.why}", flush=True)
         p, shape = resolved.tuned.prediction, resolved.tuned.choice.shape
         plain = resolved.recipe.budget == 1

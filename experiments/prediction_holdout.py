@@ -33,9 +33,9 @@ from treespec.bench import compare
 from treespec.bench.datasets import humaneval_prompts
 from treespec.bench.demo import predicted_and_measured, retimed
 from treespec.bench.intervals import ratio_of_ratios, ratio_of_sums
-from treespec.calibrate.choices import resolve, resolve_compile
+from treespec.calibrate.choices import resolve_run
 from treespec.calibrate.target_precision import load_pair_tuned
-from treespec.calibrate.vectors import acceptance_for_draft
+from treespec.calibrate.vectors import default_acceptance
 from treespec.common.machine import machine
 from treespec.models import DEFAULT_DRAFT, DEFAULT_TARGET
 from treespec.models.pair import load_pair
@@ -65,15 +65,15 @@ def main(argv: list[str] | None = None) -> None:
         target, tok, drafts = load_pair_tuned(DEFAULT_TARGET, DEFAULT_DRAFT)
     else:
         target, tok, drafts = load_pair(DEFAULT_TARGET, [DEFAULT_DRAFT], target_dtype=args.target_dtype)
-    acceptance, walk = acceptance_for_draft(None, 0.0, drafts[0])  # as the CLI: the draft precision's files
     start, stop = args.prompts
     texts = humaneval_prompts(start, stop)
     prompts = [("humaneval", start + i, tok(text)["input_ids"]) for i, text in enumerate(texts)]
-    resolved = resolve(Recipe(tree="sequoia", acceptance=acceptance), target, drafts, tokenizer=tok,
-                       max_new_tokens=args.max_new_tokens, walk=walk,  # as the demo: the draft's prefill of these
-                       prompt_tokens=statistics.mean(len(ids) for _, _, ids in prompts))
-    resolved = resolve_compile(resolved, target, drafts, tok, prompts=stop - start, max_new_tokens=args.max_new_tokens)
+    # as the CLI and the demo: the draft precision's files, the draft's prefill of these prompts, the compile choice
+    resolved = resolve_run(Recipe(tree="sequoia", acceptance=default_acceptance(None, 0.0)), target, drafts, tok,
+                           prompts=stop - start, prompt_tokens=statistics.mean(len(ids) for _, _, ids in prompts),
+                           max_new_tokens=args.max_new_tokens)
     tuned, recipe = resolved.tuned, resolved.recipe
+    walk = tuned.walk  # the calibration walk the rows came from, which the prediction replays
     print(f"configuration: {resolved.why}", flush=True)
 
     prediction = retimed(tuned.prediction, target, [ids for _, _, ids in prompts])  # as the demo: timed now
