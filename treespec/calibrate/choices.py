@@ -311,7 +311,7 @@ def resolve_run(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[DraftM
     unless ``per_depth`` is False), with its calibration walk, so the tau it predicts is the walk replayed through
     the chosen tree with its confidence stop (``vectors.acceptance_for_draft``; the rows' own expectation drafts
     every level and overstates it, the more with another precision's rows: 7.12 against 5.20 measured in
-    ``experiments/results/cpu-fastest-zen5``, an int4 draft sized by the bfloat16 draft's rows). Then
+    ``experiments/results/cpu-fastest-zen5``, an int4 draft sized by the int8 draft's rows). Then
     :func:`resolve`
     for batches of ``batch_size`` (at most ``prompts``), then the compile choice: ``compile`` None measures whether
     compiling pays (:func:`resolve_compile`; a batch stays eager), False keeps eager steps, True or a backend name
