@@ -105,8 +105,8 @@ def main(argv: list[str] | None = None) -> dict:
     eager, captured = resolved(draft_auto, False), resolved(draft_traced, True)
     print("treespec eager:", eager.why, "\ntreespec captured:", captured.why, flush=True)
     if eager.recipe.budget == captured.recipe.budget == 1:
-        print("note: both treespec methods run plain decoding on this host (no tree is predicted to pay with a "
-              "bfloat16 target here: without bfloat16 arithmetic its forward costs in proportion to its tokens, "
+        print("note: both treespec methods run plain decoding on this host (no tree is predicted to pay with this "
+              "bfloat16 target; on a host without bfloat16 arithmetic its forward costs in proportion to its tokens: "
               "experiments/results/cpu-fastest-zen3); what follows times plain decoding against HF's", flush=True)
 
     def assisted(draft: torch.nn.Module, name: str) -> compare.Method:
