@@ -55,10 +55,10 @@ from treespec.drafters.model import ModelDrafter
 from treespec.common.machine import cpu_model
 from treespec.models.precision import precision_of
 import treespec
-from treespec.calibrate.vectors import acceptance_for_draft, default_acceptance
+from treespec.calibrate.vectors import default_acceptance
 from treespec.models.pair import CrossDraft
 from treespec.recipes import Recipe, build_drafters
-from treespec.calibrate.choices import resolve
+from treespec.calibrate.choices import resolve_run
 
 SAME, CROSS = "same", "cross"  # the two draft roles
 
@@ -154,18 +154,26 @@ def cross_recipe(depth: int, target: torch.nn.Module, draft: CrossDraft) -> Reci
 # -- the real models and the tiny ones -------------------------------------------------------------
 
 
+def measured_prompts(tok: Any, args: argparse.Namespace) -> list[tuple[str, int, list[int]]]:
+    """The prompts measured: ``--prompts`` of each of ``--datasets`` from ``--start``, encoded as they are sent."""
+    return [(d, i, encode_prompt(tok, d, dataset_prompts(d)[i])) for d in args.datasets
+            for i in range(args.start, min(args.start + args.prompts, len(dataset_prompts(d))))]
+
+
 def real_setup(args: argparse.Namespace) -> Setup:
-    from treespec.models import DEFAULT_DRAFT, DEFAULT_TARGET, SMOLLM2, cache_root
+    from treespec.models import DEFAULT_DRAFT, DEFAULT_TARGET, SMOLLM2
     from treespec.models.pair import load_pair
 
     target, tok, (same, cross) = load_pair(DEFAULT_TARGET, [DEFAULT_DRAFT, SMOLLM2], target_dtype="bfloat16",
                                            draft_dtype="auto")
-    # tuned as `treespec generate` tunes it: the shipped code acceptance of this draft's precision, the profile
-    # corrected by a pilot of the tree's real steps, the prediction replayed over the calibration walk the rows came
-    # from (their bare expectation overstates tau); eager steps (generate's measured compile choice is not made here)
-    acceptance, walk = acceptance_for_draft(None, 0.0, same)
-    resolved = resolve(Recipe(tree="sequoia", acceptance=acceptance), target, [same], tokenizer=tok, walk=walk,
-                       max_new_tokens=args.max_new_tokens, cache_file=cache_root() / "profiles.json")
+    # tuned as `treespec generate --no-compile` tunes it (choices.resolve_run): the shipped code acceptance of this
+    # draft's precision, the profile corrected by a pilot of the tree's real steps, the prediction replayed over the
+    # calibration walk the rows came from (their bare expectation overstates tau), the draft's prefill of these
+    # prompts charged
+    prompts = measured_prompts(tok, args)
+    resolved = resolve_run(Recipe(tree="sequoia", acceptance=default_acceptance(None, 0.0)), target, [same], tok,
+                           prompts=len(prompts), prompt_tokens=sum(len(p) for *_, p in prompts) / len(prompts),
+                           max_new_tokens=args.max_new_tokens, compile=False)
     recipes = {SAME: resolved.recipe, CROSS: cross_recipe(args.cross_depth, target, cross)}
     labels = {SAME: "qwen0.5b", CROSS: "smollm2"}
     settings = {"target": f"{DEFAULT_TARGET} ({precision_of(target)})",
@@ -341,8 +349,7 @@ def main(argv: list[str] | None = None) -> dict:
     setup = (smoke_setup if args.smoke else real_setup)(args)
     tok = setup.tokenizer
     prompt_ids = lambda d, i: encode_prompt(tok, d, dataset_prompts(d)[i])  # noqa: E731
-    prompts = [(d, i, prompt_ids(d, i)) for d in args.datasets
-               for i in range(args.start, min(args.start + args.prompts, len(dataset_prompts(d))))]
+    prompts = measured_prompts(tok, args)
 
     def show(r: dict) -> None:
         print(f"  {r['dataset']}/{r['prompt']} {r['method']}: {r['tokens_per_second']:.2f} tok/s"
