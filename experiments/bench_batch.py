@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     # what `treespec generate --batch-size B --no-compile` runs on these prompts: the tree sized for B rows from the
     # shipped acceptance of the draft's precision, its tau predicted by the calibration walk replayed through it
     resolved = {b: resolve_run(Recipe(tree="sequoia", acceptance=default_acceptance(None, 0.0)), target, [draft], tok,
-                               prompts=len(every), prompt_tokens=sum(map(len, every)) / len(every),
+                               prompts=every,
                                max_new_tokens=args.max_new_tokens, batch_size=b, compile=False)
                 for b in args.batch_sizes}
     for b, r in resolved.items():

@@ -53,8 +53,7 @@ def main(argv: list[str] | None = None) -> dict:
     # what `treespec generate` runs on these prompts by default (choices.resolve_run: the tree, then the compile
     # choice, measured)
     resolved = resolve_run(Recipe(tree="sequoia", acceptance=default_acceptance(None, 0.0)), target, [draft], tok,
-                           prompts=len(prompts), prompt_tokens=sum(len(p) for *_, p in prompts) / len(prompts),
-                           max_new_tokens=args.max_new_tokens)
+                           prompts=[ids for *_, ids in prompts], max_new_tokens=args.max_new_tokens)
     recipe = resolved.recipe
     print("treespec configuration:", resolved.why, flush=True)
     target16 = target if str(target.dtype) == "torch.bfloat16" else to_precision(load(DEFAULT_TARGET)[0], "bfloat16")

@@ -172,8 +172,7 @@ def real_setup(args: argparse.Namespace) -> Setup:
     # prompts charged
     prompts = measured_prompts(tok, args)
     resolved = resolve_run(Recipe(tree="sequoia", acceptance=default_acceptance(None, 0.0)), target, [same], tok,
-                           prompts=len(prompts), prompt_tokens=sum(len(p) for *_, p in prompts) / len(prompts),
-                           max_new_tokens=args.max_new_tokens, compile=False)
+                           prompts=[ids for *_, ids in prompts], max_new_tokens=args.max_new_tokens, compile=False)
     recipes = {SAME: resolved.recipe, CROSS: cross_recipe(args.cross_depth, target, cross)}
     labels = {SAME: "qwen0.5b", CROSS: "smollm2"}
     settings = {"target": f"{DEFAULT_TARGET} ({precision_of(target)})",

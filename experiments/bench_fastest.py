@@ -99,8 +99,7 @@ def main(argv: list[str] | None = None) -> dict:
     # through it, its costs corrected by a pilot of its real steps
     def resolved(draft: torch.nn.Module, compile: bool) -> Resolved:
         return resolve_run(Recipe(tree="sequoia", acceptance=default_acceptance(None, 0.0)), target, [draft], tok,
-                           prompts=len(prompts), prompt_tokens=sum(len(p) for *_, p in prompts) / len(prompts),
-                           max_new_tokens=args.max_new_tokens, compile=compile)
+                           prompts=[ids for *_, ids in prompts], max_new_tokens=args.max_new_tokens, compile=compile)
 
     eager, captured = resolved(draft_auto, False), resolved(draft_traced, True)
     print("treespec eager:", eager.why, "\ntreespec captured:", captured.why, flush=True)

@@ -166,15 +166,15 @@ def treespec_methods(tok: Any, names: list[str], n: int,
             getattr(ctypes.CDLL(libc), "malloc_trim", lambda _: None)(0)
         return m
 
-    vector, prompt_tokens = default_acceptance(None, 0.0), sum(len(p) for *_, p in prompts) / len(prompts)
+    vector, prompt_ids = default_acceptance(None, 0.0), [p for *_, p in prompts]
     methods, why = [], {}
     for name in names:
         captured = name.endswith("-captured")
         asked = name.removesuffix("-captured").removeprefix("treespec").removeprefix("-")
         target = model(DEFAULT_TARGET, "target", asked or default_target_precision())
         drafts = [model(DEFAULT_DRAFT, "draft", "auto", traceable=captured)]
-        resolved = resolve_run(Recipe(tree="sequoia", acceptance=vector), target, drafts, tok, prompts=len(prompts),
-                               prompt_tokens=prompt_tokens, max_new_tokens=n, compile=captured)
+        resolved = resolve_run(Recipe(tree="sequoia", acceptance=vector), target, drafts, tok, prompts=prompt_ids,
+                               max_new_tokens=n, compile=captured)
         why[name] = resolved.why
         print(f"{name}: {resolved.why}", flush=True)
         methods.append(compare.treespec_method(

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -85,7 +84,6 @@ def main(argv: list[str] | None = None) -> None:
         texts = dataset_prompts(dataset)
         a, b = prompt_range(args.prompts, len(texts), dataset)
         prompts = [(dataset, i, ids) for i, ids in zip(range(a, b), encode_all(tok, texts[a:b], args.chat))]
-    mean_prompt = statistics.mean(len(ids) for _, _, ids in prompts)
 
     # HF assisted generation's settings timed on prompts apart from the measured ones: those just before the range
     # (after it where the range starts at the set's first; HumanEval's or ShareGPT's before 100 for --prompts-jsonl)
@@ -100,7 +98,7 @@ def main(argv: list[str] | None = None) -> None:
         # as `treespec generate --tree T --no-compile` sizes it: the rows and walk of --acceptance, else the shipped
         # ones of the draft's precision (chat's with --chat)
         resolved = resolve_run(Recipe(tree=tree, kary_width=width, acceptance=default_acceptance(None, 0.0)), target,
-                               [draft], tok, prompts=len(prompts), prompt_tokens=mean_prompt,
+                               [draft], tok, prompts=[ids for *_, ids in prompts],
                                max_new_tokens=args.max_new_tokens, acceptance_file=args.acceptance, chat=args.chat,
                                compile=False)
         print(f"{name}: {resolved.why}", flush=True)

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 from dataclasses import asdict
 from pathlib import Path
 
@@ -70,8 +69,7 @@ def main(argv: list[str] | None = None) -> None:
     prompts = [("humaneval", start + i, tok(text)["input_ids"]) for i, text in enumerate(texts)]
     # as the CLI and the demo: the draft precision's files, the draft's prefill of these prompts, the compile choice
     resolved = resolve_run(Recipe(tree="sequoia", acceptance=default_acceptance(None, 0.0)), target, drafts, tok,
-                           prompts=stop - start, prompt_tokens=statistics.mean(len(ids) for _, _, ids in prompts),
-                           max_new_tokens=args.max_new_tokens)
+                           prompts=[ids for *_, ids in prompts], max_new_tokens=args.max_new_tokens)
     tuned, recipe = resolved.tuned, resolved.recipe
     walk = tuned.walk  # the calibration walk the rows came from, which the prediction replays
     print(f"configuration: {resolved.why}", flush=True)

@@ -252,11 +252,13 @@ def test_resolve_run_sizes_from_the_drafts_acceptance_and_predicts_by_its_walk(t
     target = tiny_model("llama", vocab=128, hidden=64, scale=6)
     draft = perturbed_copy(target, 0.2)
     tok, rows = ByteTokenizer(128, max_tokens=48), [[0.9], [0.1]]
-    run = choices.resolve_run(Recipe(tree="sequoia", acceptance=rows), target, [draft], tok, prompts=1,
-                              prompt_tokens=8, max_new_tokens=16, compile=False)
+    run = choices.resolve_run(Recipe(tree="sequoia", acceptance=rows), target, [draft], tok, prompts=[[5] * 8],
+                              max_new_tokens=16, compile=False)
     shipped = acceptance_for_draft(None, 0.0, draft)[0]
     assert sized[-1] == shipped != rows and [list(r) for r in run.recipe.acceptance] == shipped
     assert run.tuned.prediction.model == "replay" and run.recipe.compile is False, run.why
     bare = choices.resolve(Recipe(tree="sequoia", acceptance=shipped), target, [draft], tokenizer=tok,
                            max_new_tokens=16)
     assert bare.tuned.prediction.model == "rows"  # control: no walk given, the rows' expectation
+    with pytest.raises(ValueError, match="needs the run's prompts"):
+        choices.resolve_run(Recipe(tree="sequoia", acceptance=rows), target, [draft], tok, prompts=[])

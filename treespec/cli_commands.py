@@ -176,8 +176,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     check_context(encoded, args.max_new_tokens, target, todo, len(prompts), drafts)
     recipe = cli_output.resumed_tree(args.out, done, recipe)  # after loading: the target's rendering is decided apart
     # the tree (from the acceptance of the draft's precision, chat's with --chat), then whether the steps compile
-    resolved = resolve_run(recipe, target, drafts, tok, prompts=len(todo),
-                           prompt_tokens=sum(map(len, encoded)) / len(encoded), max_new_tokens=args.max_new_tokens,
+    resolved = resolve_run(recipe, target, drafts, tok, prompts=encoded, max_new_tokens=args.max_new_tokens,
                            acceptance_file=args.acceptance, chat=args.chat,
                            per_depth=not args.positional_acceptance, batch_size=args.batch_size, compile=args.compile)
     recipe = resolved.recipe

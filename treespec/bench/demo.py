@@ -224,8 +224,7 @@ def run_demo(args: argparse.Namespace, target: torch.nn.Module, tok: Any, draft:
     check_prompts_fit([len(ids) for _, _, ids in prompts], args.max_new_tokens, context,
                       [f"{LABELS[name]}/{index}" for name, index, _ in prompts])
     print(f"treespec demo on {platform.machine()} with {torch.get_num_threads()} threads, device {args.device}")
-    resolved, png, shape_note = _configuration(args, target, tok, draft, out_dir,
-                                               statistics.mean(len(ids) for _, _, ids in prompts))
+    resolved, png, shape_note = _configuration(args, target, tok, draft, out_dir, [ids for *_, ids in prompts])
     recipe, tuned = resolved.recipe, resolved.tuned
     prof, choice = tuned.profile, tuned.choice
     quick = getattr(args, "quick", False)
@@ -284,8 +283,8 @@ def run_demo(args: argparse.Namespace, target: torch.nn.Module, tok: Any, draft:
 
 
 def _configuration(args: argparse.Namespace, target: torch.nn.Module, tok: Any, draft: torch.nn.Module,
-                   out_dir: Path, prompt_tokens: float) -> tuple[Resolved, Path, str]:
-    """The configuration the demo runs on prompts of ``prompt_tokens`` tokens on average, tuned on this machine and
+                   out_dir: Path, prompts: Sequence[Sequence[int]]) -> tuple[Resolved, Path, str]:
+    """The configuration the demo runs on ``prompts`` (token ids), tuned on this machine and
     printed with the costs it was chosen by; its tree drawn to ``out_dir/tree.png``. Returns (the resolved recipe,
     the picture, why this shape won here)."""
     print("measuring forward latencies on this machine (cached after the first run) ...", flush=True)
@@ -294,7 +293,7 @@ def _configuration(args: argparse.Namespace, target: torch.nn.Module, tok: Any, 
     # is sized from the shipped acceptance of this draft's precision (chat's with --chat), as `treespec generate` does
     cuda = next(target.parameters()).device.type == "cuda"
     resolved = resolve_run(Recipe(tree="sequoia", acceptance=default_acceptance(None, 0.0)), target, [draft], tok,
-                           prompts=args.prompts, prompt_tokens=prompt_tokens, max_new_tokens=args.max_new_tokens,
+                           prompts=prompts, max_new_tokens=args.max_new_tokens,
                            chat=getattr(args, "chat", False), compile=True if cuda else None,
                            reason="on CUDA the demo compiles treespec as it compiles HF's static-cache baseline, "
                                   "each in its warm-up call" if cuda else None)

@@ -299,35 +299,38 @@ def compiled_recipe(recipe: Recipe, backend: bool | str, tuned: Tuned | None,
 
 
 def resolve_run(recipe: Recipe, target: torch.nn.Module, drafts: Sequence[DraftModel], tokenizer: Any, *,
-                prompts: int, prompt_tokens: float, max_new_tokens: int = MAX_NEW_TOKENS,
+                prompts: Sequence[Sequence[int]], max_new_tokens: int = MAX_NEW_TOKENS,
                 acceptance_file: str | Path | None = None, chat: bool = False, per_depth: bool = True,
                 batch_size: int = 1, compile: bool | str | None = None, reason: str | None = None) -> Resolved:
-    """What ``treespec generate`` runs for ``prompts`` prompts of ``prompt_tokens`` tokens on average: the one home of
-    that choice, which the CLI, the demo and the benchmarks share, so that a benchmark measures and predicts the
-    configuration a user gets.
+    """What ``treespec generate`` runs on ``prompts`` (the run's prompts, as token ids: their count and mean length
+    enter the choice): the one home of that choice, which the CLI, the demo and the benchmarks share, so that a
+    benchmark measures and predicts the configuration a user gets.
 
     A recipe with acceptance rows (a tuned tree; the rows given are replaced) is sized from the acceptance in
     ``acceptance_file``, else the one shipped for the first draft's precision (chat's with ``chat``; per-depth rows
     unless ``per_depth`` is False), with its calibration walk, so the tau it predicts is the walk replayed through
     the chosen tree with its confidence stop (``vectors.acceptance_for_draft``; the rows' own expectation drafts
     every level and overstates it, the more with another precision's rows: 7.12 against 5.20 measured in
-    ``experiments/results/cpu-fastest-zen5``, an int4 draft sized by the int8 draft's rows). Then
-    :func:`resolve`
-    for batches of ``batch_size`` (at most ``prompts``), then the compile choice: ``compile`` None measures whether
-    compiling pays (:func:`resolve_compile`; a batch stays eager), False keeps eager steps, True or a backend name
-    compiles as asked (a batch: :func:`compile_batch`); ``reason``: why it is asked, said in the why-line. The
-    recipe names the precisions the models run in."""
+    ``experiments/results/cpu-fastest-zen5``, an int4 draft sized by the int8 draft's rows). Then :func:`resolve`
+    for batches of ``batch_size`` (at most the number of prompts), then the compile choice: ``compile`` None
+    measures whether compiling pays (:func:`resolve_compile`; a batch stays eager), False keeps eager steps, True
+    or a backend name compiles as asked (a batch: :func:`compile_batch`); ``reason``: why it is asked, said in the
+    why-line. The recipe names the precisions the models run in."""
     from .vectors import acceptance_for_draft
 
+    if not prompts:
+        raise ValueError("resolve_run needs the run's prompts (a list of token id lists) to size the tree for them: "
+                         "got none")
+    count, prompt_tokens = len(prompts), sum(map(len, prompts)) / len(prompts)
     walk = None
     if recipe.acceptance is not None:
         rows, walk = acceptance_for_draft(acceptance_file, recipe.temperature, drafts[0], per_depth=per_depth,
                                           chat=chat)
         recipe = replace(recipe, acceptance=rows)
     resolved = resolve(recipe, target, drafts, tokenizer=tokenizer, max_new_tokens=max_new_tokens, walk=walk,
-                       batch_size=min(batch_size, prompts), compiled=bool(compile), prompt_tokens=prompt_tokens)
+                       batch_size=min(batch_size, count), compiled=bool(compile), prompt_tokens=prompt_tokens)
     if compile is not False and batch_size == 1:
-        resolved = resolve_compile(resolved, target, drafts, tokenizer, prompts=prompts,
+        resolved = resolve_compile(resolved, target, drafts, tokenizer, prompts=count,
                                    max_new_tokens=max_new_tokens, backend=compile or True,
                                    asked=(reason or True) if compile is not None else False)
     elif compile:
