@@ -21,6 +21,11 @@ ROOT = Path(__file__).resolve().parents[1]
 BARE = {"example_api.py"}
 
 
+def of_experiments(name: str) -> bool:
+    """Whether the imported module ``name`` is a file under ``experiments/``."""
+    return str(ROOT / "experiments") in str(getattr(sys.modules[name], "__file__", None) or "")
+
+
 @contextlib.contextmanager
 def as_main(path: Path):
     """``sys.argv`` and ``sys.path`` of ``python path --help`` (its folder first) for the block; then both, and the
@@ -32,9 +37,8 @@ def as_main(path: Path):
         yield
     finally:
         sys.argv, sys.path[:] = argv, search
-        for name in set(sys.modules) - modules:
-            if str(ROOT / "experiments") in str(getattr(sys.modules[name], "__file__", None) or ""):
-                del sys.modules[name]
+        for name in [m for m in set(sys.modules) - modules if of_experiments(m)]:
+            del sys.modules[name]
 
 
 def help_failure(path: Path) -> str | None:
@@ -69,5 +73,4 @@ def test_a_script_that_fails_at_help_is_named(tmp_path):
     assert help_failure(running) == "running.py: ran without exiting at --help"
     path, modules = list(sys.path), set(sys.modules)
     assert help_failure(ROOT / "experiments" / "bench_gpu.py") is None
-    assert sys.path == path and set(sys.modules) <= modules | {m for m in sys.modules if "experiments" not in str(
-        getattr(sys.modules[m], "__file__", None) or "")}  # nothing of experiments/ left that was not there before
+    assert sys.path == path and not [m for m in set(sys.modules) - modules if of_experiments(m)]
